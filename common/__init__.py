@@ -1,0 +1,1 @@
+"""Shared, torch-free code: configuration, wire messages, ZeroMQ helpers, logging."""

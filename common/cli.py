@@ -1,0 +1,65 @@
+"""One command line for every component: a config file plus flags that override it.
+
+`python launch.py ...` and `python -m <component> ...` take the same flags, so a
+supervisor/systemd deployment can share one config file among all programs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from common.config import Config
+
+# flag -> (section path, field, type)
+_FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
+    "--model": (("engine", "model"), "model", str),
+    "--dtype": (("engine", "model"), "dtype", str),
+    "--device": (("engine", "model"), "device", str),
+    "--max-model-len": (("engine", "model"), "max_model_len", int),
+    "--block-size": (("engine", "cache"), "block_size", int),
+    "--num-kv-blocks": (("engine", "cache"), "num_blocks", int),
+    "--kv-cache-memory-gb": (("engine", "cache"), "kv_cache_memory_gb", float),
+    "--max-num-seqs": (("engine", "scheduler"), "max_num_seqs", int),
+    "--max-num-batched-tokens": (("engine", "scheduler"), "max_num_batched_tokens", int),
+    "--max-decode-batch": (("engine", "scheduler"), "max_decode_batch", int),
+    "--host": (("server",), "host", str),
+    "--port": (("server",), "port", int),
+    "--api-key": (("server",), "api_key", str),
+    "--served-model-name": (("server",), "served_model_name", str),
+    "--max-queued-requests": (("server",), "max_queued_requests", int),
+    "--request-timeout": (("server",), "request_timeout_s", float),
+    "--run-dir": (("ipc",), "run_dir", str),
+    "--tokenize-workers": ((), "tokenize_workers", int),
+}
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="JSON or TOML config file shared by all components")
+    for flag, (_, name, typ) in _FLAGS.items():
+        parser.add_argument(flag, dest=name, type=typ, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true", default=None)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    cfg = Config.load(args.config) if args.config else Config()
+    for _flag, (path, name, _) in _FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            cfg = _set(cfg, path, name, value)
+    if getattr(args, "no_prefix_caching", None):
+        cfg = _set(cfg, ("engine", "cache"), "enable_prefix_caching", False)
+    return cfg
+
+
+def _set(obj, path: tuple[str, ...], name: str, value):
+    if not path:
+        return replace(obj, **{name: value})
+    head, rest = path[0], path[1:]
+    return replace(obj, **{head: _set(getattr(obj, head), rest, name, value)})
+
+
+def parse_config(description: str, argv: list[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(description=description)
+    add_config_args(parser)
+    return config_from_args(parser.parse_args(argv))

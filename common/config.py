@@ -1,0 +1,198 @@
+"""One frozen configuration, built and validated once, shared by every process.
+
+Environment variables are read here and nowhere else, all with the ZEROSERVE_ prefix.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "ZEROSERVE_"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """Read ZEROSERVE_<name>; the only place the environment is consulted."""
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def default_cache_dir() -> Path:
+    explicit = env("CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zeroserve"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "smollm2"  # alias, path to a .gguf file, or HF model directory
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None  # None: the model's own context length
+    cache_dir: str | None = None  # where GGUF conversions live; None: default_cache_dir()
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    # KV pool size: an explicit block count wins; else a memory budget in GiB.
+    num_blocks: int | None = None
+    kv_cache_memory_gb: float = 1.0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size > 1024:
+            raise ConfigError(f"block_size must be in [1, 1024], got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.kv_cache_memory_gb <= 0:
+            raise ConfigError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # requests running (holding KV) at once
+    max_num_batched_tokens: int = 512  # tokens per engine step (prefill chunks + decodes)
+    max_decode_batch: int | None = None  # decode rows per step; None: max_num_seqs
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_decode_batch is not None and self.max_decode_batch < 1:
+            raise ConfigError(f"max_decode_batch must be >= 1, got {self.max_decode_batch}")
+
+    @property
+    def decode_batch(self) -> int:
+        return min(self.max_decode_batch or self.max_num_seqs, self.max_num_seqs)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None  # None: the model argument
+    max_queued_requests: int = 1024  # requests in flight past which new ones get 503
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 4 << 20
+    max_n: int = 8
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_queued_requests < 1:
+            raise ConfigError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+
+
+@dataclass(frozen=True)
+class IPCConfig:
+    """Where the components meet. Default: ipc:// sockets in a private (0700) run dir.
+    Any endpoint may be set to tcp://host:port when components live on different hosts."""
+
+    run_dir: str | None = None
+    tokenizer: str | None = None  # frontend PUSH (bind) -> tokenizer workers PULL
+    scheduler: str | None = None  # scheduler PULL (bind) <- tokenizers, frontend, detok
+    detok: str | None = None  # detok PULL (bind) <- scheduler
+    frontend: str | None = None  # frontend PULL (bind) <- detok, tokenizers, scheduler
+
+    def endpoint(self, name: str) -> str:
+        from common.zmq_queue import endpoint  # lazy: zmq is not needed to build a config
+
+        return endpoint(name, self.run_dir, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Config:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    ipc: IPCConfig = field(default_factory=IPCConfig)
+    tokenize_workers: int = 1
+    heartbeat_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.tokenize_workers < 1:
+            raise ConfigError(f"tokenize_workers must be >= 1, got {self.tokenize_workers}")
+
+    @property
+    def model_name(self) -> str:
+        return self.server.served_model_name or self.engine.model.model
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Config:
+        data = dict(data)
+        eng = dict(data.pop("engine", {}))
+        try:
+            engine = EngineConfig(
+                model=ModelConfig(**eng.pop("model", {})),
+                cache=CacheConfig(**eng.pop("cache", {})),
+                scheduler=SchedulerConfig(**eng.pop("scheduler", {})),
+            )
+            if eng:
+                raise ConfigError(f"unknown engine config keys: {sorted(eng)}")
+            return cls(engine=engine, server=ServerConfig(**data.pop("server", {})),
+                       ipc=IPCConfig(**data.pop("ipc", {})), **data)
+        except TypeError as e:  # unknown keys in a section
+            raise ConfigError(f"bad config: {e}") from e
+
+    @classmethod
+    def load(cls, path: str | Path) -> Config:
+        """A JSON or TOML file with the sections of `to_dict()`."""
+        import json
+
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e}") from e
+        try:
+            if path.suffix == ".toml":
+                import tomllib
+
+                data = tomllib.loads(text)
+            else:
+                data = json.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"config file {path} does not parse: {e}") from e
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        import json
+
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))

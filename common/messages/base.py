@@ -1,0 +1,208 @@
+"""Wire primitives shared by every edge module: the Message base, the schema checker, ids.
+
+A field's annotation *is* its schema. `compile_schema(cls)` turns the annotations of a
+message dataclass into one checker per field; a checker returns the (normalised) value
+or raises WireError. Supported annotations: int, float (accepts int), str, bool (never an
+int), bytes, `X | Y` unions (`X | None`), `list[T]`, `tuple[A, B, ...]` (a fixed-length
+array, decoded to a tuple), and bare `list` / `dict` / `dict[str, Any]` / `Any`, which
+accept JSON-like values only (None, bool, int, float, str, lists and str-keyed maps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from array import array
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+WIRE_VERSION = 1
+MAX_FRAME_BYTES = 64 << 20  # a whole frame; strings and bytes inside are bounded by it
+MAX_LIST = 1 << 20  # elements of any array or map
+MAX_DEPTH = 32  # nesting of JSON-like values
+INT32_MAX = 2**31 - 1
+
+Checker = Callable[[Any], Any]
+
+
+class WireError(ValueError):
+    """A frame (or a message about to be sent) does not match the wire schema."""
+
+
+class Message:
+    """Base of every wire message: a frozen, slotted dataclass with a unique ClassVar TAG."""
+
+    __slots__ = ()
+    TAG: ClassVar[int]
+
+
+def _fail(what: str, value: Any) -> WireError:
+    return WireError(f"expected {what}, got {type(value).__name__}")
+
+
+def _check_int(v: Any) -> int:
+    if type(v) is not int:  # exact type: bool (and int subclasses) are rejected
+        raise _fail("int", v)
+    return v
+
+
+def _check_float(v: Any) -> float:
+    t = type(v)
+    if t is float:
+        return v
+    if t is int:
+        return float(v)
+    raise _fail("float", v)
+
+
+def _exact(tp: type) -> Checker:
+    def check(v: Any) -> Any:
+        if type(v) is not tp:
+            raise _fail(tp.__name__, v)
+        return v
+
+    return check
+
+
+def check_json(v: Any, depth: int = 0) -> Any:
+    """JSON-like values only: None, bool, int, float, str, list, dict with str keys."""
+    t = type(v)
+    if v is None or t in (bool, int, float, str):
+        return v
+    if depth >= MAX_DEPTH:
+        raise WireError(f"value nested deeper than {MAX_DEPTH}")
+    if t is list or t is tuple:
+        if len(v) > MAX_LIST:
+            raise WireError(f"list longer than {MAX_LIST}")
+        return [check_json(x, depth + 1) for x in v]
+    if t is dict:
+        if len(v) > MAX_LIST:
+            raise WireError(f"map larger than {MAX_LIST}")
+        for k in v:
+            if type(k) is not str:
+                raise WireError(f"map key must be str, got {type(k).__name__}")
+        return {k: check_json(x, depth + 1) for k, x in v.items()}
+    raise _fail("JSON-like value", v)
+
+
+def _check_json_list(v: Any) -> list:
+    if type(v) is not list and type(v) is not tuple:
+        raise _fail("list", v)
+    return check_json(v)
+
+
+def _check_json_dict(v: Any) -> dict:
+    if type(v) is not dict:
+        raise _fail("dict", v)
+    return check_json(v)
+
+
+def _list_of(item: Checker, exact: type | None) -> Checker:
+    def check(v: Any) -> list:
+        if type(v) is not list and type(v) is not tuple:
+            raise _fail("list", v)
+        if len(v) > MAX_LIST:
+            raise WireError(f"list longer than {MAX_LIST}")
+        if exact is not None and all(type(x) is exact for x in v):
+            return v if type(v) is list else list(v)  # fast path: list[int] / list[str] / ...
+        return [item(x) for x in v]
+
+    return check
+
+
+def _tuple_of(items: tuple[Checker, ...]) -> Checker:
+    def check(v: Any) -> tuple:
+        if type(v) is not list and type(v) is not tuple:
+            raise _fail(f"array of {len(items)}", v)
+        if len(v) != len(items):
+            raise WireError(f"expected array of {len(items)}, got {len(v)} elements")
+        return tuple(c(x) for c, x in zip(items, v))
+
+    return check
+
+
+def _union_of(options: tuple[Checker, ...], allow_none: bool) -> Checker:
+    def check(v: Any) -> Any:
+        if v is None:
+            if allow_none:
+                return None
+            raise WireError("unexpected None")
+        errors = []
+        for c in options:
+            try:
+                return c(v)
+            except WireError as e:
+                errors.append(str(e))
+        raise WireError(" or ".join(errors))
+
+    return check
+
+
+_SCALARS: dict[Any, Checker] = {
+    int: _check_int,
+    float: _check_float,
+    str: _exact(str),
+    bool: _exact(bool),
+    bytes: _exact(bytes),
+    list: _check_json_list,
+    dict: _check_json_dict,
+    Any: check_json,
+}
+_EXACT_ITEMS = {int: int, str: str, bool: bool, bytes: bytes}
+
+
+def checker_for(tp: Any) -> Checker:
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        options = tuple(checker_for(a) for a in args if a is not type(None))
+        return _union_of(options, allow_none=type(None) in args)
+    if origin is list and len(args) == 1:
+        return _list_of(checker_for(args[0]), _EXACT_ITEMS.get(args[0]))
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return _tuple_of(tuple(checker_for(a) for a in args))
+    if origin is dict and args[:1] == (str,):
+        return _check_json_dict
+    raise TypeError(f"unsupported wire annotation: {tp!r}")
+
+
+def compile_schema(cls: type) -> tuple[tuple[str, Checker], ...]:
+    """One (field name, checker) pair per dataclass field, in declaration order."""
+    if not (isinstance(cls, type) and issubclass(cls, Message) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"{cls!r} is not a Message dataclass")
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    return tuple((f.name, checker_for(hints[f.name])) for f in dataclasses.fields(cls))
+
+
+# -- token ids: little-endian int32, 4 bytes per id ------------------------------------------
+
+_SWAP = sys.byteorder != "little"
+assert array("i").itemsize == 4
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    """Pack token ids (each in [0, 2**31)) as little-endian int32."""
+    try:
+        a = array("i", ids)
+    except (OverflowError, TypeError) as e:
+        raise WireError(f"token ids must be int32: {e}") from None
+    if a and min(a) < 0:
+        raise WireError(f"token ids must be >= 0, got {min(a)}")
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    if type(data) is not bytes or len(data) % 4:
+        raise WireError(f"packed ids must be bytes of a multiple of 4, got {len(data)} bytes")
+    a = array("i")
+    a.frombytes(data)
+    if _SWAP:
+        a.byteswap()
+    if a and min(a) < 0:
+        raise WireError("packed ids contain a negative id")
+    return a.tolist()

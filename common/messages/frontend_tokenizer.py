@@ -1,0 +1,21 @@
+"""frontend → tokenizer_worker pool (PUSH/PULL fan-out): one raw request to tokenize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from common.messages.base import Message
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest(Message):
+    TAG: ClassVar[int] = 1
+    rid: str
+    kind: str  # "completion" | "chat"
+    prompt: str | None  # completion with a text prompt
+    prompt_token_ids: bytes | None  # completion with token ids (pack_ids)
+    messages: list | None  # chat: list of {"role", "content"} dicts
+    params: dict[str, Any]  # SamplingParams.to_dict(), not yet validated
+    arrival_time: float  # time.time() when the HTTP request arrived
+    return_timings: bool

@@ -1,0 +1,25 @@
+"""scheduler_worker → frontend inbox: readiness and periodic engine statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from common.messages.base import Message
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatus(Message):
+    TAG: ClassVar[int] = 5
+    kind: str  # "ready" | "heartbeat"
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # used blocks / total blocks, in [0, 1]
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_cache_queries: int  # cumulative, in tokens
+    prefix_cache_hits: int  # cumulative, in tokens
+    model: str
+    max_model_len: int
+    vocab_size: int
+    time: float

@@ -1,0 +1,31 @@
+"""tokenizer_worker → scheduler_worker (many PUSH → one PULL), and aborts from anyone.
+
+AbortRequest is sent by the frontend (client disconnected) and by the detok worker (stop
+string hit) straight to the scheduler's inbox. It may overtake its GenerateRequest, which
+can still sit in a tokenizer worker: the scheduler must remember aborts of unknown rids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from common.messages.base import Message
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest(Message):
+    TAG: ClassVar[int] = 2
+    rid: str
+    prompt_token_ids: bytes  # pack_ids
+    params: dict[str, Any]  # validated SamplingParams.to_dict()
+    arrival_time: float
+    tokenized_time: float
+    return_timings: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest(Message):
+    TAG: ClassVar[int] = 3
+    rid: str
+    reason: str  # "client_disconnect" | "stop_string" | free text for logs

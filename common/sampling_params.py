@@ -1,0 +1,106 @@
+"""Per-request generation parameters, validated before a request is admitted.
+
+Torch-free so the tokenizer workers can validate without loading the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 64
+
+
+class InvalidParameterError(ValueError):
+    """A request parameter is out of range; `param` names it (OpenAI's `param` field)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0) disables top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-N logprobs per generated token
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self, vocab_size: int | None = None) -> SamplingParams:
+        def check(ok: bool, param: str, msg: str) -> None:
+            if not ok:
+                raise InvalidParameterError(param, f"{param}: {msg}")
+
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            check(isinstance(v, (int, float)) and not isinstance(v, bool), name, "must be a number")
+            check(math.isfinite(v), name, f"must be finite, got {v}")
+        for name in ("max_tokens", "min_tokens", "top_k"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and not isinstance(v, bool), name, "must be an integer")
+        check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
+        check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
+        check(self.min_tokens <= self.max_tokens, "min_tokens",
+              f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
+        check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(self.top_k >= -1, "top_k", f"must be -1 (disabled) or >= 0, got {self.top_k}")
+        check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        check(self.repetition_penalty > 0.0, "repetition_penalty",
+              f"must be > 0, got {self.repetition_penalty}")
+        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+              f"must be in [-2, 2], got {self.presence_penalty}")
+        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+              f"must be in [-2, 2], got {self.frequency_penalty}")
+        if self.seed is not None:
+            check(isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                  and -(2**63) <= self.seed < 2**64, "seed", "must be a 64-bit integer")
+        check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
+              "stop", "must be a list of non-empty strings")
+        check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
+              f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        check(isinstance(self.stop_token_ids, list)
+              and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                      for t in self.stop_token_ids),
+              "stop_token_ids", "must be a list of non-negative integers")
+        check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+              f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
+        if vocab_size is not None:
+            bad = [t for t in self.stop_token_ids if t >= vocab_size]
+            check(not bad, "stop_token_ids", f"ids {bad[:4]} are outside the vocabulary (size {vocab_size})")
+        if self.logprobs is not None:
+            check(isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                  and 0 <= self.logprobs <= MAX_LOGPROBS,
+                  "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise InvalidParameterError(sorted(unknown)[0], f"unknown sampling parameter(s): {sorted(unknown)}")
+        return cls(**data)

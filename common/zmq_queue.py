@@ -1,0 +1,213 @@
+"""One typed ZeroMQ wrapper: PUSH/PULL queues carrying wire messages.
+
+Receive pattern: block once (`get` / `get_batch`), then `drain` with a zero timeout. A
+malformed frame is logged and dropped; receiving never raises on bad input, so a peer
+cannot kill a worker. Endpoints are `ipc://<run_dir>/<name>.sock` in a private run dir
+(0700, ours) by default, or `tcp://host:port` given as is when components span hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from common.config import env
+from common.log import get_logger
+from common.messages import MAX_FRAME_BYTES, Message, WireError, decode, encode
+
+log = get_logger("zmq")
+
+DEFAULT_HWM = 10_000  # messages queued per socket before put() reports QueueFull
+DEFAULT_LINGER_MS = 500  # pending sends flushed at close for at most this long
+MAX_IPC_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class QueueFull(RuntimeError):
+    """put() could not queue the message (HWM reached, or no peer on a bound PUSH)."""
+
+
+# -- endpoints ----------------------------------------------------------------------------
+
+
+def default_run_dir() -> Path:
+    explicit = env("RUN_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"zeroserve-{os.getuid()}"
+
+
+def check_private_dir(path: str | Path) -> Path:
+    """Refuse a directory that is a symlink, not ours, or group/world accessible."""
+    path = Path(path)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"run dir {path} is not a directory (or is a symlink)")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"run dir {path} is owned by uid {st.st_uid}, not {os.getuid()}")
+    if st.st_mode & 0o077:
+        raise PermissionError(f"run dir {path} has mode {st.st_mode & 0o777:o}; it must be 0700")
+    return path
+
+
+def ensure_run_dir(path: str | Path | None = None) -> Path:
+    """Create the private run dir (mode 0700) if missing; verify it either way."""
+    path = Path(path) if path is not None else default_run_dir()
+    if not path.exists():
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask
+    return check_private_dir(path)
+
+
+def ipc_endpoint(run_dir: str | Path, name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(f"bad socket name {name!r}")
+    path = ensure_run_dir(run_dir).resolve() / f"{name}.sock"
+    if len(os.fsencode(path)) > MAX_IPC_PATH:
+        raise ValueError(
+            f"ipc path {path} is longer than {MAX_IPC_PATH} bytes; use a shorter run dir"
+        )
+    return f"ipc://{path}"
+
+
+def endpoint(name: str, run_dir: str | Path | None = None, address: str | None = None) -> str:
+    """`address` (tcp://host:port) as given, else ipc://<run_dir>/<name>.sock."""
+    if address:
+        return check_endpoint(address)
+    return ipc_endpoint(run_dir if run_dir is not None else default_run_dir(), name)
+
+
+def check_endpoint(ep: str) -> str:
+    if ep.startswith("ipc://") and len(ep) > len("ipc://"):
+        return ep
+    if re.match(r"^tcp://[^:/\s]+:\d{1,5}$", ep) or re.match(
+        r"^tcp://\[[0-9a-fA-F:]+\]:\d{1,5}$", ep
+    ):
+        return ep
+    raise ValueError(f"endpoint must be ipc://<path> or tcp://host:port, got {ep!r}")
+
+
+# -- queues -------------------------------------------------------------------------------
+
+
+class _Queue:
+    def __init__(self, kind: int, endpoint: str, bind: bool, ctx: zmq.Context | None,
+                 hwm: int, linger_ms: int) -> None:  # fmt: skip
+        self.endpoint = check_endpoint(endpoint)
+        self.socket = (ctx or zmq.Context.instance()).socket(kind)
+        self.socket.setsockopt(zmq.LINGER, linger_ms)
+        self.socket.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, hwm)
+        if kind == zmq.PULL:
+            self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # peers sending more are cut
+        try:
+            if bind:
+                if self.endpoint.startswith("ipc://"):
+                    check_private_dir(Path(self.endpoint[len("ipc://") :]).parent)
+                self.socket.bind(self.endpoint)
+            else:
+                self.socket.connect(self.endpoint)
+        except BaseException:
+            self.socket.close(linger=0)
+            raise
+
+    def fileno(self) -> int:
+        """zmq's edge-triggered notification fd (see ZMQ_FD) for external pollers."""
+        return self.socket.getsockopt(zmq.FD)
+
+    def close(self) -> None:
+        if not self.socket.closed:
+            self.socket.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PushQueue(_Queue):
+    def __init__(self, endpoint: str, bind: bool, ctx: zmq.Context | None = None, *,
+                 hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS,
+                 encoder: Callable[[Message], bytes] = encode) -> None:  # fmt: skip
+        super().__init__(zmq.PUSH, endpoint, bind, ctx, hwm, linger_ms)
+        self._encode = encoder
+
+    def put(self, msg: Message, timeout_ms: int | None = 0) -> None:
+        """Queue one message. timeout_ms=0: never block; None: wait for room. QueueFull if
+        it cannot be queued in time; WireError if the message does not fit its schema."""
+        frame = self._encode(msg)
+        try:
+            self.socket.send(frame, zmq.NOBLOCK, copy=False)
+            return
+        except zmq.Again:
+            if timeout_ms == 0:
+                raise QueueFull(f"{self.endpoint}: send queue full or no peer") from None
+        if self.socket.poll(timeout_ms, zmq.POLLOUT):
+            try:
+                self.socket.send(frame, zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                pass
+        raise QueueFull(f"{self.endpoint}: no room after {timeout_ms} ms")
+
+
+class PullQueue(_Queue):
+    def __init__(self, endpoint: str, bind: bool, ctx: zmq.Context | None = None, *,
+                 hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS,
+                 decoder: Callable[[bytes], Message] = decode) -> None:  # fmt: skip
+        super().__init__(zmq.PULL, endpoint, bind, ctx, hwm, linger_ms)
+        self._decode = decoder
+        self.num_dropped = 0
+
+    def _recv_now(self) -> tuple[bool, Message | None]:
+        """(got a frame, its message or None if dropped); never blocks."""
+        try:
+            parts = self.socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return False, None
+        try:
+            if len(parts) != 1:
+                raise WireError(f"expected 1 frame, got a {len(parts)}-part message")
+            return True, self._decode(parts[0])
+        except WireError as e:
+            self.num_dropped += 1
+            log.warning("dropped malformed frame on %s (%d bytes): %s",
+                        self.endpoint, sum(map(len, parts)), e)  # fmt: skip
+            return True, None
+
+    def get(self, timeout_ms: int | None = None) -> Message | None:
+        """The next valid message, waiting up to timeout_ms (None: forever); None on timeout."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            got, msg = self._recv_now()
+            if msg is not None:
+                return msg
+            if got:
+                continue  # a dropped frame: look again without waiting
+            left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.socket.poll(left, zmq.POLLIN) and left is not None:
+                return None
+
+    def drain(self, max_messages: int | None = None) -> list[Message]:
+        """Every valid message already waiting (at most max_messages), without blocking."""
+        out: list[Message] = []
+        while max_messages is None or len(out) < max_messages:
+            got, msg = self._recv_now()
+            if not got:
+                break
+            if msg is not None:
+                out.append(msg)
+        return out
+
+    def get_batch(self, timeout_ms: int | None = None) -> list[Message]:
+        """Block once for the first message (up to timeout_ms), then drain the rest."""
+        first = self.get(timeout_ms)
+        return [] if first is None else [first, *self.drain()]

@@ -1,0 +1,1 @@
+"""Incremental detokenization, stop strings and per-step text batching (the detok process)."""

@@ -1,0 +1,117 @@
+"""Paged attention in pure torch (CPU and CUDA).
+
+The KV cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads,
+head_dim]. A sequence owns a block table (list of block ids); token i of the sequence
+lives in block `table[i // block_size]`, row `i % block_size`, i.e. at the flat slot
+`table[i // block_size] * block_size + i % block_size`.
+
+One forward step runs over a flat token dimension T holding, in this order:
+
+    [ decode tokens (1 per sequence) | prefill chunk of seq a | prefill chunk of seq b | ... ]
+
+New K/V are written to the cache at `slot_mapping` (one slot per token) before attention
+reads it, so a prefill chunk sees its own tokens as well as everything computed before
+(prefix-cache hits, earlier chunks). Decode sequences are attended in one batched call
+over a padded gather of their blocks; each prefill sequence gets its own SDPA call.
+
+This backend is the reference: a faster one must produce the same outputs from the same
+`AttentionMetadata`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSlice:
+    start: int  # offset of this sequence's first query token in the flat token dim
+    end: int
+    num_context: int  # tokens attended: already computed + this chunk
+    # block ids covering the context; None when the chunk is the whole context
+    # (no earlier tokens), so attention runs on the fresh K/V without a gather
+    block_ids: torch.Tensor | None = None
+    mask: torch.Tensor | None = None  # [q_len, num_context] bool, True = attend
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of every new token
+    num_decode: int = 0  # decode tokens occupy [0, num_decode)
+    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] int64
+    decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks*block_size] bool
+    prefills: list[PrefillSlice] = field(default_factory=list)
+    logits_indices: torch.Tensor | None = None  # [num_seqs]: last token of each sequence
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, num_heads, head_dim]
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k.shape[1]
+    out = torch.empty_like(q)
+    nd = meta.num_decode
+    if nd:
+        out[:nd] = _decode_attention(
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale
+        )
+    for p in meta.prefills:
+        qs = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+        if p.block_ids is None:
+            ks, vs = k[p.start : p.end], v[p.start : p.end]
+            causal = True
+        else:
+            ks = k_cache[p.block_ids].view(-1, num_kv_heads, head_dim)[: p.num_context]
+            vs = v_cache[p.block_ids].view(-1, num_kv_heads, head_dim)[: p.num_context]
+            causal = False
+        o = F.scaled_dot_product_attention(
+            qs,
+            ks.transpose(0, 1).unsqueeze(0),
+            vs.transpose(0, 1).unsqueeze(0),
+            attn_mask=None if causal else p.mask,
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )
+        out[p.start : p.end] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+def _decode_attention(
+    q: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    mask: torch.Tensor,  # [B, 1, 1, L] bool
+    scale: float,
+) -> torch.Tensor:
+    b, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    # [B, max_blocks, block_size, Hkv, D] -> [B, Hkv, L, D]
+    ks = k_cache[block_tables].view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
+    vs = v_cache[block_tables].view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
+    qg = q.view(b, num_kv_heads, group, head_dim)  # heads of one KV group side by side
+    scores = torch.matmul(qg, ks.transpose(-1, -2)).float() * scale  # [B, Hkv, G, L]
+    scores.masked_fill_(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.matmul(probs, vs).reshape(b, num_heads, head_dim)

@@ -1,0 +1,257 @@
+"""The engine: scheduler + model runner + sampler behind a step-level API.
+
+    add_request(rid, prompt_token_ids, params)   validate, queue
+    step() -> list[RequestOutput]                one forward over the scheduled batch
+    abort(rid)                                   any state; idempotent
+    generate(prompts, params)                    offline loop on top of the above
+
+`step()` reports, for every request that produced tokens or finished in that step,
+its new token ids and finish reason: one batch per step, never one per token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.config import EngineConfig
+from common.log import get_logger
+from common.model_source import resolve_model
+from common.sampling_params import InvalidParameterError, SamplingParams
+from scheduler_worker.model_runner import ModelRunner, SeqInput
+from scheduler_worker.request import Request, RequestStatus
+from scheduler_worker.sampling import Sampler, SamplingRow, TokenLogprobs, make_generator
+from scheduler_worker.scheduler import Scheduler
+
+log = get_logger("engine")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    logprobs: list[TokenLogprobs] | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class StepStats:
+    """Where the last step's time went (seconds)."""
+
+    schedule: float = 0.0
+    forward: float = 0.0
+    sample: float = 0.0
+    num_decode: int = 0
+    num_prefill_tokens: int = 0
+
+
+@dataclass
+class EngineCounters:
+    num_steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    busy_time: dict[str, float] = field(
+        default_factory=lambda: {"schedule": 0.0, "forward": 0.0, "sample": 0.0}
+    )
+
+
+class RequestRejectedError(ValueError):
+    """A request the engine can never serve (too long for the context or the KV pool)."""
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_dir: Path | None = None) -> None:
+        self.config = config
+        self.model_dir = Path(model_dir) if model_dir else resolve_model(
+            config.model.model, config.model.resolved_cache_dir
+        )
+        self.runner = ModelRunner(config, self.model_dir)
+        args = self.runner.args
+        self.max_model_len = min(config.model.max_model_len or args.max_position_embeddings,
+                                 args.max_position_embeddings)
+        self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks,
+                                   self.max_model_len)
+        self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
+        self.requests: dict[str, Request] = {}  # unfinished requests
+        self._aborted: list[Request] = []  # finished by abort() since the last step
+        self.counters = EngineCounters()
+        self.last_step = StepStats()
+
+    # ---- read-only accessors -------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self._aborted)
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def block_manager(self):
+        return self.scheduler.blocks
+
+    # ---- requests -----------------------------------------------------------
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        params.validate(self.vocab_size)
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidParameterError("prompt", "prompt is empty")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidParameterError(
+                "prompt", f"token ids {bad[:4]} are outside the vocabulary (size {self.vocab_size})"
+            )
+        if n + params.max_tokens > self.max_model_len:
+            raise RequestRejectedError(
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+                f"context length ({self.max_model_len} tokens)"
+            )
+        bs = self.scheduler.block_size
+        need = -(-(n + params.max_tokens) // bs)
+        if need > self.runner.num_blocks:
+            raise RequestRejectedError(
+                f"request needs {need} KV blocks but the KV pool has {self.runner.num_blocks}"
+            )
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                    params: SamplingParams, arrival_time: float | None = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        self.validate(prompt_token_ids, params)
+        req = Request(request_id, list(prompt_token_ids), params)
+        if arrival_time is not None:
+            req.arrival_time = arrival_time
+        if params.seed is not None:
+            req.generator = make_generator(params.seed, self.runner.device)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort in any state; frees its blocks now. False if unknown or already finished."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+        self._aborted.append(req)
+        return True
+
+    # ---- the step -----------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs = [self._output(r, []) for r in self._aborted]
+        self._aborted.clear()
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        stats = StepStats(schedule=t1 - t0, num_decode=batch.num_decode,
+                          num_prefill_tokens=batch.num_prefill_tokens)
+        if not batch.entries:
+            self.last_step = stats
+            return outputs
+        entries = list(batch.entries.values())
+        sampling = [req.num_computed_tokens + n == req.num_tokens for req, n in entries]
+        inputs = [
+            SeqInput(req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
+                     req.num_computed_tokens, req.block_table, sample)
+            for (req, n), sample in zip(entries, sampling)
+        ]
+        logits = self.runner.execute(inputs)
+        t2 = time.perf_counter()
+        rows, sampled_reqs = [], []
+        for (req, _), sample in zip(entries, sampling):
+            if sample:
+                rows.append(SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids,
+                                        req.generator))
+                sampled_reqs.append(req)
+        result = self.sampler(logits, rows) if rows else None
+        t3 = time.perf_counter()
+        for req, n in entries:
+            self.scheduler.advance(req, n)
+            self.counters.prompt_tokens += n if req.in_prefill_queue else 0
+        now = time.monotonic()
+        for i, req in enumerate(sampled_reqs):
+            token = result.token_ids[i]
+            req.token_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                del self.requests[req.request_id]
+            else:
+                self.scheduler.requeue(req)
+            lp = result.logprobs[i]
+            outputs.append(self._output(req, [token], [lp] if lp is not None else None))
+        self.counters.num_steps += 1
+        self.counters.generation_tokens += len(sampled_reqs)
+        stats.forward, stats.sample = t2 - t1, t3 - t2
+        for key in ("schedule", "forward", "sample"):
+            self.counters.busy_time[key] += getattr(stats, key)
+        self.last_step = stats
+        return outputs
+
+    def _finish_reason(self, req: Request, token: int) -> RequestStatus | None:
+        p = req.params
+        n_out = req.num_output_tokens
+        is_stop = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
+        if is_stop and n_out >= p.min_tokens:
+            return RequestStatus.FINISHED_STOPPED
+        if n_out >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _output(self, req: Request, tokens: list[int], logprobs=None) -> RequestOutput:
+        reason = req.status.value if req.status.finished else None
+        return RequestOutput(req.request_id, tokens, reason, logprobs, req.num_prompt_tokens,
+                             req.num_output_tokens, req.num_cached_tokens)
+
+    # ---- offline ------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[list[int]]:
+        """Run prompts (token ids) to completion; returns each one's generated token ids."""
+        params = params if params is not None else SamplingParams()
+        plist = list(params) if not isinstance(params, SamplingParams) else [params] * len(prompts)
+        base = f"gen-{time.monotonic_ns()}-"
+        for i, (prompt, p) in enumerate(zip(prompts, plist)):
+            self.add_request(f"{base}{i}", prompt, p)
+        results: dict[str, list[int]] = {f"{base}{i}": [] for i in range(len(prompts))}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.request_id in results:
+                    results[out.request_id].extend(out.new_token_ids)
+        return [results[f"{base}{i}"] for i in range(len(prompts))]
+
+
+def _eos_ids(hf: dict, model_dir: Path) -> list[int]:
+    ids: list[int] = []
+    for source in (hf, _read_json(model_dir / "generation_config.json")):
+        eos = source.get("eos_token_id")
+        for t in eos if isinstance(eos, list) else [eos]:
+            if isinstance(t, int) and t not in ids:
+                ids.append(t)
+    return ids
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+

@@ -1,0 +1,153 @@
+"""Runs the model over one step's worth of sequences on the paged KV cache.
+
+The runner knows nothing of requests or scheduling: it is handed, for each sequence,
+the token ids to compute this step, how many of the sequence's tokens are already in
+the cache, and the block table; it returns the logits of each sequence's last token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.config import EngineConfig
+from common.log import get_logger
+from scheduler_worker.attention import AttentionMetadata, PrefillSlice
+from scheduler_worker.models import load_model
+
+log = get_logger("model_runner")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class SeqInput:
+    token_ids: list[int]  # tokens to compute this step (1 for a decode)
+    num_computed: int  # tokens of this sequence already in the KV cache
+    block_table: list[int]  # must cover num_computed + len(token_ids) tokens
+    sample: bool = True  # compute logits for the last token (False: a mid-prompt chunk)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # CPU: bfloat16 when the CPU has native bf16 matmuls (AVX512-BF16 / AMX), measured
+    # faster than float32 for this engine (docs/benchmarks.md); float32 otherwise.
+    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_dir: Path) -> None:
+        self.config = config
+        self.device = resolve_device(config.model.device)
+        self.dtype = resolve_dtype(config.model.dtype, self.device)
+        t0 = time.perf_counter()
+        self.model, self.args = load_model(model_dir, self.dtype, self.device)
+        log.info("loaded %s (%s, %s) in %.1fs", self.args.architecture, self.dtype,
+                 self.device, time.perf_counter() - t0)
+        self.block_size = config.cache.block_size
+        self.num_blocks = self._num_blocks()
+        shape = (self.num_blocks, self.block_size, self.args.num_kv_heads, self.args.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.args.num_layers)
+        ]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    def _num_blocks(self) -> int:
+        cache = self.config.cache
+        if cache.num_blocks is not None:
+            return cache.num_blocks
+        per_block = self.args.kv_bytes_per_token(self.dtype) * self.block_size
+        return max(1, int(cache.kv_cache_memory_gb * (1 << 30)) // per_block)
+
+    def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flatten the step's tokens (decodes first) and build the attention metadata.
+
+        Returns (input_ids, positions, metadata); metadata.logits_indices lists the last
+        token of each sequence with `sample` set, in the order of `seqs`.
+        """
+        bs = self.block_size
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)
+        num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last_index = [0] * len(seqs)
+        prefills: list[PrefillSlice] = []
+        for i in order:
+            s = seqs[i]
+            start, n = s.num_computed, len(s.token_ids)
+            table = s.block_table
+            if len(table) * bs < start + n:
+                raise ValueError(f"block table covers {len(table) * bs} tokens, need {start + n}")
+            offset = len(input_ids)
+            input_ids.extend(s.token_ids)
+            positions.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            last_index[i] = offset + n - 1 if s.sample else -1
+            if n != 1:
+                prefills.append(self._prefill_slice(offset, n, start, table))
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode=num_decode,
+            prefills=prefills,
+            logits_indices=torch.tensor([i for i in last_index if i >= 0], dtype=torch.long, device=dev),
+        )
+        if num_decode:
+            dec = [seqs[i] for i in order[:num_decode]]
+            ctx = [s.num_computed + 1 for s in dec]
+            max_blocks = (max(ctx) + bs - 1) // bs
+            tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks])) for s in dec]
+            meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
+            ctx_t = torch.tensor(ctx, dtype=torch.long, device=dev)
+            meta.decode_mask = (torch.arange(max_blocks * bs, device=dev)[None, :] < ctx_t[:, None]).view(
+                num_decode, 1, 1, -1
+            )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        return ids, pos, meta
+
+    def _prefill_slice(self, offset: int, n: int, start: int, table: list[int]) -> PrefillSlice:
+        p = PrefillSlice(start=offset, end=offset + n, num_context=start + n)
+        if start == 0:
+            return p  # whole context is this chunk: causal attention on the fresh K/V
+        dev = self.device
+        nblocks = (start + n + self.block_size - 1) // self.block_size
+        p.block_ids = torch.tensor(table[:nblocks], dtype=torch.long, device=dev)
+        q_pos = torch.arange(start, start + n, device=dev)
+        p.mask = torch.arange(start + n, device=dev)[None, :] <= q_pos[:, None]
+        return p
+
+    @torch.inference_mode()
+    def execute(self, seqs: list[SeqInput]) -> torch.Tensor:
+        """Run one forward; returns float32 logits [num sampling seqs, vocab]."""
+        input_ids, positions, meta = self.prepare(seqs)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        return self.model.compute_logits(hidden[meta.logits_indices]).float()

@@ -1,0 +1,73 @@
+"""Model registry: HF `architectures` name -> plain-torch implementation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from scheduler_worker.models.common import ModelArgs
+from scheduler_worker.models.gpt2 import GPT2LMHeadModel
+from scheduler_worker.models.llama import LlamaForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "GPT2LMHeadModel": GPT2LMHeadModel,
+}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def read_hf_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"model config not found: {path}") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model config {path} is not valid JSON: {e}") from e
+
+
+def architecture_of(hf: dict) -> str:
+    archs = hf.get("architectures") or []
+    for arch in archs:
+        if arch in MODEL_REGISTRY:
+            return arch
+    raise UnsupportedModelError(
+        f"unsupported model architecture {archs or hf.get('model_type')!r}; "
+        f"supported: {sorted(MODEL_REGISTRY)}"
+    )
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, f.get_tensor(name)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise ValueError(f"cannot read weights file {file}: {e}") from e
+
+
+def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, ModelArgs]:
+    hf = read_hf_config(model_dir)
+    arch = architecture_of(hf)
+    args = ModelArgs.from_hf(hf, arch)
+    with torch.device("meta"):
+        model = MODEL_REGISTRY[arch](args)
+    model = model.to_empty(device="cpu")
+    if hasattr(model, "post_init"):
+        model.post_init()  # re-tie weights and rebuild rope tables lost on the meta device
+    model.load_weights(iter_safetensors(model_dir))
+    return model.to(device=device, dtype=dtype).eval(), args

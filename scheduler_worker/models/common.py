@@ -1,0 +1,148 @@
+"""What every model shares: normalized config, activations, a checked weight loader."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "relu": F.relu,
+}
+
+
+def rope_theta_of(hf: dict[str, Any]) -> float:
+    params = hf.get("rope_parameters") or {}
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def rope_scaling_of(hf: dict[str, Any]) -> dict[str, Any] | None:
+    """transformers 5 keeps rope settings in `rope_parameters`; 4.x in `rope_scaling`."""
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return None if kind == "default" else scaling
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    norm_eps: float
+    hidden_act: str
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    hf_config: dict[str, Any]
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], architecture: str) -> ModelArgs:
+        if architecture == "GPT2LMHeadModel":
+            n_embd = hf.get("n_embd", 768)
+            n_head = hf.get("n_head", 12)
+            return cls(
+                architecture=architecture,
+                vocab_size=hf["vocab_size"],
+                hidden_size=n_embd,
+                intermediate_size=hf.get("n_inner") or 4 * n_embd,
+                num_layers=hf.get("n_layer", 12),
+                num_heads=n_head,
+                num_kv_heads=n_head,
+                head_dim=n_embd // n_head,
+                max_position_embeddings=hf.get("n_positions", 1024),
+                norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                hidden_act=hf.get("activation_function", "gelu_new"),
+                tie_word_embeddings=True,
+                qkv_bias=True, o_bias=True, mlp_bias=True,
+                hf_config=hf,
+            )
+        num_heads = hf["num_attention_heads"]
+        hidden = hf["hidden_size"]
+        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        attention_bias = bool(hf.get("attention_bias", False))
+        return cls(
+            architecture=architecture,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hidden // num_heads,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            norm_eps=hf.get("rms_norm_eps", 1e-6),
+            hidden_act=hf.get("hidden_act", "silu"),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=is_qwen2 or attention_bias,
+            o_bias=attention_bias and not is_qwen2,
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            hf_config=hf,
+        )
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+class WeightLoader:
+    """Copies checkpoint tensors into a module's parameters, checking names and shapes,
+    and fails loudly on unknown names or parameters left unloaded."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.params = dict(module.named_parameters(remove_duplicate=True))
+        self.loaded: dict[str, int] = {}  # name -> number of elements written
+
+    def _param(self, name: str) -> nn.Parameter:
+        if name not in self.params:
+            raise ValueError(f"checkpoint has an unexpected weight {name!r}")
+        return self.params[name]
+
+    @torch.no_grad()
+    def load(self, name: str, tensor: torch.Tensor) -> None:
+        param = self._param(name)
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+        param.copy_(tensor)
+        self.loaded[name] = param.numel()
+
+    @torch.no_grad()
+    def load_shard(self, name: str, tensor: torch.Tensor, offset: int, size: int) -> None:
+        """Write rows [offset, offset+size) of a stacked parameter (dim 0)."""
+        param = self._param(name)
+        if tensor.shape[0] != size or tuple(tensor.shape[1:]) != tuple(param.shape[1:]):
+            raise ValueError(f"weight shard for {name!r}: shape {tuple(tensor.shape)} does not fit")
+        param[offset : offset + size].copy_(tensor)
+        self.loaded[name] = self.loaded.get(name, 0) + tensor.numel()
+
+    def finish(self) -> None:
+        missing = [n for n, p in self.params.items() if self.loaded.get(n, 0) != p.numel()]
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+
+
+def num_params(module: nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in module.parameters())

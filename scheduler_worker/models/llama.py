@@ -1,0 +1,148 @@
+"""Llama family in plain torch: Llama, SmolLM2, Mistral, Qwen2 (q/k/v bias).
+
+Hugging Face weight names are mapped on load; q/k/v and gate/up projections are stacked
+into one matmul each (fewer, larger GEMMs per layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from scheduler_worker.attention import AttentionMetadata, paged_attention
+from scheduler_worker.models.common import (
+    ACTIVATIONS,
+    ModelArgs,
+    WeightLoader,
+    rope_scaling_of,
+    rope_theta_of,
+)
+from scheduler_worker.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, args: ModelArgs, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            args.num_heads, args.num_kv_heads, args.head_dim,
+        )
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+        self.rope = rope
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, positions, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rope(positions, q, k)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        self.act = ACTIVATIONS[args.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
+        self.self_attn = LlamaAttention(args, rope)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
+        self.mlp = LlamaMLP(args)
+
+    def forward(self, positions, x, kv_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        rope = self._make_rope()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args, rope) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.post_init()
+
+    def _make_rope(self) -> RotaryEmbedding:
+        a = self.args
+        return RotaryEmbedding(
+            a.head_dim, a.max_position_embeddings,
+            rope_theta_of(a.hf_config), rope_scaling_of(a.hf_config),
+        )
+
+    def post_init(self) -> None:
+        """Tie lm_head to the embeddings and (re)build the rope tables on the real device."""
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        if self.embed_tokens.weight.device.type != "meta":
+            rope = self._make_rope()
+            for layer in self.layers:
+                layer.self_attn.rope = rope
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(positions, x, kv_cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        loader = WeightLoader(self)
+        stacked = {  # HF name piece -> (our param piece, shard index)
+            "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+        }
+        a = self.args
+        shard_sizes = {
+            "qkv_proj": [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim],
+            "gate_up_proj": [a.intermediate_size, a.intermediate_size],
+        }
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            name = name.removeprefix("model.")
+            if self.args.tie_word_embeddings and name.startswith("lm_head."):
+                continue
+            for piece, (fused, idx) in stacked.items():
+                if f".{piece}." in name:
+                    fused_name = name.replace(piece, fused)
+                    sizes = shard_sizes[fused]
+                    loader.load_shard(fused_name, tensor, sum(sizes[:idx]), sizes[idx])
+                    break
+            else:
+                loader.load(name, tensor)
+        loader.finish()

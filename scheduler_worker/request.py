@@ -1,0 +1,76 @@
+"""A request as the engine sees it: token ids, KV blocks, progress, status.
+
+    token_ids:  [ prompt ............................ | output ...... ]
+    KV cache:   [ prefix-cache hit | computed by us   | not yet computed ]
+                0          num_cached_tokens   num_computed_tokens     num_tokens
+    blocks:     block_table covers at least num_computed_tokens tokens; the first
+                num_hashed_blocks of them are registered in the prefix cache.
+
+A request samples a token in a step whose chunk reaches num_tokens (the last prompt
+chunk, then every decode).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from common.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued (new, or preempted back) and holding no blocks
+    RUNNING = "running"  # holding blocks: prefilling or decoding
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    token_ids: list[int] = field(init=False)
+    status: RequestStatus = RequestStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit at (latest) admission
+    num_hashed_blocks: int = 0
+    num_preemptions: int = 0
+    in_prefill_queue: bool = False
+    generator: torch.Generator | None = None
+    # bumped whenever the request leaves the active queue (finish, abort, preemption), so
+    # stale queue entries are recognised and dropped lazily instead of searched for
+    queue_epoch: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens + 1 < self.num_tokens

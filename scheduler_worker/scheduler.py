@@ -1,0 +1,181 @@
+"""Scheduling policy: which requests compute how many tokens in the next engine step.
+
+Queues (all deques; finished, aborted and preempted requests are dropped lazily when
+they reach the front, never searched for):
+
+    waiting ──admit──▶ prefilling ──prompt done──▶ active (decode, round-robin)
+       ▲                    │                          │
+       └──── preempt (newest first, to the front) ◀────┘
+
+Per-step work is bounded by the batch: a step touches at most `decode_batch` live
+entries of the active queue, the prefilling requests it schedules, the waiting requests
+it admits, and each dead entry once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from common.config import CacheConfig, SchedulerConfig
+from scheduler_worker.block_manager import BlockManager
+from scheduler_worker.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    entries: dict[str, tuple[Request, int]] = field(default_factory=dict)  # rid -> (req, num_new_tokens)
+    num_decode: int = 0  # entries from the active queue (one token each)
+    num_prefill_tokens: int = 0  # tokens of prompt chunks
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+class Scheduler:
+    def __init__(self, sched: SchedulerConfig, cache: CacheConfig, num_blocks: int,
+                 max_model_len: int) -> None:
+        self.config = sched
+        self.block_size = cache.block_size
+        self.max_model_len = max_model_len
+        self.blocks = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.waiting: deque[Request] = deque()
+        self.prefilling: deque[Request] = deque()
+        self.active: deque[tuple[Request, int]] = deque()  # (request, queue_epoch)
+        self.live: dict[str, Request] = {}  # requests holding blocks, in admission order
+        self.num_waiting = 0  # requests in `waiting` that are still WAITING
+        self.num_preemptions = 0
+        self.num_visited = 0  # queue entries touched by schedule(), for tests and stats
+
+    @property
+    def num_running(self) -> int:
+        return len(self.live)
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+        self.num_waiting += 1
+
+    def schedule(self) -> ScheduledBatch:
+        """Decodes first (one token each, round-robin over the active queue), then the
+        prompt chunks of prefilling requests, then new admissions, all within the step's
+        token budget. A request is admitted when a running slot is free and the blocks for
+        its first chunk are; a decode that finds no free block preempts the newest request."""
+        batch, budget = ScheduledBatch(), self.config.max_num_batched_tokens
+        while self.active and batch.num_decode < self.config.decode_batch and budget > 0:
+            req, epoch = self.active.popleft()
+            self.num_visited += 1
+            if epoch != req.queue_epoch or req.status is not RequestStatus.RUNNING:
+                continue  # lazily deleted
+            if not self._reserve(req, 1, batch):
+                continue  # req itself was preempted
+            batch.entries[req.request_id] = (req, 1)
+            batch.num_decode += 1
+            budget -= 1
+        for req in list(self.prefilling):  # a copy: preemption may remove entries
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._reserve(req, n, batch):
+                break
+            batch.entries[req.request_id] = (req, n)
+            batch.num_prefill_tokens += n
+            budget -= n
+        while self.waiting and budget > 0 and len(self.live) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            self.num_visited += 1
+            if req.status is not RequestStatus.WAITING:
+                self.waiting.popleft()
+                continue
+            n = self._admit(req, budget)
+            if n == 0:
+                break
+            self.waiting.popleft()
+            self.num_waiting -= 1
+            batch.entries[req.request_id] = (req, n)
+            budget -= n
+        # preemption may have dropped entries: count what is really scheduled
+        batch.num_decode = sum(1 for r, n in batch.entries.values() if not r.in_prefill_queue)
+        batch.num_prefill_tokens = sum(n for r, n in batch.entries.values() if r.in_prefill_queue)
+        return batch
+
+    def _admit(self, req: Request, budget: int) -> int:
+        blocks, num_cached = self.blocks.match_prefix(req.token_ids)
+        n = min(req.num_tokens - num_cached, budget)
+        need = self._blocks_needed(len(blocks), num_cached + n)
+        if not self.blocks.can_allocate(need):
+            self.blocks.free(blocks)
+            return 0
+        req.block_table = blocks + self.blocks.allocate(need)
+        req.num_computed_tokens = req.num_cached_tokens = num_cached
+        req.num_hashed_blocks = len(blocks)
+        req.status = RequestStatus.RUNNING
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = time.monotonic()
+        self.live[req.request_id] = req
+        self.prefilling.append(req)
+        req.in_prefill_queue = True
+        return n
+
+    def _blocks_needed(self, have: int, num_tokens: int) -> int:
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    def _reserve(self, req: Request, n: int, batch: ScheduledBatch) -> bool:
+        """Make req's block table cover n more tokens, preempting the newest requests
+        when blocks run out. False if req could not be served this step."""
+        need = self._blocks_needed(len(req.block_table), req.num_computed_tokens + n)
+        while not self.blocks.can_allocate(need):
+            victim = next(reversed(self.live.values()))
+            self.preempt(victim)
+            batch.entries.pop(victim.request_id, None)
+            if victim is req:
+                return False
+        req.block_table.extend(self.blocks.allocate(need))
+        return True
+
+    def preempt(self, req: Request) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.num_waiting += 1
+
+    def _release(self, req: Request) -> None:
+        self.blocks.free(req.block_table)
+        req.block_table = []
+        req.num_computed_tokens = req.num_hashed_blocks = 0
+        req.queue_epoch += 1
+        self.live.pop(req.request_id, None)
+        if req.in_prefill_queue:
+            self.prefilling.remove(req)  # short deque: requests mid-prompt
+            req.in_prefill_queue = False
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self._release(req)
+        elif req.status is RequestStatus.WAITING:
+            self.num_waiting -= 1  # its queue entry is dropped lazily
+        req.status = status
+        req.finished_time = time.monotonic()
+
+    def advance(self, req: Request, n: int) -> None:
+        """After the forward: n more tokens of req are in the KV cache."""
+        req.num_computed_tokens += n
+        if req.num_computed_tokens // self.block_size > req.num_hashed_blocks:  # a block filled
+            req.num_hashed_blocks = self.blocks.cache_full_blocks(
+                req.block_table, req.token_ids[: req.num_computed_tokens], req.num_hashed_blocks
+            )
+
+    def requeue(self, req: Request) -> None:
+        """A running request with its prompt done goes to the back of the active queue."""
+        if req.in_prefill_queue:
+            if self.prefilling[0] is req:
+                self.prefilling.popleft()
+            else:
+                self.prefilling.remove(req)
+            req.in_prefill_queue = False
+        self.active.append((req, req.queue_epoch))
