@@ -1,1 +1,226 @@
-"""Placeholder: replaced by the process orchestrator."""
+"""`python launch.py [--tokenize-workers N] [flags]`: every component on one box.
+
+```
+ launch.py ─┬─ python -m scheduler_worker    the engine (loads the model)
+            ├─ python -m detok_worker
+            ├─ python -m tokenizer_worker × N
+            └─ python -m frontend            HTTP; opens its port once all are up
+```
+
+Each component is its own program, started exactly as a supervisor/systemd deployment
+starts it (`python -m <component> --config <file>`), sharing one config file written
+into a private run dir (0700) that also holds the IPC sockets. This process only
+supervises: it resolves the model once (a GGUF conversion happens here, with its
+progress bar, before anything else starts), starts the children, prints the URL when
+the HTTP port opens, restarts a child that dies, and on SIGTERM/SIGINT stops the
+frontend first (it answers 503 to new requests and lets those in flight finish, up to
+server.drain_timeout_s), then the workers, and exits 0.
+Children get PR_SET_PDEATHSIG, so a `kill -9` of this process takes them along.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from common.cli import add_config_args, config_from_args
+from common.config import Config, ConfigError
+from common.log import get_logger
+from common.model_source import ModelSourceError, resolve_model
+
+log = get_logger("launch")
+
+PR_SET_PDEATHSIG = 1
+STOP_TIMEOUT_S = 10.0  # per group of children, after SIGTERM, before SIGKILL
+MAX_RESTARTS = 5  # a component dying this often within RESTART_WINDOW_S is given up on
+RESTART_WINDOW_S = 60.0
+POLL_S = 0.2
+
+
+def _die_with_parent(parent_pid: int) -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal to ask for
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+@dataclass
+class Child:
+    name: str  # "scheduler", "detok", "tokenizer-0", ...
+    module: str
+    proc: subprocess.Popen | None = None
+    deaths: deque[float] = field(default_factory=deque)
+
+
+class Launcher:
+    def __init__(self, config: Config, config_path: Path) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.children: list[Child] = [Child("scheduler", "scheduler_worker"),
+                                      Child("detok", "detok_worker")]  # fmt: skip
+        self.children += [Child(f"tokenizer-{i}", "tokenizer_worker")
+                          for i in range(config.tokenize_workers)]  # fmt: skip
+        self.frontend = Child("frontend", "frontend")
+        self.children.append(self.frontend)
+        self.stopping = False
+
+    # -- children -----------------------------------------------------------------------
+    def spawn(self, child: Child) -> None:
+        parent = os.getpid()
+        child.proc = subprocess.Popen(
+            [sys.executable, "-m", child.module, "--config", str(self.config_path)],
+            stdin=subprocess.DEVNULL, preexec_fn=lambda: _die_with_parent(parent),
+            start_new_session=True,  # Ctrl-C reaches launch.py only; it stops them in order
+        )  # fmt: skip
+        log.info("started %s (pid %d)", child.name, child.proc.pid)
+
+    def start(self) -> None:
+        for child in self.children:
+            self.spawn(child)
+
+    def reap(self) -> bool:
+        """Restart children that died. False when one dies too often (give up)."""
+        for child in self.children:
+            if child.proc is None or (code := child.proc.poll()) is None:
+                continue
+            now = time.monotonic()
+            child.deaths.append(now)
+            while child.deaths and child.deaths[0] < now - RESTART_WINDOW_S:
+                child.deaths.popleft()
+            if len(child.deaths) > MAX_RESTARTS:
+                log.error("%s died %d times within %.0f s (last exit code %s); giving up",
+                          child.name, len(child.deaths), RESTART_WINDOW_S, code)  # fmt: skip
+                return False
+            log.error("%s (pid %d) exited with code %s; restarting it", child.name,
+                      child.proc.pid, code)  # fmt: skip
+            self.spawn(child)
+        return True
+
+    def stop(self) -> None:
+        """Frontend first (it stops taking requests), then every worker; SIGKILL stragglers."""
+        self.stopping = True
+        others = [c for c in self.children if c is not self.frontend]
+        drain = self.config.server.drain_timeout_s + STOP_TIMEOUT_S
+        for group, timeout in (([self.frontend], drain), (others, STOP_TIMEOUT_S)):
+            procs = [c.proc for c in group if c.proc is not None and c.proc.poll() is None]
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("pid %d did not stop in %.0f s; killing it", p.pid, timeout)
+                    p.kill()
+                    p.wait()
+
+    # -- readiness ----------------------------------------------------------------------
+    def port_open(self) -> bool:
+        host = self.config.server.host
+        if host in ("0.0.0.0", "", "::"):
+            host = "127.0.0.1" if host != "::" else "::1"
+        try:
+            with socket.create_connection((host, self.config.server.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.config.server.startup_timeout_s + 30
+        while not self.stopping and time.monotonic() < deadline:
+            for child in self.children:
+                if child.proc is not None and child.proc.poll() is not None:
+                    log.error("%s exited with code %s during startup", child.name,
+                              child.proc.returncode)  # fmt: skip
+                    return False
+            if self.port_open():
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    def supervise(self) -> int:
+        while not self.stopping:
+            if not self.reap():
+                return 1
+            time.sleep(POLL_S)
+        return 0
+
+
+def build_config(argv: list[str] | None) -> tuple[Config, bool]:
+    parser = argparse.ArgumentParser(
+        description="zeroserve: start the frontend, tokenizer pool, scheduler and detokenizer")
+    add_config_args(parser)
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    if not config.ipc.secret:  # sign request ids (common.auth) with a fresh key per launch
+        config = replace(config, ipc=replace(config.ipc, secret=secrets.token_hex(32)))
+    own_run_dir = config.ipc.run_dir is None
+    if own_run_dir:  # a fresh private dir per launch: two servers never share sockets
+        base = os.environ.get("XDG_RUNTIME_DIR") or None
+        run_dir = tempfile.mkdtemp(prefix="zeroserve-", dir=base)  # mode 0700
+        config = replace(config, ipc=replace(config.ipc, run_dir=run_dir))
+    return config, own_run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config, own_run_dir = build_config(argv)
+    except ConfigError as e:
+        print(f"launch.py: {e}", file=sys.stderr)
+        return 2
+    run_dir = Path(config.ipc.run_dir)
+    try:
+        mc = config.engine.model
+        model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
+        log.info("model %s ready at %s", mc.model, model_dir)
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        config_path = run_dir / "config.json"
+        config.save(config_path)
+        launcher = Launcher(config, config_path)
+
+        def on_signal(signum: int, _frame) -> None:
+            if not launcher.stopping:
+                log.info("%s: shutting down", signal.Signals(signum).name)
+            launcher.stopping = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        launcher.start()
+        code = 0
+        if launcher.wait_ready():
+            url = f"http://{config.server.host}:{config.server.port}"
+            log.info("zeroserve ready: %s  (OpenAI base URL %s/v1, model %s, %d tokenizer "
+                     "worker(s))", url, url, config.model_name, config.tokenize_workers)  # fmt: skip
+            print(f"zeroserve ready: {url}/v1", flush=True)
+            code = launcher.supervise()
+        elif not launcher.stopping:
+            log.error("startup failed")
+            code = 1
+        launcher.stop()
+        log.info("stopped")
+        return code
+    except ModelSourceError as e:
+        print(f"launch.py: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if own_run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,6 +29,10 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--served-model-name": (("server",), "served_model_name", str),
     "--max-queued-requests": (("server",), "max_queued_requests", int),
     "--request-timeout": (("server",), "request_timeout_s", float),
+    "--drain-timeout": (("server",), "drain_timeout_s", float),
+    "--max-body-bytes": (("server",), "max_body_bytes", int),
+    "--max-n": (("server",), "max_n", int),
+    "--max-tokens-limit": (("server",), "max_tokens_limit", int),
     "--run-dir": (("ipc",), "run_dir", str),
     "--tokenize-workers": ((), "tokenize_workers", int),
 }

@@ -107,7 +107,9 @@ class ServerConfig:
     request_timeout_s: float = 600.0
     max_body_bytes: int = 4 << 20
     max_n: int = 8
+    max_tokens_limit: int | None = None  # cap on max_tokens per request; None: the context
     startup_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -126,6 +128,9 @@ class IPCConfig:
     scheduler: str | None = None  # scheduler PULL (bind) <- tokenizers, frontend, detok
     detok: str | None = None  # detok PULL (bind) <- scheduler
     frontend: str | None = None  # frontend PULL (bind) <- detok, tokenizers, scheduler
+    # HMAC key for request ids (common.auth): the scheduler generates only for ids the
+    # frontend signed. launch.py sets a random one; deployments share one in the config.
+    secret: str | None = None
 
     def endpoint(self, name: str) -> str:
         from common.zmq_queue import endpoint  # lazy: zmq is not needed to build a config
@@ -193,6 +198,9 @@ class Config:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
+        """Write the config readable by this user only: it may hold ipc.secret."""
         import json
 
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.to_dict(), indent=2))

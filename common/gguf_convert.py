@@ -1,17 +1,32 @@
 """GGUF → Hugging Face directory: dequantized float32 safetensors, config.json, tokenizer.
 
-llama.cpp's converter permutes the Q and K projections of llama-architecture models
-(its rope pairs adjacent dims; HF's pairs the two halves); the permutation is undone here.
-Torch-free (numpy + gguf + safetensors.numpy); transformers is used for the tokenizer only.
+    GGUF file ──inspect_gguf──▶ header checked (parses, tensor extents, architecture)
+              ──convert_gguf──▶ out_dir/ config.json  generation_config.json
+                                         model*.safetensors (float32, ≤ 2 GiB shards)
+                                         tokenizer.json  tokenizer_config.json (+ chat_template)
+
+GGUF lists a tensor's dims reversed (ne0 first); the dequantized array already has the
+row-major HF shape, so `reversed(t.shape)` is the HF shape. llama.cpp's converter permutes
+the Q and K rows of llama-architecture models (its rope pairs adjacent dims, HF's pairs the
+two halves of a head); `_unpermute` undoes it. qwen2 files are not permuted.
+
+Torch-free (numpy + gguf + safetensors.numpy). The tokenizer goes through transformers'
+own GGUF tokenizer conversion, which imports torch: `common.model_source` therefore runs
+this module in a child process (`python -m common.gguf_convert SRC OUT`), which also hands
+the dequantized arrays' memory back when it exits.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
+
+from common.model_source import ModelSourceError
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
@@ -23,10 +38,23 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
               "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+SHARD_BYTES = 2 << 30
+LLAMA3_ORIGINAL_CONTEXT = 8192  # llama.cpp stores llama3 rope as factors, not its parameters
 
 
-class GGUFConversionError(Exception):
-    pass
+def hf_name(name: str) -> str | None:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `w.reshape(n_head, 2, d // n_head // 2, *rest).swapaxes(1, 2)`."""
+    rest = w.shape[1:]
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
 def _field(reader, key: str, default=None):
@@ -39,74 +67,170 @@ def _field(reader, key: str, default=None):
         return default
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of llama.cpp's `permute(w, n_head)` on a [out, in] (or [out]) array."""
-    rest = w.shape[1:]
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+def inspect_gguf(path: Path):
+    """Open the header (no tensor reads); a GGUFReader for a well-formed, supported file."""
+    import gguf
 
-
-def hf_name(name: str) -> str | None:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
-    return None
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 (the reader raises many kinds on bad files)
+        raise ModelSourceError(f"GGUF file {path} is corrupt, truncated or not GGUF: {e}") from e
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ModelSourceError(f"GGUF file {path} is truncated: tensor {t.name} ends past "
+                                   f"the end of the file ({size} bytes)")
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise ModelSourceError(f"GGUF file {path}: architecture {arch!r} is not supported; "
+                               f"supported GGUF architectures: {', '.join(SUPPORTED_GGUF_ARCHS)}")
+    needed = ("block_count", "attention.head_count", "feed_forward_length")
+    missing = [f"{arch}.{k}" for k in needed if not isinstance(_field(reader, f"{arch}.{k}"), int)]
+    if missing:
+        raise ModelSourceError(f"GGUF file {path} lacks (or has odd) metadata: {', '.join(missing)}")
+    return reader
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
+    """Write an HF-format directory for `gguf_path` into the existing directory `out_dir`."""
     import gguf
-    from safetensors.numpy import save_file
     from tqdm import tqdm
 
-    try:
-        reader = gguf.GGUFReader(str(gguf_path))
-    except Exception as e:  # noqa: BLE001 (the reader raises many kinds on corrupt files)
-        raise GGUFConversionError(f"GGUF file {gguf_path} is corrupt or truncated: {e}") from e
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    reader = inspect_gguf(gguf_path)
     arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHS:
-        raise GGUFConversionError(
-            f"GGUF file {gguf_path}: architecture {arch!r} is not supported; "
-            f"supported: {list(SUPPORTED_GGUF_ARCHS)}"
-        )
     p = f"{arch}."
     n_head = int(_field(reader, p + "attention.head_count"))
     n_kv = int(_field(reader, p + "attention.head_count_kv", n_head))
-    tensors: dict[str, np.ndarray] = {}
+    writer = _ShardWriter(out_dir)
+    names, embed_shape, rope_factors = set(), None, None
     try:
         for t in tqdm(reader.tensors, desc=f"converting {gguf_path.name}", unit="tensor",
-                      disable=not progress):
+                      disable=not progress, file=sys.stderr):
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
+            if t.name == "rope_freqs.weight":
+                rope_factors = w
+                continue
             name = hf_name(t.name)
             if name is None:
-                continue  # e.g. rope_freqs: recomputed from the config
-            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-            w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
-            if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+                raise ModelSourceError(f"GGUF file {gguf_path}: unexpected tensor {t.name} for "
+                                       f"architecture {arch!r}")
+            if arch == "llama" and ".q_proj." in name:
                 w = _unpermute(w, n_head)
-            elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            elif arch == "llama" and ".k_proj." in name:
                 w = _unpermute(w, n_kv)
-            tensors[name] = np.ascontiguousarray(w)
-    except (ValueError, IndexError, NotImplementedError) as e:
-        raise GGUFConversionError(f"GGUF file {gguf_path}: cannot dequantize: {e}") from e
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = _hf_config(reader, arch, n_head, n_kv, tie="lm_head.weight" not in tensors,
-                        vocab=tensors["model.embed_tokens.weight"].shape[0],
-                        hidden=tensors["model.embed_tokens.weight"].shape[1])
+            if name == "model.embed_tokens.weight":
+                embed_shape = w.shape
+            names.add(name)
+            writer.add(name, np.ascontiguousarray(w))
+    except (ValueError, IndexError, NotImplementedError, TypeError) as e:
+        raise ModelSourceError(f"GGUF file {gguf_path}: cannot dequantize: {e}") from e
+    n_layers = int(_field(reader, p + "block_count"))
+    missing = [f"blk.{i}.{k}.weight" for i in range(n_layers) for k in _LAYER_NAMES
+               if hf_name(f"blk.{i}.{k}.weight") not in names]
+    missing += [k for k in ("token_embd.weight", "output_norm.weight") if _TOP_NAMES[k] not in names]
+    if missing:
+        raise ModelSourceError(f"GGUF file {gguf_path} lacks tensors: {', '.join(missing[:8])}")
+    writer.close()
+    config = hf_config(reader, arch, tie="lm_head.weight" not in names, vocab=embed_shape[0],
+                       hidden=embed_shape[1], rope_factors=rope_factors)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    (out_dir / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}, indent=2))
-    _write_tokenizer(gguf_path, out_dir)
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+           if config.get(k) is not None}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    _write_tokenizer(reader, gguf_path, out_dir, config["max_position_embeddings"])
 
 
-def _hf_config(reader, arch: str, n_head: int, n_kv: int, tie: bool, vocab: int, hidden: int) -> dict:
+class _ShardWriter:
+    """Buffers tensors and writes ≤ SHARD_BYTES safetensors files, so memory stays bounded."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir, self.buf, self.buf_bytes, self.shards = out_dir, {}, 0, []
+
+    def add(self, name: str, w: np.ndarray) -> None:
+        if self.buf and self.buf_bytes + w.nbytes > SHARD_BYTES:
+            self._flush()
+        self.buf[name], self.buf_bytes = w, self.buf_bytes + w.nbytes
+
+    def _flush(self) -> None:
+        from safetensors.numpy import save_file
+
+        path = self.out_dir / f".shard-{len(self.shards)}"
+        save_file(self.buf, str(path), metadata={"format": "pt"})
+        self.shards.append((path, list(self.buf)))
+        self.buf, self.buf_bytes = {}, 0
+
+    def close(self) -> None:
+        self._flush()
+        if len(self.shards) == 1:
+            self.shards[0][0].rename(self.out_dir / "model.safetensors")
+            return
+        n, weight_map = len(self.shards), {}
+        for i, (path, names) in enumerate(self.shards):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            path.rename(self.out_dir / final)
+            weight_map.update(dict.fromkeys(names, final))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def llama3_rope_parameters(factors: np.ndarray, theta: float, head_dim: int,
+                           original_context: int = LLAMA3_ORIGINAL_CONTEXT) -> dict:
+    """Recover HF's llama3 rope parameters from llama.cpp's per-frequency `rope_freqs`.
+
+    llama.cpp writes r_i = 1 (short wavelengths), `factor` (long ones) and, between,
+    1 / ((1 - s) / factor + s) with s = (ctx / wavelen - low) / (high - low): s is linear in
+    ctx / wavelen, so a line through the middle points gives low (intercept) and high.
+    """
+    factors = np.asarray(factors, dtype=np.float64)
+    factor = float(factors.max())
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    x = original_context / (2 * math.pi / inv_freq)
+    mid = (factors > 1 + 1e-4) & (factors < factor * (1 - 1e-4))
+    low, high = 1.0, 4.0  # every published llama3 model
+    if mid.sum() >= 2:
+        s = (1 / factors[mid] - 1 / factor) / (1 - 1 / factor)
+        slope, low = np.polyfit(s, x[mid], 1)
+        low, high = round(float(low), 3), round(float(low + slope), 3)
+    params = {"rope_type": "llama3", "rope_theta": theta, "factor": factor,
+              "low_freq_factor": low, "high_freq_factor": high,
+              "original_max_position_embeddings": original_context}
+    s = np.clip((x - low) / (high - low), 0.0, 1.0)
+    expected = 1 / ((1 - s) / factor + s)
+    if factor <= 1 or not np.allclose(expected, factors, rtol=1e-3):
+        raise ValueError(f"rope_freqs is not a llama3 rope scaling (factors {factors.tolist()})")
+    return params
+
+
+def _f32(value: float) -> float:
+    """GGUF stores float32: 9.999999747378752e-06 is written back as the 1e-05 it was."""
+    return float(str(np.float32(value)))
+
+
+def hf_config(reader, arch: str, tie: bool, vocab: int, hidden: int,
+              rope_factors: np.ndarray | None = None) -> dict:
     p = f"{arch}."
-    theta = float(_field(reader, p + "rope.freq_base", 10000.0))
+    n_head = int(_field(reader, p + "attention.head_count"))
+    head_dim = int(_field(reader, p + "attention.key_length", hidden // n_head))
+    theta = _f32(_field(reader, p + "rope.freq_base", 10000.0))
     rope: dict = {"rope_theta": theta, "rope_type": "default"}
-    scaling_type = _field(reader, p + "rope.scaling.type")
-    if scaling_type == "linear":
-        rope.update(rope_type="linear", factor=float(_field(reader, p + "rope.scaling.factor")))
+    scaling = _field(reader, p + "rope.scaling.type", "none")
+    orig_ctx = _field(reader, p + "rope.scaling.original_context_length")
+    if scaling in ("linear", "yarn"):
+        rope.update(rope_type=scaling, factor=_f32(_field(reader, p + "rope.scaling.factor")))
+        if scaling == "yarn" and orig_ctx:
+            rope["original_max_position_embeddings"] = int(orig_ctx)
+    elif scaling != "none":
+        raise ModelSourceError(f"GGUF rope scaling {scaling!r} is not supported "
+                               "(supported: none, linear, yarn, llama3 rope_freqs)")
+    if rope_factors is not None:
+        try:
+            rope = llama3_rope_parameters(rope_factors, theta, head_dim,
+                                          int(orig_ctx or LLAMA3_ORIGINAL_CONTEXT))
+        except ValueError as e:
+            raise ModelSourceError(f"GGUF file: {e}") from e
     hf_arch, model_type = _HF_ARCH[arch]
-    head_dim = int(_field(reader, p + "rope.dimension_count", hidden // n_head))
     return {
         "architectures": [hf_arch],
         "model_type": model_type,
@@ -115,33 +239,74 @@ def _hf_config(reader, arch: str, n_head: int, n_kv: int, tie: bool, vocab: int,
         "intermediate_size": int(_field(reader, p + "feed_forward_length")),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
         "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv,
+        "num_key_value_heads": int(_field(reader, p + "attention.head_count_kv", n_head)),
         "head_dim": head_dim,
         "max_position_embeddings": int(_field(reader, p + "context_length", 2048)),
-        "rms_norm_eps": float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        "rms_norm_eps": _f32(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-6)),
         "hidden_act": "silu",
+        "attention_bias": arch == "qwen2",
         "rope_theta": theta,
         "rope_parameters": rope,
+        **({"rope_scaling": rope} if rope["rope_type"] != "default" else {}),
         "tie_word_embeddings": tie,
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
+        "dtype": "float32",
     }
 
 
-def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
-    from transformers import AutoTokenizer
+def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> None:
+    from transformers import AutoTokenizer  # imports torch: one reason this runs in a child
 
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as e:  # noqa: BLE001 (transformers raises many kinds)
+        raise ModelSourceError(f"GGUF file {gguf_path}: cannot convert its tokenizer: {e}") from e
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    for attr, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                      ("pad_token", "padding_token_id"), ("unk_token", "unknown_token_id")):
+        token_id = _field(reader, f"tokenizer.ggml.{key}")
+        if token_id is not None and token_id < len(tokens):
+            setattr(tok, attr, tokens[token_id])
+    template = _field(reader, "tokenizer.chat_template") or getattr(tok, "chat_template", None)
+    if template:
+        tok.chat_template = template
+    tok.model_max_length = max_len
     tok.save_pretrained(str(out_dir))
+    # transformers 5 keeps the template in chat_template.jinja; readers that only open
+    # tokenizer_config.json (our tokenizer worker, older transformers) need it there too.
     cfg_path = out_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
-    template = getattr(tok, "chat_template", None)
-    jinja = out_dir / "chat_template.jinja"
-    if template is None and jinja.exists():
-        template = jinja.read_text()
+    for key in ("is_local", "local_files_only", "name_or_path"):
+        cfg.pop(key, None)
     if template:
         cfg["chat_template"] = template
-    cfg.pop("is_local", None)
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m common.gguf_convert SRC.gguf OUT_DIR [--no-progress] [--error-file F]`"""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Convert a GGUF file to an HF model directory.")
+    ap.add_argument("gguf_path", type=Path)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--error-file", type=Path, help="write a failure's message here, not stderr")
+    args = ap.parse_args(argv)
+    try:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        convert_gguf(args.gguf_path, args.out_dir, progress=not args.no_progress)
+    except (ModelSourceError, OSError) as e:
+        if args.error_file is None:
+            print(f"error: {e}", file=sys.stderr)
+        else:
+            args.error_file.write_text(str(e))
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,6 +9,14 @@ import sys
 _CONFIGURED = False
 
 
+def install_stack_dump() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to stderr: for a process that hangs."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def get_logger(name: str) -> logging.Logger:
     global _CONFIGURED
     if not _CONFIGURED:

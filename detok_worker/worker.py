@@ -21,7 +21,8 @@ import zmq
 from tokenizers import Tokenizer
 
 from common.config import Config
-from common.log import get_logger
+from common.heartbeat import Heartbeat
+from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
     ComponentStatus,
@@ -36,7 +37,8 @@ from detok_worker.incremental import RequestDetokenizer
 
 log = get_logger("detok")
 
-STOPPED_MEMORY = 100_000  # rids finished here by a stop string, to drop their late tokens
+STOPPED_MEMORY = 100_000
+DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long  # rids finished here by a stop string, to drop their late tokens
 
 
 class DetokWorker:
@@ -52,16 +54,30 @@ class DetokWorker:
         self.to_scheduler = PushQueue(config.ipc.endpoint("scheduler"), bind=False, ctx=ctx)
         self.requests: dict[str, RequestDetokenizer] = {}
         self.stopped: OrderedDict[str, None] = OrderedDict()
+        self.detok_s: dict[str, float] = {}  # rid -> seconds spent detokenizing it so far
         self.running = True
+        self.drain_deadline = 0.0
+        self.quiet_since = 0.0  # when the last step arrived (or the stop signal, if later)
         self.last_heartbeat = 0.0
 
     def process(self, msg: StepOutputs) -> TextOutputs:
+        n = len(msg.rids)
+        parallel = (msg.new_token_ids, msg.finish_reasons, msg.num_prompt_tokens,
+                    msg.num_output_tokens)
+        if any(len(x) != n for x in parallel) or (msg.logprobs is not None
+                                                  and len(msg.logprobs) != n):
+            log.warning("dropping step %d: StepOutputs lists of unequal lengths", msg.step)
+            return TextOutputs([], [], [], [], [], [], None, None, [], time.time())
+        if msg.timings is not None and len(msg.timings) != n:
+            log.warning("step %d: timings of the wrong length ignored", msg.step)
         for rid, stop, skip_special, include_stop in msg.new_requests:
             self.requests[rid] = RequestDetokenizer(self.tokenizer, stop, skip_special, include_stop)
         out: dict[str, list] = {k: [] for k in ("rids", "texts", "finish_reasons", "num_prompt_tokens",
                                                 "num_output_tokens", "token_ids", "logprobs",
-                                                "stop_reasons")}
+                                                "stop_reasons", "timings")}
+        step_timings = msg.timings if msg.timings is not None and len(msg.timings) == n else None
         for i, rid in enumerate(msg.rids):
+            t0 = time.perf_counter()
             if rid in self.stopped:
                 continue  # finished here by a stop string; the scheduler is catching up
             det = self.requests.get(rid)
@@ -84,8 +100,17 @@ class DetokWorker:
                 text += det.finish()
                 if det.stopped:
                     reason = "stop"
+            spent = self.detok_s.pop(rid, 0.0) if reason is not None else None
             if reason is not None:
                 self.requests.pop(rid, None)
+            else:
+                self.detok_s[rid] = self.detok_s.get(rid, 0.0) + time.perf_counter() - t0
+            timing = step_timings[i] if step_timings is not None else None
+            if reason is not None:  # a stop-string finish has no scheduler stamps yet
+                timing = dict(timing or {})
+                timing["detok_time_s"] = (spent or 0.0) + time.perf_counter() - t0
+                timing["detok_sent_time"] = time.time()
+            out["timings"].append(timing)
             out["rids"].append(rid)
             out["texts"].append(text)
             out["finish_reasons"].append(reason)
@@ -96,7 +121,9 @@ class DetokWorker:
             out["stop_reasons"].append(det.stop_str)
         if not msg.logprobs:
             out["logprobs"] = None
-        return TextOutputs(**out, timings=None, sent_time=time.time())
+        if all(t is None for t in out["timings"]):
+            out["timings"] = None
+        return TextOutputs(**out, sent_time=time.time())
 
     def _remember_stopped(self, rid: str) -> None:
         self.stopped[rid] = None
@@ -110,29 +137,45 @@ class DetokWorker:
 
     def run(self) -> None:
         self.heartbeat("ready")
+        beacon = Heartbeat(self.config, "detok").start()  # beats even while busy
         hb = self.config.heartbeat_s
-        while self.running:
-            for msg in self.inbox.get_batch(timeout_ms=int(hb * 1000)):
+        while self.running or (time.monotonic() - self.quiet_since < DRAIN_QUIET_S
+                               and time.monotonic() < self.drain_deadline):  # fmt: skip
+            msgs = self.inbox.get_batch(timeout_ms=int(hb * 1000 if self.running else 100))
+            if msgs:
+                self.quiet_since = time.monotonic()
+            for msg in msgs:
                 if not isinstance(msg, StepOutputs):
                     log.warning("dropping unexpected %s on the detok inbox", type(msg).__name__)
                     continue
-                result = self.process(msg)
+                try:
+                    result = self.process(msg)
+                except Exception:  # a bug must cost one step, never the worker
+                    log.exception("detokenizing step %d failed; dropped", msg.step)
+                    continue
                 if result.rids:
                     try:
                         self.to_frontend.put(result, timeout_ms=None)
                     except QueueFull:
                         log.error("frontend queue full; dropped step %d", msg.step)
-            if time.monotonic() - self.last_heartbeat >= hb:
-                self.heartbeat()
+        beacon.stop()
         self.heartbeat("stopping")
         for q in (self.inbox, self.to_frontend, self.to_scheduler):
             q.close()
 
     def stop(self, *_args) -> None:
+        """SIGTERM: keep detokenizing while the scheduler still sends steps (it drains too),
+        until DRAIN_QUIET_S without any, or drain_timeout_s; a second signal stops now."""
+        if not self.running:
+            self.drain_deadline = 0.0
+            return
         self.running = False
+        self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
+        self.quiet_since = time.monotonic()  # the quiet period counts from the signal
 
 
 def run(config: Config) -> None:
+    install_stack_dump()
     worker = DetokWorker(config)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)

@@ -1,0 +1,8 @@
+"""The HTTP frontend process: OpenAI-compatible API, SSE, /health, /metrics (FastAPI).
+
+app.py             routes, auth, error handlers      serving.py         a request's flow
+protocol.py        request models -> SamplingParams  responses.py       OpenAI response shapes
+engine_client.py   ZeroMQ sockets + inbox dispatch   request_handle.py  a request's output queue
+liveness.py        which components are up           metrics.py         Prometheus
+server.py          run(config): uvicorn              errors.py          OpenAI error JSON
+"""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from common.config import EngineConfig
 from common.log import get_logger
+from common.model_facts import context_length
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
@@ -38,6 +39,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    # on the finishing output only: monotonic stage times and counts (see Request)
+    stage_times: dict[str, float] | None = None
 
 
 @dataclass
@@ -73,8 +76,7 @@ class LLMEngine:
         )
         self.runner = ModelRunner(config, self.model_dir)
         args = self.runner.args
-        self.max_model_len = min(config.model.max_model_len or args.max_position_embeddings,
-                                 args.max_position_embeddings)
+        self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks,
                                    self.max_model_len)
@@ -92,6 +94,9 @@ class LLMEngine:
     @property
     def num_unfinished(self) -> int:
         return len(self.requests)
+
+    def unfinished_ids(self) -> list[str]:
+        return list(self.requests)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
@@ -219,8 +224,14 @@ class LLMEngine:
 
     def _output(self, req: Request, tokens: list[int], logprobs=None) -> RequestOutput:
         reason = req.status.value if req.status.finished else None
+        stages = None
+        if reason is not None:
+            stages = {"received": req.arrival_time, "first_scheduled": req.first_scheduled_time,
+                      "first_token": req.first_token_time, "finished": req.finished_time,
+                      "num_cached_tokens": req.num_cached_tokens,
+                      "num_preemptions": req.num_preemptions}  # fmt: skip
         return RequestOutput(req.request_id, tokens, reason, logprobs, req.num_prompt_tokens,
-                             req.num_output_tokens, req.num_cached_tokens)
+                             req.num_output_tokens, req.num_cached_tokens, stages)
 
     # ---- offline ------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]],

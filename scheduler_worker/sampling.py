@@ -1,25 +1,36 @@
 """Sampling for the whole batch at once.
 
-Order of logit processing (per row, vectorized over the batch):
-    min_tokens mask (EOS and stop ids) → repetition penalty (prompt + output, HF rule)
-    → presence/frequency penalties (output only, OpenAI rule) → temperature
-    → top-k → top-p → min-p → draw.
-Greedy rows take the argmax of the processed logits; a batch of plain greedy rows takes
-one argmax and nothing else.
+Logit processing, each step vectorized over the rows that need it:
 
-Seeded rows draw from their own generator with the exponential race
-(argmax(p / q), q ~ Exp(1)), one draw of V values per step, so a request's samples do not
-depend on what else is in its batch. Logprobs come from the raw model logits.
+    raw logits ─┬─▶ min_tokens mask (EOS + stop ids) ─▶ repetition penalty (prompt+output, HF)
+                │   ─▶ presence/frequency penalties (output, OpenAI) ─┬─▶ argmax (greedy rows)
+                │                                                     │
+                │   ┌─────────────────────────────────────────────────┘ (other rows)
+                │   └─▶ / temperature ─▶ top-k ─▶ softmax ─▶ top-p ─▶ min-p
+                │       ─▶ argmax(p / q), q ~ Exp(1)
+                └─▶ log_softmax ─▶ logprobs (sampled token + top-N)
+
+A batch of plain greedy rows (no penalties, logprobs or min_tokens still blocking) takes
+one argmax and nothing else. Temperatures below GREEDY_EPS count as greedy.
+
+Seeds: argmax(p / q) with q ~ Exp(1) samples from p (the exponential race). A seeded row
+draws its V values of q from its own generator, one draw per step, so its samples do
+not depend on what else is in the batch; unseeded rows share the default generator.
+Top-k and top-p cut by value: tokens tied with the last one kept are kept too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
 from common.sampling_params import SamplingParams
+
+GREEDY_EPS = 1e-5  # temperatures below this are greedy: logits / T would overflow
+TOP_P_CANDIDATES = (256, 4096)  # on a CPU, top-p tries these many tokens before a full sort
 
 
 @dataclass
@@ -46,49 +57,130 @@ class SamplerOutput:
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     g = torch.Generator(device=device)
-    g.manual_seed(seed % (1 << 64))
+    g.manual_seed(seed % (1 << 64))  # validated seeds may be negative
     return g
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def is_greedy(p: SamplingParams) -> bool:
+    return p.top_k == 1 or p.temperature < GREEDY_EPS
+
+
+def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _padded(seqs: list[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(s) for s in seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-            mask[i, : len(s)] = True
-    return ids.to(device), mask.to(device)
+def _flat_index(seqs: list[Sequence[int]], vocab: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token id) index pairs for every token (< vocab) of every sequence."""
+    lens = torch.tensor([len(s) for s in seqs])
+    rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
+    ids = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.long)
+    keep = ids < vocab
+    return rows[keep].to(device), ids[keep].to(device)
+
+
+def mask_stop_tokens(logits: torch.Tensor, rows: list[SamplingRow],
+                     eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """EOS and stop ids get -inf in rows that have fewer than min_tokens outputs."""
+    vocab = logits.shape[1]
+    row_idx: list[int] = []
+    tok_idx: list[int] = []
+    for i, r in enumerate(rows):
+        if len(r.output_token_ids) < r.params.min_tokens:
+            stop = [t for t in chain(eos_token_ids, r.params.stop_token_ids) if t < vocab]
+            row_idx += [i] * len(stop)
+            tok_idx += stop
+    if not row_idx:
+        return logits
+    logits = logits.clone()
+    logits[row_idx, tok_idx] = float("-inf")
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
-    presence/frequency (over output: logit -= presence*[count>0] + frequency*count)."""
-    idx = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
+    presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
+    Returns a new tensor; rows without penalties are unchanged."""
+    idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
         return logits
+    dev = logits.device
+    params = [rows[i].params for i in idx]
+    sub = logits[idx]  # a copy
+    rep = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seqs = [chain(rows[i].prompt_token_ids, rows[i].output_token_ids)
+                if p.repetition_penalty != 1.0 else () for i, p in zip(idx, params)]
+        seen = torch.zeros_like(sub, dtype=torch.bool)
+        seen[_flat_index([list(s) for s in seqs], sub.shape[1], dev)] = True
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
+    freq = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
+    if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+        counts = torch.zeros_like(sub)
+        r, t = _flat_index([rows[i].output_token_ids for i in idx], sub.shape[1], dev)
+        counts.index_put_((r, t), torch.ones_like(t, dtype=sub.dtype), accumulate=True)
+        sub = sub - pres * (counts > 0).to(sub.dtype) - freq * counts
+    out = logits.clone()
+    out[idx] = sub
+    return out
+
+
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, top-k (on logits), top-p and min-p (on the probabilities that top-k
+    left): unnormalized probabilities with the filtered tokens at 0."""
     dev, vocab = logits.device, logits.shape[1]
-    sub = logits[idx]
-    rep = torch.tensor([rows[i].params.repetition_penalty for i in idx], device=dev)[:, None]
-    if (rep != 1.0).any():
-        ids, mask = _padded([list(rows[i].prompt_token_ids) + list(rows[i].output_token_ids)
-                             for i in idx], dev)
-        seen = torch.zeros_like(sub, dtype=torch.bool).scatter_(1, ids, mask)
-        penalized = torch.where(sub > 0, sub / rep, sub * rep)
-        sub = torch.where(seen, penalized, sub)
-    pres = torch.tensor([rows[i].params.presence_penalty for i in idx], device=dev)[:, None]
-    freq = torch.tensor([rows[i].params.frequency_penalty for i in idx], device=dev)[:, None]
-    if (pres != 0).any() or (freq != 0).any():
-        ids, mask = _padded([rows[i].output_token_ids for i in idx], dev)
-        counts = torch.zeros(len(idx), vocab, device=dev).scatter_add_(1, ids, mask.float())
-        sub = sub - pres * (counts > 0).float() - freq * counts
-    logits = logits.clone()
-    logits[idx] = sub
-    return logits
+    if any(p.temperature != 1.0 for p in params):
+        logits = logits / torch.tensor([p.temperature for p in params], device=dev)[:, None]
+    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(ks):
+        k = torch.tensor([k or 1 for k in ks], device=dev)[:, None]
+        kth = logits.topk(max(ks), dim=-1).values.gather(1, k - 1)
+        kth.masked_fill_(k.new_tensor(ks)[:, None] == 0, float("-inf"))  # top-k off here
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    # an extreme penalty or temperature can push logits to +inf (a repetition_penalty of
+    # 1e-38 divides them by it): the largest finite value keeps softmax free of NaN
+    logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+    probs = logits.softmax(dim=-1)
+    thresh = probs.new_zeros(len(params), 1)  # the smallest probability each row keeps
+    top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if top_p_rows:
+        top_p = torch.tensor([params[i].top_p for i in top_p_rows], device=dev)[:, None]
+        thresh[top_p_rows] = _top_p_threshold(probs[top_p_rows], top_p)
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=dev)[:, None]
+        thresh = torch.maximum(thresh, probs.amax(dim=-1, keepdim=True) * min_p)
+    if top_p_rows or any(p.min_p > 0.0 for p in params):
+        probs.masked_fill_(probs < thresh, 0.0)
+    return probs
+
+
+def _top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, the probability of the last token of the smallest set (by descending
+    probability) holding top_p of the mass. Sorting the whole vocabulary is slow on a
+    CPU, so there the most likely TOP_P_CANDIDATES[0] tokens are tried first, and only
+    the rows where they hold less than top_p go on to the next size, up to a full sort."""
+    vocab = probs.shape[1]
+    on_cpu = probs.device.type == "cpu"
+    sizes = [n for n in TOP_P_CANDIDATES if n < vocab and on_cpu] + [vocab]
+    thresh = torch.empty_like(top_p)
+    todo = torch.arange(probs.shape[0], device=probs.device)
+    for num in sizes:
+        sub = probs[todo]
+        top = sub.sort(dim=-1, descending=True).values if num == vocab else sub.topk(num).values
+        done = (top.sum(dim=-1) >= top_p[todo, 0]) | (num == vocab)
+        thresh[todo[done]] = _cut(top[done], top_p[todo[done]])
+        todo = todo[~done]
+        if len(todo) == 0:
+            break
+    return thresh
+
+
+def _cut(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # 0 for the first: always kept
+    # at least one: a top_p that is 0 in float32 (< ~1e-45) or NaN probabilities keep none
+    num_keep = (mass_above < top_p).sum(dim=-1, keepdim=True).clamp_(min=1)
+    return sorted_probs.gather(1, num_keep - 1)
 
 
 class Sampler:
@@ -97,69 +189,56 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        logits = logits.float()
-        raw = logits
+        assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
+        logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         params = [r.params for r in rows]
-        blocked = [len(r.output_token_ids) < r.params.min_tokens for r in rows]
-        want_lp = [p.logprobs is not None for p in params]
-        if all(p.greedy for p in params) and not any(blocked) and not any(want_lp) \
-                and not any(_has_penalty(p) for p in params):
-            return SamplerOutput(logits.argmax(-1).tolist(), [None] * len(rows))
-        logits = logits.clone()
-        for i, r in enumerate(rows):
-            if blocked[i]:
-                stop = [t for t in self.eos_token_ids + list(r.params.stop_token_ids) if t < logits.shape[1]]
-                logits[i, stop] = float("-inf")
-        logits = apply_penalties(logits, rows)
-        tokens = self._sample(logits, rows)
-        return SamplerOutput(tokens, self._logprobs(raw, tokens, params, want_lp))
-
-    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        dev = logits.device
-        params = [r.params for r in rows]
-        greedy = torch.tensor([p.greedy for p in params], device=dev)
-        temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
-        scaled = logits / temp[:, None]
-        top_k = [p.top_k for p in params]
-        if any(k > 0 for k in top_k):
-            k = torch.tensor([k if k > 0 else logits.shape[1] for k in top_k], device=dev)
-            sorted_desc = scaled.sort(dim=-1, descending=True).values
-            kth = sorted_desc.gather(1, (k - 1).clamp(max=logits.shape[1] - 1)[:, None])
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        top_p = torch.tensor([p.top_p for p in params], device=dev)
-        if (top_p < 1.0).any():
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            cum_before = sorted_p.cumsum(-1) - sorted_p  # mass strictly above each token
-            drop_sorted = cum_before >= top_p[:, None]
-            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-            probs = probs.masked_fill(drop, 0.0)
-        min_p = torch.tensor([p.min_p for p in params], device=dev)
-        if (min_p > 0).any():
-            thresh = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
-            probs = probs.masked_fill(probs < thresh, 0.0)
-        q = torch.empty_like(probs)
-        shared = [i for i, r in enumerate(rows) if r.generator is None]
-        if shared:
-            q[shared] = torch.empty(len(shared), probs.shape[1], device=dev).exponential_()
-        for i, r in enumerate(rows):
-            if r.generator is not None:
-                q[i].exponential_(generator=r.generator)
-        sampled = (probs / q).argmax(-1)
-        return torch.where(greedy, scaled.argmax(-1), sampled).tolist()
+        if (all(is_greedy(p) and not has_penalty(p) and p.logprobs is None for p in params)
+                and all(len(r.output_token_ids) >= r.params.min_tokens for r in rows)):
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+        raw = logits.float()
+        processed = apply_penalties(mask_stop_tokens(raw, rows, self.eos_token_ids), rows)
+        rand = [i for i, p in enumerate(params) if not is_greedy(p)]
+        if len(rand) == len(rows):
+            tokens = self._sample(processed, rows)
+        else:
+            tokens = processed.argmax(dim=-1)  # greedy rows: the penalized logits' argmax
+            if rand:
+                tokens[rand] = self._sample(processed[rand], [rows[i] for i in rand])
+        return SamplerOutput(tokens.tolist(), self._logprobs(raw, tokens, params))
 
     @staticmethod
-    def _logprobs(raw: torch.Tensor, tokens: list[int], params: list[SamplingParams],
-                  want: list[bool]) -> list[TokenLogprobs | None]:
-        out: list[TokenLogprobs | None] = [None] * len(tokens)
-        idx = [i for i, w in enumerate(want) if w]
+    def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        probs = sampling_probs(logits, [r.params for r in rows])
+        u = torch.empty_like(probs)
+        shared = [i for i, r in enumerate(rows) if r.generator is None]
+        if len(shared) == len(rows):
+            u.uniform_()
+        elif shared:
+            u[shared] = torch.rand(len(shared), u.shape[1], device=u.device)
+        for i, r in enumerate(rows):
+            if r.generator is not None:
+                u[i].uniform_(generator=r.generator)
+        # argmax(p / q) with q = -log(u) ~ Exp(1) (far cheaper than exponential_ on a CPU)
+        # is argmin(p / log(u)); u == 0 gives q = inf: that token cannot win, and q is never 0
+        return probs.div_(u.log_()).argmin(dim=-1)
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor,
+                  params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+        out: list[TokenLogprobs | None] = [None] * len(params)
+        idx = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not idx:
             return out
-        lp = torch.log_softmax(raw[idx], dim=-1)
+        lp = raw[idx].log_softmax(dim=-1)
+        sampled = tokens[idx]
+        sampled_lp = lp.gather(1, sampled[:, None])[:, 0].tolist()
         n = max(params[i].logprobs or 0 for i in idx)
-        top_v, top_i = lp.topk(max(n, 1), dim=-1)
-        for j, i in enumerate(idx):
+        top_lp: list[list[float]] = [[] for _ in idx]
+        top_ids: list[list[int]] = [[] for _ in idx]
+        if n > 0:
+            values, indices = lp.topk(n, dim=-1)
+            top_lp, top_ids = values.tolist(), indices.tolist()
+        for j, (i, tok) in enumerate(zip(idx, sampled.tolist())):
             k = params[i].logprobs or 0
-            out[i] = TokenLogprobs(tokens[i], lp[j, tokens[i]].item(),
-                                   top_i[j, :k].tolist(), top_v[j, :k].tolist())
+            out[i] = TokenLogprobs(tok, sampled_lp[j], top_ids[j][:k], top_lp[j][:k])
         return out

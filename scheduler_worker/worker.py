@@ -19,14 +19,18 @@ from collections import OrderedDict
 
 import zmq
 
+from common.auth import verify_rid
 from common.config import Config
-from common.log import get_logger
+from common.heartbeat import Heartbeat
+from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
+    ComponentStatus,
     EngineStatus,
     GenerateRequest,
     RequestError,
     StepOutputs,
+    WireError,
     pack_ids,
     unpack_ids,
 )
@@ -38,6 +42,8 @@ log = get_logger("scheduler")
 
 PRE_ABORT_TTL_S = 120.0
 PRE_ABORT_MAX = 100_000
+# on SIGTERM, once idle, stop after this long without a new request (see stop())
+DRAIN_QUIET_S = 1.0
 
 
 class SchedulerWorker:
@@ -49,25 +55,56 @@ class SchedulerWorker:
         self.to_detok = PushQueue(config.ipc.endpoint("detok"), bind=False, ctx=self.ctx)
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=self.ctx)
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
+        self.frontend_pid: int | None = None
+        self.origin: dict[str, int] = {}  # rid -> pid of the frontend that accepted it
+        self.num_forged = 0  # GenerateRequests dropped for a bad signature
+        # rid -> (arrival, tokenized, return_timings): wall-clock stamps of the earlier stages
+        self.stamps: dict[str, tuple[float, float, bool]] = {}
         self.detok_info: dict[str, tuple[str, list[str], bool, bool]] = {}
         self.step_no = 0
         self.running = True
+        self.drain_deadline = 0.0  # after stop(), running requests keep stepping until then
+        self.last_request = 0.0  # when the last request or abort came in
         self.last_heartbeat = 0.0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
+        if isinstance(msg, (GenerateRequest, AbortRequest)):
+            self.last_request = time.monotonic()
         if isinstance(msg, GenerateRequest):
             self._add(msg)
         elif isinstance(msg, AbortRequest):
             if not self.engine.abort(msg.rid) and msg.rid not in self.detok_info:
                 self._remember_abort(msg.rid)
+        elif isinstance(msg, ComponentStatus) and msg.component == "frontend":
+            self._on_frontend(msg.pid)
         else:
             log.warning("dropping unexpected %s on the scheduler inbox", type(msg).__name__)
 
+    def _on_frontend(self, pid: int) -> None:
+        """A new frontend pid: the old frontend died, and nobody waits for its requests."""
+        old, self.frontend_pid = self.frontend_pid, pid
+        if old is not None and old != pid:
+            # only the old frontend's requests: the new one may have sent some already
+            rids = [r for r in self.engine.unfinished_ids() if self.origin.get(r) == old]
+            for rid in rids:
+                self.engine.abort(rid)
+            if rids:
+                log.warning("frontend restarted (pid %d -> %d): aborted its %d request(s)",
+                            old, pid, len(rids))
+
     def _add(self, msg: GenerateRequest) -> None:
+        if not verify_rid(self.config.ipc.secret, msg.rid):
+            self.num_forged += 1
+            log.warning("dropping a GenerateRequest the frontend did not sign (id %r)",
+                        msg.rid[:80])  # fmt: skip
+            return
         if self.pre_aborted.pop(msg.rid, None) is not None:
             return  # its client is gone already
+        if msg.rid in self.detok_info:  # only a forged or replayed frame can do this
+            log.warning("dropping a second request with the running id %s", msg.rid)
+            return
         try:
             params = SamplingParams.from_dict(msg.params)
             self.engine.add_request(msg.rid, unpack_ids(msg.prompt_token_ids), params,
@@ -77,6 +114,8 @@ class SchedulerWorker:
             return
         self.detok_info[msg.rid] = (msg.rid, params.stop, params.skip_special_tokens,
                                     params.include_stop_str_in_output)
+        self.stamps[msg.rid] = (msg.arrival_time, msg.tokenized_time, msg.return_timings)
+        self.origin[msg.rid] = msg.origin
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -85,9 +124,10 @@ class SchedulerWorker:
                                     next(iter(self.pre_aborted.values())) < now - PRE_ABORT_TTL_S):
             self.pre_aborted.popitem(last=False)
 
-    def _send_error(self, rid: str, message: str, param: str | None) -> None:
+    def _send_error(self, rid: str, message: str, param: str | None, status: int = 400) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
         try:
-            self.to_frontend.put(RequestError(rid, 400, message, "invalid_request_error", param))
+            self.to_frontend.put(RequestError(rid, status, message, kind, param))
         except QueueFull:
             log.error("frontend unreachable; dropped error for %s", rid)
 
@@ -97,6 +137,8 @@ class SchedulerWorker:
             return
         t0 = time.perf_counter()
         new_requests, logprobs, any_lp = [], [], False
+        timings: list[dict | None] = []
+        to_wall = time.time() - time.monotonic()
         for o in outputs:
             info = self.detok_info.get(o.request_id)
             if info is not None and info[0] is not None:
@@ -104,6 +146,10 @@ class SchedulerWorker:
                 self.detok_info[o.request_id] = (None, [], False, False)  # sent once
             if o.finish_reason is not None:
                 self.detok_info.pop(o.request_id, None)
+                self.origin.pop(o.request_id, None)
+                timings.append(self._timings(o, to_wall))
+            else:
+                timings.append(None)
             if o.logprobs:
                 any_lp = True
                 logprobs.append([[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
@@ -119,18 +165,45 @@ class SchedulerWorker:
             num_output_tokens=[o.num_output_tokens for o in outputs],
             logprobs=logprobs if any_lp else None,
             new_requests=new_requests,
-            timings=None,
+            timings=timings if any(t is not None for t in timings) else None,
             sent_time=time.time(),
         )
         try:
             self.to_detok.put(msg, timeout_ms=None)
         except QueueFull:
             log.error("detok queue full; step %d dropped", self.step_no)
+        except WireError as e:  # a bug, not the client's: say so loudly, keep serving
+            log.error("step %d could not be encoded, dropped: %s", self.step_no, e)
         self.ipc_time += time.perf_counter() - t0
 
+    def _timings(self, o: RequestOutput, to_wall: float) -> dict | None:
+        """Wall-clock stage stamps of a finished request (seconds since the epoch; every
+        process on one host reads the same clock — across hosts, keep clocks in sync)."""
+        arrival, tokenized, wanted = self.stamps.pop(o.request_id, (None, None, False))
+        st = o.stage_times or {}
+        out: dict = {"arrival_time": arrival, "tokenized_time": tokenized,
+                     "return_timings": wanted}  # fmt: skip
+        for key in ("received", "first_scheduled", "first_token", "finished"):
+            v = st.get(key)
+            out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (
+                None if v is None else v + to_wall)
+        out["num_cached_tokens"] = st.get("num_cached_tokens", 0)
+        out["num_preemptions"] = st.get("num_preemptions", 0)
+        return out
+
+    def busy_split(self) -> dict[str, float]:
+        """Cumulative seconds of the scheduler's busy time by part."""
+        b = self.engine.counters.busy_time
+        return {"forward": b["forward"], "sample": b["sample"], "schedule": b["schedule"],
+                "ipc": self.ipc_time}  # fmt: skip
+
     def heartbeat(self, kind: str = "heartbeat") -> None:
+        """EngineStatus: readiness, then queue/KV figures between steps. Liveness itself is
+        the Heartbeat thread's job, so a long step is not mistaken for a death."""
         e = self.engine
         bm = e.block_manager
+        with contextlib.suppress(QueueFull):  # the pid tells the frontend about restarts
+            self.to_frontend.put(ComponentStatus("scheduler", os.getpid(), kind, time.time()))
         with contextlib.suppress(QueueFull):
             self.to_frontend.put(EngineStatus(
                 kind=kind, num_running=e.num_running, num_waiting=e.num_waiting,
@@ -138,6 +211,7 @@ class SchedulerWorker:
                 num_total_blocks=bm.num_blocks, prefix_cache_queries=bm.prefix_cache_queries,
                 prefix_cache_hits=bm.prefix_cache_hits, model=self.config.model_name,
                 max_model_len=e.max_model_len, vocab_size=e.vocab_size, time=time.time(),
+                busy=self.busy_split(),
             ))
         self.last_heartbeat = time.monotonic()
 
@@ -147,23 +221,53 @@ class SchedulerWorker:
                  self.engine.runner.num_blocks, self.engine.scheduler.block_size,
                  self.engine.max_model_len)
         self.heartbeat("ready")
+        beacon = Heartbeat(self.config, "scheduler").start()
         hb_ms = int(self.config.heartbeat_s * 1000)
-        while self.running:
+        while self.running or self._draining():
+            t0 = time.perf_counter()
             if self.engine.has_unfinished():
                 msgs = self.inbox.drain()
             else:
-                msgs = self.inbox.get_batch(timeout_ms=hb_ms)
+                msgs = self.inbox.get_batch(timeout_ms=hb_ms if self.running else 100)
+                t0 = time.perf_counter()  # waiting idle is not busy time
             for msg in msgs:
-                self.handle(msg)
+                try:
+                    self.handle(msg)
+                except Exception:  # a bad message costs itself, never the engine loop
+                    log.exception("dropping %s that failed", type(msg).__name__)
+            self.ipc_time += time.perf_counter() - t0  # receiving, decoding, admitting
             if self.engine.has_unfinished():
                 self.publish(self.engine.step())
                 self.step_no += 1
             if time.monotonic() - self.last_heartbeat >= self.config.heartbeat_s:
                 self.heartbeat()
+        beacon.stop()
+        with contextlib.suppress(QueueFull):
+            self.to_frontend.put(ComponentStatus("scheduler", os.getpid(), "stopping", time.time()))
         self.close()
 
+    def _draining(self) -> bool:
+        """After SIGTERM: go on while requests run, or while requests may still be on their
+        way (the last one came less than DRAIN_QUIET_S ago), up to the drain deadline."""
+        now = time.monotonic()
+        if now >= self.drain_deadline:
+            return False
+        return self.engine.has_unfinished() or now - self.last_request < DRAIN_QUIET_S
+
     def stop(self, *_args) -> None:
+        """SIGTERM: finish the requests running, and those still on their way through the
+        tokenizers, for up to drain_timeout_s. The frontend is the gate that refuses new
+        work (503 while it drains); supervisord stops every program at the same moment, so
+        what the frontend accepted just before may reach this inbox after the signal."""
+        if not self.running:  # a second signal: stop now
+            self.drain_deadline = 0.0
+            return
         self.running = False
+        self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
+        self.last_request = max(self.last_request, time.monotonic())  # wait DRAIN_QUIET_S
+        if self.engine.has_unfinished():
+            log.info("draining %d request(s) for at most %.0f s", self.engine.num_unfinished,
+                     self.config.server.drain_timeout_s)  # fmt: skip
 
     def close(self) -> None:
         for q in (self.inbox, self.to_detok, self.to_frontend):
@@ -172,6 +276,7 @@ class SchedulerWorker:
 
 def run(config: Config) -> None:
     """Process entry: load the model, then serve until SIGTERM/SIGINT."""
+    install_stack_dump()
     log.info("scheduler starting (pid %d), model %s", os.getpid(), config.engine.model.model)
     worker = SchedulerWorker(config)
     signal.signal(signal.SIGTERM, worker.stop)

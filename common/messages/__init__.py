@@ -41,13 +41,14 @@ from common.messages.frontend_tokenizer import TokenizeRequest
 from common.messages.scheduler_detok import NewRequest, StepOutputs
 from common.messages.scheduler_frontend import EngineStatus
 from common.messages.status import ComponentStatus
+from common.messages.tokenizer_frontend import TokenizeAck
 from common.messages.tokenizer_scheduler import AbortRequest, GenerateRequest
 
 __all__ = [
     "MAX_FRAME_BYTES", "MAX_LIST", "WIRE_VERSION", "REGISTRY", "Message", "WireError",
     "encode", "decode", "pack_ids", "unpack_ids", "register",
     "TokenizeRequest", "GenerateRequest", "AbortRequest", "StepOutputs", "NewRequest",
-    "EngineStatus", "TextOutputs", "RequestError", "ComponentStatus",
+    "EngineStatus", "TextOutputs", "RequestError", "ComponentStatus", "TokenizeAck",
 ]  # fmt: skip
 
 # tag -> class, and the compiled schema of each registered class
@@ -67,7 +68,7 @@ def register(cls: type[Message]) -> type[Message]:
 
 
 for _cls in (TokenizeRequest, GenerateRequest, AbortRequest, StepOutputs, EngineStatus,
-             TextOutputs, RequestError, ComponentStatus):  # fmt: skip
+             TextOutputs, RequestError, ComponentStatus, TokenizeAck):  # fmt: skip
     register(_cls)
 
 

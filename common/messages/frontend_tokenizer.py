@@ -19,3 +19,4 @@ class TokenizeRequest(Message):
     params: dict[str, Any]  # SamplingParams.to_dict(), not yet validated
     arrival_time: float  # time.time() when the HTTP request arrived
     return_timings: bool
+    origin: int = 0  # pid of the frontend that accepted it (restarts abort only its own)

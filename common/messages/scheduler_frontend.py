@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from common.messages.base import Message
@@ -23,3 +23,5 @@ class EngineStatus(Message):
     max_model_len: int
     vocab_size: int
     time: float
+    # cumulative seconds of scheduler busy time by part: forward, sample, schedule, ipc
+    busy: dict[str, float] = field(default_factory=dict)

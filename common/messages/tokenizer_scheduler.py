@@ -22,6 +22,7 @@ class GenerateRequest(Message):
     arrival_time: float
     tokenized_time: float
     return_timings: bool
+    origin: int = 0  # TokenizeRequest.origin, passed through
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from scheduler_worker.models.common import (
     rope_scaling_of,
     rope_theta_of,
 )
-from scheduler_worker.rope import RotaryEmbedding
+from scheduler_worker.rope import RotaryEmbedding, rotate
 
 
 class RMSNorm(nn.Module):
@@ -48,13 +48,14 @@ class LlamaAttention(nn.Module):
         self.rope = rope
         self.scale = self.head_dim**-0.5
 
-    def forward(self, positions, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, cos_sin, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
+        t = qkv.shape[0]
+        # q and k heads side by side, rotated in one go: [T, H + Hkv, D]
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        qk = rotate(qk, *cos_sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(o.reshape(-1, self.q_size))
 
@@ -79,8 +80,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = LlamaMLP(args)
 
-    def forward(self, positions, x, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+    def forward(self, cos_sin, x, kv_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(cos_sin, self.input_layernorm(x), kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -113,8 +114,9 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        cos_sin = self.layers[0].self_attn.rope.cos_sin(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(positions, x, kv_cache, meta)
+            x = layer(cos_sin, x, kv_cache, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from common.messages import (
     RequestError,
     StepOutputs,
     TextOutputs,
+    TokenizeAck,
     TokenizeRequest,
     WireError,
     decode,
@@ -67,6 +68,8 @@ SAMPLES: list[Message] = [
     StepOutputs(0, [], [], [], [], [], None, [], None, 0.0),
     EngineStatus("ready", 0, 0, 0.0, 100, 100, 0, 0, "smollm2", 8192, 49152, 1.0),
     EngineStatus("heartbeat", 3, 1, 0.25, 75, 100, 640, 320, "m", 2048, 512, 2.0),
+    EngineStatus("heartbeat", 3, 1, 0.25, 75, 100, 640, 320, "m", 2048, 512, 2.0,
+                 {"forward": 1.5, "sample": 0.25, "schedule": 0.0, "ipc": 0.125}),
     TextOutputs(
         ["a", "b"],
         ["Hé", ""],
@@ -83,6 +86,8 @@ SAMPLES: list[Message] = [
     RequestError("r9", 400, "max_tokens: must be >= 1", "invalid_request_error", "max_tokens"),
     RequestError("r9", 500, "", "internal_error", None),
     ComponentStatus("detok", 1234, "stopping", 3.0),
+    TokenizeAck(4321, ["r1", "r2"]),
+    TokenizeAck(1, []),
 ]
 
 
@@ -137,7 +142,7 @@ def test_encode_refuses_schema_violations():
 
 
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
-ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0]
+ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
 
 
 @pytest.mark.parametrize("frame", [
@@ -162,12 +167,12 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0]
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, False),  # str where bytes
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, 1),  # int where bool
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, False),  # list where dict
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, False),
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": {"y": {}}}, 0.0, 0.0, msgpack.ExtType(1, b"z")),
-    msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, False]),
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, False, 0),  # str where bytes
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, 1, 0),  # int where bool
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, False, 0),  # list where dict
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, False, 0),
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": {"y": {}}}, 0.0, 0.0, msgpack.ExtType(1, b"z"), 0),
+    msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, False, 0]),
     raw(WIRE_VERSION, TextOutputs.TAG, ["a", 1], [""] * 2, [None] * 2, [0, 0], [0, 0],
         [b"", b""], None, None, [None, None], 0.0),  # list of wrong element type
     raw(WIRE_VERSION, TextOutputs.TAG, "a", [""], [None], [0], [0], [b""], None, None, [None], 0.0),
@@ -193,7 +198,7 @@ def test_wrong_container_types():
         deep = [deep]
     with pytest.raises(WireError, match="deeper"):
         decode(
-            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, False)
+            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, False, 0)
         )
 
 

@@ -1,0 +1,34 @@
+"""Signed request ids: only requests the frontend accepted are generated.
+
+With `ipc.secret` set (launch.py sets a fresh random one per launch; deployments put one
+in the shared config file, readable by the service user only), every engine request id
+is `<base>.<tag>` where tag = HMAC-SHA256(secret, base), truncated to 128 bits. The
+scheduler drops a GenerateRequest whose tag does not verify (constant-time compare), so a
+process that can reach the scheduler's socket but not the secret cannot make it generate,
+and cannot name (so abort or read) a request it did not create: ids carry 128 random bits
+of uuid plus the tag. Without a secret, ids are unsigned and the private 0700 run dir is
+the only barrier (fine for ipc://; tcp:// across hosts needs a secret and a private
+network).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+TAG_HEX = 32  # 128 bits
+
+
+def _tag(secret: str, base: str) -> str:
+    return hmac.new(secret.encode(), base.encode(), hashlib.sha256).hexdigest()[:TAG_HEX]
+
+
+def sign_rid(secret: str | None, base: str) -> str:
+    return base if not secret else f"{base}.{_tag(secret, base)}"
+
+
+def verify_rid(secret: str | None, rid: str) -> bool:
+    if not secret:
+        return True
+    base, sep, tag = rid.rpartition(".")
+    return bool(sep) and len(tag) == TAG_HEX and hmac.compare_digest(tag, _tag(secret, base))

@@ -1,0 +1,169 @@
+"""The HTTP API: an OpenAI-compatible subset, the seed server's /generate, /health, /metrics.
+
+    POST /v1/completions, /v1/chat/completions   OpenAI schema; SSE when `stream`
+    POST /generate                               {"prompt", "max_new_tokens", "stream", ...}
+    GET  /v1/models, /v1/models/{model}           the one served model
+    GET  /health                                 200 when every component is alive, else 503
+    GET  /metrics                                Prometheus text (zeroserve:* names)
+
+Authentication: with `server.api_key` set, /v1/* and /generate need
+`Authorization: Bearer <key>` (compared in constant time) and answer 401 otherwise;
+/health and /metrics stay open so probes and scrapers need no secret.
+Errors are OpenAI JSON (see frontend.errors); client mistakes are 400, never 422.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.config import Config
+from common.log import get_logger
+from frontend.engine_client import EngineClient
+from frontend.errors import APIError, error_body, status_type
+from frontend.metrics import Metrics
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from frontend.serving import Serving
+
+log = get_logger("frontend.app")
+
+
+def _auth_dependency(api_key: str | None):
+    expected = api_key.encode() if api_key else None
+
+    async def check_api_key(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            raise APIError(401, "Invalid or missing API key (Authorization: Bearer <key>).",
+                           "invalid_request_error", None, "invalid_api_key")  # fmt: skip
+
+    return check_api_key
+
+
+def body_schema(model: type[BaseModel]) -> dict:
+    """The route's JSON body in /openapi.json: handlers read the raw body themselves (to
+    bound its size and answer 400 rather than 422), so FastAPI cannot infer it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    _BODY_DEFS.update(defs)
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": schema}}}}  # fmt: skip
+
+
+_BODY_DEFS: dict[str, dict] = {}
+
+
+def create_app(config: Config, wait_ready: bool = False) -> FastAPI:
+    """The FastAPI app. Its lifespan binds the sockets; with wait_ready, startup (and so
+    the opening of the HTTP port under uvicorn) waits until every component is alive,
+    at most server.startup_timeout_s."""
+    metrics = Metrics()
+    client = EngineClient(config, metrics)
+    serving = Serving(config, client)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client.start()
+        try:
+            if wait_ready:
+                await client.wait_ready(config.server.startup_timeout_s)
+                log.info("all components ready")
+            yield
+        finally:
+            client.close()
+
+    app = FastAPI(title="zeroserve", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")  # fmt: skip
+    app.state.client = client
+    app.state.metrics = metrics
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = error_body(str(exc.detail), status_type(exc.status_code), None, exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(f"invalid request: {exc.errors()}"), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(error_body("internal server error", "server_error"), status_code=500)
+
+    api = APIRouter(dependencies=[Depends(_auth_dependency(config.server.api_key))])
+
+    @api.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request)
+
+    @api.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat(request)
+
+    @api.post("/generate", openapi_extra=body_schema(GenerateRequest))
+    async def generate(request: Request) -> Response:
+        return await serving.generate(request)
+
+    def model_card() -> dict:
+        engine = client.liveness.engine
+        return {"id": config.model_name, "object": "model", "created": started,
+                "owned_by": "zeroserve", "root": config.engine.model.model,
+                "max_model_len": engine.max_model_len if engine else None}  # fmt: skip
+
+    @api.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @api.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> JSONResponse:
+        serving.check_model(model)
+        return JSONResponse(model_card())
+
+    app.include_router(api)
+
+    def openapi() -> dict:  # FastAPI's schema plus the models the bodies refer to
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(_BODY_DEFS)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        now = time.monotonic()
+        missing = client.liveness.missing(now)
+        components = client.liveness.report(now)
+        if client.draining:
+            return JSONResponse({"status": "draining", "missing": missing,
+                                 "components": components}, status_code=503)  # fmt: skip
+        if missing:
+            return JSONResponse({"status": "unavailable", "missing": missing,
+                                 "components": components}, status_code=503)  # fmt: skip
+        return JSONResponse({"status": "ok", "components": components})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

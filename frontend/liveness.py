@@ -1,0 +1,95 @@
+"""Which components are up, judged by what the frontend inbox heard from them recently.
+
+A component is alive when it spoke within `window_s` = max(3 s, 3 × heartbeat_s):
+  scheduler  EngineStatus ("ready" or "heartbeat"), or any TextOutputs (a step ran)
+  detok      ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
+  tokenizer  ComponentStatus("tokenizer") from at least one worker pid
+A "stopping" status marks the sender down at once. Times are the frontend's own
+monotonic receipt times, so clock skew between hosts does not matter.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from common.messages import ComponentStatus, EngineStatus
+
+COMPONENTS = ("scheduler", "tokenizer", "detok")
+PRUNE_AFTER = 10  # forget a silent tokenizer pid after this many windows
+
+
+class Liveness:
+    def __init__(self, heartbeat_s: float) -> None:
+        self.window_s = max(3.0, 3.0 * heartbeat_s)
+        self.last_seen: dict[str, float] = {}  # "scheduler" / "detok" -> monotonic time
+        self.tokenizers: dict[int, float] = {}  # pid -> monotonic time
+        self.engine: EngineStatus | None = None  # the latest, for /v1/models and /metrics
+
+    def on_engine_status(self, msg: EngineStatus, now: float) -> None:
+        self.engine = msg
+        if msg.kind in ("ready", "heartbeat"):
+            self.last_seen["scheduler"] = now
+        else:
+            self.last_seen.pop("scheduler", None)
+
+    def on_component(self, msg: ComponentStatus, now: float) -> None:
+        stopping = msg.kind == "stopping"
+        if msg.component == "tokenizer":
+            if stopping:  # marked silent (not dropped) so the frontend fails what it held
+                if msg.pid in self.tokenizers:
+                    self.tokenizers[msg.pid] = float("-inf")
+            else:
+                self.tokenizers[msg.pid] = now
+        elif msg.component in ("scheduler", "detok"):
+            if stopping:
+                self.last_seen.pop(msg.component, None)
+            # a scheduler counts as ready only once its EngineStatus arrived
+            elif msg.component == "detok" or self.engine is not None:
+                self.last_seen[msg.component] = now
+
+    def on_outputs(self, now: float) -> None:
+        self.last_seen["detok"] = now
+        if self.engine is not None:
+            self.last_seen["scheduler"] = now
+
+    def dead_tokenizers(self, now: float) -> set[int]:
+        """Pids of tokenizer workers silent for longer than the window (not yet forgotten)."""
+        return {pid for pid, t in self.tokenizers.items() if now - t > self.window_s}
+
+    def _alive_tokenizers(self, now: float) -> int:
+        stale = [pid for pid, t in self.tokenizers.items() if now - t > PRUNE_AFTER * self.window_s]
+        for pid in stale:
+            del self.tokenizers[pid]
+        return sum(1 for t in self.tokenizers.values() if now - t <= self.window_s)
+
+    def missing(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        out = []
+        for name in COMPONENTS:
+            if name == "tokenizer":
+                ok = self._alive_tokenizers(now) > 0
+            else:
+                seen = self.last_seen.get(name)
+                ok = seen is not None and now - seen <= self.window_s
+            if not ok:
+                out.append(name)
+        return out
+
+    def report(self, now: float | None = None) -> dict[str, Any]:
+        now = time.monotonic() if now is None else now
+        missing = self.missing(now)
+        out: dict[str, Any] = {}
+        for name in COMPONENTS:
+            if name == "tokenizer":
+                seen = max(self.tokenizers.values(), default=None)
+            else:
+                seen = self.last_seen.get(name)
+            entry: dict[str, Any] = {
+                "alive": name not in missing,
+                "last_seen_s": None if seen is None else round(now - seen, 3),
+            }
+            if name == "tokenizer":
+                entry["workers"] = self._alive_tokenizers(now)
+            out[name] = entry
+        return out

@@ -1,0 +1,155 @@
+"""Prometheus metrics with vLLM-style names under the `zeroserve:` prefix.
+
+Engine gauges mirror the latest EngineStatus; the prefix-cache counters advance by the
+difference between consecutive (cumulative) EngineStatus values. Latencies are measured
+here, from the HTTP request's arrival to the moment the frontend inbox received an
+output: TTFT, inter-token latency (per token: a step of k tokens gives k observations of
+dt/k; the first step only feeds TTFT), end-to-end. Stage times (tokenize, queue,
+prefill, decode, detokenize) come from the wall-clock stamps the workers attach to every
+finished request (`timings`); stamps from one host share one clock, across hosts they
+are as good as the clock sync (the frontend's own latencies above are skew-free).
+The scheduler's busy split (forward, sample, schedule, ipc) mirrors EngineStatus.busy.
+
+Each app owns its own CollectorRegistry, so several apps can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from common.messages import EngineStatus
+
+P = "zeroserve:"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)  # fmt: skip
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+               40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+
+
+def stage_durations(t: dict[str, Any]) -> dict[str, float]:
+    """Durations (seconds) between the wall-clock stamps the workers put in `timings`;
+    a stage whose stamps are missing or out of order is left out."""
+
+    def span(start: str, end: str) -> float | None:
+        a, b = t.get(start), t.get(end)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and 0 <= b - a < 1e6:
+            return float(b - a)
+        return None
+
+    out = {"tokenize_s": span("arrival_time", "tokenized_time"),
+           "queue_s": span("arrival_time", "first_scheduled_time"),
+           "scheduler_queue_s": span("scheduler_received_time", "first_scheduled_time"),
+           "prefill_s": span("first_scheduled_time", "first_token_time"),
+           "decode_s": span("first_token_time", "finished_time"),
+           "detok_s": t.get("detok_time_s") if isinstance(t.get("detok_time_s"), float) else None,
+           "e2e_s": span("arrival_time", "detok_sent_time")}  # fmt: skip
+    return {k: v for k, v in out.items() if v is not None}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.num_running = Gauge(
+            P + "num_requests_running", "Requests running in the engine.", registry=r
+        )
+        self.num_waiting = Gauge(
+            P + "num_requests_waiting", "Requests waiting in the engine.", registry=r
+        )
+        self.kv_usage = Gauge(P + "kv_cache_usage_perc", "KV-cache usage, 1 = full.", registry=r)
+        self.kv_free_blocks = Gauge(P + "kv_cache_free_blocks",
+                                    "KV blocks held by no request.", registry=r)  # fmt: skip
+        self.kv_total_blocks = Gauge(P + "kv_cache_total_blocks", "KV blocks in the pool.",
+                                     registry=r)  # fmt: skip
+        self.in_flight = Gauge(P + "num_requests_in_flight",
+                               "Engine sub-requests the frontend is waiting on.", registry=r)  # fmt: skip
+        self.prefix_queries = Counter(P + "prefix_cache_queries",
+                                      "Prefix-cache queries, in tokens.", registry=r)  # fmt: skip
+        self.prefix_hits = Counter(
+            P + "prefix_cache_hits", "Prefix-cache hits, in tokens.", registry=r
+        )
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prefill tokens processed.", registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Tokens generated.", registry=r)
+        self.request_success = Counter(P + "request_success", "Finished requests.",
+                                       ["finished_reason"], registry=r)  # fmt: skip
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.",
+                              buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
+        self.itl = Histogram(P + "inter_token_latency_seconds", "Inter-token latency.",
+                             buckets=ITL_BUCKETS, registry=r)  # fmt: skip
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "End-to-end request latency.",
+                             buckets=E2E_BUCKETS, registry=r)  # fmt: skip
+        self.queue_time = Histogram(P + "request_queue_time_seconds",
+                                    "Time from arrival to first scheduling.",
+                                    buckets=E2E_BUCKETS, registry=r)  # fmt: skip
+        self.tokenize_time = Histogram(P + "request_tokenize_time_seconds",
+                                       "From arrival to tokenized (frontend + tokenizer pool).",
+                                       buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
+        self.prefill_time = Histogram(P + "request_prefill_time_seconds",
+                                      "From first scheduled to first token.",
+                                      buckets=E2E_BUCKETS, registry=r)  # fmt: skip
+        self.decode_time = Histogram(P + "request_decode_time_seconds",
+                                     "From first token to finished.",
+                                     buckets=E2E_BUCKETS, registry=r)  # fmt: skip
+        self.detok_time = Histogram(P + "request_detokenize_time_seconds",
+                                    "Time the detokenizer spent on a request.",
+                                    buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
+        self.busy = Counter(P + "scheduler_busy_seconds",
+                            "Scheduler busy time by part (forward, sample, schedule, ipc).",
+                            ["part"], registry=r)  # fmt: skip
+        self._last_busy: dict[str, float] = {}
+        self._last_queries = 0
+        self._last_hits = 0
+
+    def on_engine_status(self, msg: EngineStatus) -> None:
+        self.num_running.set(msg.num_running)
+        self.num_waiting.set(msg.num_waiting)
+        self.kv_usage.set(msg.kv_usage)
+        self.kv_free_blocks.set(msg.num_free_blocks)
+        self.kv_total_blocks.set(msg.num_total_blocks)
+        # cumulative in the scheduler; a smaller value means it restarted from zero
+        dq = msg.prefix_cache_queries - self._last_queries
+        dh = msg.prefix_cache_hits - self._last_hits
+        self.prefix_queries.inc(dq if dq >= 0 else msg.prefix_cache_queries)
+        self.prefix_hits.inc(dh if dh >= 0 else msg.prefix_cache_hits)
+        self._last_queries, self._last_hits = msg.prefix_cache_queries, msg.prefix_cache_hits
+        for part, total in (msg.busy or {}).items():
+            if not isinstance(total, (int, float)) or not 0 <= total < 1e12 or len(part) > 32:
+                continue
+            d = total - self._last_busy.get(part, 0.0)
+            self.busy.labels(part=part).inc(d if d >= 0 else total)  # restarted scheduler
+            self._last_busy[part] = total
+
+    def on_tokens(self, now: float, arrival: float, first_at: float | None, last_at: float,
+                  num_new: int) -> None:  # fmt: skip
+        """num_new tokens of one sub-request arrived at `now`."""
+        if first_at is None:
+            self.ttft.observe(now - arrival)  # tokens of the first step have no gap before them
+        elif num_new > 0:
+            gap = (now - last_at) / num_new
+            for _ in range(num_new):
+                self.itl.observe(gap)
+
+    def on_finished(self, reason: str, e2e_s: float, num_prompt_tokens: int,
+                    num_output_tokens: int, timings: dict[str, Any] | None) -> None:  # fmt: skip
+        self.request_success.labels(finished_reason=reason).inc()
+        self.e2e.observe(e2e_s)
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.generation_tokens.inc(num_output_tokens)
+        if timings:
+            stages = stage_durations(timings)
+            for name, hist in (("queue_s", self.queue_time), ("tokenize_s", self.tokenize_time),
+                               ("prefill_s", self.prefill_time), ("decode_s", self.decode_time),
+                               ("detok_s", self.detok_time)):  # fmt: skip
+                v = stages.get(name)
+                if v is not None:
+                    hist.observe(v)
+
+    def on_aborted(self, num: int = 1) -> None:
+        """Sub-requests the frontend aborted (disconnect, timeout): their outputs are dropped."""
+        self.request_success.labels(finished_reason="abort").inc(num)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

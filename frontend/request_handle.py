@@ -1,0 +1,88 @@
+"""One HTTP request's view of its engine sub-requests: the queue the dispatcher fills.
+
+```
+ inbox thread ─call_soon_threadsafe─▶ dispatcher ──Delta / APIError──▶ handle.queue ──next()──▶ route / SSE
+ disconnect watcher, timeout timer ──────────────── ClientDisconnected / APIError ──▲
+```
+
+OpenAI's `n` fans one HTTP request out into n sub-requests (rids `<id>-<i>`); they share
+one handle and one queue, and `Delta.index` says which choice an output belongs to.
+
+Invariant: once a sub-request's finishing Delta or its error is queued, nothing more is
+queued for it — the dispatcher forgets the rid first, so late outputs are dropped there.
+Everything here runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Delta:
+    """One TextOutputs entry for one sub-request: the text produced by one engine step."""
+
+    index: int
+    text: str
+    finish_reason: str | None  # "stop" | "length" | "abort" | None (still running)
+    stop_reason: str | None  # the matched stop string, if any
+    num_prompt_tokens: int
+    num_output_tokens: int  # total so far
+    token_ids: bytes  # pack_ids of this step's tokens
+    logprobs: list | None  # per new token: [logprob, [[token_id, logprob], ...]]
+    timings: dict[str, Any] | None
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away; its sub-requests were already aborted."""
+
+
+class RequestHandle:
+    def __init__(self, rids: list[str], arrival: float, timeout_s: float) -> None:
+        self.rids = rids
+        self.arrival = arrival  # time.monotonic() when the HTTP request arrived
+        self.timeout_s = timeout_s
+        self.queue: asyncio.Queue[Delta | Exception] = asyncio.Queue()
+        self.num_finished = 0  # finishing Deltas handed to the consumer
+        n = len(rids)
+        # dispatcher-side progress, for the latency histograms
+        self.first_token_at: list[float | None] = [None] * n
+        self.last_token_at: list[float] = [0.0] * n
+        self.num_output_tokens: list[int] = [0] * n
+        self.watcher: asyncio.Task | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.released = False
+        self.aliases: dict[str, str] = {}  # for worker errors: see EngineClient.submit
+
+    @property
+    def n(self) -> int:
+        return len(self.rids)
+
+    @property
+    def done(self) -> bool:
+        """Every sub-request's finishing Delta has been consumed."""
+        return self.num_finished == len(self.rids)
+
+    def ready(self) -> bool:
+        """An output is waiting: next() will not block."""
+        return not self.queue.empty()
+
+    async def next(self) -> Delta:
+        """The next output of any sub-request. Raises APIError (a worker's RequestError,
+        timeout, shutdown) or ClientDisconnected."""
+        item = await self.queue.get()
+        if isinstance(item, Exception):
+            raise item
+        if item.finish_reason is not None:
+            self.num_finished += 1
+        return item
+
+    def cancel_watchers(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            self.watcher = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None

@@ -1,0 +1,189 @@
+"""OpenAI response shapes: streamed chunks and whole responses for completions and chat.
+
+A `Choice` accumulates one sub-request's outputs; a format turns Deltas and Choices into
+JSON objects. Token strings are not known to the frontend (the detok worker sends text,
+not per-token strings), so logprobs name tokens as "token_id:<id>", vLLM's convention for
+`return_tokens_as_token_ids`; completions' `text_offset` is the offset of the step's text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from common.log import get_logger
+from common.messages import WireError, unpack_ids
+from frontend.request_handle import Delta
+
+log = get_logger("frontend.responses")
+
+# (token id, logprob, [(top token id, logprob), ...]) for one generated token
+TokenLogprob = tuple[int, float, list[tuple[int, float]]]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(obj: Any) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+def token_name(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+def token_logprobs(d: Delta) -> list[TokenLogprob]:
+    if not d.logprobs:
+        return []
+    try:
+        ids = unpack_ids(d.token_ids)
+        return [(tid, float(lp[0]), [(int(t), float(v)) for t, v in lp[1]])
+                for tid, lp in zip(ids, d.logprobs)]  # fmt: skip
+    except (WireError, TypeError, ValueError, IndexError) as e:
+        log.warning("ignoring malformed logprobs: %s", e)
+        return []
+
+
+class Choice:
+    """One sub-request's outputs so far."""
+
+    __slots__ = ("index", "texts", "text_len", "finish_reason", "stop_reason",
+                 "num_prompt_tokens", "num_output_tokens", "logprobs", "offsets", "timings")  # fmt: skip
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.texts: list[str] = []
+        self.text_len = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | None = None
+        self.num_prompt_tokens = 0
+        self.num_output_tokens = 0
+        self.logprobs: list[TokenLogprob] = []
+        self.offsets: list[int] = []
+        self.timings: dict[str, Any] | None = None
+
+    def add(self, d: Delta, keep: bool) -> tuple[int, list[TokenLogprob]]:
+        """Account for d; keep its text/logprobs when the whole response is built at the end.
+        Returns (text offset before d, d's token logprobs)."""
+        offset = self.text_len
+        self.text_len += len(d.text)
+        self.num_prompt_tokens = d.num_prompt_tokens
+        self.num_output_tokens = d.num_output_tokens
+        if d.finish_reason is not None:
+            self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
+        if d.timings is not None:
+            self.timings = d.timings
+        lps = token_logprobs(d)
+        if keep:
+            self.texts.append(d.text)
+            self.logprobs.extend(lps)
+            self.offsets.extend([offset] * len(lps))
+        return offset, lps
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+def usage(choices: list[Choice]) -> dict[str, Any]:
+    prompt = max((c.num_prompt_tokens for c in choices), default=0)  # one prompt, n choices
+    completion = sum(c.num_output_tokens for c in choices)
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}  # fmt: skip
+    timings = [c.timings for c in choices]
+    if any(t is not None for t in timings):  # extension, only with return_timings
+        out["timings"] = timings[0] if len(timings) == 1 else timings
+    return out
+
+
+class ResponseFormat:
+    chunk_object = ""
+    response_object = ""
+
+    def __init__(self, id: str, model: str, created: int, logprobs: bool) -> None:
+        self.id, self.model, self.created, self.want_logprobs = id, model, created, logprobs
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}  # fmt: skip
+
+    def start_chunks(self, n: int) -> list[dict[str, Any]]:
+        return []
+
+    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
+        return {**self._envelope(self.chunk_object, []), "usage": usage(choices)}
+
+    def response(self, choices: list[Choice]) -> dict[str, Any]:
+        body = [self._choice(c) for c in choices]
+        for entry, c in zip(body, choices):
+            if c.timings is not None:
+                entry["timings"] = c.timings
+        return {**self._envelope(self.response_object, body), "usage": usage(choices)}
+
+    def chunk(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> dict[str, Any]:
+        entry = self._chunk_choice(d, self._logprobs(lps, [offset] * len(lps)) if lps else None)
+        entry["finish_reason"] = d.finish_reason
+        entry["stop_reason"] = d.stop_reason
+        if d.timings is not None and d.finish_reason is not None:
+            entry["timings"] = d.timings
+        return self._envelope(self.chunk_object, [entry])
+
+    def _choice(self, c: Choice) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _chunk_choice(self, d: Delta, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _logprobs(self, lps: list[TokenLogprob], offsets: list[int]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+
+class CompletionFormat(ResponseFormat):
+    chunk_object = response_object = "text_completion"
+
+    def _logprobs(self, lps: list[TokenLogprob], offsets: list[int]) -> dict[str, Any] | None:
+        if not self.want_logprobs:
+            return None
+        return {
+            "tokens": [token_name(t) for t, _, _ in lps],
+            "token_logprobs": [lp for _, lp, _ in lps],
+            "top_logprobs": [{token_name(t): v for t, v in top} for _, _, top in lps],
+            "text_offset": offsets,
+        }
+
+    def _chunk_choice(self, d: Delta, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        return {"index": d.index, "text": d.text, "logprobs": logprobs}
+
+    def _choice(self, c: Choice) -> dict[str, Any]:
+        return {"index": c.index, "text": c.text, "logprobs": self._logprobs(c.logprobs, c.offsets),
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip
+
+
+class ChatFormat(ResponseFormat):
+    chunk_object = "chat.completion.chunk"
+    response_object = "chat.completion"
+
+    def _logprobs(self, lps: list[TokenLogprob], offsets: list[int]) -> dict[str, Any] | None:
+        if not self.want_logprobs:
+            return None
+        return {"content": [
+            {"token": token_name(t), "logprob": lp, "bytes": None,
+             "top_logprobs": [{"token": token_name(t2), "logprob": v, "bytes": None}
+                              for t2, v in top]}
+            for t, lp, top in lps
+        ]}  # fmt: skip
+
+    def start_chunks(self, n: int) -> list[dict[str, Any]]:
+        return [self._envelope(self.chunk_object, [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}]) for i in range(n)]  # fmt: skip
+
+    def _chunk_choice(self, d: Delta, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+        return {"index": d.index, "delta": delta, "logprobs": logprobs}
+
+    def _choice(self, c: Choice) -> dict[str, Any]:
+        return {"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": self._logprobs(c.logprobs, c.offsets),
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip

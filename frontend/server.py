@@ -1,0 +1,71 @@
+"""`run(config)`: serve the frontend app with uvicorn on server.host:port.
+
+The HTTP port opens only after every component reported in (the app's lifespan waits,
+at most server.startup_timeout_s): an orchestrator may treat "port open" as "ready".
+
+SIGTERM/SIGINT drain: new requests get 503 ("shutting_down") and /health turns 503 at
+once, requests in flight run to their end for up to server.drain_timeout_s, then uvicorn
+stops (whatever still runs is failed with 503 and aborted). A second signal stops at once.
+The process then exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+
+import uvicorn
+
+from common.config import Config
+from common.log import get_logger, install_stack_dump
+from frontend.app import create_app
+
+log = get_logger("frontend")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app_config: Config, client) -> None:
+        super().__init__(config)
+        self.app_config = app_config
+        self.client = client
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.client.draining or not self.started:  # a second signal, or still starting
+            self.force_exit = self.client.draining
+            self.client.draining = True  # also ends a startup still waiting for components
+            super().handle_exit(sig, frame)
+            return
+        self.client.draining = True
+        timeout = self.app_config.server.drain_timeout_s
+        log.info("%s: draining %d request(s) for at most %.0f s", signal.Signals(sig).name,
+                 len(self.client.routes), timeout)  # fmt: skip
+        threading.Thread(target=self._drain, args=(sig, timeout), daemon=True).start()
+
+    def _drain(self, sig: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.client.routes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.client.routes:
+            log.warning("drain timeout: %d request(s) still running are failed",
+                        len(self.client.routes))  # fmt: skip
+        super().handle_exit(sig, None)
+
+
+def run(config: Config, wait_ready: bool = True) -> None:
+    install_stack_dump()
+    app = create_app(config, wait_ready=wait_ready)
+    server = DrainingServer(uvicorn.Config(
+        app, host=config.server.host, port=config.server.port, lifespan="on",
+        access_log=False, log_level="info", timeout_graceful_shutdown=5,
+    ), config, app.state.client)  # fmt: skip
+    log.info("frontend starting on http://%s:%d (model %s)", config.server.host,
+             config.server.port, config.model_name)  # fmt: skip
+    # uvicorn re-raises the stop signal once it is done; with these no-op handlers in place
+    # (restored by uvicorn after serving) a drained stop exits 0 instead of dying by signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    if not server.started:
+        raise SystemExit(1)

@@ -1,0 +1,344 @@
+"""Model sources: the embedded default (GGUF, converted once), GGUF paths, HF dirs, errors.
+
+The real SmolLM2 GGUF is converted once per module into a temp cache. Tiny GGUF files are
+written with gguf.GGUFWriter from tiny random transformers models (Q/K permuted the way
+llama.cpp does it for llama), so conversion is checked tensor for tensor and logit for logit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from common.gguf_convert import SUPPORTED_GGUF_ARCHS, llama3_rope_parameters
+from common.model_source import (
+    COMPLETE_MARKER,
+    ModelSourceError,
+    cache_dir_for,
+    default_gguf_path,
+    resolve_model,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json", COMPLETE_MARKER)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("zs_cache")
+
+
+@pytest.fixture(scope="module")
+def converted(cache) -> Path:
+    return resolve_model("smollm2", cache_dir=cache, progress=False)
+
+
+def test_alias_converts_once_and_is_cached(converted, cache):
+    assert converted.parent == cache and converted.name.startswith("SmolLM2-135M-Instruct.Q4_1-")
+    for name in HF_FILES:
+        assert (converted / name).is_file(), name
+    config = json.loads((converted / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
+    assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == 8192
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+    assert config["rope_parameters"] == {"rope_theta": 100000.0, "rope_type": "default"}
+    weights = converted / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    start = time.perf_counter()
+    again = resolve_model("smollm2", cache_dir=cache)
+    assert time.perf_counter() - start < 0.5
+    assert again == converted and weights.stat().st_mtime_ns == mtime
+    assert [p.name for p in cache.iterdir() if p.is_dir()] == [converted.name]
+
+
+def test_env_cache_dir_is_used(converted, cache, monkeypatch):
+    monkeypatch.setenv("ZEROSERVE_CACHE_DIR", str(cache))
+    assert resolve_model("smollm2") == converted
+
+
+def test_gguf_path_and_hf_dir_forms(converted, cache):
+    assert resolve_model(str(default_gguf_path()), cache_dir=cache) == converted
+    assert resolve_model(str(converted)) == converted
+    assert resolve_model(converted) == converted
+
+
+def test_converted_model_answers_in_transformers(converted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(converted)
+    assert (tok.bos_token, tok.eos_token, tok.eos_token_id) == ("<|im_start|>", "<|im_end|>", 2)
+    assert "chat_template" in json.loads((converted / "tokenizer_config.json").read_text())
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                         "<|im_start|>assistant\n")
+    ids = tok(text, return_tensors="pt").input_ids
+    assert ids[0, 0].item() == 1  # the template's <|im_start|>; the tokenizer adds no BOS
+    model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                             do_sample=False)
+    answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer, answer  # wrong Q/K un-permutation yields gibberish
+
+
+def test_tokenizer_json_alone(converted):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(converted / "tokenizer.json"))
+    text = "<|im_start|>user\nHello, 12 wörlds!<|im_end|>\n"
+    ids = tok.encode(text).ids
+    assert ids[0] == 1 and 2 in ids
+    assert tok.decode(ids, skip_special_tokens=False) == text
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+def test_missing_path(tmp_path):
+    missing = tmp_path / "nope" / "model.gguf"
+    with pytest.raises(ModelSourceError, match="not found") as e:
+        resolve_model(str(missing), cache_dir=tmp_path)
+    assert str(missing) in str(e.value) and "smollm2" in str(e.value)
+
+
+def test_garbage_gguf(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"this is not a model" * 100)
+    with pytest.raises(ModelSourceError, match="not a GGUF file") as e:
+        resolve_model(str(bad), cache_dir=tmp_path)
+    assert str(bad) in str(e.value)
+
+
+@pytest.mark.parametrize("size", [20, 1 << 20, 3 << 20])  # header, strings, tensor data
+def test_truncated_gguf(tmp_path, size):
+    cut = tmp_path / "cut.gguf"
+    with default_gguf_path().open("rb") as f:
+        cut.write_bytes(f.read(size))
+    with pytest.raises(ModelSourceError, match="corrupt|truncated") as e:
+        resolve_model(str(cut), cache_dir=tmp_path)
+    assert str(cut) in str(e.value)
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # nothing half-written
+
+
+def test_bad_hf_dirs(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    with pytest.raises(ModelSourceError, match="no config.json") as e:
+        resolve_model(str(d))
+    assert str(d) in str(e.value)
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ModelSourceError, match="not a valid config.json"):
+        resolve_model(str(d))
+    (d / "config.json").write_text("{}")
+    with pytest.raises(ModelSourceError, match="no \\*.safetensors"):
+        resolve_model(str(d))
+    (d / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelSourceError, match="no tokenizer"):
+        resolve_model(str(d))
+    (d / "tokenizer.json").write_text("{}")
+    assert resolve_model(str(d)) == d
+
+
+@pytest.mark.parametrize("arch,match", [("gpt2", "'gpt2' is not supported"),
+                                        ("llama", "lacks .*llama.attention.head_count")])
+def test_unsupported_or_incomplete_gguf(tmp_path, arch, match):
+    path = tmp_path / f"tiny-{arch}.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    _close(w)
+    with pytest.raises(ModelSourceError, match=match) as e:
+        resolve_model(str(path), cache_dir=tmp_path)
+    assert str(path) in str(e.value)
+    if arch == "gpt2":
+        assert all(a in str(e.value) for a in SUPPORTED_GGUF_ARCHS)
+
+
+# ---- tiny synthetic GGUF files: exact round trips ------------------------------------------
+
+
+def _close(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_fields() -> dict:
+    reader = gguf.GGUFReader(str(default_gguf_path()))
+    return {k: reader.fields[f"tokenizer.ggml.{k}"].contents()
+            for k in ("tokens", "merges", "token_type")}
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp's convert_hf_to_gguf
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _llamacpp_rope_factors(rope: dict, head_dim: int) -> np.ndarray:  # llama.cpp's formula
+    freqs = 1.0 / rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    old, lo, hi, factor = (rope["original_max_position_embeddings"], rope["low_freq_factor"],
+                           rope["high_freq_factor"], rope["factor"])
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_gguf(model, arch: str, path: Path, fields: dict) -> Path:
+    """A float32 GGUF file laid out like llama.cpp's converter writes one."""
+    cfg = model.config
+    n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_dimension_count(cfg.hidden_size // n_head)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(fields["tokens"])
+    w.add_token_types(fields["token_type"])
+    w.add_token_merges(fields["merges"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight",
+                     _llamacpp_rope_factors(cfg.rope_parameters, cfg.hidden_size // n_head))
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, t in model.state_dict().items():
+        a = t.numpy().astype(np.float32)
+        parts = name.split(".")
+        if name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            gname = "output.weight"
+        elif name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        else:  # model.layers.N.(self_attn|mlp).proj.(weight|bias) or model.layers.N.norm.weight
+            gname = f"blk.{parts[2]}.{names[parts[-2]]}.{parts[-1]}"
+        if arch == "llama" and parts[-2] in ("q_proj", "k_proj"):
+            a = _permute(a, n_head if parts[-2] == "q_proj" else n_kv)
+        w.add_tensor(gname, a)
+    _close(w)
+    return path
+
+
+def _tiny(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                 initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **shape))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.1)
+        return model.eval()
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **shape)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("kind,arch", [("qwen2", "qwen2"), ("llama3", "llama")])
+def test_tiny_gguf_round_trip(tmp_path, tokenizer_fields, kind, arch):
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = _tiny(kind)
+    path = write_gguf(model, arch, tmp_path / f"tiny-{kind}.gguf", tokenizer_fields)
+    out = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False)
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is model.config.tie_word_embeddings
+    weights = load_file(str(out / "model.safetensors"))
+    expected = {k: v.numpy() for k, v in model.state_dict().items()
+                if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+    assert set(weights) == set(expected)
+    for name, a in expected.items():
+        np.testing.assert_array_equal(weights[name], a, err_msg=name)
+    if kind == "llama3":
+        assert config["rope_parameters"] == model.config.rope_parameters
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 520, 9531, 198, 4093, 314, 260, 3575, 282, 4649, 47, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("rope", [
+    dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_max_position_embeddings=8192),  # Llama 3.1 / 3.2
+    dict(factor=32.0, low_freq_factor=2.0, high_freq_factor=8.0,
+         original_max_position_embeddings=8192),
+])
+def test_llama3_rope_parameters_recovered(rope):
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, **rope}
+    factors = _llamacpp_rope_factors(rope, 128)
+    assert llama3_rope_parameters(factors, 500000.0, 128) == rope
+    with pytest.raises(ValueError, match="not a llama3"):
+        llama3_rope_parameters(factors[::-1].copy(), 500000.0, 128)
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path, tokenizer_fields) -> Path:
+    return write_gguf(_tiny("qwen2"), "qwen2", tmp_path / "tiny.gguf", tokenizer_fields)
+
+
+def test_concurrent_resolves_convert_once(tmp_path, tiny_gguf):
+    cache = tmp_path / "cache"
+    code = ("import sys; from common.model_source import resolve_model; "
+            "print(resolve_model(sys.argv[1], cache_dir=sys.argv[2], progress=False))")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), ZEROSERVE_LOG_LEVEL="INFO")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tiny_gguf), str(cache)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], results
+    assert len({out.strip() for out, _ in results}) == 1
+    assert sum(err.count("converting ") for _, err in results) == 1
+    assert (cache_dir_for(tiny_gguf, cache) / COMPLETE_MARKER).is_file()
+    assert [p.name for p in cache.iterdir() if p.is_dir()] == [cache_dir_for(tiny_gguf, cache).name]
+
+
+def test_half_written_cache_is_redone(tmp_path, tiny_gguf):
+    cache = tmp_path / "cache"
+    out = cache_dir_for(tiny_gguf, cache)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{")  # no marker: an interrupted conversion
+    stale = cache / f".{out.name}.crashed"
+    stale.mkdir()
+    assert resolve_model(str(tiny_gguf), cache_dir=cache, progress=False) == out
+    assert (out / COMPLETE_MARKER).is_file() and not stale.exists()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen2"

@@ -1,0 +1,120 @@
+"""A real server: `launch.py` with the default model on a loopback port, all processes.
+
+One server per test session (model load ~5 s); float32 so its greedy output can be
+compared with transformers token for token. Tests that kill or stop a server start their
+own with `start_server`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NUM_KV_BLOCKS = 1024  # 16K tokens: plenty for 64 short streams, quick to allocate
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    run_dir: Path
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def wait_idle(self, timeout_s: float = 10.0) -> dict[str, float]:
+        """Wait until the engine reports no running request and every KV block free (the
+        scheduler's heartbeat refreshes these figures every second)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.metrics()
+            if (m.get("zeroserve:num_requests_running") == 0
+                    and m.get("zeroserve:num_requests_waiting") == 0
+                    and m.get("zeroserve:kv_cache_free_blocks") == m.get("zeroserve:kv_cache_total_blocks")
+                    and m.get("zeroserve:num_requests_in_flight") == 0):  # fmt: skip
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"engine not idle after {timeout_s} s: "
+                                     f"{ {k: v for k, v in m.items() if 'num_' in k or 'kv_' in k} }")
+            time.sleep(0.2)
+
+    def pids(self) -> list[int]:
+        """The launcher's children (found by their shared config file)."""
+        out = subprocess.run(["pgrep", "-f", str(self.run_dir / "config.json")],
+                             capture_output=True, text=True)  # fmt: skip
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def start_server(*extra: str, workers: int = 2, timeout_s: float = 120.0) -> Server:
+    port = free_port()
+    run_dir = Path(tempfile.mkdtemp(prefix="zs-e2e-", dir="/tmp"))
+    log_path = run_dir.parent / f"{run_dir.name}.log"
+    args = [sys.executable, str(REPO / "launch.py"), "--port", str(port),
+            "--tokenize-workers", str(workers), "--run-dir", str(run_dir),
+            "--dtype", "float32", "--num-kv-blocks", str(NUM_KV_BLOCKS), *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    server = Server(proc, port, run_dir, log_path)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"launch.py exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop(signal.SIGKILL)
+            raise RuntimeError(f"server not healthy after {timeout_s} s:\n{server.log()}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def server(default_model_dir):
+    s = start_server()
+    yield s
+    code = s.stop()
+    assert code == 0, s.log()[-4000:]

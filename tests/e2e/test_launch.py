@@ -1,0 +1,78 @@
+"""launch.py as a process supervisor: restarts, clean SIGTERM, no orphans, clear errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import REPO, start_server
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def wait_for(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := cond():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def complete(server, prompt: str = "Hello", n: int = 4) -> str:
+    r = httpx.post(server.url + "/v1/completions", timeout=60,
+                   json={"prompt": prompt, "max_tokens": n, "ignore_eos": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == n
+    return r.json()["choices"][0]["text"]
+
+
+def worker_pids(server, module: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "--", f"-m {module} --config {server.run_dir}"],
+                         capture_output=True, text=True)  # fmt: skip
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_dead_tokenizer_is_replaced_and_sigterm_stops_everything(default_model_dir):
+    server = start_server(workers=2)
+    try:
+        complete(server)
+        children = server.pids()
+        assert len(children) == 5, children  # scheduler, detok, 2 tokenizers, frontend
+        victim = worker_pids(server, "tokenizer_worker")[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(set(worker_pids(server, "tokenizer_worker")) - {victim}) == 2,
+                 15, "a replacement tokenizer worker")  # fmt: skip
+        wait_for(lambda: httpx.get(server.url + "/health", timeout=5).status_code == 200, 15,
+                 "health")  # fmt: skip
+        for i in range(4):  # the pool spreads these over both workers, the new one included
+            complete(server, f"Request {i}")
+        assert "tokenizer-" in server.log() and "restarting" in server.log()
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0, server.log()[-3000:]
+    assert server.pids() == [], "children outlived launch.py"
+
+
+def test_kill_9_of_launcher_takes_children_along(default_model_dir):
+    server = start_server(workers=1)
+    children = server.pids()
+    assert len(children) == 4
+    server.proc.kill()
+    server.proc.wait()
+    wait_for(lambda: server.pids() == [], 10, "children to die with their parent")
+
+
+def test_bad_model_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no-such-model.gguf"
+    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "--model", str(missing),
+                        "--port", "1"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)  # fmt: skip
+    assert r.returncode == 2
+    assert str(missing) in r.stderr

@@ -1,0 +1,206 @@
+"""A thread standing in for the tokenizer pool, the scheduler and the detok worker.
+
+It pulls TokenizeRequests (PULL connect "tokenizer"), records AbortRequests (PULL bind
+"scheduler") and pushes to the frontend inbox (PUSH connect "frontend"): component
+statuses, then one TextOutputs per step covering every active request, like the real
+detok. The prompt (or the last chat message) picks the behaviour:
+
+    "bad"        RequestError 400 naming `prompt`
+    "hold"       nothing, until aborted
+    "slow"       "tok " every 50 ms, for 20 s
+    "fail-late"  "Hello", then a RequestError 500
+    anything     "Hello", " world", "!" one per step; "length" if max_tokens <= 3 else "stop"
+
+Every step also carries an entry for a rid nobody asked for, which the frontend must drop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from common.config import Config
+from common.messages import (
+    AbortRequest,
+    ComponentStatus,
+    EngineStatus,
+    RequestError,
+    TextOutputs,
+    TokenizeRequest,
+    pack_ids,
+    unpack_ids,
+)
+from common.zmq_queue import PullQueue, PushQueue
+
+WORDS = ("Hello", " world", "!")
+NUM_PROMPT_TOKENS = 5
+
+
+@dataclass
+class _Active:
+    req: TokenizeRequest
+    mode: str
+    prompt_len: int
+    next_at: float = 0.0
+    num_out: int = 0
+    texts: list[str] = field(default_factory=list)
+
+
+class FakeBackend:
+    def __init__(self, config: Config, ready: bool = True, step_s: float = 0.01) -> None:
+        self.config = config
+        self.step_s = step_s
+        self.requests: list[TokenizeRequest] = []
+        self.aborts: list[AbortRequest] = []
+        self.num_output_msgs = 0
+        self.max_rids_per_msg = 0
+        self.lock = threading.Lock()
+        self._ready = threading.Event()
+        if ready:
+            self._ready.set()
+        self._beating = threading.Event()
+        self._beating.set()
+        self._stop = threading.Event()
+        self._active: dict[str, _Active] = {}
+        self._inject: list = []
+        self._thread = threading.Thread(target=self._run, name="fake-backend", daemon=True)
+
+    # -- test API ---------------------------------------------------------------------------
+    def start(self) -> FakeBackend:
+        self._thread.start()
+        return self
+
+    def announce(self) -> None:
+        """Start sending ready statuses and heartbeats."""
+        self._ready.set()
+
+    def pause_heartbeats(self, paused: bool = True) -> None:
+        if paused:
+            self._beating.clear()
+        else:
+            self._beating.set()
+
+    def send(self, msg) -> None:
+        """Push an arbitrary message to the frontend inbox from the backend thread."""
+        with self.lock:
+            self._inject.append(msg)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def wait_for(self, predicate, timeout_s: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if predicate(self):
+                    return True
+            time.sleep(0.005)
+        return False
+
+    def aborted(self) -> dict[str, str]:
+        with self.lock:
+            return {a.rid: a.reason for a in self.aborts}
+
+    # -- the thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        ipc = self.config.ipc
+        requests_in = PullQueue(ipc.endpoint("tokenizer"), bind=False)
+        aborts_in = PullQueue(ipc.endpoint("scheduler"), bind=True)
+        out = PushQueue(ipc.endpoint("frontend"), bind=False)
+        last_beat = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                beating = self._ready.is_set() and self._beating.is_set()
+                if beating and now - last_beat >= self.config.heartbeat_s:
+                    self._heartbeat(out, "ready" if last_beat == 0.0 else "heartbeat")
+                    last_beat = now
+                for msg in requests_in.drain():
+                    self._admit(msg, out)
+                for msg in aborts_in.drain():
+                    if not isinstance(msg, AbortRequest):  # e.g. the frontend's heartbeat
+                        continue
+                    with self.lock:
+                        self.aborts.append(msg)
+                    self._active.pop(msg.rid, None)
+                with self.lock:
+                    inject, self._inject = self._inject, []
+                for msg in inject:
+                    out.put(msg, timeout_ms=1000)
+                self._step(out, now)
+                time.sleep(self.step_s)
+        finally:
+            for q in (requests_in, aborts_in, out):
+                q.close()
+
+    def _heartbeat(self, out: PushQueue, kind: str) -> None:
+        t = time.time()
+        out.put(ComponentStatus("tokenizer", os.getpid(), kind, t), timeout_ms=1000)
+        out.put(ComponentStatus("detok", os.getpid(), kind, t), timeout_ms=1000)
+        out.put(EngineStatus(kind, len(self._active), 0, 0.25, 30, 40, 100, 40, "fake-model",
+                             2048, 49152, t), timeout_ms=1000)  # fmt: skip
+
+    def _admit(self, req: TokenizeRequest, out: PushQueue) -> None:
+        with self.lock:
+            self.requests.append(req)
+        text = req.prompt
+        if req.kind == "chat":
+            text = req.messages[-1]["content"] if req.messages else ""
+        mode = text if text in ("bad", "hold", "slow", "fail-late") else "words"
+        if mode == "bad":
+            out.put(RequestError(req.rid, 400, "prompt is bad", "invalid_request_error", "prompt"))
+        elif mode != "hold":
+            ids = req.prompt_token_ids
+            prompt_len = NUM_PROMPT_TOKENS if ids is None else len(unpack_ids(ids))
+            self._active[req.rid] = _Active(req, mode, prompt_len)
+
+    def _step(self, out: PushQueue, now: float) -> None:
+        entries = []  # (rid, text, finish, num_out, new token ids, logprobs, timings, prompt len)
+        for rid, a in list(self._active.items()):
+            if a.mode == "slow" and now < a.next_at:
+                continue
+            a.num_out += 1
+            params = a.req.params
+            if a.mode == "slow":
+                a.next_at = now + 0.05
+                text, finish = "tok ", ("length" if a.num_out >= 400 else None)
+            elif a.mode == "fail-late" and a.num_out > 1:
+                del self._active[rid]
+                out.put(RequestError(rid, 500, "engine exploded", "server_error", None))
+                continue
+            else:
+                text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
+                finish = None
+                if a.mode == "words" and a.num_out >= min(params["max_tokens"], len(WORDS)):
+                    finish = "length" if params["max_tokens"] <= len(WORDS) else "stop"
+            lp = None
+            if params.get("logprobs") is not None:
+                top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]
+                lp = [[-0.5, top]]
+            timings = None
+            if finish is not None and a.req.return_timings:
+                timings = {"arrival_time": a.req.arrival_time,
+                           "first_scheduled_time": a.req.arrival_time + 0.002}  # fmt: skip
+            entries.append((rid, text, finish, a.num_out, pack_ids([10 + a.num_out]), lp, timings,
+                            a.prompt_len))  # fmt: skip
+            if finish is not None:
+                del self._active[rid]
+        if not entries:
+            return
+        entries.append(("ghost-rid", "boo", None, 1, pack_ids([1]), None, None, 1))
+        any_lp = any(e[5] is not None for e in entries)
+        any_timings = any(e[6] is not None for e in entries)
+        out.put(TextOutputs(
+            rids=[e[0] for e in entries], texts=[e[1] for e in entries],
+            finish_reasons=[e[2] for e in entries], num_prompt_tokens=[e[7] for e in entries],
+            num_output_tokens=[e[3] for e in entries], token_ids=[e[4] for e in entries],
+            logprobs=[e[5] for e in entries] if any_lp else None,
+            timings=[e[6] for e in entries] if any_timings else None,
+            stop_reasons=[None] * len(entries), sent_time=time.time(),
+        ), timeout_ms=1000)  # fmt: skip
+        with self.lock:
+            self.num_output_msgs += 1
+            self.max_rids_per_msg = max(self.max_rids_per_msg, len(entries) - 1)

@@ -1,0 +1,153 @@
+"""Readiness (/health), client disconnects turning into aborts, /metrics, and a dispatcher
+that survives bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+
+import httpx
+import pytest
+
+from common.messages import ComponentStatus, EngineStatus, TextOutputs, pack_ids
+from frontend.liveness import Liveness
+from tests.frontend.conftest import serve, wait_healthy
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_health_503_until_components_report():
+    with serve(ready=False) as s, s.client() as c:
+        r = c.get("/health")
+        assert r.status_code == 503
+        assert r.json()["status"] == "unavailable"
+        assert sorted(r.json()["missing"]) == ["detok", "scheduler", "tokenizer"]
+        err = c.post("/v1/completions", json={"prompt": "Hi"})
+        assert err.status_code == 503 and err.json()["error"]["code"] == "not_ready"
+        assert "tokenizer" in err.json()["error"]["message"]
+        s.backend.announce()
+        wait_healthy(s.url, 3)
+        body = c.get("/health").json()
+        assert body["status"] == "ok"
+        assert body["components"]["tokenizer"]["workers"] == 1
+        assert all(v["alive"] for v in body["components"].values())
+
+
+def test_health_notices_a_stopping_component(served, http):
+    served.backend.pause_heartbeats()
+    try:
+        served.backend.send(ComponentStatus("tokenizer", os.getpid(), "stopping", time.time()))
+        deadline = time.monotonic() + 2
+        while (r := http.get("/health")).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert r.status_code == 503 and r.json()["missing"] == ["tokenizer"]
+        err = http.post("/v1/completions", json={"prompt": "Hi"})
+        assert err.status_code == 503 and "tokenizer" in err.json()["error"]["message"]
+    finally:
+        served.backend.pause_heartbeats(False)
+    wait_healthy(served.url, 3)
+
+
+def test_liveness_window():
+    live = Liveness(heartbeat_s=0.5)  # window max(3, 1.5) = 3 s
+    assert live.missing(0.0) == ["scheduler", "tokenizer", "detok"]
+    live.on_component(ComponentStatus("scheduler", 1, "ready", 0.0), 0.0)  # no EngineStatus yet
+    live.on_component(ComponentStatus("tokenizer", 7, "ready", 0.0), 0.0)
+    live.on_component(ComponentStatus("detok", 2, "ready", 0.0), 0.0)
+    assert live.missing(1.0) == ["scheduler"]
+    live.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), 1.0)
+    assert live.missing(2.9) == []
+    assert live.missing(3.5) == ["tokenizer", "detok"]
+    live.on_outputs(3.5)  # a TextOutputs proves the detok (and the scheduler) alive
+    assert live.missing(3.6) == ["tokenizer"]
+    live.on_component(ComponentStatus("tokenizer", 8, "heartbeat", 0.0), 3.6)
+    live.on_component(ComponentStatus("tokenizer", 8, "stopping", 0.0), 3.7)
+    assert live.missing(3.8) == ["tokenizer"]
+
+
+def test_startup_waits_for_components_and_times_out():
+    # the lifespan waits for the components, gives up: the port never opens
+    with (
+        serve(ready=False, wait_ready=True, startup_timeout_s=0.3) as s,
+        pytest.raises(httpx.ConnectError),
+    ):
+        httpx.get(s.url + "/health", timeout=1)
+
+
+def _raw_post(port: int, path: str, body: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))  # fmt: skip
+    return sock
+
+
+@pytest.mark.parametrize("path, body, wait_first", [
+    ("/v1/completions", b'{"prompt": "slow", "stream": true}', True),  # mid-stream
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "slow"}], "stream": true}', True),
+    ("/generate", b'{"prompt": "slow"}', True),
+    ("/v1/completions", b'{"prompt": "hold"}', False),  # non-streaming, nothing sent yet
+    ("/v1/completions", b'{"prompt": "hold", "stream": true}', False),  # before the first token
+])  # fmt: skip
+def test_client_disconnect_aborts_promptly(served, path, body, wait_first):
+    port = int(served.url.rsplit(":", 1)[1])
+    before = len(served.backend.aborted())
+    sock = _raw_post(port, path, body)
+    try:
+        if wait_first:
+            assert b"200 OK" in sock.recv(65536)  # headers and the first chunk(s)
+        else:
+            assert served.backend.wait_for(lambda b: len(b.requests) and b.requests[-1].rid not in
+                                           {a.rid for a in b.aborts})  # fmt: skip
+            time.sleep(0.05)
+    finally:
+        sock.close()
+    t0 = time.monotonic()
+    assert served.backend.wait_for(lambda b: len(b.aborts) > before, timeout_s=1.0)
+    assert time.monotonic() - t0 < 1.0
+    rid = served.backend.requests[-1].rid
+    assert served.backend.aborted()[rid] == "client_disconnect"
+
+
+def test_dispatcher_survives_bad_messages(served, http):
+    # unequal parallel lists, and outputs for rids nobody waits for: dropped, nothing breaks
+    served.backend.send(TextOutputs(["a", "b"], ["x"], [None], [1], [1], [pack_ids([1])], None,
+                                    None, [None], time.time()))  # fmt: skip
+    served.backend.send(TextOutputs(["zzz"], ["x"], ["stop"], [1], [1], [pack_ids([1])], None,
+                                    None, [None], time.time()))  # fmt: skip
+    time.sleep(0.05)
+    r = http.post("/v1/completions", json={"prompt": "Hi"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hello world!"
+
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def test_metrics(served, http):
+    for _ in range(2):
+        assert (
+            http.post("/v1/completions", json={"prompt": "Hi", "return_timings": True}).status_code
+            == 200
+        )
+    with http.stream("POST", "/v1/completions", json={"prompt": "Hi", "stream": True}) as r:
+        r.read()
+    r = http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total",
+                 "generation_tokens_total", "num_requests_in_flight"):  # fmt: skip
+        _metric(text, "zeroserve:" + name)
+    assert _metric(text, "zeroserve:kv_cache_usage_perc") == 0.25
+    assert _metric(text, "zeroserve:prefix_cache_queries_total") == 100
+    assert _metric(text, "zeroserve:prefix_cache_hits_total") == 40
+    assert _metric(text, "zeroserve:generation_tokens_total") >= 9
+    assert _metric(text, 'zeroserve:request_success_total{finished_reason="stop"}') >= 3
+    assert _metric(text, "zeroserve:time_to_first_token_seconds_count") >= 3
+    assert _metric(text, "zeroserve:inter_token_latency_seconds_count") >= 6
+    assert _metric(text, "zeroserve:e2e_request_latency_seconds_count") >= 3
+    assert _metric(text, "zeroserve:request_queue_time_seconds_count") >= 2  # return_timings

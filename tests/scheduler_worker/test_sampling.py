@@ -1,0 +1,267 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from common.sampling_params import SamplingParams
+from scheduler_worker import sampling
+from scheduler_worker.sampling import (
+    Sampler,
+    SamplingRow,
+    apply_penalties,
+    make_generator,
+    sampling_probs,
+)
+
+EOS = 2
+
+
+def _row(output: list[int] | None = None, prompt: list[int] | None = None, seed: int | None = None,
+         **kw) -> SamplingRow:
+    params = SamplingParams(seed=seed, **kw)
+    gen = make_generator(seed) if seed is not None else None
+    return SamplingRow(params, prompt or [], output or [], gen)
+
+
+def _counts(tokens: list[int], vocab: int) -> list[int]:
+    return torch.bincount(torch.tensor(tokens), minlength=vocab).tolist()
+
+
+# 5 tokens with known probabilities
+PROBS = [0.4, 0.3, 0.15, 0.1, 0.05]
+LOGITS = torch.tensor(PROBS).log()
+
+
+def _draw(n: int = 2000, **kw) -> list[int]:
+    logits = LOGITS.expand(n, -1).clone()
+    return Sampler(5, [])(logits, [_row(**kw) for _ in range(n)]).token_ids
+
+
+def test_greedy_is_argmax_and_takes_the_fast_path(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("greedy batch left the fast path")
+
+    monkeypatch.setattr(sampling, "apply_penalties", boom)
+    monkeypatch.setattr(sampling, "mask_stop_tokens", boom)
+    logits = torch.randn(8, 100, generator=torch.Generator().manual_seed(0))
+    rows = [_row(temperature=0.0) for _ in range(4)] + [_row(top_k=1, temperature=0.8)] * 4
+    out = Sampler(100, [EOS])(logits, rows)
+    assert out.token_ids == logits.argmax(-1).tolist() and out.logprobs == [None] * 8
+    out = Sampler(100, [EOS])(logits.bfloat16(), rows)
+    assert out.token_ids == logits.bfloat16().argmax(-1).tolist()
+
+
+def test_greedy_rows_in_a_mixed_batch_use_penalized_logits():
+    logits = torch.tensor([[5.0, 4.0, 0.0, 0.0], [5.0, 4.0, 0.0, 0.0]])
+    rows = [_row(temperature=0.0, output=[0], repetition_penalty=2.0),  # 5/2 < 4
+            _row(temperature=1.0, top_k=1)]
+    assert Sampler(4, [])(logits, rows).token_ids == [1, 0]
+
+
+def test_sampler_does_not_modify_its_input():
+    logits = torch.randn(3, 10)
+    before = logits.clone()
+    rows = [_row(output=[1, 1], repetition_penalty=1.5, frequency_penalty=1.0, min_tokens=5,
+                 logprobs=2), _row(seed=1, top_p=0.5), _row(temperature=0.0)]
+    Sampler(10, [EOS])(logits, rows)
+    assert torch.equal(logits, before)
+    rows = [_row(logprobs=3), _row(min_p=0.1, top_k=3, logprobs=1)] * 3  # all sampled, no copy
+    out = Sampler(10, [EOS])(logits[:2].repeat(3, 1), rows)
+    assert torch.equal(logits, before)
+    lp = logits[:2].repeat(3, 1).log_softmax(-1)
+    assert [t.logprob for t in out.logprobs] == pytest.approx(
+        [lp[i, t].item() for i, t in enumerate(out.token_ids)], abs=1e-6)
+
+
+def test_penalties_on_hand_computed_values():
+    logits = torch.tensor([[2.0, -1.0, 0.5, -0.5, 3.0, 0.0]] * 4)
+    rows = [
+        # repetition over prompt + output: seen {0, 1, 3}; presence/frequency over output
+        _row(prompt=[0, 1], output=[1, 3, 3], repetition_penalty=2.0,
+             presence_penalty=0.5, frequency_penalty=0.25),
+        _row(prompt=[0, 1], output=[1, 3, 3]),  # no penalty
+        _row(prompt=[4], output=[0, 0, 0, 5, 99], frequency_penalty=-1.0),  # 99: not in vocab
+        _row(prompt=[0, 4], output=[], repetition_penalty=0.5, presence_penalty=2.0),
+    ]
+    out = apply_penalties(logits, rows)
+    expected = torch.tensor([
+        [2.0 / 2, -1.0 * 2 - 0.5 - 0.25, 0.5, -0.5 * 2 - 0.5 - 0.5, 3.0, 0.0],
+        [2.0, -1.0, 0.5, -0.5, 3.0, 0.0],
+        [2.0 + 3.0, -1.0, 0.5, -0.5, 3.0, 0.0 + 1.0],
+        [2.0 / 0.5, -1.0, 0.5, -0.5, 3.0 / 0.5, 0.0],
+    ])
+    torch.testing.assert_close(out, expected)
+    assert torch.equal(logits[0], torch.tensor([2.0, -1.0, 0.5, -0.5, 3.0, 0.0]))  # not in place
+    assert apply_penalties(logits, [_row()] * 4) is logits  # nothing to do: no copy
+
+
+def test_min_tokens_masks_eos_and_stop_ids():
+    logits = torch.tensor([[0.0, 0.0, 9.0, 0.0, 8.0, 1.0]])  # EOS (2), then stop id 4
+    sampler = Sampler(6, [EOS])
+    for temperature in (0.0, 1.0):
+        for n in range(3):
+            kw = dict(min_tokens=3, stop_token_ids=[4], temperature=temperature)
+            for ignore_eos in (False, True):
+                row = _row(output=[0] * n, ignore_eos=ignore_eos, **kw)
+                tokens = sampler(logits.expand(200, -1), [row] * 200).token_ids
+                assert EOS not in tokens and 4 not in tokens
+        assert sampler(logits, [_row(output=[0] * 3, min_tokens=3, temperature=0.0)]).token_ids == [EOS]
+
+
+def test_logprobs_come_from_raw_logits():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 50, generator=gen) * 3
+    rows = [_row(logprobs=5, temperature=0.7, repetition_penalty=1.3, output=[1, 2]),
+            _row(logprobs=0, temperature=0.0),
+            _row(),
+            _row(logprobs=20, top_k=3, seed=3)]
+    out = Sampler(50, [EOS])(logits.bfloat16(), rows)
+    raw_lp = logits.bfloat16().float().log_softmax(-1)
+    assert out.logprobs[2] is None
+    for i, n in ((0, 5), (1, 0), (3, 20)):
+        lp = out.logprobs[i]
+        assert lp.token_id == out.token_ids[i]
+        assert lp.logprob == pytest.approx(raw_lp[i, lp.token_id].item(), abs=1e-5)
+        top = raw_lp[i].topk(n) if n else None
+        assert lp.top_ids == (top.indices.tolist() if n else [])
+        assert lp.top_logprobs == pytest.approx(top.values.tolist() if n else [], abs=1e-5)
+
+
+def _seeded_run(batch_builder, steps: int = 12) -> list[int]:
+    """Sample the target request (seed 77, top_p 0.9) for several steps; batch_builder
+    places it in a batch and returns (logits, rows, index of the target)."""
+    vocab = 40
+    step_logits = torch.randn(steps, vocab, generator=torch.Generator().manual_seed(5))
+    target = _row(seed=77, top_p=0.9, temperature=1.3)
+    out: list[int] = []
+    for step in range(steps):
+        target.output_token_ids = list(out)
+        logits, rows, pos = batch_builder(step_logits[step], target, step)
+        out.append(Sampler(vocab, [EOS])(logits, rows).token_ids[pos])
+    return out
+
+
+def test_seed_is_reproducible_whatever_the_batch():
+    def alone(row_logits, target, step):
+        return row_logits[None], [target], 0
+
+    def crowded(row_logits, target, step):
+        torch.manual_seed(1000 + step)  # the unseeded rows' generator moves on differently
+        others = [_row(), _row(seed=step, top_k=5), _row(temperature=0.0),
+                  _row(seed=77 + step, min_p=0.2, output=[1], repetition_penalty=1.2)]
+        pos = step % (len(others) + 1)
+        rows = others[:pos] + [target] + others[pos:]
+        logits = torch.randn(len(rows), row_logits.shape[0])
+        logits[pos] = row_logits
+        return logits, rows, pos
+
+    torch.manual_seed(0)
+    a = _seeded_run(alone)
+    b = _seeded_run(crowded)
+    assert a == b
+    assert len(set(a)) > 3  # really sampling, not a constant
+
+
+def test_different_seeds_differ_and_unseeded_rows_vary():
+    logits = torch.zeros(1, 1000)
+    draws = {seed: Sampler(1000, [])(logits, [_row(seed=seed)]).token_ids[0] for seed in range(5)}
+    assert len(set(draws.values())) > 1
+    unseeded = Sampler(1000, [])(torch.zeros(50, 1000), [_row()] * 50).token_ids
+    assert len(set(unseeded)) > 25
+    assert make_generator(-5).initial_seed() == (1 << 64) - 5
+
+
+@pytest.mark.parametrize("kw, allowed", [
+    (dict(top_k=2), {0, 1}),
+    (dict(top_p=0.65), {0, 1}),
+    (dict(top_p=0.75), {0, 1, 2}),
+    (dict(top_p=0.8), {0, 1, 2}),
+    (dict(top_k=3, top_p=0.8), {0, 1}),  # top-p sees the top-k renormalized mass
+    (dict(min_p=0.3), {0, 1, 2}),  # keep p >= 0.3 * 0.4
+    (dict(min_p=0.5), {0, 1}),
+    (dict(top_k=4, min_p=0.3, temperature=0.5), {0, 1}),  # T=0.5 sharpens before min-p
+])
+def test_filters_never_sample_outside_the_allowed_set(kw, allowed):
+    torch.manual_seed(0)
+    counts = _counts(_draw(**kw), 5)
+    assert {t for t, c in enumerate(counts) if c} == allowed
+    # the kept tokens keep their relative probabilities
+    t = kw.get("temperature", 1.0)
+    weights = {i: PROBS[i] ** (1 / t) for i in allowed}
+    for i in allowed:
+        assert counts[i] / 2000 == pytest.approx(weights[i] / sum(weights.values()), abs=0.05)
+
+
+def test_top_p_support_matches_a_full_sort():
+    # nuclei of every size: a few tokens, hundreds, thousands, nearly the whole vocabulary
+    vocab = 6000
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, vocab, generator=gen) * torch.tensor([[6.0], [2.5], [2.0], [0.5], [0.1], [2.0]])
+    params = [SamplingParams(top_p=0.9)] * 5 + [SamplingParams(top_p=0.9, top_k=700, min_p=0.02)]
+    probs = sampling_probs(logits, params)
+    for i, p in enumerate(params):
+        row = logits[i]
+        if p.top_k > 0:
+            row = row.masked_fill(row < row.topk(p.top_k).values[-1], float("-inf"))
+        ref = row.softmax(-1)
+        desc = ref.sort(descending=True).values
+        cut = desc[((desc.cumsum(-1) - desc) < p.top_p).sum() - 1]
+        keep = (ref >= cut) & (ref >= p.min_p * ref.max())
+        assert torch.equal(probs[i] > 0, keep), i
+    sizes = (probs[:5] > 0).sum(-1).tolist()
+    assert sizes[0] < 256 < sizes[1] < 4096 < sizes[3] and sizes == sorted(sizes), sizes
+    # rows without top-p / min-p keep every token
+    assert (sampling_probs(logits, [SamplingParams()] * 6) > 0).all()
+
+
+def test_mixed_filters_in_one_batch():
+    torch.manual_seed(0)
+    n = 3000
+    rows = [_row(top_k=2), _row(top_p=0.65), _row(), _row(top_k=3, seed=9)]
+    tokens = Sampler(5, [])(LOGITS.expand(n, -1), [rows[i % 4] for i in range(n)]).token_ids
+    per_kind = [set(tokens[k::4]) for k in range(4)]
+    assert per_kind == [{0, 1}, {0, 1}, {0, 1, 2, 3, 4}, {0, 1, 2}]
+
+
+def test_padded_vocab_columns_are_never_sampled():
+    logits = torch.zeros(100, 12)
+    logits[:, 10:] = 50.0  # padding past the real vocabulary
+    for kw in (dict(temperature=0.0), dict(), dict(top_p=0.5)):
+        tokens = Sampler(10, [])(logits, [_row(**kw)] * 100).token_ids
+        assert max(tokens) < 10
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_temperature_shapes_the_distribution(temperature):
+    torch.manual_seed(0)
+    n = 4000
+    logits = torch.tensor([[2.0, 0.0]]).expand(n, -1)
+    tokens = Sampler(2, [])(logits, [_row(temperature=temperature)] * n).token_ids
+    p0 = 1 / (1 + math.exp(-2.0 / temperature))
+    assert tokens.count(0) / n == pytest.approx(p0, abs=0.03)
+
+
+def test_tiny_temperature_is_greedy():
+    logits = torch.tensor([[1.0, 1.0 + 1e-3, 0.5]] * 50)
+    assert set(Sampler(3, [])(logits, [_row(temperature=1e-9)] * 50).token_ids) == {1}
+
+
+@pytest.mark.parametrize("kw", [dict(top_p=1e-46), dict(top_p=float(torch.finfo(torch.float32).tiny))],
+                         ids=["top_p-0-in-float32", "top_p-tiny"])  # fmt: skip
+def test_a_vanishing_top_p_keeps_the_most_likely_token(kw):
+    """top_p is in (0, 1] but may be 0 once it is a float32: the first token is kept."""
+    tokens = Sampler(5, [])(LOGITS.expand(50, -1), [_row(**kw)] * 50).token_ids
+    assert set(tokens) == {0}
+
+
+def test_a_vanishing_repetition_penalty_samples_among_the_seen_tokens():
+    """A repetition_penalty of 1e-38 divides positive logits to +inf: still a valid draw
+    (no NaN), among the tokens that went to +inf, for sampled and greedy rows alike."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[5.0, 6.0, 7.0, -1.0, 0.5]] * 200)  # 5 / 1e-38 > float32 max
+    rows = [_row(prompt=[0, 1], repetition_penalty=1e-38, top_p=0.9, temperature=t)
+            for t in (1.0, 0.0)] * 100  # fmt: skip
+    tokens = Sampler(5, [])(logits, rows).token_ids
+    assert set(tokens[0::2]) == {0, 1} and set(tokens[1::2]) <= {0, 1}  # both are +inf

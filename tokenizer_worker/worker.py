@@ -1,0 +1,223 @@
+"""A tokenizer worker: raw requests in, token ids out. N of them share one endpoint.
+
+    inbox (PULL, connect "tokenizer") ◀── TokenizeRequest (frontend PUSH fans out)
+    ──▶ PUSH "scheduler": GenerateRequest (validated, tokenized)
+    ──▶ PUSH "frontend":  RequestError (bad request), ComponentStatus (ready, heartbeat)
+
+Chat requests are rendered with the model's chat template first. Everything a request
+can get wrong is found here, before it costs the scheduler anything: parameters, an
+empty prompt, token ids outside the vocabulary, prompt + max_tokens beyond the context
+length. No torch: this process loads only `tokenizers` and the model's config.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+from tokenizers import Tokenizer
+
+from common.config import Config
+from common.heartbeat import Heartbeat
+from common.log import get_logger, install_stack_dump
+from common.messages import (
+    ComponentStatus,
+    GenerateRequest,
+    RequestError,
+    TokenizeAck,
+    TokenizeRequest,
+    WireError,
+    pack_ids,
+    unpack_ids,
+)
+from common.model_facts import context_length, read_hf_config
+from common.model_source import resolve_model
+from common.sampling_params import InvalidParameterError, SamplingParams
+from common.zmq_queue import PullQueue, PushQueue, QueueFull
+from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
+
+log = get_logger("tokenizer")
+
+SEND_TIMEOUT_MS = 2000  # a scheduler that takes nothing this long: fail the request (503)
+MAX_MESSAGES = 4096
+
+
+class Rejected(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type_: str = "invalid_request_error") -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.type = status, message, param, type_
+
+
+class Tokenization:
+    """The pure part: TokenizeRequest -> GenerateRequest, or Rejected. No sockets."""
+
+    def __init__(self, model_dir: str | Path, max_model_len: int | None = None) -> None:
+        model_dir = Path(model_dir)
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.chat_template = ChatTemplate.from_model_dir(model_dir)
+        hf = read_hf_config(model_dir)
+        self.vocab_size = int(hf["vocab_size"])
+        self.max_model_len = context_length(hf, max_model_len)
+
+    def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
+        """(token ids, name of the parameter that carried the prompt)."""
+        if req.kind == "chat":
+            return self._chat_ids(req.messages), "messages"
+        if req.kind != "completion":
+            raise Rejected(400, f"unknown request kind {req.kind!r}")
+        if req.prompt_token_ids is not None:
+            try:
+                ids = unpack_ids(req.prompt_token_ids)
+            except WireError as e:
+                raise Rejected(400, f"prompt: {e}", "prompt") from None
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise Rejected(400, f"prompt: token ids {bad[:4]} are outside the vocabulary "
+                                    f"(size {self.vocab_size})", "prompt")  # fmt: skip
+            return ids, "prompt"
+        if not req.prompt:
+            raise Rejected(400, "prompt must not be empty", "prompt")
+        return self.tokenizer.encode(req.prompt, add_special_tokens=True).ids, "prompt"
+
+    def _chat_ids(self, messages: Any) -> list[int]:
+        if self.chat_template is None:
+            raise Rejected(400, "this model has no chat template; use /v1/completions",
+                           "messages")  # fmt: skip
+        if not isinstance(messages, list) or not messages:
+            raise Rejected(400, "messages must be a non-empty list", "messages")
+        if len(messages) > MAX_MESSAGES:
+            raise Rejected(400, f"at most {MAX_MESSAGES} messages, got {len(messages)}",
+                           "messages")  # fmt: skip
+        for i, m in enumerate(messages):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)):  # fmt: skip
+                raise Rejected(400, f"messages.{i} must have a string role and content",
+                               f"messages.{i}")  # fmt: skip
+        try:
+            text = self.chat_template.render(messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise Rejected(400, f"messages: {e}", "messages") from None
+        # the template already holds every special token, as in apply_chat_template
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def __call__(self, req: TokenizeRequest) -> GenerateRequest:
+        try:
+            params = SamplingParams.from_dict(req.params).validate(self.vocab_size)
+        except InvalidParameterError as e:
+            raise Rejected(400, str(e), e.param) from None
+        except (TypeError, ValueError) as e:
+            raise Rejected(400, f"invalid sampling parameters: {e}") from None
+        ids, where = self.prompt_ids(req)
+        n, limit = len(ids), self.max_model_len
+        if n == 0:
+            raise Rejected(400, "prompt is empty after tokenization", where)
+        if n >= limit:
+            raise Rejected(400, f"prompt is too long: {n} tokens, but this model's maximum "
+                                f"context length is {limit} tokens", where)  # fmt: skip
+        if n + params.max_tokens > limit:
+            raise Rejected(400, f"this model's maximum context length is {limit} tokens, but "
+                                f"{n + params.max_tokens} were requested ({n} in the prompt, "
+                                f"{params.max_tokens} for the completion); reduce the prompt "
+                                f"or max_tokens (at most {limit - n} here)", "max_tokens")  # fmt: skip
+        return GenerateRequest(req.rid, pack_ids(ids), params.to_dict(), req.arrival_time,
+                               time.time(), req.return_timings, req.origin)  # fmt: skip
+
+
+class TokenizerWorker:
+    def __init__(self, config: Config, tokenization: Tokenization | None = None) -> None:
+        self.config = config
+        if tokenization is None:
+            mc = config.engine.model
+            model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
+            tokenization = Tokenization(model_dir, mc.max_model_len)
+        self.tokenization = tokenization
+        ctx = zmq.Context.instance()
+        self.inbox = PullQueue(config.ipc.endpoint("tokenizer"), bind=False, ctx=ctx)
+        self.to_scheduler = PushQueue(config.ipc.endpoint("scheduler"), bind=False, ctx=ctx)
+        self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
+        self.running = True
+        self.drain_deadline = 0.0
+        self.last_heartbeat = 0.0
+        self.num_done = 0
+
+    def handle(self, msg: Any) -> None:
+        if not isinstance(msg, TokenizeRequest):
+            log.warning("dropping unexpected %s on the tokenizer inbox", type(msg).__name__)
+            return
+        try:
+            out = self.tokenization(msg)
+        except Rejected as e:
+            self._error(msg.rid, e)
+            return
+        except Exception as e:  # a bug must cost one request, never the worker
+            log.exception("tokenizing %s failed", msg.rid)
+            self._error(msg.rid, Rejected(500, f"internal error while tokenizing: {e}",
+                                          type_="server_error"))  # fmt: skip
+            return
+        try:
+            self.to_scheduler.put(out, timeout_ms=SEND_TIMEOUT_MS)
+        except QueueFull:
+            self._error(msg.rid, Rejected(503, "the engine is not accepting requests",
+                                          type_="server_error"))  # fmt: skip
+            return
+        except WireError as e:  # e.g. a prompt beyond the frame limit
+            self._error(msg.rid, Rejected(400, f"request too large: {e}", "prompt"))
+            return
+        self.num_done += 1
+
+    def _error(self, rid: str, e: Rejected) -> None:
+        try:
+            self.to_frontend.put(RequestError(rid, e.status, e.message, e.type, e.param),
+                                 timeout_ms=SEND_TIMEOUT_MS)  # fmt: skip
+        except QueueFull:
+            log.error("frontend unreachable; dropped error for %s", rid)
+
+    def heartbeat(self, kind: str = "heartbeat") -> None:
+        with contextlib.suppress(QueueFull):
+            self.to_frontend.put(ComponentStatus("tokenizer", os.getpid(), kind, time.time()))
+        self.last_heartbeat = time.monotonic()
+
+    def run(self) -> None:
+        self.heartbeat("ready")
+        beacon = Heartbeat(self.config, "tokenizer").start()  # beats even while busy
+        hb = self.config.heartbeat_s
+        while True:
+            msgs = self.inbox.get_batch(timeout_ms=int(hb * 1000) if self.running else 100)
+            if not self.running and (not msgs or time.monotonic() >= self.drain_deadline):
+                break  # draining: the pipe ran dry (or the drain timed out)
+            rids = [m.rid for m in msgs if isinstance(m, TokenizeRequest)]
+            if rids:  # the frontend learns these left the pool queue (see TokenizeAck)
+                with contextlib.suppress(QueueFull, WireError):
+                    self.to_frontend.put(TokenizeAck(os.getpid(), rids))
+            for msg in msgs:
+                self.handle(msg)
+        beacon.stop()
+        self.heartbeat("stopping")
+        for q in (self.inbox, self.to_scheduler, self.to_frontend):
+            q.close()
+
+    def stop(self, *_args: Any) -> None:
+        """SIGTERM: tokenize what is already in this worker's pipe (the frontend accepted
+        it before it began to drain), stop once the pipe is empty; a second signal stops
+        after the current batch."""
+        if not self.running:
+            self.drain_deadline = 0.0
+            return
+        self.running = False
+        self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
+
+
+def run(config: Config) -> None:
+    install_stack_dump()
+    worker = TokenizerWorker(config)
+    signal.signal(signal.SIGTERM, worker.stop)
+    signal.signal(signal.SIGINT, worker.stop)
+    log.info("tokenizer ready (pid %d): context %d, vocab %d", os.getpid(),
+             worker.tokenization.max_model_len, worker.tokenization.vocab_size)  # fmt: skip
+    worker.run()
