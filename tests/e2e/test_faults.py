@@ -1,0 +1,224 @@
+"""Fault injection against launch.py: SIGKILL each component kind during 16 concurrent
+streams. Every stream ends (completed, or an error event / a cut connection) within 10 s
+of the kill, none hangs; the service then serves new requests; KV blocks return to idle.
+And a SIGTERM drain: requests in flight finish, new ones get 503, every process exits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import start_server
+
+pytestmark = pytest.mark.timeout(300)
+N_STREAMS = 16
+END_WITHIN_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def faulty(default_model_dir):
+    server = start_server(workers=2)
+    yield server
+    code = server.stop()
+    assert code == 0, server.log()[-3000:]
+    assert server.pids() == []
+
+
+def component_pid(server, module: str) -> int:
+    out = subprocess.run(["pgrep", "-f", "--", f"-m {module} --config {server.run_dir}"],
+                         capture_output=True, text=True)  # fmt: skip
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids, f"no {module} process"
+    return pids[0]
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, i: int, started: asyncio.Event,
+                     counter: list[int], max_tokens: int) -> tuple[str, float]:  # fmt: skip
+    """-> (outcome, monotonic end time); outcome "done", "error" or "cut"."""
+    body = {"prompt": f"Stream {i}: tell a long story.", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    outcome = "cut"
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return "error", time.monotonic()
+            first = True
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if first:
+                    first = False
+                    counter[0] += 1
+                    if counter[0] == N_STREAMS:
+                        started.set()
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    return outcome if outcome == "error" else "done", time.monotonic()
+                if "error" in json.loads(payload):
+                    outcome = "error"
+    except httpx.HTTPError:
+        pass
+    return outcome, time.monotonic()
+
+
+def streams_under_fault(server, kill, max_tokens: int = 400) -> tuple[list[str], float]:
+    """Start N_STREAMS streams; once all are producing, run kill(); gather outcomes."""
+
+    async def main():
+        started, counter = asyncio.Event(), [0]
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=30),
+                                     limits=httpx.Limits(max_connections=64)) as client:  # fmt: skip
+            tasks = [asyncio.ensure_future(one_stream(client, server.url, i, started, counter,
+                                                      max_tokens))
+                     for i in range(N_STREAMS)]  # fmt: skip
+            await asyncio.wait_for(started.wait(), 60)
+            killed_at = time.monotonic()
+            kill()
+            results = await asyncio.gather(*tasks)
+        return [o for o, _ in results], max(t for _, t in results) - killed_at
+
+    return asyncio.run(main())
+
+
+def recovered(server, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:  # a restarting frontend: the port is closed a moment
+            pass
+        assert time.monotonic() < deadline, "service did not come back"
+        time.sleep(0.2)
+    for i in range(3):
+        r = httpx.post(server.url + "/v1/completions", timeout=60,
+                       json={"prompt": f"After the fault {i}", "max_tokens": 5, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 5
+    server.wait_idle(timeout_s=15)
+
+
+@pytest.mark.parametrize("module", ["tokenizer_worker", "detok_worker", "scheduler_worker"])
+def test_sigkill_during_streams(faulty, module):
+    victim = component_pid(faulty, module)
+    # streams past the tokenizers run to their end, so keep them short in that case
+    max_tokens = 8 if module == "tokenizer_worker" else 400
+    outcomes, last_end = streams_under_fault(
+        faulty, lambda: os.kill(victim, signal.SIGKILL), max_tokens)
+    assert len(outcomes) == N_STREAMS
+    assert last_end <= END_WITHIN_S, f"a stream ended {last_end:.1f} s after the kill"
+    if module == "tokenizer_worker":  # the streams were past the tokenizers: unaffected
+        assert outcomes == ["done"] * N_STREAMS
+    else:  # the component held them: each one ends with an error event, never silently
+        assert set(outcomes) == {"error"}, outcomes
+    recovered(faulty)
+
+
+def test_sigkill_frontend_during_streams(faulty):
+    victim = component_pid(faulty, "frontend")
+    outcomes, last_end = streams_under_fault(faulty, lambda: os.kill(victim, signal.SIGKILL))
+    assert set(outcomes) == {"cut"} and last_end <= END_WITHIN_S
+    recovered(faulty)  # includes: the dead frontend's requests were aborted, blocks idle
+
+
+@pytest.mark.parametrize("everyone", [False, True], ids=["launcher", "all-at-once"])
+def test_sigterm_drains(default_model_dir, everyone):
+    """SIGTERM to launch.py (it stops the frontend first), or to every process at the same
+    moment as supervisord does: either way the requests in flight run to their end."""
+    server = start_server(workers=1)
+    results: list = []
+
+    def stream():
+        # long enough that the drain is still under way when the late request comes, even
+        # on a fast machine (a short drain ends, the frontend exits, and "late" is refused)
+        body = {"prompt": "Drain me.", "max_tokens": 120, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            results.append((r.status_code, r.read().decode()))
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while server.metrics()["zeroserve:num_requests_in_flight"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        children = server.pids()
+        if everyone:  # like supervisord: one SIGTERM to each program, no one restarts them
+            server.proc.send_signal(signal.SIGSTOP)
+            for pid in children:
+                os.kill(pid, signal.SIGTERM)
+        else:
+            server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        late = httpx.post(server.url + "/v1/completions", json={"prompt": "late"}, timeout=10)
+        assert results == []  # the premise: the drain was still running when "late" came
+        assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 503
+        for t in threads:
+            t.join(timeout=60)
+        if everyone:
+            deadline = time.monotonic() + 30
+            while any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in children):
+                assert time.monotonic() < deadline, "workers did not exit after draining"
+                time.sleep(0.1)
+            server.proc.send_signal(signal.SIGTERM)
+            server.proc.send_signal(signal.SIGCONT)
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    assert len(results) == 4
+    for status, body in results:  # every request in flight ran to its end
+        assert status == 200 and body.endswith("data: [DONE]\n\n")
+        assert '"finish_reason":"length"' in body and '"error"' not in body
+    assert server.pids() == []
+
+
+def test_requests_in_a_dead_tokenizers_pipe_fail_fast(faulty):
+    """A tokenizer that stops (SIGSTOP, then SIGKILL) strands the requests queued in its
+    pipe: they fail with 503 within a few seconds; the others are served."""
+    out = subprocess.run(["pgrep", "-f", "--", f"-m tokenizer_worker --config {faulty.run_dir}"],
+                         capture_output=True, text=True)  # fmt: skip
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2
+    victim = pids[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as client:
+                async def one(i: int):
+                    t0 = time.monotonic()
+                    r = await client.post(faulty.url + "/v1/completions", json={
+                        "prompt": f"Pipe {i}", "max_tokens": 4, "ignore_eos": True})
+                    return r.status_code, r.json(), time.monotonic() - t0
+                return await asyncio.gather(*(one(i) for i in range(8)))
+
+        results = asyncio.run(main())
+    finally:
+        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, signal.SIGCONT)
+    statuses = sorted(s for s, _, _ in results)
+    assert 200 in statuses and 503 in statuses, statuses  # round-robin fed both workers
+    for status, body, elapsed in results:
+        if status == 503:
+            assert body["error"]["code"] == "component_failed"
+            assert elapsed < 8.0, f"a stranded request took {elapsed:.1f} s to fail"
+        else:
+            assert status == 200 and body["usage"]["completion_tokens"] == 4
+    recovered(faulty)
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
