@@ -1,8 +1,9 @@
 """Offline engine benchmark: throughput and per-step time vs batch size, against
 transformers `generate` on the same prompts in the same run.
 
-    python benchmarks/bench_engine.py --model smollm2 --num-requests 32 \
-        --input-len 128 --min-output 16 --max-output 256 --json bench_results/engine.json
+    python benchmarks/bench_engine.py --model smollm2 --dtype bfloat16,float32 \
+        --num-requests 32 --input-len 128 --min-output 16 --max-output 256 \
+        --json bench_results/engine.json
 
 Prints a table; writes JSON with every figure.
 """
@@ -103,10 +104,24 @@ def engine_token_latency(engine: LLMEngine, prompt, n: int = 64) -> float:
     return bench_step_time(engine, 1, len(prompt), steps=n)
 
 
+def machine_info() -> dict:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    lines = cpuinfo.splitlines()
+    flags = next((ln for ln in lines if ln.startswith("flags")), "")
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
+                 platform.processor() or platform.machine())
+    return {"cpu": model, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+                          if f" {f}" in flags]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dtype", default="bfloat16,float32", help="engine dtypes, comma-separated")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--min-output", type=int, default=16)
@@ -121,45 +136,52 @@ def main() -> None:
     args = ap.parse_args()
 
     model_dir = resolve_model(args.model)
-    cfg = EngineConfig(
-        model=ModelConfig(model=args.model, dtype=args.dtype),
-        cache=CacheConfig(kv_cache_memory_gb=2.0),
-        scheduler=SchedulerConfig(max_num_seqs=max(args.max_num_seqs, 64),
-                                  max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_decode_batch=args.max_num_seqs),
-    )
-    engine = LLMEngine(cfg, model_dir)
-    prompts, out_lens = make_workload(args.num_requests, args.input_len, args.min_output,
-                                      args.max_output, engine.vocab_size, args.seed)
-    res: dict = {"machine": {"cpu": platform.processor() or platform.machine(),
-                             "threads": torch.get_num_threads(), "torch": torch.__version__},
-                 "args": {k: str(v) for k, v in vars(args).items()},
-                 "engine_dtype": str(engine.runner.dtype)}
-    res["engine"] = bench_engine(engine, prompts, out_lens)
-    res["step_time_s"] = {b: bench_step_time(engine, b, args.input_len)
-                          for b in map(int, args.step_batch_sizes.split(","))}
-    res["engine_token_latency_s"] = engine_token_latency(engine, prompts[0])
-    res["hf"] = {}
+    res: dict = {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
+                 "engines": {}, "hf": {}}
+    prompts = out_lens = None
+    for dtype_name in args.dtype.split(","):
+        cfg = EngineConfig(
+            model=ModelConfig(model=args.model, dtype=dtype_name),
+            cache=CacheConfig(kv_cache_memory_gb=2.0),
+            scheduler=SchedulerConfig(max_num_seqs=max(args.max_num_seqs, 64),
+                                      max_num_batched_tokens=args.max_num_batched_tokens,
+                                      max_decode_batch=args.max_num_seqs),
+        )
+        engine = LLMEngine(cfg, model_dir)
+        if prompts is None:
+            prompts, out_lens = make_workload(args.num_requests, args.input_len, args.min_output,
+                                              args.max_output, engine.vocab_size, args.seed)
+        r = {"dtype": str(engine.runner.dtype).replace("torch.", "")}
+        r["throughput"] = bench_engine(engine, prompts, out_lens)
+        r["step_time_s"] = {b: bench_step_time(engine, b, args.input_len)
+                            for b in map(int, args.step_batch_sizes.split(","))}
+        r["token_latency_s"] = engine_token_latency(engine, prompts[0])
+        res["engines"][dtype_name] = r
+        del engine
     for name in filter(None, args.hf_dtypes.split(",")):
         dtype = getattr(torch, name)
         res["hf"][name] = bench_hf(model_dir, dtype, prompts, out_lens, args.hf_batch)
         res["hf"][name]["token_latency_s"] = hf_token_latency(model_dir, dtype, prompts[0])
 
-    e = res["engine"]
-    print(f"\nengine ({res['engine_dtype']}): {e['tokens_per_s']:.1f} output tok/s "
-          f"({e['output_tokens']} tokens in {e['seconds']:.1f}s); batch-1 per token "
-          f"{res['engine_token_latency_s'] * 1e3:.1f} ms")
-    busy = e["busy_seconds"]
-    total = sum(busy.values()) or 1.0
-    print("  busy split: " + ", ".join(f"{k} {v / total:.0%}" for k, v in busy.items()))
-    print("\n  batch | decode step ms | tok/s")
-    for b, dt in res["step_time_s"].items():
-        print(f"  {b:5d} | {dt * 1e3:14.2f} | {b / dt:7.1f}")
+    print(f"\n{args.num_requests} requests, input {args.input_len} tokens, output uniform "
+          f"{args.min_output}-{args.max_output} (ignore_eos), {res['machine']['threads']} threads")
+    for name, r in res["engines"].items():
+        e = r["throughput"]
+        print(f"\nengine --dtype {name} ({r['dtype']}): {e['tokens_per_s']:.1f} output tok/s "
+              f"({e['output_tokens']} tokens in {e['seconds']:.1f}s); batch-1 per token "
+              f"{r['token_latency_s'] * 1e3:.1f} ms")
+        busy = e["busy_seconds"]
+        total = sum(busy.values()) or 1.0
+        print("  busy split: " + ", ".join(f"{k} {v / total:.0%}" for k, v in busy.items()))
+        print("  batch | decode step ms | tok/s")
+        for b, dt in r["step_time_s"].items():
+            print(f"  {b:5d} | {dt * 1e3:14.2f} | {b / dt:7.1f}")
     if res["hf"]:
         print(f"\ntransformers generate, static batches of {args.hf_batch}:")
         for name, h in res["hf"].items():
-            print(f"  {name:9s}: {h['tokens_per_s']:7.1f} tok/s  (engine/hf = "
-                  f"{e['tokens_per_s'] / h['tokens_per_s']:.2f}x); batch-1 per token "
+            ratios = ", ".join(f"engine {k}/hf = {r['throughput']['tokens_per_s'] / h['tokens_per_s']:.2f}x"
+                               for k, r in res["engines"].items())
+            print(f"  {name:9s}: {h['tokens_per_s']:7.1f} tok/s  ({ratios}); batch-1 per token "
                   f"{h['token_latency_s'] * 1e3:.1f} ms")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
