@@ -20,7 +20,9 @@ This backend is the reference: a faster one must produce the same outputs from t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +47,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks*block_size] bool
     prefills: list[PrefillSlice] = field(default_factory=list)
     logits_indices: torch.Tensor | None = None  # [num_seqs]: last token of each sequence
+    decode_kernel: str = "sdpa"  # "sdpa" | "matmul": see choose_decode_kernel()
 
 
 def write_kv(
@@ -72,7 +75,8 @@ def paged_attention(
     nd = meta.num_decode
     if nd:
         out[:nd] = _decode_attention(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale,
+            meta.decode_kernel,
         )
     for p in meta.prefills:
         qs = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
@@ -96,6 +100,33 @@ def paged_attention(
     return out
 
 
+DECODE_KERNELS = ("sdpa", "matmul")
+
+
+def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
+                         cpu_flags: str | None = None) -> str:  # fmt: skip
+    """SDPA, except for half precision on a CPU without AMX. Measured at 2 threads
+    (docs/benchmarks.md): with AMX (Intel Sapphire Rapids and later) the fused bf16 SDPA
+    kernel beats matmul + softmax + matmul by 2.5-10x on decode shapes; without it (an
+    AMD EPYC with AVX512-BF16 only) the same kernel is 3-5x *slower* than the matmuls,
+    and took 70% of a batch-64 step. float32 and CUDA: SDPA everywhere. The environment
+    variable ZEROSERVE_DECODE_ATTENTION=sdpa|matmul overrides the choice."""
+    forced = os.environ.get("ZEROSERVE_DECODE_ATTENTION")
+    if forced:
+        if forced not in DECODE_KERNELS:
+            raise ValueError(f"ZEROSERVE_DECODE_ATTENTION must be one of {DECODE_KERNELS}, "
+                             f"got {forced!r}")  # fmt: skip
+        return forced
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return "sdpa"
+    if cpu_flags is None:
+        try:
+            cpu_flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpu_flags = ""
+    return "sdpa" if "amx_bf16" in cpu_flags else "matmul"
+
+
 def _decode_attention(
     q: torch.Tensor,  # [B, H, D]
     k_cache: torch.Tensor,
@@ -103,10 +134,11 @@ def _decode_attention(
     block_tables: torch.Tensor,  # [B, max_blocks]
     mask: torch.Tensor,  # [B, 1, 1, L] bool
     scale: float,
+    kernel: str = "sdpa",
 ) -> torch.Tensor:
-    """One query per sequence against its gathered blocks, padded to the longest; one SDPA
-    call for the whole batch (on CPU its fused kernel beats matmul + softmax + matmul by
-    1.5-2.5x at batch 1-32 in bf16 and fp32)."""
+    """One query per sequence against its gathered blocks, padded to the longest, in one
+    call for the whole batch: SDPA, or (kernel "matmul") two batched matmuls with the
+    query heads grouped by the KV head they share, softmax in float32."""
     b, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     # [B, max_blocks, block_size, Hkv, D] -> [B, Hkv, L, D]
@@ -114,6 +146,13 @@ def _decode_attention(
     flat = block_tables.reshape(-1)
     ks = k_cache.index_select(0, flat).view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
     vs = v_cache.index_select(0, flat).view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
+    if kernel == "matmul":
+        # query head h reads KV head h // group (as transformers' repeat_kv lays them out)
+        qg = q.view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        scores = torch.matmul(qg, ks.transpose(-1, -2)).float().mul_(scale)  # [B, Hkv, G, L]
+        scores.masked_fill_(~mask, float("-inf"))  # mask [B, 1, 1, L] broadcasts
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        return torch.matmul(probs, vs).view(b, num_heads, head_dim)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2), ks, vs, attn_mask=mask, scale=scale,
         enable_gqa=num_heads != num_kv_heads,

@@ -15,7 +15,7 @@ import torch
 
 from common.config import EngineConfig
 from common.log import get_logger
-from scheduler_worker.attention import AttentionMetadata, PrefillSlice
+from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.models import load_model
 
 log = get_logger("model_runner")
@@ -66,6 +66,8 @@ class ModelRunner:
         self.model, self.args = load_model(model_dir, self.dtype, self.device)
         log.info("loaded %s (%s, %s) in %.1fs", self.args.architecture, self.dtype,
                  self.device, time.perf_counter() - t0)
+        self.decode_kernel = choose_decode_kernel(self.device, self.dtype)
+        log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
         shape = (self.num_blocks, self.block_size, self.args.num_kv_heads, self.args.head_dim)
@@ -119,6 +121,7 @@ class ModelRunner:
             num_decode=num_decode,
             prefills=prefills,
             logits_indices=torch.tensor([i for i in last_index if i >= 0], dtype=torch.long, device=dev),
+            decode_kernel=self.decode_kernel,
         )
         if num_decode:
             dec = [seqs[i] for i in order[:num_decode]]

@@ -111,3 +111,33 @@ def test_unknown_architecture_is_refused_with_supported_list(tmp_path, tiny_mode
     with pytest.raises(UnsupportedModelError) as e:
         _runner(tmp_path)
     assert "FalconForCausalLM" in str(e.value) and "LlamaForCausalLM" in str(e.value)
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_matmul_decode_kernel_equals_transformers(kind, tiny_model_dirs, monkeypatch):
+    """The decode attention picked for half precision on a CPU without AMX (grouped
+    matmuls instead of SDPA) gives transformers' greedy tokens too (GQA included)."""
+    monkeypatch.setenv("ZEROSERVE_DECODE_ATTENTION", "matmul")
+    model_dir = tiny_model_dirs[kind]
+    runner = _runner(model_dir)
+    assert runner.decode_kernel == "matmul"
+    assert _greedy_paged(runner, PROMPTS, 24) == hf_greedy(model_dir, PROMPTS, 24)
+
+
+def test_decode_kernel_choice(monkeypatch):
+    from scheduler_worker.attention import choose_decode_kernel
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("ZEROSERVE_DECODE_ATTENTION", raising=False)
+    amd = "flags : avx2 avx512f avx512_bf16"
+    intel = "flags : avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
+    assert choose_decode_kernel(cpu, torch.bfloat16, amd) == "matmul"
+    assert choose_decode_kernel(cpu, torch.float16, amd) == "matmul"
+    assert choose_decode_kernel(cpu, torch.bfloat16, intel) == "sdpa"
+    assert choose_decode_kernel(cpu, torch.float32, amd) == "sdpa"
+    assert choose_decode_kernel(cuda, torch.bfloat16, amd) == "sdpa"
+    monkeypatch.setenv("ZEROSERVE_DECODE_ATTENTION", "sdpa")
+    assert choose_decode_kernel(cpu, torch.bfloat16, amd) == "sdpa"
+    monkeypatch.setenv("ZEROSERVE_DECODE_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="ZEROSERVE_DECODE_ATTENTION"):
+        choose_decode_kernel(cpu, torch.bfloat16, amd)
