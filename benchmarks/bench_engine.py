@@ -5,6 +5,8 @@ transformers `generate` on the same prompts in the same run.
         --num-requests 32 --input-len 128 --min-output 16 --max-output 256 \
         --json bench_results/engine.json
 
+An engine spec is a dtype, optionally with weight-only quantization: `bfloat16+int4`.
+
 Prints a table; writes JSON with every figure.
 """
 
@@ -121,7 +123,8 @@ def machine_info() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="bfloat16,float32", help="engine dtypes, comma-separated")
+    ap.add_argument("--dtype", default="bfloat16,float32",
+                    help="engine dtypes, comma-separated; DTYPE+int8|int4 adds weight-only quantization")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--min-output", type=int, default=16)
@@ -140,8 +143,9 @@ def main() -> None:
                  "engines": {}, "hf": {}}
     prompts = out_lens = None
     for dtype_name in args.dtype.split(","):
+        dtype, _, quant = dtype_name.partition("+")
         cfg = EngineConfig(
-            model=ModelConfig(model=args.model, dtype=dtype_name),
+            model=ModelConfig(model=args.model, dtype=dtype, quantization=quant or "none"),
             cache=CacheConfig(kv_cache_memory_gb=2.0),
             scheduler=SchedulerConfig(max_num_seqs=max(args.max_num_seqs, 64),
                                       max_num_batched_tokens=args.max_num_batched_tokens,
@@ -151,7 +155,7 @@ def main() -> None:
         if prompts is None:
             prompts, out_lens = make_workload(args.num_requests, args.input_len, args.min_output,
                                               args.max_output, engine.vocab_size, args.seed)
-        r = {"dtype": str(engine.runner.dtype).replace("torch.", "")}
+        r = {"dtype": str(engine.runner.dtype).replace("torch.", ""), "quantization": quant or "none"}
         r["throughput"] = bench_engine(engine, prompts, out_lens)
         r["step_time_s"] = {b: bench_step_time(engine, b, args.input_len)
                             for b in map(int, args.step_batch_sizes.split(","))}

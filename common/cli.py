@@ -16,6 +16,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--model": (("engine", "model"), "model", str),
     "--dtype": (("engine", "model"), "dtype", str),
     "--device": (("engine", "model"), "device", str),
+    "--quantization": (("engine", "model"), "quantization", str),
     "--max-model-len": (("engine", "model"), "max_model_len", int),
     "--block-size": (("engine", "cache"), "block_size", int),
     "--num-kv-blocks": (("engine", "cache"), "num_blocks", int),

@@ -12,6 +12,7 @@ from pathlib import Path
 ENV_PREFIX = "ZEROSERVE_"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, CPU: scheduler_worker/quant.py
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -38,10 +39,13 @@ class ModelConfig:
     device: str = "auto"
     max_model_len: int | None = None  # None: the model's own context length
     cache_dir: str | None = None  # where GGUF conversions live; None: default_cache_dir()
+    quantization: str = "none"  # weight-only int8/int4 for small-batch decode on the CPU
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 1:

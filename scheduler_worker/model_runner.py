@@ -17,6 +17,7 @@ from common.config import EngineConfig
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.models import load_model
+from scheduler_worker.quant import check_quantization, packed_max_rows, quantize_model
 
 log = get_logger("model_runner")
 
@@ -62,10 +63,22 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.model.device)
         self.dtype = resolve_dtype(config.model.dtype, self.device)
+        quant = config.model.quantization
+        check_quantization(quant, self.device, self.dtype)
         t0 = time.perf_counter()
         self.model, self.args = load_model(model_dir, self.dtype, self.device)
         log.info("loaded %s (%s, %s) in %.1fs", self.args.architecture, self.dtype,
                  self.device, time.perf_counter() - t0)
+        if quant != "none":
+            t0 = time.perf_counter()
+            rows = packed_max_rows(self.dtype)
+            n = quantize_model(self.model, quant, self.dtype, rows)
+            log.info("quantized %d linear layers to %s in %.1fs (packed kernels up to %d rows)",
+                     n, quant, time.perf_counter() - t0, rows)
+            if rows == 0:
+                log.warning("quantization %s with %s: the packed kernels are slower than dense "
+                            "%s on the CPU, so only the quantized numerics apply; use "
+                            "--dtype bfloat16 for the speed", quant, self.dtype, self.dtype)
         self.decode_kernel = choose_decode_kernel(self.device, self.dtype)
         log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size
