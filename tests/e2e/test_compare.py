@@ -136,6 +136,14 @@ def test_checks_pass_fail_skip():
     assert [c["status"] for c in checks] == ["SKIP"] * 3
     assert "(b) did not run" in checks[0]["detail"]
     assert [c["status"] for c in evaluate_checks(_rows()[:1])] == ["SKIP"] * 3
+    # paired one-at-a-time figures win over row (a)'s prefill measured minutes earlier
+    paired = _rows(ttft=200.0, prefill=50.0)
+    paired[1]["paired_ttft"] = {"median_overhead_ms": 9.0, "median_ttft_ms": 200.0,
+                                "median_prefill_ms": 191.0}  # fmt: skip
+    check = evaluate_checks(paired)[2]
+    assert check["status"] == "PASS" and check["value"] == 9.0 and "paired" in check["detail"]
+    paired[1]["paired_ttft"]["median_overhead_ms"] = 15.5
+    assert evaluate_checks(paired)[2]["status"] == "FAIL"
 
 
 def test_table_shows_errors_and_skips():
@@ -181,6 +189,10 @@ def test_compare_every_row(tmp_path, default_model_dir):
     server = rows["server_w1"]
     assert server["main"]["completed"] == 4 and server["main"]["total_output_tokens"] == 32
     assert server["single"]["completed"] == 2 and server["single"]["total_output_tokens"] == 8
+    pt = server["paired_ttft"]  # each server request right after an in-process prefill of it
+    assert len(pt["prefill_ms"]) == len(pt["ttft_ms"]) == 2 and min(pt["prefill_ms"]) > 0
+    assert pt["overhead_ms"] == pytest.approx([t - p for t, p in zip(pt["ttft_ms"], pt["prefill_ms"])])
+    assert server["ttft_p50_ms"] == pytest.approx(pt["median_ttft_ms"])
     assert server["exit_code"] == 0 and server["warnings"] == []
     assert 0 < server["forward_share"] <= 1
     assert set(server["busy"]["seconds"]) == {"forward", "sample", "schedule", "ipc"}
