@@ -176,3 +176,17 @@ def test_default_model_int4_bf16_keeps_greedy_text(default_model_dir):
 
 def engine_modules(engine):
     return list(engine.runner.model.modules())
+
+
+def test_bench_quant_times_every_linear_shape(tiny_model_dirs, tmp_path, capsys):
+    from benchmarks.bench_quant import main
+
+    out = tmp_path / "q.json"
+    res = main(["--model", str(tiny_model_dirs["llama"]), "--rows", "1,8", "--reps", "1",
+                "--json", str(out)])  # fmt: skip
+    # 2 layers x (qkv, o, gate_up, down) + lm_head; qkv/o/gate_up/down/lm_head shapes differ
+    assert sum(res["shapes"].values()) == 9 and len(res["shapes"]) == 5
+    assert list(res["ms_per_step"]) == [1, 8]
+    for per in res["ms_per_step"].values():
+        assert set(per) == {"dense", "int8", "int4"} and all(v > 0 for v in per.values())
+    assert out.exists() and "ms per step in linears" in capsys.readouterr().out
