@@ -46,6 +46,9 @@ class ModelConfig:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.quantization != "none" and (self.dtype == "float16" or self.device == "cuda"):
+            raise ConfigError(f"quantization {self.quantization!r} runs on the CPU with dtype "
+                              f"bfloat16 or float32 (got device {self.device!r}, dtype {self.dtype!r})")
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -76,3 +76,20 @@ def test_bad_model_is_a_clear_error(tmp_path):
                        stdin=subprocess.DEVNULL)  # fmt: skip
     assert r.returncode == 2
     assert str(missing) in r.stderr
+
+
+def test_int4_server_answers_and_bad_quantization_is_a_clear_error(default_model_dir):
+    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "--quantization", "int4",
+                        "--dtype", "float16", "--port", "1"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert r.returncode == 2 and "quantization 'int4' runs on the CPU" in r.stderr
+    server = start_server("--dtype", "bfloat16", "--quantization", "int4", workers=1)
+    try:
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "smollm2", "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        assert r.status_code == 200, r.text
+        assert "Paris" in r.json()["choices"][0]["message"]["content"]
+        assert "quantized 121 linear layers to int4" in server.log()
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]

@@ -101,6 +101,9 @@ def test_quantize_model_replaces_every_linear_and_keeps_lm_head_wider():
 def test_unsupported_combinations_are_refused():
     with pytest.raises(ConfigError, match="quantization must be one of"):
         ModelConfig(quantization="int3")
+    for bad in ({"dtype": "float16"}, {"device": "cuda"}):
+        with pytest.raises(ConfigError, match="runs on the CPU"):
+            ModelConfig(quantization="int8", **bad)
     with pytest.raises(ValueError, match="CPU only"):
         check_quantization("int4", torch.device("cuda"), torch.bfloat16)
     with pytest.raises(ValueError, match="float16"):
