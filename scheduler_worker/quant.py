@@ -115,7 +115,8 @@ def check_quantization(method: str, device: torch.device, dtype: torch.dtype) ->
     if method == "none":
         return
     if device.type != "cpu":
-        raise ValueError(f"quantization {method!r} runs on the CPU only (device is {device.type})")
+        raise ValueError(f"quantization {method!r} runs on the CPU only (device is {device.type}; "
+                         "pass --device cpu)")
     if dtype == torch.float16:
         raise ValueError(f"quantization {method!r} needs dtype bfloat16 or float32, not float16")
 

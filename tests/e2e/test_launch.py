@@ -83,7 +83,8 @@ def test_int4_server_answers_and_bad_quantization_is_a_clear_error(default_model
                         "--dtype", "float16", "--port", "1"], cwd=REPO, capture_output=True,
                        text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
     assert r.returncode == 2 and "quantization 'int4' runs on the CPU" in r.stderr
-    server = start_server("--dtype", "bfloat16", "--quantization", "int4", workers=1)
+    server = start_server("--dtype", "bfloat16", "--device", "cpu", "--quantization", "int4",
+                          workers=1)
     try:
         r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
             "model": "smollm2", "max_tokens": 16, "temperature": 0,

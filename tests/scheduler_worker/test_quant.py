@@ -146,7 +146,8 @@ def test_quantized_engine_equals_transformers_on_dequantized_weights(kind, metho
 
     src = tiny_model_dirs[kind]
     expected = hf_greedy(_dequantized_hf_copy(src, tmp_path / "deq", method), PROMPTS, 16)
-    config = EngineConfig(model=ModelConfig(model=str(src), dtype="float32", quantization=method),
+    config = EngineConfig(model=ModelConfig(model=str(src), dtype="float32", device="cpu",
+                                            quantization=method),
                           cache=CacheConfig(block_size=4, num_blocks=256))  # fmt: skip
     engine = LLMEngine(config, src)
     got = engine.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
@@ -167,7 +168,8 @@ def test_default_model_int4_bf16_keeps_greedy_text(default_model_dir):
     params = SamplingParams(max_tokens=16, temperature=0.0)
     outs = {}
     for quant in ("none", "int4"):
-        engine = LLMEngine(EngineConfig(model=ModelConfig(dtype="bfloat16", quantization=quant)),
+        engine = LLMEngine(EngineConfig(model=ModelConfig(dtype="bfloat16", device="cpu",
+                                                          quantization=quant)),
                            default_model_dir)  # fmt: skip
         if quant == "int4":
             packed = [m for m in engine_modules(engine) if isinstance(m, WeightOnlyLinear)]
