@@ -1,0 +1,125 @@
+"""A server under test (ours or llama-server) as a subprocess: started with its log
+file, waited on until healthy and until idle, its /metrics read, stopped; and the error
+of a row whose server failed, with the log tail."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.comparison.metrics import parse_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+HEARTBEAT_WAIT_S = 1.5  # the scheduler reports its counters every heartbeat (1 s)
+LOG_TAIL = 3000
+PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent(parent_pid: int) -> None:  # child, between fork and exec
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+class Process:
+    """A server subprocess (ours or llama-server) with its log file."""
+
+    def __init__(self, argv: list[str], log_path: Path, base_url: str,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.argv, self.log_path, self.base_url = argv, log_path, base_url
+        parent = os.getpid()
+        with open(log_path, "wb") as f:
+            self.proc = subprocess.Popen(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env,
+                                         preexec_fn=lambda: _die_with_parent(parent))  # fmt: skip
+
+    def log_tail(self, n: int = LOG_TAIL) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exited with code {self.proc.returncode} before /health "
+                                   f"answered 200; log tail:\n{self.log_tail()}")  # fmt: skip
+            try:
+                r = httpx.get(self.base_url + "/health", timeout=2)
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}"
+            except httpx.HTTPError as e:
+                last = type(e).__name__
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"/health not 200 after {timeout_s:.0f} s ({last}); log "
+                                   f"tail:\n{self.log_tail()}")  # fmt: skip
+            time.sleep(0.2)
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def metrics(self) -> dict[str, float]:
+        import httpx
+
+        return parse_metrics(httpx.get(self.base_url + "/metrics", timeout=10).text)
+
+
+def wait_idle(server: Process, timeout_s: float = 60.0) -> dict[str, float]:
+    """Metrics once the scheduler has reported an idle engine after the last activity
+    (its counters ride on the heartbeat, so wait one first)."""
+    time.sleep(HEARTBEAT_WAIT_S)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = server.metrics()
+        if all(m.get(f"zeroserve:num_requests_{k}", 0) == 0
+               for k in ("running", "waiting", "in_flight")):  # fmt: skip
+            return m
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server not idle after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+class RowError(RuntimeError):
+    """A row that failed after it had figures worth keeping (command, log tail...)."""
+
+    def __init__(self, message: str, extra: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
+def _row_failed(e: Exception, row: dict[str, Any], proc: Process) -> RowError:
+    row["log_tail"] = proc.log_tail()
+    return RowError(f"{type(e).__name__}: {e}", row)
+
+
+def _log_dir(args: argparse.Namespace, tmp: Path) -> Path:
+    d = Path(args.log_dir) if args.log_dir else tmp
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -1,0 +1,10 @@
+"""The parts of benchmarks/bench_serving.py, the serving load generator (its CLI and
+importable entry points stay there):
+
+    prompts.py   the request specs: --dataset random | fixed | jsonl, token counting
+    schedule.py  submit times: all at once, Poisson/gamma arrivals, a fixed interval
+    client.py    one OpenAI-compatible HTTP request, timed (TTFT, chunks, usage)
+    runner.py    the run: warm-up, schedule, concurrency limit, the result dict
+    stats.py     percentiles, latency figures, throughput, the tokens/s time series
+    report.py    the printed table, the --plot PNG, strict-JSON values
+"""

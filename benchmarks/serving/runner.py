@@ -1,0 +1,121 @@
+"""A whole run: the specs and their schedule, a warm-up, every request under the
+concurrency limit, then the summary, time series and config as one result dict."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from benchmarks.serving.client import _Request, fetch_model, send_request
+from benchmarks.serving.prompts import Spec, build_specs, load_tokenizer
+from benchmarks.serving.schedule import arrival_offsets
+from benchmarks.serving.stats import peak_concurrency, summarize, token_time_series
+
+
+async def _sleep_until(target: float) -> None:
+    """Sleep until perf_counter() >= target (never wakes early)."""
+    while (now := time.perf_counter()) < target:
+        await asyncio.sleep(target - now)
+
+
+async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark described by `args` (from `parse_args`) and return every figure,
+    the per-request records and the time series."""
+    import httpx
+
+    check_args(args)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    specs = build_specs(args, tokenizer)
+    offsets = arrival_offsets(len(specs), args.request_rate,
+                              submit_interval_ms=args.submit_interval_ms,
+                              burstiness=args.burstiness, seed=args.seed + 1)  # fmt: skip
+    n_conn = max(1, min(args.max_concurrency or len(specs), len(specs)))
+    limits = httpx.Limits(max_connections=n_conn + 1, max_keepalive_connections=n_conn + 1)
+    timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 60.0))
+    url = args.base_url.rstrip("/") + args.endpoint
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        model = args.model or await fetch_model(client, args)
+        for i in range(args.warmup_requests):  # not counted; fails fast on a wrong setup
+            spec = specs[i % len(specs)]
+            w = _Request(-1, Spec(spec.prompt, spec.prompt_len, min(spec.output_len, 16)), 0.0)
+            await send_request(client, args, url, model, w, tokenizer)
+            if w.error is not None:
+                raise RuntimeError(f"warm-up request to {url} failed: {w.error}")
+
+        sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+        bar = _progress(len(specs), args.disable_tqdm)
+        reqs = [_Request(i, s, off) for i, (s, off) in enumerate(zip(specs, offsets))]
+
+        async def one(req: _Request) -> None:
+            async with sem if sem is not None else contextlib.nullcontext():
+                await send_request(client, args, url, model, req, tokenizer)
+            if bar is not None:
+                bar.update(1)
+
+        t0 = time.perf_counter()
+        tasks = []
+        for req in reqs:
+            await _sleep_until(t0 + req.scheduled_s)
+            tasks.append(asyncio.create_task(one(req)))
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
+
+    records = [r.record(t0) for r in reqs]
+    itls = [x for r in reqs if r.error is None for x in r.itls()]
+    result = summarize(records, duration, itls if args.stream else None)
+    spans = [(r["sent_s"], r["end_s"]) for r in records if r["end_s"] is not None]
+    result["max_concurrent_requests"] = peak_concurrency(spans)
+    events = [e for r in reqs for e in r.events(t0)]
+    result["time_series"] = token_time_series(events, duration, args.series_interval)
+    series = result["time_series"]["output_tokens_per_s"]
+    result["peak_output_throughput"] = max(series) if series else 0.0
+    result["config"] = {
+        "base_url": args.base_url, "endpoint": args.endpoint, "model": model,
+        "stream": args.stream, "ignore_eos": args.ignore_eos, "dataset": args.dataset,
+        "request_rate": args.request_rate, "burstiness": args.burstiness,
+        "submit_interval_ms": args.submit_interval_ms, "max_concurrency": args.max_concurrency,
+        "label": args.label,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }  # fmt: skip
+    result["args"] = {**vars(args), "api_key": "***" if args.api_key else None}
+    result["requests"] = records
+    return result
+
+
+def _progress(total: int, disable: bool):
+    if disable:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="requests", unit="req", file=sys.stderr)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.num_prompts < 1:
+        raise ValueError("--num-prompts must be >= 1")
+    if args.input_len < 1 or args.output_len < 1:
+        raise ValueError("--input-len and --output-len must be >= 1")
+    if not 0 <= args.range_ratio < 1:
+        raise ValueError("--range-ratio must be in [0, 1)")
+    if args.submit_interval_ms is not None and not math.isinf(args.request_rate):
+        raise ValueError("--submit-interval-ms and --request-rate are exclusive")
+    if args.submit_interval_ms is not None and args.submit_interval_ms < 0:
+        raise ValueError("--submit-interval-ms must be >= 0")
+    if args.request_rate <= 0 or args.burstiness <= 0:
+        raise ValueError("--request-rate and --burstiness must be > 0")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError("--max-concurrency must be >= 1")
+    if args.dataset == "jsonl" and not args.dataset_path:
+        raise ValueError("--dataset jsonl needs --dataset-path")
+    if args.series_interval <= 0:
+        raise ValueError("--series-interval must be > 0")
