@@ -48,6 +48,7 @@ class DetokWorker:
             model_dir = resolve_model(config.engine.model.model, config.engine.model.resolved_cache_dir)
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         ctx = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("detok"), bind=True, ctx=ctx)
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
@@ -64,8 +65,8 @@ class DetokWorker:
         n = len(msg.rids)
         parallel = (msg.new_token_ids, msg.finish_reasons, msg.num_prompt_tokens,
                     msg.num_output_tokens)
-        if any(len(x) != n for x in parallel) or (msg.logprobs is not None
-                                                  and len(msg.logprobs) != n):
+        if any(len(x) != n for x in parallel) or any(
+                x is not None and len(x) != n for x in (msg.logprobs, msg.stop_token_ids)):
             log.warning("dropping step %d: StepOutputs lists of unequal lengths", msg.step)
             return TextOutputs([], [], [], [], [], [], None, None, [], time.time())
         if msg.timings is not None and len(msg.timings) != n:
@@ -84,10 +85,14 @@ class DetokWorker:
             if det is None:  # settings never seen (e.g. this process restarted): defaults
                 det = self.requests[rid] = RequestDetokenizer(self.tokenizer)
             try:
-                ids = unpack_ids(msg.new_token_ids[i])
+                ids = new_ids = unpack_ids(msg.new_token_ids[i])
             except WireError as e:
                 log.warning("dropping bad token ids for %s: %s", rid, e)
                 continue
+            stop_token = msg.stop_token_ids[i] if msg.stop_token_ids is not None else None
+            if stop_token is not None and ids and ids[-1] == stop_token \
+                    and not det.include_stop_str_in_output:  # fmt: skip
+                ids = ids[:-1]  # as vLLM: the stop token's text is not output
             text, stop_hit = det.add_tokens(ids)
             reason = msg.finish_reasons[i]
             if stop_hit:
@@ -117,13 +122,28 @@ class DetokWorker:
             out["num_prompt_tokens"].append(msg.num_prompt_tokens[i])
             out["num_output_tokens"].append(msg.num_output_tokens[i])
             out["token_ids"].append(msg.new_token_ids[i])
-            out["logprobs"].append(msg.logprobs[i] if msg.logprobs else None)
-            out["stop_reasons"].append(det.stop_str)
+            lps = msg.logprobs[i] if msg.logprobs else None
+            out["logprobs"].append(self._name_tokens(new_ids, lps) if lps else lps)
+            out["stop_reasons"].append(det.stop_str if det.stop_str is not None else stop_token)
         if not msg.logprobs:
             out["logprobs"] = None
         if all(t is None for t in out["timings"]):
             out["timings"] = None
         return TextOutputs(**out, sent_time=time.time())
+
+    def _name_tokens(self, ids: list[int], lps: list) -> list:
+        """Each per-token logprob entry [logprob, [[id, logprob], ...]] gets a third item:
+        the decoded strings of the token and of its top ids, for the OpenAI response."""
+        try:
+            wanted = [[tid, *(t for t, _ in entry[1])] for tid, entry in zip(ids, lps)]
+            flat = [t for row in wanted for t in row]
+            if any(type(t) is not int or not 0 <= t < self.vocab_size for t in flat):
+                return lps
+            texts = iter(self.tokenizer.decode_batch([[t] for t in flat],
+                                                     skip_special_tokens=False))  # fmt: skip
+            return [[*entry[:2], [next(texts) for _ in row]] for entry, row in zip(lps, wanted)]
+        except (TypeError, ValueError, IndexError):  # malformed: the frontend names ids
+            return lps
 
     def _remember_stopped(self, rid: str) -> None:
         self.stopped[rid] = None

@@ -27,7 +27,7 @@ class Delta:
     index: int
     text: str
     finish_reason: str | None  # "stop" | "length" | "abort" | None (still running)
-    stop_reason: str | None  # the matched stop string, if any
+    stop_reason: str | int | None  # the matched stop string or stop_token_ids entry
     num_prompt_tokens: int
     num_output_tokens: int  # total so far
     token_ids: bytes  # pack_ids of this step's tokens
@@ -51,6 +51,7 @@ class RequestHandle:
         self.first_token_at: list[float | None] = [None] * n
         self.last_token_at: list[float] = [0.0] * n
         self.num_output_tokens: list[int] = [0] * n
+        self.num_prompt_tokens: list[int] = [0] * n  # known from the first output on
         self.watcher: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.released = False

@@ -1,9 +1,10 @@
 """OpenAI response shapes: streamed chunks and whole responses for completions and chat.
 
 A `Choice` accumulates one sub-request's outputs; a format turns Deltas and Choices into
-JSON objects. Token strings are not known to the frontend (the detok worker sends text,
-not per-token strings), so logprobs name tokens as "token_id:<id>", vLLM's convention for
-`return_tokens_as_token_ids`; completions' `text_offset` is the offset of the step's text.
+JSON objects. Logprobs name tokens by the strings the detok worker decoded for them (a
+token that is only part of a UTF-8 character decodes to U+FFFD and gets `bytes: null`);
+where a string is missing, by "token_id:<id>", vLLM's `return_tokens_as_token_ids`
+convention. Completions' `text_offset` is the offset of the step's text.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from frontend.request_handle import Delta
 
 log = get_logger("frontend.responses")
 
-# (token id, logprob, [(top token id, logprob), ...]) for one generated token
-TokenLogprob = tuple[int, float, list[tuple[int, float]]]
+# (token, logprob, [(top token, logprob), ...]) for one generated token, tokens as strings
+TokenLogprob = tuple[str, float, list[tuple[str, float]]]
 
 
 def dumps(obj: Any) -> str:
@@ -33,13 +34,26 @@ def token_name(token_id: int) -> str:
     return f"token_id:{token_id}"
 
 
+def token_bytes(token: str) -> list[int] | None:
+    if "\ufffd" in token or token.startswith("token_id:"):
+        return None  # part of a character, or no string: its bytes are not known here
+    return list(token.encode("utf-8"))
+
+
 def token_logprobs(d: Delta) -> list[TokenLogprob]:
+    """Per new token: [logprob, [[top id, logprob], ...], [token str, top strs...]?]."""
     if not d.logprobs:
         return []
     try:
-        ids = unpack_ids(d.token_ids)
-        return [(tid, float(lp[0]), [(int(t), float(v)) for t, v in lp[1]])
-                for tid, lp in zip(ids, d.logprobs)]  # fmt: skip
+        out = []
+        for tid, entry in zip(unpack_ids(d.token_ids), d.logprobs):
+            names = entry[2] if len(entry) > 2 else None
+            if not (isinstance(names, list) and len(names) == len(entry[1]) + 1
+                    and all(isinstance(n, str) for n in names)):  # fmt: skip
+                names = [token_name(t) for t in (tid, *(int(t) for t, _ in entry[1]))]
+            out.append((names[0], float(entry[0]),
+                        [(name, float(v)) for name, (_, v) in zip(names[1:], entry[1])]))
+        return out
     except (WireError, TypeError, ValueError, IndexError) as e:
         log.warning("ignoring malformed logprobs: %s", e)
         return []
@@ -56,7 +70,7 @@ class Choice:
         self.texts: list[str] = []
         self.text_len = 0
         self.finish_reason: str | None = None
-        self.stop_reason: str | None = None
+        self.stop_reason: str | int | None = None
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
         self.logprobs: list[TokenLogprob] = []
@@ -101,12 +115,17 @@ class ResponseFormat:
     chunk_object = ""
     response_object = ""
 
-    def __init__(self, id: str, model: str, created: int, logprobs: bool) -> None:
+    def __init__(self, id: str, model: str, created: int, logprobs: bool,
+                 include_usage: bool = False) -> None:  # fmt: skip
         self.id, self.model, self.created, self.want_logprobs = id, model, created, logprobs
+        self.include_usage = include_usage  # stream_options.include_usage
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+               "choices": choices}  # fmt: skip
+        if self.include_usage and obj == self.chunk_object:
+            out["usage"] = None  # as OpenAI: every chunk has it, null until the last one
+        return out
 
     def start_chunks(self, n: int) -> list[dict[str, Any]]:
         return []
@@ -146,9 +165,9 @@ class CompletionFormat(ResponseFormat):
         if not self.want_logprobs:
             return None
         return {
-            "tokens": [token_name(t) for t, _, _ in lps],
+            "tokens": [t for t, _, _ in lps],
             "token_logprobs": [lp for _, lp, _ in lps],
-            "top_logprobs": [{token_name(t): v for t, v in top} for _, _, top in lps],
+            "top_logprobs": [dict(top) for _, _, top in lps],
             "text_offset": offsets,
         }
 
@@ -168,8 +187,8 @@ class ChatFormat(ResponseFormat):
         if not self.want_logprobs:
             return None
         return {"content": [
-            {"token": token_name(t), "logprob": lp, "bytes": None,
-             "top_logprobs": [{"token": token_name(t2), "logprob": v, "bytes": None}
+            {"token": t, "logprob": lp, "bytes": token_bytes(t),
+             "top_logprobs": [{"token": t2, "logprob": v, "bytes": token_bytes(t2)}
                               for t2, v in top]}
             for t, lp, top in lps
         ]}  # fmt: skip

@@ -39,6 +39,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    stop_token_id: int | None = None  # finished by this entry of stop_token_ids (its last token)
     # on the finishing output only: monotonic stage times and counts (see Request)
     stage_times: dict[str, float] | None = None
 
@@ -217,6 +218,8 @@ class LLMEngine:
         n_out = req.num_output_tokens
         is_stop = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
         if is_stop and n_out >= p.min_tokens:
+            if token in p.stop_token_ids:  # vLLM's stop_reason (an EOS stop has none)
+                req.stop_token_id = token
             return RequestStatus.FINISHED_STOPPED
         if n_out >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
@@ -231,7 +234,8 @@ class LLMEngine:
                       "num_cached_tokens": req.num_cached_tokens,
                       "num_preemptions": req.num_preemptions}  # fmt: skip
         return RequestOutput(req.request_id, tokens, reason, logprobs, req.num_prompt_tokens,
-                             req.num_output_tokens, req.num_cached_tokens, stages)
+                             req.num_output_tokens, req.num_cached_tokens,
+                             req.stop_token_id if reason is not None else None, stages)
 
     # ---- offline ------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]],

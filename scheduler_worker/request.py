@@ -51,6 +51,7 @@ class Request:
     # bumped whenever the request leaves the active queue (finish, abort, preemption), so
     # stale queue entries are recognised and dropped lazily instead of searched for
     queue_epoch: int = 0
+    stop_token_id: int | None = None  # the stop_token_ids entry that finished it
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None

@@ -23,5 +23,7 @@ class TextOutputs(Message):
     token_ids: list[bytes]  # pack_ids: this step's new ids per request
     logprobs: list[list | None] | None  # as in StepOutputs
     timings: list[dict[str, Any] | None] | None  # as in StepOutputs, detok times added
-    stop_reasons: list[str | None]  # the matched stop string (OpenAI's stop_reason), or None
+    # what stopped it (vLLM's stop_reason): the matched stop string, the stop_token_ids
+    # entry, or None (EOS, length, abort)
+    stop_reasons: list[str | int | None]
     sent_time: float

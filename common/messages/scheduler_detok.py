@@ -31,3 +31,6 @@ class StepOutputs(Message):
     # None when no request asked; else per request None or a dict of timestamps
     timings: list[dict[str, Any] | None] | None
     sent_time: float
+    # None when no request finished on one of its stop_token_ids in this step; else per
+    # request that token (the last of its new_token_ids) or None
+    stop_token_ids: list[int | None] | None = None

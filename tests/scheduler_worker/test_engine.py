@@ -169,6 +169,10 @@ def test_stop_conditions(qwen2, expected):
     out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0,
                                                    stop_token_ids=[stop_tok]))[0]
     assert out == ref[: first + 1]
+    engine.add_request("s", prompt, SamplingParams(max_tokens=20, temperature=0.0,
+                                                   stop_token_ids=[stop_tok]))  # fmt: skip
+    last = [o for _ in range(first + 2) for o in engine.step()][-1]
+    assert (last.finish_reason, last.stop_token_id) == ("stop", stop_tok)  # vLLM's stop_reason
     out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, min_tokens=first + 2,
                                                    stop_token_ids=[stop_tok]))[0]
     # the stop id is masked for the first min_tokens positions, so it cannot end the request early

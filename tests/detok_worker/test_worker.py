@@ -1,0 +1,49 @@
+"""The detok worker's step processing: a request finished by one of its stop_token_ids
+does not show that token's text (as vLLM), unless include_stop_str_in_output."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from common.config import Config, IPCConfig
+from common.messages import StepOutputs, pack_ids
+from common.zmq_queue import PullQueue
+
+
+@pytest.fixture
+def worker(default_model_dir):
+    from detok_worker.worker import DetokWorker
+
+    run_dir = Path(tempfile.mkdtemp(dir="/tmp", prefix="zsd-"))
+    config = Config(ipc=IPCConfig(run_dir=str(run_dir)))
+    peers = [PullQueue(config.ipc.endpoint(name), bind=True) for name in ("frontend", "scheduler")]
+    w = DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
+    yield w
+    for q in (w.inbox, w.to_frontend, w.to_scheduler, *peers):
+        q.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_stop_token_text_is_dropped_unless_asked_for(worker):
+    ids = worker.tokenizer.encode("Hello world, again").ids
+    stop = ids[-1]
+    rids = ["plain", "keep", "length"]
+    step = StepOutputs(
+        0, rids, [pack_ids(ids)] * 3, ["stop", "stop", "length"], [3] * 3, [len(ids)] * 3,
+        None, [("plain", [], True, False), ("keep", [], True, True), ("length", [], True, False)],
+        None, time.time(), [stop, stop, None],
+    )  # fmt: skip
+    out = worker.process(step)
+    texts = dict(zip(out.rids, out.texts))
+    reasons = dict(zip(out.rids, out.stop_reasons))
+    whole = worker.tokenizer.decode(ids)
+    assert texts["plain"] == worker.tokenizer.decode(ids[:-1]) != whole
+    assert texts["keep"] == whole and texts["length"] == whole
+    assert reasons == {"plain": stop, "keep": stop, "length": None}
+    assert out.num_output_tokens == [len(ids)] * 3  # the token still counts
