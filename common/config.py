@@ -5,6 +5,7 @@ Environment variables are read here and nowhere else, all with the ZEROSERVE_ pr
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,20 @@ def default_cache_dir() -> Path:
 
 class ConfigError(ValueError):
     pass
+
+
+def _at_least(obj: object, low: int, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _positive_seconds(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +87,7 @@ class CacheConfig:
             raise ConfigError(f"block_size must be in [1, 1024], got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
-        if self.kv_cache_memory_gb <= 0:
+        if not (math.isfinite(self.kv_cache_memory_gb) and self.kv_cache_memory_gb > 0):
             raise ConfigError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
 
 
@@ -115,14 +130,28 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20
     max_n: int = 8
     max_tokens_limit: int | None = None  # cap on max_tokens per request; None: the context
+    max_stop_strings: int = 16  # stop strings per request (each at most MAX_STOP_STRING_CHARS)
     startup_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
 
     def __post_init__(self) -> None:
+        from common.sampling_params import MAX_STOP_STRINGS
+
+        if self.api_key is None and env("API_KEY"):  # kept off the command line (ps)
+            object.__setattr__(self, "api_key", env("API_KEY"))
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("api_key must not be empty (leave it unset to serve without one)")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
-        if self.max_queued_requests < 1:
-            raise ConfigError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        _at_least(self, 1, "max_queued_requests", "max_body_bytes", "max_n")
+        if self.max_tokens_limit is not None:
+            _at_least(self, 1, "max_tokens_limit")
+        if not 0 <= self.max_stop_strings <= MAX_STOP_STRINGS:
+            raise ConfigError(f"max_stop_strings must be in [0, {MAX_STOP_STRINGS}], "
+                              f"got {self.max_stop_strings}")  # fmt: skip
+        _positive_seconds(self, "request_timeout_s", "startup_timeout_s")
+        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
+            raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -154,8 +183,8 @@ class Config:
     heartbeat_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.tokenize_workers < 1:
-            raise ConfigError(f"tokenize_workers must be >= 1, got {self.tokenize_workers}")
+        _at_least(self, 1, "tokenize_workers")
+        _positive_seconds(self, "heartbeat_s")
 
     @property
     def model_name(self) -> str:

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = 64  # the hard cap; servers default to server.max_stop_strings (16)
+MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 64
 
 
@@ -88,6 +89,9 @@ class SamplingParams:
               "stop", "must be a list of non-empty strings")
         check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
               f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        longest = max(map(len, self.stop), default=0)
+        check(longest <= MAX_STOP_STRING_CHARS, "stop",
+              f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got {longest}")
         check(isinstance(self.stop_token_ids, list)
               and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                       for t in self.stop_token_ids),

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common.config import Config
 from common.log import get_logger
 from frontend.engine_client import EngineClient
-from frontend.errors import APIError, error_body, status_type
+from frontend.errors import APIError, error_body, status_code_name, status_type
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.serving import Serving
@@ -46,7 +46,8 @@ def _auth_dependency(api_key: str | None):
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
             raise APIError(401, "Invalid or missing API key (Authorization: Bearer <key>).",
-                           "invalid_request_error", None, "invalid_api_key")  # fmt: skip
+                           "invalid_request_error", None, "invalid_api_key",
+                           {"WWW-Authenticate": "Bearer"})  # fmt: skip
 
     return check_api_key
 
@@ -64,10 +65,9 @@ def body_schema(model: type[BaseModel]) -> dict:
 _BODY_DEFS: dict[str, dict] = {}
 
 
-def create_app(config: Config, wait_ready: bool = False) -> FastAPI:
-    """The FastAPI app. Its lifespan binds the sockets; with wait_ready, startup (and so
-    the opening of the HTTP port under uvicorn) waits until every component is alive,
-    at most server.startup_timeout_s."""
+def create_app(config: Config) -> FastAPI:
+    """The FastAPI app. Its lifespan binds the sockets; until every component is alive,
+    /health and the generation routes answer 503."""
     metrics = Metrics()
     client = EngineClient(config, metrics)
     serving = Serving(config, client)
@@ -77,9 +77,6 @@ def create_app(config: Config, wait_ready: bool = False) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client.start()
         try:
-            if wait_ready:
-                await client.wait_ready(config.server.startup_timeout_s)
-                log.info("all components ready")
             yield
         finally:
             client.close()
@@ -95,7 +92,8 @@ def create_app(config: Config, wait_ready: bool = False) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        body = error_body(str(exc.detail), status_type(exc.status_code), None, exc.status_code)
+        body = error_body(str(exc.detail), status_type(exc.status_code), None,
+                          status_code_name(exc.status_code))  # fmt: skip
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)

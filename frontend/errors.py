@@ -26,19 +26,21 @@ class APIError(Exception):
     """Raised anywhere in a request's path; rendered by the app's exception handler."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
@@ -63,6 +65,11 @@ def invalid(message: str, param: str | None = None) -> APIError:
 
 def unavailable(message: str, code: str) -> APIError:
     return APIError(503, message, "server_error", None, code)
+
+
+def status_code_name(status: int) -> str:
+    """OpenAI's `code` is a string: a bare HTTP error (Starlette's 404/405) gets a name."""
+    return {404: "not_found", 405: "method_not_allowed"}.get(status, f"http_{status}")
 
 
 def status_type(status: int) -> str:

@@ -1,37 +1,49 @@
 """Request bodies of the OpenAI API (and the seed server's /generate) as pydantic models,
 and their conversion to what the tokenizer workers take: a prompt and SamplingParams dicts.
 
-Unknown fields are ignored, as OpenAI-compatible servers do; `null` means "the default".
-Parsing errors become 400s naming the offending field (see `parse`).
+As OpenAI does, the schema is strict: a field of the wrong JSON type (`"max_tokens": "3"`,
+`"stream": "yes"`) and a field the API does not know (`Unrecognized request argument
+supplied`) are 400s. OpenAI fields this server does not implement are accepted only with
+a value that changes nothing (`logit_bias: {}`, `tools: []`, `response_format: {"type":
+"text"}`, ...); anything else is a 400 naming the field, never silently ignored.
+`null` means "the default". Parsing errors become 400s naming the field (see `parse`).
+
+A request that sets no max_tokens gets the endpoint's default (16 for completions, as
+OpenAI; 64 new tokens for /generate; for chat, the rest of the context), capped by the
+server's max_tokens limit and by the room the prompt leaves in the context: the
+frontend does not know the prompt length, so the tokenizer worker resolves it
+(`TokenizeRequest.max_tokens_default`).
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from common.config import ServerConfig
 from common.messages import WireError, pack_ids
-from common.sampling_params import InvalidParameterError, SamplingParams
+from common.sampling_params import INT64_MAX, InvalidParameterError, SamplingParams
 from frontend.errors import APIError, invalid, renamed
 
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's default for /v1/completions
-# Chat defaults to "the rest of the context" elsewhere; the frontend does not know the
-# prompt length, and SamplingParams needs an int, so a fixed, config-free default is used.
-DEFAULT_MAX_TOKENS_CHAT = 256
 DEFAULT_MAX_NEW_TOKENS_GENERATE = 64
+# chat: None = the rest of the context (OpenAI's and vLLM's default)
 SEED_SPAN = 2**64  # seeds are 64-bit; seed+i wraps around inside that range
+STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool | None = False
+    include_obfuscation: bool | None = None  # OpenAI's; nothing to obfuscate here
+    continuous_usage_stats: bool | None = None  # vLLM's; accepted, usage comes at the end
 
 
 class _Sampling(BaseModel):
     """Fields shared by every generation endpoint."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     temperature: float | None = None
@@ -53,6 +65,13 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     return_timings: bool | None = False  # extension: ask the workers for per-stage times
+    # OpenAI fields that change nothing here (or are refused by check_unsupported)
+    logit_bias: dict[str, float] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -64,19 +83,33 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = None
     logprobs: int | None = None
     echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: str
     text: str | None = None
+    # non-text parts are refused by chat_messages; their fields parse so the 400 says why
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str
+    model_config = STRICT
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    # fields of an assistant message as the API returns it (clients send them back)
+    refusal: str | None = None
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+    tool_call_id: str | None = None
+    audio: Any = None
+    annotations: list[Any] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -85,14 +118,50 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None  # wins over max_tokens (OpenAI's newer name)
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    web_search_options: Any = None
 
 
 class GenerateRequest(_Sampling):
     """The seed server's /generate: streams plain text by default."""
 
     prompt: str
-    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS_GENERATE
+    max_new_tokens: int | None = None
     stream: bool | None = True
+
+
+def check_unsupported(req: _Sampling) -> None:
+    """400 for an OpenAI feature this server does not implement, unless its value asks
+    for nothing (an empty logit_bias, no tools, a text response format, ...)."""
+    off: dict[str, Any] = {  # field -> predicate "this value changes nothing"
+        "logit_bias": lambda v: not v,
+        "echo": lambda v: not v,
+        "suffix": lambda v: not v,
+        "best_of": lambda v: v in (1, req.n),
+        "response_format": lambda v: v.get("type") == "text",
+        "tools": lambda v: not v,
+        "functions": lambda v: not v,
+        "tool_choice": lambda v: v in ("none", "auto"),
+        "function_call": lambda v: v in ("none", "auto"),
+        "modalities": lambda v: v == ["text"],
+        "audio": lambda v: False,
+        "prediction": lambda v: False,
+        "reasoning_effort": lambda v: False,
+        "web_search_options": lambda v: False,
+    }
+    for name, harmless in off.items():
+        value = getattr(req, name, None)
+        if value is not None and not harmless(value):
+            raise invalid(f"{name}: not supported by this server", name)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -103,14 +172,23 @@ def parse(model: type[M], body: bytes) -> M:
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
+        errors = e.errors(include_url=False)
+        err = errors[0]
         if err["type"] == "json_invalid":
             raise invalid(f"Invalid JSON body: {err['msg']}") from None
-        loc = [str(p) for p in err["loc"]]
-        # unions report the branch tried (e.g. prompt.list[int].0); keep the field path only
-        path = [p for p in loc if not (p[:1].isalpha() and ("[" in p or p in _TYPE_NAMES))]
-        param = ".".join(path) or None
+        extra = [x for x in errors if x["type"] == "extra_forbidden"]
+        if extra:  # OpenAI's own words for a field the API does not have
+            param = _param(extra[0]["loc"])
+            raise invalid(f"Unrecognized request argument supplied: {param}", param) from None
+        param = _param(err["loc"])
         raise invalid(f"{param or 'body'}: {err['msg']}", param) from None
+
+
+def _param(loc: tuple) -> str | None:
+    # unions report the branch tried (e.g. prompt.list[int].0); keep the field path only
+    path = [str(p) for p in loc]
+    path = [p for p in path if not (p[:1].isalpha() and ("[" in p or p in _TYPE_NAMES))]
+    return ".".join(path) or None
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool"}
@@ -118,8 +196,6 @@ _TYPE_NAMES = {"str", "int", "float", "bool"}
 
 def completion_prompt(req: CompletionRequest) -> tuple[str | None, bytes | None]:
     """(text prompt, packed token ids): exactly one is set. Several prompts are refused."""
-    if req.echo:
-        raise invalid("echo is not supported", "echo")
     p = req.prompt
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]  # a batch of one
@@ -144,6 +220,9 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         raise invalid("messages must not be empty", "messages")
     out = []
     for i, m in enumerate(req.messages):
+        if m.tool_calls or m.function_call:  # tools are refused, so are their traces
+            raise invalid("tool and function calls are not supported by this server",
+                          f"messages.{i}.{'tool_calls' if m.tool_calls else 'function_call'}")
         if m.content is None or isinstance(m.content, str):
             content = m.content or ""
         else:
@@ -159,22 +238,43 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None,
-                    max_n: int, max_tokens_limit: int | None = None,
+def default_max_tokens(default: int | None, limit: int | None) -> int | None:
+    """What a request that sets no max_tokens may get, before its prompt length is known:
+    the endpoint's default (None: the rest of the context) capped by the server's limit."""
+    if default is None:
+        return limit
+    return default if limit is None else min(default, limit)
+
+
+def sampling_params(req: _Sampling, max_tokens: int | None, default: int | None,
+                    logprobs: int | None, server: ServerConfig,
                     aliases: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """One validated SamplingParams dict per choice (n); seeds seed+i when a seed is given.
+    max_tokens None (the client set none) stays None in the dicts, for the tokenizer to
+    resolve from `default` (see default_max_tokens) and the prompt length.
     `aliases` maps SamplingParams names to the request fields they came from (see
     param_aliases), so that an error names what the client sent."""
     aliases = aliases or {}
+    check_unsupported(req)
     n = 1 if req.n is None else req.n
-    if not 1 <= n <= max_n:
-        raise invalid(f"n: must be in [1, {max_n}] (the server's limit), got {n}", "n")
-    if max_tokens_limit is not None and isinstance(max_tokens, int) and \
-            max_tokens > max_tokens_limit:
+    if not 1 <= n <= server.max_n:
+        raise invalid(f"n: must be in [1, {server.max_n}] (the server's max_n limit), got {n}",
+                      "n")  # fmt: skip
+    if n > server.max_queued_requests:
+        raise invalid(f"n: {n} choices exceed the server's max_queued_requests limit "
+                      f"({server.max_queued_requests})", "n")  # fmt: skip
+    limit = server.max_tokens_limit
+    if limit is not None and max_tokens is not None and max_tokens > limit:
         param = aliases.get("max_tokens", "max_tokens")
-        raise invalid(f"{param}: at most {max_tokens_limit} (the server's max_tokens limit), "
+        raise invalid(f"{param}: at most {limit} (the server's max_tokens limit), "
                       f"got {max_tokens}", param)  # fmt: skip
-    fields: dict[str, Any] = {"max_tokens": max_tokens, "logprobs": logprobs}
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    if stop is not None and len(stop) > server.max_stop_strings:
+        raise invalid(f"stop: at most {server.max_stop_strings} stop strings (the server's "
+                      f"max_stop_strings limit), got {len(stop)}", "stop")  # fmt: skip
+    cap = default_max_tokens(default, limit)
+    provisional = max_tokens if max_tokens is not None else (cap or INT64_MAX)
+    fields: dict[str, Any] = {"max_tokens": provisional, "logprobs": logprobs}
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids",
                  "ignore_eos", "min_tokens", "skip_special_tokens",
@@ -182,12 +282,13 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None,
         value = getattr(req, name)
         if value is not None:
             fields[name] = value
-    if req.stop is not None:
-        fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    if stop is not None:
+        fields["stop"] = stop
     try:
         base = SamplingParams(**fields).validate().to_dict()
     except InvalidParameterError as e:
         raise renamed(APIError(400, str(e), "invalid_request_error", e.param), aliases) from None
+    base["max_tokens"] = max_tokens
     seed = base["seed"]
     if seed is None:
         return [dict(base) for _ in range(n)]
@@ -212,8 +313,8 @@ def chat_logprobs(req: ChatCompletionRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def chat_max_tokens(req: ChatCompletionRequest) -> int:
+def chat_max_tokens(req: ChatCompletionRequest) -> int | None:
     for value in (req.max_completion_tokens, req.max_tokens):
         if value is not None:
             return value
-    return DEFAULT_MAX_TOKENS_CHAT
+    return None

@@ -43,6 +43,7 @@ from frontend.protocol import (
     chat_max_tokens,
     chat_messages,
     completion_prompt,
+    default_max_tokens,
     param_aliases,
     parse,
     sampling_params,
@@ -126,6 +127,9 @@ class Serving:
         raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error",
                        "model", "model_not_found")  # fmt: skip
 
+    def _default_max_tokens(self, endpoint_default: int | None) -> int | None:
+        return default_max_tokens(endpoint_default, self.config.server.max_tokens_limit)
+
     async def _read(self, request: Request) -> bytes:
         return await read_body(request, self.config.server.max_body_bytes)
 
@@ -135,13 +139,15 @@ class Serving:
         req = parse(CompletionRequest, await self._read(request))
         self.check_model(req.model)
         prompt, prompt_ids = completion_prompt(req)
-        max_tokens = DEFAULT_MAX_TOKENS_COMPLETION if req.max_tokens is None else req.max_tokens
-        params = sampling_params(req, max_tokens, req.logprobs, self.config.server.max_n,
-                                 self.config.server.max_tokens_limit)
+        params = sampling_params(req, req.max_tokens, DEFAULT_MAX_TOKENS_COMPLETION,
+                                 req.logprobs, self.config.server)  # fmt: skip
+        default = self._default_max_tokens(DEFAULT_MAX_TOKENS_COMPLETION)
         rid = f"cmpl-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "completion", prompt, prompt_ids, None, p, wall,
-                                bool(req.return_timings), self.pid) for i, p in enumerate(params)]  # fmt: skip
-        fmt = CompletionFormat(rid, self.model_name, int(wall), req.logprobs is not None)
+                                bool(req.return_timings), self.pid, default)
+                for i, p in enumerate(params)]  # fmt: skip
+        fmt = CompletionFormat(rid, self.model_name, int(wall), req.logprobs is not None,
+                               req.include_usage)  # fmt: skip
         return await self._openai(request, reqs, arrival, fmt, bool(req.stream), req.include_usage)
 
     async def chat(self, request: Request) -> Response:
@@ -151,12 +157,14 @@ class Serving:
         messages = chat_messages(req)
         logprobs = chat_logprobs(req)
         aliases = param_aliases(req)
-        params = sampling_params(req, chat_max_tokens(req), logprobs, self.config.server.max_n,
-                                 self.config.server.max_tokens_limit, aliases)
+        params = sampling_params(req, chat_max_tokens(req), None, logprobs, self.config.server,
+                                 aliases)  # fmt: skip
+        default = self._default_max_tokens(None)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "chat", None, None, messages, p, wall,
-                                bool(req.return_timings), self.pid) for i, p in enumerate(params)]  # fmt: skip
-        fmt = ChatFormat(rid, self.model_name, int(wall), logprobs is not None)
+                                bool(req.return_timings), self.pid, default)
+                for i, p in enumerate(params)]  # fmt: skip
+        fmt = ChatFormat(rid, self.model_name, int(wall), logprobs is not None, req.include_usage)
         return await self._openai(request, reqs, arrival, fmt, bool(req.stream), req.include_usage,
                                   aliases)
 
@@ -164,15 +172,16 @@ class Serving:
         arrival, wall = time.monotonic(), time.time()
         req = parse(GenerateRequest, await self._read(request))
         self.check_model(req.model)
-        max_new = (
-            DEFAULT_MAX_NEW_TOKENS_GENERATE if req.max_new_tokens is None else req.max_new_tokens
-        )
         aliases = param_aliases(max_tokens="max_new_tokens")
-        params = sampling_params(req, max_new, None, 1, self.config.server.max_tokens_limit,
-                                 aliases)
+        if req.n not in (None, 1):
+            raise APIError(400, "n: /generate returns one text; use /v1/completions for n > 1",
+                           param="n")  # fmt: skip
+        params = sampling_params(req, req.max_new_tokens, DEFAULT_MAX_NEW_TOKENS_GENERATE, None,
+                                 self.config.server, aliases)  # fmt: skip
+        default = self._default_max_tokens(DEFAULT_MAX_NEW_TOKENS_GENERATE)
         rid = f"gen-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-0"), "completion", req.prompt, None, None, params[0], wall,
-                                bool(req.return_timings), self.pid)]  # fmt: skip
+                                bool(req.return_timings), self.pid, default)]  # fmt: skip
         handle = await self.client.submit(reqs, arrival, request.receive, aliases)
         choice = Choice(0)
         handed_over = False

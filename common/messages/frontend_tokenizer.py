@@ -20,3 +20,6 @@ class TokenizeRequest(Message):
     arrival_time: float  # time.time() when the HTTP request arrived
     return_timings: bool
     origin: int = 0  # pid of the frontend that accepted it (restarts abort only its own)
+    # for params["max_tokens"] None (the client set none): the most it may get, or None
+    # for no cap but the room the prompt leaves in the context
+    max_tokens_default: int | None = None

@@ -34,8 +34,8 @@ def tokenizer(default_model_dir):
 
 
 @pytest.fixture(scope="module")
-def offline(default_model_dir, tokenizer):
-    """The in-process engine on the same model and dtype: text -> greedy text."""
+def offline_ids(default_model_dir, tokenizer):
+    """The in-process engine on the same model and dtype: text -> greedy token ids."""
     from common.config import CacheConfig, EngineConfig, ModelConfig
     from common.sampling_params import SamplingParams
     from scheduler_worker.engine import LLMEngine
@@ -43,12 +43,18 @@ def offline(default_model_dir, tokenizer):
     engine = LLMEngine(EngineConfig(model=ModelConfig(model="smollm2", dtype="float32"),
                                     cache=CacheConfig(num_blocks=256)), default_model_dir)
 
-    def run(prompt: str, max_tokens: int) -> str:
+    def run(prompt: str, max_tokens: int) -> list[int]:
         ids = tokenizer(prompt)["input_ids"]
-        out = engine.generate([ids], SamplingParams(max_tokens=max_tokens, temperature=0))[0]
-        return tokenizer.decode(out, skip_special_tokens=True)
+        return engine.generate([ids], SamplingParams(max_tokens=max_tokens, temperature=0))[0]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def offline(offline_ids, tokenizer):
+    """text -> the in-process engine's greedy text."""
+    return lambda prompt, max_tokens: tokenizer.decode(offline_ids(prompt, max_tokens),
+                                                       skip_special_tokens=True)
 
 
 def chat_ids(tokenizer, messages) -> list[int]:
@@ -167,6 +173,23 @@ def test_stop_string_cuts_and_never_leaks(client, offline):
     assert streamed == cut and stop not in streamed
 
 
+def test_stop_token_ends_the_text_before_it(server, tokenizer, offline_ids):
+    """stop_token_ids: finish_reason "stop", stop_reason the id, and (as vLLM) the token's
+    text left out unless include_stop_str_in_output; it still counts in usage."""
+    body = {"prompt": "Count: one, two, three,", "temperature": 0, "max_tokens": 30}
+    ids = offline_ids(body["prompt"], body["max_tokens"])
+    stop = ids[4]
+    n = ids.index(stop) + 1
+    for include, text in ((False, tokenizer.decode(ids[: n - 1])),
+                          (True, tokenizer.decode(ids[:n]))):  # fmt: skip
+        r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+            **body, "stop_token_ids": [stop], "include_stop_str_in_output": include}).json()
+        choice = r["choices"][0]
+        assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
+            text, "stop", stop)
+        assert r["usage"]["completion_tokens"] == n
+
+
 def test_generate_endpoint_streams_plain_text(server, client):
     r = httpx.post(server.url + "/generate", timeout=60,
                    json={"prompt": "The sky is", "max_new_tokens": 12, "temperature": 0})
@@ -267,6 +290,15 @@ def test_n_choices_and_logprobs(client):
         assert len(lp.tokens) == len(lp.token_logprobs) == 6
         assert all(v <= 0 for v in lp.token_logprobs)
         assert all(len(top) <= 2 for top in lp.top_logprobs)
+        assert "".join(lp.tokens) == c.text  # the tokens by their strings, as OpenAI
+    chat = client.chat.completions.create(
+        model="smollm2", messages=CHATS[0], max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=3, extra_body={"ignore_eos": True})  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    for t in content:
+        assert t.bytes is None or bytes(t.bytes).decode() == t.token
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token  # greedy
     again = client.completions.create(model="smollm2", prompt="Pick a fruit:", max_tokens=6, n=3,
                                       temperature=1.0, seed=7, extra_body={"ignore_eos": True})
     assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded

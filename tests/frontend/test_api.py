@@ -30,7 +30,8 @@ def test_completion_non_streaming(served, http):
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     (req,) = _requests_for(served, body["id"])
     assert req.kind == "completion" and req.prompt == "Hi" and req.prompt_token_ids is None
-    assert req.params["max_tokens"] == 16  # OpenAI's default for completions
+    # unset: OpenAI's default for completions, capped by the room in the context
+    assert req.params["max_tokens"] is None and req.max_tokens_default == 16
     assert req.rid == body["id"] + "-0"
 
 
@@ -40,7 +41,7 @@ def test_completion_params_reach_the_tokenizer(served, http):
         "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
         "repetition_penalty": 1.1, "seed": 3, "stop": "x", "stop_token_ids": [7],
         "ignore_eos": True, "min_tokens": 1, "skip_special_tokens": False,
-        "include_stop_str_in_output": True, "user": "u", "some_future_field": {"a": 1},
+        "include_stop_str_in_output": True, "user": "u", "logit_bias": {}, "store": False,
     })  # fmt: skip
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] == "length"
@@ -88,6 +89,7 @@ def test_completion_streaming_sse(served, http):
         "prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}  # fmt: skip
     chunks = events[:-2]
     assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert all("usage" in c and c["usage"] is None for c in chunks)  # as OpenAI: null till the end
     assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello world!"
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
@@ -117,7 +119,8 @@ def test_chat_non_streaming(served, http):
     assert req.kind == "chat" and req.prompt is None
     assert req.messages == [{"role": "system", "content": "Be brief."},
                             {"role": "user", "content": "Hi there"}]  # fmt: skip
-    assert req.params["max_tokens"] == 256  # the frontend's chat default
+    # unset: the rest of the context (the tokenizer knows the prompt length)
+    assert req.params["max_tokens"] is None and req.max_tokens_default is None
 
 
 def test_chat_max_completion_tokens_wins(served, http):
@@ -211,7 +214,8 @@ def test_generate_non_streaming(served, http):
         "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
     }
     reqs = [q for q in served.backend.requests if q.rid.startswith("gen-")]
-    assert reqs[-1].params["max_tokens"] == 64 and reqs[-1].params["temperature"] == 0
+    assert reqs[-1].params["max_tokens"] is None and reqs[-1].max_tokens_default == 64
+    assert reqs[-1].params["temperature"] == 0
 
 
 def test_models(served, http):

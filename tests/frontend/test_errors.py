@@ -8,6 +8,7 @@ import threading
 import httpx
 import pytest
 
+from common.config import ServerConfig
 from tests.frontend.conftest import serve
 from tests.frontend.sse import parse_sse
 
@@ -71,7 +72,80 @@ def test_unknown_model_is_404(http):
 
 
 def test_unknown_route_is_openai_json(http):
-    assert _error(http.get("/v1/nothing"), 404)["type"] == "invalid_request_error"
+    err = _error(http.get("/v1/nothing"), 404)
+    assert err["type"] == "invalid_request_error" and err["code"] == "not_found"
+    assert _error(http.get("/v1/completions"), 405)["code"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    # a field the API does not have: OpenAI's own words, naming it
+    ("/v1/completions", {"prompt": "Hi", "some_future_field": 1}, "some_future_field"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi", "x": 1}]},
+     "messages.0.x"),
+    ("/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True, "y": 2}},
+     "stream_options.y"),
+])  # fmt: skip
+def test_unknown_fields_are_refused(http, path, body, param):
+    err = _error(http.post(path, json=body), 400)
+    assert err["param"] == param
+    assert err["message"] == f"Unrecognized request argument supplied: {param}"
+
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/completions", {"logit_bias": {"50": 10}}, "logit_bias"),
+    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"suffix": "end"}, "suffix"),
+    ("/v1/completions", {"best_of": 3}, "best_of"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+    ("/v1/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
+    ("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
+     "messages.1.tool_calls"),
+])  # fmt: skip
+def test_unsupported_openai_features_are_refused_not_ignored(http, path, extra, param):
+    body = {**({"prompt": "Hi"} if path == "/v1/completions" else CHAT), **extra}
+    err = _error(http.post(path, json=body), 400)
+    assert err["param"] == param and "not supported" in err["message"]
+
+
+@pytest.mark.parametrize("path, extra", [
+    ("/v1/completions", {"logit_bias": {}, "echo": False, "suffix": None, "best_of": 1}),
+    ("/v1/chat/completions", {"response_format": {"type": "text"}, "tools": [],
+                              "tool_choice": "none", "parallel_tool_calls": True,
+                              "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
+                              "modalities": ["text"], "user": "u"}),
+    ("/v1/chat/completions", {"messages": [  # an assistant message as the API returns it
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello", "refusal": None, "annotations": [],
+         "audio": None, "function_call": None, "tool_calls": None},
+        {"role": "user", "content": "Again"}]}),
+])  # fmt: skip
+def test_openai_fields_that_change_nothing_are_accepted(http, path, extra):
+    body = {**({"prompt": "Hi"} if path == "/v1/completions" else CHAT), **extra}
+    assert http.post(path, json=body).status_code == 200
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", "3"), ("max_tokens", True), ("max_tokens", 2.5), ("stream", "yes"),
+    ("ignore_eos", "true"), ("temperature", "0.5"), ("n", 1.0), ("stop", 5),
+])  # fmt: skip
+def test_wrong_json_types_are_400_not_coerced(http, field, value):
+    err = _error(http.post("/v1/completions", json={"prompt": "Hi", field: value}), 400)
+    assert err["param"] == field
+
+
+def test_chat_roles_are_checked(http):
+    err = _error(http.post("/v1/chat/completions", json={
+        "messages": [{"role": "bogus", "content": "Hi"}]}), 400)
+    assert err["param"] == "messages.0.role"
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -104,8 +178,9 @@ def test_too_many_requests_in_flight_is_503():
         assert s.backend.wait_for(lambda b: any(r.prompt == "hold" for r in b.requests))
         err = _error(c.post("/v1/completions", json={"prompt": "Hi"}), 503)
         assert err["code"] == "overloaded"
-        # n=2 never fits a limit of 1
-        assert _error(c.post("/v1/completions", json={"prompt": "Hi", "n": 2}), 503)
+        # n=2 can never fit a limit of 1: a client error naming both, not "retry later"
+        err = _error(c.post("/v1/completions", json={"prompt": "Hi", "n": 2}), 400)
+        assert err["param"] == "n" and "max_queued_requests" in err["message"]
         assert s.backend.wait_for(lambda b: len(b.aborts) == 1, 5)  # the held client gave up
         t.join(5)
         assert c.post("/v1/completions", json={"prompt": "Hi"}).status_code == 200
@@ -121,7 +196,9 @@ def _post_quietly(url: str, prompt: str) -> int | None:
 def test_api_key():
     with serve(api_key="sekret") as s, s.client() as c:
         body = {"prompt": "Hi"}
-        assert _error(c.post("/v1/completions", json=body), 401)["code"] == "invalid_api_key"
+        denied = c.post("/v1/completions", json=body)
+        assert _error(denied, 401)["code"] == "invalid_api_key"
+        assert denied.headers["www-authenticate"] == "Bearer"
         bad = {"Authorization": "Bearer wrong"}
         assert c.post("/v1/completions", json=body, headers=bad).status_code == 401
         assert c.get("/v1/models").status_code == 401
@@ -178,6 +255,31 @@ def test_configured_limits_name_themselves():
         assert ok.status_code == 200
 
 
+def test_a_limit_below_the_default_caps_the_default():
+    """A request that sets no max_tokens gets the endpoint's default capped by the limit,
+    never a 400 for a value the client did not send."""
+    with serve(max_tokens_limit=10) as s, s.client() as c:
+        for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                           ("/generate", {"prompt": "Hi", "stream": False}),
+                           ("/v1/chat/completions", CHAT)):  # fmt: skip
+            assert c.post(path, json=body).status_code == 200, path
+        defaults = sorted((r.kind, r.params["max_tokens"], r.max_tokens_default)
+                          for r in s.backend.requests)  # fmt: skip
+        assert defaults == [("chat", None, 10), ("completion", None, 10),
+                            ("completion", None, 10)]  # fmt: skip
+
+
+def test_stop_string_limit_is_configurable():
+    with serve(max_stop_strings=2) as s, s.client() as c:
+        body = {"prompt": "Hi", "stop": ["a", "b", "c"]}
+        err = _error(c.post("/v1/completions", json=body), 400)
+        assert err["param"] == "stop" and "max_stop_strings" in err["message"]
+        body["stop"] = ["a", "b"]
+        assert c.post("/v1/completions", json=body).status_code == 200
+        err = _error(c.post("/v1/completions", json={"prompt": "Hi", "stop": ["x" * 2000]}), 400)
+        assert err["param"] == "stop" and "1024" in err["message"]
+
+
 @pytest.mark.parametrize("content_type, status", [
     (None, 200),  # not declared: parsed as JSON
     ("application/json", 200),
@@ -210,3 +312,25 @@ def test_a_body_declared_as_not_json_is_415(http, content_type, status):
 def test_errors_name_the_field_the_client_sent(http, path, body, param):
     err = _error(http.post(path, json=body), 400)
     assert err["param"] == param and param in err["message"]
+
+
+def test_api_key_from_the_environment_and_never_empty(monkeypatch):
+    from common.config import ConfigError
+
+    with pytest.raises(ConfigError, match="api_key must not be empty"):
+        ServerConfig(api_key="  ")
+    monkeypatch.setenv("ZEROSERVE_API_KEY", "from-env")  # kept off the command line
+    assert ServerConfig().api_key == "from-env"
+    assert ServerConfig(api_key="flag").api_key == "flag"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_n", 0), ("max_body_bytes", 0), ("max_tokens_limit", 0), ("max_queued_requests", 0),
+    ("request_timeout_s", -1.0), ("request_timeout_s", float("nan")),
+    ("startup_timeout_s", float("inf")), ("drain_timeout_s", -1.0), ("max_stop_strings", 65),
+])  # fmt: skip
+def test_server_limits_are_validated(field, value):
+    from common.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        ServerConfig(**{field: value})

@@ -4,6 +4,7 @@ bad request rejected with a 400 naming the parameter, and no torch in the proces
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -313,6 +314,21 @@ def test_prompt_plus_max_tokens_over_context(default_model_dir):
     assert out.params["max_tokens"] == 6
 
 
+@pytest.mark.parametrize("default, expected", [(None, 6), (4, 4), (16, 6)])
+def test_unset_max_tokens_gets_the_default_capped_by_the_context(default_model_dir, default,
+                                                                 expected):  # fmt: skip
+    """max_tokens None: the frontend's default (None: the rest of the context), never more
+    than the room the prompt leaves; a client that set none never gets a length error."""
+    tok = Tokenization(default_model_dir, max_model_len=16)
+    req = completion(ids=list(range(10, 20)), params={"max_tokens": None, "min_tokens": 2})
+    out = tok(dataclasses.replace(req, max_tokens_default=default))
+    assert out.params["max_tokens"] == expected
+    e = rejected(tok, completion(ids=list(range(10, 20)), params={"min_tokens": 7}))
+    assert e.param == "min_tokens" and "6 tokens" in e.message
+    full = list(range(10, 26))  # the whole context: no room at all
+    assert "prompt is too long" in rejected(tok, completion(ids=full)).message
+
+
 @pytest.mark.parametrize(
     "params, param",
     [
@@ -323,7 +339,7 @@ def test_prompt_plus_max_tokens_over_context(default_model_dir):
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": "3"}, "max_tokens"),
-        ({"max_tokens": None}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
         ({"top_k": -2}, "top_k"),
         ({"stop": "abc"}, "stop"),
         ({"stop": [""]}, "stop"),
@@ -418,8 +434,10 @@ def test_generate_request_from_chat(tok, hf_tok):
     out = tok(TokenizeRequest("c-1", "chat", None, None, messages, {}, arrival, False))
     assert out.rid == "c-1" and out.return_timings is False
     assert out.tokenized_time >= out.arrival_time == arrival
-    assert unpack_ids(out.prompt_token_ids) == hf_chat_ids(hf_tok, messages)
-    assert out.params == SamplingParams().to_dict()
+    ids = unpack_ids(out.prompt_token_ids)
+    assert ids == hf_chat_ids(hf_tok, messages)
+    # no max_tokens: the rest of the context
+    assert out.params == {**SamplingParams().to_dict(), "max_tokens": tok.max_model_len - len(ids)}
 
 
 # -- no torch ---------------------------------------------------------------------------
