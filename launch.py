@@ -4,15 +4,15 @@
  launch.py ─┬─ python -m scheduler_worker    the engine (loads the model)
             ├─ python -m detok_worker
             ├─ python -m tokenizer_worker × N
-            └─ python -m frontend            HTTP; opens its port once all are up
+            └─ python -m frontend            HTTP; 503 until all are up
 ```
 
 Each component is its own program, started exactly as a supervisor/systemd deployment
 starts it (`python -m <component> --config <file>`), sharing one config file written
 into a private run dir (0700) that also holds the IPC sockets. This process only
 supervises: it resolves the model once (a GGUF conversion happens here, with its
-progress bar, before anything else starts), starts the children, prints the URL when
-the HTTP port opens, restarts a child that dies, and on SIGTERM/SIGINT stops the
+progress bar, before anything else starts), starts the children, prints the URL once
+GET /health answers 200, restarts a child that dies, and on SIGTERM/SIGINT stops the
 frontend first (it answers 503 to new requests and lets those in flight finish, up to
 server.drain_timeout_s), then the workers, and exits 0.
 Children get PR_SET_PDEATHSIG, so a `kill -9` of this process takes them along.
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,6 +58,23 @@ def _die_with_parent(parent_pid: int) -> None:  # runs in the child between fork
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before starting anything when the HTTP port is taken (the frontend would
+    otherwise die and be restarted until the launcher gives up)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 @dataclass
@@ -130,15 +148,21 @@ class Launcher:
                     p.wait()
 
     # -- readiness ----------------------------------------------------------------------
-    def port_open(self) -> bool:
+    def healthy(self) -> bool:
+        """GET /health answers 200: the frontend is up and every component reported in."""
+        try:
+            with _NO_PROXY.open(self.health_url(), timeout=1.0) as r:
+                return r.status == 200
+        except (OSError, ValueError):  # refused, 503 (HTTPError), timeout
+            return False
+
+    def health_url(self) -> str:
         host = self.config.server.host
         if host in ("0.0.0.0", "", "::"):
             host = "127.0.0.1" if host != "::" else "::1"
-        try:
-            with socket.create_connection((host, self.config.server.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.config.server.port}/health"
 
     def wait_ready(self) -> bool:
         deadline = time.monotonic() + self.config.server.startup_timeout_s + 30
@@ -148,7 +172,7 @@ class Launcher:
                     log.error("%s exited with code %s during startup", child.name,
                               child.proc.returncode)  # fmt: skip
                     return False
-            if self.port_open():
+            if self.healthy():
                 return True
             time.sleep(POLL_S)
         return False
@@ -185,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = Path(config.ipc.run_dir)
     try:
+        check_port_free(config.server.host, config.server.port)
         mc = config.engine.model
         model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
         log.info("model %s ready at %s", mc.model, model_dir)
@@ -214,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.stop()
         log.info("stopped")
         return code
-    except ModelSourceError as e:
+    except (ModelSourceError, ConfigError) as e:
         print(f"launch.py: {e}", file=sys.stderr)
         return 2
     finally:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from common.config import env
 from common.log import get_logger
@@ -211,3 +212,29 @@ class PullQueue(_Queue):
         """Block once for the first message (up to timeout_ms), then drain the rest."""
         first = self.get(timeout_ms)
         return [] if first is None else [first, *self.drain()]
+
+
+class PeerWatch:
+    """Notices at once that the process bound at a connecting socket's endpoint went away:
+    its connection closes the moment it dies (ZMQ_EVENT_DISCONNECTED), long before a
+    missed heartbeat would show it. Create it on the thread that owns `socket`; after
+    that, only `gone()` and `close()` touch it, from one thread."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self._socket = socket
+        self._monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def gone(self) -> bool:
+        """Whether the peer disconnected since the last call; never blocks."""
+        seen = False
+        while not self._monitor.closed:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            seen |= event["event"] == zmq.EVENT_DISCONNECTED
+        return seen
+
+    def close(self) -> None:
+        if not self._monitor.closed:
+            self._monitor.close(linger=0)

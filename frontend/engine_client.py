@@ -41,7 +41,7 @@ from common.messages import (
     TokenizeRequest,
     WireError,
 )
-from common.zmq_queue import PullQueue, PushQueue, QueueFull
+from common.zmq_queue import PeerWatch, PullQueue, PushQueue, QueueFull
 from frontend.errors import APIError, invalid, renamed, unavailable
 from frontend.liveness import COMPONENTS, Liveness
 from frontend.metrics import Metrics, stage_durations
@@ -68,10 +68,14 @@ class EngineClient:
         self._to_tokenizer: PushQueue | None = None
         self._to_scheduler: PushQueue | None = None
         self._inbox: PullQueue | None = None
+        self._detok_probe: PushQueue | None = None  # connected only to watch the detok
+        self._watches: dict[str, PeerWatch] = {}  # read by the inbox thread only
         self._watchdog: asyncio.Task | None = None
         self.draining = False  # set on SIGTERM: new requests get 503
-        # rid -> monotonic submit time, until a tokenizer worker acknowledges taking it
+        # rid -> monotonic submit time, until a tokenizer worker acknowledges taking it;
+        # then rid -> that worker's pid, until it acknowledges having passed it on
         self.unacked: dict[str, float] = {}
+        self.taken: dict[str, int] = {}
         self._alive = {name: False for name in COMPONENTS}
         self._pids: dict[str, int] = {}  # scheduler / detok pid last heard
         self._lost_tokenizers: set[int] = set()
@@ -84,6 +88,9 @@ class EngineClient:
         self._to_tokenizer = PushQueue(ipc.endpoint("tokenizer"), bind=True, ctx=ctx)
         self._to_scheduler = PushQueue(ipc.endpoint("scheduler"), bind=False, ctx=ctx)
         self._inbox = PullQueue(ipc.endpoint("frontend"), bind=True, ctx=ctx)
+        self._detok_probe = PushQueue(ipc.endpoint("detok"), bind=False, ctx=ctx)
+        self._watches = {"scheduler": PeerWatch(self._to_scheduler.socket),
+                         "detok": PeerWatch(self._detok_probe.socket)}  # fmt: skip
         self._thread = threading.Thread(target=self._recv_loop, name="frontend-inbox", daemon=True)
         self._thread.start()
         self._watchdog = asyncio.ensure_future(self._watch_components())
@@ -111,11 +118,24 @@ class EngineClient:
             self._watchdog.cancel()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        for handle, _ in list(self.routes.values()):
-            self._interrupt(handle, "shutdown", unavailable("server is shutting down", "shutdown"))
-        for q in (self._to_tokenizer, self._to_scheduler, self._inbox):
+        self.fail_remaining()
+        for watch in self._watches.values():
+            watch.close()
+        for q in (self._to_tokenizer, self._to_scheduler, self._inbox, self._detok_probe):
             if q is not None:
                 q.close()
+
+    def fail_remaining(self) -> None:
+        """What still runs at shutdown (past the drain) ends with a 503, streams with an
+        error event, instead of a cut connection."""
+        for handle, _ in list(self.routes.values()):
+            self._interrupt(handle, "shutdown", unavailable(
+                "server is shutting down; the request was not completed", "shutdown"))
+
+    def fail_remaining_threadsafe(self) -> None:
+        """fail_remaining, from another thread (the drain timer)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.fail_remaining)
 
     # -- the inbox thread -----------------------------------------------------------------
     def _recv_loop(self) -> None:
@@ -129,11 +149,14 @@ class EngineClient:
                 log.error("inbox receive failed: %s", e)
                 time.sleep(POLL_MS / 1000)
                 continue
-            if msgs:
-                try:
+            gone = [name for name, watch in self._watches.items() if watch.gone()]
+            try:
+                if msgs:
                     self._loop.call_soon_threadsafe(self.dispatch, msgs)
-                except RuntimeError:  # the loop is closed: shutting down
-                    break
+                if gone:  # after the messages it sent before it died
+                    self._loop.call_soon_threadsafe(self._on_disconnect, gone)
+            except RuntimeError:  # the loop is closed: shutting down
+                break
 
     # -- dispatch (on the event loop) -----------------------------------------------------
     def dispatch(self, msgs: list[Message]) -> None:
@@ -151,8 +174,7 @@ class EngineClient:
                     self._on_component(msg)
                     self.liveness.on_component(msg, now)
                 elif isinstance(msg, TokenizeAck):
-                    for rid in msg.rids:
-                        self.unacked.pop(rid, None)
+                    self._on_ack(msg)
                 else:
                     log.warning("dropping unexpected %s on the inbox", type(msg).__name__)
             except Exception:  # a malformed message must never kill the dispatcher
@@ -176,6 +198,8 @@ class EngineClient:
                 continue
             if unacked:
                 unacked.pop(rid, None)
+            if self.taken:
+                self.taken.pop(rid, None)
             handle, index = route
             finish = msg.finish_reasons[i]
             num_out = msg.num_output_tokens[i]
@@ -190,6 +214,7 @@ class EngineClient:
                     handle.first_token_at[index] = now
                 handle.last_token_at[index] = now
                 handle.num_output_tokens[index] = num_out
+            handle.num_prompt_tokens[index] = msg.num_prompt_tokens[i]
             if finish is not None:
                 del routes[rid]
                 metrics.on_finished(finish, now - handle.arrival, msg.num_prompt_tokens[i],
@@ -204,8 +229,16 @@ class EngineClient:
                 shown,
             ))  # fmt: skip
 
+    def _on_ack(self, msg: TokenizeAck) -> None:
+        for rid in msg.rids:
+            if msg.done:
+                self.taken.pop(rid, None)
+            elif self.unacked.pop(rid, None) is not None:
+                self.taken[rid] = msg.pid
+
     def _on_error(self, msg: RequestError) -> None:
         self.unacked.pop(msg.rid, None)
+        self.taken.pop(msg.rid, None)
         route = self.routes.pop(msg.rid, None)
         if route is None:
             return
@@ -222,6 +255,16 @@ class EngineClient:
         self._pids[msg.component] = msg.pid
         if old is not None and old != msg.pid:
             self.fail_all(msg.component, f"restarted (pid {old} -> {msg.pid})")
+
+    def _on_disconnect(self, names: list[str]) -> None:
+        """The scheduler's or detok's connection closed: the process is gone. What it held
+        fails now, and /health says so, without waiting for its heartbeats to lapse."""
+        now = time.monotonic()
+        for name in names:
+            self.liveness.on_disconnect(name, now)
+            if self._alive[name]:
+                self._alive[name] = False
+                self.fail_all(name, "disconnected")
 
     async def _watch_components(self) -> None:
         """Fail what a dead component took with it, within one liveness window (~3 s)."""
@@ -243,7 +286,11 @@ class EngineClient:
                     self._alive[name] = alive
                 if dead:
                     self._lost_tokenizers |= dead
-                    self.fail_unacked(now, f"tokenizer worker(s) {sorted(dead)} stopped")
+                    self.fail_unacked(now, f"tokenizer worker(s) {sorted(dead)} stopped", dead)
+                elif self.unacked:  # a worker that hangs but keeps its socket still gets
+                    # its share of new requests: none may wait out the request timeout
+                    self.fail_unacked(now, "a tokenizer worker is not taking requests",
+                                      grace_s=self.liveness.window_s)  # fmt: skip
                 self._lost_tokenizers &= set(self.liveness.tokenizers)
             except Exception:  # the watchdog must outlive any surprise
                 log.exception("component watchdog failed")
@@ -259,12 +306,17 @@ class EngineClient:
                 503, f"the {component} process failed while serving this request; it was not "
                      "completed, retry it", "server_error", None, "component_failed"))  # fmt: skip
 
-    def fail_unacked(self, now: float, why: str) -> None:
-        """Requests no tokenizer worker took within ACK_GRACE_S were in a dead worker's pipe."""
-        lost = [rid for rid, t in self.unacked.items() if now - t > ACK_GRACE_S]
+    def fail_unacked(self, now: float, why: str, dead: set[int] | frozenset[int] = frozenset(),
+                     grace_s: float = ACK_GRACE_S) -> None:  # fmt: skip
+        """Fail the requests a dead or hung tokenizer worker holds: those no worker took
+        within grace_s (in its pipe: a live worker takes its whole pipe at every loop, see
+        TokenizeAck) and those a `dead` worker took but never passed on."""
+        lost = [rid for rid, t in self.unacked.items() if now - t > grace_s]
+        lost += [rid for rid, pid in self.taken.items() if pid in dead]
         handles = {}
         for rid in lost:
             self.unacked.pop(rid, None)
+            self.taken.pop(rid, None)
             route = self.routes.get(rid)
             if route is not None:
                 handles[id(route[0])] = route[0]
@@ -346,15 +398,18 @@ class EngineClient:
 
     def _abort_running(self, handle: RequestHandle, reason: str) -> int:
         num = 0
-        for rid in handle.rids:
+        for index, rid in enumerate(handle.rids):
             self.unacked.pop(rid, None)
+            self.taken.pop(rid, None)
             if self.routes.pop(rid, None) is None:
                 continue
             num += 1
+            # what it computed counts, as for finished requests (the last step may be missed)
+            self.metrics.on_aborted(handle.num_prompt_tokens[index],
+                                    handle.num_output_tokens[index])  # fmt: skip
             if not self._send_scheduler(AbortRequest(rid, reason)):
                 log.warning("abort of %s not sent: scheduler queue full", rid)
         if num:
-            self.metrics.on_aborted(num)
             log.debug("aborted %d sub-request(s) of %s: %s", num, handle.rids[0], reason)
         return num
 

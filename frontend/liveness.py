@@ -4,7 +4,10 @@ A component is alive when it spoke within `window_s` = max(3 s, 3 × heartbeat_s
   scheduler  EngineStatus ("ready" or "heartbeat"), or any TextOutputs (a step ran)
   detok      ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
   tokenizer  ComponentStatus("tokenizer") from at least one worker pid
-A "stopping" status marks the sender down at once. Times are the frontend's own
+A "stopping" status marks the sender down at once, and so does the scheduler's or the
+detokenizer's connection closing (`on_disconnect`: the process died); for a short guard
+after that, only a "ready" announcement (from its restarted successor) brings it back,
+not the dead process's last messages still on their way. Times are the frontend's own
 monotonic receipt times, so clock skew between hosts does not matter.
 """
 
@@ -17,6 +20,7 @@ from common.messages import ComponentStatus, EngineStatus
 
 COMPONENTS = ("scheduler", "tokenizer", "detok")
 PRUNE_AFTER = 10  # forget a silent tokenizer pid after this many windows
+DISCONNECT_GUARD_S = 1.0  # after a disconnect, only "ready" revives a component this long
 
 
 class Liveness:
@@ -25,11 +29,21 @@ class Liveness:
         self.last_seen: dict[str, float] = {}  # "scheduler" / "detok" -> monotonic time
         self.tokenizers: dict[int, float] = {}  # pid -> monotonic time
         self.engine: EngineStatus | None = None  # the latest, for /v1/models and /metrics
+        self.guard_until: dict[str, float] = {}  # see on_disconnect
+
+    def _seen(self, name: str, now: float, ready: bool = False) -> None:
+        if ready or now >= self.guard_until.get(name, 0.0):
+            self.last_seen[name] = now
+
+    def on_disconnect(self, name: str, now: float) -> None:
+        """The scheduler's or detok's socket connection closed: it is gone."""
+        self.last_seen.pop(name, None)
+        self.guard_until[name] = now + DISCONNECT_GUARD_S
 
     def on_engine_status(self, msg: EngineStatus, now: float) -> None:
         self.engine = msg
         if msg.kind in ("ready", "heartbeat"):
-            self.last_seen["scheduler"] = now
+            self._seen("scheduler", now, msg.kind == "ready")
         else:
             self.last_seen.pop("scheduler", None)
 
@@ -46,12 +60,12 @@ class Liveness:
                 self.last_seen.pop(msg.component, None)
             # a scheduler counts as ready only once its EngineStatus arrived
             elif msg.component == "detok" or self.engine is not None:
-                self.last_seen[msg.component] = now
+                self._seen(msg.component, now, msg.kind == "ready")
 
     def on_outputs(self, now: float) -> None:
-        self.last_seen["detok"] = now
+        self._seen("detok", now)
         if self.engine is not None:
-            self.last_seen["scheduler"] = now
+            self._seen("scheduler", now)
 
     def dead_tokenizers(self, now: float) -> set[int]:
         """Pids of tokenizer workers silent for longer than the window (not yet forgotten)."""

@@ -147,9 +147,12 @@ class Metrics:
                 if v is not None:
                     hist.observe(v)
 
-    def on_aborted(self, num: int = 1) -> None:
-        """Sub-requests the frontend aborted (disconnect, timeout): their outputs are dropped."""
-        self.request_success.labels(finished_reason="abort").inc(num)
+    def on_aborted(self, num_prompt_tokens: int = 0, num_output_tokens: int = 0) -> None:
+        """A sub-request the frontend aborted (disconnect, timeout, failed component): its
+        later outputs are dropped; the tokens it got so far count like a finished one's."""
+        self.request_success.labels(finished_reason="abort").inc()
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.generation_tokens.inc(num_output_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,12 +1,13 @@
 """`run(config)`: serve the frontend app with uvicorn on server.host:port.
 
-The HTTP port opens only after every component reported in (the app's lifespan waits,
-at most server.startup_timeout_s): an orchestrator may treat "port open" as "ready".
+The HTTP port opens at once; until every component has reported in, /health and every
+generation request answer 503 (code "not_ready") naming what is missing, so the
+components may start in any order. Readiness is `GET /health` == 200.
 
 SIGTERM/SIGINT drain: new requests get 503 ("shutting_down") and /health turns 503 at
-once, requests in flight run to their end for up to server.drain_timeout_s, then uvicorn
-stops (whatever still runs is failed with 503 and aborted). A second signal stops at once.
-The process then exits 0.
+once, requests in flight run to their end for up to server.drain_timeout_s; whatever
+still runs then is failed (503, or an SSE error event on a stream) and aborted, and
+uvicorn stops. A second signal stops at once. The process then exits 0.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from frontend.app import create_app
 
 log = get_logger("frontend")
 
+FLUSH_S = 0.5  # after failing what outlived the drain: time to write those error responses
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app_config: Config, client) -> None:
@@ -34,7 +37,7 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.client.draining or not self.started:  # a second signal, or still starting
             self.force_exit = self.client.draining
-            self.client.draining = True  # also ends a startup still waiting for components
+            self.client.draining = True
             super().handle_exit(sig, frame)
             return
         self.client.draining = True
@@ -50,18 +53,26 @@ class DrainingServer(uvicorn.Server):
         if self.client.routes:
             log.warning("drain timeout: %d request(s) still running are failed",
                         len(self.client.routes))  # fmt: skip
+            # their responses end with an error (status or SSE event) before uvicorn stops
+            self.client.fail_remaining_threadsafe()
+            time.sleep(FLUSH_S)
         super().handle_exit(sig, None)
 
 
-def run(config: Config, wait_ready: bool = True) -> None:
+def run(config: Config) -> None:
     install_stack_dump()
-    app = create_app(config, wait_ready=wait_ready)
+    app = create_app(config)
     server = DrainingServer(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, lifespan="on",
         access_log=False, log_level="info", timeout_graceful_shutdown=5,
     ), config, app.state.client)  # fmt: skip
     log.info("frontend starting on http://%s:%d (model %s)", config.server.host,
              config.server.port, config.model_name)  # fmt: skip
+    host = config.server.host
+    if config.server.api_key is None and not (host in ("localhost", "::1")
+                                              or host.startswith("127.")):  # fmt: skip
+        log.warning("listening on %s without an API key: anyone who can reach this port can "
+                    "generate (set ZEROSERVE_API_KEY or --api-key)", host)  # fmt: skip
     # uvicorn re-raises the stop signal once it is done; with these no-op handlers in place
     # (restored by uvicorn after serving) a drained stop exits 0 instead of dying by signal
     for sig in (signal.SIGTERM, signal.SIGINT):

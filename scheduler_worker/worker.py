@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections import OrderedDict
 
 import zmq
 
 from common.auth import verify_rid
-from common.config import Config
+from common.config import Config, ConfigError
 from common.heartbeat import Heartbeat
 from common.log import get_logger, install_stack_dump
 from common.messages import (
@@ -46,10 +47,24 @@ PRE_ABORT_MAX = 100_000
 DRAIN_QUIET_S = 1.0
 
 
+def check_kv_pool(engine: LLMEngine) -> None:
+    """Refuse to serve with a KV pool that cannot hold one sequence of the context length:
+    every component validates requests against that length, so such a pool would fail
+    requests the tokenizers had accepted."""
+    bs, num_blocks = engine.scheduler.block_size, engine.runner.num_blocks
+    pool = num_blocks * bs
+    if pool < engine.max_model_len:
+        raise ConfigError(
+            f"the KV pool holds {pool} tokens ({num_blocks} blocks of {bs}), less than one "
+            f"sequence of the context length ({engine.max_model_len} tokens): raise "
+            f"--kv-cache-memory-gb or --num-kv-blocks, or set --max-model-len {pool} or less")
+
+
 class SchedulerWorker:
     def __init__(self, config: Config, engine: LLMEngine | None = None) -> None:
         self.config = config
         self.engine = engine or LLMEngine(config.engine)
+        check_kv_pool(self.engine)
         self.ctx = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("scheduler"), bind=True, ctx=self.ctx)
         self.to_detok = PushQueue(config.ipc.endpoint("detok"), bind=False, ctx=self.ctx)
@@ -138,6 +153,7 @@ class SchedulerWorker:
         t0 = time.perf_counter()
         new_requests, logprobs, any_lp = [], [], False
         timings: list[dict | None] = []
+        stop_tokens = [o.stop_token_id for o in outputs]
         to_wall = time.time() - time.monotonic()
         for o in outputs:
             info = self.detok_info.get(o.request_id)
@@ -167,6 +183,7 @@ class SchedulerWorker:
             new_requests=new_requests,
             timings=timings if any(t is not None for t in timings) else None,
             sent_time=time.time(),
+            stop_token_ids=stop_tokens if any(t is not None for t in stop_tokens) else None,
         )
         try:
             self.to_detok.put(msg, timeout_ms=None)
@@ -278,7 +295,11 @@ def run(config: Config) -> None:
     """Process entry: load the model, then serve until SIGTERM/SIGINT."""
     install_stack_dump()
     log.info("scheduler starting (pid %d), model %s", os.getpid(), config.engine.model.model)
-    worker = SchedulerWorker(config)
+    try:
+        worker = SchedulerWorker(config)
+    except ConfigError as e:
+        log.error("%s", e)
+        sys.exit(2)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
     worker.run()

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -169,7 +170,7 @@ def make_config(run_dir: Path, model: str | Path = "unused") -> Config:
     return Config(
         engine=EngineConfig(
             model=ModelConfig(model=str(model), dtype="float32", device="cpu"),
-            cache=CacheConfig(block_size=4, num_blocks=64),
+            cache=CacheConfig(block_size=4, num_blocks=128),  # the tiny models' 512 tokens
             scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
         ),
         ipc=IPCConfig(run_dir=str(run_dir)),
@@ -422,7 +423,6 @@ def test_scheduler_worker_survives_garbage(run_dir, tiny_llama_dir):
         gr("bad-max-tokens-type", params={"max_tokens": "3"}),
         gr("bad-temperature", params={"temperature": -1}),
         gr("bad-context", params={"max_tokens": 10**6}),
-        gr("bad-kv-pool", params={"max_tokens": 300}),  # > 64 blocks of 4
         gr("bad-stop", params={"stop": "x"}),
         gr("bad-logprobs", params={"logprobs": 99}),
         gr("bad-flag", params={"skip_special_tokens": "yes"}),
@@ -525,3 +525,17 @@ def test_frontend_inbox_survives_garbage(run_dir):
             client.close()
 
     asyncio.run(scenario())
+
+
+def test_scheduler_refuses_a_kv_pool_smaller_than_the_context(run_dir, tiny_llama_dir):
+    """Tokenizers accept requests up to the context length; a pool that cannot hold one
+    would fail some of them later, so the scheduler refuses to start, saying what to set."""
+    from common.config import ConfigError
+    from scheduler_worker.engine import LLMEngine
+    from scheduler_worker.worker import check_kv_pool
+
+    config = make_config(run_dir, tiny_llama_dir)
+    small = replace(config.engine, cache=replace(config.engine.cache, num_blocks=127))
+    with pytest.raises(ConfigError, match=r"508 tokens .* context length \(512 tokens\)"):
+        check_kv_pool(LLMEngine(small, tiny_llama_dir))
+    check_kv_pool(LLMEngine(config.engine, tiny_llama_dir))  # 128 blocks of 4: fits

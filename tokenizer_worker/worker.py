@@ -107,8 +107,12 @@ class Tokenization:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def __call__(self, req: TokenizeRequest) -> GenerateRequest:
+        raw = dict(req.params)
+        unset = raw.get("max_tokens") is None  # resolved below, once the prompt is known
+        if unset:
+            raw["max_tokens"] = req.max_tokens_default or self.max_model_len
         try:
-            params = SamplingParams.from_dict(req.params).validate(self.vocab_size)
+            params = SamplingParams.from_dict(raw).validate(self.vocab_size)
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
         except (TypeError, ValueError) as e:
@@ -120,6 +124,13 @@ class Tokenization:
         if n >= limit:
             raise Rejected(400, f"prompt is too long: {n} tokens, but this model's maximum "
                                 f"context length is {limit} tokens", where)  # fmt: skip
+        if unset:
+            params.max_tokens = min(params.max_tokens, limit - n)
+            if params.min_tokens > params.max_tokens:
+                raise Rejected(400, f"min_tokens: {params.min_tokens} exceeds the "
+                                    f"{params.max_tokens} tokens this request may generate "
+                                    f"({n} prompt tokens of a {limit}-token context)",
+                               "min_tokens")  # fmt: skip
         if n + params.max_tokens > limit:
             raise Rejected(400, f"this model's maximum context length is {limit} tokens, but "
                                 f"{n + params.max_tokens} were requested ({n} in the prompt, "
@@ -178,6 +189,11 @@ class TokenizerWorker:
         except QueueFull:
             log.error("frontend unreachable; dropped error for %s", rid)
 
+    def _ack(self, rids: list[str], done: bool) -> None:
+        if rids:
+            with contextlib.suppress(QueueFull, WireError):
+                self.to_frontend.put(TokenizeAck(os.getpid(), rids, done))
+
     def heartbeat(self, kind: str = "heartbeat") -> None:
         with contextlib.suppress(QueueFull):
             self.to_frontend.put(ComponentStatus("tokenizer", os.getpid(), kind, time.time()))
@@ -192,11 +208,10 @@ class TokenizerWorker:
             if not self.running and (not msgs or time.monotonic() >= self.drain_deadline):
                 break  # draining: the pipe ran dry (or the drain timed out)
             rids = [m.rid for m in msgs if isinstance(m, TokenizeRequest)]
-            if rids:  # the frontend learns these left the pool queue (see TokenizeAck)
-                with contextlib.suppress(QueueFull, WireError):
-                    self.to_frontend.put(TokenizeAck(os.getpid(), rids))
+            self._ack(rids, done=False)  # they left the pool queue (see TokenizeAck)
             for msg in msgs:
                 self.handle(msg)
+            self._ack(rids, done=True)  # and are with the scheduler, or failed back
         beacon.stop()
         self.heartbeat("stopping")
         for q in (self.inbox, self.to_scheduler, self.to_frontend):

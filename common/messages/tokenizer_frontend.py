@@ -1,8 +1,10 @@
-"""tokenizer_worker → frontend inbox: which requests a worker has taken off the pool queue.
+"""tokenizer_worker → frontend inbox: where the requests a worker took off the pool are.
 
-Sent once per received batch, before tokenizing. A request the frontend submitted that no
-worker acknowledged was still in a ZeroMQ pipe; if a worker dies, such requests died with
-it, and the frontend fails them (503) instead of letting them hang.
+Two acknowledgements per received batch: `done=False` before tokenizing (the worker took
+these rids off its pipe), `done=True` after (each was forwarded to the scheduler or
+failed back to the frontend). If a worker dies, the requests it held died with it: those
+no worker acknowledged (still in its ZeroMQ pipe) and those it took but had not
+finished. The frontend fails both (503) instead of letting them hang.
 """
 
 from __future__ import annotations
@@ -18,3 +20,4 @@ class TokenizeAck(Message):
     TAG: ClassVar[int] = 9
     pid: int
     rids: list[str]
+    done: bool = False  # False: taken off the pipe; True: forwarded (or failed back)

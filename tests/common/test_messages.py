@@ -87,7 +87,7 @@ SAMPLES: list[Message] = [
     RequestError("r9", 500, "", "internal_error", None),
     ComponentStatus("detok", 1234, "stopping", 3.0),
     TokenizeAck(4321, ["r1", "r2"]),
-    TokenizeAck(1, []),
+    TokenizeAck(1, [], True),
 ]
 
 
@@ -198,7 +198,8 @@ def test_wrong_container_types():
         deep = [deep]
     with pytest.raises(WireError, match="deeper"):
         decode(
-            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, False, 0)
+            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, False, 0,
+                None)
         )
 
 

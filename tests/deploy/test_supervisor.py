@@ -291,3 +291,16 @@ def test_example_config_loads():
     assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8000)
     assert cfg.engine.model.model == "smollm2"
     assert cfg.engine.model.cache_dir == "/var/cache/zeroserve"
+
+
+def test_stop_timeouts_leave_room_for_the_drain():
+    import configparser
+
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",))
+    parser.read(DEPLOY_CONF)
+    drain = Config.load(DEPLOY_JSON).server.drain_timeout_s
+    programs = [s for s in parser.sections() if s.startswith("program:")]
+    assert len(programs) == 4
+    for section in programs:  # every component drains on SIGTERM before it exits
+        assert parser.getint(section, "stopwaitsecs") >= drain + 10, section
+        assert parser.get(section, "stopsignal") == "TERM"

@@ -6,6 +6,7 @@ And a SIGTERM drain: requests in flight finish, new ones get 503, every process 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -106,13 +107,50 @@ def recovered(server, timeout_s: float = 90.0) -> None:
     server.wait_idle(timeout_s=15)
 
 
+class HealthWatch(threading.Thread):
+    """Polls /health every 20 ms; `first_503_after(t)`: when it first answered 503 after t."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.seen, self.stop = url, [], threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=2) as client:
+            while not self.stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    self.seen.append((time.monotonic(), client.get(self.url).status_code))
+                time.sleep(0.02)
+
+    def first_503_after(self, t: float) -> float | None:
+        return next((at - t for at, status in self.seen if at >= t and status == 503), None)
+
+
 @pytest.mark.parametrize("module", ["tokenizer_worker", "detok_worker", "scheduler_worker"])
 def test_sigkill_during_streams(faulty, module):
     victim = component_pid(faulty, module)
     # streams past the tokenizers run to their end, so keep them short in that case
     max_tokens = 8 if module == "tokenizer_worker" else 400
-    outcomes, last_end = streams_under_fault(
-        faulty, lambda: os.kill(victim, signal.SIGKILL), max_tokens)
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        # the launcher is paused so that it does not replace the victim at once: /health
+        # must show the hole by itself, not only within the restart's split second
+        faulty.proc.send_signal(signal.SIGSTOP)
+        killed_at.append(time.monotonic())
+        os.kill(victim, signal.SIGKILL)
+
+    health = HealthWatch(faulty.url + "/health")
+    health.start()
+    try:
+        outcomes, last_end = streams_under_fault(faulty, kill, max_tokens)
+        time.sleep(max(0.0, killed_at[0] + 1.5 - time.monotonic()))
+    finally:
+        health.stop.set()
+        health.join()
+        faulty.proc.send_signal(signal.SIGCONT)
+    if module != "tokenizer_worker":  # its connection closing tells the frontend at once
+        turned = health.first_503_after(killed_at[0])
+        assert turned is not None and turned < 1.0, f"/health turned 503 after {turned} s"
     assert len(outcomes) == N_STREAMS
     assert last_end <= END_WITHIN_S, f"a stream ended {last_end:.1f} s after the kill"
     if module == "tokenizer_worker":  # the streams were past the tokenizers: unaffected
@@ -180,6 +218,39 @@ def test_sigterm_drains(default_model_dir, everyone):
     for status, body in results:  # every request in flight ran to its end
         assert status == 200 and body.endswith("data: [DONE]\n\n")
         assert '"finish_reason":"length"' in body and '"error"' not in body
+    assert server.pids() == []
+
+
+def test_drain_timeout_fails_what_is_left_with_an_error_event(default_model_dir):
+    """SIGTERM with streams that outlast --drain-timeout: each one still ends properly,
+    with an SSE error event and [DONE] (not a cut connection), and everything exits 0."""
+    server = start_server("--drain-timeout", "1", workers=1)
+    results: list = []
+
+    def stream() -> None:
+        body = {"prompt": "Never done.", "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            results.append((r.status_code, r.read().decode()))
+
+    threads = [threading.Thread(target=stream) for _ in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while server.metrics()["zeroserve:num_requests_in_flight"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=30)
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    assert len(results) == 3
+    for status, body in results:
+        assert status == 200 and body.endswith("data: [DONE]\n\n"), body[-300:]
+        assert '"code":"shutdown"' in body
     assert server.pids() == []
 
 

@@ -44,12 +44,12 @@ def wait_healthy(url: str, timeout_s: float = 5.0) -> None:
 
 
 @contextmanager
-def serve(ready: bool = True, wait_ready: bool = False, **server_kwargs) -> Iterator[Served]:
+def serve(ready: bool = True, **server_kwargs) -> Iterator[Served]:
     tmp = Path(tempfile.mkdtemp(prefix="zsf-", dir="/tmp"))  # ipc paths must stay < 108 bytes
     config = Config(server=ServerConfig(**server_kwargs),
                     ipc=IPCConfig(run_dir=str(tmp / "run")), heartbeat_s=0.2)  # fmt: skip
     backend = FakeBackend(config, ready=ready).start()
-    app = create_app(config, wait_ready=wait_ready)
+    app = create_app(config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

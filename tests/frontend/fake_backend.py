@@ -7,6 +7,8 @@ detok. The prompt (or the last chat message) picks the behaviour:
 
     "bad"        RequestError 400 naming `prompt`
     "hold"       nothing, until aborted
+    "stranded"   taken by a tokenizer (pid STRANDED_PID) that then goes silent: no output
+    "unacked"    never acknowledged, as if stuck in a hung tokenizer's pipe
     "slow"       "tok " every 50 ms, for 20 s
     "fail-late"  "Hello", then a RequestError 500
     anything     "Hello", " world", "!" one per step; "length" if max_tokens <= 3 else "stop"
@@ -28,6 +30,7 @@ from common.messages import (
     EngineStatus,
     RequestError,
     TextOutputs,
+    TokenizeAck,
     TokenizeRequest,
     pack_ids,
     unpack_ids,
@@ -36,6 +39,7 @@ from common.zmq_queue import PullQueue, PushQueue
 
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
+STRANDED_PID = 2**31 - 2  # no such process
 
 
 @dataclass
@@ -149,7 +153,17 @@ class FakeBackend:
         text = req.prompt
         if req.kind == "chat":
             text = req.messages[-1]["content"] if req.messages else ""
-        mode = text if text in ("bad", "hold", "slow", "fail-late") else "words"
+        mode = text if text in ("bad", "hold", "slow", "fail-late", "stranded", "unacked") \
+            else "words"  # fmt: skip
+        if mode == "unacked":
+            return
+        if mode == "stranded":
+            out.put(ComponentStatus("tokenizer", STRANDED_PID, "heartbeat", time.time()))
+            out.put(TokenizeAck(STRANDED_PID, [req.rid]))
+            return
+        # as a tokenizer worker: taken off the pipe, then passed on (or failed back)
+        out.put(TokenizeAck(os.getpid(), [req.rid]), timeout_ms=1000)
+        out.put(TokenizeAck(os.getpid(), [req.rid], done=True), timeout_ms=1000)
         if mode == "bad":
             out.put(RequestError(req.rid, 400, "prompt is bad", "invalid_request_error", "prompt"))
         elif mode != "hold":
@@ -174,8 +188,10 @@ class FakeBackend:
             else:
                 text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
                 finish = None
-                if a.mode == "words" and a.num_out >= min(params["max_tokens"], len(WORDS)):
-                    finish = "length" if params["max_tokens"] <= len(WORDS) else "stop"
+                # unset max_tokens: resolved as the tokenizer does (a 2048-token context)
+                max_tokens = params["max_tokens"] or a.req.max_tokens_default or 2048
+                if a.mode == "words" and a.num_out >= min(max_tokens, len(WORDS)):
+                    finish = "length" if max_tokens <= len(WORDS) else "stop"
             lp = None
             if params.get("logprobs") is not None:
                 top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]

@@ -8,7 +8,6 @@ import re
 import socket
 import time
 
-import httpx
 import pytest
 
 from common.messages import ComponentStatus, EngineStatus, TextOutputs, pack_ids
@@ -67,13 +66,18 @@ def test_liveness_window():
     assert live.missing(3.8) == ["tokenizer"]
 
 
-def test_startup_waits_for_components_and_times_out():
-    # the lifespan waits for the components, gives up: the port never opens
-    with (
-        serve(ready=False, wait_ready=True, startup_timeout_s=0.3) as s,
-        pytest.raises(httpx.ConnectError),
-    ):
-        httpx.get(s.url + "/health", timeout=1)
+@pytest.mark.parametrize("prompt", ["stranded", "unacked"])
+def test_requests_a_lost_tokenizer_held_fail_fast(prompt):
+    """A request a tokenizer took and then died with ("stranded"), or one stuck in the
+    pipe of a tokenizer that hangs ("unacked"), fails with 503 within a liveness window
+    (3 s here) instead of waiting out the request timeout; the others are served."""
+    with serve() as s, s.client() as c:
+        t0 = time.monotonic()
+        r = c.post("/v1/completions", json={"prompt": prompt})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "component_failed"
+        assert time.monotonic() - t0 < 6
+        assert c.post("/v1/completions", json={"prompt": "Hi"}).status_code == 200
 
 
 def _raw_post(port: int, path: str, body: bytes) -> socket.socket:
