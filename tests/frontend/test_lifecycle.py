@@ -155,3 +155,18 @@ def test_metrics(served, http):
     assert _metric(text, "zeroserve:inter_token_latency_seconds_count") >= 6
     assert _metric(text, "zeroserve:e2e_request_latency_seconds_count") >= 3
     assert _metric(text, "zeroserve:request_queue_time_seconds_count") >= 2  # return_timings
+
+
+def test_aborted_requests_count_their_tokens():
+    """A stream the client cuts still adds the tokens it got to the token counters (they
+    were computed); it counts as an abort, not a success."""
+    with serve() as s, s.client() as c:
+        with c.stream("POST", "/v1/completions", json={"prompt": "slow", "stream": True}) as r:
+            lines = r.iter_lines()
+            got = sum(1 for line, _ in zip(lines, range(40)) if line.startswith("data: "))
+        assert got >= 5
+        assert s.backend.wait_for(lambda b: len(b.aborts) == 1)
+        text = c.get("/metrics").text
+        assert _metric(text, "zeroserve:generation_tokens_total") >= got
+        assert _metric(text, "zeroserve:prompt_tokens_total") == 5  # NUM_PROMPT_TOKENS
+        assert _metric(text, 'zeroserve:request_success_total{finished_reason="abort"}') == 1
