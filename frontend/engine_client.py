@@ -23,7 +23,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import zmq
@@ -43,6 +43,7 @@ from common.messages import (
 )
 from common.zmq_queue import PeerWatch, PullQueue, PushQueue, QueueFull
 from frontend.errors import APIError, invalid, renamed, unavailable
+from frontend.handoffs import ACK_GRACE_S, TokenizerHandoffs
 from frontend.liveness import COMPONENTS, Liveness
 from frontend.metrics import Metrics, stage_durations
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
@@ -51,7 +52,6 @@ log = get_logger("frontend.engine_client")
 
 POLL_MS = 100  # the inbox thread checks for shutdown this often
 WATCHDOG_S = 0.2  # how often component liveness is checked for failures
-ACK_GRACE_S = 0.5  # a live tokenizer takes a request off its pipe well within this
 SEND_RETRY_S = 1.0  # how long a request waits for a tokenizer to take it before 503
 SEND_RETRY_SLEEP_S = 0.005
 
@@ -72,19 +72,16 @@ class EngineClient:
         self._watches: dict[str, PeerWatch] = {}  # read by the inbox thread only
         self._watchdog: asyncio.Task | None = None
         self.draining = False  # set on SIGTERM: new requests get 503
-        # rid -> monotonic submit time, until a tokenizer worker acknowledges taking it;
-        # then rid -> that worker's pid, until it acknowledges having passed it on
-        self.unacked: dict[str, float] = {}
-        self.taken: dict[str, int] = {}
+        self.handoffs = TokenizerHandoffs()  # which tokenizer worker holds which rid
         self._alive = {name: False for name in COMPONENTS}
         self._pids: dict[str, int] = {}  # scheduler / detok pid last heard
-        self._lost_tokenizers: set[int] = set()
         metrics.in_flight.set_function(lambda: len(self.routes))
 
     # -- lifecycle (on the event loop) --------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        ipc, ctx = self.config.ipc, zmq.Context.instance()
+        ipc = self.config.ipc
+        ctx: zmq.Context = zmq.Context.instance()
         self._to_tokenizer = PushQueue(ipc.endpoint("tokenizer"), bind=True, ctx=ctx)
         self._to_scheduler = PushQueue(ipc.endpoint("scheduler"), bind=False, ctx=ctx)
         self._inbox = PullQueue(ipc.endpoint("frontend"), bind=True, ctx=ctx)
@@ -96,21 +93,6 @@ class EngineClient:
         self._watchdog = asyncio.ensure_future(self._watch_components())
         log.info("frontend sockets up: tokenizer %s, inbox %s", self._to_tokenizer.endpoint,
                  self._inbox.endpoint)  # fmt: skip
-
-    async def wait_ready(self, timeout_s: float) -> None:
-        """Return once every component is alive; TimeoutError after timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        last_log = 0.0
-        while missing := self.liveness.missing():
-            if self.draining:
-                raise RuntimeError("stopped while waiting for components")
-            now = time.monotonic()
-            if now >= deadline:
-                raise TimeoutError(f"components not ready after {timeout_s:.0f} s: {missing}")
-            if now - last_log >= 5.0:
-                log.info("waiting for %s", ", ".join(missing))
-                last_log = now
-            await asyncio.sleep(0.05)
 
     def close(self) -> None:
         self._stop.set()
@@ -174,7 +156,7 @@ class EngineClient:
                     self._on_component(msg)
                     self.liveness.on_component(msg, now)
                 elif isinstance(msg, TokenizeAck):
-                    self._on_ack(msg)
+                    self.handoffs.on_ack(msg)
                 else:
                     log.warning("dropping unexpected %s on the inbox", type(msg).__name__)
             except Exception:  # a malformed message must never kill the dispatcher
@@ -190,16 +172,13 @@ class EngineClient:
         ):
             log.warning("dropping TextOutputs with lists of unequal lengths")
             return
-        routes, metrics = self.routes, self.metrics
-        unacked = self.unacked
+        routes, metrics, handoffs = self.routes, self.metrics, self.handoffs
         for i, rid in enumerate(msg.rids):
             route = routes.get(rid)
             if route is None:
                 continue
-            if unacked:
-                unacked.pop(rid, None)
-            if self.taken:
-                self.taken.pop(rid, None)
+            if handoffs:
+                handoffs.forget(rid)
             handle, index = route
             finish = msg.finish_reasons[i]
             num_out = msg.num_output_tokens[i]
@@ -229,16 +208,8 @@ class EngineClient:
                 shown,
             ))  # fmt: skip
 
-    def _on_ack(self, msg: TokenizeAck) -> None:
-        for rid in msg.rids:
-            if msg.done:
-                self.taken.pop(rid, None)
-            elif self.unacked.pop(rid, None) is not None:
-                self.taken[rid] = msg.pid
-
     def _on_error(self, msg: RequestError) -> None:
-        self.unacked.pop(msg.rid, None)
-        self.taken.pop(msg.rid, None)
+        self.handoffs.forget(msg.rid)
         route = self.routes.pop(msg.rid, None)
         if route is None:
             return
@@ -277,7 +248,7 @@ class EngineClient:
                     last_beat = now  # a new one means requests of a dead frontend are orphans
                     self._send_scheduler(ComponentStatus("frontend", os.getpid(), "heartbeat",
                                                          time.time()))  # fmt: skip
-                dead = self.liveness.dead_tokenizers(now) - self._lost_tokenizers  # before
+                dead = self.handoffs.newly_dead(self.liveness.dead_tokenizers(now))  # before
                 missing = self.liveness.missing(now)  # this prunes long-silent tokenizers
                 for name in ("scheduler", "detok"):
                     alive = name not in missing
@@ -285,13 +256,12 @@ class EngineClient:
                         self.fail_all(name, "stopped responding")
                     self._alive[name] = alive
                 if dead:
-                    self._lost_tokenizers |= dead
                     self.fail_unacked(now, f"tokenizer worker(s) {sorted(dead)} stopped", dead)
-                elif self.unacked:  # a worker that hangs but keeps its socket still gets
+                elif self.handoffs.unacked:  # a worker that hangs but keeps its socket still gets
                     # its share of new requests: none may wait out the request timeout
                     self.fail_unacked(now, "a tokenizer worker is not taking requests",
                                       grace_s=self.liveness.window_s)  # fmt: skip
-                self._lost_tokenizers &= set(self.liveness.tokenizers)
+                self.handoffs.prune(set(self.liveness.tokenizers))
             except Exception:  # the watchdog must outlive any surprise
                 log.exception("component watchdog failed")
 
@@ -308,15 +278,9 @@ class EngineClient:
 
     def fail_unacked(self, now: float, why: str, dead: set[int] | frozenset[int] = frozenset(),
                      grace_s: float = ACK_GRACE_S) -> None:  # fmt: skip
-        """Fail the requests a dead or hung tokenizer worker holds: those no worker took
-        within grace_s (in its pipe: a live worker takes its whole pipe at every loop, see
-        TokenizeAck) and those a `dead` worker took but never passed on."""
-        lost = [rid for rid, t in self.unacked.items() if now - t > grace_s]
-        lost += [rid for rid, pid in self.taken.items() if pid in dead]
+        """Fail the requests a dead or hung tokenizer worker holds (TokenizerHandoffs.lost)."""
         handles = {}
-        for rid in lost:
-            self.unacked.pop(rid, None)
-            self.taken.pop(rid, None)
+        for rid in self.handoffs.lost(now, dead, grace_s):
             route = self.routes.get(rid)
             if route is not None:
                 handles[id(route[0])] = route[0]
@@ -329,7 +293,7 @@ class EngineClient:
 
     # -- requests (on the event loop) -----------------------------------------------------
     async def submit(self, reqs: list[TokenizeRequest], arrival: float,
-                     receive: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+                     receive: Callable[[], Awaitable[MutableMapping[str, Any]]] | None = None,
                      aliases: dict[str, str] | None = None) -> RequestHandle:  # fmt: skip
         """Send one HTTP request's sub-requests to the tokenizer pool. Raises APIError 503
         when components are missing or too many sub-requests are in flight. A worker's
@@ -349,7 +313,7 @@ class EngineClient:
             for i, req in enumerate(reqs):
                 await self._send_to_tokenizer(req)
                 self.routes[req.rid] = (handle, i)
-                self.unacked[req.rid] = time.monotonic()
+                self.handoffs.sent(req.rid, time.monotonic())
         except BaseException:
             self.release(handle, "submit_failed")
             raise
@@ -381,7 +345,7 @@ class EngineClient:
             await asyncio.sleep(SEND_RETRY_SLEEP_S)
 
     async def _watch_disconnect(self, handle: RequestHandle,
-                                receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:  # fmt: skip
+                                receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:  # fmt: skip
         """Wait for the ASGI http.disconnect (the body was read already), then abort."""
         try:
             while (await receive())["type"] != "http.disconnect":
@@ -399,8 +363,7 @@ class EngineClient:
     def _abort_running(self, handle: RequestHandle, reason: str) -> int:
         num = 0
         for index, rid in enumerate(handle.rids):
-            self.unacked.pop(rid, None)
-            self.taken.pop(rid, None)
+            self.handoffs.forget(rid)
             if self.routes.pop(rid, None) is None:
                 continue
             num += 1

@@ -13,10 +13,15 @@ monotonic receipt times, so clock skew between hosts does not matter.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
+from common.log import get_logger
 from common.messages import ComponentStatus, EngineStatus
+
+log = get_logger("frontend.liveness")
 
 COMPONENTS = ("scheduler", "tokenizer", "detok")
 PRUNE_AFTER = 10  # forget a silent tokenizer pid after this many windows
@@ -107,3 +112,19 @@ class Liveness:
                 entry["workers"] = self._alive_tokenizers(now)
             out[name] = entry
         return out
+
+    async def wait_ready(self, timeout_s: float, stopped: Callable[[], bool]) -> None:
+        """Return once every component is alive; TimeoutError after timeout_s,
+        RuntimeError once `stopped()` (shutting down)."""
+        deadline = time.monotonic() + timeout_s
+        last_log = 0.0
+        while missing := self.missing():
+            if stopped():
+                raise RuntimeError("stopped while waiting for components")
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"components not ready after {timeout_s:.0f} s: {missing}")
+            if now - last_log >= 5.0:
+                log.info("waiting for %s", ", ".join(missing))
+                last_log = now
+            await asyncio.sleep(0.05)
