@@ -38,11 +38,12 @@ serve: $(STAMP)
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 test: $(TEST_STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"launch.py: {e}", file=sys.stderr)
         return 2
+    assert config.ipc.run_dir is not None  # build_config sets one
     run_dir = Path(config.ipc.run_dir)
     try:
         check_port_free(config.server.host, config.server.port)

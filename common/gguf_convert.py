@@ -132,6 +132,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     missing += [k for k in ("token_embd.weight", "output_norm.weight") if _TOP_NAMES[k] not in names]
     if missing:
         raise ModelSourceError(f"GGUF file {gguf_path} lacks tensors: {', '.join(missing[:8])}")
+    assert embed_shape is not None  # token_embd.weight is there
     writer.close()
     config = hf_config(reader, arch, tie="lm_head.weight" not in names, vocab=embed_shape[0],
                        hidden=embed_shape[1], rope_factors=rope_factors)
@@ -146,7 +147,9 @@ class _ShardWriter:
     """Buffers tensors and writes ≤ SHARD_BYTES safetensors files, so memory stays bounded."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.out_dir, self.buf, self.buf_bytes, self.shards = out_dir, {}, 0, []
+        self.out_dir, self.buf_bytes = out_dir, 0
+        self.buf: dict[str, np.ndarray] = {}
+        self.shards: list[tuple[Path, list[str]]] = []
 
     def add(self, name: str, w: np.ndarray) -> None:
         if self.buf and self.buf_bytes + w.nbytes > SHARD_BYTES:

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections import OrderedDict
+from typing import Any
 
 import zmq
 from tokenizers import Tokenizer
@@ -49,7 +50,7 @@ class DetokWorker:
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("detok"), bind=True, ctx=ctx)
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
         self.to_scheduler = PushQueue(config.ipc.endpoint("scheduler"), bind=False, ctx=ctx)
@@ -73,7 +74,7 @@ class DetokWorker:
             log.warning("step %d: timings of the wrong length ignored", msg.step)
         for rid, stop, skip_special, include_stop in msg.new_requests:
             self.requests[rid] = RequestDetokenizer(self.tokenizer, stop, skip_special, include_stop)
-        out: dict[str, list] = {k: [] for k in ("rids", "texts", "finish_reasons", "num_prompt_tokens",
+        out: dict[str, Any] = {k: [] for k in ("rids", "texts", "finish_reasons", "num_prompt_tokens",
                                                 "num_output_tokens", "token_ids", "logprobs",
                                                 "stop_reasons", "timings")}
         step_timings = msg.timings if msg.timings is not None and len(msg.timings) == n else None

@@ -17,7 +17,7 @@ frontend does not know the prompt length, so the tokenizer worker resolves it
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -209,7 +209,7 @@ def completion_prompt(req: CompletionRequest) -> tuple[str | None, bytes | None]
         )
         raise invalid(msg, "prompt")
     try:
-        return None, pack_ids(p)
+        return None, pack_ids(cast(list[int], p))  # all ints, checked above
     except WireError as e:
         raise invalid(f"prompt: {e}", "prompt") from None
 

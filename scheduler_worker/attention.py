@@ -74,6 +74,7 @@ def paged_attention(
     out = torch.empty_like(q)
     nd = meta.num_decode
     if nd:
+        assert meta.decode_block_tables is not None and meta.decode_mask is not None
         out[:nd] = _decode_attention(
             q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale,
             meta.decode_kernel,

@@ -195,8 +195,8 @@ class BlockManager:
             assert key is not None and len(key[1]) == self.block_size, f"block {block} key {key}"
             assert chain_hash(*key) == h, f"block {block}: hash does not match its tokens"
         for block in free:
-            h = self.block_hash[block]
-            assert h is None or self.hash_to_block.get(h) == block, (
+            kept = self.block_hash[block]
+            assert kept is None or self.hash_to_block.get(kept) == block, (
                 f"free block {block} holds a hash that is registered elsewhere")
         for block in range(self.num_blocks):
             assert (self.block_hash[block] is None) == (self.block_key[block] is None), (

@@ -41,7 +41,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     stop_token_id: int | None = None  # finished by this entry of stop_token_ids (its last token)
     # on the finishing output only: monotonic stage times and counts (see Request)
-    stage_times: dict[str, float] | None = None
+    stage_times: dict[str, float | None] | None = None  # None: a stage it never reached
 
 
 @dataclass
@@ -193,6 +193,7 @@ class LLMEngine:
             self.counters.prompt_tokens += n if req.in_prefill_queue else 0
         now = time.monotonic()
         for i, req in enumerate(sampled_reqs):
+            assert result is not None  # rows were sampled
             token = result.token_ids[i]
             req.token_ids.append(token)
             if req.first_token_time is None:

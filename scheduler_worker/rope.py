@@ -35,6 +35,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
 
 
 class RotaryEmbedding(torch.nn.Module):
+    cos: torch.Tensor  # [max_positions, head_dim/2] buffers, float32 until the model's .to()
+    sin: torch.Tensor
+
     def __init__(
         self,
         head_dim: int,

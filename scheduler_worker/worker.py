@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections import OrderedDict
+from typing import Any
 
 import zmq
 
@@ -65,7 +66,7 @@ class SchedulerWorker:
         self.config = config
         self.engine = engine or LLMEngine(config.engine)
         check_kv_pool(self.engine)
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("scheduler"), bind=True, ctx=self.ctx)
         self.to_detok = PushQueue(config.ipc.endpoint("detok"), bind=False, ctx=self.ctx)
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=self.ctx)
@@ -75,7 +76,9 @@ class SchedulerWorker:
         self.num_forged = 0  # GenerateRequests dropped for a bad signature
         # rid -> (arrival, tokenized, return_timings): wall-clock stamps of the earlier stages
         self.stamps: dict[str, tuple[float, float, bool]] = {}
-        self.detok_info: dict[str, tuple[str, list[str], bool, bool]] = {}
+        # rid -> the StepOutputs.new_requests entry (rid, stop strings, skip_special_tokens,
+        # include_stop_str_in_output) sent with its first output; (None, ...) once sent
+        self.detok_info: dict[str, tuple[str | None, list[str], bool, bool]] = {}
         self.step_no = 0
         self.running = True
         self.drain_deadline = 0.0  # after stop(), running requests keep stepping until then
@@ -151,14 +154,15 @@ class SchedulerWorker:
         if not outputs:
             return
         t0 = time.perf_counter()
-        new_requests, logprobs, any_lp = [], [], False
+        new_requests, any_lp = [], False
+        logprobs: list[list[Any] | None] = []
         timings: list[dict | None] = []
         stop_tokens = [o.stop_token_id for o in outputs]
         to_wall = time.time() - time.monotonic()
         for o in outputs:
             info = self.detok_info.get(o.request_id)
-            if info is not None and info[0] is not None:
-                new_requests.append(info)
+            if info is not None and (rid := info[0]) is not None:
+                new_requests.append((rid, info[1], info[2], info[3]))
                 self.detok_info[o.request_id] = (None, [], False, False)  # sent once
             if o.finish_reason is not None:
                 self.detok_info.pop(o.request_id, None)

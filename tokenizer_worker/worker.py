@@ -148,7 +148,7 @@ class TokenizerWorker:
             model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
             tokenization = Tokenization(model_dir, mc.max_model_len)
         self.tokenization = tokenization
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("tokenizer"), bind=False, ctx=ctx)
         self.to_scheduler = PushQueue(config.ipc.endpoint("scheduler"), bind=False, ctx=ctx)
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from torch import nn
 
-from scheduler_worker.models.common import ModelArgs
+from scheduler_worker.models.common import CausalLM, ModelArgs
 from scheduler_worker.models.gpt2 import GPT2LMHeadModel
 from scheduler_worker.models.llama import LlamaForCausalLM
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
@@ -60,14 +59,13 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"cannot read weights file {file}: {e}") from e
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, ModelArgs]:
+def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, ModelArgs]:
     hf = read_hf_config(model_dir)
     arch = architecture_of(hf)
     args = ModelArgs.from_hf(hf, arch)
     with torch.device("meta"):
         model = MODEL_REGISTRY[arch](args)
     model = model.to_empty(device="cpu")
-    if hasattr(model, "post_init"):
-        model.post_init()  # re-tie weights and rebuild rope tables lost on the meta device
+    model.post_init()  # re-tie weights and rebuild rope tables lost on the meta device
     model.load_weights(iter_safetensors(model_dir))
     return model.to(device=device, dtype=dtype).eval(), args

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "swish": F.silu,
     "gelu": F.gelu,
@@ -106,6 +107,20 @@ class ModelArgs:
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+class CausalLM(nn.Module):
+    """What the model runner calls on every model (besides forward(input_ids, positions,
+    kv_caches, meta) -> hidden states [T, hidden])."""
+
+    def post_init(self) -> None:
+        """Restore what building on the meta device lost (tied weights, rope tables)."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        raise NotImplementedError
 
 
 class WeightLoader:

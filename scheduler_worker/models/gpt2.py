@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from scheduler_worker.attention import AttentionMetadata, paged_attention
-from scheduler_worker.models.common import ACTIVATIONS, ModelArgs, WeightLoader
+from scheduler_worker.models.common import ACTIVATIONS, CausalLM, ModelArgs, WeightLoader
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _IGNORED = ({"attn", "bias"}, {"attn", "masked_bias"})  # causal-mask buffers in old checkpoints
@@ -40,7 +40,7 @@ class GPT2Block(nn.Module):
         return x + self.mlp_proj(self.act(self.c_fc(self.ln_2(x))))
 
 
-class GPT2LMHeadModel(nn.Module):
+class GPT2LMHeadModel(CausalLM):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args

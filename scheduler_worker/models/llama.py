@@ -14,6 +14,7 @@ from torch import nn
 from scheduler_worker.attention import AttentionMetadata, paged_attention
 from scheduler_worker.models.common import (
     ACTIVATIONS,
+    CausalLM,
     ModelArgs,
     WeightLoader,
     rope_scaling_of,
@@ -36,7 +37,7 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, args: ModelArgs, rope: RotaryEmbedding) -> None:
+    def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             args.num_heads, args.num_kv_heads, args.head_dim,
@@ -45,7 +46,6 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
-        self.rope = rope
         self.scale = self.head_dim**-0.5
 
     def forward(self, cos_sin, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -73,10 +73,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, rope: RotaryEmbedding) -> None:
+    def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
-        self.self_attn = LlamaAttention(args, rope)
+        self.self_attn = LlamaAttention(args)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = LlamaMLP(args)
 
@@ -85,13 +85,13 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        rope = self._make_rope()
+        self.rope = self._make_rope()  # cos/sin computed once per forward, for every layer
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args, rope) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.post_init()
@@ -108,13 +108,11 @@ class LlamaForCausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         if self.embed_tokens.weight.device.type != "meta":
-            rope = self._make_rope()
-            for layer in self.layers:
-                layer.self_attn.rope = rope
+            self.rope = self._make_rope()
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        cos_sin = self.layers[0].self_attn.rope.cos_sin(positions, x.dtype)
+        cos_sin = self.rope.cos_sin(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(cos_sin, x, kv_cache, meta)
         return self.norm(x)
