@@ -201,12 +201,25 @@ def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     return config, own_run_dir
 
 
+class _Interrupted(BaseException):  # like KeyboardInterrupt: no `except Exception` eats it
+    pass
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # until the children start, SIGTERM/SIGINT end a model conversion or port check cleanly
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         config, own_run_dir = build_config(argv)
     except ConfigError as e:
         print(f"launch.py: {e}", file=sys.stderr)
         return 2
+    except _Interrupted:
+        return 0
     assert config.ipc.run_dir is not None  # build_config sets one
     run_dir = Path(config.ipc.run_dir)
     try:
@@ -243,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelSourceError, ConfigError) as e:
         print(f"launch.py: {e}", file=sys.stderr)
         return 2
+    except _Interrupted as e:  # asked to stop before anything was started: nothing to drain
+        log.info("%s before startup finished: stopped", e)
+        return 0
     finally:
         if own_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import REPO, start_server
+from tests.e2e.conftest import REPO, free_port, start_server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -76,6 +76,29 @@ def test_bad_model_is_a_clear_error(tmp_path):
                        stdin=subprocess.DEVNULL)  # fmt: skip
     assert r.returncode == 2
     assert str(missing) in r.stderr
+
+
+def test_sigterm_during_model_conversion_stops_cleanly(tmp_path):
+    """Stopping launch.py while it converts the GGUF (a fresh cache): exit 0, no traceback,
+    no half-written conversion left to be mistaken for a complete one, run dir removed."""
+    cache, runtime = tmp_path / "cache", tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "ZEROSERVE_CACHE_DIR": str(cache), "XDG_RUNTIME_DIR": str(runtime)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), "--port", str(free_port())],
+                            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: cache.is_dir() and any(p.is_dir() for p in cache.iterdir()), 60,
+                 "the conversion to start")  # fmt: skip
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert not [p for p in cache.iterdir() if p.is_dir()], "conversion left behind"
+    assert list(runtime.iterdir()) == [], "run dir left behind"
 
 
 def test_int4_server_answers_and_bad_quantization_is_a_clear_error(default_model_dir):
