@@ -8,6 +8,8 @@ text end to end.
 from __future__ import annotations
 
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,11 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
                                  do_sample=False, pad_token_id=0)
             outs.append(gen[0, len(p):].tolist())
     return outs
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    """A private (0700) run dir for ipc sockets, short-named: ipc paths max ~107 bytes."""
+    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="zsg-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
