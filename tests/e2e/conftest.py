@@ -116,3 +116,12 @@ def server(default_model_dir):
     yield s
     code = s.stop()
     assert code == 0, s.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def pids_before(server) -> list[int]:
+    """The server's processes when a module starts (the server is shared with the rest
+    of the session, so the snapshot is taken here, not at launch)."""
+    pids = sorted(server.pids())
+    assert len(pids) >= 5, pids  # frontend, 2 tokenizers, scheduler, detok
+    return pids
