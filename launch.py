@@ -15,13 +15,13 @@ progress bar, before anything else starts), starts the children, prints the URL 
 GET /health answers 200, restarts a child that dies, and on SIGTERM/SIGINT stops the
 frontend first (it answers 503 to new requests and lets those in flight finish, up to
 server.drain_timeout_s), then the workers, and exits 0.
-Children get PR_SET_PDEATHSIG, so a `kill -9` of this process takes them along.
+Children (and a GGUF conversion in progress) get PR_SET_PDEATHSIG (common/process.py), so
+a `kill -9` of this process takes them along.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import secrets
 import shutil
@@ -40,24 +40,14 @@ from common.cli import add_config_args, config_from_args
 from common.config import Config, ConfigError
 from common.log import get_logger
 from common.model_source import ModelSourceError, resolve_model
+from common.process import die_with_parent
 
 log = get_logger("launch")
 
-PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT_S = 10.0  # per group of children, after SIGTERM, before SIGKILL
 MAX_RESTARTS = 5  # a component dying this often within RESTART_WINDOW_S is given up on
 RESTART_WINDOW_S = 60.0
 POLL_S = 0.2
-
-
-def _die_with_parent(parent_pid: int) -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: no parent-death signal to ask for
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
@@ -102,7 +92,7 @@ class Launcher:
         parent = os.getpid()
         child.proc = subprocess.Popen(
             [sys.executable, "-m", child.module, "--config", str(self.config_path)],
-            stdin=subprocess.DEVNULL, preexec_fn=lambda: _die_with_parent(parent),
+            stdin=subprocess.DEVNULL, preexec_fn=lambda: die_with_parent(parent),
             start_new_session=True,  # Ctrl-C reaches launch.py only; it stops them in order
         )  # fmt: skip
         log.info("started %s (pid %d)", child.name, child.proc.pid)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from common.config import default_cache_dir
 from common.log import get_logger
+from common.process import die_with_parent
 
 log = get_logger("model_source")
 
@@ -163,7 +164,9 @@ def _convert_in_child(gguf: Path, out_dir: Path, progress: bool) -> None:
     cmd = [sys.executable, "-m", "common.gguf_convert", str(gguf), str(out_dir),
            "--error-file", str(err)] + ([] if progress else ["--no-progress"])
     try:
-        rc = subprocess.run(cmd, env=env, cwd=repo_root).returncode  # cwd: no stray `common`
+        parent = os.getpid()  # a kill -9 of this process takes the conversion along
+        rc = subprocess.run(cmd, env=env, cwd=repo_root,  # cwd: no stray `common`
+                            preexec_fn=lambda: die_with_parent(parent)).returncode
         if rc != 0 and err.is_file():
             raise ModelSourceError(err.read_text())
     finally:

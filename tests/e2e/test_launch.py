@@ -101,6 +101,26 @@ def test_sigterm_during_model_conversion_stops_cleanly(tmp_path):
     assert list(runtime.iterdir()) == [], "run dir left behind"
 
 
+def test_kill_9_during_model_conversion_takes_the_converter_along(tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "ZEROSERVE_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), "--port", str(free_port())],
+                            cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def converters() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", "--", f"common.gguf_convert .* {cache}/"],
+                             capture_output=True, text=True)  # fmt: skip
+        return [int(p) for p in out.stdout.split()]
+
+    try:
+        wait_for(converters, 60, "the conversion to start")
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: converters() == [], 10, "the converter to die with launch.py")
+
+
 def test_int4_server_answers_and_bad_quantization_is_a_clear_error(default_model_dir):
     r = subprocess.run([sys.executable, str(REPO / "launch.py"), "--quantization", "int4",
                         "--dtype", "float16", "--port", "1"], cwd=REPO, capture_output=True,
