@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import start_server
+from tests.frontend.sse import parse_sse
 
 pytestmark = pytest.mark.timeout(300)
 N_STREAMS = 16
@@ -167,28 +168,35 @@ def test_sigkill_frontend_during_streams(faulty):
     recovered(faulty)  # includes: the dead frontend's requests were aborted, blocks idle
 
 
+def open_streams(server, n: int, body: dict) -> tuple[list[threading.Thread], list]:
+    """n streamed completions of `body` (ignore_eos), each read by a thread that appends
+    (status, text) to the returned list; returns once the server has all n in flight."""
+    results: list = []
+    body = {**body, "stream": True, "ignore_eos": True}
+
+    def stream() -> None:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            results.append((r.status_code, r.read().decode()))
+
+    threads = [threading.Thread(target=stream) for _ in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while server.metrics()["zeroserve:num_requests_in_flight"] < n:
+        assert time.monotonic() < deadline, "the streams did not all start"
+        time.sleep(0.05)
+    return threads, results
+
+
 @pytest.mark.parametrize("everyone", [False, True], ids=["launcher", "all-at-once"])
 def test_sigterm_drains(default_model_dir, everyone):
     """SIGTERM to launch.py (it stops the frontend first), or to every process at the same
     moment as supervisord does: either way the requests in flight run to their end."""
     server = start_server(workers=1)
-    results: list = []
-
-    def stream():
+    try:
         # long enough that the drain is still under way when the late request comes, even
         # on a fast machine (a short drain ends, the frontend exits, and "late" is refused)
-        body = {"prompt": "Drain me.", "max_tokens": 120, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-            results.append((r.status_code, r.read().decode()))
-
-    threads = [threading.Thread(target=stream) for _ in range(4)]
-    try:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while server.metrics()["zeroserve:num_requests_in_flight"] < 4:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        threads, results = open_streams(server, 4, {"prompt": "Drain me.", "max_tokens": 120})
         children = server.pids()
         if everyone:  # like supervisord: one SIGTERM to each program, no one restarts them
             server.proc.send_signal(signal.SIGSTOP)
@@ -216,8 +224,10 @@ def test_sigterm_drains(default_model_dir, everyone):
             server.proc.kill()
     assert len(results) == 4
     for status, body in results:  # every request in flight ran to its end
-        assert status == 200 and body.endswith("data: [DONE]\n\n")
-        assert '"finish_reason":"length"' in body and '"error"' not in body
+        *events, done = parse_sse(body)  # (the text itself may say "error": parse, not grep)
+        assert status == 200 and done == "[DONE]"
+        assert not any("error" in e for e in events), body[-300:]
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
     assert server.pids() == []
 
 
@@ -225,21 +235,8 @@ def test_drain_timeout_fails_what_is_left_with_an_error_event(default_model_dir)
     """SIGTERM with streams that outlast --drain-timeout: each one still ends properly,
     with an SSE error event and [DONE] (not a cut connection), and everything exits 0."""
     server = start_server("--drain-timeout", "1", workers=1)
-    results: list = []
-
-    def stream() -> None:
-        body = {"prompt": "Never done.", "max_tokens": 3000, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-            results.append((r.status_code, r.read().decode()))
-
-    threads = [threading.Thread(target=stream) for _ in range(3)]
     try:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while server.metrics()["zeroserve:num_requests_in_flight"] < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        threads, results = open_streams(server, 3, {"prompt": "Never done.", "max_tokens": 3000})
         server.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(timeout=30)
@@ -249,8 +246,9 @@ def test_drain_timeout_fails_what_is_left_with_an_error_event(default_model_dir)
             server.proc.kill()
     assert len(results) == 3
     for status, body in results:
-        assert status == 200 and body.endswith("data: [DONE]\n\n"), body[-300:]
-        assert '"code":"shutdown"' in body
+        *events, done = parse_sse(body)
+        assert status == 200 and done == "[DONE]", body[-300:]
+        assert events[-1]["error"]["code"] == "shutdown", body[-300:]
     assert server.pids() == []
 
 
