@@ -4,7 +4,7 @@
  launch.py ─┬─ python -m scheduler_worker    the engine (loads the model)
             ├─ python -m detok_worker
             ├─ python -m tokenizer_worker × N
-            └─ python -m frontend            HTTP; 503 until all are up
+            └─ python -m frontend            HTTP; the port opens once all are up
 ```
 
 Each component is its own program, started exactly as a supervisor/systemd deployment
@@ -183,6 +183,8 @@ def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     config = config_from_args(args)
     if not config.ipc.secret:  # sign request ids (common.auth) with a fresh key per launch
         config = replace(config, ipc=replace(config.ipc, secret=secrets.token_hex(32)))
+    # the port opens once every component is up: "port open" means ready here
+    config = replace(config, server=replace(config.server, listen_when_ready=True))
     own_run_dir = config.ipc.run_dir is None
     if own_run_dir:  # a fresh private dir per launch: two servers never share sockets
         base = os.environ.get("XDG_RUNTIME_DIR") or None

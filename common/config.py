@@ -132,6 +132,9 @@ class ServerConfig:
     max_tokens_limit: int | None = None  # cap on max_tokens per request; None: the context
     max_stop_strings: int = 16  # stop strings per request (each at most MAX_STOP_STRING_CHARS)
     startup_timeout_s: float = 600.0
+    # False: the HTTP port opens at once and answers 503 until every component is up (any
+    # start order, as under supervisor/systemd); True: it opens only then (launch.py)
+    listen_when_ready: bool = False
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
 
     def __post_init__(self) -> None:

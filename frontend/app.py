@@ -67,7 +67,9 @@ _BODY_DEFS: dict[str, dict] = {}
 
 def create_app(config: Config) -> FastAPI:
     """The FastAPI app. Its lifespan binds the sockets; until every component is alive,
-    /health and the generation routes answer 503."""
+    /health and the generation routes answer 503. With server.listen_when_ready the
+    lifespan startup (and so the port opening, which uvicorn does after it) waits for
+    every component instead, at most server.startup_timeout_s."""
     metrics = Metrics()
     client = EngineClient(config, metrics)
     serving = Serving(config, client)
@@ -77,6 +79,12 @@ def create_app(config: Config) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client.start()
         try:
+            if config.server.listen_when_ready:
+                try:
+                    await client.liveness.wait_ready(config.server.startup_timeout_s,
+                                                     stopped=lambda: client.draining)  # fmt: skip
+                except RuntimeError:  # a stop signal came first: uvicorn exits after startup
+                    log.info("stopped before every component was up")
             yield
         finally:
             client.close()

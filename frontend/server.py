@@ -2,7 +2,9 @@
 
 The HTTP port opens at once; until every component has reported in, /health and every
 generation request answer 503 (code "not_ready") naming what is missing, so the
-components may start in any order. Readiness is `GET /health` == 200.
+components may start in any order. Readiness is `GET /health` == 200. With
+server.listen_when_ready (launch.py sets it) the port opens only once every component is
+up, at most server.startup_timeout_s after start (then the frontend exits 1).
 
 SIGTERM/SIGINT drain: new requests get 503 ("shutting_down") and /health turns 503 at
 once, requests in flight run to their end for up to server.drain_timeout_s; whatever
@@ -37,7 +39,7 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.client.draining or not self.started:  # a second signal, or still starting
             self.force_exit = self.client.draining
-            self.client.draining = True
+            self.client.draining = True  # also ends a startup still waiting for components
             super().handle_exit(sig, frame)
             return
         self.client.draining = True

@@ -63,7 +63,9 @@ def serve(ready: bool = True, **server_kwargs) -> Iterator[Served]:
     thread = threading.Thread(target=run_server, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
+        # (with listen_when_ready, a server whose components are not up yet does not start)
+        deadline = time.monotonic() + (10 if ready or not server_kwargs.get("listen_when_ready")
+                                       else 0)  # fmt: skip
         while not server.started and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
         served = Served(f"http://127.0.0.1:{port}", config, backend, app)

@@ -8,6 +8,7 @@ import re
 import socket
 import time
 
+import httpx
 import pytest
 
 from common.messages import ComponentStatus, EngineStatus, TextOutputs, pack_ids
@@ -32,6 +33,24 @@ def test_health_503_until_components_report():
         assert body["status"] == "ok"
         assert body["components"]["tokenizer"]["workers"] == 1
         assert all(v["alive"] for v in body["components"].values())
+
+
+def test_listen_when_ready_opens_the_port_only_once_every_component_is_up():
+    """launch.py's mode: no 503 phase, the port is closed until the components are up."""
+    with serve(ready=False, listen_when_ready=True) as s:
+        time.sleep(0.5)  # the frontend's sockets are up and it hears nothing
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(s.url + "/health", timeout=2)
+        s.backend.announce()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                r = httpx.get(s.url + "/health", timeout=2)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "the port never opened"
+                time.sleep(0.05)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
 
 
 def test_health_notices_a_stopping_component(served, http):
