@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 ENV_PREFIX = "ZEROSERVE_"
@@ -38,6 +38,29 @@ def _at_least(obj: object, low: int, *names: str) -> None:
         value = getattr(obj, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+_FILE_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _section(cls: type, data: object, where: str):
+    """cls(**data) for one section of a config file, after checking that `data` is a
+    table whose keys are cls's fields and whose values have their types (a file says
+    `"port": 8000`, not "8000"; `true`, not "yes"), naming the key that is wrong."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section {where} must be a table, got {data!r}")
+    known = {f.name: str(f.type) for f in fields(cls)}
+    for key, value in data.items():
+        key_name = f"{where}.{key}" if where else key
+        if key not in known:
+            raise ConfigError(f"unknown config key {key_name}; known: {sorted(known)}")
+        names = [n.strip() for n in known[key].split("|")]
+        allowed = tuple(t for n in names for t in _FILE_TYPES.get(n, ()))
+        if not allowed or (value is None and "None" in names):
+            continue  # None where allowed, or a sub-section (checked on its own)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ConfigError(f"config key {key_name} must be {known[key]}, got {value!r}")
+    return cls(**data)
 
 
 def _positive_seconds(obj: object, *names: str) -> None:
@@ -200,20 +223,23 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a table of sections, got {data!r}")
         data = dict(data)
-        eng = dict(data.pop("engine", {}))
-        try:
-            engine = EngineConfig(
-                model=ModelConfig(**eng.pop("model", {})),
-                cache=CacheConfig(**eng.pop("cache", {})),
-                scheduler=SchedulerConfig(**eng.pop("scheduler", {})),
-            )
-            if eng:
-                raise ConfigError(f"unknown engine config keys: {sorted(eng)}")
-            return cls(engine=engine, server=ServerConfig(**data.pop("server", {})),
-                       ipc=IPCConfig(**data.pop("ipc", {})), **data)
-        except TypeError as e:  # unknown keys in a section
-            raise ConfigError(f"bad config: {e}") from e
+        eng = data.pop("engine", {})
+        if not isinstance(eng, dict):
+            raise ConfigError(f"config section engine must be a table, got {eng!r}")
+        eng = dict(eng)
+        engine = EngineConfig(
+            model=_section(ModelConfig, eng.pop("model", {}), "engine.model"),
+            cache=_section(CacheConfig, eng.pop("cache", {}), "engine.cache"),
+            scheduler=_section(SchedulerConfig, eng.pop("scheduler", {}), "engine.scheduler"),
+        )
+        if eng:
+            raise ConfigError(f"unknown engine config keys: {sorted(eng)}")
+        server = _section(ServerConfig, data.pop("server", {}), "server")
+        ipc = _section(IPCConfig, data.pop("ipc", {}), "ipc")
+        return _section(cls, {**data, "engine": engine, "server": server, "ipc": ipc}, "")
 
     @classmethod
     def load(cls, path: str | Path) -> Config:

@@ -1,0 +1,67 @@
+"""The shared config file: what loads, and what is refused with an error naming the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.config import Config, ConfigError, ServerConfig
+
+
+def test_save_and_load_round_trip(tmp_path):
+    config = Config(server=ServerConfig(port=9001, listen_when_ready=True, max_tokens_limit=64),
+                    tokenize_workers=3, heartbeat_s=0.5)  # fmt: skip
+    path = tmp_path / "zeroserve.json"
+    config.save(path)
+    assert path.stat().st_mode & 0o777 == 0o600  # it may hold ipc.secret
+    assert Config.load(path) == config
+
+
+def test_toml_loads(tmp_path):
+    path = tmp_path / "zeroserve.toml"
+    path.write_text('tokenize_workers = 2\n[server]\nport = 9002\nlisten_when_ready = true\n'
+                    '[engine.cache]\nblock_size = 32\n')  # fmt: skip
+    config = Config.load(path)
+    assert (config.tokenize_workers, config.server.port) == (2, 9002)
+    assert config.server.listen_when_ready and config.engine.cache.block_size == 32
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"server": {"port": "8000"}}, ["server.port", "int", "'8000'"]),
+    ({"server": {"listen_when_ready": "yes"}}, ["server.listen_when_ready", "bool"]),
+    ({"server": {"port": True}}, ["server.port"]),  # a bool is not a port
+    ({"server": {"api_key": 1234}}, ["server.api_key", "str | None"]),
+    ({"engine": {"cache": {"block_size": 16.0}}}, ["engine.cache.block_size", "int"]),
+    ({"engine": {"model": {"dtype": None}}}, ["engine.model.dtype", "str"]),
+    ({"tokenize_workers": "4"}, ["tokenize_workers", "int"]),
+    ({"server": {"prot": 8000}}, ["unknown config key server.prot", "port"]),
+    ({"engine": {"cache": {"blocksize": 8}}}, ["engine.cache.blocksize"]),
+    ({"engine": {"sampler": {}}}, ["unknown engine config keys", "sampler"]),
+    ({"workers": 4}, ["unknown config key workers", "tokenize_workers"]),
+    ({"server": [8000]}, ["section server must be a table"]),
+    ({"engine": "cpu"}, ["section engine must be a table"]),
+])  # fmt: skip
+def test_wrong_keys_and_types_are_refused_by_name(tmp_path, data, words):
+    path = tmp_path / "zeroserve.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as info:
+        Config.load(path)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_numbers_where_floats_go_and_nulls_where_allowed(tmp_path):
+    path = tmp_path / "zeroserve.json"
+    path.write_text(json.dumps({"heartbeat_s": 2, "server": {"drain_timeout_s": 0,
+                                                             "max_tokens_limit": None}}))
+    config = Config.load(path)
+    assert config.heartbeat_s == 2 and config.server.drain_timeout_s == 0
+    assert config.server.max_tokens_limit is None
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "42", "{not json"])
+def test_a_file_that_is_not_a_table_is_refused(tmp_path, text):
+    path = tmp_path / "zeroserve.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="config"):
+        Config.load(path)
