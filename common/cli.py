@@ -7,9 +7,10 @@ supervisor/systemd deployment can share one config file among all programs.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
-from common.config import Config
+from common.config import Config, ConfigError
 
 # flag -> (section path, field, type)
 _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
@@ -66,6 +67,11 @@ def _set(obj, path: tuple[str, ...], name: str, value):
 
 
 def parse_config(description: str, argv: list[str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(description=description)
+    package = sys.modules["__main__"].__spec__
+    prog = f"python -m {package.parent}" if package is not None and package.parent else None
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     add_config_args(parser)
-    return config_from_args(parser.parse_args(argv))
+    try:
+        return config_from_args(parser.parse_args(argv))
+    except ConfigError as e:  # a bad file or flag value: a line naming it, exit 2 (no restart
+        parser.exit(2, f"{parser.prog}: {e}\n")  # loop will fix it; supervisors see a 2)
