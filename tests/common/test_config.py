@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from common.config import Config, ConfigError, ServerConfig
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -65,3 +70,13 @@ def test_a_file_that_is_not_a_table_is_refused(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ConfigError, match="config"):
         Config.load(path)
+
+
+@pytest.mark.parametrize("module", ["tokenizer_worker", "detok_worker"])
+def test_a_component_refuses_a_bad_config_with_one_line_and_exit_2(tmp_path, module):
+    path = tmp_path / "zeroserve.json"
+    path.write_text(json.dumps({"server": {"port": "8000"}}))
+    r = subprocess.run([sys.executable, "-m", module, "--config", str(path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"python -m {module}: config key server.port must be int, got '8000'\n"
