@@ -30,6 +30,7 @@ from common.config import Config
 from common.log import get_logger
 from frontend.engine_client import EngineClient
 from frontend.errors import APIError, error_body, status_code_name, status_type
+from frontend.liveness import StartupStopped
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.serving import Serving
@@ -83,7 +84,7 @@ def create_app(config: Config) -> FastAPI:
                 try:
                     await client.liveness.wait_ready(config.server.startup_timeout_s,
                                                      stopped=lambda: client.draining)  # fmt: skip
-                except RuntimeError:  # a stop signal came first: uvicorn exits after startup
+                except StartupStopped:  # a stop signal came first: uvicorn exits after startup
                     log.info("stopped before every component was up")
             yield
         finally:

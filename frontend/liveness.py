@@ -28,6 +28,10 @@ PRUNE_AFTER = 10  # forget a silent tokenizer pid after this many windows
 DISCONNECT_GUARD_S = 1.0  # after a disconnect, only "ready" revives a component this long
 
 
+class StartupStopped(RuntimeError):
+    """wait_ready gave up because the process is shutting down."""
+
+
 class Liveness:
     def __init__(self, heartbeat_s: float) -> None:
         self.window_s = max(3.0, 3.0 * heartbeat_s)
@@ -115,12 +119,12 @@ class Liveness:
 
     async def wait_ready(self, timeout_s: float, stopped: Callable[[], bool]) -> None:
         """Return once every component is alive; TimeoutError after timeout_s,
-        RuntimeError once `stopped()` (shutting down)."""
+        StartupStopped once `stopped()` (shutting down)."""
         deadline = time.monotonic() + timeout_s
         last_log = 0.0
         while missing := self.missing():
             if stopped():
-                raise RuntimeError("stopped while waiting for components")
+                raise StartupStopped("stopped while waiting for components")
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError(f"components not ready after {timeout_s:.0f} s: {missing}")

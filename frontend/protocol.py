@@ -246,12 +246,13 @@ def default_max_tokens(default: int | None, limit: int | None) -> int | None:
     return default if limit is None else min(default, limit)
 
 
-def sampling_params(req: _Sampling, max_tokens: int | None, default: int | None,
+def sampling_params(req: _Sampling, max_tokens: int | None, cap: int | None,
                     logprobs: int | None, server: ServerConfig,
                     aliases: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """One validated SamplingParams dict per choice (n); seeds seed+i when a seed is given.
     max_tokens None (the client set none) stays None in the dicts, for the tokenizer to
-    resolve from `default` (see default_max_tokens) and the prompt length.
+    resolve from `cap` (default_max_tokens: the endpoint's default capped by the server's
+    limit; None: no cap) and the prompt length.
     `aliases` maps SamplingParams names to the request fields they came from (see
     param_aliases), so that an error names what the client sent."""
     aliases = aliases or {}
@@ -272,7 +273,6 @@ def sampling_params(req: _Sampling, max_tokens: int | None, default: int | None,
     if stop is not None and len(stop) > server.max_stop_strings:
         raise invalid(f"stop: at most {server.max_stop_strings} stop strings (the server's "
                       f"max_stop_strings limit), got {len(stop)}", "stop")  # fmt: skip
-    cap = default_max_tokens(default, limit)
     provisional = max_tokens if max_tokens is not None else (cap or INT64_MAX)
     fields: dict[str, Any] = {"max_tokens": provisional, "logprobs": logprobs}
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",

@@ -139,9 +139,8 @@ class Serving:
         req = parse(CompletionRequest, await self._read(request))
         self.check_model(req.model)
         prompt, prompt_ids = completion_prompt(req)
-        params = sampling_params(req, req.max_tokens, DEFAULT_MAX_TOKENS_COMPLETION,
-                                 req.logprobs, self.config.server)  # fmt: skip
         default = self._default_max_tokens(DEFAULT_MAX_TOKENS_COMPLETION)
+        params = sampling_params(req, req.max_tokens, default, req.logprobs, self.config.server)
         rid = f"cmpl-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "completion", prompt, prompt_ids, None, p, wall,
                                 bool(req.return_timings), self.pid, default)
@@ -157,9 +156,9 @@ class Serving:
         messages = chat_messages(req)
         logprobs = chat_logprobs(req)
         aliases = param_aliases(req)
-        params = sampling_params(req, chat_max_tokens(req), None, logprobs, self.config.server,
-                                 aliases)  # fmt: skip
         default = self._default_max_tokens(None)
+        params = sampling_params(req, chat_max_tokens(req), default, logprobs, self.config.server,
+                                 aliases)  # fmt: skip
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "chat", None, None, messages, p, wall,
                                 bool(req.return_timings), self.pid, default)
@@ -176,9 +175,9 @@ class Serving:
         if req.n not in (None, 1):
             raise APIError(400, "n: /generate returns one text; use /v1/completions for n > 1",
                            param="n")  # fmt: skip
-        params = sampling_params(req, req.max_new_tokens, DEFAULT_MAX_NEW_TOKENS_GENERATE, None,
-                                 self.config.server, aliases)  # fmt: skip
         default = self._default_max_tokens(DEFAULT_MAX_NEW_TOKENS_GENERATE)
+        params = sampling_params(req, req.max_new_tokens, default, None, self.config.server,
+                                 aliases)  # fmt: skip
         rid = f"gen-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-0"), "completion", req.prompt, None, None, params[0], wall,
                                 bool(req.return_timings), self.pid, default)]  # fmt: skip
