@@ -1,14 +1,14 @@
-"""Weight-only quantization microbenchmark: the time of every linear layer of a model for
-one step of M rows (tokens), dense vs the packed int8/int4 kernels of scheduler_worker/quant.py.
+"""Quantized-linear microbenchmark: the time of every linear layer of a model for one
+step of M rows (tokens), dense float32 / bfloat16 GEMMs vs the block-quantized C++ kernels
+(scheduler_worker/kernels) on each ISA path this CPU has.
 
-    python benchmarks/bench_quant.py --model smollm2 --dtype bfloat16 --rows 1,2,4,8,16,32
+    python benchmarks/bench_quant.py --model smollm2 --rows 1,8,32,64,512
 
-Times each distinct layer shape once per method and row count and multiplies by how many
-layers have that shape, so the figure is "ms per step spent in linears". As in
-quant.quantize_model, "int4" keeps lm_head at int8. Prints a table;
---json writes it. This is where --quantization's row threshold (quant.DEFAULT_MAX_ROWS)
-comes from: the packed kernels win while a step is weight-bound and lose once the dense
-GEMM's compute catches up.
+Times each distinct layer shape once per variant and row count and multiplies by how many
+layers have that shape, so the figure is "ms per step spent in linears". The kernel rows
+use int4 blocks (Q4_1's recipe) with lm_head at int8 (Q8_0's), the default GGUF's layout,
+with float32 activations ("q4/ISA") and bfloat16 ones ("q4/ISA/bf16"). Prints a table;
+--json writes it. This is where the engine's choice of kernel per step size comes from.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ if __package__ in (None, ""):
 from benchmarks.bench_engine import machine_info  # noqa: E402
 from common.model_source import resolve_model  # noqa: E402
 from scheduler_worker.models import load_model  # noqa: E402
-from scheduler_worker.quant import WeightOnlyLinear  # noqa: E402
+from scheduler_worker import kernels  # noqa: E402
+from scheduler_worker.quant.linear import QuantLinear, quantize_weight  # noqa: E402
 
 
 def time_ms(fn, reps: int) -> float:
@@ -45,14 +46,16 @@ def time_ms(fn, reps: int) -> float:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--rows", default="1,2,4,8,16,32")
-    ap.add_argument("--methods", default="int8,int4")
+    ap.add_argument("--rows", default="1,8,32,64,512")
+    ap.add_argument("--isas", default=",".join(kernels.ISAS[1:]),
+                    help="kernel paths to time (those this CPU lacks are skipped)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
-    methods = [m for m in args.methods.split(",") if m]
+    if not kernels.load():
+        sys.exit("the CPU kernels are not built: python -m scheduler_worker.kernels --require")
+    best = kernels.ISAS.index(kernels.best_isa())
+    isas = [i for i in args.isas.split(",") if i and kernels.isa_index(i) <= best]
     model, margs = load_model(resolve_model(args.model), torch.float32, torch.device("cpu"))
     shapes: Counter = Counter()
     layers: dict[tuple[int, int], nn.Linear] = {}
@@ -64,21 +67,25 @@ def main(argv: list[str] | None = None) -> dict:
             layers.setdefault(key, mod)
             if name.rpartition(".")[2] == "lm_head":
                 heads.add(key)
-    variants: dict[str, dict[tuple[int, int], nn.Module]] = {"dense": {}}
+    variants: dict[str, tuple[torch.dtype, dict[tuple[int, int], nn.Module]]] = {}
     for key, lin in layers.items():
-        variants["dense"][key] = nn.Linear(key[1], key[0], bias=lin.bias is not None).to(dtype)
-        variants["dense"][key].load_state_dict({k: v.to(dtype) for k, v in lin.state_dict().items()})
-        for m in methods:  # packed path for every row count (max_rows = huge)
-            eff = "int8" if m == "int4" and key in heads else m
-            variants.setdefault(m, {})[key] = WeightOnlyLinear(lin, eff, dtype, max_rows=1 << 30)
+        for dtype in (torch.float32, torch.bfloat16):
+            dense = nn.Linear(key[1], key[0], bias=lin.bias is not None).to(dtype)
+            dense.load_state_dict({k: v.to(dtype) for k, v in lin.state_dict().items()})
+            variants.setdefault(f"dense/{str(dtype)[6:]}", (dtype, {}))[1][key] = dense
+        bw = quantize_weight(lin.weight, "int8" if key in heads else "int4")
+        for isa in isas:
+            for dtype, tag in ((torch.float32, ""), (torch.bfloat16, "/bf16")):
+                ql = QuantLinear(bw, lin.bias, dtype, isa)
+                variants.setdefault(f"q4/{isa}{tag}", (dtype, {}))[1][key] = ql
     rows = [int(r) for r in args.rows.split(",")]
     res: dict = {"machine": machine_info(), "model": args.model, "architecture": margs.architecture,
-                 "dtype": args.dtype, "shapes": {f"{n}x{k}": c for (n, k), c in shapes.items()},
+                 "shapes": {f"{n}x{k}": c for (n, k), c in shapes.items()},
                  "ms_per_step": {}}  # fmt: skip
     with torch.inference_mode():
         for m_rows in rows:
             out = {}
-            for name, mods in variants.items():
+            for name, (dtype, mods) in variants.items():
                 total = 0.0
                 for key, mod in mods.items():
                     x = torch.randn(m_rows, key[1]).to(dtype)
@@ -86,11 +93,12 @@ def main(argv: list[str] | None = None) -> dict:
                 out[name] = total
             res["ms_per_step"][m_rows] = out
     names = list(variants)
-    print(f"{args.model} ({margs.architecture}), {sum(shapes.values())} linears, {args.dtype}, "
+    print(f"{args.model} ({margs.architecture}), {sum(shapes.values())} linears, "
           f"{res['machine']['cpu']}, {res['machine']['threads']} threads: ms per step in linears")
-    print("rows | " + " | ".join(f"{n:>8}" for n in names))
+    width = max(len(n) for n in names)
+    print("rows | " + " | ".join(f"{n:>{width}}" for n in names))
     for m_rows, out in res["ms_per_step"].items():
-        print(f"{m_rows:4d} | " + " | ".join(f"{out[n]:8.2f}" for n in names))
+        print(f"{m_rows:4d} | " + " | ".join(f"{out[n]:{width}.2f}" for n in names))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=1))

@@ -18,6 +18,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--dtype": (("engine", "model"), "dtype", str),
     "--device": (("engine", "model"), "device", str),
     "--quantization": (("engine", "model"), "quantization", str),
+    "--kernels": (("engine", "model"), "kernels", str),
     "--max-model-len": (("engine", "model"), "max_model_len", int),
     "--block-size": (("engine", "cache"), "block_size", int),
     "--num-kv-blocks": (("engine", "cache"), "num_blocks", int),

@@ -13,7 +13,13 @@ from pathlib import Path
 ENV_PREFIX = "ZEROSERVE_"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, CPU: scheduler_worker/quant.py
+# weight formats of the linears (CPU; scheduler_worker/quant): auto picks gguf for a GGUF
+# model whose linears the kernels serve, else none; gguf serves the file's own blocks;
+# int8/int4 quantize float weights into Q8_0/Q4_1-style blocks
+QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
+# the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
+# "torch" (no C++: dequantized weights in pure torch, the oracle)
+KERNELS = ("auto", "avx512", "avx2", "scalar", "torch")
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -77,14 +83,17 @@ class ModelConfig:
     device: str = "auto"
     max_model_len: int | None = None  # None: the model's own context length
     cache_dir: str | None = None  # where GGUF conversions live; None: default_cache_dir()
-    quantization: str = "none"  # weight-only int8/int4 for small-batch decode on the CPU
+    quantization: str = "auto"  # see QUANTIZATIONS
+    kernels: str = "auto"  # see KERNELS
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        if self.quantization != "none" and (self.dtype == "float16" or self.device == "cuda"):
+        if self.kernels not in KERNELS:
+            raise ConfigError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
+        if self.quantization not in ("auto", "none") and (self.dtype == "float16" or self.device == "cuda"):
             raise ConfigError(f"quantization {self.quantization!r} runs on the CPU with dtype "
                               f"bfloat16 or float32 (got device {self.device!r}, dtype {self.dtype!r})")
         if self.device not in DEVICES:

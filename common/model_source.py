@@ -81,11 +81,14 @@ def resolve_model(model: str | os.PathLike, cache_dir: Path | str | None = None,
                            f"format); expected {_ACCEPTED}")
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
-    """Convert in this process (torch gets imported for the tokenizer); see gguf_convert."""
-    from common.gguf_convert import convert_gguf as convert
-
-    convert(Path(gguf_path), Path(out_dir), progress=progress)
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file a cached conversion was made from (its marker names it), if it still
+    exists; None for a plain HF directory."""
+    marker = Path(model_dir) / COMPLETE_MARKER
+    if not marker.is_file():
+        return None
+    src = Path(marker.read_text().strip())
+    return src if src.is_file() and _has_gguf_magic(src) else None
 
 
 def check_hf_dir(path: Path) -> Path:

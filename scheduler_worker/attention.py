@@ -45,9 +45,10 @@ class AttentionMetadata:
     num_decode: int = 0  # decode tokens occupy [0, num_decode)
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] int64
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks*block_size] bool
+    decode_context_lens: torch.Tensor | None = None  # [num_decode] int64: tokens each attends
     prefills: list[PrefillSlice] = field(default_factory=list)
     logits_indices: torch.Tensor | None = None  # [num_seqs]: last token of each sequence
-    decode_kernel: str = "sdpa"  # "sdpa" | "matmul": see choose_decode_kernel()
+    decode_kernel: str = "sdpa"  # "sdpa" | "matmul" | "paged": see choose_decode_kernel()
 
 
 def write_kv(
@@ -67,13 +68,22 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_written: bool = False,  # the caller wrote k, v into the cache already (rope_write_kv)
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
-    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    if not kv_written:
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k.shape[1]
     out = torch.empty_like(q)
     nd = meta.num_decode
-    if nd:
+    if nd and meta.decode_kernel == "paged":
+        assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
+        dec = torch.ops.zeroserve.paged_decode_attention(
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+        if nd == q.shape[0]:
+            return dec  # a decode-only step
+        out[:nd] = dec
+    elif nd:
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         out[:nd] = _decode_attention(
             q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale,
@@ -101,12 +111,16 @@ def paged_attention(
     return out
 
 
-DECODE_KERNELS = ("sdpa", "matmul")
+DECODE_KERNELS = ("sdpa", "matmul", "paged")
 
 
 def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
-                         cpu_flags: str | None = None) -> str:  # fmt: skip
-    """SDPA, except for half precision on a CPU without AMX. Measured at 2 threads
+                         cpu_flags: str | None = None, paged: bool = False) -> str:  # fmt: skip
+    """"paged" (the C++ kernel reading the KV blocks in place, scheduler_worker/kernels)
+    on the CPU in float32 or bfloat16 whenever the kernels are built (`paged`): it skips
+    the gather, the padding mask and the casts, and measured faster than both torch paths
+    on every batch and context (docs/benchmarks.md). Otherwise:
+    SDPA, except for half precision on a CPU without AMX. Measured at 2 threads
     (docs/benchmarks.md): with AMX (Intel Sapphire Rapids and later) the fused bf16 SDPA
     kernel beats matmul + softmax + matmul by 2.5-10x on decode shapes; without it (an
     AMD EPYC with AVX512-BF16 only) the same kernel is 3-5x *slower* than the matmuls,
@@ -118,6 +132,8 @@ def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
             raise ValueError(f"ZEROSERVE_DECODE_ATTENTION must be one of {DECODE_KERNELS}, "
                              f"got {forced!r}")  # fmt: skip
         return forced
+    if paged and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        return "paged"
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
         return "sdpa"
     if cpu_flags is None:

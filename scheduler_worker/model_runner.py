@@ -14,10 +14,15 @@ from pathlib import Path
 import torch
 
 from common.config import EngineConfig
+from common.cpu import cpu_flags
 from common.log import get_logger
+from common.model_source import gguf_source
+from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.models import load_model
-from scheduler_worker.quant import check_quantization, packed_max_rows, quantize_model
+from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
+from scheduler_worker.quant.linear import quantize_model, replace_linear
+from scheduler_worker.quant.plan import WeightPlan, plan_weights
 
 log = get_logger("model_runner")
 
@@ -51,11 +56,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 class ModelRunner:
@@ -63,23 +64,17 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.model.device)
         self.dtype = resolve_dtype(config.model.dtype, self.device)
-        quant = config.model.quantization
-        check_quantization(quant, self.device, self.dtype)
+        gguf = gguf_source(model_dir)
+        self.weights = plan_weights(config.model, self.device, gguf)
         t0 = time.perf_counter()
         self.model, self.args = load_model(model_dir, self.dtype, self.device)
         log.info("loaded %s (%s, %s) in %.1fs", self.args.architecture, self.dtype,
                  self.device, time.perf_counter() - t0)
-        if quant != "none":
-            t0 = time.perf_counter()
-            rows = packed_max_rows(self.dtype)
-            n = quantize_model(self.model, quant, self.dtype, rows)
-            log.info("quantized %d linear layers to %s in %.1fs (packed kernels up to %d rows)",
-                     n, quant, time.perf_counter() - t0, rows)
-            if rows == 0:
-                log.warning("quantization %s with %s: the packed kernels are slower than dense "
-                            "%s on the CPU, so only the quantized numerics apply; use "
-                            "--dtype bfloat16 for the speed", quant, self.dtype, self.dtype)
-        self.decode_kernel = choose_decode_kernel(self.device, self.dtype)
+        self._quantize(self.weights, gguf)
+        self.use_kernels = self._kernels_wanted()
+        self.decode_kernel = choose_decode_kernel(self.device, self.dtype, paged=self.use_kernels)
+        if self.use_kernels:
+            self.model.apply(lambda m: setattr(m, "fused", True) if hasattr(m, "fused") else None)
         log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
@@ -89,6 +84,36 @@ class ModelRunner:
              torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(self.args.num_layers)
         ]
+
+    def _kernels_wanted(self) -> bool:
+        """The C++ decode ops (attention, norms, activation) serve float32/bfloat16 CPU
+        models unless --kernels torch asks for pure torch."""
+        if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        return self.config.model.kernels != "torch" and kernels.load()
+
+    def _quantize(self, plan: WeightPlan, gguf: Path | None) -> None:
+        if plan.method == "none":
+            log.info("weights: float (%s)", plan.reason)
+            return
+        t0 = time.perf_counter()
+        path = plan.isa or "pure torch (dequantized)"
+        if plan.method == "gguf":
+            assert gguf is not None
+            blocks = GGUFBlocks(gguf)
+            found, skipped = gguf_linears(blocks, self.args.num_layers)
+            for name, weight in found.items():
+                replace_linear(self.model, name, weight, self.dtype, plan.isa, plan.dense_dtype)
+            types = ", ".join(f"{n} {t}" for t, n in sorted(blocks.types().items()))
+            log.info("weights: %d linears from the GGUF's own blocks (file: %s), kernels %s, "
+                     "in %.1fs (%s)", len(found), types, path, time.perf_counter() - t0, plan.reason)
+            if skipped:
+                log.info("weights: %d linears keep dequantized float weights (no kernel for "
+                         "their GGUF type): %s", len(skipped), ", ".join(skipped[:4]))
+            return
+        n = quantize_model(self.model, plan.method, self.dtype, plan.isa, plan.dense_dtype)
+        log.info("weights: %d linears quantized to %s blocks, kernels %s, in %.1fs (%s)",
+                 n, plan.method, path, time.perf_counter() - t0, plan.reason)
 
     @property
     def vocab_size(self) -> int:
@@ -143,9 +168,11 @@ class ModelRunner:
             tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks])) for s in dec]
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             ctx_t = torch.tensor(ctx, dtype=torch.long, device=dev)
-            meta.decode_mask = (torch.arange(max_blocks * bs, device=dev)[None, :] < ctx_t[:, None]).view(
-                num_decode, 1, 1, -1
-            )
+            meta.decode_context_lens = ctx_t
+            if self.decode_kernel != "paged":
+                meta.decode_mask = (torch.arange(max_blocks * bs, device=dev)[None, :] < ctx_t[:, None]).view(
+                    num_decode, 1, 1, -1
+                )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, meta

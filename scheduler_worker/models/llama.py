@@ -24,12 +24,21 @@ from scheduler_worker.rope import RotaryEmbedding, rotate
 
 
 class RMSNorm(nn.Module):
+    """`norm(x)`, or with a residual stream `norm(x, residual)`: residual += x (in place)
+    and the sum is normalized, so the add and the norm are one pass in the fused kernel."""
+
+    fused = False  # ModelRunner sets it when the C++ kernels serve this model
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fused:
+            return torch.ops.zeroserve.rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = residual.add_(x)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -37,6 +46,8 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
+    fused = False  # ModelRunner sets it when the C++ kernels serve this model
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -48,9 +59,17 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.scale = self.head_dim**-0.5
 
-    def forward(self, cos_sin, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, rope, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """rope: (positions, cos table, sin table) when fused, else (cos, sin) per token."""
         qkv = self.qkv_proj(x)
         t = qkv.shape[0]
+        if self.fused:  # rotate q, k and write k, v into the cache in one pass
+            q, k = torch.ops.zeroserve.rope_write_kv(qkv, *rope, kv_cache[0], kv_cache[1],
+                                                     meta.slot_mapping, self.num_heads, self.num_kv_heads)
+            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+            o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, kv_written=True)
+            return self.o_proj(o.reshape(-1, self.q_size))
+        cos_sin = rope
         # q and k heads side by side, rotated in one go: [T, H + Hkv, D]
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         qk = rotate(qk, *cos_sin)
@@ -61,14 +80,20 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    fused = False  # ModelRunner sets it when the C++ kernels serve this model
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.act = ACTIVATIONS[args.hidden_act]
+        self.silu = args.hidden_act in ("silu", "swish")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused and self.silu:
+            return self.down_proj(torch.ops.zeroserve.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -80,9 +105,11 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = LlamaMLP(args)
 
-    def forward(self, cos_sin, x, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(cos_sin, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, cos_sin, x, residual, kv_cache, meta) -> torch.Tensor:
+        """x: the previous layer's MLP output, added here into `residual` (the running
+        hidden state, updated in place); returns this layer's MLP output."""
+        h = self.self_attn(cos_sin, self.input_layernorm(x, residual), kv_cache, meta)
+        return self.mlp(self.post_attention_layernorm(h, residual))
 
 
 class LlamaForCausalLM(CausalLM):
@@ -90,6 +117,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.args = args
         self.rope = self._make_rope()  # cos/sin computed once per forward, for every layer
+        self._rope_f32: tuple[torch.Tensor, torch.Tensor] | None = None
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
@@ -109,13 +137,20 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head.weight = self.embed_tokens.weight
         if self.embed_tokens.weight.device.type != "meta":
             self.rope = self._make_rope()
+            self._rope_f32 = None
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rope.cos_sin(positions, x.dtype)
+        residual = self.embed_tokens(input_ids)
+        if self.layers[0].self_attn.fused:
+            if self._rope_f32 is None:  # the kernel reads float32 tables (same values)
+                self._rope_f32 = (self.rope.cos.float().contiguous(), self.rope.sin.float().contiguous())
+            cos_sin = (positions, *self._rope_f32)
+        else:
+            cos_sin = self.rope.cos_sin(positions, residual.dtype)
+        x = torch.zeros_like(residual)  # the "previous MLP output" the first layer adds
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(cos_sin, x, kv_cache, meta)
-        return self.norm(x)
+            x = layer(cos_sin, x, residual, kv_cache, meta)
+        return self.norm(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

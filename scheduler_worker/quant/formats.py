@@ -1,0 +1,152 @@
+"""Block-quantized weights: GGUF's Q4_0 / Q4_1 / Q8_0 as the kernels take them, and the
+pure-torch oracle the kernels are tested against.
+
+A weight [N, K] is cut into blocks of 32 along K (the input dim). Two kernel forms cover
+the three GGUF formats, values unchanged:
+
+    form "q4":  w = d * q + m,  q in 0..15 (two per byte, GGUF's nibble order)
+                Q4_1 as stored (d, m); Q4_0 is q4 with m = -8 d.
+    form "q8":  w = d * q,      q in -127..127 (int8)
+                Q8_0 as stored.
+
+GGUF keeps d and m as float16 inside each block; they are widened to float32 arrays
+[N, K/32] here (exact), so the kernels read nibbles, scales and minimums from three
+dense arrays. Float checkpoints are quantized into the same forms (`quantize_q4`: Q4_1's
+recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+QK = 32  # inputs per block
+FORMS = ("q4", "q8")
+# GGUF type name -> (kernel form, bytes per block)
+GGUF_BLOCK_TYPES = {"Q4_0": ("q4", 18), "Q4_1": ("q4", 20), "Q8_0": ("q8", 34)}
+
+
+@dataclass
+class BlockWeight:
+    form: str  # "q4" | "q8"
+    qs: torch.Tensor  # q4: uint8 [N, K/2]; q8: int8 [N, K]
+    d: torch.Tensor  # float32 [N, K/32]
+    m: torch.Tensor | None  # q4: float32 [N, K/32]; q8: None
+    source: str  # what it was made from: "Q4_1", "Q8_0", "int4", ...
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.d.shape[0], self.d.shape[1] * QK
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+
+def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
+    """Split GGUF blocks ([N, K/32 * block bytes] uint8, rows in the file's order) into the
+    kernel arrays. Every value is kept: d, m are widened float16 -> float32."""
+    if type_name not in GGUF_BLOCK_TYPES:
+        raise ValueError(f"GGUF type {type_name} has no kernel (supported: {', '.join(GGUF_BLOCK_TYPES)})")
+    form, size = GGUF_BLOCK_TYPES[type_name]
+    nb = k // QK
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nb, size)
+    d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb).astype(np.float32)
+    if type_name == "Q4_1":
+        m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb).astype(np.float32)
+        qs = blocks[:, :, 4:].reshape(n, nb * 16)
+    elif type_name == "Q4_0":
+        m = -8.0 * d
+        qs = blocks[:, :, 2:].reshape(n, nb * 16)
+    else:
+        return BlockWeight("q8", torch.from_numpy(blocks[:, :, 2:].reshape(n, k).view(np.int8).copy()),
+                           torch.from_numpy(d), None, type_name)  # fmt: skip
+    return BlockWeight(form, torch.from_numpy(np.ascontiguousarray(qs)), torch.from_numpy(d),
+                       torch.from_numpy(np.ascontiguousarray(m)), type_name)  # fmt: skip
+
+
+def _blocks(w: torch.Tensor) -> torch.Tensor:
+    n, k = w.shape
+    if k % QK:
+        raise ValueError(f"block quantization needs the input dim ({k}) to be a multiple of {QK}")
+    return w.detach().float().reshape(n, k // QK, QK)
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q [N, nb, 32] in 0..15 -> uint8 [N, nb*16]: byte j = q[j] | q[j+16] << 4 (GGUF's order)."""
+    q = q.to(torch.uint8)
+    return (q[..., :16] | (q[..., 16:] << 4)).reshape(q.shape[0], -1).contiguous()
+
+
+def unpack_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, nb*16] -> int32 [N, nb, 32] in 0..15."""
+    b = qs.reshape(qs.shape[0], -1, 16).to(torch.int32)
+    return torch.cat([b & 15, b >> 4], dim=-1)
+
+
+def quantize_q4(w: torch.Tensor) -> BlockWeight:
+    """Q4_1's recipe: per block of 32, d = (max - min) / 15, m = min, q = round((w - m) / d)."""
+    g = _blocks(w)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    d = (hi - lo) / 15.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round((g - lo[..., None]) * inv[..., None]).clamp(0, 15)
+    return BlockWeight("q4", pack_nibbles(q), d.contiguous(), lo.contiguous(), "int4")
+
+
+def quantize_q8(w: torch.Tensor) -> BlockWeight:
+    """Q8_0's recipe: per block of 32, d = absmax / 127, q = round(w / d)."""
+    g = _blocks(w)
+    d = g.abs().amax(dim=2) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(g * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    return BlockWeight("q8", q.reshape(w.shape[0], -1).contiguous(), d.contiguous(), None, "int8")
+
+
+def dequantize(bw: BlockWeight) -> torch.Tensor:
+    """The float32 weight [N, K] the blocks stand for (the oracle's and the fallback's)."""
+    n, k = bw.shape
+    if bw.form == "q4":
+        assert bw.m is not None
+        w = unpack_nibbles(bw.qs).float() * bw.d[..., None] + bw.m[..., None]
+    else:
+        w = bw.qs.reshape(n, -1, QK).float() * bw.d[..., None]
+    return w.reshape(n, k)
+
+
+def cat_rows(parts: list[BlockWeight]) -> BlockWeight:
+    """Stack weights along N (q/k/v into qkv): they must share a form and K."""
+    forms = {p.form for p in parts}
+    if len(forms) != 1 or len({p.shape[1] for p in parts}) != 1:
+        raise ValueError(f"cannot stack block weights of forms {sorted(forms)} and shapes "
+                         f"{[p.shape for p in parts]}")  # fmt: skip
+    ms = [p.m for p in parts]
+    m = None if any(x is None for x in ms) else torch.cat([x for x in ms if x is not None])
+    return BlockWeight(parts[0].form, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]),
+                       m, "+".join(sorted({p.source for p in parts})))  # fmt: skip
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the kernels do to activations (llama.cpp's Q8_1): per block of 32, d = absmax/127,
+    q = round(x / d); returns (q int8 [M, K], d [M, K/32], s = d * sum(q) [M, K/32])."""
+    g = _blocks(x)
+    d = g.abs().amax(dim=2) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(g * inv[..., None]).clamp(-127, 127)
+    return q.to(torch.int8).reshape(x.shape), d, d * q.sum(dim=2)
+
+
+def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
+    """The kernels' arithmetic in float64 torch (8-bit activations, integer block dots):
+    what qlinear must return up to float32 rounding."""
+    xq, xd, xs = quantize_activations(x)
+    m_rows, n = x.shape[0], bw.shape[0]
+    xb = xq.reshape(m_rows, -1, QK).double()
+    wq = unpack_nibbles(bw.qs) if bw.form == "q4" else bw.qs.reshape(n, -1, QK)
+    dots = torch.einsum("mbk,nbk->mnb", xb, wq.double())  # integer-valued
+    out = (dots * xd.double()[:, None, :] * bw.d.double()[None]).sum(-1)
+    if bw.form == "q4":
+        assert bw.m is not None
+        out += xs.double() @ bw.m.double().T
+    return out

@@ -1,0 +1,112 @@
+"""QuantLinear: a drop-in for nn.Linear whose weight stays block-quantized.
+
+At small batch a decode step is weight-bound: every token reads every weight once. A
+4-bit block weight is ~0.6 bytes per parameter against 4 (float32) or 2 (bfloat16), so the
+C++ kernels (scheduler_worker/kernels) read 3-6x fewer bytes per token; they quantize the
+activations to 8 bits per block and do integer dot products, as llama.cpp does.
+
+Without the kernels (no compiler) the layer multiplies by its dequantized weight in
+pure torch: the same weight values, float activations, slower.
+
+Large steps (prefill, big decode batches) are compute-bound, and on a CPU with native
+bfloat16 GEMMs (AVX512-BF16, AMX) oneDNN's bf16 GEMM outruns the integer kernels past a
+few rows (docs/benchmarks.md, bench_quant.py). Such a CPU keeps a bfloat16 copy of the
+dequantized weight (`dense_dtype`) for steps of more than `dense_above` rows: the same
+weight values, bfloat16 activations.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scheduler_worker import kernels
+from scheduler_worker.quant.formats import BlockWeight, dequantize, quantize_q4, quantize_q8
+
+QUANT_METHODS = ("none", "int8", "int4", "gguf")
+# rows per step above which a CPU with native bf16 GEMMs uses the dense bf16 copy: measured
+# on an AVX512-BF16 EPYC (bench_quant.py), where the crossover sat between 8 and 16 rows
+DENSE_ABOVE_ROWS = 8
+
+
+def dense_dtype_for(flags: frozenset[str]) -> torch.dtype | None:
+    """bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), else None (no
+    dense copy: float32 GEMMs lose to the integer kernels at every batch size measured)."""
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & flags else None
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, weight: BlockWeight, bias: torch.Tensor | None, dtype: torch.dtype,
+                 isa: str | None, dense_dtype: torch.dtype | None = None,
+                 dense_above: int = DENSE_ABOVE_ROWS) -> None:  # fmt: skip
+        """`isa`: the kernel path ("avx512", "avx2", "scalar"); None computes in pure torch.
+        `dense_dtype`: keep a dense copy in this dtype for steps of > `dense_above` rows."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.form, self.source = weight.form, weight.source
+        self.isa = isa
+        self._isa_index = kernels.isa_index(isa) if isa is not None else -1
+        self._fmt = 0 if weight.form == "q4" else 1
+        self.register_buffer("qs", weight.qs)
+        self.register_buffer("d", weight.d)
+        self.register_buffer("m", weight.m)
+        self.dense: torch.Tensor | None = None
+        self.dense_above = 0 if isa is None else dense_above
+        if isa is None or dense_dtype is not None:
+            self.dense = dequantize(weight).to(dtype if isa is None else dense_dtype)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if self.dense is not None and x2.shape[0] > self.dense_above:
+            y = F.linear(x2.to(self.dense.dtype), self.dense).to(x.dtype)
+            if self.bias is not None:
+                y = y + self.bias
+            return y.reshape(*x.shape[:-1], self.out_features)
+        y = torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self._fmt, self._isa_index)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        path = self.isa or "pure torch"
+        return f"{self.in_features}, {self.out_features}, {self.source} as {self.form}, {path}"
+
+
+def quantize_weight(w: torch.Tensor, method: str) -> BlockWeight:
+    if method == "int4":
+        return quantize_q4(w)
+    if method == "int8":
+        return quantize_q8(w)
+    raise ValueError(f"cannot quantize a float weight with method {method!r}")
+
+
+def replace_linear(model: nn.Module, name: str, weight: BlockWeight, dtype: torch.dtype,
+                   isa: str | None, dense_dtype: torch.dtype | None = None) -> QuantLinear:  # fmt: skip
+    """Swap the nn.Linear at `name` for a QuantLinear of `weight` (keeping its bias)."""
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    old = getattr(parent, attr)
+    if not isinstance(old, nn.Linear) or (old.out_features, old.in_features) != weight.shape:
+        raise ValueError(f"{name}: expected an nn.Linear of shape {weight.shape}, found {old}")
+    new = QuantLinear(weight, old.bias, dtype, isa, dense_dtype)
+    setattr(parent, attr, new)
+    return new
+
+
+def quantize_model(model: nn.Module, method: str, dtype: torch.dtype, isa: str | None,
+                   dense_dtype: torch.dtype | None = None) -> int:  # fmt: skip
+    """Quantize every nn.Linear of a float model in place; returns how many.
+
+    With int4 the output projection (`lm_head`) gets int8: 4 bits on the vocab projection
+    visibly change greedy text, and the GGUF files int4 stands in for keep it wider too
+    (the default model's is Q4_1 everywhere but the tied embedding/output, Q8_0).
+    """
+    targets = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+    for name in targets:
+        linear = model.get_submodule(name)
+        assert isinstance(linear, nn.Linear)
+        m = "int8" if method == "int4" and name.rpartition(".")[2] == "lm_head" else method
+        replace_linear(model, name, quantize_weight(linear.weight, m), dtype, isa, dense_dtype)
+    return len(targets)

@@ -1,0 +1,63 @@
+"""Which weights a model's linears get, and which kernel path serves them, with the reason
+the server logs.
+
+    --quantization auto ─▶ a GGUF model whose linears are Q4_0/Q4_1/Q8_0, on the CPU: "gguf"
+                           (the file's own blocks: the model the user downloaded)
+                         ─▶ anything else: "none" (float weights, exact)
+    --kernels auto ──────▶ the best ISA path the CPU has (AVX-512 VNNI, AVX2, scalar C++),
+                           or pure torch (dequantized weights) when the C++ kernels cannot
+                           be built here
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.config import ModelConfig
+from common.cpu import cpu_flags
+from scheduler_worker import kernels
+from scheduler_worker.quant.linear import dense_dtype_for
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    method: str  # "none" | "gguf" | "int8" | "int4"
+    isa: str | None  # kernel path for quantized linears; None: pure torch
+    reason: str
+    dense_dtype: torch.dtype | None = None  # dense copy for large steps (QuantLinear)
+
+
+def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> WeightPlan:
+    method, why = cfg.quantization, f"--quantization {cfg.quantization}"
+    if method == "auto":
+        if device.type != "cpu":
+            method, why = "none", f"auto on {device.type}: the quantized kernels are CPU-only"
+        elif gguf is not None:
+            method, why = "gguf", f"auto: serving the GGUF file's own blocks ({gguf.name})"
+        else:
+            method, why = "none", "auto: a float checkpoint keeps its weights (--quantization int8|int4 to quantize)"
+    if method == "gguf" and gguf is None:
+        raise ValueError("--quantization gguf needs a GGUF model (the alias 'smollm2' or a .gguf file)")
+    if method == "none":
+        return WeightPlan("none", None, why)
+    isa = _kernel_path(cfg.kernels)
+    dense = dense_dtype_for(cpu_flags()) if isa is not None else None
+    return WeightPlan(method, isa, why, dense)
+
+
+def _kernel_path(choice: str) -> str | None:
+    if choice == "torch":
+        return None
+    if not kernels.load():  # logs why, once
+        if choice != "auto":
+            raise ValueError(f"--kernels {choice}: the C++ kernels are not available here (see the log)")
+        return None
+    best = kernels.best_isa()
+    if choice == "auto":
+        return best
+    if kernels.isa_index(choice) > kernels.isa_index(best):
+        raise ValueError(f"--kernels {choice}: this CPU's best path is {best}")
+    return choice
