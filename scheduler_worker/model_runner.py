@@ -21,7 +21,7 @@ from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.models import load_model
 from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
-from scheduler_worker.quant.linear import quantize_model, replace_linear
+from scheduler_worker.quant.linear import DENSE_ABOVE_ROWS, quantize_model, replace_linear
 from scheduler_worker.quant.plan import WeightPlan, plan_weights
 
 log = get_logger("model_runner")
@@ -45,11 +45,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
     if name != "auto":
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if quantized:
+        # block-quantized linears take float32 activations best on every CPU measured: the
+        # kernels quantize them to 8 bits anyway, and the rest of the step (norms, rope,
+        # attention) has no casts; large steps still get bf16 GEMMs where the CPU has
+        # them (QuantLinear's dense copy). docs/benchmarks.md, "Decode step".
+        return torch.float32
     # CPU: bfloat16 when the CPU has native bf16 matmuls (AVX512-BF16 / AMX), measured
     # faster than float32 for this engine (docs/benchmarks.md); float32 otherwise.
     return torch.bfloat16 if _cpu_has_bf16() else torch.float32
@@ -63,9 +69,11 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         self.config = config
         self.device = resolve_device(config.model.device)
-        self.dtype = resolve_dtype(config.model.dtype, self.device)
         gguf = gguf_source(model_dir)
         self.weights = plan_weights(config.model, self.device, gguf)
+        self.dtype = resolve_dtype(config.model.dtype, self.device, self.weights.method != "none")
+        if self.weights.method != "none" and self.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"quantized weights need dtype float32 or bfloat16, not {self.dtype}")
         t0 = time.perf_counter()
         self.model, self.args = load_model(model_dir, self.dtype, self.device)
         log.info("loaded %s (%s, %s) in %.1fs", self.args.architecture, self.dtype,
@@ -94,7 +102,7 @@ class ModelRunner:
 
     def _quantize(self, plan: WeightPlan, gguf: Path | None) -> None:
         if plan.method == "none":
-            log.info("weights: float (%s)", plan.reason)
+            log.info("weights: float %s (%s)", str(self.dtype).removeprefix("torch."), plan.reason)
             return
         t0 = time.perf_counter()
         path = plan.isa or "pure torch (dequantized)"
@@ -106,14 +114,24 @@ class ModelRunner:
                 replace_linear(self.model, name, weight, self.dtype, plan.isa, plan.dense_dtype)
             types = ", ".join(f"{n} {t}" for t, n in sorted(blocks.types().items()))
             log.info("weights: %d linears from the GGUF's own blocks (file: %s), kernels %s, "
-                     "in %.1fs (%s)", len(found), types, path, time.perf_counter() - t0, plan.reason)
+                     "activations %s%s, in %.1fs (%s)", len(found), types, path,
+                     str(self.dtype).removeprefix("torch."), self._dense_note(plan),
+                     time.perf_counter() - t0, plan.reason)
             if skipped:
                 log.info("weights: %d linears keep dequantized float weights (no kernel for "
                          "their GGUF type): %s", len(skipped), ", ".join(skipped[:4]))
             return
         n = quantize_model(self.model, plan.method, self.dtype, plan.isa, plan.dense_dtype)
-        log.info("weights: %d linears quantized to %s blocks, kernels %s, in %.1fs (%s)",
-                 n, plan.method, path, time.perf_counter() - t0, plan.reason)
+        log.info("weights: %d linears quantized to %s blocks, kernels %s, activations %s%s, "
+                 "in %.1fs (%s)", n, plan.method, path, str(self.dtype).removeprefix("torch."),
+                 self._dense_note(plan), time.perf_counter() - t0, plan.reason)
+
+    @staticmethod
+    def _dense_note(plan: WeightPlan) -> str:
+        if plan.dense_dtype is None:
+            return ""
+        return (f"; steps of more than {DENSE_ABOVE_ROWS} rows use a dense "
+                f"{str(plan.dense_dtype).removeprefix('torch.')} copy (native bf16 GEMMs here)")
 
     @property
     def vocab_size(self) -> int:

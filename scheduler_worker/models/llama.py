@@ -113,6 +113,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
+    fused = False  # ModelRunner sets it (with its layers') when the C++ kernels serve it
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
@@ -141,7 +143,8 @@ class LlamaForCausalLM(CausalLM):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         residual = self.embed_tokens(input_ids)
-        if self.layers[0].self_attn.fused:
+        cos_sin: tuple[torch.Tensor, ...]
+        if self.fused:
             if self._rope_f32 is None:  # the kernel reads float32 tables (same values)
                 self._rope_f32 = (self.rope.cos.float().contiguous(), self.rope.sin.float().contiguous())
             cos_sin = (positions, *self._rope_f32)

@@ -35,6 +35,8 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
     if method == "auto":
         if device.type != "cpu":
             method, why = "none", f"auto on {device.type}: the quantized kernels are CPU-only"
+        elif cfg.dtype == "float16":
+            method, why = "none", "auto with float16: the quantized kernels take float32 or bfloat16"
         elif gguf is not None:
             method, why = "gguf", f"auto: serving the GGUF file's own blocks ({gguf.name})"
         else:

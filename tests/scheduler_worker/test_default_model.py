@@ -37,7 +37,7 @@ def prompts(default_model_dir) -> list[list[int]]:
 def test_default_model_greedy_equals_transformers(default_model_dir, prompts):
     expected = hf_greedy(default_model_dir, prompts, NEW_TOKENS)
     engine = LLMEngine(EngineConfig(
-        model=ModelConfig(model="smollm2", dtype="float32"),
+        model=ModelConfig(model="smollm2", dtype="float32", quantization="none"),
         cache=CacheConfig(num_blocks=64),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
     ), default_model_dir)  # fmt: skip
