@@ -205,8 +205,10 @@ def _llamacpp_rope_factors(rope: dict, head_dim: int) -> np.ndarray:  # llama.cp
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(model, arch: str, path: Path, fields: dict) -> Path:
-    """A float32 GGUF file laid out like llama.cpp's converter writes one."""
+def write_gguf(model, arch: str, path: Path, fields: dict, qtype=None) -> Path:
+    """A GGUF file laid out like llama.cpp's converter writes one: float32, or with every
+    projection and output matrix in a block format, `qtype(gguf name)` (norms and the
+    embedding stay float32)."""
     cfg = model.config
     n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -248,7 +250,10 @@ def write_gguf(model, arch: str, path: Path, fields: dict) -> Path:
             gname = f"blk.{parts[2]}.{names[parts[-2]]}.{parts[-1]}"
         if arch == "llama" and parts[-2] in ("q_proj", "k_proj"):
             a = _permute(a, n_head if parts[-2] == "q_proj" else n_kv)
-        w.add_tensor(gname, a)
+        if qtype is not None and a.ndim == 2 and gname != "token_embd.weight":
+            w.add_tensor(gname, gguf.quants.quantize(a, qtype(gname)), raw_dtype=qtype(gname))
+        else:
+            w.add_tensor(gname, a)
     _close(w)
     return path
 

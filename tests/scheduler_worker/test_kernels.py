@@ -1,0 +1,157 @@
+"""The C++ CPU kernels against their pure-torch oracles: every ISA path this machine has
+(the portable scalar path always among them), every block form, batches 1 to 64, shapes
+whose tails are not a multiple of the block, the vector width or the tile."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from scheduler_worker import kernels
+from scheduler_worker.attention import _decode_attention, write_kv
+from scheduler_worker.quant.formats import from_gguf, quantize_activations, reference_qlinear
+from scheduler_worker.rope import rotate
+
+pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
+ISAS = [i for i in kernels.ISAS if kernels.load() and kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())]
+ops = torch.ops.zeroserve
+
+
+def _gguf_weight(type_name: str, n: int, k: int, seed: int):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.05, (n, k)).astype(np.float32)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType[type_name])
+    return from_gguf(raw, type_name, n, k)
+
+
+def test_scalar_path_is_always_there_and_best_isa_matches_the_flags():
+    assert ISAS[0] == "scalar" and ops.cpu_isa() == kernels.isa_index(kernels.best_isa())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_qlinear_equals_the_oracle(isa, type_name):
+    # K = 32 (one block), 96 (odd block count: the AVX-512 pair loop's tail), 576, 1536;
+    # N not a multiple of the 4-row tile; M from 1 to 64 (tiles of 3/4 rows plus tails)
+    shapes = [(1, 5, 32), (2, 37, 96), (3, 64, 576), (7, 13, 160), (16, 40, 1536), (64, 9, 64)]
+    for seed, (m, n, k) in enumerate(shapes):
+        bw = _gguf_weight(type_name, n, k, seed)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+        ref = reference_qlinear(x, bw)
+        fmt = 0 if bw.form == "q4" else 1
+        y = ops.qlinear(x, bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
+        assert y.dtype == torch.float32 and y.shape == (m, n)
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        yb = ops.qlinear(x.bfloat16(), bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
+        refb = reference_qlinear(x.bfloat16().float(), bw)
+        assert yb.dtype == torch.bfloat16
+        torch.testing.assert_close(yb.double(), refb, rtol=1e-2, atol=1e-2 * refb.abs().max().item())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_activation_quantization_equals_the_oracle(isa):
+    x = torch.randn(5, 160) * torch.logspace(-3, 2, 160)  # very different block ranges
+    x[1, 32:64] = 0.0  # an all-zero block: d = 0, q = 0
+    q, d, s = ops.quantize_act(x, kernels.isa_index(isa))
+    q_ref, d_ref, s_ref = quantize_activations(x)
+    torch.testing.assert_close(d, d_ref, rtol=1e-6, atol=0)
+    # x / d lands within float rounding of .5 now and then: one step apart at most
+    assert (q.int() - q_ref.int()).abs().max() <= 1 and (q != q_ref).float().mean() < 0.01
+    assert torch.equal(q[1, 32:64], torch.zeros(32, dtype=torch.int8)) and d[1, 1] == 0
+    torch.testing.assert_close(s, d * q.float().reshape(5, -1, 32).sum(-1))
+
+
+def test_qlinear_refuses_bad_shapes():
+    bw = _gguf_weight("Q4_1", 8, 64, 0)
+    with pytest.raises(RuntimeError, match="does not match"):
+        ops.qlinear(torch.randn(2, 96), bw.qs, bw.d, bw.m, 0, 0)
+    with pytest.raises(RuntimeError, match="needs m"):
+        ops.qlinear(torch.randn(2, 64), bw.qs, bw.d, None, 0, 0)
+
+
+def _paged(batch: int, lens: list[int], bs: int, h: int, hkv: int, d: int, dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [(n + bs - 1) // bs for n in lens]
+    num_blocks = sum(per_seq) + 3
+    kc = torch.randn(num_blocks, bs, hkv, d, generator=g).to(dtype)
+    vc = torch.randn(num_blocks, bs, hkv, d, generator=g).to(dtype)
+    perm = torch.randperm(num_blocks - 1, generator=g) + 1  # scattered blocks, 0 unused
+    width = max(per_seq)
+    tables, start = torch.zeros(batch, width, dtype=torch.long), 0
+    for i, nb in enumerate(per_seq):
+        tables[i, :nb] = perm[start : start + nb]
+        start += nb
+    q = torch.randn(batch, h, d, generator=g).to(dtype)
+    return q, kc, vc, tables
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [(1, [1], 16, 9, 3, 64), (3, [17, 40, 5], 16, 4, 2, 128),
+                                  (5, [33, 1, 64, 100, 7], 4, 6, 6, 32), (2, [300, 250], 16, 8, 1, 80)])
+def test_paged_decode_attention_equals_the_gathered_torch_path(dtype, case):
+    batch, lens, bs, h, hkv, d = case
+    q, kc, vc, tables = _paged(batch, lens, bs, h, hkv, d, dtype, seed=len(lens))
+    ctx = torch.tensor(lens)
+    mask = (torch.arange(tables.shape[1] * bs)[None, :] < ctx[:, None]).view(batch, 1, 1, -1)
+    ref = _decode_attention(q.float(), kc.float(), vc.float(), tables, mask, d**-0.5, "sdpa")
+    out = ops.paged_decode_attention(q, kc, vc, tables, ctx, d**-0.5)
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+
+
+def test_paged_decode_attention_refuses_a_length_past_its_table():
+    q, kc, vc, tables = _paged(1, [20], 16, 4, 2, 32, torch.float32, 0)
+    with pytest.raises(RuntimeError, match="outside its block table"):
+        ops.paged_decode_attention(q, kc, vc, tables, torch.tensor([33]), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_with_and_without_residual(dtype):
+    x = torch.randn(7, 576).to(dtype)
+    res = torch.randn(7, 576).to(dtype)
+    w = (torch.rand(576) + 0.5).to(dtype)
+
+    def ref(v):
+        f = v.float()
+        return w * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(ops.rms_norm(x, None, w, 1e-5), ref(x), rtol=tol, atol=tol)
+    expected_res = x + res
+    got_res = res.clone()
+    y = ops.rms_norm(x, got_res, w, 1e-5)
+    torch.testing.assert_close(got_res, expected_res, rtol=0, atol=0)  # residual += x, in place
+    torch.testing.assert_close(y, ref(expected_res), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul(dtype):
+    gu = (torch.randn(5, 2 * 1536) * 4).to(dtype)
+    gate, up = gu.float().chunk(2, dim=-1)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ops.silu_mul(gu).float(), torch.nn.functional.silu(gate) * up, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_equals_rotate_and_write(dtype):
+    h, hkv, d, bs, t = 9, 3, 64, 16, 11
+    qkv = torch.randn(t, (h + 2 * hkv) * d).to(dtype)
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 131])
+    freqs = torch.outer(torch.arange(200).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = freqs.cos(), freqs.sin()
+    slots = torch.randperm(8 * bs)[:t]
+    kc, vc = torch.zeros(8, bs, hkv, d, dtype=dtype), torch.zeros(8, bs, hkv, d, dtype=dtype)
+    q, k = ops.rope_write_kv(qkv, positions, cos, sin, kc, vc, slots, h, hkv)
+    qk = qkv[:, : (h + hkv) * d].float().view(t, h + hkv, d)
+    rot = rotate(qk, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(q.float(), rot[:, :h], rtol=tol, atol=tol)
+    torch.testing.assert_close(k.float(), rot[:, h:], rtol=tol, atol=tol)
+    kr, vr = torch.zeros_like(kc), torch.zeros_like(vc)
+    write_kv(kr, vr, k, qkv[:, (h + hkv) * d :].view(t, hkv, d), slots)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.rope_write_kv(qkv, positions + 100, cos, sin, kc, vc, slots, h, hkv)
