@@ -202,6 +202,7 @@ def _interrupt(signum: int, _frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     # until the children start, SIGTERM/SIGINT end a model conversion or port check cleanly
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -235,9 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         code = 0
         if launcher.wait_ready():
             url = f"http://{config.server.host}:{config.server.port}"
+            took = time.monotonic() - started  # model conversion and kernel build included
             log.info("zeroserve ready: %s  (OpenAI base URL %s/v1, model %s, %d tokenizer "
-                     "worker(s))", url, url, config.model_name, config.tokenize_workers)  # fmt: skip
-            print(f"zeroserve ready: {url}/v1", flush=True)
+                     "worker(s), started in %.1fs)", url, url, config.model_name,
+                     config.tokenize_workers, took)  # fmt: skip
+            print(f"zeroserve ready: {url}/v1 (started in {took:.1f}s)", flush=True)
             code = launcher.supervise()
         elif not launcher.stopping:
             log.error("startup failed")

@@ -25,8 +25,8 @@ Rows:
      engine's rule, bfloat16 on a CPU with AVX512-BF16/AMX, else float32). TTFT: generate
      of 1 token per single-request prompt, batch 1.
   e  llama.cpp's llama-server on the same GGUF file (default model: the embedded one;
-     note it runs the GGUF's own quantization, Q4_1, where our engine dequantizes to
-     --dtype), `-np C -c C*ctx -t threads`, the same bench_serving loads; when
+     both it and our engine, by default on the CPU, serve the file's own Q4_1/Q8_0
+     blocks), `-np C -c C*ctx -t threads`, the same bench_serving loads; when
      --llama-server is given or `llama-server` is on PATH, else reported as skipped.
 
 Every row sees the same prompts: windows of benchmarks/data/ of --input-len tokens (the

@@ -134,6 +134,6 @@ def test_int4_server_answers_and_bad_quantization_is_a_clear_error(default_model
             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
         assert r.status_code == 200, r.text
         assert "Paris" in r.json()["choices"][0]["message"]["content"]
-        assert "quantized 121 linear layers to int4" in server.log()
+        assert "weights: 121 linears quantized to int4 blocks" in server.log()
     finally:
         assert server.stop() == 0, server.log()[-4000:]

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import hf_greedy
+from common.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,14 +34,21 @@ def tokenizer(default_model_dir):
 
 
 @pytest.fixture(scope="module")
-def offline_ids(default_model_dir, tokenizer):
-    """The in-process engine on the same model and dtype: text -> greedy token ids."""
+def offline_engine(default_model_dir):
+    """The in-process engine on the same model, dtype and (default) weights as the server."""
     from common.config import CacheConfig, EngineConfig, ModelConfig
-    from common.sampling_params import SamplingParams
     from scheduler_worker.engine import LLMEngine
 
-    engine = LLMEngine(EngineConfig(model=ModelConfig(model="smollm2", dtype="float32"),
-                                    cache=CacheConfig(num_blocks=256)), default_model_dir)
+    return LLMEngine(EngineConfig(model=ModelConfig(model="smollm2", dtype="float32"),
+                                  cache=CacheConfig(num_blocks=256)), default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def offline_ids(offline_engine, tokenizer):
+    """text -> the in-process engine's greedy token ids."""
+    from common.sampling_params import SamplingParams
+
+    engine = offline_engine
 
     def run(prompt: str, max_tokens: int) -> list[int]:
         ids = tokenizer(prompt)["input_ids"]
@@ -71,10 +78,14 @@ def test_health_models_and_components(server):
     assert models["data"][0]["max_model_len"] == 8192
 
 
-def test_chat_greedy_equals_transformers(server, client, tokenizer, default_model_dir):
+def test_chat_greedy_equals_the_in_process_engine(server, client, tokenizer, offline_engine):
+    """The server with default flags (on the CPU: the GGUF's own blocks) answers what the
+    engine it wraps computes; the engine's own parity with transformers (--quantization
+    none, float32) and with the dequantized float path is in tests/scheduler_worker."""
     n = 24
     prompts = [chat_ids(tokenizer, m) for m in CHATS]
-    expected = hf_greedy(default_model_dir, prompts, n)
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    expected = [offline_engine.generate([p], params)[0] for p in prompts]
     for messages, prompt, want in zip(CHATS, prompts, expected):
         r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=n,
                                            temperature=0, extra_body={"ignore_eos": True})
