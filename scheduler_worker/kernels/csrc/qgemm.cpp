@@ -217,16 +217,6 @@ ZS_AVX2 void tile_avx2(const Problem& p, T* out, int64_t i0, int64_t n0) {
 
 ZS_AVX512 inline float hsum_avx512(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// Two consecutive blocks b, b+1 (or only b when `two` is false: the upper half is zero).
-ZS_AVX512 inline __m512i unpack_q4x2_avx512(const uint8_t* p, bool two) {
-  const __m256i t = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                        : _mm256_maskz_loadu_epi8(0xFFFFu, p);
-  __m512i v = _mm512_castsi256_si512(t);
-  v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));  // lanes [b, b, b+1, b+1]
-  v = _mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4));  // odd lanes: high nibbles
-  return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
-}
-
 ZS_AVX512 inline __m512i load64_avx512(const void* p, bool two) {
   return two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p);
 }
@@ -238,8 +228,11 @@ ZS_AVX512 inline __m512 pair_avx512(const float* p, bool two) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(t));
 }
 
+// 8-bit weights, two blocks per 64-byte register (the signs of w moved onto x, as dpbusd
+// multiplies unsigned by signed bytes).
 template <int FMT, int RM, int RN, typename T>
 ZS_AVX512 void tile_avx512(const Problem& p, T* out, int64_t i0, int64_t n0) {
+  static_assert(FMT == Q8, "4-bit weights take tile_avx512_q4g");
   __m512 acc[RM][RN];
   for (int i = 0; i < RM; ++i)
     for (int r = 0; r < RN; ++r) acc[i][r] = _mm512_setzero_ps();
@@ -250,32 +243,81 @@ ZS_AVX512 void tile_avx512(const Problem& p, T* out, int64_t i0, int64_t n0) {
     __m512 dw[RN];
     for (int r = 0; r < RN; ++r) {
       const uint8_t* row = p.w.q + (n0 + r) * p.w.row_bytes;
-      if constexpr (FMT == Q4) {
-        w[r] = unpack_q4x2_avx512(row + b * 16, two);
-      } else {
-        const __m512i ws = load64_avx512(row + b * QK, two);
-        neg[r] = _mm512_movepi8_mask(ws);
-        w[r] = _mm512_abs_epi8(ws);
-      }
+      const __m512i ws = load64_avx512(row + b * QK, two);
+      neg[r] = _mm512_movepi8_mask(ws);
+      w[r] = _mm512_abs_epi8(ws);
       dw[r] = pair_avx512(p.w.d + (n0 + r) * p.nb + b, two);
     }
     for (int i = 0; i < RM; ++i) {
       const __m512i x = load64_avx512(p.x.q + (i0 + i) * p.nb * QK + b * QK, two);
       const __m512 dx = pair_avx512(p.x.d + (i0 + i) * p.nb + b, two);
       for (int r = 0; r < RN; ++r) {
-        __m512i xs = x;
-        if constexpr (FMT == Q8) xs = _mm512_mask_sub_epi8(x, neg[r], _mm512_setzero_si512(), x);
+        const __m512i xs = _mm512_mask_sub_epi8(x, neg[r], _mm512_setzero_si512(), x);
         const __m512 t = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xs));
         acc[i][r] = _mm512_fmadd_ps(t, _mm512_mul_ps(dw[r], dx), acc[i][r]);
       }
     }
   }
   for (int i = 0; i < RM; ++i)
+    for (int r = 0; r < RN; ++r) store(out + (i0 + i) * p.N + n0 + r, hsum_avx512(acc[i][r]));
+}
+
+// 4-bit weights, four blocks per step. A 64-byte load holds four blocks' nibbles: its low
+// nibbles are elements 0-15 of each block, its high nibbles elements 16-31, so two ANDs
+// and a shift unpack 128 weights. The activations of a 4-bit AVX-512 call are stored to
+// match (see group_row): per group of up to four blocks, first every block's elements
+// 0-15, then every block's 16-31. Each dpbusd pair leaves four int32 lanes per block,
+// scaled by [d_b x4 | d_b+1 x4 | ...]. A short last group is loaded with masks.
+template <int RM, int RN, typename T>
+ZS_AVX512 void tile_avx512_q4g(const Problem& p, T* out, int64_t i0, int64_t n0) {
+  __m512 acc[RM][RN];
+  for (int i = 0; i < RM; ++i)
+    for (int r = 0; r < RN; ++r) acc[i][r] = _mm512_setzero_ps();
+  const __m512i idx4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < p.nb; b += 4) {
+    const int64_t nt = std::min<int64_t>(4, p.nb - b);
+    const __mmask64 bytes = nt == 4 ? ~0ull : (1ull << (16 * nt)) - 1;
+    const __mmask8 lanes = static_cast<__mmask8>((1u << nt) - 1);
+    __m512i lo[RN], hi[RN];
+    __m512 dw[RN];
     for (int r = 0; r < RN; ++r) {
-      float v = hsum_avx512(acc[i][r]);
-      if constexpr (FMT == Q4) v += dot_f32_avx2(p.w.m + (n0 + r) * p.nb, p.x.s + (i0 + i) * p.nb, p.nb);
+      const __m512i v = _mm512_maskz_loadu_epi8(bytes, p.w.q + (n0 + r) * p.w.row_bytes + b * 16);
+      lo[r] = _mm512_and_si512(v, nib);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      dw[r] = _mm512_permutexvar_ps(idx4, _mm512_zextps128_ps512(_mm_maskz_loadu_ps(lanes, p.w.d + (n0 + r) * p.nb + b)));
+    }
+    for (int i = 0; i < RM; ++i) {
+      const int8_t* xr = p.x.q + (i0 + i) * p.nb * QK + b * QK;
+      const __m512i xlo = _mm512_maskz_loadu_epi8(bytes, xr);
+      const __m512i xhi = _mm512_maskz_loadu_epi8(bytes, xr + 16 * nt);
+      const __m512 dx = _mm512_permutexvar_ps(idx4, _mm512_zextps128_ps512(_mm_maskz_loadu_ps(lanes, p.x.d + (i0 + i) * p.nb + b)));
+      for (int r = 0; r < RN; ++r) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xlo), hi[r], xhi);
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dx), acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < RM; ++i)
+    for (int r = 0; r < RN; ++r) {
+      const float v = hsum_avx512(acc[i][r]) + dot_f32_avx2(p.w.m + (n0 + r) * p.nb, p.x.s + (i0 + i) * p.nb, p.nb);
       store(out + (i0 + i) * p.N + n0 + r, v);
     }
+}
+
+// One quantized activation row, rearranged for tile_avx512_q4g: per group of up to four
+// blocks, the first halves of its blocks, then their second halves.
+void group_row(int8_t* q, int64_t nb) {
+  int8_t tmp[4 * QK];
+  for (int64_t b = 0; b < nb; b += 4) {
+    const int64_t nt = std::min<int64_t>(4, nb - b);
+    int8_t* g = q + b * QK;
+    for (int64_t j = 0; j < nt; ++j) {
+      std::memcpy(tmp + j * 16, g + j * QK, 16);
+      std::memcpy(tmp + nt * 16 + j * 16, g + j * QK + 16, 16);
+    }
+    std::memcpy(g, tmp, static_cast<size_t>(nt * QK));
+  }
 }
 
 // ---------------------------------------------------------------- tiling and dispatch
@@ -314,6 +356,12 @@ struct Avx2Tile {
   static void run(const Problem& p, T* out, int64_t i0, int64_t n0) { tile_avx2<FMT, rm, rn>(p, out, i0, n0); }
 };
 
+template <typename T>
+struct Avx512GroupedTile {
+  template <int rm, int rn>
+  static void run(const Problem& p, T* out, int64_t i0, int64_t n0) { tile_avx512_q4g<rm, rn>(p, out, i0, n0); }
+};
+
 template <int FMT, typename T>
 struct Avx512Tile {
   template <int rm, int rn>
@@ -329,8 +377,13 @@ void gemm(const Problem& p, T* out, int64_t isa) {
   const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, RN * p.M * p.nb));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * RN, n1 = std::min(p.N, t1 * RN);
-    if (isa == AVX512) Tiler<FMT, 4, RN, T, Avx512Tile<FMT, T>>::cols(p, out, n0, n1);
-    else if (isa == AVX2) Tiler<FMT, 3, 2, T, Avx2Tile<FMT, T>>::cols(p, out, n0, n1);
+    if (isa == AVX512) {
+      if constexpr (FMT == Q4) Tiler<FMT, 3, RN, T, Avx512GroupedTile<T>>::cols(p, out, n0, n1);
+      else Tiler<FMT, 4, RN, T, Avx512Tile<FMT, T>>::cols(p, out, n0, n1);
+    }
+    else if (isa == AVX2) {
+      Tiler<FMT, 3, 2, T, Avx2Tile<FMT, T>>::cols(p, out, n0, n1);
+    }
     else gemm_scalar<FMT>(p, out, n0, n1);
   });
 }
@@ -349,18 +402,20 @@ int64_t best_isa() {
 int64_t clamp_isa(int64_t isa) { return std::min(std::max<int64_t>(isa, SCALAR), best_isa()); }
 
 template <typename T>
-void quantize_rows(const T* x, int64_t M, int64_t nb, int64_t isa, int8_t* q, float* d, float* s) {
+void quantize_rows(const T* x, int64_t M, int64_t nb, int64_t isa, bool grouped, int8_t* q, float* d, float* s) {
   const int64_t K = nb * QK;
   at::parallel_for(0, M, std::max<int64_t>(1, 256 / nb), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       if (isa >= AVX2) quantize_row_avx2(x + i * K, nb, q + i * K, d + i * nb, s + i * nb);
       else quantize_row_scalar(x + i * K, nb, q + i * K, d + i * nb, s + i * nb);
+      if (grouped) group_row(q + i * K, nb);
     }
   });
 }
 
-// x [M, K] float32/bfloat16 -> (q int8 [M, K], d [M, K/32], s [M, K/32])
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_in, int64_t isa) {
+// x [M, K] float32/bfloat16 -> (q int8 [M, K], d [M, K/32], s [M, K/32]); `grouped`: q in
+// tile_avx512_q4g's order (the quantize_act op returns the natural order)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act_impl(const at::Tensor& x_in, int64_t isa, bool grouped) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) % QK == 0, "quantize_act: x must be [M, K] with K % 32 == 0");
   TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
               "quantize_act: x must be float32 or bfloat16");
@@ -371,10 +426,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
   at::Tensor d = at::empty({M, nb}, x.options().dtype(at::kFloat));
   at::Tensor s = at::empty({M, nb}, x.options().dtype(at::kFloat));
   if (x.scalar_type() == at::kFloat)
-    quantize_rows(x.data_ptr<float>(), M, nb, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+    quantize_rows(x.data_ptr<float>(), M, nb, isa, grouped, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
   else
-    quantize_rows(x.data_ptr<c10::BFloat16>(), M, nb, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+    quantize_rows(x.data_ptr<c10::BFloat16>(), M, nb, isa, grouped, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+                  s.data_ptr<float>());
   return {q, d, s};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x, int64_t isa) {
+  return quantize_act_impl(x, isa, false);
 }
 
 // out [M, N] (dtype of x) = x @ dequant(w).T: qs [N, K/2] uint8 (fmt 0) or [N, K] int8
@@ -391,7 +451,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kFloat,
                 "qlinear: a 4-bit weight needs m [N, K/32] float32");
   isa = clamp_isa(isa);
-  auto [xq, xd, xs] = quantize_act(x, isa);
+  auto [xq, xd, xs] = quantize_act_impl(x, isa, fmt == Q4 && isa == AVX512);
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
   const Problem p{{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()},
