@@ -43,8 +43,9 @@ struct AttnArgs {
   float scale;
 };
 
-// exp(x) for x <= 0 (softmax after subtracting the max), vectorizable: 2^n * p(r) with
-// x = n ln2 + r, |r| <= ln2/2, p a degree-6 Taylor polynomial (relative error < 2e-7).
+// exp(x) for x <= 0 (softmax after subtracting the max), vectorizable (the softmax loop is):
+// 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6 Taylor polynomial (relative
+// error < 2e-7).
 inline float exp_nonpos(float x) {
   x = std::max(x, -87.f);
   const float n = std::floor(x * 1.44269504f + 0.5f);
