@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from common.cpu import cpu_flags as common_cpu_flags
 
 
 @dataclass
@@ -137,10 +138,7 @@ def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
         return "sdpa"
     if cpu_flags is None:
-        try:
-            cpu_flags = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpu_flags = ""
+        cpu_flags = " ".join(common_cpu_flags())
     return "sdpa" if "amx_bf16" in cpu_flags else "matmul"
 
 
