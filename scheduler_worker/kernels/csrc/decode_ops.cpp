@@ -57,15 +57,18 @@ inline float exp_nonpos(float x) {
 // One (sequence, KV head) pair: its G query heads share every K/V row they read. The
 // block table is walked block by block; a block holds block_size tokens, each token's
 // heads side by side (row = Hkv * D elements).
-// DIM: the head size when it is a compile-time constant (64, 128: fixed-length vector
-// loops, no remainder handling per dot), else 0 and a.D is used.
-template <typename T, int DIM>
-ZS_CLONES void attend_one(const AttnArgs<T>& a, int64_t b, int64_t kvh, float* scores, float* acc) {
-  const int64_t G = a.H / a.Hkv, D = DIM > 0 ? DIM : a.D, L = a.lens[b], bs = a.block_size;
+// DIM, GRP: the head size and the query heads per KV head when they are compile-time
+// constants (fixed-length loops the compiler unrolls, the G accumulators kept in
+// registers), else 0 and a.D, a.H / a.Hkv are used.
+template <typename T, int DIM, int GRP>
+ZS_CLONES void attend_one(const AttnArgs<T>& a, int64_t b, int64_t kvh, float* scores, float* acc_buf) {
+  const int64_t G = GRP > 0 ? GRP : a.H / a.Hkv, D = DIM > 0 ? DIM : a.D, L = a.lens[b], bs = a.block_size;
+  alignas(64) float acc_fixed[GRP > 0 && DIM > 0 ? GRP * DIM : 1];
+  float* acc = GRP > 0 && DIM > 0 ? acc_fixed : acc_buf;
   const int64_t row = a.Hkv * D;
   const int64_t* table = a.tables + b * a.max_blocks;
   const T* q = a.q + (b * a.H + kvh * G) * D;
-  float qf[8 * 256];  // this pair's query heads in float32 (G <= 8, D <= 256: checked)
+  alignas(64) float qf[8 * 256];  // this pair's query heads in float32 (G <= 8, D <= 256: checked)
   for (int64_t i = 0; i < G * D; ++i) qf[i] = f32(q[i]) * a.scale;
   for (int64_t t0 = 0; t0 < L; t0 += bs) {
     const T* kb = a.k_cache + table[t0 / bs] * bs * row + kvh * D;
@@ -114,6 +117,25 @@ ZS_CLONES void attend_one(const AttnArgs<T>& a, int64_t b, int64_t kvh, float* s
   for (int64_t i = 0; i < G * D; ++i) o[i] = static_cast<T>(acc[i]);
 }
 
+template <typename T, int DIM>
+void attend_dim(const AttnArgs<T>& a, int64_t G, int64_t b, int64_t kvh, float* scores, float* acc) {
+  switch (G) {
+    case 1: return attend_one<T, DIM, 1>(a, b, kvh, scores, acc);
+    case 2: return attend_one<T, DIM, 2>(a, b, kvh, scores, acc);
+    case 3: return attend_one<T, DIM, 3>(a, b, kvh, scores, acc);
+    case 4: return attend_one<T, DIM, 4>(a, b, kvh, scores, acc);
+    case 8: return attend_one<T, DIM, 8>(a, b, kvh, scores, acc);
+    default: return attend_one<T, DIM, 0>(a, b, kvh, scores, acc);
+  }
+}
+
+template <typename T>
+void attend_dispatch(const AttnArgs<T>& a, int64_t G, int64_t b, int64_t kvh, float* scores, float* acc) {
+  if (a.D == 64) attend_dim<T, 64>(a, G, b, kvh, scores, acc);
+  else if (a.D == 128) attend_dim<T, 128>(a, G, b, kvh, scores, acc);
+  else attend_one<T, 0, 0>(a, b, kvh, scores, acc);
+}
+
 template <typename T>
 void attend_all(const AttnArgs<T>& a, int64_t B) {
   const int64_t G = a.H / a.Hkv;
@@ -122,11 +144,7 @@ void attend_all(const AttnArgs<T>& a, int64_t B) {
   at::parallel_for(0, B * a.Hkv, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores(static_cast<size_t>(G * std::max<int64_t>(max_len, 1)));
     std::vector<float> acc(static_cast<size_t>(G * a.D));
-    for (int64_t w = w0; w < w1; ++w) {
-      if (a.D == 64) attend_one<T, 64>(a, w / a.Hkv, w % a.Hkv, scores.data(), acc.data());
-      else if (a.D == 128) attend_one<T, 128>(a, w / a.Hkv, w % a.Hkv, scores.data(), acc.data());
-      else attend_one<T, 0>(a, w / a.Hkv, w % a.Hkv, scores.data(), acc.data());
-    }
+    for (int64_t w = w0; w < w1; ++w) attend_dispatch(a, G, w / a.Hkv, w % a.Hkv, scores.data(), acc.data());
   });
 }
 
