@@ -127,13 +127,6 @@ def cat_rows(parts: list[BlockWeight]) -> BlockWeight:
                        m, "+".join(sorted({p.source for p in parts})))  # fmt: skip
 
 
-def unsigned_q8(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """A q8 weight as the AVX-512 kernel takes it: u = q + 128 (uint8) with m = -128 d, so
-    d * u + m = d * q, every value unchanged (kernel format 2)."""
-    assert bw.form == "q8"
-    return (bw.qs.view(torch.uint8) ^ 0x80).contiguous(), (-128.0 * bw.d).contiguous()
-
-
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the kernels do to activations (llama.cpp's Q8_1): per block of 32, d = absmax/127,
     q = round(x / d); returns (q int8 [M, K], d [M, K/32], s = d * sum(q) [M, K/32])."""

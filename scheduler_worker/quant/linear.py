@@ -22,13 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scheduler_worker import kernels
-from scheduler_worker.quant.formats import (
-    BlockWeight,
-    dequantize,
-    quantize_q4,
-    quantize_q8,
-    unsigned_q8,
-)
+from scheduler_worker.quant.formats import BlockWeight, dequantize, quantize_q4, quantize_q8
 
 QUANT_METHODS = ("none", "int8", "int4", "gguf")
 # rows per step above which a CPU with native bf16 GEMMs uses the dense bf16 copy: measured
@@ -54,13 +48,9 @@ class QuantLinear(nn.Module):
         self.isa = isa
         self._isa_index = kernels.isa_index(isa) if isa is not None else -1
         self._fmt = 0 if weight.form == "q4" else 1
-        qs, m = weight.qs, weight.m
-        if weight.form == "q8" and isa == "avx512":  # VNNI's dpbusd takes unsigned weights
-            qs, m = unsigned_q8(weight)
-            self._fmt = 2
-        self.register_buffer("qs", qs)
+        self.register_buffer("qs", weight.qs)
         self.register_buffer("d", weight.d)
-        self.register_buffer("m", m)
+        self.register_buffer("m", weight.m)
         self.dense: torch.Tensor | None = None
         self.dense_above = 0 if isa is None else dense_above
         if isa is None or dense_dtype is not None:

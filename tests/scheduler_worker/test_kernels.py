@@ -11,12 +11,7 @@ import torch
 
 from scheduler_worker import kernels
 from scheduler_worker.attention import _decode_attention, write_kv
-from scheduler_worker.quant.formats import (
-    from_gguf,
-    quantize_activations,
-    reference_qlinear,
-    unsigned_q8,
-)
+from scheduler_worker.quant.formats import from_gguf, quantize_activations, reference_qlinear
 from scheduler_worker.rope import rotate
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
@@ -45,15 +40,11 @@ def test_qlinear_equals_the_oracle(isa, type_name):
         bw = _gguf_weight(type_name, n, k, seed)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
         ref = reference_qlinear(x, bw)
-        fmt, qs, mins = (0, bw.qs, bw.m) if bw.form == "q4" else (1, bw.qs, None)
-        if bw.form == "q8" and isa in ("avx512", "scalar"):  # the unsigned form AVX-512 takes
-            for fmt_, (qs_, m_) in ((2, unsigned_q8(bw)),):
-                y = ops.qlinear(x, qs_, bw.d, m_, fmt_, kernels.isa_index(isa))
-                torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-        y = ops.qlinear(x, qs, bw.d, mins, fmt, kernels.isa_index(isa))
+        fmt = 0 if bw.form == "q4" else 1
+        y = ops.qlinear(x, bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
         assert y.dtype == torch.float32 and y.shape == (m, n)
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-        yb = ops.qlinear(x.bfloat16(), qs, bw.d, mins, fmt, kernels.isa_index(isa))
+        yb = ops.qlinear(x.bfloat16(), bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
         refb = reference_qlinear(x.bfloat16().float(), bw)
         assert yb.dtype == torch.bfloat16
         torch.testing.assert_close(yb.double(), refb, rtol=1e-2, atol=1e-2 * refb.abs().max().item())

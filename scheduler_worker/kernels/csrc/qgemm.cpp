@@ -30,9 +30,7 @@ namespace {
 
 constexpr int64_t QK = 32;
 enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
-// Q4: nibbles + d + m; Q8: int8 + d; Q8U: Q8 stored as q + 128 (uint8) with m = -128 d,
-// the same values in the form dpbusd (unsigned x signed bytes) takes without sign tricks
-enum Fmt : int64_t { Q4 = 0, Q8 = 1, Q8U = 2 };
+enum Fmt : int64_t { Q4 = 0, Q8 = 1 };  // Q4: nibbles + d + m; Q8: int8 + d
 
 struct Act {  // activations quantized per block of 32
   const int8_t* q;  // [M, K]
@@ -89,17 +87,13 @@ float dot_row_scalar(const Problem& p, int64_t i, int64_t n) {
       const uint8_t* qb = wq + b * 16;
       const int8_t* xb = xq + b * QK;
       for (int j = 0; j < 16; ++j) sum += (qb[j] & 15) * xb[j] + (qb[j] >> 4) * xb[j + 16];
-    } else if constexpr (FMT == Q8U) {
-      const uint8_t* qb = wq + b * QK;
-      const int8_t* xb = xq + b * QK;
-      for (int j = 0; j < QK; ++j) sum += qb[j] * xb[j];
     } else {
       const int8_t* qb = reinterpret_cast<const int8_t*>(wq) + b * QK;
       const int8_t* xb = xq + b * QK;
       for (int j = 0; j < QK; ++j) sum += qb[j] * xb[j];
     }
     acc += p.w.d[n * p.nb + b] * p.x.d[i * p.nb + b] * static_cast<float>(sum);
-    if constexpr (FMT != Q8) acc += p.w.m[n * p.nb + b] * p.x.s[i * p.nb + b];
+    if constexpr (FMT == Q4) acc += p.w.m[n * p.nb + b] * p.x.s[i * p.nb + b];
   }
   return acc;
 }
@@ -234,12 +228,11 @@ ZS_AVX512 inline __m512 pair_avx512(const float* p, bool two) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(t));
 }
 
-// 8-bit weights, two blocks per 64-byte register. dpbusd multiplies unsigned by signed
-// bytes: Q8U weights are unsigned already (their -128 offset is the m term); for Q8 the
-// signs of w are moved onto x.
+// 8-bit weights, two blocks per 64-byte register (the signs of w moved onto x, as dpbusd
+// multiplies unsigned by signed bytes).
 template <int FMT, int RM, int RN, typename T>
 ZS_AVX512 void tile_avx512(const Problem& p, T* out, int64_t i0, int64_t n0) {
-  static_assert(FMT != Q4, "4-bit weights take tile_avx512_q4g");
+  static_assert(FMT == Q8, "4-bit weights take tile_avx512_q4g");
   __m512 acc[RM][RN];
   for (int i = 0; i < RM; ++i)
     for (int r = 0; r < RN; ++r) acc[i][r] = _mm512_setzero_ps();
@@ -251,31 +244,22 @@ ZS_AVX512 void tile_avx512(const Problem& p, T* out, int64_t i0, int64_t n0) {
     for (int r = 0; r < RN; ++r) {
       const uint8_t* row = p.w.q + (n0 + r) * p.w.row_bytes;
       const __m512i ws = load64_avx512(row + b * QK, two);
-      if constexpr (FMT == Q8U) {
-        w[r] = ws;
-        neg[r] = 0;
-      } else {
-        neg[r] = _mm512_movepi8_mask(ws);
-        w[r] = _mm512_abs_epi8(ws);
-      }
+      neg[r] = _mm512_movepi8_mask(ws);
+      w[r] = _mm512_abs_epi8(ws);
       dw[r] = pair_avx512(p.w.d + (n0 + r) * p.nb + b, two);
     }
     for (int i = 0; i < RM; ++i) {
       const __m512i x = load64_avx512(p.x.q + (i0 + i) * p.nb * QK + b * QK, two);
       const __m512 dx = pair_avx512(p.x.d + (i0 + i) * p.nb + b, two);
       for (int r = 0; r < RN; ++r) {
-        const __m512i xs = FMT == Q8U ? x : _mm512_mask_sub_epi8(x, neg[r], _mm512_setzero_si512(), x);
+        const __m512i xs = _mm512_mask_sub_epi8(x, neg[r], _mm512_setzero_si512(), x);
         const __m512 t = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xs));
         acc[i][r] = _mm512_fmadd_ps(t, _mm512_mul_ps(dw[r], dx), acc[i][r]);
       }
     }
   }
   for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) {
-      float v = hsum_avx512(acc[i][r]);
-      if constexpr (FMT == Q8U) v += dot_f32_avx2(p.w.m + (n0 + r) * p.nb, p.x.s + (i0 + i) * p.nb, p.nb);
-      store(out + (i0 + i) * p.N + n0 + r, v);
-    }
+    for (int r = 0; r < RN; ++r) store(out + (i0 + i) * p.N + n0 + r, hsum_avx512(acc[i][r]));
 }
 
 // 4-bit weights, four blocks per step. A 64-byte load holds four blocks' nibbles: its low
@@ -397,7 +381,7 @@ void gemm(const Problem& p, T* out, int64_t isa) {
       if constexpr (FMT == Q4) Tiler<FMT, 3, RN, T, Avx512GroupedTile<T>>::cols(p, out, n0, n1);
       else Tiler<FMT, 4, RN, T, Avx512Tile<FMT, T>>::cols(p, out, n0, n1);
     }
-    else if (isa == AVX2 && FMT != Q8U) {  // maddubs would saturate on unsigned 8-bit
+    else if (isa == AVX2) {
       Tiler<FMT, 3, 2, T, Avx2Tile<FMT, T>>::cols(p, out, n0, n1);
     }
     else gemm_scalar<FMT>(p, out, n0, n1);
@@ -453,34 +437,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x,
   return quantize_act_impl(x, isa, false);
 }
 
-// out [M, N] (dtype of x) = x @ dequant(w).T: qs [N, K/2] uint8 (fmt 0), [N, K] int8
-// (fmt 1) or uint8 (fmt 2), d [N, K/32] float32, m [N, K/32] float32 (fmt 0 and 2).
+// out [M, N] (dtype of x) = x @ dequant(w).T: qs [N, K/2] uint8 (fmt 0) or [N, K] int8
+// (fmt 1), d [N, K/32] float32, m [N, K/32] float32 (fmt 0).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t isa) {
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
-  TORCH_CHECK(fmt == Q4 || fmt == Q8 || fmt == Q8U, "qlinear: unknown format ", fmt);
+  TORCH_CHECK(fmt == Q4 || fmt == Q8, "qlinear: unknown format ", fmt);
   const int64_t M = x.size(0), K = x.size(1), N = d.size(0), nb = K / QK;
   TORCH_CHECK(K % QK == 0 && d.size(1) == nb, "qlinear: K=", K, " does not match the weight's ", d.size(1), " blocks");
   TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && d.scalar_type() == at::kFloat, "qlinear: bad weight tensors");
   TORCH_CHECK(qs.size(0) == N && qs.size(1) == (fmt == Q4 ? K / 2 : K), "qlinear: packed weight has the wrong shape");
-  if (fmt != Q8)
+  if (fmt == Q4)
     TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kFloat,
-                "qlinear: this format needs m [N, K/32] float32");
+                "qlinear: a 4-bit weight needs m [N, K/32] float32");
   isa = clamp_isa(isa);
   auto [xq, xd, xs] = quantize_act_impl(x, isa, fmt == Q4 && isa == AVX512);
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
   const Problem p{{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()},
-                  {static_cast<const uint8_t*>(qs.data_ptr()), d.data_ptr<float>(), fmt != Q8 ? m->data_ptr<float>() : nullptr, qs.size(1)},
+                  {static_cast<const uint8_t*>(qs.data_ptr()), d.data_ptr<float>(), fmt == Q4 ? m->data_ptr<float>() : nullptr, qs.size(1)},
                   M, N, nb};
   if (out.scalar_type() == at::kFloat) {
     if (fmt == Q4) gemm<Q4>(p, out.data_ptr<float>(), isa);
-    else if (fmt == Q8) gemm<Q8>(p, out.data_ptr<float>(), isa);
-    else gemm<Q8U>(p, out.data_ptr<float>(), isa);
+    else gemm<Q8>(p, out.data_ptr<float>(), isa);
   } else {
     if (fmt == Q4) gemm<Q4>(p, out.data_ptr<c10::BFloat16>(), isa);
-    else if (fmt == Q8) gemm<Q8>(p, out.data_ptr<c10::BFloat16>(), isa);
-    else gemm<Q8U>(p, out.data_ptr<c10::BFloat16>(), isa);
+    else gemm<Q8>(p, out.data_ptr<c10::BFloat16>(), isa);
   }
   return out;
 }
