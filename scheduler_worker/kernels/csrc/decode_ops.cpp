@@ -43,12 +43,13 @@ struct AttnArgs {
   float scale;
 };
 
-// exp(x) for x <= 0 (softmax after subtracting the max), vectorizable (the softmax loop is):
-// 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6 Taylor polynomial (relative
-// error < 2e-7).
-inline float exp_nonpos(float x) {
-  x = std::max(x, -87.f);
-  const float n = std::floor(x * 1.44269504f + 0.5f);
+// exp(x), vectorizable: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6 Taylor
+// polynomial (relative error < 2e-7); x clamped to [-87, 88] (float's normal range). n is
+// rounded by adding and subtracting 1.5 * 2^23 (floor() keeps GCC from vectorizing).
+inline float fast_exp(float x) {
+  x = x < -87.f ? -87.f : x;
+  x = x > 88.f ? 88.f : x;
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
   const float p = 1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f + r * 0.0013888889f)))));
   return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
@@ -92,7 +93,7 @@ ZS_CLONES void attend_one(const AttnArgs<T>& a, int64_t b, int64_t kvh, float* s
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < L; ++t) {
-      sg[t] = exp_nonpos(sg[t] - mx);
+      sg[t] = fast_exp(sg[t] - mx);
       sum += sg[t];
     }
     const float inv = 1.f / sum;
@@ -237,11 +238,13 @@ at::Tensor rms_norm(const at::Tensor& x_in, const c10::optional<at::Tensor>& res
 // ------------------------------------------------------------------ SiLU(gate) * up
 
 template <typename T>
-ZS_CLONES void silu_mul_row(const T* gu, T* out, int64_t n) {
+ZS_CLONES void silu_mul_row(const T* __restrict gu, T* __restrict out, int64_t n) {
+  const T* __restrict up = gu + n;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float g = f32(gu[i]);
-    out[i] = static_cast<T>(static_cast<float>(static_cast<T>(g / (1.f + std::exp(-g)))) * f32(gu[n + i]));
+    const float act = g / (1.f + fast_exp(-g));  // rounded to T before the product, as torch does
+    out[i] = static_cast<T>(f32(static_cast<T>(act)) * f32(up[i]));
   }
 }
 
