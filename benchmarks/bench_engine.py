@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from common.cpu import cpu_flags, cpu_kind, cpu_model_name
 from common.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
@@ -107,17 +108,11 @@ def engine_token_latency(engine: LLMEngine, prompt, n: int = 64) -> float:
 
 
 def machine_info() -> dict:
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    lines = cpuinfo.splitlines()
-    flags = next((ln for ln in lines if ln.startswith("flags")), "")
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
-                 platform.processor() or platform.machine())
-    return {"cpu": model, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-                          if f" {f}" in flags]}
+    flags = cpu_flags()
+    return {"cpu": cpu_model_name() if cpu_model_name() != "unknown CPU" else (platform.processor() or platform.machine()),
+            "cpu_kind": cpu_kind(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+                          if f in flags]}  # fmt: skip
 
 
 def main() -> None:

@@ -21,7 +21,13 @@ from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.models import load_model
 from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
-from scheduler_worker.quant.linear import DENSE_ABOVE_ROWS, quantize_model, replace_linear
+from scheduler_worker.quant.linear import (
+    DENSE_ABOVE_ROWS,
+    QuantLinear,
+    StepRows,
+    quantize_model,
+    replace_linear,
+)
 from scheduler_worker.quant.plan import WeightPlan, plan_weights
 
 log = get_logger("model_runner")
@@ -79,6 +85,10 @@ class ModelRunner:
         log.info("loaded %s (%s, %s) in %.1fs", self.args.architecture, self.dtype,
                  self.device, time.perf_counter() - t0)
         self._quantize(self.weights, gguf)
+        self.step_rows = StepRows()  # which rows of a step the integer kernels take
+        for mod in self.model.modules():
+            if isinstance(mod, QuantLinear):
+                mod.step_rows = self.step_rows
         self.use_kernels = self._kernels_wanted()
         self.decode_kernel = choose_decode_kernel(self.device, self.dtype, paged=self.use_kernels)
         if self.use_kernels:
@@ -130,7 +140,7 @@ class ModelRunner:
     def _dense_note(plan: WeightPlan) -> str:
         if plan.dense_dtype is None:
             return ""
-        return (f"; steps of more than {DENSE_ABOVE_ROWS} rows use a dense "
+        return (f"; prompt tokens, and decode batches of more than {DENSE_ABOVE_ROWS}, use a dense "
                 f"{str(plan.dense_dtype).removeprefix('torch.')} copy (native bf16 GEMMs here)")
 
     @property
@@ -210,5 +220,6 @@ class ModelRunner:
     def execute(self, seqs: list[SeqInput]) -> torch.Tensor:
         """Run one forward; returns float32 logits [num sampling seqs, vocab]."""
         input_ids, positions, meta = self.prepare(seqs)
+        self.step_rows.set_step(meta.num_decode)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         return self.model.compute_logits(hidden[meta.logits_indices]).float()

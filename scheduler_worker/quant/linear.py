@@ -11,8 +11,14 @@ pure torch: the same weight values, float activations, slower.
 Large steps (prefill, big decode batches) are compute-bound, and on a CPU with native
 bfloat16 GEMMs (AVX512-BF16, AMX) oneDNN's bf16 GEMM outruns the integer kernels past a
 few rows (docs/benchmarks.md, bench_quant.py). Such a CPU keeps a bfloat16 copy of the
-dequantized weight (`dense_dtype`) for steps of more than `dense_above` rows: the same
-weight values, bfloat16 activations.
+dequantized weight (`dense_dtype`): the same weight values, bfloat16 activations.
+
+Which rows take the dense copy is decided by what the tokens are, not by how many share
+the step, so that a request's numbers do not depend on its neighbours (a seeded sample
+repeats): under the engine (`StepRows`, set by the model runner every step) prompt tokens
+always take the dense copy and decode tokens the integer kernels, unless more than
+`DENSE_ABOVE_ROWS` sequences decode together (a large batch: all dense). Used alone, a
+layer sends steps of more than `dense_above` rows to the dense copy.
 """
 
 from __future__ import annotations
@@ -36,6 +42,18 @@ def dense_dtype_for(flags: frozenset[str]) -> torch.dtype | None:
     return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & flags else None
 
 
+class StepRows:
+    """Shared by a model's QuantLinears: how many leading rows of this step's activations
+    go through the integer kernels (the decode tokens, which come first), the rest through
+    the dense copy. None: decide by the row count alone."""
+
+    def __init__(self) -> None:
+        self.kernel_rows: int | None = None
+
+    def set_step(self, num_decode: int) -> None:
+        self.kernel_rows = num_decode if num_decode <= DENSE_ABOVE_ROWS else 0
+
+
 class QuantLinear(nn.Module):
     def __init__(self, weight: BlockWeight, bias: torch.Tensor | None, dtype: torch.dtype,
                  isa: str | None, dense_dtype: torch.dtype | None = None,
@@ -56,18 +74,35 @@ class QuantLinear(nn.Module):
         if isa is None or dense_dtype is not None:
             self.dense = dequantize(weight).to(dtype if isa is None else dense_dtype)
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        self.step_rows: StepRows | None = None  # set by the model runner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if self.dense is not None and x2.shape[0] > self.dense_above:
-            y = F.linear(x2.to(self.dense.dtype), self.dense).to(x.dtype)
-            if self.bias is not None:
-                y = y + self.bias
-            return y.reshape(*x.shape[:-1], self.out_features)
-        y = torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self._fmt, self._isa_index)
+        rows = x2.shape[0]
+        if self.dense is None:
+            kernel_rows = rows
+        elif self.isa is None:
+            kernel_rows = 0
+        elif self.step_rows is not None and self.step_rows.kernel_rows is not None:
+            kernel_rows = min(rows, self.step_rows.kernel_rows)
+        else:
+            kernel_rows = rows if rows <= self.dense_above else 0
+        if kernel_rows == rows:
+            y = self._kernel(x2)
+        elif kernel_rows == 0:
+            y = self._dense(x2)
+        else:
+            y = torch.cat([self._kernel(x2[:kernel_rows]), self._dense(x2[kernel_rows:])])
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        return torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self._fmt, self._isa_index)
+
+    def _dense(self, x2: torch.Tensor) -> torch.Tensor:
+        assert self.dense is not None
+        return F.linear(x2.to(self.dense.dtype), self.dense).to(x2.dtype)
 
     def extra_repr(self) -> str:
         path = self.isa or "pure torch"

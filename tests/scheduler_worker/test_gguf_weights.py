@@ -141,10 +141,9 @@ def test_default_model_perplexity_within_one_percent_of_the_float_path(default_m
     base = _mean_nll(flt, ids)
     quant = LLMEngine(EngineConfig(model=ModelConfig(device="cpu", quantization="gguf"),
                                    cache=CacheConfig(num_blocks=64)), default_model_dir)  # fmt: skip
-    dense_copy = _mean_nll(quant, ids)  # a 384-token step: the dense copy where there is one
-    for m in quant.runner.model.modules():
-        if isinstance(m, QuantLinear):
-            m.dense_above = 1 << 30  # every row through the integer kernels, as in decode
+    quant.runner.step_rows.kernel_rows = 0  # prompt tokens: the dense copy where there is one
+    dense_copy = _mean_nll(quant, ids)
+    quant.runner.step_rows.kernel_rows = len(ids)  # every row through the integer kernels
     kernel = _mean_nll(quant, ids)
     ppl = {name: float(torch.tensor(v).exp()) for name, v in
            (("float", base), ("dense copy", dense_copy), ("kernels", kernel))}  # fmt: skip

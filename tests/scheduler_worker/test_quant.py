@@ -109,6 +109,25 @@ def test_quant_linear_kernel_dense_copy_and_pure_torch_agree(form, dtype, bias):
     assert kernel(torch.randn(2, 3, 128).to(dtype)).shape == (2, 3, 80)  # leading dims kept
 
 
+@pytest.mark.skipif(BEST is None, reason="the C++ kernels are not built here")
+def test_step_rows_send_decode_rows_to_the_kernels_and_prompt_rows_to_the_dense_copy():
+    from scheduler_worker.quant.linear import DENSE_ABOVE_ROWS, StepRows
+
+    lin = _linear(40, 64, True)
+    bw = quantize_q4(lin.weight)
+    layer = QuantLinear(bw, lin.bias, torch.float32, BEST, dense_dtype=torch.bfloat16)
+    layer.step_rows = StepRows()
+    x = torch.randn(12, 64)
+    kernel_only = QuantLinear(bw, lin.bias, torch.float32, BEST)(x)  # no dense copy
+    dense_only = F.linear(x.bfloat16(), dequantize(bw).bfloat16()).float() + lin.bias.detach()
+    layer.step_rows.set_step(3)  # 3 decode rows first, then 9 prompt rows
+    y = layer(x)
+    torch.testing.assert_close(y[:3], kernel_only[:3], rtol=0, atol=0)  # row for row the same
+    torch.testing.assert_close(y[3:], dense_only[3:], rtol=1e-6, atol=1e-6)
+    layer.step_rows.set_step(DENSE_ABOVE_ROWS + 1)  # a large decode batch: all dense
+    torch.testing.assert_close(layer(x), dense_only, rtol=1e-6, atol=1e-6)
+
+
 def test_quantize_model_replaces_every_linear_and_keeps_lm_head_wider():
     model = nn.Module()
     model.proj = _linear(64, 64, True)
