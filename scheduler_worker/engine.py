@@ -195,7 +195,7 @@ class LLMEngine:
         for i, req in enumerate(sampled_reqs):
             assert result is not None  # rows were sampled
             token = result.token_ids[i]
-            req.token_ids.append(token)
+            req.append_token(token)
             if req.first_token_time is None:
                 req.first_token_time = now
             reason = self._finish_reason(req, token)

@@ -59,14 +59,17 @@ class Request:
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
+        # kept beside token_ids (not sliced from it) so that reading it every step is O(1):
+        # the sampler's penalties and min_tokens read it for every sampled row
+        self.output_token_ids: list[int] = []
+
+    def append_token(self, token: int) -> None:
+        self.token_ids.append(token)
+        self.output_token_ids.append(token)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:

@@ -20,7 +20,7 @@ def _step(s: Scheduler, max_tokens: dict[str, int]) -> set[str]:
     for req, n in list(batch.entries.values()):
         s.advance(req, n)
         if req.num_computed_tokens == req.num_tokens:
-            req.token_ids.append(7)
+            req.append_token(7)
             if req.num_output_tokens >= max_tokens[req.request_id]:
                 s.finish(req, RequestStatus.FINISHED_LENGTH)
                 finished.add(req.request_id)
@@ -80,7 +80,7 @@ def test_round_robin_over_active_queue():
         seen.append(sorted(batch.entries))
         for req, n in batch.entries.values():
             s.advance(req, n)
-            req.token_ids.append(7)
+            req.append_token(7)
             s.requeue(req)
     assert all(len(b) == 2 for b in seen)
     counts = {rid: sum(rid in b for b in seen) for rid in max_tokens}
