@@ -21,16 +21,21 @@ CHATS = [
 NEW_TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def prompts(default_model_dir) -> list[list[int]]:
+def chat_prompts(model_dir) -> list[list[int]]:
+    """CHATS through the model's chat template, as token ids."""
     import transformers
 
-    tok = transformers.AutoTokenizer.from_pretrained(default_model_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     out = []
     for messages in CHATS:
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
+
+
+@pytest.fixture(scope="module")
+def prompts(default_model_dir) -> list[list[int]]:
+    return chat_prompts(default_model_dir)
 
 
 @pytest.mark.timeout(300)

@@ -17,6 +17,7 @@ from scheduler_worker.engine import LLMEngine
 from scheduler_worker.model_runner import SeqInput
 from scheduler_worker.quant.linear import QuantLinear
 from tests.common.test_model_source import _tiny, tokenizer_fields, write_gguf  # noqa: F401
+from tests.scheduler_worker.test_default_model import chat_prompts
 
 HAVE_KERNELS = kernels.load()
 PROMPTS = [[1, 520, 9531, 198, 4093, 314], [42], list(range(300, 316))]
@@ -78,19 +79,6 @@ def test_auto_serves_the_gguf_blocks_and_a_float_checkpoint_as_is(default_model_
     assert tiny.runner.weights.method == "none"
 
 
-def _chat_prompts(model_dir) -> list[list[int]]:
-    import transformers
-
-    from tests.scheduler_worker.test_default_model import CHATS
-
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    out = []
-    for messages in CHATS:
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
-
-
 # The float path's top-2 log-probability gap under which the 8-bit activations may pick
 # the runner-up (a near-tie); every divergence measured (10 of 15 prompts x 32 tokens,
 # docs/benchmarks.md) had a gap of 0.016-0.141.
@@ -100,7 +88,7 @@ NEAR_TIE = 0.5
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not HAVE_KERNELS, reason="the C++ kernels are not built here")
 def test_default_model_greedy_text_equals_the_float_path_except_near_ties(default_model_dir):
-    prompts = _chat_prompts(default_model_dir)
+    prompts = chat_prompts(default_model_dir)
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     quant = LLMEngine(EngineConfig(model=ModelConfig(device="cpu", quantization="gguf"),
                                    cache=CacheConfig(num_blocks=128)), default_model_dir)  # fmt: skip
