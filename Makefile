@@ -17,7 +17,7 @@ SERVE_ARGS ?=
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-KERNEL_SOURCES := $(wildcard scheduler_worker/kernels/csrc/*.cpp)
+KERNEL_SOURCES := $(wildcard scheduler_worker/kernels/csrc/*.cpp scheduler_worker/kernels/csrc/*.h)
 
 $(STAMP): pyproject.toml Makefile $(KERNEL_SOURCES) | $(PY)
 	$(PIP) install -q "$(TORCH_SPEC)"

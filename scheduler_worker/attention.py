@@ -132,6 +132,9 @@ def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
         if forced not in DECODE_KERNELS:
             raise ValueError(f"ZEROSERVE_DECODE_ATTENTION must be one of {DECODE_KERNELS}, "
                              f"got {forced!r}")  # fmt: skip
+        if forced == "paged" and not paged:
+            raise ValueError("ZEROSERVE_DECODE_ATTENTION=paged needs the C++ kernels on a "
+                             "float32/bfloat16 CPU model")  # fmt: skip
         return forced
     if paged and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         return "paged"

@@ -1,6 +1,6 @@
 """zeroserve's C++ CPU kernels (csrc/): quantized linears, built once, picked at run time.
 
-    csrc/*.cpp ──build()──▶ kernels/build/zeroserve_kernels-<key>.so ──load()──▶ torch.ops.zeroserve
+    csrc/*.cpp, *.h ──build()──▶ kernels/build/zeroserve_kernels-<key>.so ──load()──▶ torch.ops.zeroserve
                 (g++, at install: `python -m scheduler_worker.kernels`; else on first use)
 
 The key hashes the sources, torch's version and the compiler flags, so a change to any of
@@ -33,7 +33,8 @@ from common.log import get_logger
 
 log = get_logger("kernels")
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("qgemm.cpp", "decode_ops.cpp")]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / name for name in ("qgemm.cpp", "decode_ops.cpp")]  # compiled; headers included
 ISAS = ("scalar", "avx2", "avx512")  # index = the isa argument of the ops
 CXXFLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno",
             "-Wno-unused-function", "-DNDEBUG"]  # fmt: skip
@@ -49,8 +50,9 @@ def _compiler() -> str | None:
 
 def _key(cxx: str) -> str:
     h = hashlib.sha256()
-    for src in SOURCES:
-        h.update(src.read_bytes())
+    for src in sorted(CSRC.iterdir()):  # sources and headers
+        if src.suffix in (".cpp", ".h"):
+            h.update(src.name.encode() + src.read_bytes())
     h.update(f"{torch.__version__}|{cxx}|{' '.join(CXXFLAGS)}|{torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
     return h.hexdigest()[:16]
 

@@ -15,47 +15,12 @@
 // and AVX-512 VNNI (dpbusd over two blocks per register). Work splits over output columns
 // with at::parallel_for (torch's OpenMP pool); within a thread a tile of RM activation rows
 // x RN weight rows keeps the unpacked weights in registers across the rows of the batch.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
+#include "qgemm_avx512.h"
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-
-namespace {
-
-constexpr int64_t QK = 32;
-enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
-enum Fmt : int64_t { Q4 = 0, Q8 = 1 };  // Q4: nibbles + d + m; Q8: int8 + d
-
-struct Act {  // activations quantized per block of 32
-  const int8_t* q;  // [M, K]
-  const float* d;   // [M, nb]
-  const float* s;   // [M, nb]: d * sum(q)
-};
-
-struct Weight {
-  const uint8_t* q;  // [N, K/2] nibbles (Q4) or [N, K] int8 (Q8)
-  const float* d;    // [N, nb]
-  const float* m;    // [N, nb] (Q4 only)
-  int64_t row_bytes;
-};
-
-struct Problem {
-  Act x;
-  Weight w;
-  int64_t M, N, nb;
-};
-
-template <typename T>
-inline void store(T* out, float v) {
-  *out = static_cast<T>(v);
-}
-
+namespace zs_qgemm {
 // ---------------------------------------------------------------- scalar (reference)
 
 template <typename T>
@@ -102,222 +67,6 @@ template <int FMT, typename T>
 void gemm_scalar(const Problem& p, T* out, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t i = 0; i < p.M; ++i) store(out + i * p.N + n, dot_row_scalar<FMT>(p, i, n));
-}
-
-// ---------------------------------------------------------------- AVX2
-
-#define ZS_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-ZS_AVX2 inline float hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-ZS_AVX2 inline float dot_f32_avx2(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
-  float r = hsum_avx2(acc);
-  for (; k < n; ++k) r += a[k] * b[k];
-  return r;
-}
-
-ZS_AVX2 inline __m256 load8_avx2(const float* x) { return _mm256_loadu_ps(x); }
-ZS_AVX2 inline __m256 load8_avx2(const c10::BFloat16* x) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-template <typename T>
-ZS_AVX2 void quantize_row_avx2(const T* x, int64_t nb, int8_t* q, float* d, float* s) {
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = load8_avx2(x + b * QK + 8 * j);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float db = _mm_cvtss_f32(m4) / 127.f;
-    const __m256 id = _mm256_set1_ps(db > 0.f ? 1.f / db : 0.f);
-    __m256i i32[4];
-    __m256i sum = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      i32[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      sum = _mm256_add_epi32(sum, i32[j]);
-    }
-    // pack 4 x 8 int32 -> 32 int8; packs work per 128-bit lane, the permute restores order
-    __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]);
-    __m256i p16b = _mm256_packs_epi32(i32[2], i32[3]);
-    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * QK), p8);
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_hadd_epi32(s4, s4);
-    s4 = _mm_hadd_epi32(s4, s4);
-    d[b] = db;
-    s[b] = db * static_cast<float>(_mm_cvtsi128_si32(s4));
-  }
-}
-
-ZS_AVX2 inline __m256i unpack_q4_avx2(const uint8_t* p) {  // 16 bytes -> 32 values in order
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
-ZS_AVX2 inline __m256 dot_u8s8_avx2(__m256i u, __m256i s) {  // 32 u8*s8 -> 8 float partials
-  const __m256i p16 = _mm256_maddubs_epi16(u, s);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
-
-template <int FMT, int RM, int RN, typename T>
-ZS_AVX2 void tile_avx2(const Problem& p, T* out, int64_t i0, int64_t n0) {
-  __m256 acc[RM][RN];
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) acc[i][r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < p.nb; ++b) {
-    __m256i w[RN], ws[RN];  // unsigned weight bytes; for Q8 |w| and w (for its signs)
-    __m256 dw[RN];
-    for (int r = 0; r < RN; ++r) {
-      const uint8_t* row = p.w.q + (n0 + r) * p.w.row_bytes;
-      if constexpr (FMT == Q4) {
-        w[r] = unpack_q4_avx2(row + b * 16);
-      } else {
-        ws[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
-        w[r] = _mm256_sign_epi8(ws[r], ws[r]);
-      }
-      dw[r] = _mm256_set1_ps(p.w.d[(n0 + r) * p.nb + b]);
-    }
-    for (int i = 0; i < RM; ++i) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.x.q + (i0 + i) * p.nb * QK + b * QK));
-      const __m256 dx = _mm256_set1_ps(p.x.d[(i0 + i) * p.nb + b]);
-      for (int r = 0; r < RN; ++r) {
-        const __m256 t = FMT == Q4 ? dot_u8s8_avx2(w[r], x) : dot_u8s8_avx2(w[r], _mm256_sign_epi8(x, ws[r]));
-        acc[i][r] = _mm256_fmadd_ps(t, _mm256_mul_ps(dw[r], dx), acc[i][r]);
-      }
-    }
-  }
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) {
-      float v = hsum_avx2(acc[i][r]);
-      if constexpr (FMT == Q4) v += dot_f32_avx2(p.w.m + (n0 + r) * p.nb, p.x.s + (i0 + i) * p.nb, p.nb);
-      store(out + (i0 + i) * p.N + n0 + r, v);
-    }
-}
-
-// ---------------------------------------------------------------- AVX-512 VNNI
-
-#define ZS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-
-ZS_AVX512 inline float hsum_avx512(__m512 v) { return _mm512_reduce_add_ps(v); }
-
-ZS_AVX512 inline __m512i load64_avx512(const void* p, bool two) {
-  return two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p);
-}
-
-// [a0 x8, a1 x8] from two consecutive floats (a1 = 0 when `two` is false)
-ZS_AVX512 inline __m512 pair_avx512(const float* p, bool two) {
-  const __m128 t = _mm_maskz_loadu_ps(two ? 0x3 : 0x1, p);
-  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(t));
-}
-
-// 8-bit weights, two blocks per 64-byte register (the signs of w moved onto x, as dpbusd
-// multiplies unsigned by signed bytes).
-template <int FMT, int RM, int RN, typename T>
-ZS_AVX512 void tile_avx512(const Problem& p, T* out, int64_t i0, int64_t n0) {
-  static_assert(FMT == Q8, "4-bit weights take tile_avx512_q4g");
-  __m512 acc[RM][RN];
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) acc[i][r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < p.nb; b += 2) {
-    const bool two = b + 1 < p.nb;
-    __m512i w[RN];
-    __mmask64 neg[RN];
-    __m512 dw[RN];
-    for (int r = 0; r < RN; ++r) {
-      const uint8_t* row = p.w.q + (n0 + r) * p.w.row_bytes;
-      const __m512i ws = load64_avx512(row + b * QK, two);
-      neg[r] = _mm512_movepi8_mask(ws);
-      w[r] = _mm512_abs_epi8(ws);
-      dw[r] = pair_avx512(p.w.d + (n0 + r) * p.nb + b, two);
-    }
-    for (int i = 0; i < RM; ++i) {
-      const __m512i x = load64_avx512(p.x.q + (i0 + i) * p.nb * QK + b * QK, two);
-      const __m512 dx = pair_avx512(p.x.d + (i0 + i) * p.nb + b, two);
-      for (int r = 0; r < RN; ++r) {
-        const __m512i xs = _mm512_mask_sub_epi8(x, neg[r], _mm512_setzero_si512(), x);
-        const __m512 t = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xs));
-        acc[i][r] = _mm512_fmadd_ps(t, _mm512_mul_ps(dw[r], dx), acc[i][r]);
-      }
-    }
-  }
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) store(out + (i0 + i) * p.N + n0 + r, hsum_avx512(acc[i][r]));
-}
-
-// 4-bit weights, four blocks per step. A 64-byte load holds four blocks' nibbles: its low
-// nibbles are elements 0-15 of each block, its high nibbles elements 16-31, so two ANDs
-// and a shift unpack 128 weights. The activations of a 4-bit AVX-512 call are stored to
-// match (see group_row): per group of up to four blocks, first every block's elements
-// 0-15, then every block's 16-31. Each dpbusd pair leaves four int32 lanes per block,
-// scaled by [d_b x4 | d_b+1 x4 | ...]. A short last group is loaded with masks.
-template <int RM, int RN, typename T>
-ZS_AVX512 void tile_avx512_q4g(const Problem& p, T* out, int64_t i0, int64_t n0) {
-  __m512 acc[RM][RN];
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) acc[i][r] = _mm512_setzero_ps();
-  const __m512i idx4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  for (int64_t b = 0; b < p.nb; b += 4) {
-    const int64_t nt = std::min<int64_t>(4, p.nb - b);
-    const __mmask64 bytes = nt == 4 ? ~0ull : (1ull << (16 * nt)) - 1;
-    const __mmask8 lanes = static_cast<__mmask8>((1u << nt) - 1);
-    __m512i lo[RN], hi[RN];
-    __m512 dw[RN];
-    for (int r = 0; r < RN; ++r) {
-      const __m512i v = _mm512_maskz_loadu_epi8(bytes, p.w.q + (n0 + r) * p.w.row_bytes + b * 16);
-      lo[r] = _mm512_and_si512(v, nib);
-      hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-      dw[r] = _mm512_permutexvar_ps(idx4, _mm512_zextps128_ps512(_mm_maskz_loadu_ps(lanes, p.w.d + (n0 + r) * p.nb + b)));
-    }
-    for (int i = 0; i < RM; ++i) {
-      const int8_t* xr = p.x.q + (i0 + i) * p.nb * QK + b * QK;
-      const __m512i xlo = _mm512_maskz_loadu_epi8(bytes, xr);
-      const __m512i xhi = _mm512_maskz_loadu_epi8(bytes, xr + 16 * nt);
-      const __m512 dx = _mm512_permutexvar_ps(idx4, _mm512_zextps128_ps512(_mm_maskz_loadu_ps(lanes, p.x.d + (i0 + i) * p.nb + b)));
-      for (int r = 0; r < RN; ++r) {
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xlo), hi[r], xhi);
-        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dx), acc[i][r]);
-      }
-    }
-  }
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) {
-      const float v = hsum_avx512(acc[i][r]) + dot_f32_avx2(p.w.m + (n0 + r) * p.nb, p.x.s + (i0 + i) * p.nb, p.nb);
-      store(out + (i0 + i) * p.N + n0 + r, v);
-    }
-}
-
-// One quantized activation row, rearranged for tile_avx512_q4g: per group of up to four
-// blocks, the first halves of its blocks, then their second halves.
-void group_row(int8_t* q, int64_t nb) {
-  int8_t tmp[4 * QK];
-  for (int64_t b = 0; b < nb; b += 4) {
-    const int64_t nt = std::min<int64_t>(4, nb - b);
-    int8_t* g = q + b * QK;
-    for (int64_t j = 0; j < nt; ++j) {
-      std::memcpy(tmp + j * 16, g + j * QK, 16);
-      std::memcpy(tmp + nt * 16 + j * 16, g + j * QK + 16, 16);
-    }
-    std::memcpy(g, tmp, static_cast<size_t>(nt * QK));
-  }
 }
 
 // ---------------------------------------------------------------- tiling and dispatch
@@ -469,7 +218,9 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 
 int64_t cpu_isa() { return best_isa(); }
 
-}  // namespace
+}  // namespace zs_qgemm
+
+using namespace zs_qgemm;
 
 TORCH_LIBRARY(zeroserve, lib) {
   lib.def("qlinear(Tensor x, Tensor qs, Tensor d, Tensor? m, int fmt, int isa) -> Tensor");
