@@ -38,8 +38,9 @@ from pathlib import Path
 
 from common.cli import add_config_args, config_from_args
 from common.config import Config, ConfigError
+from common.cpu import check_kernel_choice
 from common.log import get_logger
-from common.model_source import ModelSourceError, resolve_model
+from common.model_source import ModelSourceError, check_quantization_source, resolve_model
 from common.process import die_with_parent
 
 log = get_logger("launch")
@@ -220,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         mc = config.engine.model
         model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
         log.info("model %s ready at %s", mc.model, model_dir)
+        check_quantization_source(mc.quantization, model_dir)  # before any child starts
+        check_kernel_choice(mc.kernels)
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         config_path = run_dir / "config.json"
         config.save(config_path)

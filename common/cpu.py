@@ -8,6 +8,8 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from common.config import ConfigError
+
 
 @cache
 def _cpuinfo() -> str:
@@ -43,3 +45,22 @@ def cpu_kind() -> str:
     if "avx512f" in flags:
         return "avx512"
     return "avx2" if "avx2" in flags else "baseline"
+
+
+KERNEL_ISAS = ("scalar", "avx2", "avx512")  # scheduler_worker.kernels' paths, slowest first
+
+
+def best_kernel_isa() -> str:
+    """The fastest path of zeroserve's C++ kernels this CPU runs (the C++ side re-checks)."""
+    flags = cpu_flags()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
+        return "avx512"
+    if {"avx2", "fma", "f16c"} <= flags:
+        return "avx2"
+    return "scalar"
+
+
+def check_kernel_choice(choice: str) -> None:
+    """Refuse --kernels naming a path this CPU lacks (a ConfigError naming the best one)."""
+    if choice in KERNEL_ISAS and KERNEL_ISAS.index(choice) > KERNEL_ISAS.index(best_kernel_isa()):
+        raise ConfigError(f"--kernels {choice}: this CPU's best kernel path is {best_kernel_isa()}")

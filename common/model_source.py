@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.config import default_cache_dir
+from common.config import ConfigError, default_cache_dir
 from common.log import get_logger
 from common.process import die_with_parent
 
@@ -89,6 +89,13 @@ def gguf_source(model_dir: Path) -> Path | None:
         return None
     src = Path(marker.read_text().strip())
     return src if src.is_file() and _has_gguf_magic(src) else None
+
+
+def check_quantization_source(quantization: str, model_dir: Path) -> None:
+    """--quantization gguf serves a GGUF file's own blocks: refuse it for an HF directory."""
+    if quantization == "gguf" and gguf_source(model_dir) is None:
+        raise ConfigError("--quantization gguf needs a GGUF model (the alias 'smollm2' or a "
+                          f".gguf file); {model_dir} is a Hugging Face directory")
 
 
 def check_hf_dir(path: Path) -> Path:

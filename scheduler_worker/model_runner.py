@@ -16,7 +16,7 @@ import torch
 from common.config import EngineConfig
 from common.cpu import cpu_flags
 from common.log import get_logger
-from common.model_source import gguf_source
+from common.model_source import check_quantization_source, gguf_source
 from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.models import load_model
@@ -75,6 +75,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         self.config = config
         self.device = resolve_device(config.model.device)
+        check_quantization_source(config.model.quantization, model_dir)
         gguf = gguf_source(model_dir)
         self.weights = plan_weights(config.model, self.device, gguf)
         self.dtype = resolve_dtype(config.model.dtype, self.device, self.weights.method != "none")

@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-from common.cpu import cpu_flags
+from common.cpu import KERNEL_ISAS, best_kernel_isa
 from common.log import get_logger
 
 log = get_logger("kernels")
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("qgemm.cpp", "decode_ops.cpp")]  # compiled; headers included
-ISAS = ("scalar", "avx2", "avx512")  # index = the isa argument of the ops
+ISAS = KERNEL_ISAS  # index = the isa argument of the ops
 CXXFLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno",
             "-Wno-unused-function", "-DNDEBUG"]  # fmt: skip
 
@@ -134,12 +134,7 @@ def load() -> bool:
 
 def best_isa() -> str:
     """The fastest kernel path this CPU runs (from its flags; the C++ side re-checks)."""
-    flags = cpu_flags()
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
-        return "avx512"
-    if {"avx2", "fma", "f16c"} <= flags:
-        return "avx2"
-    return "scalar"
+    return best_kernel_isa()
 
 
 def isa_index(name: str) -> int:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from common.config import ModelConfig
-from common.cpu import cpu_flags
+from common.config import ConfigError, ModelConfig
+from common.cpu import check_kernel_choice, cpu_flags
 from scheduler_worker import kernels
 from scheduler_worker.quant.linear import dense_dtype_for
 
@@ -41,8 +41,7 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
             method, why = "gguf", f"auto: serving the GGUF file's own blocks ({gguf.name})"
         else:
             method, why = "none", "auto: a float checkpoint keeps its weights (--quantization int8|int4 to quantize)"
-    if method == "gguf" and gguf is None:
-        raise ValueError("--quantization gguf needs a GGUF model (the alias 'smollm2' or a .gguf file)")
+    assert method != "gguf" or gguf is not None  # common.model_source.check_quantization_source
     if method == "none":
         return WeightPlan("none", None, why)
     isa = _kernel_path(cfg.kernels)
@@ -55,11 +54,9 @@ def _kernel_path(choice: str) -> str | None:
         return None
     if not kernels.load():  # logs why, once
         if choice != "auto":
-            raise ValueError(f"--kernels {choice}: the C++ kernels are not available here (see the log)")
+            raise ConfigError(f"--kernels {choice}: the C++ kernels are not available here (see the log)")
         return None
-    best = kernels.best_isa()
     if choice == "auto":
-        return best
-    if kernels.isa_index(choice) > kernels.isa_index(best):
-        raise ValueError(f"--kernels {choice}: this CPU's best path is {best}")
+        return kernels.best_isa()
+    check_kernel_choice(choice)
     return choice

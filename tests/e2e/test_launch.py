@@ -121,6 +121,15 @@ def test_kill_9_during_model_conversion_takes_the_converter_along(tmp_path):
     wait_for(lambda: converters() == [], 10, "the converter to die with launch.py")
 
 
+def test_gguf_quantization_of_an_hf_directory_is_refused_before_any_child_starts(tiny_model_dirs):
+    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "--model", str(tiny_model_dirs["llama"]),
+                        "--quantization", "gguf", "--port", "1"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "launch.py: --quantization gguf needs a GGUF model" in r.stderr
+    assert "Traceback" not in r.stderr and "scheduler" not in r.stderr.lower()
+
+
 def test_int4_server_answers_and_bad_quantization_is_a_clear_error(default_model_dir):
     r = subprocess.run([sys.executable, str(REPO / "launch.py"), "--quantization", "int4",
                         "--dtype", "float16", "--port", "1"], cwd=REPO, capture_output=True,

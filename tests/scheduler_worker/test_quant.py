@@ -151,6 +151,17 @@ def test_unsupported_combinations_are_refused():
     ModelConfig(quantization="auto", dtype="float16")  # auto resolves to none there
 
 
+def test_kernels_naming_a_path_the_cpu_lacks_is_refused(monkeypatch):
+    from common import cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    assert cpu.best_kernel_isa() == "avx2"
+    cpu.check_kernel_choice("avx2")
+    cpu.check_kernel_choice("auto")
+    with pytest.raises(ConfigError, match="--kernels avx512: this CPU's best kernel path is avx2"):
+        cpu.check_kernel_choice("avx512")
+
+
 def test_gguf_quantization_needs_a_gguf_model(tiny_model_dirs):
     from scheduler_worker.engine import LLMEngine
 
