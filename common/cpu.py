@@ -37,6 +37,11 @@ def cpu_model_name() -> str:
     return _first("model name") or "unknown CPU"
 
 
+def has_native_bf16() -> bool:
+    """bf16 matmuls in hardware (AVX512-BF16 or AMX): where bf16 GEMMs beat float32."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
 def cpu_kind() -> str:
     """A short name for the kernel-relevant kind: amx, avx512, avx2 or baseline."""
     flags = cpu_flags()

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from common.config import EngineConfig
-from common.cpu import cpu_flags
+from common.cpu import has_native_bf16
 from common.log import get_logger
 from common.model_source import check_quantization_source, gguf_source
 from scheduler_worker import kernels
@@ -64,11 +64,7 @@ def resolve_dtype(name: str, device: torch.device, quantized: bool = False) -> t
         return torch.float32
     # CPU: bfloat16 when the CPU has native bf16 matmuls (AVX512-BF16 / AMX), measured
     # faster than float32 for this engine (docs/benchmarks.md); float32 otherwise.
-    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
-
-
-def _cpu_has_bf16() -> bool:
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return torch.bfloat16 if has_native_bf16() else torch.float32
 
 
 class ModelRunner:

@@ -106,9 +106,11 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(args)
 
     def forward(self, cos_sin, x, residual, kv_cache, meta) -> torch.Tensor:
-        """x: the previous layer's MLP output, added here into `residual` (the running
-        hidden state, updated in place); returns this layer's MLP output."""
-        h = self.self_attn(cos_sin, self.input_layernorm(x, residual), kv_cache, meta)
+        """x: the previous layer's MLP output (None for the first layer), added here into
+        `residual` (the running hidden state, updated in place); returns this layer's MLP
+        output."""
+        normed = self.input_layernorm(residual) if x is None else self.input_layernorm(x, residual)
+        h = self.self_attn(cos_sin, normed, kv_cache, meta)
         return self.mlp(self.post_attention_layernorm(h, residual))
 
 
@@ -150,7 +152,7 @@ class LlamaForCausalLM(CausalLM):
             cos_sin = (positions, *self._rope_f32)
         else:
             cos_sin = self.rope.cos_sin(positions, residual.dtype)
-        x = torch.zeros_like(residual)  # the "previous MLP output" the first layer adds
+        x = None  # the previous layer's MLP output
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(cos_sin, x, residual, kv_cache, meta)
         return self.norm(x, residual)

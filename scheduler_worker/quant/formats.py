@@ -128,13 +128,10 @@ def cat_rows(parts: list[BlockWeight]) -> BlockWeight:
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What the kernels do to activations (llama.cpp's Q8_1): per block of 32, d = absmax/127,
-    q = round(x / d); returns (q int8 [M, K], d [M, K/32], s = d * sum(q) [M, K/32])."""
-    g = _blocks(x)
-    d = g.abs().amax(dim=2) / 127.0
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    q = torch.round(g * inv[..., None]).clamp(-127, 127)
-    return q.to(torch.int8).reshape(x.shape), d, d * q.sum(dim=2)
+    """What the kernels do to activations (llama.cpp's Q8_1: Q8_0's recipe plus block sums):
+    returns (q int8 [M, K], d [M, K/32], s = d * sum(q) [M, K/32])."""
+    q8 = quantize_q8(x)
+    return q8.qs, q8.d, q8.d * q8.qs.reshape(*q8.d.shape, QK).sum(dim=2).float()
 
 
 def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:

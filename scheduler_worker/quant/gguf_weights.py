@@ -19,7 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from torch import nn
 
 from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, BlockWeight, cat_rows, from_gguf
 
@@ -97,7 +96,3 @@ def gguf_linears(blocks: GGUFBlocks, num_layers: int) -> tuple[dict[str, BlockWe
         except ValueError:
             skipped.append(f"{ours} (mixed {', '.join(blocks.type_name(n) for n in names)})")
     return found, skipped
-
-
-def linear_names(model: nn.Module) -> list[str]:
-    return [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]

@@ -36,10 +36,10 @@ QUANT_METHODS = ("none", "int8", "int4", "gguf")
 DENSE_ABOVE_ROWS = 8
 
 
-def dense_dtype_for(flags: frozenset[str]) -> torch.dtype | None:
+def dense_dtype_for(native_bf16: bool) -> torch.dtype | None:
     """bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), else None (no
     dense copy: float32 GEMMs lose to the integer kernels at every batch size measured)."""
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & flags else None
+    return torch.bfloat16 if native_bf16 else None
 
 
 class StepRows:
