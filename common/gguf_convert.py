@@ -8,7 +8,7 @@
 GGUF lists a tensor's dims reversed (ne0 first); the dequantized array already has the
 row-major HF shape, so `reversed(t.shape)` is the HF shape. llama.cpp's converter permutes
 the Q and K rows of llama-architecture models (its rope pairs adjacent dims, HF's pairs the
-two halves of a head); `_unpermute` undoes it. qwen2 files are not permuted.
+two halves of a head); `unpermute` undoes it. qwen2 files are not permuted.
 
 Torch-free (numpy + gguf + safetensors.numpy). The tokenizer goes through transformers'
 own GGUF tokenizer conversion, which imports torch: `common.model_source` therefore runs
@@ -51,8 +51,9 @@ def hf_name(name: str) -> str | None:
     return None
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of llama.cpp's `w.reshape(n_head, 2, d // n_head // 2, *rest).swapaxes(1, 2)`."""
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `w.reshape(n_head, 2, d // n_head // 2, *rest).swapaxes(1, 2)`:
+    whole rows move, so it applies to a quantized tensor's rows of blocks as well."""
     rest = w.shape[1:]
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
@@ -117,9 +118,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
                 raise ModelSourceError(f"GGUF file {gguf_path}: unexpected tensor {t.name} for "
                                        f"architecture {arch!r}")
             if arch == "llama" and ".q_proj." in name:
-                w = _unpermute(w, n_head)
+                w = unpermute(w, n_head)
             elif arch == "llama" and ".k_proj." in name:
-                w = _unpermute(w, n_kv)
+                w = unpermute(w, n_kv)
             if name == "model.embed_tokens.weight":
                 embed_shape = w.shape
             names.add(name)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.gguf_convert import inspect_gguf, unpermute
 from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, BlockWeight, cat_rows, from_gguf
 
 # our module -> the GGUF tensors stacked into it, per layer ("{i}") or top level
@@ -31,19 +32,12 @@ _LAYER_PARTS = {
 }
 
 
-def _unpermute_rows(raw: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of llama.cpp's Q/K row permutation, applied to rows of whole blocks."""
-    rows = raw.shape[0]
-    return raw.reshape(n_head, rows // n_head // 2, 2, -1).swapaxes(1, 2).reshape(raw.shape)
-
-
 class GGUFBlocks:
     """The quantized tensors of one GGUF file, by GGUF name (the file is memory-mapped)."""
 
     def __init__(self, path: Path) -> None:
         import gguf
 
-        from common.gguf_convert import inspect_gguf
 
         self.path = path
         reader = inspect_gguf(path)
@@ -74,7 +68,7 @@ class GGUFBlocks:
         k, n = (int(x) for x in t.shape)  # GGUF lists ne0 (the input dim) first
         raw = np.asarray(t.data).reshape(n, -1)
         if self.arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
-            raw = _unpermute_rows(raw, self.n_head if "attn_q" in name else self.n_kv_head)
+            raw = unpermute(raw, self.n_head if "attn_q" in name else self.n_kv_head)
         return from_gguf(raw, type_name, n, k)
 
 

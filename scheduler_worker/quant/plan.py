@@ -27,7 +27,7 @@ class WeightPlan:
     method: str  # "none" | "gguf" | "int8" | "int4"
     isa: str | None  # kernel path for quantized linears; None: pure torch
     reason: str
-    dense_dtype: torch.dtype | None = None  # dense copy for large steps (QuantLinear)
+    dense_dtype: torch.dtype | None = None  # dense copy for prompt tokens, big batches
 
 
 def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> WeightPlan:
