@@ -90,6 +90,9 @@ class ModelRunner:
         self.decode_kernel = choose_decode_kernel(self.device, self.dtype, paged=self.use_kernels)
         if self.use_kernels:
             self.model.apply(lambda m: setattr(m, "fused", True) if hasattr(m, "fused") else None)
+            enable = getattr(self.model, "enable_decode_layers", None)
+            if enable is not None and enable():
+                log.info("decode steps on the integer kernels: all layers in one C++ call")
         log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()

@@ -34,7 +34,7 @@ from common.log import get_logger
 log = get_logger("kernels")
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("qgemm.cpp", "decode_ops.cpp")]  # compiled; headers included
+SOURCES = [CSRC / name for name in ("qgemm.cpp", "decode_ops.cpp", "decode_model.cpp")]  # compiled; headers included
 ISAS = KERNEL_ISAS  # index = the isa argument of the ops
 CXXFLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno",
             "-Wno-unused-function", "-DNDEBUG"]  # fmt: skip

@@ -7,6 +7,7 @@ into one matmul each (fewer, larger GEMMs per layer).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from scheduler_worker.models.common import (
     rope_scaling_of,
     rope_theta_of,
 )
+from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.rope import RotaryEmbedding, rotate
 
 
@@ -114,6 +116,22 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(h, residual))
 
 
+@dataclass
+class DecodePlan:
+    """Everything torch.ops.zeroserve.decode_layers needs that does not change between
+    steps: every layer's norm weights and block weights, flat, in the op's order."""
+
+    weights: list[torch.Tensor]
+    formats: list[int]
+    isa: int
+    probe: QuantLinear  # any of the layers' linears: they route rows alike
+
+    def takes(self, meta: AttentionMetadata, rows: int) -> bool:
+        """A decode-only step whose rows all go to the integer kernels."""
+        return (meta.num_decode == rows and meta.decode_kernel == "paged"
+                and self.probe.kernel_rows(rows) == rows)  # fmt: skip
+
+
 class LlamaForCausalLM(CausalLM):
     fused = False  # ModelRunner sets it (with its layers') when the C++ kernels serve it
 
@@ -122,6 +140,7 @@ class LlamaForCausalLM(CausalLM):
         self.args = args
         self.rope = self._make_rope()  # cos/sin computed once per forward, for every layer
         self._rope_f32: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.decode_plan: DecodePlan | None = None  # set by enable_decode_layers()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
@@ -143,6 +162,35 @@ class LlamaForCausalLM(CausalLM):
             self.rope = self._make_rope()
             self._rope_f32 = None
 
+    def enable_decode_layers(self) -> bool:
+        """Run decode steps whose linears all take the integer kernels as one C++ call
+        (torch.ops.zeroserve.decode_layers: the same ops as the modules, without the
+        Python between them). Needs the fused kernels, SiLU, and every decoder linear a
+        QuantLinear on one kernel path; returns whether the plan was made."""
+        if not self.fused or self.args.hidden_act not in ("silu", "swish"):
+            return False
+        weights: list[torch.Tensor] = []
+        formats: list[int] = []
+        linears: list[QuantLinear] = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            group = [(layer.input_layernorm, attn.qkv_proj), (None, attn.o_proj),
+                     (layer.post_attention_layernorm, mlp.gate_up_proj), (None, mlp.down_proj)]  # fmt: skip
+            for norm, lin in group:
+                if not isinstance(lin, QuantLinear) or lin.isa is None:
+                    return False
+                if norm is not None:
+                    weights.append(norm.weight.detach())
+                weights.extend(lin.kernel_tensors())
+                formats.append(lin.fmt)
+                linears.append(lin)
+        first = linears[0]
+        same = {(lin.isa_index, lin.dense is None, lin.dense_above, id(lin.step_rows)) for lin in linears}
+        if len(same) != 1:
+            return False
+        self.decode_plan = DecodePlan(weights, formats, first.isa_index, first)
+        return True
+
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         residual = self.embed_tokens(input_ids)
         cos_sin: tuple[torch.Tensor, ...]
@@ -152,6 +200,16 @@ class LlamaForCausalLM(CausalLM):
             cos_sin = (positions, *self._rope_f32)
         else:
             cos_sin = self.rope.cos_sin(positions, residual.dtype)
+        plan = self.decode_plan
+        if plan is not None and plan.takes(meta, input_ids.shape[0]):
+            a, attn = self.args, self.layers[0].self_attn
+            x = torch.ops.zeroserve.decode_layers(
+                residual, plan.weights, plan.formats, [kv[0] for kv in kv_caches],
+                [kv[1] for kv in kv_caches], positions, *self._rope_f32, meta.slot_mapping,
+                meta.decode_block_tables, meta.decode_context_lens, a.num_heads, a.num_kv_heads,
+                self.norm.eps, attn.scale, plan.isa,
+            )  # fmt: skip
+            return self.norm(x, residual)
         x = None  # the previous layer's MLP output
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(cos_sin, x, residual, kv_cache, meta)

@@ -64,8 +64,8 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.form, self.source = weight.form, weight.source
         self.isa = isa
-        self._isa_index = kernels.isa_index(isa) if isa is not None else -1
-        self._fmt = 0 if weight.form == "q4" else 1
+        self.isa_index = kernels.isa_index(isa) if isa is not None else -1
+        self.fmt = 0 if weight.form == "q4" else 1
         self.register_buffer("qs", weight.qs)
         self.register_buffer("d", weight.d)
         self.register_buffer("m", weight.m)
@@ -76,17 +76,26 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         self.step_rows: StepRows | None = None  # set by the model runner
 
+    def kernel_rows(self, rows: int) -> int:
+        """How many of a step's `rows` (the leading ones) the integer kernels take."""
+        if self.dense is None:
+            return rows
+        if self.isa is None:
+            return 0
+        if self.step_rows is not None and self.step_rows.kernel_rows is not None:
+            return min(rows, self.step_rows.kernel_rows)
+        return rows if rows <= self.dense_above else 0
+
+    def kernel_tensors(self) -> list[torch.Tensor]:
+        """qs, d, m, bias for torch.ops.zeroserve.decode_layers (empty tensors for none)."""
+        none = torch.empty(0, dtype=self.d.dtype)
+        return [self.qs, self.d, self.m if self.m is not None else none,
+                none if self.bias is None else self.bias]  # fmt: skip
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
         rows = x2.shape[0]
-        if self.dense is None:
-            kernel_rows = rows
-        elif self.isa is None:
-            kernel_rows = 0
-        elif self.step_rows is not None and self.step_rows.kernel_rows is not None:
-            kernel_rows = min(rows, self.step_rows.kernel_rows)
-        else:
-            kernel_rows = rows if rows <= self.dense_above else 0
+        kernel_rows = self.kernel_rows(rows)
         if kernel_rows == rows:
             y = self._kernel(x2)
         elif kernel_rows == 0:
@@ -98,7 +107,7 @@ class QuantLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
-        return torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self._fmt, self._isa_index)
+        return torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self.fmt, self.isa_index)
 
     def _dense(self, x2: torch.Tensor) -> torch.Tensor:
         assert self.dense is not None

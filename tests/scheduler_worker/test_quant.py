@@ -223,3 +223,52 @@ def test_bench_quant_times_every_linear_shape(tiny_model_dirs, tmp_path, capsys)
         assert {"dense/float32", "dense/bfloat16", f"q4/{BEST}"} <= set(per)
         assert all(v > 0 for v in per.values())
     assert out.exists() and "ms per step in linears" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(BEST is None, reason="the C++ kernels are not built here")
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("method,dtype", [("int4", "float32"), ("int8", "float32"), ("int4", "bfloat16")])
+def test_decode_layers_in_one_call_equal_the_modules_bit_for_bit(kind, method, dtype, tiny_model_dirs):
+    """A decode step on the integer kernels runs every decoder layer in one C++ call
+    (torch.ops.zeroserve.decode_layers); it must give exactly the module path's logits and
+    KV cache, for a batch of sequences at different context lengths."""
+    from scheduler_worker.model_runner import ModelRunner, SeqInput
+
+    src = tiny_model_dirs[kind]
+    config = EngineConfig(model=ModelConfig(model=str(src), dtype=dtype, device="cpu", quantization=method),
+                          cache=CacheConfig(block_size=4, num_blocks=64))  # fmt: skip
+    runner = ModelRunner(config, src)
+    plan = runner.model.decode_plan
+    assert plan is not None, "every decoder linear is on the kernels: the one-call plan is made"
+    lens = [5, 9, 1]
+    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(lens))]
+    for i, n in enumerate(lens):  # the prompts, through the modules (prompt rows)
+        runner.execute([SeqInput(list(range(10 + i, 10 + i + n)), 0, tables[i])])
+    caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    seqs = [SeqInput([7 + i], n, tables[i]) for i, n in enumerate(lens)]
+    meta = runner.prepare(seqs)[2]
+    runner.step_rows.set_step(meta.num_decode)  # as execute() does
+    assert plan.takes(meta, len(seqs))
+    fused = runner.execute(seqs)
+    fused_caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    runner.kv_caches[:] = caches
+    runner.model.decode_plan = None
+    modules = runner.execute(seqs)
+    assert torch.equal(fused, modules)
+    for (k1, v1), (k2, v2) in zip(fused_caches, runner.kv_caches):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    # a step with prompt rows takes the modules even with the plan in place
+    runner.model.decode_plan = plan
+    meta = runner.prepare([SeqInput([1, 2], 0, [60])])[2]
+    runner.step_rows.set_step(meta.num_decode)
+    assert not plan.takes(meta, 2)
+
+
+def test_no_one_call_plan_without_the_kernels(tiny_model_dirs):
+    from scheduler_worker.model_runner import ModelRunner
+
+    src = tiny_model_dirs["llama"]
+    config = EngineConfig(model=ModelConfig(model=str(src), dtype="float32", device="cpu", quantization="int4",
+                                            kernels="torch"),
+                          cache=CacheConfig(block_size=4, num_blocks=16))  # fmt: skip
+    assert ModelRunner(config, src).model.decode_plan is None

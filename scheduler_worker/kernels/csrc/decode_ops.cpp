@@ -16,6 +16,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "zs_ops.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -24,6 +26,7 @@
 
 #define ZS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
+namespace zs_ops {
 namespace {
 
 inline float f32(float x) { return x; }
@@ -148,6 +151,8 @@ void attend_all(const AttnArgs<T>& a, int64_t B) {
     for (int64_t w = w0; w < w1; ++w) attend_dispatch(a, G, w / a.Hkv, w % a.Hkv, scores.data(), acc.data());
   });
 }
+
+}  // namespace
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
@@ -337,7 +342,7 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const
   return {q, k};
 }
 
-}  // namespace
+}  // namespace zs_ops
 
 TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
   lib.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
@@ -347,8 +352,8 @@ TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
 }
 
 TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) {
-  lib.impl("paged_decode_attention", &paged_decode_attention);
-  lib.impl("rms_norm", &rms_norm);
-  lib.impl("silu_mul", &silu_mul);
-  lib.impl("rope_write_kv", &rope_write_kv);
+  lib.impl("paged_decode_attention", &zs_ops::paged_decode_attention);
+  lib.impl("rms_norm", &zs_ops::rms_norm);
+  lib.impl("silu_mul", &zs_ops::silu_mul);
+  lib.impl("rope_write_kv", &zs_ops::rope_write_kv);
 }
