@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -124,6 +125,7 @@ class DecodePlan:
     weights: list[torch.Tensor]
     formats: list[int]
     isa: int
+    scale: float  # attention's 1/sqrt(head_dim)
     probe: QuantLinear  # any of the layers' linears: they route rows alike
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:
@@ -172,7 +174,7 @@ class LlamaForCausalLM(CausalLM):
         weights: list[torch.Tensor] = []
         formats: list[int] = []
         linears: list[QuantLinear] = []
-        for layer in self.layers:
+        for layer in cast(list[LlamaDecoderLayer], list(self.layers)):
             attn, mlp = layer.self_attn, layer.mlp
             group = [(layer.input_layernorm, attn.qkv_proj), (None, attn.o_proj),
                      (layer.post_attention_layernorm, mlp.gate_up_proj), (None, mlp.down_proj)]  # fmt: skip
@@ -188,7 +190,8 @@ class LlamaForCausalLM(CausalLM):
         same = {(lin.isa_index, lin.dense is None, lin.dense_above, id(lin.step_rows)) for lin in linears}
         if len(same) != 1:
             return False
-        self.decode_plan = DecodePlan(weights, formats, first.isa_index, first)
+        scale = cast(LlamaDecoderLayer, self.layers[0]).self_attn.scale
+        self.decode_plan = DecodePlan(weights, formats, first.isa_index, scale, first)
         return True
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
@@ -202,12 +205,13 @@ class LlamaForCausalLM(CausalLM):
             cos_sin = self.rope.cos_sin(positions, residual.dtype)
         plan = self.decode_plan
         if plan is not None and plan.takes(meta, input_ids.shape[0]):
-            a, attn = self.args, self.layers[0].self_attn
+            assert self._rope_f32 is not None  # a plan needs the fused path
+            a = self.args
             x = torch.ops.zeroserve.decode_layers(
                 residual, plan.weights, plan.formats, [kv[0] for kv in kv_caches],
                 [kv[1] for kv in kv_caches], positions, *self._rope_f32, meta.slot_mapping,
                 meta.decode_block_tables, meta.decode_context_lens, a.num_heads, a.num_kv_heads,
-                self.norm.eps, attn.scale, plan.isa,
+                self.norm.eps, plan.scale, plan.isa,
             )  # fmt: skip
             return self.norm(x, residual)
         x = None  # the previous layer's MLP output

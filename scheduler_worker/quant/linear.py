@@ -55,6 +55,10 @@ class StepRows:
 
 
 class QuantLinear(nn.Module):
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None
+
     def __init__(self, weight: BlockWeight, bias: torch.Tensor | None, dtype: torch.dtype,
                  isa: str | None, dense_dtype: torch.dtype | None = None,
                  dense_above: int = DENSE_ABOVE_ROWS) -> None:  # fmt: skip
