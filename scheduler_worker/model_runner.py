@@ -59,8 +59,8 @@ def resolve_dtype(name: str, device: torch.device, quantized: bool = False) -> t
     if quantized:
         # block-quantized linears take float32 activations best on every CPU measured: the
         # kernels quantize them to 8 bits anyway, and the rest of the step (norms, rope,
-        # attention) has no casts; large steps still get bf16 GEMMs where the CPU has
-        # them (QuantLinear's dense copy). docs/benchmarks.md, "Decode step".
+        # attention) has no casts; large steps still get bf16 GEMMs where those beat the
+        # kernels (QuantLinear's dense copy). docs/benchmarks.md, "Decode step".
         return torch.float32
     # CPU: bfloat16 when the CPU has native bf16 matmuls (AVX512-BF16 / AMX), measured
     # faster than float32 for this engine (docs/benchmarks.md); float32 otherwise.

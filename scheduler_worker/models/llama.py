@@ -123,7 +123,7 @@ class DecodePlan:
     steps: every layer's norm weights and block weights, flat, in the op's order."""
 
     weights: list[torch.Tensor]
-    formats: list[int]
+    formats: list[int]  # (block format, out features) of every linear
     isa: int
     scale: float  # attention's 1/sqrt(head_dim)
     probe: QuantLinear  # any of the layers' linears: they route rows alike
@@ -184,7 +184,7 @@ class LlamaForCausalLM(CausalLM):
                 if norm is not None:
                     weights.append(norm.weight.detach())
                 weights.extend(lin.kernel_tensors())
-                formats.append(lin.fmt)
+                formats += [lin.fmt, lin.out_features]
                 linears.append(lin)
         first = linears[0]
         same = {(lin.isa_index, lin.dense is None, lin.dense_above, id(lin.step_rows)) for lin in linears}

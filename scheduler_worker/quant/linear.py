@@ -8,10 +8,13 @@ activations to 8 bits per block and do integer dot products, as llama.cpp does.
 Without the kernels (no compiler) the layer multiplies by its dequantized weight in
 pure torch: the same weight values, float activations, slower.
 
-Large steps (prefill, big decode batches) are compute-bound, and on a CPU with native
-bfloat16 GEMMs (AVX512-BF16, AMX) oneDNN's bf16 GEMM outruns the integer kernels past a
-few rows (docs/benchmarks.md, bench_quant.py). Such a CPU keeps a bfloat16 copy of the
-dequantized weight (`dense_dtype`): the same weight values, bfloat16 activations.
+Large steps (prefill, big decode batches) are compute-bound. The AVX-512 VNNI kernel
+(weights repacked 16 rows at a time) stays ahead of oneDNN's dense bf16 GEMM at every
+step size measured (1 to 512 rows, docs/benchmarks.md, bench_quant.py), but the AVX2
+kernel falls behind it past 8 rows on a CPU with native bfloat16 (AVX512-BF16). Where
+that happens, and on AMX CPUs (whose bf16 tile GEMMs were not measured here; kept as
+before), the layer keeps a bfloat16 copy of the dequantized weight (`dense_dtype`): the
+same weight values, bfloat16 activations.
 
 Which rows take the dense copy is decided by what the tokens are, not by how many share
 the step, so that a request's numbers do not depend on its neighbours (a seeded sample
@@ -28,18 +31,28 @@ import torch.nn.functional as F
 from torch import nn
 
 from scheduler_worker import kernels
-from scheduler_worker.quant.formats import BlockWeight, dequantize, quantize_q4, quantize_q8
+from scheduler_worker.quant.formats import (
+    BlockWeight,
+    dequantize,
+    pack_vnni,
+    quantize_q4,
+    quantize_q8,
+)
 
 QUANT_METHODS = ("none", "int8", "int4", "gguf")
-# rows per step above which a CPU with native bf16 GEMMs uses the dense bf16 copy: measured
-# on an AVX512-BF16 EPYC (bench_quant.py), where the crossover sat between 8 and 16 rows
+# rows per step above which a layer with a dense bf16 copy uses it: measured with the AVX2
+# kernel on an AVX512-BF16 EPYC (bench_quant.py), where the crossover sat between 8 and 16
 DENSE_ABOVE_ROWS = 8
 
 
-def dense_dtype_for(native_bf16: bool) -> torch.dtype | None:
-    """bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), else None (no
-    dense copy: float32 GEMMs lose to the integer kernels at every batch size measured)."""
-    return torch.bfloat16 if native_bf16 else None
+def dense_dtype_for(isa: str, native_bf16: bool, amx: bool) -> torch.dtype | None:
+    """bfloat16 where a dense bf16 GEMM beats kernel path `isa` on large steps: a CPU with
+    native bf16 matmuls whose path is not AVX-512 VNNI, or one with AMX. None elsewhere:
+    float32 GEMMs lose to the integer kernels at every size measured, and so does the
+    AVX512-BF16 GEMM to the VNNI kernel."""
+    if not native_bf16 or (isa == "avx512" and not amx):
+        return None
+    return torch.bfloat16
 
 
 class StepRows:
@@ -70,9 +83,12 @@ class QuantLinear(nn.Module):
         self.isa = isa
         self.isa_index = kernels.isa_index(isa) if isa is not None else -1
         self.fmt = 0 if weight.form == "q4" else 1
-        self.register_buffer("qs", weight.qs)
-        self.register_buffer("d", weight.d)
-        self.register_buffer("m", weight.m)
+        # the AVX-512 kernel reads the same values repacked 16 rows at a time (pack_vnni)
+        self.vnni = isa == "avx512"
+        qs, d, m = pack_vnni(weight) if self.vnni else (weight.qs, weight.d, weight.m)
+        self.register_buffer("qs", qs)
+        self.register_buffer("d", d)
+        self.register_buffer("m", m)
         self.dense: torch.Tensor | None = None
         self.dense_above = 0 if isa is None else dense_above
         if isa is None or dense_dtype is not None:
@@ -111,6 +127,8 @@ class QuantLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.vnni:
+            return torch.ops.zeroserve.qlinear_vnni(x2, self.qs, self.d, self.m, self.fmt, self.out_features)
         return torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self.fmt, self.isa_index)
 
     def _dense(self, x2: torch.Tensor) -> torch.Tensor:

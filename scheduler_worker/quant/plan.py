@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from common.config import ConfigError, ModelConfig
-from common.cpu import check_kernel_choice, has_native_bf16
+from common.cpu import check_kernel_choice, cpu_flags, has_native_bf16
 from scheduler_worker import kernels
 from scheduler_worker.quant.linear import dense_dtype_for
 
@@ -45,7 +45,7 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
     if method == "none":
         return WeightPlan("none", None, why)
     isa = _kernel_path(cfg.kernels)
-    dense = dense_dtype_for(has_native_bf16()) if isa is not None else None
+    dense = dense_dtype_for(isa, has_native_bf16(), "amx_bf16" in cpu_flags()) if isa is not None else None
     return WeightPlan(method, isa, why, dense)
 
 

@@ -11,7 +11,13 @@ import torch
 
 from scheduler_worker import kernels
 from scheduler_worker.attention import _decode_attention, write_kv
-from scheduler_worker.quant.formats import from_gguf, quantize_activations, reference_qlinear
+from scheduler_worker.quant.formats import (
+    BlockWeight,
+    from_gguf,
+    pack_vnni,
+    quantize_activations,
+    reference_qlinear,
+)
 from scheduler_worker.rope import rotate
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
@@ -30,21 +36,29 @@ def test_scalar_path_is_always_there_and_best_isa_matches_the_flags():
     assert ISAS[0] == "scalar" and ops.cpu_isa() == kernels.isa_index(kernels.best_isa())
 
 
+def _qlinear(x: torch.Tensor, bw: BlockWeight, isa: str) -> torch.Tensor:
+    """The kernel of path `isa` on `bw`: AVX-512 on the weight repacked by pack_vnni."""
+    fmt = 0 if bw.form == "q4" else 1
+    if isa == "avx512":
+        return ops.qlinear_vnni(x, *pack_vnni(bw), fmt, bw.shape[0])
+    return ops.qlinear(x, bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
 def test_qlinear_equals_the_oracle(isa, type_name):
-    # K = 32 (one block), 96 (odd block count: the AVX-512 pair loop's tail), 576, 1536;
-    # N not a multiple of the 4-row tile; M from 1 to 64 (tiles of 3/4 rows plus tails)
-    shapes = [(1, 5, 32), (2, 37, 96), (3, 64, 576), (7, 13, 160), (16, 40, 1536), (64, 9, 64)]
+    # K = 32 (one block), 96 (odd block count), 576, 1536; N not a multiple of a tile's
+    # rows (2-4, or a group of 16 for AVX-512: 5, 13, 37, 40 pad the last group, 64 fills
+    # 4 groups, 9 a single short one); M from 1 to 64 (tiles of 3/4 rows plus tails)
+    shapes = [(1, 5, 32), (2, 37, 96), (3, 64, 576), (7, 13, 160), (16, 40, 1536), (64, 9, 64), (5, 80, 64)]
     for seed, (m, n, k) in enumerate(shapes):
         bw = _gguf_weight(type_name, n, k, seed)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
         ref = reference_qlinear(x, bw)
-        fmt = 0 if bw.form == "q4" else 1
-        y = ops.qlinear(x, bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
+        y = _qlinear(x, bw, isa)
         assert y.dtype == torch.float32 and y.shape == (m, n)
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-        yb = ops.qlinear(x.bfloat16(), bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
+        yb = _qlinear(x.bfloat16(), bw, isa)
         refb = reference_qlinear(x.bfloat16().float(), bw)
         assert yb.dtype == torch.bfloat16
         torch.testing.assert_close(yb.double(), refb, rtol=1e-2, atol=1e-2 * refb.abs().max().item())
@@ -69,6 +83,30 @@ def test_qlinear_refuses_bad_shapes():
         ops.qlinear(torch.randn(2, 96), bw.qs, bw.d, bw.m, 0, 0)
     with pytest.raises(RuntimeError, match="needs m"):
         ops.qlinear(torch.randn(2, 64), bw.qs, bw.d, None, 0, 0)
+    if "avx512" in ISAS:
+        qs, d, m = pack_vnni(bw)
+        with pytest.raises(RuntimeError, match="repacked by pack_vnni"):
+            ops.qlinear(torch.randn(2, 64), bw.qs, bw.d, bw.m, 0, kernels.isa_index("avx512"))
+        with pytest.raises(RuntimeError, match="do not fit"):
+            ops.qlinear_vnni(torch.randn(2, 64), qs, d, m, 0, 17)
+        with pytest.raises(RuntimeError, match="does not match"):
+            ops.qlinear_vnni(torch.randn(2, 96), qs, d, m, 0, 8)
+
+
+def test_pack_vnni_interleaves_16_rows_4_bytes_at_a_time():
+    """Where one weight byte lands: group g, block b, register k, row r, byte j."""
+    for type_name, bytes_per_block in (("Q4_1", 16), ("Q8_0", 32)):
+        bw = _gguf_weight(type_name, 20, 64, 3)  # 2 groups (the second padded), 2 blocks
+        qs, d, m = pack_vnni(bw)
+        nat = bw.qs.view(torch.uint8)
+        packed = qs.view(2, 2, bytes_per_block // 4, 16, 4)
+        offset = 0 if type_name == "Q4_1" else 128  # 8-bit values are stored + 128
+        for n, b, k, j in ((0, 0, 0, 0), (17, 1, 3, 2), (5, 1, bytes_per_block // 4 - 1, 3)):
+            want = (int(nat[n, b * bytes_per_block + 4 * k + j]) + offset) % 256
+            assert int(packed[n // 16, b, k, n % 16, j]) == want
+            assert d[n // 16, b, n % 16] == bw.d[n, b]
+        assert (d[1, :, 4:] == 0).all()  # padded rows
+        assert (m is None) == (type_name == "Q8_0")
 
 
 def _paged(batch: int, lens: list[int], bs: int, h: int, hkv: int, d: int, dtype, seed: int):

@@ -25,13 +25,15 @@ namespace {
 // A layer's tensors, in this order, in the flat `weights` list: input norm weight,
 // qkv (qs, d, m, bias), o (qs, d, m, bias), post-attention norm weight, gate_up (qs, d, m,
 // bias), down (qs, d, m, bias). An absent m (8-bit weights) or bias is an empty tensor.
-// `formats` holds the four linears' block formats (0 = 4-bit, 1 = 8-bit) per layer.
+// `formats` holds each of the four linears' (block format (0 = 4-bit, 1 = 8-bit), output
+// features) per layer. With isa 2 (AVX-512) the weights are in the vnni layout.
 constexpr int64_t kTensorsPerLayer = 18;
-constexpr int64_t kLinearsPerLayer = 4;
+constexpr int64_t kFormatsPerLayer = 8;
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor* t, int64_t fmt, int64_t isa) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t* fmt, int64_t isa) {
   const c10::optional<at::Tensor> m = t[2].numel() ? c10::optional<at::Tensor>(t[2]) : c10::nullopt;
-  at::Tensor y = zs_qgemm::qlinear(x, t[0], t[1], m, fmt, isa);
+  at::Tensor y = isa == 2 ? zs_qgemm::qlinear_vnni(x, t[0], t[1], m, fmt[0], fmt[1])
+                          : zs_qgemm::qlinear(x, t[0], t[1], m, fmt[0], isa);
   if (t[3].numel()) y.add_(t[3]);
   return y;
 }
@@ -47,21 +49,21 @@ at::Tensor decode_layers(at::Tensor residual, at::TensorList weights, at::IntArr
   TORCH_CHECK(L >= 1 && static_cast<int64_t>(v_caches.size()) == L, "decode_layers: one K and one V cache per layer");
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == L * kTensorsPerLayer, "decode_layers: expected ",
               L * kTensorsPerLayer, " weight tensors, got ", weights.size());
-  TORCH_CHECK(static_cast<int64_t>(formats.size()) == L * kLinearsPerLayer, "decode_layers: expected ",
-              L * kLinearsPerLayer, " formats, got ", formats.size());
+  TORCH_CHECK(static_cast<int64_t>(formats.size()) == L * kFormatsPerLayer, "decode_layers: expected ",
+              L * kFormatsPerLayer, " formats, got ", formats.size());
   TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous(), "decode_layers: residual must be a contiguous [T, hidden]");
   const int64_t T = residual.size(0), q_size = H * k_caches[0].size(3);
   at::Tensor x;  // the previous layer's MLP output
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
-    const int64_t* fmt = formats.data() + l * kLinearsPerLayer;
+    const int64_t* fmt = formats.data() + l * kFormatsPerLayer;
     at::Tensor h = x.defined() ? rms_norm(x, residual, w[0], eps) : rms_norm(residual, c10::nullopt, w[0], eps);
-    const at::Tensor qkv = linear(h, w + 1, fmt[0], isa);
+    const at::Tensor qkv = linear(h, w + 1, fmt, isa);
     auto [q, k] = rope_write_kv(qkv, positions, cos, sin, k_caches[l], v_caches[l], slot_mapping, H, Hkv);
     const at::Tensor o = paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale);
-    h = linear(o.view({T, q_size}), w + 5, fmt[1], isa);
+    h = linear(o.view({T, q_size}), w + 5, fmt + 2, isa);
     h = rms_norm(h, residual, w[9], eps);
-    x = linear(silu_mul(linear(h, w + 10, fmt[2], isa)), w + 14, fmt[3], isa);
+    x = linear(silu_mul(linear(h, w + 10, fmt + 4, isa)), w + 14, fmt + 6, isa);
   }
   return x;
 }

@@ -11,14 +11,15 @@
 // (nibbles as GGUF orders them, fp32 d, fp32 m) without changing a value.
 //
 // Three code paths, picked by the caller and clamped to what the CPU has: scalar (portable,
-// the reference the others are tested against), AVX2 (maddubs + madd, 32 inputs per op)
-// and AVX-512 VNNI (dpbusd over two blocks per register). Work splits over output columns
-// with at::parallel_for (torch's OpenMP pool); within a thread a tile of RM activation rows
-// x RN weight rows keeps the unpacked weights in registers across the rows of the batch.
+// the reference the others are tested against) and AVX2 (maddubs + madd, 32 inputs per
+// op) on the weights as above (`qlinear`), and AVX-512 VNNI on the same values repacked 16
+// rows at a time (`qlinear_vnni`, qgemm_vnni.h). Work splits over output columns with
+// at::parallel_for (torch's OpenMP pool); within a thread a tile of activation rows x
+// weight rows keeps the weights in registers across the rows of the batch.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "qgemm_avx512.h"
+#include "qgemm_vnni.h"
 
 namespace zs_qgemm {
 // ---------------------------------------------------------------- scalar (reference)
@@ -105,18 +106,6 @@ struct Avx2Tile {
   static void run(const Problem& p, T* out, int64_t i0, int64_t n0) { tile_avx2<FMT, rm, rn>(p, out, i0, n0); }
 };
 
-template <typename T>
-struct Avx512GroupedTile {
-  template <int rm, int rn>
-  static void run(const Problem& p, T* out, int64_t i0, int64_t n0) { tile_avx512_q4g<rm, rn>(p, out, i0, n0); }
-};
-
-template <int FMT, typename T>
-struct Avx512Tile {
-  template <int rm, int rn>
-  static void run(const Problem& p, T* out, int64_t i0, int64_t n0) { tile_avx512<FMT, rm, rn>(p, out, i0, n0); }
-};
-
 template <int FMT, typename T>
 void gemm(const Problem& p, T* out, int64_t isa) {
   // Each task is a run of RN-aligned columns; grain keeps a task above ~2k block dots
@@ -126,11 +115,7 @@ void gemm(const Problem& p, T* out, int64_t isa) {
   const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, RN * p.M * p.nb));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * RN, n1 = std::min(p.N, t1 * RN);
-    if (isa == AVX512) {
-      if constexpr (FMT == Q4) Tiler<FMT, 3, RN, T, Avx512GroupedTile<T>>::cols(p, out, n0, n1);
-      else Tiler<FMT, 4, RN, T, Avx512Tile<FMT, T>>::cols(p, out, n0, n1);
-    }
-    else if (isa == AVX2) {
+    if (isa == AVX2) {
       Tiler<FMT, 3, 2, T, Avx2Tile<FMT, T>>::cols(p, out, n0, n1);
     }
     else gemm_scalar<FMT>(p, out, n0, n1);
@@ -151,20 +136,18 @@ int64_t best_isa() {
 int64_t clamp_isa(int64_t isa) { return std::min(std::max<int64_t>(isa, SCALAR), best_isa()); }
 
 template <typename T>
-void quantize_rows(const T* x, int64_t M, int64_t nb, int64_t isa, bool grouped, int8_t* q, float* d, float* s) {
+void quantize_rows(const T* x, int64_t M, int64_t nb, int64_t isa, int8_t* q, float* d, float* s) {
   const int64_t K = nb * QK;
   at::parallel_for(0, M, std::max<int64_t>(1, 256 / nb), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       if (isa >= AVX2) quantize_row_avx2(x + i * K, nb, q + i * K, d + i * nb, s + i * nb);
       else quantize_row_scalar(x + i * K, nb, q + i * K, d + i * nb, s + i * nb);
-      if (grouped) group_row(q + i * K, nb);
     }
   });
 }
 
-// x [M, K] float32/bfloat16 -> (q int8 [M, K], d [M, K/32], s [M, K/32]); `grouped`: q in
-// tile_avx512_q4g's order (the quantize_act op returns the natural order)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act_impl(const at::Tensor& x_in, int64_t isa, bool grouped) {
+// x [M, K] float32/bfloat16 -> (q int8 [M, K], d [M, K/32], s [M, K/32])
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_in, int64_t isa) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) % QK == 0, "quantize_act: x must be [M, K] with K % 32 == 0");
   TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
               "quantize_act: x must be float32 or bfloat16");
@@ -175,19 +158,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act_impl(const at::Tenso
   at::Tensor d = at::empty({M, nb}, x.options().dtype(at::kFloat));
   at::Tensor s = at::empty({M, nb}, x.options().dtype(at::kFloat));
   if (x.scalar_type() == at::kFloat)
-    quantize_rows(x.data_ptr<float>(), M, nb, isa, grouped, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+    quantize_rows(x.data_ptr<float>(), M, nb, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
   else
-    quantize_rows(x.data_ptr<c10::BFloat16>(), M, nb, isa, grouped, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+    quantize_rows(x.data_ptr<c10::BFloat16>(), M, nb, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(),
                   s.data_ptr<float>());
   return {q, d, s};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x, int64_t isa) {
-  return quantize_act_impl(x, isa, false);
-}
-
 // out [M, N] (dtype of x) = x @ dequant(w).T: qs [N, K/2] uint8 (fmt 0) or [N, K] int8
-// (fmt 1), d [N, K/32] float32, m [N, K/32] float32 (fmt 0).
+// (fmt 1), d [N, K/32] float32, m [N, K/32] float32 (fmt 0). The scalar and AVX2 paths;
+// AVX-512 takes the weights repacked (qlinear_vnni).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t isa) {
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
@@ -200,7 +180,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kFloat,
                 "qlinear: a 4-bit weight needs m [N, K/32] float32");
   isa = clamp_isa(isa);
-  auto [xq, xd, xs] = quantize_act_impl(x, isa, fmt == Q4 && isa == AVX512);
+  TORCH_CHECK(isa != AVX512, "qlinear: the AVX-512 path reads weights repacked by pack_vnni: call qlinear_vnni");
+  auto [xq, xd, xs] = quantize_act(x, isa);
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
   const Problem p{{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()},
@@ -216,6 +197,44 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   return out;
 }
 
+// out [M, n] (dtype of x) = x @ dequant(w).T for a weight in the vnni layout (see
+// qgemm_vnni.h): qs [groups, nb * (512 | 256)] uint8, d (and m) [groups, nb, 16] float32.
+at::Tensor qlinear_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+                        const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n) {
+  TORCH_CHECK(best_isa() == AVX512, "qlinear_vnni: this CPU has no AVX-512 VNNI");
+  TORCH_CHECK(x.dim() == 2, "qlinear_vnni: x must be 2-D");
+  TORCH_CHECK(fmt == Q4 || fmt == Q8, "qlinear_vnni: unknown format ", fmt);
+  const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
+  TORCH_CHECK(d.dim() == 3 && d.size(2) == VR && d.is_contiguous() && d.scalar_type() == at::kFloat,
+              "qlinear_vnni: d must be float32 [groups, K/32, 16]");
+  const int64_t groups = d.size(0);
+  TORCH_CHECK(K % QK == 0 && d.size(1) == nb, "qlinear_vnni: K=", K, " does not match the weight's ", d.size(1), " blocks");
+  TORCH_CHECK(n > (groups - 1) * VR && n <= groups * VR, "qlinear_vnni: ", n, " outputs do not fit ", groups, " groups");
+  TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.numel() == groups * nb * (fmt == Q4 ? 256 : 512),
+              "qlinear_vnni: packed weight has the wrong shape");
+  if (fmt == Q4)
+    TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kFloat,
+                "qlinear_vnni: a 4-bit weight needs m shaped like d");
+  auto [xq, xd, xs] = quantize_act(x, AVX512);
+  at::Tensor out = at::empty({M, n}, x.options());
+  if (M == 0) return out;
+  const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()};
+  const Packed w{qs.data_ptr<uint8_t>(), d.data_ptr<float>(), fmt == Q4 ? m->data_ptr<float>() : nullptr};
+  // tasks of whole group pairs, each above ~2k block dots, so a 576-row GEMV still splits
+  const int64_t pairs = (groups + 1) / 2;
+  const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, 2 * VR * M * nb / 4));
+  auto run = [&](auto* o) {
+    at::parallel_for(0, pairs, grain, [&](int64_t p0, int64_t p1) {
+      const int64_t g0 = 2 * p0, g1 = std::min(groups, 2 * p1);
+      if (fmt == Q4) gemm_vnni<Q4>(a, w, M, nb, n, o, g0, g1);
+      else gemm_vnni<Q8>(a, w, M, nb, n, o, g0, g1);
+    });
+  };
+  if (out.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  else run(out.data_ptr<c10::BFloat16>());
+  return out;
+}
+
 int64_t cpu_isa() { return best_isa(); }
 
 }  // namespace zs_qgemm
@@ -224,11 +243,13 @@ using namespace zs_qgemm;
 
 TORCH_LIBRARY(zeroserve, lib) {
   lib.def("qlinear(Tensor x, Tensor qs, Tensor d, Tensor? m, int fmt, int isa) -> Tensor");
+  lib.def("qlinear_vnni(Tensor x, Tensor qs, Tensor d, Tensor? m, int fmt, int n) -> Tensor");
   lib.def("quantize_act(Tensor x, int isa) -> (Tensor, Tensor, Tensor)");
   lib.def("cpu_isa() -> int", &cpu_isa);
 }
 
 TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) {
   lib.impl("qlinear", &qlinear);
+  lib.impl("qlinear_vnni", &qlinear_vnni);
   lib.impl("quantize_act", &quantize_act);
 }

@@ -1,0 +1,128 @@
+// AVX-512 VNNI path of the quantized linears, on weights repacked for it ("vnni" layout,
+// made once at load by scheduler_worker/quant/formats.py: pack_vnni):
+//
+//   weight rows in groups of 16; per group and block of 32 inputs, the 16 rows' bytes
+//   interleaved 4 at a time: register k (64 bytes) = for each row r, its bytes 4k..4k+3
+//     8-bit: 8 registers (512 bytes), each byte w + 128 (unsigned)
+//     4-bit: 4 registers (256 bytes) of GGUF's nibble bytes (low nibble = input 4k+j,
+//            high nibble = input 16+4k+j)
+//   d (and m) per group and block: 16 floats, one per row
+//
+// One dpbusd then multiplies 4 inputs of one activation row (broadcast) into 16 output
+// rows at once: no horizontal sums, no shuffles of the scales, and one weight load feeds
+// every activation row of the tile. 8-bit weights are stored +128 so that they are the
+// unsigned operand: sum (w+128) x = dot + 128 sum(x), and dx * 128 sum(x) = 128 s, the
+// activation block sum the quantizer already computes, is subtracted per block.
+#pragma once
+
+#include "qgemm_avx2.h"
+
+namespace zs_qgemm {
+
+#define ZS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+constexpr int64_t VR = 16;  // weight rows per group
+
+struct Packed {
+  const uint8_t* q;  // [groups, nb, 512 | 256]
+  const float* d;    // [groups, nb, 16]
+  const float* m;    // [groups, nb, 16] (4-bit)
+};
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// RM activation rows [i0, i0 + RM) x RG groups [g0, g0 + RG) of 16 output rows.
+template <int FMT, int RM, int RG, typename T>
+ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, int64_t nb, int64_t N, T* out, int64_t i0, int64_t g0) {
+  constexpr int64_t BB = FMT == Q8 ? 512 : 256;  // bytes per group and block
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 facc[RM][RG];
+  for (int i = 0; i < RM; ++i)
+    for (int g = 0; g < RG; ++g) facc[i][g] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i iacc[RM][RG];
+    for (int i = 0; i < RM; ++i)
+      for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_setzero_si512();
+    const int8_t* xb[RM];
+    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    if constexpr (FMT == Q8) {
+      for (int k = 0; k < 8; ++k) {
+        __m512i wv[RG];
+        for (int g = 0; g < RG; ++g) wv[g] = _mm512_loadu_si512(w.q + ((g0 + g) * nb + b) * BB + k * 64);
+        for (int i = 0; i < RM; ++i) {
+          const __m512i xv = _mm512_set1_epi32(load_i32(xb[i] + 4 * k));
+          for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_dpbusd_epi32(iacc[i][g], wv[g], xv);
+        }
+      }
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        __m512i lo[RG], hi[RG];
+        for (int g = 0; g < RG; ++g) {
+          const __m512i v = _mm512_loadu_si512(w.q + ((g0 + g) * nb + b) * BB + k * 64);
+          lo[g] = _mm512_and_si512(v, nib);
+          hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        }
+        for (int i = 0; i < RM; ++i) {
+          const __m512i xl = _mm512_set1_epi32(load_i32(xb[i] + 4 * k));
+          const __m512i xh = _mm512_set1_epi32(load_i32(xb[i] + 16 + 4 * k));
+          for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(iacc[i][g], lo[g], xl), hi[g], xh);
+        }
+      }
+    }
+    for (int g = 0; g < RG; ++g) {
+      const int64_t at = ((g0 + g) * nb + b) * VR;
+      const __m512 dw = _mm512_loadu_ps(w.d + at);
+      for (int i = 0; i < RM; ++i) {
+        const float dx = x.d[(i0 + i) * nb + b], s = x.s[(i0 + i) * nb + b];
+        const __m512 dot = _mm512_cvtepi32_ps(iacc[i][g]);
+        if constexpr (FMT == Q8) {
+          const __m512 u = _mm512_fmsub_ps(dot, _mm512_set1_ps(dx), _mm512_set1_ps(128.f * s));
+          facc[i][g] = _mm512_fmadd_ps(dw, u, facc[i][g]);
+        } else {
+          facc[i][g] = _mm512_fmadd_ps(dw, _mm512_mul_ps(dot, _mm512_set1_ps(dx)), facc[i][g]);
+          facc[i][g] = _mm512_fmadd_ps(_mm512_loadu_ps(w.m + at), _mm512_set1_ps(s), facc[i][g]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < RG; ++g) {
+    const int64_t n0 = (g0 + g) * VR, take = std::min<int64_t>(VR, N - n0);
+    for (int i = 0; i < RM; ++i) {
+      T* o = out + (i0 + i) * N + n0;
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_mask_storeu_ps(o, static_cast<__mmask16>((1u << take) - 1), facc[i][g]);
+      } else {
+        alignas(64) float tmp[VR];
+        _mm512_store_ps(tmp, facc[i][g]);
+        for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
+      }
+    }
+  }
+}
+
+// Activation rows in tiles of up to RM (the bulk, then the remainder), for RG groups.
+template <int FMT, int RM, int RG, typename T>
+ZS_AVX512 void rows_vnni(const Act& x, const Packed& w, int64_t M, int64_t nb, int64_t N, T* out, int64_t g0) {
+  int64_t i = 0;
+  for (; i + RM <= M; i += RM) tile_vnni<FMT, RM, RG>(x, w, nb, N, out, i, g0);
+  if constexpr (RM > 1) {
+    const int64_t left = M - i;
+    if (left == 3) tile_vnni<FMT, 3, RG>(x, w, nb, N, out, i, g0);
+    else if (left == 2) tile_vnni<FMT, 2, RG>(x, w, nb, N, out, i, g0);
+    else if (left == 1) tile_vnni<FMT, 1, RG>(x, w, nb, N, out, i, g0);
+  }
+}
+
+// Groups [t0, t1) of every activation row: pairs of groups, then a single one.
+template <int FMT, typename T>
+ZS_AVX512 void gemm_vnni(const Act& x, const Packed& w, int64_t M, int64_t nb, int64_t N, T* out, int64_t t0, int64_t t1) {
+  int64_t g = t0;
+  for (; g + 2 <= t1; g += 2) rows_vnni<FMT, 4, 2>(x, w, M, nb, N, out, g);
+  if (g < t1) rows_vnni<FMT, 4, 1>(x, w, M, nb, N, out, g);
+}
+
+}  // namespace zs_qgemm
