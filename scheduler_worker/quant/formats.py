@@ -149,27 +149,27 @@ def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
     return out
 
 
-VNNI_ROWS = 16  # weight rows per group of the vnni layout
+GROUP_ROWS = 16  # output rows per group of the kernels' layout
 
 
-def pack_vnni(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The AVX-512 VNNI kernel's layout (scheduler_worker/kernels/csrc/qgemm_vnni.h): rows
-    in groups of 16 (the last one padded with zero weights), each group's blocks with the
-    16 rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned). Returns
+def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The C++ kernels' layout (scheduler_worker/kernels/csrc/qgemm_common.h): rows in
+    groups of 16 (the last one padded with zero weights), each group's blocks with the 16
+    rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned). Returns
     (qs uint8 [groups, nb * bytes], d [groups, nb, 16], m like d or None)."""
     n, k = w.shape
-    nb, g = k // QK, -(-n // VNNI_ROWS)
-    pad = g * VNNI_ROWS - n
+    nb, g = k // QK, -(-n // GROUP_ROWS)
+    pad = g * GROUP_ROWS - n
     if w.form == "q8":
         q = w.qs.view(torch.uint8) ^ 0x80  # v + 128 for v in -128..127
         q = torch.cat([q, torch.full((pad, k), 0x80, dtype=torch.uint8)])  # zero weights
-        q = q.view(g, VNNI_ROWS, nb, 8, 4)
+        q = q.view(g, GROUP_ROWS, nb, 8, 4)
     else:
-        q = torch.cat([w.qs, torch.zeros(pad, k // 2, dtype=torch.uint8)]).view(g, VNNI_ROWS, nb, 4, 4)
+        q = torch.cat([w.qs, torch.zeros(pad, k // 2, dtype=torch.uint8)]).view(g, GROUP_ROWS, nb, 4, 4)
     qs = q.permute(0, 2, 3, 1, 4).reshape(g, -1).contiguous()
 
     def scales(t: torch.Tensor) -> torch.Tensor:
         t = torch.cat([t, torch.zeros(pad, nb, dtype=t.dtype)])
-        return t.view(g, VNNI_ROWS, nb).transpose(1, 2).contiguous()
+        return t.view(g, GROUP_ROWS, nb).transpose(1, 2).contiguous()
 
     return qs, scales(w.d), None if w.m is None else scales(w.m)

@@ -34,7 +34,7 @@ from scheduler_worker import kernels
 from scheduler_worker.quant.formats import (
     BlockWeight,
     dequantize,
-    pack_vnni,
+    pack_blocks,
     quantize_q4,
     quantize_q8,
 )
@@ -83,9 +83,8 @@ class QuantLinear(nn.Module):
         self.isa = isa
         self.isa_index = kernels.isa_index(isa) if isa is not None else -1
         self.fmt = 0 if weight.form == "q4" else 1
-        # the AVX-512 kernel reads the same values repacked 16 rows at a time (pack_vnni)
-        self.vnni = isa == "avx512"
-        qs, d, m = pack_vnni(weight) if self.vnni else (weight.qs, weight.d, weight.m)
+        # the kernels read the same values repacked 16 rows at a time (pack_blocks)
+        qs, d, m = (weight.qs, weight.d, weight.m) if isa is None else pack_blocks(weight)
         self.register_buffer("qs", qs)
         self.register_buffer("d", d)
         self.register_buffer("m", m)
@@ -127,9 +126,7 @@ class QuantLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
-        if self.vnni:
-            return torch.ops.zeroserve.qlinear_vnni(x2, self.qs, self.d, self.m, self.fmt, self.out_features)
-        return torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self.fmt, self.isa_index)
+        return torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self.fmt, self.out_features, self.isa_index)
 
     def _dense(self, x2: torch.Tensor) -> torch.Tensor:
         assert self.dense is not None

@@ -14,7 +14,7 @@ from scheduler_worker.attention import _decode_attention, write_kv
 from scheduler_worker.quant.formats import (
     BlockWeight,
     from_gguf,
-    pack_vnni,
+    pack_blocks,
     quantize_activations,
     reference_qlinear,
 )
@@ -37,11 +37,8 @@ def test_scalar_path_is_always_there_and_best_isa_matches_the_flags():
 
 
 def _qlinear(x: torch.Tensor, bw: BlockWeight, isa: str) -> torch.Tensor:
-    """The kernel of path `isa` on `bw`: AVX-512 on the weight repacked by pack_vnni."""
-    fmt = 0 if bw.form == "q4" else 1
-    if isa == "avx512":
-        return ops.qlinear_vnni(x, *pack_vnni(bw), fmt, bw.shape[0])
-    return ops.qlinear(x, bw.qs, bw.d, bw.m, fmt, kernels.isa_index(isa))
+    """The kernel of path `isa` on `bw`, repacked into the kernels' layout."""
+    return ops.qlinear(x, *pack_blocks(bw), 0 if bw.form == "q4" else 1, bw.shape[0], kernels.isa_index(isa))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -78,26 +75,23 @@ def test_activation_quantization_equals_the_oracle(isa):
 
 
 def test_qlinear_refuses_bad_shapes():
-    bw = _gguf_weight("Q4_1", 8, 64, 0)
+    bw = _gguf_weight("Q4_1", 20, 64, 0)
+    qs, d, m = pack_blocks(bw)
     with pytest.raises(RuntimeError, match="does not match"):
-        ops.qlinear(torch.randn(2, 96), bw.qs, bw.d, bw.m, 0, 0)
+        ops.qlinear(torch.randn(2, 96), qs, d, m, 0, 20, 0)
     with pytest.raises(RuntimeError, match="needs m"):
-        ops.qlinear(torch.randn(2, 64), bw.qs, bw.d, None, 0, 0)
-    if "avx512" in ISAS:
-        qs, d, m = pack_vnni(bw)
-        with pytest.raises(RuntimeError, match="repacked by pack_vnni"):
-            ops.qlinear(torch.randn(2, 64), bw.qs, bw.d, bw.m, 0, kernels.isa_index("avx512"))
-        with pytest.raises(RuntimeError, match="do not fit"):
-            ops.qlinear_vnni(torch.randn(2, 64), qs, d, m, 0, 17)
-        with pytest.raises(RuntimeError, match="does not match"):
-            ops.qlinear_vnni(torch.randn(2, 96), qs, d, m, 0, 8)
+        ops.qlinear(torch.randn(2, 64), qs, d, None, 0, 20, 0)
+    with pytest.raises(RuntimeError, match="do not fit"):
+        ops.qlinear(torch.randn(2, 64), qs, d, m, 0, 16, 0)  # 20 rows make 2 groups: 17-32
+    with pytest.raises(RuntimeError, match="wrong shape"):
+        ops.qlinear(torch.randn(2, 64), bw.qs, d, m, 0, 20, 0)  # not repacked
 
 
-def test_pack_vnni_interleaves_16_rows_4_bytes_at_a_time():
+def test_pack_blocks_interleaves_16_rows_4_bytes_at_a_time():
     """Where one weight byte lands: group g, block b, register k, row r, byte j."""
     for type_name, bytes_per_block in (("Q4_1", 16), ("Q8_0", 32)):
         bw = _gguf_weight(type_name, 20, 64, 3)  # 2 groups (the second padded), 2 blocks
-        qs, d, m = pack_vnni(bw)
+        qs, d, m = pack_blocks(bw)
         nat = bw.qs.view(torch.uint8)
         packed = qs.view(2, 2, bytes_per_block // 4, 16, 4)
         offset = 0 if type_name == "Q4_1" else 128  # 8-bit values are stored + 128

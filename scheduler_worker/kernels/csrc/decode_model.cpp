@@ -26,14 +26,13 @@ namespace {
 // qkv (qs, d, m, bias), o (qs, d, m, bias), post-attention norm weight, gate_up (qs, d, m,
 // bias), down (qs, d, m, bias). An absent m (8-bit weights) or bias is an empty tensor.
 // `formats` holds each of the four linears' (block format (0 = 4-bit, 1 = 8-bit), output
-// features) per layer. With isa 2 (AVX-512) the weights are in the vnni layout.
+// features) per layer; the weights are in the kernels' packed layout.
 constexpr int64_t kTensorsPerLayer = 18;
 constexpr int64_t kFormatsPerLayer = 8;
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t* fmt, int64_t isa) {
   const c10::optional<at::Tensor> m = t[2].numel() ? c10::optional<at::Tensor>(t[2]) : c10::nullopt;
-  at::Tensor y = isa == 2 ? zs_qgemm::qlinear_vnni(x, t[0], t[1], m, fmt[0], fmt[1])
-                          : zs_qgemm::qlinear(x, t[0], t[1], m, fmt[0], isa);
+  at::Tensor y = zs_qgemm::qlinear(x, t[0], t[1], m, fmt[0], fmt[1], isa);
   if (t[3].numel()) y.add_(t[3]);
   return y;
 }

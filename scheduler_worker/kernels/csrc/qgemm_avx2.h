@@ -1,5 +1,5 @@
-// AVX2 path of the quantized linears (maddubs + madd, 32 inputs per op): activation
-// quantization and the tile kernel. Compiled into qgemm.cpp under its target attribute.
+// AVX2 path of the quantized linears (maddubs + madd): activation quantization and the
+// tile kernel. Compiled into qgemm.cpp under its target attribute.
 #pragma once
 
 #include "qgemm_common.h"
@@ -7,22 +7,6 @@
 namespace zs_qgemm {
 
 #define ZS_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-ZS_AVX2 inline float hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-ZS_AVX2 inline float dot_f32_avx2(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
-  float r = hsum_avx2(acc);
-  for (; k < n; ++k) r += a[k] * b[k];
-  return r;
-}
 
 ZS_AVX2 inline __m256 load8_avx2(const float* x) { return _mm256_loadu_ps(x); }
 ZS_AVX2 inline __m256 load8_avx2(const c10::BFloat16* x) {
@@ -65,50 +49,67 @@ ZS_AVX2 void quantize_row_avx2(const T* x, int64_t nb, int8_t* q, float* d, floa
   }
 }
 
-ZS_AVX2 inline __m256i unpack_q4_avx2(const uint8_t* p) {  // 16 bytes -> 32 values in order
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
-ZS_AVX2 inline __m256 dot_u8s8_avx2(__m256i u, __m256i s) {  // 32 u8*s8 -> 8 float partials
-  const __m256i p16 = _mm256_maddubs_epi16(u, s);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
-
-template <int FMT, int RM, int RN, typename T>
-ZS_AVX2 void tile_avx2(const Problem& p, T* out, int64_t i0, int64_t n0) {
-  __m256 acc[RM][RN];
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) acc[i][r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < p.nb; ++b) {
-    __m256i w[RN], ws[RN];  // unsigned weight bytes; for Q8 |w| and w (for its signs)
-    __m256 dw[RN];
-    for (int r = 0; r < RN; ++r) {
-      const uint8_t* row = p.w.q + (n0 + r) * p.w.row_bytes;
-      if constexpr (FMT == Q4) {
-        w[r] = unpack_q4_avx2(row + b * 16);
-      } else {
-        ws[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
-        w[r] = _mm256_sign_epi8(ws[r], ws[r]);
-      }
-      dw[r] = _mm256_set1_ps(p.w.d[(n0 + r) * p.nb + b]);
+// RM activation rows x one group of 16 output rows. A group's 64-byte register k is two
+// 32-byte halves here, rows 0-7 and rows 8-15. AVX2 has no dpbusd: maddubs (u8 x s8 pairs
+// -> int16) then madd with ones (-> int32) give the same 4-product sums per 32-bit lane.
+// 4-bit weights are the unsigned operand as they are; 8-bit ones (stored + 128) are made
+// signed again and their signs moved onto x, so no int16 pair can saturate.
+template <int FMT, int RM, typename T>
+ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g) {
+  constexpr int64_t BB = group_block_bytes<FMT>();
+  const int64_t nb = w.nb, N = w.N;
+  const uint8_t* wq = w.q;
+  const float *wd = w.d, *wm = w.m;
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 facc[RM][2];
+  for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = wq + (g * nb + b) * BB;
+    __m256i iacc[RM][2];
+    for (int i = 0; i < RM; ++i) iacc[i][0] = iacc[i][1] = _mm256_setzero_si256();
+    const int8_t* xb[RM];
+    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    if constexpr (FMT == Q8) {
+      for (int k = 0; k < 8; ++k)
+        for (int h = 0; h < 2; ++h) {
+          const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32)), flip);
+          const __m256i wa = _mm256_sign_epi8(ws, ws);
+          for (int i = 0; i < RM; ++i) {
+            const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb[i] + 4 * k)), ws);
+            iacc[i][h] = _mm256_add_epi32(iacc[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones));
+          }
+        }
+    } else {
+      for (int k = 0; k < 4; ++k)
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32));
+          const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+          for (int i = 0; i < RM; ++i) {
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xb[i] + 4 * k))),
+                                               _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xb[i] + 16 + 4 * k))));
+            iacc[i][h] = _mm256_add_epi32(iacc[i][h], _mm256_madd_epi16(p, ones));
+          }
+        }
     }
-    for (int i = 0; i < RM; ++i) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.x.q + (i0 + i) * p.nb * QK + b * QK));
-      const __m256 dx = _mm256_set1_ps(p.x.d[(i0 + i) * p.nb + b]);
-      for (int r = 0; r < RN; ++r) {
-        const __m256 t = FMT == Q4 ? dot_u8s8_avx2(w[r], x) : dot_u8s8_avx2(w[r], _mm256_sign_epi8(x, ws[r]));
-        acc[i][r] = _mm256_fmadd_ps(t, _mm256_mul_ps(dw[r], dx), acc[i][r]);
+    const int64_t at = (g * nb + b) * 16;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dw = _mm256_loadu_ps(wd + at + 8 * h);
+      for (int i = 0; i < RM; ++i) {
+        const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), _mm256_set1_ps(x.d[(i0 + i) * nb + b]));
+        facc[i][h] = _mm256_fmadd_ps(dw, dot, facc[i][h]);
+        if constexpr (FMT == Q4)
+          facc[i][h] = _mm256_fmadd_ps(_mm256_loadu_ps(wm + at + 8 * h), _mm256_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][h]);
       }
     }
   }
-  for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < RN; ++r) {
-      float v = hsum_avx2(acc[i][r]);
-      if constexpr (FMT == Q4) v += dot_f32_avx2(p.w.m + (n0 + r) * p.nb, p.x.s + (i0 + i) * p.nb, p.nb);
-      store(out + (i0 + i) * p.N + n0 + r, v);
-    }
+  const int64_t n0 = g * 16, take = std::min<int64_t>(16, N - n0);
+  for (int i = 0; i < RM; ++i) {
+    alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, facc[i][0]);
+    _mm256_store_ps(tmp + 8, facc[i][1]);
+    T* o = out + (i0 + i) * N + n0;
+    for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
+  }
 }
 
 }  // namespace zs_qgemm

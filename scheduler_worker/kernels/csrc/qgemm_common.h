@@ -1,5 +1,5 @@
 // Shared by the quantized-linear kernels (qgemm.cpp and its per-ISA headers): the block
-// size, the weight forms and the problem a call describes. See qgemm.cpp for the math.
+// size, the weight forms and the weight layout. See qgemm.cpp for the math.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,18 +23,32 @@ struct Act {  // activations quantized per block of 32
   const float* s;   // [M, nb]: d * sum(q)
 };
 
-struct Weight {
-  const uint8_t* q;  // [N, K/2] nibbles (Q4) or [N, K] int8 (Q8)
-  const float* d;    // [N, nb]
-  const float* m;    // [N, nb] (Q4 only)
-  int64_t row_bytes;
+// Weights in the kernels' layout (scheduler_worker/quant/formats.py: pack_blocks): output
+// rows in groups of 16, the last padded with zero weights; per group and block of 32
+// inputs, the 16 rows' bytes interleaved 4 at a time, so 64-byte register k holds bytes
+// 4k..4k+3 of rows 0..15 in turn:
+//   4-bit: 4 registers (256 bytes) of GGUF's nibble bytes (the low nibble of byte j is
+//          input j, the high one input 16 + j)
+//   8-bit: 8 registers (512 bytes), each value stored + 128 (as an unsigned byte)
+// and per group and block, 16 floats of d (and of m), one per row.
+constexpr int64_t GR = 16;  // output rows per group
+
+template <int FMT>
+constexpr int64_t group_block_bytes() { return FMT == Q8 ? 512 : 256; }
+
+struct Packed {
+  const uint8_t* q;  // [groups, nb, group_block_bytes]
+  const float* d;    // [groups, nb, 16]
+  const float* m;    // [groups, nb, 16] (4-bit)
+  int64_t nb;        // blocks per row (K / 32)
+  int64_t N;         // output rows (columns of the result)
 };
 
-struct Problem {
-  Act x;
-  Weight w;
-  int64_t M, N, nb;
-};
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 template <typename T>
 inline void store(T* out, float v) {

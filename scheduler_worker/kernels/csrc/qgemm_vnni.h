@@ -1,18 +1,9 @@
-// AVX-512 VNNI path of the quantized linears, on weights repacked for it ("vnni" layout,
-// made once at load by scheduler_worker/quant/formats.py: pack_vnni):
-//
-//   weight rows in groups of 16; per group and block of 32 inputs, the 16 rows' bytes
-//   interleaved 4 at a time: register k (64 bytes) = for each row r, its bytes 4k..4k+3
-//     8-bit: 8 registers (512 bytes), each byte w + 128 (unsigned)
-//     4-bit: 4 registers (256 bytes) of GGUF's nibble bytes (low nibble = input 4k+j,
-//            high nibble = input 16+4k+j)
-//   d (and m) per group and block: 16 floats, one per row
-//
-// One dpbusd then multiplies 4 inputs of one activation row (broadcast) into 16 output
-// rows at once: no horizontal sums, no shuffles of the scales, and one weight load feeds
-// every activation row of the tile. 8-bit weights are stored +128 so that they are the
-// unsigned operand: sum (w+128) x = dot + 128 sum(x), and dx * 128 sum(x) = 128 s, the
-// activation block sum the quantizer already computes, is subtracted per block.
+// AVX-512 VNNI path of the quantized linears (the layout: qgemm_common.h). One dpbusd
+// multiplies 4 inputs of one activation row (broadcast) into 16 output rows at once: no
+// horizontal sums, no shuffles of the scales, and one weight load feeds every activation
+// row of the tile. 8-bit weights are stored + 128 so that they are the unsigned operand:
+// sum (w+128) x = dot + 128 sum(x), and dx * 128 sum(x) = 128 s, from the activation block
+// sum the quantizer already computes, is subtracted per block.
 #pragma once
 
 #include "qgemm_avx2.h"
@@ -21,24 +12,11 @@ namespace zs_qgemm {
 
 #define ZS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
-constexpr int64_t VR = 16;  // weight rows per group
-
-struct Packed {
-  const uint8_t* q;  // [groups, nb, 512 | 256]
-  const float* d;    // [groups, nb, 16]
-  const float* m;    // [groups, nb, 16] (4-bit)
-};
-
-inline int32_t load_i32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // RM activation rows [i0, i0 + RM) x RG groups [g0, g0 + RG) of 16 output rows.
 template <int FMT, int RM, int RG, typename T>
-ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, int64_t nb, int64_t N, T* out, int64_t i0, int64_t g0) {
-  constexpr int64_t BB = FMT == Q8 ? 512 : 256;  // bytes per group and block
+ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g0) {
+  constexpr int64_t BB = group_block_bytes<FMT>();
+  const int64_t nb = w.nb, N = w.N;
   const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 facc[RM][RG];
   for (int i = 0; i < RM; ++i)
@@ -74,7 +52,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, int64_t nb, int64_t N, T
       }
     }
     for (int g = 0; g < RG; ++g) {
-      const int64_t at = ((g0 + g) * nb + b) * VR;
+      const int64_t at = ((g0 + g) * nb + b) * GR;
       const __m512 dw = _mm512_loadu_ps(w.d + at);
       for (int i = 0; i < RM; ++i) {
         const float dx = x.d[(i0 + i) * nb + b], s = x.s[(i0 + i) * nb + b];
@@ -90,13 +68,13 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, int64_t nb, int64_t N, T
     }
   }
   for (int g = 0; g < RG; ++g) {
-    const int64_t n0 = (g0 + g) * VR, take = std::min<int64_t>(VR, N - n0);
+    const int64_t n0 = (g0 + g) * GR, take = std::min<int64_t>(GR, N - n0);
     for (int i = 0; i < RM; ++i) {
       T* o = out + (i0 + i) * N + n0;
       if constexpr (std::is_same_v<T, float>) {
         _mm512_mask_storeu_ps(o, static_cast<__mmask16>((1u << take) - 1), facc[i][g]);
       } else {
-        alignas(64) float tmp[VR];
+        alignas(64) float tmp[GR];
         _mm512_store_ps(tmp, facc[i][g]);
         for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
       }
@@ -106,23 +84,21 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, int64_t nb, int64_t N, T
 
 // Activation rows in tiles of up to RM (the bulk, then the remainder), for RG groups.
 template <int FMT, int RM, int RG, typename T>
-ZS_AVX512 void rows_vnni(const Act& x, const Packed& w, int64_t M, int64_t nb, int64_t N, T* out, int64_t g0) {
+ZS_AVX512 void rows_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0) {
   int64_t i = 0;
-  for (; i + RM <= M; i += RM) tile_vnni<FMT, RM, RG>(x, w, nb, N, out, i, g0);
-  if constexpr (RM > 1) {
-    const int64_t left = M - i;
-    if (left == 3) tile_vnni<FMT, 3, RG>(x, w, nb, N, out, i, g0);
-    else if (left == 2) tile_vnni<FMT, 2, RG>(x, w, nb, N, out, i, g0);
-    else if (left == 1) tile_vnni<FMT, 1, RG>(x, w, nb, N, out, i, g0);
-  }
+  for (; i + RM <= M; i += RM) tile_vnni<FMT, RM, RG>(x, w, out, i, g0);
+  const int64_t left = M - i;
+  if (left == 3) tile_vnni<FMT, 3, RG>(x, w, out, i, g0);
+  else if (left == 2) tile_vnni<FMT, 2, RG>(x, w, out, i, g0);
+  else if (left == 1) tile_vnni<FMT, 1, RG>(x, w, out, i, g0);
 }
 
 // Groups [t0, t1) of every activation row: pairs of groups, then a single one.
 template <int FMT, typename T>
-ZS_AVX512 void gemm_vnni(const Act& x, const Packed& w, int64_t M, int64_t nb, int64_t N, T* out, int64_t t0, int64_t t1) {
-  int64_t g = t0;
-  for (; g + 2 <= t1; g += 2) rows_vnni<FMT, 4, 2>(x, w, M, nb, N, out, g);
-  if (g < t1) rows_vnni<FMT, 4, 1>(x, w, M, nb, N, out, g);
+ZS_AVX512 void gemm_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t g1) {
+  int64_t g = g0;
+  for (; g + 2 <= g1; g += 2) rows_vnni<FMT, 4, 2>(x, w, M, out, g);
+  if (g < g1) rows_vnni<FMT, 4, 1>(x, w, M, out, g);
 }
 
 }  // namespace zs_qgemm

@@ -8,9 +8,7 @@
 
 namespace zs_qgemm {
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
-                   const c10::optional<at::Tensor>& m, int64_t fmt, int64_t isa);
-at::Tensor qlinear_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
-                        const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n);
+                   const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa);
 }  // namespace zs_qgemm
 
 namespace zs_ops {
