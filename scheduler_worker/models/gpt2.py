@@ -48,6 +48,13 @@ class GPT2LMHeadModel(CausalLM):
         self.wpe = nn.Embedding(args.max_position_embeddings, args.hidden_size)
         self.h = nn.ModuleList(GPT2Block(args) for _ in range(args.num_layers))
         self.ln_f = nn.LayerNorm(args.hidden_size, eps=args.norm_eps)
+        # tied to wte (post_init); a Linear so that weight quantization treats the output
+        # projection as it does every model's (int8 under int4, as Llama's lm_head)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.post_init()
+
+    def post_init(self) -> None:
+        self.lm_head.weight = self.wte.weight
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
@@ -56,7 +63,7 @@ class GPT2LMHeadModel(CausalLM):
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.wte.weight.t()
+        return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loader = WeightLoader(self)

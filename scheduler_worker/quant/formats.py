@@ -9,10 +9,11 @@ the three GGUF formats, values unchanged:
     form "q8":  w = d * q,      q in -127..127 (int8)
                 Q8_0 as stored.
 
-GGUF keeps d and m as float16 inside each block; they are widened to float32 arrays
-[N, K/32] here (exact), so the kernels read nibbles, scales and minimums from three
-dense arrays. Float checkpoints are quantized into the same forms (`quantize_q4`: Q4_1's
-recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
+GGUF keeps d and m as float16 inside each block; a BlockWeight holds them widened to
+float32 arrays [N, K/32] (exact), and the kernels' layout (`pack_blocks`) narrows them back
+to float16, interleaved with the nibbles 16 rows at a time. Float checkpoints are
+quantized into the same forms, scales rounded to float16 as GGUF's are (`quantize_q4`:
+Q4_1's recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
 """
 
 from __future__ import annotations
@@ -85,23 +86,35 @@ def unpack_nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([b & 15, b >> 4], dim=-1)
 
 
+def _half(t: torch.Tensor) -> torch.Tensor:
+    """Rounded to float16 as GGUF stores scales (kept in float32 arrays here)."""
+    return t.half().float().contiguous()
+
+
 def quantize_q4(w: torch.Tensor) -> BlockWeight:
-    """Q4_1's recipe: per block of 32, d = (max - min) / 15, m = min, q = round((w - m) / d)."""
+    """Q4_1's recipe: per block of 32, d = (max - min) / 15, m = min, q = round((w - m) / d),
+    d and m stored as float16 (as llama.cpp's quantize_row_q4_1 does)."""
     g = _blocks(w)
     lo, hi = g.amin(dim=2), g.amax(dim=2)
     d = (hi - lo) / 15.0
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     q = torch.round((g - lo[..., None]) * inv[..., None]).clamp(0, 15)
-    return BlockWeight("q4", pack_nibbles(q), d.contiguous(), lo.contiguous(), "int4")
+    return BlockWeight("q4", pack_nibbles(q), _half(d), _half(lo), "int4")
 
 
-def quantize_q8(w: torch.Tensor) -> BlockWeight:
-    """Q8_0's recipe: per block of 32, d = absmax / 127, q = round(w / d)."""
-    g = _blocks(w)
+def _q8(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks [N, nb, 32] -> (q int8 [N, nb*32], d float32 [N, nb]): d = absmax / 127."""
     d = g.abs().amax(dim=2) / 127.0
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     q = torch.round(g * inv[..., None]).clamp(-127, 127).to(torch.int8)
-    return BlockWeight("q8", q.reshape(w.shape[0], -1).contiguous(), d.contiguous(), None, "int8")
+    return q.reshape(g.shape[0], -1).contiguous(), d.contiguous()
+
+
+def quantize_q8(w: torch.Tensor) -> BlockWeight:
+    """Q8_0's recipe: per block of 32, d = absmax / 127, q = round(w / d), d stored as
+    float16 (as llama.cpp's quantize_row_q8_0 does)."""
+    q, d = _q8(_blocks(w))
+    return BlockWeight("q8", q, _half(d), None, "int8")
 
 
 def dequantize(bw: BlockWeight) -> torch.Tensor:
@@ -130,8 +143,8 @@ def cat_rows(parts: list[BlockWeight]) -> BlockWeight:
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the kernels do to activations (llama.cpp's Q8_1: Q8_0's recipe plus block sums):
     returns (q int8 [M, K], d [M, K/32], s = d * sum(q) [M, K/32])."""
-    q8 = quantize_q8(x)
-    return q8.qs, q8.d, q8.d * q8.qs.reshape(*q8.d.shape, QK).sum(dim=2).float()
+    q, d = _q8(_blocks(x))
+    return q, d, d * q.reshape(*d.shape, QK).sum(dim=2).float()
 
 
 def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
@@ -155,8 +168,10 @@ GROUP_ROWS = 16  # output rows per group of the kernels' layout
 def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The C++ kernels' layout (scheduler_worker/kernels/csrc/qgemm_common.h): rows in
     groups of 16 (the last one padded with zero weights), each group's blocks with the 16
-    rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned). Returns
-    (qs uint8 [groups, nb * bytes], d [groups, nb, 16], m like d or None)."""
+    rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned); d and m as
+    float16 (every value is one: they come from GGUF's float16 fields or are rounded so by
+    quantize_q4/q8). Returns (qs uint8 [groups, nb * bytes], d float16 [groups, nb, 16],
+    m like d or None)."""
     n, k = w.shape
     nb, g = k // QK, -(-n // GROUP_ROWS)
     pad = g * GROUP_ROWS - n
@@ -169,7 +184,10 @@ def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     qs = q.permute(0, 2, 3, 1, 4).reshape(g, -1).contiguous()
 
     def scales(t: torch.Tensor) -> torch.Tensor:
-        t = torch.cat([t, torch.zeros(pad, nb, dtype=t.dtype)])
-        return t.view(g, GROUP_ROWS, nb).transpose(1, 2).contiguous()
+        half = t.half()
+        if not torch.equal(half.float(), t):
+            raise ValueError("block scales must be float16 values (GGUF's, or quantize_q4/q8's)")
+        half = torch.cat([half, torch.zeros(pad, nb, dtype=torch.float16)])
+        return half.view(g, GROUP_ROWS, nb).transpose(1, 2).contiguous()
 
     return qs, scales(w.d), None if w.m is None else scales(w.m)

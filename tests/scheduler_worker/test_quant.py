@@ -74,8 +74,12 @@ def test_q4_recovers_q4_1_shaped_weights_exactly():
 def test_q8_error_is_within_half_a_step_and_blocks_must_be_whole():
     w = _linear(64, 96, False).weight.detach()
     bw = quantize_q8(w)
+    assert torch.equal(bw.d.half().float(), bw.d)  # scales are float16 values, as in GGUF
     err = (dequantize(bw) - w).abs().reshape(64, -1, QK)
-    assert (err <= bw.d[..., None] / 2 + 1e-7).all()
+    # half a step, plus the float16 rounding of d (relative 2^-11) times |q| <= 127
+    d = bw.d[..., None]
+    assert (err <= d / 2 + 127 * d * 2**-11 + 1e-7).all()
+    assert (err <= d / 2 + 1e-7).float().mean() > 0.9  # the rounding of d rarely matters
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_q4(torch.randn(8, 40))
 

@@ -60,8 +60,8 @@ float dot_scalar(const Act& x, const Packed& w, int64_t i, int64_t n) {
         else sum += (v - 128) * xb[4 * k + j];
       }
     const int64_t at = (g * w.nb + b) * GR + r;
-    acc += w.d[at] * x.d[i * w.nb + b] * static_cast<float>(sum);
-    if constexpr (FMT == Q4) acc += w.m[at] * x.s[i * w.nb + b];
+    acc += static_cast<float>(w.d[at]) * x.d[i * w.nb + b] * static_cast<float>(sum);
+    if constexpr (FMT == Q4) acc += static_cast<float>(w.m[at]) * x.s[i * w.nb + b];
   }
   return acc;
 }
@@ -126,15 +126,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
 }
 
 // out [M, n] (dtype of x) = x @ dequant(w).T, the weight packed (qgemm_common.h): qs
-// [groups, nb * (256 | 512)] uint8, d (and m for 4-bit) [groups, nb, 16] float32, with
+// [groups, nb * (256 | 512)] uint8, d (and m for 4-bit) [groups, nb, 16] float16, with
 // groups = ceil(n / 16); fmt 0 = 4-bit, 1 = 8-bit.
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa) {
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
   TORCH_CHECK(fmt == Q4 || fmt == Q8, "qlinear: unknown format ", fmt);
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
-  TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.is_contiguous() && d.scalar_type() == at::kFloat,
-              "qlinear: d must be float32 [groups, K/32, 16]");
+  TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.is_contiguous() && d.scalar_type() == at::kHalf,
+              "qlinear: d must be float16 [groups, K/32, 16]");
   const int64_t groups = d.size(0);
   TORCH_CHECK(K % QK == 0 && d.size(1) == nb, "qlinear: K=", K, " does not match the weight's ", d.size(1), " blocks");
   TORCH_CHECK(n > (groups - 1) * GR && n <= groups * GR, "qlinear: ", n, " outputs do not fit ", groups, " groups");
@@ -142,14 +142,14 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.numel() == groups * nb * bb,
               "qlinear: packed weight has the wrong shape");
   if (fmt == Q4)
-    TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kFloat,
+    TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kHalf,
                 "qlinear: a 4-bit weight needs m shaped like d");
   isa = clamp_isa(isa);
   auto [xq, xd, xs] = quantize_act(x, isa);
   at::Tensor out = at::empty({M, n}, x.options());
   if (M == 0) return out;
   const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()};
-  const Packed w{qs.data_ptr<uint8_t>(), d.data_ptr<float>(), fmt == Q4 ? m->data_ptr<float>() : nullptr, nb, n};
+  const Packed w{qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), fmt == Q4 ? m->data_ptr<c10::Half>() : nullptr, nb, n};
   // tasks of whole group pairs, each above ~2k block dots, so a 576-row GEMV still splits
   const int64_t pairs = (groups + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, 2 * GR * M * nb / 4));

@@ -14,6 +14,10 @@ ZS_AVX2 inline __m256 load8_avx2(const c10::BFloat16* x) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+ZS_AVX2 inline __m256 load8_f16(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 template <typename T>
 ZS_AVX2 void quantize_row_avx2(const T* x, int64_t nb, int8_t* q, float* d, float* s) {
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -59,7 +63,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
   constexpr int64_t BB = group_block_bytes<FMT>();
   const int64_t nb = w.nb, N = w.N;
   const uint8_t* wq = w.q;
-  const float *wd = w.d, *wm = w.m;
+  const c10::Half *wd = w.d, *wm = w.m;
   const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
   __m256 facc[RM][2];
   for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
@@ -80,6 +84,10 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
           }
         }
     } else {
+      // a block's 16 products per int16 lane stay within 16 * 15 * 127 = 30480: summed in
+      // int16 over the whole block, widened once
+      __m256i acc16[RM][2];
+      for (int i = 0; i < RM; ++i) acc16[i][0] = acc16[i][1] = _mm256_setzero_si256();
       for (int k = 0; k < 4; ++k)
         for (int h = 0; h < 2; ++h) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32));
@@ -87,18 +95,20 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
           for (int i = 0; i < RM; ++i) {
             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xb[i] + 4 * k))),
                                                _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xb[i] + 16 + 4 * k))));
-            iacc[i][h] = _mm256_add_epi32(iacc[i][h], _mm256_madd_epi16(p, ones));
+            acc16[i][h] = _mm256_add_epi16(acc16[i][h], p);
           }
         }
+      for (int i = 0; i < RM; ++i)
+        for (int h = 0; h < 2; ++h) iacc[i][h] = _mm256_madd_epi16(acc16[i][h], ones);
     }
     const int64_t at = (g * nb + b) * 16;
     for (int h = 0; h < 2; ++h) {
-      const __m256 dw = _mm256_loadu_ps(wd + at + 8 * h);
+      const __m256 dw = load8_f16(wd + at + 8 * h);
       for (int i = 0; i < RM; ++i) {
         const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), _mm256_set1_ps(x.d[(i0 + i) * nb + b]));
         facc[i][h] = _mm256_fmadd_ps(dw, dot, facc[i][h]);
         if constexpr (FMT == Q4)
-          facc[i][h] = _mm256_fmadd_ps(_mm256_loadu_ps(wm + at + 8 * h), _mm256_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][h]);
+          facc[i][h] = _mm256_fmadd_ps(load8_f16(wm + at + 8 * h), _mm256_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][h]);
       }
     }
   }

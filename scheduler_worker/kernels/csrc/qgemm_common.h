@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <immintrin.h>
 
@@ -30,7 +31,7 @@ struct Act {  // activations quantized per block of 32
 //   4-bit: 4 registers (256 bytes) of GGUF's nibble bytes (the low nibble of byte j is
 //          input j, the high one input 16 + j)
 //   8-bit: 8 registers (512 bytes), each value stored + 128 (as an unsigned byte)
-// and per group and block, 16 floats of d (and of m), one per row.
+// and per group and block, 16 float16 values of d (and of m), one per row.
 constexpr int64_t GR = 16;  // output rows per group
 
 template <int FMT>
@@ -38,8 +39,8 @@ constexpr int64_t group_block_bytes() { return FMT == Q8 ? 512 : 256; }
 
 struct Packed {
   const uint8_t* q;  // [groups, nb, group_block_bytes]
-  const float* d;    // [groups, nb, 16]
-  const float* m;    // [groups, nb, 16] (4-bit)
+  const c10::Half* d;  // [groups, nb, 16]
+  const c10::Half* m;  // [groups, nb, 16] (4-bit)
   int64_t nb;        // blocks per row (K / 32)
   int64_t N;         // output rows (columns of the result)
 };

@@ -12,6 +12,10 @@ namespace zs_qgemm {
 
 #define ZS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
+ZS_AVX512 inline __m512 load16_f16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // RM activation rows [i0, i0 + RM) x RG groups [g0, g0 + RG) of 16 output rows.
 template <int FMT, int RM, int RG, typename T>
 ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g0) {
@@ -53,7 +57,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
     }
     for (int g = 0; g < RG; ++g) {
       const int64_t at = ((g0 + g) * nb + b) * GR;
-      const __m512 dw = _mm512_loadu_ps(w.d + at);
+      const __m512 dw = load16_f16(w.d + at);
       for (int i = 0; i < RM; ++i) {
         const float dx = x.d[(i0 + i) * nb + b], s = x.s[(i0 + i) * nb + b];
         const __m512 dot = _mm512_cvtepi32_ps(iacc[i][g]);
@@ -62,7 +66,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
           facc[i][g] = _mm512_fmadd_ps(dw, u, facc[i][g]);
         } else {
           facc[i][g] = _mm512_fmadd_ps(dw, _mm512_mul_ps(dot, _mm512_set1_ps(dx)), facc[i][g]);
-          facc[i][g] = _mm512_fmadd_ps(_mm512_loadu_ps(w.m + at), _mm512_set1_ps(s), facc[i][g]);
+          facc[i][g] = _mm512_fmadd_ps(load16_f16(w.m + at), _mm512_set1_ps(s), facc[i][g]);
         }
       }
     }
