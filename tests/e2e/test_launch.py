@@ -140,7 +140,10 @@ def test_int4_server_answers_and_bad_quantization_is_a_clear_error(default_model
     try:
         r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
             "model": "smollm2", "max_tokens": 16, "temperature": 0,
-            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+            # "Answer in one word." keeps the answer off a near-tie: without it the first
+            # token is "The" or "L" by 0.08 logits, and 8-bit activations (as llama.cpp's
+            # on the same GGUF) pick "L'Étoile, ..."
+            "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}]})
         assert r.status_code == 200, r.text
         assert "Paris" in r.json()["choices"][0]["message"]["content"]
         assert "weights: 121 linears quantized to int4 blocks" in server.log()
