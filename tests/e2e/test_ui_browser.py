@@ -83,8 +83,7 @@ def _stats(server) -> dict:
 def test_a_chat_reply_streams_in_in_several_increments(page):
     _set(page, "temperature", "0")
     _set(page, "max_tokens", "40")
-    _set(page, "prompt", "Tell me a short story about a cat.")
-    page.find_element("id", "send").click()
+    _set(page, "prompt", "Tell me a short story about a cat.\n")  # Enter sends
     seen: list[str] = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # poll the DOM while it streams
@@ -99,6 +98,7 @@ def test_a_chat_reply_streams_in_in_several_increments(page):
     assert len(seen) >= 3, seen  # text arrived piece by piece, each a prefix of the next
     assert all(b.startswith(a) for a, b in zip(seen, seen[1:])), seen
     assert _text(page, ".msg.user") == "Tell me a short story about a cat."
+    assert page.find_element("id", "prompt").get_attribute("value") == ""
 
 
 def test_stop_aborts_the_request_in_the_scheduler(page, server):
