@@ -47,6 +47,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     for flag, (_, name, typ) in _FLAGS.items():
         parser.add_argument(flag, dest=name, type=typ, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true", default=None)
+    parser.add_argument("--no-ui", action="store_true", default=None,
+                        help="serve no web page at / (it answers 404)")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -57,6 +59,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
             cfg = _set(cfg, path, name, value)
     if getattr(args, "no_prefix_caching", None):
         cfg = _set(cfg, ("engine", "cache"), "enable_prefix_caching", False)
+    if getattr(args, "no_ui", None):
+        cfg = _set(cfg, ("server",), "ui", False)
     return cfg
 
 

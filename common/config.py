@@ -168,6 +168,7 @@ class ServerConfig:
     # start order, as under supervisor/systemd); True: it opens only then (launch.py)
     listen_when_ready: bool = False
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
+    ui: bool = True  # the web page at / (frontend/static/index.html); False: / is a 404
 
     def __post_init__(self) -> None:
         from common.sampling_params import MAX_STOP_STRINGS

@@ -5,10 +5,11 @@
     GET  /v1/models, /v1/models/{model}           the one served model
     GET  /health                                 200 when every component is alive, else 503
     GET  /metrics                                Prometheus text (zeroserve:* names)
+    GET  /, /stats                               the web page and its live figures (frontend.ui)
 
 Authentication: with `server.api_key` set, /v1/* and /generate need
 `Authorization: Bearer <key>` (compared in constant time) and answer 401 otherwise;
-/health and /metrics stay open so probes and scrapers need no secret.
+/health, /metrics and /stats stay open so probes and scrapers need no secret.
 Errors are OpenAI JSON (see frontend.errors); client mistakes are 400, never 422.
 """
 
@@ -34,6 +35,7 @@ from frontend.liveness import StartupStopped
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.serving import Serving
+from frontend.ui import ui_router
 
 log = get_logger("frontend.app")
 
@@ -172,5 +174,7 @@ def create_app(config: Config) -> FastAPI:
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(ui_router(config, client, metrics))
 
     return app

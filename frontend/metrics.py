@@ -9,12 +9,14 @@ prefill, decode, detokenize) come from the wall-clock stamps the workers attach 
 finished request (`timings`); stamps from one host share one clock, across hosts they
 are as good as the clock sync (the frontend's own latencies above are skew-free).
 The scheduler's busy split (forward, sample, schedule, ipc) mirrors EngineStatus.busy.
+`recent_tokens` counts output tokens as they arrive, for the live tokens/s of GET /stats.
 
 Each app owns its own CollectorRegistry, so several apps can live in one process (tests).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,6 +30,30 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)  # fmt: skip
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+RATE_WINDOW_S = 5.0  # the window of the live output tokens/s
+
+
+class RateWindow:
+    """Events per second over the last `window_s`: (time, count) pairs, oldest first;
+    pairs older than the window are dropped as new ones come and when the rate is read."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+        self._sum = 0
+
+    def _prune(self, now: float) -> None:
+        while self._events and self._events[0][0] <= now - self.window_s:
+            self._sum -= self._events.popleft()[1]
+
+    def add(self, now: float, count: int) -> None:
+        self._events.append((now, count))
+        self._sum += count
+        self._prune(now)
+
+    def rate(self, now: float) -> float:
+        self._prune(now)
+        return self._sum / self.window_s
 
 
 def stage_durations(t: dict[str, Any]) -> dict[str, float]:
@@ -100,6 +126,7 @@ class Metrics:
                             "Scheduler busy time by part (forward, sample, schedule, ipc).",
                             ["part"], registry=r)  # fmt: skip
         self._last_busy: dict[str, float] = {}
+        self.recent_tokens = RateWindow(RATE_WINDOW_S)  # output tokens, for GET /stats
         self._last_queries = 0
         self._last_hits = 0
 
@@ -125,6 +152,7 @@ class Metrics:
     def on_tokens(self, now: float, arrival: float, first_at: float | None, last_at: float,
                   num_new: int) -> None:  # fmt: skip
         """num_new tokens of one sub-request arrived at `now`."""
+        self.recent_tokens.add(now, num_new)
         if first_at is None:
             self.ttft.observe(now - arrival)  # tokens of the first step have no gap before them
         elif num_new > 0:

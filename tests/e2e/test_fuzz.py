@@ -54,7 +54,7 @@ LENGTH_FIELDS = {
 }
 OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
               ("POST", "/generate"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}"),
-              ("GET", "/health"), ("GET", "/metrics")]  # fmt: skip
+              ("GET", "/health"), ("GET", "/metrics"), ("GET", "/stats")]  # fmt: skip
 # negative (schema-violating) data exists only for the JSON bodies: a GET's path string
 # cannot violate {"type": "string"}
 FUZZ_CASES = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + \
