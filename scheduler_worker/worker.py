@@ -73,7 +73,6 @@ class SchedulerWorker:
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
         self.frontend_pid: int | None = None
         self.origin: dict[str, int] = {}  # rid -> pid of the frontend that accepted it
-        self.num_forged = 0  # GenerateRequests dropped for a bad signature
         # rid -> (arrival, tokenized, return_timings): wall-clock stamps of the earlier stages
         self.stamps: dict[str, tuple[float, float, bool]] = {}
         # rid -> the StepOutputs.new_requests entry (rid, stop strings, skip_special_tokens,
@@ -114,7 +113,6 @@ class SchedulerWorker:
 
     def _add(self, msg: GenerateRequest) -> None:
         if not verify_rid(self.config.ipc.secret, msg.rid):
-            self.num_forged += 1
             log.warning("dropping a GenerateRequest the frontend did not sign (id %r)",
                         msg.rid[:80])  # fmt: skip
             return
