@@ -80,7 +80,7 @@ class LLMEngine:
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks,
-                                   self.max_model_len)
+                                   self.eos_token_ids)
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}  # unfinished requests
         self._aborted: list[Request] = []  # finished by abort() since the last step
@@ -172,7 +172,7 @@ class LLMEngine:
             self.last_step = stats
             return outputs
         entries = list(batch.entries.values())
-        sampling = [req.num_computed_tokens + n == req.num_tokens for req, n in entries]
+        sampling = batch.sampling()
         inputs = [
             SeqInput(req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
                      req.num_computed_tokens, req.block_table, sample)
@@ -180,51 +180,25 @@ class LLMEngine:
         ]
         logits = self.runner.execute(inputs)
         t2 = time.perf_counter()
-        rows, sampled_reqs = [], []
-        for (req, _), sample in zip(entries, sampling):
-            if sample:
-                rows.append(SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids,
-                                        req.generator))
-                sampled_reqs.append(req)
+        rows = [SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
+                for (req, _), sample in zip(entries, sampling) if sample]  # fmt: skip
         result = self.sampler(logits, rows) if rows else None
         t3 = time.perf_counter()
-        for req, n in entries:
-            self.scheduler.advance(req, n)
-            self.counters.prompt_tokens += n if req.in_prefill_queue else 0
-        now = time.monotonic()
-        for i, req in enumerate(sampled_reqs):
+        self.counters.prompt_tokens += batch.num_prefill_tokens
+        sampled = self.scheduler.update(batch, result.token_ids if result is not None else [])
+        for i, req in enumerate(sampled):
             assert result is not None  # rows were sampled
-            token = result.token_ids[i]
-            req.append_token(token)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            reason = self._finish_reason(req, token)
-            if reason is not None:
-                self.scheduler.finish(req, reason)
+            if req.status.finished:
                 del self.requests[req.request_id]
-            else:
-                self.scheduler.requeue(req)
             lp = result.logprobs[i]
-            outputs.append(self._output(req, [token], [lp] if lp is not None else None))
+            outputs.append(self._output(req, [result.token_ids[i]], [lp] if lp is not None else None))
         self.counters.num_steps += 1
-        self.counters.generation_tokens += len(sampled_reqs)
+        self.counters.generation_tokens += len(sampled)
         stats.forward, stats.sample = t2 - t1, t3 - t2
         for key in ("schedule", "forward", "sample"):
             self.counters.busy_time[key] += getattr(stats, key)
         self.last_step = stats
         return outputs
-
-    def _finish_reason(self, req: Request, token: int) -> RequestStatus | None:
-        p = req.params
-        n_out = req.num_output_tokens
-        is_stop = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
-        if is_stop and n_out >= p.min_tokens:
-            if token in p.stop_token_ids:  # vLLM's stop_reason (an EOS stop has none)
-                req.stop_token_id = token
-            return RequestStatus.FINISHED_STOPPED
-        if n_out >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _output(self, req: Request, tokens: list[int], logprobs=None) -> RequestOutput:
         reason = req.status.value if req.status.finished else None
