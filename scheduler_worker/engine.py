@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config import EngineConfig
+from common.limits import RequestLimits
 from common.log import get_logger
 from common.model_facts import context_length
 from common.model_source import resolve_model
-from common.sampling_params import InvalidParameterError, SamplingParams
+from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import Sampler, SamplingRow, TokenLogprobs, make_generator
@@ -65,10 +66,6 @@ class EngineCounters:
     )
 
 
-class RequestRejectedError(ValueError):
-    """A request the engine can never serve (too long for the context or the KV pool)."""
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_dir: Path | None = None) -> None:
         self.config = config
@@ -82,6 +79,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks,
                                    self.eos_token_ids)
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
+        self.limits = RequestLimits(self.runner.vocab_size, self.max_model_len,
+                                    self.runner.num_blocks, config.cache.block_size)
         self.requests: dict[str, Request] = {}  # unfinished requests
         self._aborted: list[Request] = []  # finished by abort() since the last step
         self.counters = EngineCounters()
@@ -116,26 +115,11 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """InvalidParameterError (RequestRejectedError: it can never fit) if the request
+        cannot be served: the tokenizers' checks, again at this process's door."""
         params.validate(self.vocab_size)
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise InvalidParameterError("prompt", "prompt is empty")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidParameterError(
-                "prompt", f"token ids {bad[:4]} are outside the vocabulary (size {self.vocab_size})"
-            )
-        if n + params.max_tokens > self.max_model_len:
-            raise RequestRejectedError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
-                f"context length ({self.max_model_len} tokens)"
-            )
-        bs = self.scheduler.block_size
-        need = -(-(n + params.max_tokens) // bs)
-        if need > self.runner.num_blocks:
-            raise RequestRejectedError(
-                f"request needs {need} KV blocks but the KV pool has {self.runner.num_blocks}"
-            )
+        self.limits.check_token_ids(prompt_token_ids)
+        self.limits.check(prompt_token_ids, params)
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None) -> None:

@@ -36,9 +36,9 @@ from common.messages import (
     pack_ids,
     unpack_ids,
 )
-from common.sampling_params import InvalidParameterError, SamplingParams
+from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
-from scheduler_worker.engine import LLMEngine, RequestOutput, RequestRejectedError
+from scheduler_worker.engine import LLMEngine, RequestOutput
 
 log = get_logger("scheduler")
 
@@ -125,7 +125,7 @@ class SchedulerWorker:
             params = SamplingParams.from_dict(msg.params)
             self.engine.add_request(msg.rid, unpack_ids(msg.prompt_token_ids), params,
                                     arrival_time=None)
-        except (InvalidParameterError, RequestRejectedError, ValueError) as e:
+        except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
             self._send_error(msg.rid, str(e), getattr(e, "param", None))
             return
         self.detok_info[msg.rid] = (msg.rid, params.stop, params.skip_special_tokens,

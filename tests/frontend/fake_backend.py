@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from common.config import Config
+from common.limits import max_tokens_for
 from common.messages import (
     AbortRequest,
     ComponentStatus,
@@ -39,6 +40,7 @@ from common.zmq_queue import PullQueue, PushQueue
 
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
+MAX_MODEL_LEN = 2048
 STRANDED_PID = 2**31 - 2  # no such process
 
 
@@ -145,7 +147,7 @@ class FakeBackend:
         out.put(ComponentStatus("tokenizer", os.getpid(), kind, t), timeout_ms=1000)
         out.put(ComponentStatus("detok", os.getpid(), kind, t), timeout_ms=1000)
         out.put(EngineStatus(kind, len(self._active), 0, 0.25, 30, 40, 100, 40, "fake-model",
-                             2048, 49152, t), timeout_ms=1000)  # fmt: skip
+                             MAX_MODEL_LEN, 49152, t), timeout_ms=1000)  # fmt: skip
 
     def _admit(self, req: TokenizeRequest, out: PushQueue) -> None:
         with self.lock:
@@ -188,8 +190,9 @@ class FakeBackend:
             else:
                 text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
                 finish = None
-                # unset max_tokens: resolved as the tokenizer does (a 2048-token context)
-                max_tokens = params["max_tokens"] or a.req.max_tokens_default or 2048
+                # unset max_tokens: resolved as the tokenizer does
+                max_tokens = max_tokens_for(params["max_tokens"], a.req.max_tokens_default,
+                                            MAX_MODEL_LEN)  # fmt: skip
                 if a.mode == "words" and a.num_out >= min(max_tokens, len(WORDS)):
                     finish = "length" if max_tokens <= len(WORDS) else "stop"
             lp = None

@@ -8,8 +8,9 @@ import random
 import pytest
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from common.limits import RequestRejectedError
 from common.sampling_params import SamplingParams
-from scheduler_worker.engine import LLMEngine, RequestRejectedError
+from scheduler_worker.engine import LLMEngine
 from tests.conftest import hf_greedy
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
