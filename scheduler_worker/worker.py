@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 from collections import OrderedDict
-from typing import Any
 
 import zmq
 
@@ -31,9 +30,10 @@ from common.messages import (
     EngineStatus,
     GenerateRequest,
     RequestError,
-    StepOutputs,
+    StepOutput,
     WireError,
     pack_ids,
+    pack_step_outputs,
     unpack_ids,
 )
 from common.sampling_params import SamplingParams
@@ -152,41 +152,26 @@ class SchedulerWorker:
         if not outputs:
             return
         t0 = time.perf_counter()
-        new_requests, any_lp = [], False
-        logprobs: list[list[Any] | None] = []
-        timings: list[dict | None] = []
-        stop_tokens = [o.stop_token_id for o in outputs]
+        new_requests, entries = [], []
         to_wall = time.time() - time.monotonic()
         for o in outputs:
             info = self.detok_info.get(o.request_id)
             if info is not None and (rid := info[0]) is not None:
                 new_requests.append((rid, info[1], info[2], info[3]))
                 self.detok_info[o.request_id] = (None, [], False, False)  # sent once
+            timings = None
             if o.finish_reason is not None:
                 self.detok_info.pop(o.request_id, None)
                 self.origin.pop(o.request_id, None)
-                timings.append(self._timings(o, to_wall))
-            else:
-                timings.append(None)
+                timings = self._timings(o, to_wall)
+            logprobs = None
             if o.logprobs:
-                any_lp = True
-                logprobs.append([[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
-                                 for lp in o.logprobs])
-            else:
-                logprobs.append(None)
-        msg = StepOutputs(
-            step=self.step_no,
-            rids=[o.request_id for o in outputs],
-            new_token_ids=[pack_ids(o.new_token_ids) for o in outputs],
-            finish_reasons=[o.finish_reason for o in outputs],
-            num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
-            num_output_tokens=[o.num_output_tokens for o in outputs],
-            logprobs=logprobs if any_lp else None,
-            new_requests=new_requests,
-            timings=timings if any(t is not None for t in timings) else None,
-            sent_time=time.time(),
-            stop_token_ids=stop_tokens if any(t is not None for t in stop_tokens) else None,
-        )
+                logprobs = [[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
+                            for lp in o.logprobs]  # fmt: skip
+            entries.append(StepOutput(o.request_id, pack_ids(o.new_token_ids), o.finish_reason,
+                                      o.num_prompt_tokens, o.num_output_tokens, logprobs, timings,
+                                      o.stop_token_id))  # fmt: skip
+        msg = pack_step_outputs(self.step_no, entries, new_requests)
         try:
             self.to_detok.put(msg, timeout_ms=None)
         except QueueFull:

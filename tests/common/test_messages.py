@@ -22,7 +22,9 @@ from common.messages import (
     GenerateRequest,
     Message,
     RequestError,
+    StepOutput,
     StepOutputs,
+    TextOutput,
     TextOutputs,
     TokenizeAck,
     TokenizeRequest,
@@ -30,7 +32,11 @@ from common.messages import (
     decode,
     encode,
     pack_ids,
+    pack_step_outputs,
+    pack_text_outputs,
     unpack_ids,
+    unpack_step_outputs,
+    unpack_text_outputs,
 )
 from common.sampling_params import SamplingParams
 
@@ -233,6 +239,23 @@ def test_pack_ids_round_trip_and_layout():
     assert data[4:8] == b"\x01\x00\x00\x00"  # little-endian int32
     assert unpack_ids(data) == ids
     assert pack_ids([]) == b"" and unpack_ids(b"") == []
+
+
+def test_batch_helpers_round_trip_and_refuse_lists_that_do_not_line_up():
+    steps = [StepOutput("a", pack_ids([5]), None, 3, 1),
+             StepOutput("b", b"", "stop", 4, 2, [[-0.5, [[5, -0.5]]]], {"x": 1.0}, 9)]
+    msg = pack_step_outputs(7, steps, [("a", ["\n"], True, False)])
+    assert msg.logprobs == [None, [[-0.5, [[5, -0.5]]]]] and msg.stop_token_ids == [None, 9]
+    assert unpack_step_outputs(decode(encode(msg))) == steps
+    quiet = pack_step_outputs(8, steps[:1], [])  # optional lists go only when one is set
+    assert (quiet.logprobs, quiet.timings, quiet.stop_token_ids) == (None, None, None)
+    texts = [TextOutput("a", "Hi", None, 3, 1, pack_ids([5])),
+             TextOutput("b", "", "stop", 4, 2, b"", None, {"x": 1.0}, "\n")]
+    assert unpack_text_outputs(decode(encode(pack_text_outputs(texts)))) == texts
+    with pytest.raises(WireError, match="finish_reasons, logprobs not as long as rids"):
+        unpack_step_outputs(dataclasses.replace(msg, finish_reasons=[None], logprobs=[None]))
+    with pytest.raises(WireError, match="timings"):
+        unpack_text_outputs(dataclasses.replace(pack_text_outputs(texts), timings=[None]))
 
 
 @pytest.mark.parametrize("bad", [[-1], [2**31], ["1"], [1.5]])
