@@ -198,7 +198,7 @@ class EngineClient:
                 metrics.on_finished(finish, now - handle.arrival, o.num_prompt_tokens,
                                     num_out, timings)  # fmt: skip
             shown = None  # stage times go to the client only when it asked (return_timings)
-            if timings is not None and timings.get("return_timings") is True:
+            if timings is not None and handle.return_timings:
                 shown = {k: round(v * 1e3, 3) for k, v in stage_durations(timings).items()}
                 shown = {k.removesuffix("_s") + "_ms": v for k, v in shown.items()}
             handle.queue.put_nowait(Delta(
@@ -292,10 +292,12 @@ class EngineClient:
     # -- requests (on the event loop) -----------------------------------------------------
     async def submit(self, reqs: list[TokenizeRequest], arrival: float,
                      receive: Callable[[], Awaitable[MutableMapping[str, Any]]] | None = None,
-                     aliases: dict[str, str] | None = None) -> RequestHandle:  # fmt: skip
+                     aliases: dict[str, str] | None = None,
+                     return_timings: bool = False) -> RequestHandle:  # fmt: skip
         """Send one HTTP request's sub-requests to the tokenizer pool. Raises APIError 503
         when components are missing or too many sub-requests are in flight. A worker's
-        error names parameters as the client did (`aliases`, see protocol.param_aliases)."""
+        error names parameters as the client did (`aliases`, see protocol.param_aliases);
+        stage times reach the client only with `return_timings`."""
         if self.draining:
             raise unavailable("server is shutting down", "shutting_down")
         missing = self.liveness.missing()
@@ -305,7 +307,8 @@ class EngineClient:
         if len(self.routes) + len(reqs) > limit:
             raise unavailable(f"too many requests in flight (limit {limit}); retry later",
                               "overloaded")  # fmt: skip
-        handle = RequestHandle([r.rid for r in reqs], arrival, self.config.server.request_timeout_s)
+        handle = RequestHandle([r.rid for r in reqs], arrival, self.config.server.request_timeout_s,
+                               return_timings)  # fmt: skip
         handle.aliases = aliases or {}
         try:
             for i, req in enumerate(reqs):

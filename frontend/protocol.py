@@ -65,7 +65,7 @@ class _Sampling(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    return_timings: bool | None = False  # extension: ask the workers for per-stage times
+    return_timings: bool | None = False  # extension: per-stage times in the usage
     # OpenAI fields that change nothing here (or are refused by check_unsupported)
     logit_bias: dict[str, float] | None = None
     metadata: dict[str, str] | None = None

@@ -73,8 +73,8 @@ class SchedulerWorker:
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
         self.frontend_pid: int | None = None
         self.origin: dict[str, int] = {}  # rid -> pid of the frontend that accepted it
-        # rid -> (arrival, tokenized, return_timings): wall-clock stamps of the earlier stages
-        self.stamps: dict[str, tuple[float, float, bool]] = {}
+        # rid -> (arrival, tokenized): wall-clock stamps of the earlier stages
+        self.stamps: dict[str, tuple[float, float]] = {}
         # rid -> the StepOutputs.new_requests entry (rid, stop strings, skip_special_tokens,
         # include_stop_str_in_output) sent with its first output; (None, ...) once sent
         self.detok_info: dict[str, tuple[str | None, list[str], bool, bool]] = {}
@@ -130,7 +130,7 @@ class SchedulerWorker:
             return
         self.detok_info[msg.rid] = (msg.rid, params.stop, params.skip_special_tokens,
                                     params.include_stop_str_in_output)
-        self.stamps[msg.rid] = (msg.arrival_time, msg.tokenized_time, msg.return_timings)
+        self.stamps[msg.rid] = (msg.arrival_time, msg.tokenized_time)
         self.origin[msg.rid] = msg.origin
 
     def _remember_abort(self, rid: str) -> None:
@@ -183,10 +183,9 @@ class SchedulerWorker:
     def _timings(self, o: RequestOutput, to_wall: float) -> dict | None:
         """Wall-clock stage stamps of a finished request (seconds since the epoch; every
         process on one host reads the same clock — across hosts, keep clocks in sync)."""
-        arrival, tokenized, wanted = self.stamps.pop(o.request_id, (None, None, False))
+        arrival, tokenized = self.stamps.pop(o.request_id, (None, None))
         st = o.stage_times or {}
-        out: dict = {"arrival_time": arrival, "tokenized_time": tokenized,
-                     "return_timings": wanted}  # fmt: skip
+        out: dict = {"arrival_time": arrival, "tokenized_time": tokenized}
         for key in ("received", "first_scheduled", "first_token", "finished"):
             v = st.get(key)
             out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (

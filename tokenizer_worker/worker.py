@@ -131,7 +131,7 @@ class Tokenization:
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
         return GenerateRequest(req.rid, pack_ids(ids), params.to_dict(), req.arrival_time,
-                               time.time(), req.return_timings, req.origin)  # fmt: skip
+                               time.time(), req.origin)  # fmt: skip
 
 
 class TokenizerWorker:

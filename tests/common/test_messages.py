@@ -44,8 +44,8 @@ PARAMS = SamplingParams(max_tokens=8, stop=["\n"], seed=3).to_dict()
 IDS = pack_ids([0, 1, 49151, 2**31 - 1])
 
 SAMPLES: list[Message] = [
-    TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS, 1.5, False),
-    TokenizeRequest("r2", "completion", None, IDS, None, {}, 0, True),
+    TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS, 1.5),
+    TokenizeRequest("r2", "completion", None, IDS, None, {}, 0, 4321),
     TokenizeRequest(
         "r3",
         "chat",
@@ -54,10 +54,9 @@ SAMPLES: list[Message] = [
         [{"role": "user", "content": "hi"}, {"role": "system", "content": ""}],
         PARAMS,
         1e9,
-        False,
     ),
-    GenerateRequest("r1", IDS, PARAMS, 1.0, 2.0, True),
-    GenerateRequest("", b"", {}, 0.0, 0.0, False),
+    GenerateRequest("r1", IDS, PARAMS, 1.0, 2.0, 4321),
+    GenerateRequest("", b"", {}, 0.0, 0.0),
     AbortRequest("r1", "client_disconnect"),
     StepOutputs(
         7,
@@ -144,7 +143,7 @@ def test_encode_refuses_schema_violations():
     with pytest.raises(WireError, match="AbortRequest.reason"):
         encode(AbortRequest("r", 5))
     with pytest.raises(WireError):
-        encode(GenerateRequest("r", [1, 2], {}, 0.0, 0.0, False))  # ids not packed
+        encode(GenerateRequest("r", [1, 2], {}, 0.0, 0.0))  # ids not packed
 
 
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
@@ -173,12 +172,12 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, False, 0),  # str where bytes
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, 1, 0),  # int where bool
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, False, 0),  # list where dict
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, False, 0),
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": {"y": {}}}, 0.0, 0.0, msgpack.ExtType(1, b"z"), 0),
-    msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, False, 0]),
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, 0),  # str where bytes
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, True),  # bool where int
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, 0),  # list where dict
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, 0),
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": {"y": {}}}, 0.0, 0.0, msgpack.ExtType(1, b"z")),
+    msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, 0]),
     raw(WIRE_VERSION, TextOutputs.TAG, ["a", 1], [""] * 2, [None] * 2, [0, 0], [0, 0],
         [b"", b""], None, None, [None, None], 0.0),  # list of wrong element type
     raw(WIRE_VERSION, TextOutputs.TAG, "a", [""], [None], [0], [0], [b""], None, None, [None], 0.0),
@@ -204,8 +203,7 @@ def test_wrong_container_types():
         deep = [deep]
     with pytest.raises(WireError, match="deeper"):
         decode(
-            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, False, 0,
-                None)
+            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, 0, None)
         )
 
 
@@ -229,7 +227,7 @@ def test_oversize_frame_and_list():
     with pytest.raises(WireError):
         decode(big)
     with pytest.raises(WireError, match="exceeds"):
-        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, {}, 0.0, 0.0, False))
+        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, {}, 0.0, 0.0))
 
 
 def test_pack_ids_round_trip_and_layout():

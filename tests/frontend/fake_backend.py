@@ -200,8 +200,8 @@ class FakeBackend:
             if params.get("logprobs") is not None:
                 top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]
                 lp = [[-0.5, top]]
-            timings = None
-            if finish is not None and a.req.return_timings:
+            timings = None  # on the finishing output, as the scheduler's
+            if finish is not None:
                 timings = {"arrival_time": a.req.arrival_time,
                            "first_scheduled_time": a.req.arrival_time + 0.002}  # fmt: skip
             entries.append(TextOutput(rid, text, finish, a.prompt_len, a.num_out,
