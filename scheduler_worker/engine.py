@@ -95,9 +95,6 @@ class LLMEngine:
     def num_unfinished(self) -> int:
         return len(self.requests)
 
-    def unfinished_ids(self) -> list[str]:
-        return list(self.requests)
-
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
 

@@ -7,6 +7,8 @@
 Loop: block on the inbox only when idle; when busy, drain it without waiting, run one
 step, push one message. An abort may arrive before its request (a tokenizer may still
 hold it): such ids are remembered for a while and the request is dropped on arrival.
+Beside the engine's own state, the worker keeps one RequestRecord per request, from its
+GenerateRequest until its finishing output has gone out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import sys
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import zmq
 
@@ -29,6 +32,7 @@ from common.messages import (
     ComponentStatus,
     EngineStatus,
     GenerateRequest,
+    NewRequest,
     RequestError,
     StepOutput,
     WireError,
@@ -61,6 +65,17 @@ def check_kv_pool(engine: LLMEngine) -> None:
             f"--kv-cache-memory-gb or --num-kv-blocks, or set --max-model-len {pool} or less")
 
 
+@dataclass(slots=True)
+class RequestRecord:
+    """What the worker knows of a request that the engine does not."""
+
+    origin: int  # pid of the frontend that accepted it (a restarted one's are aborted)
+    arrival_time: float  # wall clock: the frontend received it
+    tokenized_time: float  # wall clock: a tokenizer worker passed it on
+    detok: NewRequest  # the detokenizer's settings, for StepOutputs.new_requests
+    announced: bool = False  # `detok` went out, with the request's first output
+
+
 class SchedulerWorker:
     def __init__(self, config: Config, engine: LLMEngine | None = None) -> None:
         self.config = config
@@ -72,12 +87,7 @@ class SchedulerWorker:
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=self.ctx)
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
         self.frontend_pid: int | None = None
-        self.origin: dict[str, int] = {}  # rid -> pid of the frontend that accepted it
-        # rid -> (arrival, tokenized): wall-clock stamps of the earlier stages
-        self.stamps: dict[str, tuple[float, float]] = {}
-        # rid -> the StepOutputs.new_requests entry (rid, stop strings, skip_special_tokens,
-        # include_stop_str_in_output) sent with its first output; (None, ...) once sent
-        self.detok_info: dict[str, tuple[str | None, list[str], bool, bool]] = {}
+        self.requests: dict[str, RequestRecord] = {}  # until the finishing output is sent
         self.step_no = 0
         self.running = True
         self.drain_deadline = 0.0  # after stop(), running requests keep stepping until then
@@ -92,7 +102,7 @@ class SchedulerWorker:
         if isinstance(msg, GenerateRequest):
             self._add(msg)
         elif isinstance(msg, AbortRequest):
-            if not self.engine.abort(msg.rid) and msg.rid not in self.detok_info:
+            if not self.engine.abort(msg.rid) and msg.rid not in self.requests:
                 self._remember_abort(msg.rid)
         elif isinstance(msg, ComponentStatus) and msg.component == "frontend":
             self._on_frontend(msg.pid)
@@ -104,12 +114,11 @@ class SchedulerWorker:
         old, self.frontend_pid = self.frontend_pid, pid
         if old is not None and old != pid:
             # only the old frontend's requests: the new one may have sent some already
-            rids = [r for r in self.engine.unfinished_ids() if self.origin.get(r) == old]
-            for rid in rids:
-                self.engine.abort(rid)
-            if rids:
+            rids = [rid for rid, rec in self.requests.items() if rec.origin == old]
+            num = sum(1 for rid in rids if self.engine.abort(rid))  # not those finished already
+            if num:
                 log.warning("frontend restarted (pid %d -> %d): aborted its %d request(s)",
-                            old, pid, len(rids))
+                            old, pid, num)
 
     def _add(self, msg: GenerateRequest) -> None:
         if not verify_rid(self.config.ipc.secret, msg.rid):
@@ -118,7 +127,7 @@ class SchedulerWorker:
             return
         if self.pre_aborted.pop(msg.rid, None) is not None:
             return  # its client is gone already
-        if msg.rid in self.detok_info:  # only a forged or replayed frame can do this
+        if msg.rid in self.requests:  # only a forged or replayed frame can do this
             log.warning("dropping a second request with the running id %s", msg.rid)
             return
         try:
@@ -128,10 +137,9 @@ class SchedulerWorker:
         except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
             self._send_error(msg.rid, str(e), getattr(e, "param", None))
             return
-        self.detok_info[msg.rid] = (msg.rid, params.stop, params.skip_special_tokens,
-                                    params.include_stop_str_in_output)
-        self.stamps[msg.rid] = (msg.arrival_time, msg.tokenized_time)
-        self.origin[msg.rid] = msg.origin
+        detok = (msg.rid, params.stop, params.skip_special_tokens, params.include_stop_str_in_output)
+        self.requests[msg.rid] = RequestRecord(msg.origin, msg.arrival_time, msg.tokenized_time,
+                                               detok)  # fmt: skip
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -155,15 +163,14 @@ class SchedulerWorker:
         new_requests, entries = [], []
         to_wall = time.time() - time.monotonic()
         for o in outputs:
-            info = self.detok_info.get(o.request_id)
-            if info is not None and (rid := info[0]) is not None:
-                new_requests.append((rid, info[1], info[2], info[3]))
-                self.detok_info[o.request_id] = (None, [], False, False)  # sent once
+            rec = self.requests.get(o.request_id)
+            if rec is not None and not rec.announced:
+                new_requests.append(rec.detok)
+                rec.announced = True
             timings = None
             if o.finish_reason is not None:
-                self.detok_info.pop(o.request_id, None)
-                self.origin.pop(o.request_id, None)
-                timings = self._timings(o, to_wall)
+                self.requests.pop(o.request_id, None)
+                timings = self._timings(o, rec, to_wall)
             logprobs = None
             if o.logprobs:
                 logprobs = [[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
@@ -180,12 +187,14 @@ class SchedulerWorker:
             log.error("step %d could not be encoded, dropped: %s", self.step_no, e)
         self.ipc_time += time.perf_counter() - t0
 
-    def _timings(self, o: RequestOutput, to_wall: float) -> dict | None:
+    @staticmethod
+    def _timings(o: RequestOutput, rec: RequestRecord | None, to_wall: float) -> dict:
         """Wall-clock stage stamps of a finished request (seconds since the epoch; every
         process on one host reads the same clock — across hosts, keep clocks in sync)."""
-        arrival, tokenized = self.stamps.pop(o.request_id, (None, None))
         st = o.stage_times or {}
-        out: dict = {"arrival_time": arrival, "tokenized_time": tokenized}
+        out: dict = {"arrival_time": None, "tokenized_time": None}
+        if rec is not None:
+            out["arrival_time"], out["tokenized_time"] = rec.arrival_time, rec.tokenized_time
         for key in ("received", "first_scheduled", "first_token", "finished"):
             v = st.get(key)
             out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (
