@@ -65,8 +65,9 @@ class RequestLimits:
         if n == 0:
             raise InvalidParameterError(where, "prompt is empty after tokenization")
         if n >= limit:
-            raise RequestRejectedError(where, f"prompt is too long: {n} tokens, but this model's "
-                                              f"maximum context length is {limit} tokens")  # fmt: skip
+            raise RequestRejectedError(
+                where, f"prompt is too long: {n} tokens, but this model's maximum context "
+                       f"length is {limit} tokens")  # fmt: skip
         if max_tokens_unset:
             params.max_tokens = min(params.max_tokens, limit - n)
             if params.min_tokens > params.max_tokens:

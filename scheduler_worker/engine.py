@@ -171,8 +171,8 @@ class LLMEngine:
             assert result is not None  # rows were sampled
             if req.status.finished:
                 del self.requests[req.request_id]
-            lp = result.logprobs[i]
-            outputs.append(self._output(req, [result.token_ids[i]], [lp] if lp is not None else None))
+            token, lp = result.token_ids[i], result.logprobs[i]
+            outputs.append(self._output(req, [token], [lp] if lp is not None else None))
         self.counters.num_steps += 1
         self.counters.generation_tokens += len(sampled)
         stats.forward, stats.sample = t2 - t1, t3 - t2

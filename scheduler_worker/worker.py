@@ -137,7 +137,8 @@ class SchedulerWorker:
         except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
             self._send_error(msg.rid, str(e), getattr(e, "param", None))
             return
-        detok = (msg.rid, params.stop, params.skip_special_tokens, params.include_stop_str_in_output)
+        detok = (msg.rid, params.stop, params.skip_special_tokens,
+                 params.include_stop_str_in_output)  # fmt: skip
         self.requests[msg.rid] = RequestRecord(msg.origin, msg.arrival_time, msg.tokenized_time,
                                                detok)  # fmt: skip
 

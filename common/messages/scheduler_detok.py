@@ -74,7 +74,8 @@ def pack_step_outputs(step: int, outputs: Sequence[StepOutput],
 def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
     """One StepOutput per rid; WireError if the per-request lists do not line up."""
     n = check_parallel(msg, ("new_token_ids", "finish_reasons", "num_prompt_tokens",
-                             "num_output_tokens"), ("logprobs", "timings", "stop_token_ids"))  # fmt: skip
+                             "num_output_tokens"),
+                       ("logprobs", "timings", "stop_token_ids"))  # fmt: skip
     none: list[Any] = [None] * n
     return [StepOutput(*row) for row in zip(
         msg.rids, msg.new_token_ids, msg.finish_reasons, msg.num_prompt_tokens,

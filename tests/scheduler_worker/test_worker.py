@@ -45,5 +45,5 @@ def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, t
                 for s in steps for i, rid in enumerate(s.rids) if s.finish_reasons[i]}  # fmt: skip
     assert finished.keys() == {"old", "new"}
     assert finished["old"][0] == "abort" and finished["new"][0] == "length"
-    for _, timings in finished.values():
-        assert timings is not None and (timings["arrival_time"], timings["tokenized_time"]) == (10.0, 11.0)
+    for _, t in finished.values():  # the earlier stages' stamps, from the record
+        assert t is not None and (t["arrival_time"], t["tokenized_time"]) == (10.0, 11.0)
