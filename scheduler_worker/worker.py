@@ -72,8 +72,8 @@ class RequestRecord:
     origin: int  # pid of the frontend that accepted it (a restarted one's are aborted)
     arrival_time: float  # wall clock: the frontend received it
     tokenized_time: float  # wall clock: a tokenizer worker passed it on
-    detok: NewRequest  # the detokenizer's settings, for StepOutputs.new_requests
-    announced: bool = False  # `detok` went out, with the request's first output
+    detok_settings: NewRequest  # for StepOutputs.new_requests (rid, stop, flags)
+    announced: bool = False  # detok_settings went out, with the first output
 
 
 class SchedulerWorker:
@@ -97,6 +97,10 @@ class SchedulerWorker:
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
+        """One inbox message into the engine: a request to admit (or refuse with a
+        RequestError), an abort, a frontend's heartbeat (a new pid: the old one's
+        requests are orphans). What comes out of the engine goes in one StepOutputs
+        per step (publish)."""
         if isinstance(msg, (GenerateRequest, AbortRequest)):
             self.last_request = time.monotonic()
         if isinstance(msg, GenerateRequest):
@@ -166,7 +170,7 @@ class SchedulerWorker:
         for o in outputs:
             rec = self.requests.get(o.request_id)
             if rec is not None and not rec.announced:
-                new_requests.append(rec.detok)
+                new_requests.append(rec.detok_settings)
                 rec.announced = True
             timings = None
             if o.finish_reason is not None:
