@@ -45,10 +45,6 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         def check(ok: bool, param: str, msg: str) -> None:
             if not ok:

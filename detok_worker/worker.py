@@ -16,7 +16,6 @@ import os
 import signal
 import time
 from collections import OrderedDict
-from typing import Any
 
 import zmq
 from tokenizers import Tokenizer
@@ -27,10 +26,14 @@ from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
     ComponentStatus,
+    StepOutput,
     StepOutputs,
+    TextOutput,
     TextOutputs,
     WireError,
+    pack_text_outputs,
     unpack_ids,
+    unpack_step_outputs,
 )
 from common.model_source import resolve_model
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
@@ -38,8 +41,8 @@ from detok_worker.incremental import RequestDetokenizer
 
 log = get_logger("detok")
 
-STOPPED_MEMORY = 100_000
-DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long  # rids finished here by a stop string, to drop their late tokens
+STOPPED_MEMORY = 100_000  # rids finished here by a stop string, to drop their late tokens
+DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long
 
 
 class DetokWorker:
@@ -63,74 +66,58 @@ class DetokWorker:
         self.last_heartbeat = 0.0
 
     def process(self, msg: StepOutputs) -> TextOutputs:
-        n = len(msg.rids)
-        parallel = (msg.new_token_ids, msg.finish_reasons, msg.num_prompt_tokens,
-                    msg.num_output_tokens)
-        if any(len(x) != n for x in parallel) or any(
-                x is not None and len(x) != n for x in (msg.logprobs, msg.stop_token_ids)):
-            log.warning("dropping step %d: StepOutputs lists of unequal lengths", msg.step)
-            return TextOutputs([], [], [], [], [], [], None, None, [], time.time())
-        if msg.timings is not None and len(msg.timings) != n:
-            log.warning("step %d: timings of the wrong length ignored", msg.step)
+        try:
+            outputs = unpack_step_outputs(msg)
+        except WireError as e:
+            log.warning("dropping step %d: %s", msg.step, e)
+            return pack_text_outputs([])
         for rid, stop, skip_special, include_stop in msg.new_requests:
             self.requests[rid] = RequestDetokenizer(self.tokenizer, stop, skip_special, include_stop)
-        out: dict[str, Any] = {k: [] for k in ("rids", "texts", "finish_reasons", "num_prompt_tokens",
-                                                "num_output_tokens", "token_ids", "logprobs",
-                                                "stop_reasons", "timings")}
-        step_timings = msg.timings if msg.timings is not None and len(msg.timings) == n else None
-        for i, rid in enumerate(msg.rids):
-            t0 = time.perf_counter()
-            if rid in self.stopped:
-                continue  # finished here by a stop string; the scheduler is catching up
-            det = self.requests.get(rid)
-            if det is None:  # settings never seen (e.g. this process restarted): defaults
-                det = self.requests[rid] = RequestDetokenizer(self.tokenizer)
-            try:
-                ids = new_ids = unpack_ids(msg.new_token_ids[i])
-            except WireError as e:
-                log.warning("dropping bad token ids for %s: %s", rid, e)
-                continue
-            stop_token = msg.stop_token_ids[i] if msg.stop_token_ids is not None else None
-            if stop_token is not None and ids and ids[-1] == stop_token \
-                    and not det.include_stop_str_in_output:  # fmt: skip
-                ids = ids[:-1]  # as vLLM: the stop token's text is not output
-            text, stop_hit = det.add_tokens(ids)
-            reason = msg.finish_reasons[i]
-            if stop_hit:
+        texts = (self._detokenize(o) for o in outputs)
+        return pack_text_outputs([t for t in texts if t is not None])
+
+    def _detokenize(self, o: StepOutput) -> TextOutput | None:
+        """One request's text delta, or None when its step entry is dropped."""
+        t0 = time.perf_counter()
+        rid = o.rid
+        if rid in self.stopped:
+            return None  # finished here by a stop string; the scheduler is catching up
+        det = self.requests.get(rid)
+        if det is None:  # settings never seen (e.g. this process restarted): defaults
+            det = self.requests[rid] = RequestDetokenizer(self.tokenizer)
+        try:
+            ids = new_ids = unpack_ids(o.new_token_ids)
+        except WireError as e:
+            log.warning("dropping bad token ids for %s: %s", rid, e)
+            return None
+        stop_token = o.stop_token_id
+        if stop_token is not None and ids and ids[-1] == stop_token \
+                and not det.include_stop_str_in_output:  # fmt: skip
+            ids = ids[:-1]  # as vLLM: the stop token's text is not output
+        text, stop_hit = det.add_tokens(ids)
+        reason = o.finish_reason
+        if stop_hit:
+            reason = "stop"
+            self._remember_stopped(rid)
+            if o.finish_reason is None:
+                with contextlib.suppress(QueueFull):
+                    self.to_scheduler.put(AbortRequest(rid, "stop_string"))
+        elif reason is not None:
+            text += det.finish()
+            if det.stopped:
                 reason = "stop"
-                self._remember_stopped(rid)
-                if msg.finish_reasons[i] is None:
-                    with contextlib.suppress(QueueFull):
-                        self.to_scheduler.put(AbortRequest(rid, "stop_string"))
-            elif reason is not None:
-                text += det.finish()
-                if det.stopped:
-                    reason = "stop"
-            spent = self.detok_s.pop(rid, 0.0) if reason is not None else None
-            if reason is not None:
-                self.requests.pop(rid, None)
-            else:
-                self.detok_s[rid] = self.detok_s.get(rid, 0.0) + time.perf_counter() - t0
-            timing = step_timings[i] if step_timings is not None else None
-            if reason is not None:  # a stop-string finish has no scheduler stamps yet
-                timing = dict(timing or {})
-                timing["detok_time_s"] = (spent or 0.0) + time.perf_counter() - t0
-                timing["detok_sent_time"] = time.time()
-            out["timings"].append(timing)
-            out["rids"].append(rid)
-            out["texts"].append(text)
-            out["finish_reasons"].append(reason)
-            out["num_prompt_tokens"].append(msg.num_prompt_tokens[i])
-            out["num_output_tokens"].append(msg.num_output_tokens[i])
-            out["token_ids"].append(msg.new_token_ids[i])
-            lps = msg.logprobs[i] if msg.logprobs else None
-            out["logprobs"].append(self._name_tokens(new_ids, lps) if lps else lps)
-            out["stop_reasons"].append(det.stop_str if det.stop_str is not None else stop_token)
-        if not msg.logprobs:
-            out["logprobs"] = None
-        if all(t is None for t in out["timings"]):
-            out["timings"] = None
-        return TextOutputs(**out, sent_time=time.time())
+        timing = o.timings
+        if reason is None:
+            self.detok_s[rid] = self.detok_s.get(rid, 0.0) + time.perf_counter() - t0
+        else:  # a stop-string finish has no scheduler stamps yet
+            self.requests.pop(rid, None)
+            timing = dict(timing or {})
+            timing["detok_time_s"] = self.detok_s.pop(rid, 0.0) + time.perf_counter() - t0
+            timing["detok_sent_time"] = time.time()
+        lps = self._name_tokens(new_ids, o.logprobs) if o.logprobs else o.logprobs
+        return TextOutput(rid, text, reason, o.num_prompt_tokens, o.num_output_tokens,
+                          o.new_token_ids, lps, timing,
+                          det.stop_str if det.stop_str is not None else stop_token)  # fmt: skip
 
     def _name_tokens(self, ids: list[int], lps: list) -> list:
         """Each per-token logprob entry [logprob, [[id, logprob], ...]] gets a third item:

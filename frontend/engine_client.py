@@ -40,6 +40,7 @@ from common.messages import (
     TokenizeAck,
     TokenizeRequest,
     WireError,
+    unpack_text_outputs,
 )
 from common.zmq_queue import PeerWatch, PullQueue, PushQueue, QueueFull
 from frontend.errors import APIError, invalid, renamed, unavailable
@@ -164,25 +165,23 @@ class EngineClient:
 
     def _on_outputs(self, msg: TextOutputs, now: float) -> None:
         self.liveness.on_outputs(now)
-        n = len(msg.rids)
-        parallel = (msg.texts, msg.finish_reasons, msg.num_prompt_tokens, msg.num_output_tokens,
-                    msg.token_ids, msg.stop_reasons)  # fmt: skip
-        if any(len(x) != n for x in parallel) or any(
-            x is not None and len(x) != n for x in (msg.logprobs, msg.timings)
-        ):
-            log.warning("dropping TextOutputs with lists of unequal lengths")
+        try:
+            outputs = unpack_text_outputs(msg)
+        except WireError as e:
+            log.warning("dropping TextOutputs: %s", e)
             return
         routes, metrics, handoffs = self.routes, self.metrics, self.handoffs
-        for i, rid in enumerate(msg.rids):
+        for o in outputs:
+            rid = o.rid
             route = routes.get(rid)
             if route is None:
                 continue
             if handoffs:
                 handoffs.forget(rid)
             handle, index = route
-            finish = msg.finish_reasons[i]
-            num_out = msg.num_output_tokens[i]
-            timings = msg.timings[i] if msg.timings is not None else None
+            finish = o.finish_reason
+            num_out = o.num_output_tokens
+            timings = o.timings
             if timings is not None and not isinstance(timings, dict):
                 timings = None
             num_new = num_out - handle.num_output_tokens[index]
@@ -193,19 +192,18 @@ class EngineClient:
                     handle.first_token_at[index] = now
                 handle.last_token_at[index] = now
                 handle.num_output_tokens[index] = num_out
-            handle.num_prompt_tokens[index] = msg.num_prompt_tokens[i]
+            handle.num_prompt_tokens[index] = o.num_prompt_tokens
             if finish is not None:
                 del routes[rid]
-                metrics.on_finished(finish, now - handle.arrival, msg.num_prompt_tokens[i],
+                metrics.on_finished(finish, now - handle.arrival, o.num_prompt_tokens,
                                     num_out, timings)  # fmt: skip
             shown = None  # stage times go to the client only when it asked (return_timings)
-            if timings is not None and timings.get("return_timings") is True:
+            if timings is not None and handle.return_timings:
                 shown = {k: round(v * 1e3, 3) for k, v in stage_durations(timings).items()}
                 shown = {k.removesuffix("_s") + "_ms": v for k, v in shown.items()}
             handle.queue.put_nowait(Delta(
-                index, msg.texts[i], finish, msg.stop_reasons[i], msg.num_prompt_tokens[i],
-                num_out, msg.token_ids[i], msg.logprobs[i] if msg.logprobs is not None else None,
-                shown,
+                index, o.text, finish, o.stop_reason, o.num_prompt_tokens, num_out, o.token_ids,
+                o.logprobs, shown,
             ))  # fmt: skip
 
     def _on_error(self, msg: RequestError) -> None:
@@ -294,10 +292,12 @@ class EngineClient:
     # -- requests (on the event loop) -----------------------------------------------------
     async def submit(self, reqs: list[TokenizeRequest], arrival: float,
                      receive: Callable[[], Awaitable[MutableMapping[str, Any]]] | None = None,
-                     aliases: dict[str, str] | None = None) -> RequestHandle:  # fmt: skip
+                     aliases: dict[str, str] | None = None,
+                     return_timings: bool = False) -> RequestHandle:  # fmt: skip
         """Send one HTTP request's sub-requests to the tokenizer pool. Raises APIError 503
         when components are missing or too many sub-requests are in flight. A worker's
-        error names parameters as the client did (`aliases`, see protocol.param_aliases)."""
+        error names parameters as the client did (`aliases`, see protocol.param_aliases);
+        stage times reach the client only with `return_timings`."""
         if self.draining:
             raise unavailable("server is shutting down", "shutting_down")
         missing = self.liveness.missing()
@@ -307,7 +307,8 @@ class EngineClient:
         if len(self.routes) + len(reqs) > limit:
             raise unavailable(f"too many requests in flight (limit {limit}); retry later",
                               "overloaded")  # fmt: skip
-        handle = RequestHandle([r.rid for r in reqs], arrival, self.config.server.request_timeout_s)
+        handle = RequestHandle([r.rid for r in reqs], arrival, self.config.server.request_timeout_s,
+                               return_timings)  # fmt: skip
         handle.aliases = aliases or {}
         try:
             for i, req in enumerate(reqs):

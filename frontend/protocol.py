@@ -12,7 +12,7 @@ A request that sets no max_tokens gets the endpoint's default (16 for completion
 OpenAI; 64 new tokens for /generate; for chat, the rest of the context), capped by the
 server's max_tokens limit and by the room the prompt leaves in the context: the
 frontend does not know the prompt length, so the tokenizer worker resolves it
-(`TokenizeRequest.max_tokens_default`).
+(`TokenizeRequest.max_tokens_default`, and common.limits).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from common.config import ServerConfig
+from common.limits import max_tokens_for
 from common.messages import WireError, pack_ids
-from common.sampling_params import INT64_MAX, InvalidParameterError, SamplingParams
+from common.sampling_params import InvalidParameterError, SamplingParams
 from frontend.errors import APIError, invalid, renamed
 
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's default for /v1/completions
@@ -64,7 +65,7 @@ class _Sampling(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    return_timings: bool | None = False  # extension: ask the workers for per-stage times
+    return_timings: bool | None = False  # extension: per-stage times in the usage
     # OpenAI fields that change nothing here (or are refused by check_unsupported)
     logit_bias: dict[str, float] | None = None
     metadata: dict[str, str] | None = None
@@ -273,8 +274,7 @@ def sampling_params(req: _Sampling, max_tokens: int | None, cap: int | None,
     if stop is not None and len(stop) > server.max_stop_strings:
         raise invalid(f"stop: at most {server.max_stop_strings} stop strings (the server's "
                       f"max_stop_strings limit), got {len(stop)}", "stop")  # fmt: skip
-    provisional = max_tokens if max_tokens is not None else (cap or INT64_MAX)
-    fields: dict[str, Any] = {"max_tokens": provisional, "logprobs": logprobs}
+    fields: dict[str, Any] = {"max_tokens": max_tokens_for(max_tokens, cap), "logprobs": logprobs}
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids",
                  "ignore_eos", "min_tokens", "skip_special_tokens",

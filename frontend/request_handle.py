@@ -40,10 +40,12 @@ class ClientDisconnected(Exception):
 
 
 class RequestHandle:
-    def __init__(self, rids: list[str], arrival: float, timeout_s: float) -> None:
+    def __init__(self, rids: list[str], arrival: float, timeout_s: float,
+                 return_timings: bool = False) -> None:  # fmt: skip
         self.rids = rids
         self.arrival = arrival  # time.monotonic() when the HTTP request arrived
         self.timeout_s = timeout_s
+        self.return_timings = return_timings  # the client asked for its stage times
         self.queue: asyncio.Queue[Delta | Exception] = asyncio.Queue()
         self.num_finished = 0  # finishing Deltas handed to the consumer
         n = len(rids)

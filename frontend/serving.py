@@ -143,11 +143,12 @@ class Serving:
         params = sampling_params(req, req.max_tokens, default, req.logprobs, self.config.server)
         rid = f"cmpl-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "completion", prompt, prompt_ids, None, p, wall,
-                                bool(req.return_timings), self.pid, default)
+                                self.pid, default)
                 for i, p in enumerate(params)]  # fmt: skip
         fmt = CompletionFormat(rid, self.model_name, int(wall), req.logprobs is not None,
                                req.include_usage)  # fmt: skip
-        return await self._openai(request, reqs, arrival, fmt, bool(req.stream), req.include_usage)
+        return await self._openai(request, reqs, arrival, fmt, bool(req.stream), req.include_usage,
+                                  return_timings=bool(req.return_timings))
 
     async def chat(self, request: Request) -> Response:
         arrival, wall = time.monotonic(), time.time()
@@ -161,11 +162,11 @@ class Serving:
                                  aliases)  # fmt: skip
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "chat", None, None, messages, p, wall,
-                                bool(req.return_timings), self.pid, default)
+                                self.pid, default)
                 for i, p in enumerate(params)]  # fmt: skip
         fmt = ChatFormat(rid, self.model_name, int(wall), logprobs is not None, req.include_usage)
         return await self._openai(request, reqs, arrival, fmt, bool(req.stream), req.include_usage,
-                                  aliases)
+                                  aliases, bool(req.return_timings))
 
     async def generate(self, request: Request) -> Response:
         arrival, wall = time.monotonic(), time.time()
@@ -180,8 +181,9 @@ class Serving:
                                  aliases)  # fmt: skip
         rid = f"gen-{uuid.uuid4().hex}"
         reqs = [TokenizeRequest(self.sign(f"{rid}-0"), "completion", req.prompt, None, None, params[0], wall,
-                                bool(req.return_timings), self.pid, default)]  # fmt: skip
-        handle = await self.client.submit(reqs, arrival, request.receive, aliases)
+                                self.pid, default)]  # fmt: skip
+        handle = await self.client.submit(reqs, arrival, request.receive, aliases,
+                                          bool(req.return_timings))
         choice = Choice(0)
         handed_over = False
         try:
@@ -208,8 +210,10 @@ class Serving:
 
     async def _openai(self, request: Request, reqs: list[TokenizeRequest], arrival: float,
                       fmt: ResponseFormat, stream: bool, include_usage: bool,
-                      aliases: dict[str, str] | None = None) -> Response:  # fmt: skip
-        handle = await self.client.submit(reqs, arrival, request.receive, aliases)
+                      aliases: dict[str, str] | None = None,
+                      return_timings: bool = False) -> Response:  # fmt: skip
+        handle = await self.client.submit(reqs, arrival, request.receive, aliases,
+                                          return_timings)
         choices = [Choice(i) for i in range(handle.n)]
         handed_over = False
         try:

@@ -144,8 +144,6 @@ class BlockManager:
                 del self.free_blocks[block]  # O(1): taken back from the free list
             self.ref_counts[block] += 1
 
-    fork = incref
-
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference to each block; the last one puts it on the free list."""
         for block in block_ids:
@@ -166,11 +164,6 @@ class BlockManager:
             self.free_blocks[block] = None
             if self.block_hash[block] is None:
                 self.free_blocks.move_to_end(block, last=False)
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every free block's hash (used blocks keep theirs: their tables chain on)."""
-        for block in self.free_blocks:
-            self._drop_hash(block)
 
     def _drop_hash(self, block: int) -> None:
         h = self.block_hash[block]

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config import EngineConfig
+from common.limits import RequestLimits
 from common.log import get_logger
 from common.model_facts import context_length
 from common.model_source import resolve_model
-from common.sampling_params import InvalidParameterError, SamplingParams
+from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import Sampler, SamplingRow, TokenLogprobs, make_generator
@@ -65,10 +66,6 @@ class EngineCounters:
     )
 
 
-class RequestRejectedError(ValueError):
-    """A request the engine can never serve (too long for the context or the KV pool)."""
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_dir: Path | None = None) -> None:
         self.config = config
@@ -80,8 +77,10 @@ class LLMEngine:
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks,
-                                   self.max_model_len)
+                                   self.eos_token_ids)
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
+        self.limits = RequestLimits(self.runner.vocab_size, self.max_model_len,
+                                    self.runner.num_blocks, config.cache.block_size)
         self.requests: dict[str, Request] = {}  # unfinished requests
         self._aborted: list[Request] = []  # finished by abort() since the last step
         self.counters = EngineCounters()
@@ -95,9 +94,6 @@ class LLMEngine:
     @property
     def num_unfinished(self) -> int:
         return len(self.requests)
-
-    def unfinished_ids(self) -> list[str]:
-        return list(self.requests)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
@@ -116,26 +112,11 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """InvalidParameterError (RequestRejectedError: it can never fit) if the request
+        cannot be served: the tokenizers' checks, again at this process's door."""
         params.validate(self.vocab_size)
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise InvalidParameterError("prompt", "prompt is empty")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidParameterError(
-                "prompt", f"token ids {bad[:4]} are outside the vocabulary (size {self.vocab_size})"
-            )
-        if n + params.max_tokens > self.max_model_len:
-            raise RequestRejectedError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
-                f"context length ({self.max_model_len} tokens)"
-            )
-        bs = self.scheduler.block_size
-        need = -(-(n + params.max_tokens) // bs)
-        if need > self.runner.num_blocks:
-            raise RequestRejectedError(
-                f"request needs {need} KV blocks but the KV pool has {self.runner.num_blocks}"
-            )
+        self.limits.check_token_ids(prompt_token_ids)
+        self.limits.check(prompt_token_ids, params)
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None) -> None:
@@ -172,7 +153,7 @@ class LLMEngine:
             self.last_step = stats
             return outputs
         entries = list(batch.entries.values())
-        sampling = [req.num_computed_tokens + n == req.num_tokens for req, n in entries]
+        sampling = batch.sampling()
         inputs = [
             SeqInput(req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
                      req.num_computed_tokens, req.block_table, sample)
@@ -180,51 +161,25 @@ class LLMEngine:
         ]
         logits = self.runner.execute(inputs)
         t2 = time.perf_counter()
-        rows, sampled_reqs = [], []
-        for (req, _), sample in zip(entries, sampling):
-            if sample:
-                rows.append(SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids,
-                                        req.generator))
-                sampled_reqs.append(req)
+        rows = [SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
+                for (req, _), sample in zip(entries, sampling) if sample]  # fmt: skip
         result = self.sampler(logits, rows) if rows else None
         t3 = time.perf_counter()
-        for req, n in entries:
-            self.scheduler.advance(req, n)
-            self.counters.prompt_tokens += n if req.in_prefill_queue else 0
-        now = time.monotonic()
-        for i, req in enumerate(sampled_reqs):
+        self.counters.prompt_tokens += batch.num_prefill_tokens
+        sampled = self.scheduler.update(batch, result.token_ids if result is not None else [])
+        for i, req in enumerate(sampled):
             assert result is not None  # rows were sampled
-            token = result.token_ids[i]
-            req.append_token(token)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            reason = self._finish_reason(req, token)
-            if reason is not None:
-                self.scheduler.finish(req, reason)
+            if req.status.finished:
                 del self.requests[req.request_id]
-            else:
-                self.scheduler.requeue(req)
-            lp = result.logprobs[i]
+            token, lp = result.token_ids[i], result.logprobs[i]
             outputs.append(self._output(req, [token], [lp] if lp is not None else None))
         self.counters.num_steps += 1
-        self.counters.generation_tokens += len(sampled_reqs)
+        self.counters.generation_tokens += len(sampled)
         stats.forward, stats.sample = t2 - t1, t3 - t2
         for key in ("schedule", "forward", "sample"):
             self.counters.busy_time[key] += getattr(stats, key)
         self.last_step = stats
         return outputs
-
-    def _finish_reason(self, req: Request, token: int) -> RequestStatus | None:
-        p = req.params
-        n_out = req.num_output_tokens
-        is_stop = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
-        if is_stop and n_out >= p.min_tokens:
-            if token in p.stop_token_ids:  # vLLM's stop_reason (an EOS stop has none)
-                req.stop_token_id = token
-            return RequestStatus.FINISHED_STOPPED
-        if n_out >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _output(self, req: Request, tokens: list[int], logprobs=None) -> RequestOutput:
         reason = req.status.value if req.status.finished else None

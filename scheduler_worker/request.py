@@ -74,7 +74,3 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_prefilling(self) -> bool:
-        return self.num_computed_tokens + 1 < self.num_tokens

@@ -10,12 +10,16 @@ they reach the front, never searched for):
 Per-step work is bounded by the batch: a step touches at most `decode_batch` live
 entries of the active queue, the prefilling requests it schedules, the waiting requests
 it admits, and each dead entry once.
+
+A step is `schedule()`, the forward and sampling (the engine), then `update()`: the
+tokens go into the requests, and each one finishes or goes back to its queue.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.config import CacheConfig, SchedulerConfig
@@ -32,13 +36,19 @@ class ScheduledBatch:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def sampling(self) -> list[bool]:
+        """Per entry: its chunk reaches the request's last token, so the request samples
+        one token after the forward (the last prompt chunk, and every decode). Read it
+        before update()."""
+        return [req.num_computed_tokens + n == req.num_tokens for req, n in self.entries.values()]
+
 
 class Scheduler:
     def __init__(self, sched: SchedulerConfig, cache: CacheConfig, num_blocks: int,
-                 max_model_len: int) -> None:
+                 eos_token_ids: Sequence[int] = ()) -> None:  # fmt: skip
         self.config = sched
         self.block_size = cache.block_size
-        self.max_model_len = max_model_len
+        self.eos_token_ids = list(eos_token_ids)
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
         self.prefilling: deque[Request] = deque()
@@ -162,7 +172,47 @@ class Scheduler:
         req.status = status
         req.finished_time = time.monotonic()
 
-    def advance(self, req: Request, n: int) -> None:
+    def update(self, batch: ScheduledBatch, token_ids: Sequence[int]) -> list[Request]:
+        """After the forward: every entry's tokens are in the KV cache, and the requests
+        that sampled (batch.sampling(), in entry order) get one token each from token_ids.
+        Each of those finishes (see _finish_status) and frees its blocks, or goes to the
+        back of the active queue. Returns them, in entry order.
+
+        The context length needs no rule here: admission (common.limits) holds prompt +
+        max_tokens within it, so max_tokens always ends a request first."""
+        entries = list(batch.entries.values())
+        sampled = [req for (req, _), sample in zip(entries, batch.sampling()) if sample]
+        if len(token_ids) != len(sampled):
+            raise ValueError(f"{len(token_ids)} sampled tokens for {len(sampled)} requests")
+        for req, n in entries:
+            self._advance(req, n)
+        now = time.monotonic()
+        for req, token in zip(sampled, token_ids):
+            req.append_token(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            status = self._finish_status(req, token)
+            if status is None:
+                self._requeue(req)
+            else:
+                self.finish(req, status)
+        return sampled
+
+    def _finish_status(self, req: Request, token: int) -> RequestStatus | None:
+        """A stop token (an EOS unless ignore_eos, or one of stop_token_ids) once min_tokens
+        are out; else max_tokens."""
+        p = req.params
+        n_out = req.num_output_tokens
+        is_stop = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
+        if is_stop and n_out >= p.min_tokens:
+            if token in p.stop_token_ids:  # vLLM's stop_reason (an EOS stop has none)
+                req.stop_token_id = token
+            return RequestStatus.FINISHED_STOPPED
+        if n_out >= p.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _advance(self, req: Request, n: int) -> None:
         """After the forward: n more tokens of req are in the KV cache."""
         req.num_computed_tokens += n
         if req.num_computed_tokens // self.block_size > req.num_hashed_blocks:  # a block filled
@@ -170,7 +220,7 @@ class Scheduler:
                 req.block_table, req.token_ids[: req.num_computed_tokens], req.num_hashed_blocks
             )
 
-    def requeue(self, req: Request) -> None:
+    def _requeue(self, req: Request) -> None:
         """A running request with its prompt done goes to the back of the active queue."""
         if req.in_prefill_queue:
             if self.prefilling[0] is req:

@@ -7,6 +7,8 @@
 Loop: block on the inbox only when idle; when busy, drain it without waiting, run one
 step, push one message. An abort may arrive before its request (a tokenizer may still
 hold it): such ids are remembered for a while and the request is dropped on arrival.
+Beside the engine's own state, the worker keeps one RequestRecord per request, from its
+GenerateRequest until its finishing output has gone out.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import signal
 import sys
 import time
 from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass
 
 import zmq
 
@@ -30,15 +32,17 @@ from common.messages import (
     ComponentStatus,
     EngineStatus,
     GenerateRequest,
+    NewRequest,
     RequestError,
-    StepOutputs,
+    StepOutput,
     WireError,
     pack_ids,
+    pack_step_outputs,
     unpack_ids,
 )
-from common.sampling_params import InvalidParameterError, SamplingParams
+from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
-from scheduler_worker.engine import LLMEngine, RequestOutput, RequestRejectedError
+from scheduler_worker.engine import LLMEngine, RequestOutput
 
 log = get_logger("scheduler")
 
@@ -61,6 +65,17 @@ def check_kv_pool(engine: LLMEngine) -> None:
             f"--kv-cache-memory-gb or --num-kv-blocks, or set --max-model-len {pool} or less")
 
 
+@dataclass(slots=True)
+class RequestRecord:
+    """What the worker knows of a request that the engine does not."""
+
+    origin: int  # pid of the frontend that accepted it (a restarted one's are aborted)
+    arrival_time: float  # wall clock: the frontend received it
+    tokenized_time: float  # wall clock: a tokenizer worker passed it on
+    detok_settings: NewRequest  # for StepOutputs.new_requests (rid, stop, flags)
+    announced: bool = False  # detok_settings went out, with the first output
+
+
 class SchedulerWorker:
     def __init__(self, config: Config, engine: LLMEngine | None = None) -> None:
         self.config = config
@@ -72,13 +87,7 @@ class SchedulerWorker:
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=self.ctx)
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
         self.frontend_pid: int | None = None
-        self.origin: dict[str, int] = {}  # rid -> pid of the frontend that accepted it
-        self.num_forged = 0  # GenerateRequests dropped for a bad signature
-        # rid -> (arrival, tokenized, return_timings): wall-clock stamps of the earlier stages
-        self.stamps: dict[str, tuple[float, float, bool]] = {}
-        # rid -> the StepOutputs.new_requests entry (rid, stop strings, skip_special_tokens,
-        # include_stop_str_in_output) sent with its first output; (None, ...) once sent
-        self.detok_info: dict[str, tuple[str | None, list[str], bool, bool]] = {}
+        self.requests: dict[str, RequestRecord] = {}  # until the finishing output is sent
         self.step_no = 0
         self.running = True
         self.drain_deadline = 0.0  # after stop(), running requests keep stepping until then
@@ -88,12 +97,16 @@ class SchedulerWorker:
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
+        """One inbox message into the engine: a request to admit (or refuse with a
+        RequestError), an abort, a frontend's heartbeat (a new pid: the old one's
+        requests are orphans). What comes out of the engine goes in one StepOutputs
+        per step (publish)."""
         if isinstance(msg, (GenerateRequest, AbortRequest)):
             self.last_request = time.monotonic()
         if isinstance(msg, GenerateRequest):
             self._add(msg)
         elif isinstance(msg, AbortRequest):
-            if not self.engine.abort(msg.rid) and msg.rid not in self.detok_info:
+            if not self.engine.abort(msg.rid) and msg.rid not in self.requests:
                 self._remember_abort(msg.rid)
         elif isinstance(msg, ComponentStatus) and msg.component == "frontend":
             self._on_frontend(msg.pid)
@@ -105,35 +118,33 @@ class SchedulerWorker:
         old, self.frontend_pid = self.frontend_pid, pid
         if old is not None and old != pid:
             # only the old frontend's requests: the new one may have sent some already
-            rids = [r for r in self.engine.unfinished_ids() if self.origin.get(r) == old]
-            for rid in rids:
-                self.engine.abort(rid)
-            if rids:
+            rids = [rid for rid, rec in self.requests.items() if rec.origin == old]
+            num = sum(1 for rid in rids if self.engine.abort(rid))  # not those finished already
+            if num:
                 log.warning("frontend restarted (pid %d -> %d): aborted its %d request(s)",
-                            old, pid, len(rids))
+                            old, pid, num)
 
     def _add(self, msg: GenerateRequest) -> None:
         if not verify_rid(self.config.ipc.secret, msg.rid):
-            self.num_forged += 1
             log.warning("dropping a GenerateRequest the frontend did not sign (id %r)",
                         msg.rid[:80])  # fmt: skip
             return
         if self.pre_aborted.pop(msg.rid, None) is not None:
             return  # its client is gone already
-        if msg.rid in self.detok_info:  # only a forged or replayed frame can do this
+        if msg.rid in self.requests:  # only a forged or replayed frame can do this
             log.warning("dropping a second request with the running id %s", msg.rid)
             return
         try:
             params = SamplingParams.from_dict(msg.params)
             self.engine.add_request(msg.rid, unpack_ids(msg.prompt_token_ids), params,
                                     arrival_time=None)
-        except (InvalidParameterError, RequestRejectedError, ValueError) as e:
+        except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
             self._send_error(msg.rid, str(e), getattr(e, "param", None))
             return
-        self.detok_info[msg.rid] = (msg.rid, params.stop, params.skip_special_tokens,
-                                    params.include_stop_str_in_output)
-        self.stamps[msg.rid] = (msg.arrival_time, msg.tokenized_time, msg.return_timings)
-        self.origin[msg.rid] = msg.origin
+        detok = (msg.rid, params.stop, params.skip_special_tokens,
+                 params.include_stop_str_in_output)  # fmt: skip
+        self.requests[msg.rid] = RequestRecord(msg.origin, msg.arrival_time, msg.tokenized_time,
+                                               detok)  # fmt: skip
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -154,41 +165,25 @@ class SchedulerWorker:
         if not outputs:
             return
         t0 = time.perf_counter()
-        new_requests, any_lp = [], False
-        logprobs: list[list[Any] | None] = []
-        timings: list[dict | None] = []
-        stop_tokens = [o.stop_token_id for o in outputs]
+        new_requests, entries = [], []
         to_wall = time.time() - time.monotonic()
         for o in outputs:
-            info = self.detok_info.get(o.request_id)
-            if info is not None and (rid := info[0]) is not None:
-                new_requests.append((rid, info[1], info[2], info[3]))
-                self.detok_info[o.request_id] = (None, [], False, False)  # sent once
+            rec = self.requests.get(o.request_id)
+            if rec is not None and not rec.announced:
+                new_requests.append(rec.detok_settings)
+                rec.announced = True
+            timings = None
             if o.finish_reason is not None:
-                self.detok_info.pop(o.request_id, None)
-                self.origin.pop(o.request_id, None)
-                timings.append(self._timings(o, to_wall))
-            else:
-                timings.append(None)
+                self.requests.pop(o.request_id, None)
+                timings = self._timings(o, rec, to_wall)
+            logprobs = None
             if o.logprobs:
-                any_lp = True
-                logprobs.append([[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
-                                 for lp in o.logprobs])
-            else:
-                logprobs.append(None)
-        msg = StepOutputs(
-            step=self.step_no,
-            rids=[o.request_id for o in outputs],
-            new_token_ids=[pack_ids(o.new_token_ids) for o in outputs],
-            finish_reasons=[o.finish_reason for o in outputs],
-            num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
-            num_output_tokens=[o.num_output_tokens for o in outputs],
-            logprobs=logprobs if any_lp else None,
-            new_requests=new_requests,
-            timings=timings if any(t is not None for t in timings) else None,
-            sent_time=time.time(),
-            stop_token_ids=stop_tokens if any(t is not None for t in stop_tokens) else None,
-        )
+                logprobs = [[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
+                            for lp in o.logprobs]  # fmt: skip
+            entries.append(StepOutput(o.request_id, pack_ids(o.new_token_ids), o.finish_reason,
+                                      o.num_prompt_tokens, o.num_output_tokens, logprobs, timings,
+                                      o.stop_token_id))  # fmt: skip
+        msg = pack_step_outputs(self.step_no, entries, new_requests)
         try:
             self.to_detok.put(msg, timeout_ms=None)
         except QueueFull:
@@ -197,13 +192,14 @@ class SchedulerWorker:
             log.error("step %d could not be encoded, dropped: %s", self.step_no, e)
         self.ipc_time += time.perf_counter() - t0
 
-    def _timings(self, o: RequestOutput, to_wall: float) -> dict | None:
+    @staticmethod
+    def _timings(o: RequestOutput, rec: RequestRecord | None, to_wall: float) -> dict:
         """Wall-clock stage stamps of a finished request (seconds since the epoch; every
         process on one host reads the same clock — across hosts, keep clocks in sync)."""
-        arrival, tokenized, wanted = self.stamps.pop(o.request_id, (None, None, False))
         st = o.stage_times or {}
-        out: dict = {"arrival_time": arrival, "tokenized_time": tokenized,
-                     "return_timings": wanted}  # fmt: skip
+        out: dict = {"arrival_time": None, "tokenized_time": None}
+        if rec is not None:
+            out["arrival_time"], out["tokenized_time"] = rec.arrival_time, rec.tokenized_time
         for key in ("received", "first_scheduled", "first_token", "finished"):
             v = st.get(key)
             out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (

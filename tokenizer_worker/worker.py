@@ -7,7 +7,8 @@
 Chat requests are rendered with the model's chat template first. Everything a request
 can get wrong is found here, before it costs the scheduler anything: parameters, an
 empty prompt, token ids outside the vocabulary, prompt + max_tokens beyond the context
-length. No torch: this process loads only `tokenizers` and the model's config.json.
+length (the last three are common.limits', which also resolves an unset max_tokens).
+No torch: this process loads only `tokenizers` and the model's config.json.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tokenizers import Tokenizer
 
 from common.config import Config
 from common.heartbeat import Heartbeat
+from common.limits import RequestLimits, max_tokens_for
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     ComponentStatus,
@@ -62,8 +64,15 @@ class Tokenization:
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.chat_template = ChatTemplate.from_model_dir(model_dir)
         hf = read_hf_config(model_dir)
-        self.vocab_size = int(hf["vocab_size"])
-        self.max_model_len = context_length(hf, max_model_len)
+        self.limits = RequestLimits(int(hf["vocab_size"]), context_length(hf, max_model_len))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.limits.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_model_len
 
     def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
         """(token ids, name of the parameter that carried the prompt)."""
@@ -74,12 +83,11 @@ class Tokenization:
         if req.prompt_token_ids is not None:
             try:
                 ids = unpack_ids(req.prompt_token_ids)
+                self.limits.check_token_ids(ids)
             except WireError as e:
                 raise Rejected(400, f"prompt: {e}", "prompt") from None
-            bad = [t for t in ids if t >= self.vocab_size]
-            if bad:
-                raise Rejected(400, f"prompt: token ids {bad[:4]} are outside the vocabulary "
-                                    f"(size {self.vocab_size})", "prompt")  # fmt: skip
+            except InvalidParameterError as e:
+                raise Rejected(400, str(e), e.param) from None
             return ids, "prompt"
         if not req.prompt:
             raise Rejected(400, "prompt must not be empty", "prompt")
@@ -108,9 +116,9 @@ class Tokenization:
 
     def __call__(self, req: TokenizeRequest) -> GenerateRequest:
         raw = dict(req.params)
-        unset = raw.get("max_tokens") is None  # resolved below, once the prompt is known
-        if unset:
-            raw["max_tokens"] = req.max_tokens_default or self.max_model_len
+        unset = raw.get("max_tokens") is None  # cut to the prompt's room by limits.check
+        raw["max_tokens"] = max_tokens_for(raw.get("max_tokens"), req.max_tokens_default,
+                                           self.max_model_len)  # fmt: skip
         try:
             params = SamplingParams.from_dict(raw).validate(self.vocab_size)
         except InvalidParameterError as e:
@@ -118,26 +126,12 @@ class Tokenization:
         except (TypeError, ValueError) as e:
             raise Rejected(400, f"invalid sampling parameters: {e}") from None
         ids, where = self.prompt_ids(req)
-        n, limit = len(ids), self.max_model_len
-        if n == 0:
-            raise Rejected(400, "prompt is empty after tokenization", where)
-        if n >= limit:
-            raise Rejected(400, f"prompt is too long: {n} tokens, but this model's maximum "
-                                f"context length is {limit} tokens", where)  # fmt: skip
-        if unset:
-            params.max_tokens = min(params.max_tokens, limit - n)
-            if params.min_tokens > params.max_tokens:
-                raise Rejected(400, f"min_tokens: {params.min_tokens} exceeds the "
-                                    f"{params.max_tokens} tokens this request may generate "
-                                    f"({n} prompt tokens of a {limit}-token context)",
-                               "min_tokens")  # fmt: skip
-        if n + params.max_tokens > limit:
-            raise Rejected(400, f"this model's maximum context length is {limit} tokens, but "
-                                f"{n + params.max_tokens} were requested ({n} in the prompt, "
-                                f"{params.max_tokens} for the completion); reduce the prompt "
-                                f"or max_tokens (at most {limit - n} here)", "max_tokens")  # fmt: skip
+        try:
+            self.limits.check(ids, params, where, max_tokens_unset=unset)
+        except InvalidParameterError as e:
+            raise Rejected(400, str(e), e.param) from None
         return GenerateRequest(req.rid, pack_ids(ids), params.to_dict(), req.arrival_time,
-                               time.time(), req.return_timings, req.origin)  # fmt: skip
+                               time.time(), req.origin)  # fmt: skip
 
 
 class TokenizerWorker:

@@ -35,10 +35,21 @@ from common.messages.base import (
     pack_ids,
     unpack_ids,
 )
-from common.messages.detok_frontend import TextOutputs
+from common.messages.detok_frontend import (
+    TextOutput,
+    TextOutputs,
+    pack_text_outputs,
+    unpack_text_outputs,
+)
 from common.messages.errors import RequestError
 from common.messages.frontend_tokenizer import TokenizeRequest
-from common.messages.scheduler_detok import NewRequest, StepOutputs
+from common.messages.scheduler_detok import (
+    NewRequest,
+    StepOutput,
+    StepOutputs,
+    pack_step_outputs,
+    unpack_step_outputs,
+)
 from common.messages.scheduler_frontend import EngineStatus
 from common.messages.status import ComponentStatus
 from common.messages.tokenizer_frontend import TokenizeAck
@@ -49,6 +60,8 @@ __all__ = [
     "encode", "decode", "pack_ids", "unpack_ids", "register",
     "TokenizeRequest", "GenerateRequest", "AbortRequest", "StepOutputs", "NewRequest",
     "EngineStatus", "TextOutputs", "RequestError", "ComponentStatus", "TokenizeAck",
+    "StepOutput", "pack_step_outputs", "unpack_step_outputs",
+    "TextOutput", "pack_text_outputs", "unpack_text_outputs",
 ]  # fmt: skip
 
 # tag -> class, and the compiled schema of each registered class

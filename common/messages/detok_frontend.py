@@ -1,15 +1,19 @@
 """detok_worker → frontend inbox: ONE message per engine step with every request's text delta.
 
-Parallel lists indexed like `rids`. `texts[i]` is the new text safe to stream now (stop
-strings already cut); a request is done when `finish_reasons[i]` is not None.
+Parallel lists indexed like `rids`: build the message with `pack_text_outputs` from one
+TextOutput per request, read it with `unpack_text_outputs` (which refuses lists of
+unequal lengths). `texts[i]` is the new text safe to stream now (stop strings already
+cut); a request is done when `finish_reasons[i]` is not None.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from common.messages.base import Message
+from common.messages.base import Message, check_parallel, optional_list
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,3 +31,43 @@ class TextOutputs(Message):
     # entry, or None (EOS, length, abort)
     stop_reasons: list[str | int | None]
     sent_time: float
+
+
+@dataclass(slots=True)
+class TextOutput:
+    """One request's part of a TextOutputs (not a message itself)."""
+
+    rid: str
+    text: str
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    token_ids: bytes  # pack_ids
+    logprobs: list | None = None
+    timings: dict[str, Any] | None = None
+    stop_reason: str | int | None = None
+
+
+def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
+    return TextOutputs(
+        rids=[o.rid for o in outputs],
+        texts=[o.text for o in outputs],
+        finish_reasons=[o.finish_reason for o in outputs],
+        num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
+        num_output_tokens=[o.num_output_tokens for o in outputs],
+        token_ids=[o.token_ids for o in outputs],
+        logprobs=optional_list([o.logprobs for o in outputs]),
+        timings=optional_list([o.timings for o in outputs]),
+        stop_reasons=[o.stop_reason for o in outputs],
+        sent_time=time.time(),
+    )
+
+
+def unpack_text_outputs(msg: TextOutputs) -> list[TextOutput]:
+    """One TextOutput per rid; WireError if the per-request lists do not line up."""
+    n = check_parallel(msg, ("texts", "finish_reasons", "num_prompt_tokens", "num_output_tokens",
+                             "token_ids", "stop_reasons"), ("logprobs", "timings"))  # fmt: skip
+    none: list[Any] = [None] * n
+    return [TextOutput(*row) for row in zip(
+        msg.rids, msg.texts, msg.finish_reasons, msg.num_prompt_tokens, msg.num_output_tokens,
+        msg.token_ids, msg.logprobs or none, msg.timings or none, msg.stop_reasons)]  # fmt: skip

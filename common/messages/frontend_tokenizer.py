@@ -18,7 +18,6 @@ class TokenizeRequest(Message):
     messages: list | None  # chat: list of {"role", "content"} dicts
     params: dict[str, Any]  # SamplingParams.to_dict(), not yet validated
     arrival_time: float  # time.time() when the HTTP request arrived
-    return_timings: bool
     origin: int = 0  # pid of the frontend that accepted it (restarts abort only its own)
     # for params["max_tokens"] None (the client set none): the most it may get, or None
     # for no cap but the room the prompt leaves in the context

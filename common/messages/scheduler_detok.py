@@ -1,15 +1,19 @@
 """scheduler_worker → detok_worker: ONE message per engine step covering every request.
 
-The per-request fields are parallel lists indexed like `rids`. A request's detokenizer
-settings travel once, in `new_requests`, in the first StepOutputs that mentions it.
+The per-request fields are parallel lists indexed like `rids`: build the message with
+`pack_step_outputs` from one StepOutput per request, read it with `unpack_step_outputs`
+(which refuses lists of unequal lengths). A request's detokenizer settings travel once,
+in `new_requests`, in the first StepOutputs that mentions it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from common.messages.base import Message
+from common.messages.base import Message, check_parallel, optional_list
 
 # (rid, stop strings, skip_special_tokens, include_stop_str_in_output)
 NewRequest = tuple[str, list[str], bool, bool]
@@ -34,3 +38,46 @@ class StepOutputs(Message):
     # None when no request finished on one of its stop_token_ids in this step; else per
     # request that token (the last of its new_token_ids) or None
     stop_token_ids: list[int | None] | None = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """One request's part of a StepOutputs (not a message itself)."""
+
+    rid: str
+    new_token_ids: bytes  # pack_ids
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    logprobs: list | None = None
+    timings: dict[str, Any] | None = None
+    stop_token_id: int | None = None
+
+
+def pack_step_outputs(step: int, outputs: Sequence[StepOutput],
+                      new_requests: list[NewRequest]) -> StepOutputs:  # fmt: skip
+    return StepOutputs(
+        step=step,
+        rids=[o.rid for o in outputs],
+        new_token_ids=[o.new_token_ids for o in outputs],
+        finish_reasons=[o.finish_reason for o in outputs],
+        num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
+        num_output_tokens=[o.num_output_tokens for o in outputs],
+        logprobs=optional_list([o.logprobs for o in outputs]),
+        new_requests=new_requests,
+        timings=optional_list([o.timings for o in outputs]),
+        sent_time=time.time(),
+        stop_token_ids=optional_list([o.stop_token_id for o in outputs]),
+    )
+
+
+def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
+    """One StepOutput per rid; WireError if the per-request lists do not line up."""
+    n = check_parallel(msg, ("new_token_ids", "finish_reasons", "num_prompt_tokens",
+                             "num_output_tokens"),
+                       ("logprobs", "timings", "stop_token_ids"))  # fmt: skip
+    none: list[Any] = [None] * n
+    return [StepOutput(*row) for row in zip(
+        msg.rids, msg.new_token_ids, msg.finish_reasons, msg.num_prompt_tokens,
+        msg.num_output_tokens, msg.logprobs or none, msg.timings or none,
+        msg.stop_token_ids or none)]  # fmt: skip

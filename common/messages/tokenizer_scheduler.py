@@ -21,7 +21,6 @@ class GenerateRequest(Message):
     params: dict[str, Any]  # validated SamplingParams.to_dict()
     arrival_time: float
     tokenized_time: float
-    return_timings: bool
     origin: int = 0  # TokenizeRequest.origin, passed through
 
 

@@ -22,7 +22,9 @@ from common.messages import (
     GenerateRequest,
     Message,
     RequestError,
+    StepOutput,
     StepOutputs,
+    TextOutput,
     TextOutputs,
     TokenizeAck,
     TokenizeRequest,
@@ -30,7 +32,11 @@ from common.messages import (
     decode,
     encode,
     pack_ids,
+    pack_step_outputs,
+    pack_text_outputs,
     unpack_ids,
+    unpack_step_outputs,
+    unpack_text_outputs,
 )
 from common.sampling_params import SamplingParams
 
@@ -38,8 +44,8 @@ PARAMS = SamplingParams(max_tokens=8, stop=["\n"], seed=3).to_dict()
 IDS = pack_ids([0, 1, 49151, 2**31 - 1])
 
 SAMPLES: list[Message] = [
-    TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS, 1.5, False),
-    TokenizeRequest("r2", "completion", None, IDS, None, {}, 0, True),
+    TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS, 1.5),
+    TokenizeRequest("r2", "completion", None, IDS, None, {}, 0, 4321),
     TokenizeRequest(
         "r3",
         "chat",
@@ -48,10 +54,9 @@ SAMPLES: list[Message] = [
         [{"role": "user", "content": "hi"}, {"role": "system", "content": ""}],
         PARAMS,
         1e9,
-        False,
     ),
-    GenerateRequest("r1", IDS, PARAMS, 1.0, 2.0, True),
-    GenerateRequest("", b"", {}, 0.0, 0.0, False),
+    GenerateRequest("r1", IDS, PARAMS, 1.0, 2.0, 4321),
+    GenerateRequest("", b"", {}, 0.0, 0.0),
     AbortRequest("r1", "client_disconnect"),
     StepOutputs(
         7,
@@ -138,7 +143,7 @@ def test_encode_refuses_schema_violations():
     with pytest.raises(WireError, match="AbortRequest.reason"):
         encode(AbortRequest("r", 5))
     with pytest.raises(WireError):
-        encode(GenerateRequest("r", [1, 2], {}, 0.0, 0.0, False))  # ids not packed
+        encode(GenerateRequest("r", [1, 2], {}, 0.0, 0.0))  # ids not packed
 
 
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
@@ -167,12 +172,12 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
     raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, False, 0),  # str where bytes
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, 1, 0),  # int where bool
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, False, 0),  # list where dict
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, False, 0),
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": {"y": {}}}, 0.0, 0.0, msgpack.ExtType(1, b"z"), 0),
-    msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, False, 0]),
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, 0),  # str where bytes
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, True),  # bool where int
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, 0),  # list where dict
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, 0),
+    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": {"y": {}}}, 0.0, 0.0, msgpack.ExtType(1, b"z")),
+    msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, 0]),
     raw(WIRE_VERSION, TextOutputs.TAG, ["a", 1], [""] * 2, [None] * 2, [0, 0], [0, 0],
         [b"", b""], None, None, [None, None], 0.0),  # list of wrong element type
     raw(WIRE_VERSION, TextOutputs.TAG, "a", [""], [None], [0], [0], [b""], None, None, [None], 0.0),
@@ -198,8 +203,7 @@ def test_wrong_container_types():
         deep = [deep]
     with pytest.raises(WireError, match="deeper"):
         decode(
-            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, False, 0,
-                None)
+            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, 0, None)
         )
 
 
@@ -223,7 +227,7 @@ def test_oversize_frame_and_list():
     with pytest.raises(WireError):
         decode(big)
     with pytest.raises(WireError, match="exceeds"):
-        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, {}, 0.0, 0.0, False))
+        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, {}, 0.0, 0.0))
 
 
 def test_pack_ids_round_trip_and_layout():
@@ -233,6 +237,23 @@ def test_pack_ids_round_trip_and_layout():
     assert data[4:8] == b"\x01\x00\x00\x00"  # little-endian int32
     assert unpack_ids(data) == ids
     assert pack_ids([]) == b"" and unpack_ids(b"") == []
+
+
+def test_batch_helpers_round_trip_and_refuse_lists_that_do_not_line_up():
+    steps = [StepOutput("a", pack_ids([5]), None, 3, 1),
+             StepOutput("b", b"", "stop", 4, 2, [[-0.5, [[5, -0.5]]]], {"x": 1.0}, 9)]
+    msg = pack_step_outputs(7, steps, [("a", ["\n"], True, False)])
+    assert msg.logprobs == [None, [[-0.5, [[5, -0.5]]]]] and msg.stop_token_ids == [None, 9]
+    assert unpack_step_outputs(decode(encode(msg))) == steps
+    quiet = pack_step_outputs(8, steps[:1], [])  # optional lists go only when one is set
+    assert (quiet.logprobs, quiet.timings, quiet.stop_token_ids) == (None, None, None)
+    texts = [TextOutput("a", "Hi", None, 3, 1, pack_ids([5])),
+             TextOutput("b", "", "stop", 4, 2, b"", None, {"x": 1.0}, "\n")]
+    assert unpack_text_outputs(decode(encode(pack_text_outputs(texts)))) == texts
+    with pytest.raises(WireError, match="finish_reasons, logprobs not as long as rids"):
+        unpack_step_outputs(dataclasses.replace(msg, finish_reasons=[None], logprobs=[None]))
+    with pytest.raises(WireError, match="timings"):
+        unpack_text_outputs(dataclasses.replace(pack_text_outputs(texts), timings=[None]))
 
 
 @pytest.mark.parametrize("bad", [[-1], [2**31], ["1"], [1.5]])

@@ -24,21 +24,24 @@ import time
 from dataclasses import dataclass, field
 
 from common.config import Config
+from common.limits import max_tokens_for
 from common.messages import (
     AbortRequest,
     ComponentStatus,
     EngineStatus,
     RequestError,
-    TextOutputs,
+    TextOutput,
     TokenizeAck,
     TokenizeRequest,
     pack_ids,
+    pack_text_outputs,
     unpack_ids,
 )
 from common.zmq_queue import PullQueue, PushQueue
 
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
+MAX_MODEL_LEN = 2048
 STRANDED_PID = 2**31 - 2  # no such process
 
 
@@ -145,7 +148,7 @@ class FakeBackend:
         out.put(ComponentStatus("tokenizer", os.getpid(), kind, t), timeout_ms=1000)
         out.put(ComponentStatus("detok", os.getpid(), kind, t), timeout_ms=1000)
         out.put(EngineStatus(kind, len(self._active), 0, 0.25, 30, 40, 100, 40, "fake-model",
-                             2048, 49152, t), timeout_ms=1000)  # fmt: skip
+                             MAX_MODEL_LEN, 49152, t), timeout_ms=1000)  # fmt: skip
 
     def _admit(self, req: TokenizeRequest, out: PushQueue) -> None:
         with self.lock:
@@ -172,7 +175,7 @@ class FakeBackend:
             self._active[req.rid] = _Active(req, mode, prompt_len)
 
     def _step(self, out: PushQueue, now: float) -> None:
-        entries = []  # (rid, text, finish, num_out, new token ids, logprobs, timings, prompt len)
+        entries = []
         for rid, a in list(self._active.items()):
             if a.mode == "slow" and now < a.next_at:
                 continue
@@ -188,35 +191,27 @@ class FakeBackend:
             else:
                 text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
                 finish = None
-                # unset max_tokens: resolved as the tokenizer does (a 2048-token context)
-                max_tokens = params["max_tokens"] or a.req.max_tokens_default or 2048
+                # unset max_tokens: resolved as the tokenizer does
+                max_tokens = max_tokens_for(params["max_tokens"], a.req.max_tokens_default,
+                                            MAX_MODEL_LEN)  # fmt: skip
                 if a.mode == "words" and a.num_out >= min(max_tokens, len(WORDS)):
                     finish = "length" if max_tokens <= len(WORDS) else "stop"
             lp = None
             if params.get("logprobs") is not None:
                 top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]
                 lp = [[-0.5, top]]
-            timings = None
-            if finish is not None and a.req.return_timings:
+            timings = None  # on the finishing output, as the scheduler's
+            if finish is not None:
                 timings = {"arrival_time": a.req.arrival_time,
                            "first_scheduled_time": a.req.arrival_time + 0.002}  # fmt: skip
-            entries.append((rid, text, finish, a.num_out, pack_ids([10 + a.num_out]), lp, timings,
-                            a.prompt_len))  # fmt: skip
+            entries.append(TextOutput(rid, text, finish, a.prompt_len, a.num_out,
+                                      pack_ids([10 + a.num_out]), lp, timings))  # fmt: skip
             if finish is not None:
                 del self._active[rid]
         if not entries:
             return
-        entries.append(("ghost-rid", "boo", None, 1, pack_ids([1]), None, None, 1))
-        any_lp = any(e[5] is not None for e in entries)
-        any_timings = any(e[6] is not None for e in entries)
-        out.put(TextOutputs(
-            rids=[e[0] for e in entries], texts=[e[1] for e in entries],
-            finish_reasons=[e[2] for e in entries], num_prompt_tokens=[e[7] for e in entries],
-            num_output_tokens=[e[3] for e in entries], token_ids=[e[4] for e in entries],
-            logprobs=[e[5] for e in entries] if any_lp else None,
-            timings=[e[6] for e in entries] if any_timings else None,
-            stop_reasons=[None] * len(entries), sent_time=time.time(),
-        ), timeout_ms=1000)  # fmt: skip
+        entries.append(TextOutput("ghost-rid", "boo", None, 1, 1, pack_ids([1])))
+        out.put(pack_text_outputs(entries), timeout_ms=1000)
         with self.lock:
             self.num_output_msgs += 1
             self.max_rids_per_msg = max(self.max_rids_per_msg, len(entries) - 1)

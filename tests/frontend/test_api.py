@@ -101,6 +101,15 @@ def test_streaming_without_usage_has_no_usage_chunk(served, http):
     assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
 
 
+def test_stage_timings_reach_only_the_client_that_asked(served, http):
+    """The workers stamp every finished request (for /metrics); return_timings stays in the
+    frontend and decides whether the client sees them."""
+    asked = http.post("/v1/completions", json={"prompt": "Hi", "return_timings": True}).json()
+    assert asked["usage"]["timings"] == {"queue_ms": 2.0}  # the fake's stamps, 2 ms apart
+    plain = http.post("/v1/completions", json={"prompt": "Hi"}).json()
+    assert "timings" not in plain["usage"]
+
+
 def test_chat_non_streaming(served, http):
     r = http.post("/v1/chat/completions", json={
         "model": served.config.model_name,

@@ -8,8 +8,9 @@ import random
 import pytest
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from common.limits import RequestRejectedError
 from common.sampling_params import SamplingParams
-from scheduler_worker.engine import LLMEngine, RequestRejectedError
+from scheduler_worker.engine import LLMEngine
 from tests.conftest import hf_greedy
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
@@ -131,7 +132,7 @@ def test_aborts_in_every_state_free_everything(qwen2):
     engine.step()
     states = {rid: engine.requests[rid].status.value for rid in ("running", "prefilling", "waiting")}
     assert states == {"running": "running", "prefilling": "running", "waiting": "waiting"}
-    assert engine.requests["prefilling"].is_prefilling
+    assert engine.requests["prefilling"].in_prefill_queue
     assert engine.abort("running") and engine.abort("prefilling") and engine.abort("waiting")
     assert not engine.abort("running")  # idempotent
     assert not engine.abort("never-seen")

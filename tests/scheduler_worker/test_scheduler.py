@@ -10,47 +10,35 @@ from scheduler_worker.scheduler import Scheduler
 
 def _scheduler(num_blocks=1024, **kw) -> Scheduler:
     sched = SchedulerConfig(**{"max_num_seqs": 16, "max_num_batched_tokens": 64, **kw})
-    return Scheduler(sched, CacheConfig(block_size=4), num_blocks, max_model_len=4096)
+    return Scheduler(sched, CacheConfig(block_size=4), num_blocks, eos_token_ids=[0])
 
 
-def _step(s: Scheduler, max_tokens: dict[str, int]) -> set[str]:
-    """Stand-in for the engine's update: advance, append a token, finish or requeue."""
+def _step(s: Scheduler) -> set[str]:
+    """One engine step without a model: every request that samples gets token 7.
+    Returns the ids of the requests that finished."""
     batch = s.schedule()
-    finished = set()
-    for req, n in list(batch.entries.values()):
-        s.advance(req, n)
-        if req.num_computed_tokens == req.num_tokens:
-            req.append_token(7)
-            if req.num_output_tokens >= max_tokens[req.request_id]:
-                s.finish(req, RequestStatus.FINISHED_LENGTH)
-                finished.add(req.request_id)
-            else:
-                s.requeue(req)
-    return finished
+    sampled = s.update(batch, [7] * sum(batch.sampling()))
+    return {req.request_id for req in sampled if req.status.finished}
 
 
 def test_per_step_work_does_not_grow_with_finished_requests():
     s = _scheduler(max_num_seqs=64, max_num_batched_tokens=256)
-    max_tokens = {}
     done = 0
     for wave in range(100):  # 10,000 requests come and go
         for i in range(100):
-            rid = f"{wave}-{i}"
-            max_tokens[rid] = 1 + i % 3
-            s.add(Request(rid, [1, 2, 3, 4, 5], SamplingParams(max_tokens=max_tokens[rid])))
+            s.add(Request(f"{wave}-{i}", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1 + i % 3)))
         while s.live or s.num_waiting:
-            done += len(_step(s, max_tokens))
+            done += len(_step(s))
     assert done == 10_000
     s.blocks.check_integrity()
     # now a few long-running requests: each step touches only them
     for i in range(5):
-        max_tokens[f"live{i}"] = 1000
         s.add(Request(f"live{i}", [1, 2, 3], SamplingParams(max_tokens=1000)))
-    _step(s, max_tokens)
+    _step(s)
     visits = []
     for _ in range(20):
         before = s.num_visited
-        _step(s, max_tokens)
+        _step(s)
         visits.append(s.num_visited - before)
     assert max(visits) <= 5, visits
 
@@ -69,19 +57,46 @@ def test_admission_respects_budget_seq_limit_and_blocks():
 
 def test_round_robin_over_active_queue():
     s = _scheduler(max_num_seqs=6, max_decode_batch=2, max_num_batched_tokens=64)
-    max_tokens = {}
-    for i in range(6):
-        max_tokens[f"r{i}"] = 100
-        s.add(Request(f"r{i}", [1, 2], SamplingParams(max_tokens=100)))
-    _step(s, max_tokens)  # all six prefill together
+    rids = [f"r{i}" for i in range(6)]
+    for rid in rids:
+        s.add(Request(rid, [1, 2], SamplingParams(max_tokens=100)))
+    _step(s)  # all six prefill together
     seen = []
     for _ in range(6):
         batch = s.schedule()
         seen.append(sorted(batch.entries))
-        for req, n in batch.entries.values():
-            s.advance(req, n)
-            req.append_token(7)
-            s.requeue(req)
+        s.update(batch, [7] * len(batch))
     assert all(len(b) == 2 for b in seen)
-    counts = {rid: sum(rid in b for b in seen) for rid in max_tokens}
+    counts = {rid: sum(rid in b for b in seen) for rid in rids}
     assert set(counts.values()) == {2}, counts  # every stream served equally often
+
+
+def test_update_finishes_on_stop_tokens_then_max_tokens():
+    """EOS (unless ignore_eos) and stop_token_ids stop a request once min_tokens are out;
+    max_tokens ends it otherwise. A finished request frees its blocks at once."""
+    s = _scheduler()
+    params = {
+        "eos": SamplingParams(max_tokens=5),
+        "ignore-eos": SamplingParams(max_tokens=3, ignore_eos=True),
+        "stop-id": SamplingParams(max_tokens=5, stop_token_ids=[9]),
+        "min-tokens": SamplingParams(max_tokens=5, min_tokens=2),
+    }
+    for rid, p in params.items():
+        s.add(Request(rid, [1, 2, 3], p))
+    tokens = {"eos": [0], "ignore-eos": [0, 0, 0], "stop-id": [4, 9], "min-tokens": [0, 0]}
+    finished: dict[str, Request] = {}
+    for step in range(3):
+        batch = s.schedule()
+        sampled = s.update(batch, [tokens[r.request_id][step] for r, _ in batch.entries.values()])
+        assert [r.request_id for r in sampled] == list(batch.entries)
+        finished.update((r.request_id, r) for r in sampled if r.status.finished)
+    assert {rid: (r.status, r.output_token_ids, r.stop_token_id)
+            for rid, r in finished.items()} == {  # fmt: skip
+        "eos": (RequestStatus.FINISHED_STOPPED, [0], None),
+        "ignore-eos": (RequestStatus.FINISHED_LENGTH, [0, 0, 0], None),
+        "stop-id": (RequestStatus.FINISHED_STOPPED, [4, 9], 9),
+        "min-tokens": (RequestStatus.FINISHED_STOPPED, [0, 0], None),
+    }
+    assert all(r.first_token_time is not None and not r.block_table for r in finished.values())
+    assert s.num_running == 0 and s.blocks.num_used_blocks == 0
+    s.blocks.check_integrity()

@@ -42,14 +42,12 @@ def hf_chat_ids(hf_tok, messages: list[dict]) -> list[int]:
 
 
 def chat(messages, params=None, rid="chat-1") -> TokenizeRequest:
-    return TokenizeRequest(rid, "chat", None, None, messages, params or {}, time.time(), False)
+    return TokenizeRequest(rid, "chat", None, None, messages, params or {}, time.time())
 
 
 def completion(prompt=None, ids=None, params=None, rid="cmpl-1") -> TokenizeRequest:
     packed = pack_ids(ids) if isinstance(ids, list) else ids
-    return TokenizeRequest(
-        rid, "completion", prompt, packed, None, params or {}, time.time(), False
-    )
+    return TokenizeRequest(rid, "completion", prompt, packed, None, params or {}, time.time())
 
 
 def rejected(tok: Tokenization, req: TokenizeRequest) -> Rejected:

@@ -40,7 +40,7 @@ def test_tokenizer_worker_survives_garbage(run_dir, default_model_dir):
     now = time.time()
 
     def tr(rid, kind="completion", prompt="Hi", ids=None, messages=None, params=None):
-        return TokenizeRequest(rid, kind, prompt, ids, messages, params or {}, now, False)
+        return TokenizeRequest(rid, kind, prompt, ids, messages, params or {}, now)
 
     bad = [
         tr("bad-kind", kind="bogus"),

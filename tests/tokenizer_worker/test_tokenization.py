@@ -204,7 +204,7 @@ def test_malformed_messages_are_400(tok, messages, param):
 
 @pytest.mark.parametrize("kind", ["", "embedding", "Chat", "completions"])
 def test_unknown_kind_is_400(tok, kind):
-    req = TokenizeRequest("r", kind, "Hi", None, None, {}, time.time(), False)
+    req = TokenizeRequest("r", kind, "Hi", None, None, {}, time.time())
     assert rejected(tok, req).message.startswith("unknown request kind")
 
 
@@ -214,12 +214,12 @@ def test_unknown_kind_is_400(tok, kind):
 def test_generate_request_fields(tok):
     arrival = time.time()
     params = {"max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "stop": ["\n"], "seed": 3}
-    req = TokenizeRequest("rid-42", "completion", "Hello there", None, None, params, arrival, True)
+    req = TokenizeRequest("rid-42", "completion", "Hello there", None, None, params, arrival, 7)
     out = tok(req)
     assert isinstance(out, GenerateRequest)
     assert out.rid == "rid-42"
     assert out.arrival_time == arrival and out.tokenized_time >= arrival
-    assert out.return_timings is True
+    assert out.origin == 7  # the frontend's pid, passed through
     ids = unpack_ids(out.prompt_token_ids)
     assert ids == tok.tokenizer.encode("Hello there").ids
     assert pack_ids(ids) == out.prompt_token_ids
@@ -234,8 +234,8 @@ def test_generate_request_fields(tok):
 def test_generate_request_from_chat(tok, hf_tok):
     messages = CONVERSATIONS["multi-turn"]
     arrival = time.time()
-    out = tok(TokenizeRequest("c-1", "chat", None, None, messages, {}, arrival, False))
-    assert out.rid == "c-1" and out.return_timings is False
+    out = tok(TokenizeRequest("c-1", "chat", None, None, messages, {}, arrival))
+    assert out.rid == "c-1"
     assert out.tokenized_time >= out.arrival_time == arrival
     ids = unpack_ids(out.prompt_token_ids)
     assert ids == hf_chat_ids(hf_tok, messages)
@@ -252,7 +252,7 @@ import detok_worker.worker
 from common.messages import TokenizeRequest, unpack_ids
 tok = tw.Tokenization(sys.argv[1])
 out = tok(TokenizeRequest("r", "chat", None, None, [{"role": "user", "content": "hi"}], {},
-                          time.time(), False))
+                          time.time()))
 assert unpack_ids(out.prompt_token_ids)
 bad = sorted(m for m in ("torch", "transformers") if m in sys.modules)
 assert not bad, f"imported {bad}"
