@@ -39,6 +39,7 @@ from pathlib import Path
 from common.cli import add_config_args, config_from_args
 from common.config import Config, ConfigError
 from common.cpu import check_kernel_choice
+from common.env import runtime_dir
 from common.log import get_logger
 from common.model_source import ModelSourceError, check_quantization_source, resolve_model
 from common.process import die_with_parent
@@ -188,8 +189,7 @@ def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     config = replace(config, server=replace(config.server, listen_when_ready=True))
     own_run_dir = config.ipc.run_dir is None
     if own_run_dir:  # a fresh private dir per launch: two servers never share sockets
-        base = os.environ.get("XDG_RUNTIME_DIR") or None
-        run_dir = tempfile.mkdtemp(prefix="zeroserve-", dir=base)  # mode 0700
+        run_dir = tempfile.mkdtemp(prefix="zeroserve-", dir=runtime_dir())  # mode 0700
         config = replace(config, ipc=replace(config.ipc, run_dir=run_dir))
     return config, own_run_dir
 

@@ -1,6 +1,7 @@
 """One frozen configuration, built and validated once, shared by every process.
 
-Environment variables are read here and nowhere else, all with the ZEROSERVE_ prefix.
+The environment is read in common/env.py (ZEROSERVE_API_KEY and ZEROSERVE_CACHE_DIR fill
+in what a config leaves unset).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-ENV_PREFIX = "ZEROSERVE_"
+from common.env import default_cache_dir, env
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 # weight formats of the linears (CPU; scheduler_worker/quant): auto picks gguf for a GGUF
@@ -20,19 +22,6 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "avx512", "avx2", "scalar", "torch")
-
-
-def env(name: str, default: str | None = None) -> str | None:
-    """Read ZEROSERVE_<name>; the only place the environment is consulted."""
-    return os.environ.get(ENV_PREFIX + name, default)
-
-
-def default_cache_dir() -> Path:
-    explicit = env("CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "zeroserve"
 
 
 class ConfigError(ValueError):

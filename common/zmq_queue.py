@@ -19,7 +19,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from common.config import env
+from common.env import env, runtime_dir
 from common.log import get_logger
 from common.messages import MAX_FRAME_BYTES, Message, WireError, decode, encode
 
@@ -42,7 +42,7 @@ def default_run_dir() -> Path:
     explicit = env("RUN_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    base = runtime_dir() or tempfile.gettempdir()
     return Path(base) / f"zeroserve-{os.getuid()}"
 
 
