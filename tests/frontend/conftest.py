@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from common.config import Config, IPCConfig, ServerConfig
+from common.endpoints import ensure_run_dir
 from frontend.app import create_app
 from tests.frontend.fake_backend import FakeBackend
 
@@ -48,6 +49,7 @@ def serve(ready: bool = True, **server_kwargs) -> Iterator[Served]:
     tmp = Path(tempfile.mkdtemp(prefix="zsf-", dir="/tmp"))  # ipc paths must stay < 108 bytes
     config = Config(server=ServerConfig(**server_kwargs),
                     ipc=IPCConfig(run_dir=str(tmp / "run")), heartbeat_s=0.2)  # fmt: skip
+    ensure_run_dir(tmp / "run")  # as a component's start does (common.cli.parse_config)
     backend = FakeBackend(config, ready=ready).start()
     app = create_app(config)
     sock = socket.socket()
