@@ -11,8 +11,7 @@ import time
 import httpx
 import pytest
 
-from common.messages import ComponentStatus, EngineStatus, TextOutputs, pack_ids
-from frontend.liveness import Liveness
+from common.messages import ComponentStatus, TextOutputs, pack_ids
 from tests.frontend.conftest import serve, wait_healthy
 
 pytestmark = pytest.mark.timeout(30)
@@ -66,23 +65,6 @@ def test_health_notices_a_stopping_component(served, http):
     finally:
         served.backend.pause_heartbeats(False)
     wait_healthy(served.url, 3)
-
-
-def test_liveness_window():
-    live = Liveness(heartbeat_s=0.5)  # window max(3, 1.5) = 3 s
-    assert live.missing(0.0) == ["scheduler", "tokenizer", "detok"]
-    live.on_component(ComponentStatus("scheduler", 1, "ready", 0.0), 0.0)  # no EngineStatus yet
-    live.on_component(ComponentStatus("tokenizer", 7, "ready", 0.0), 0.0)
-    live.on_component(ComponentStatus("detok", 2, "ready", 0.0), 0.0)
-    assert live.missing(1.0) == ["scheduler"]
-    live.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), 1.0)
-    assert live.missing(2.9) == []
-    assert live.missing(3.5) == ["tokenizer", "detok"]
-    live.on_outputs(3.5)  # a TextOutputs proves the detok (and the scheduler) alive
-    assert live.missing(3.6) == ["tokenizer"]
-    live.on_component(ComponentStatus("tokenizer", 8, "heartbeat", 0.0), 3.6)
-    live.on_component(ComponentStatus("tokenizer", 8, "stopping", 0.0), 3.7)
-    assert live.missing(3.8) == ["tokenizer"]
 
 
 @pytest.mark.parametrize("prompt", ["stranded", "unacked"])
