@@ -32,7 +32,15 @@ class Served:
     app: object
 
     def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=10.0, **kwargs)
+        return httpx.Client(base_url=self.url, **{"timeout": 10.0, **kwargs})
+
+
+def wait_until(cond, what: str, timeout_s: float = 5.0) -> None:
+    """Poll cond() until it is true; fail naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
 
 
 def wait_healthy(url: str, timeout_s: float = 5.0) -> None:
