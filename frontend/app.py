@@ -129,7 +129,7 @@ def create_app(config: Config) -> FastAPI:
         return await serving.generate(request)
 
     def model_card() -> dict:
-        engine = client.health.engine
+        engine = client.health.liveness.engine
         return {"id": config.model_name, "object": "model", "created": started,
                 "owned_by": "zeroserve", "root": config.engine.model.model,
                 "max_model_len": engine.max_model_len if engine else None}  # fmt: skip
@@ -159,7 +159,7 @@ def create_app(config: Config) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         now = time.monotonic()
-        missing = client.health.missing(now)
+        missing = client.health.liveness.missing(now)
         components = client.health.liveness.report(now)
         if client.draining:
             return JSONResponse({"status": "draining", "missing": missing,

@@ -124,7 +124,7 @@ class EngineClient:
                 elif isinstance(msg, RequestError):
                     self._on_error(msg)
                 elif isinstance(msg, EngineStatus):
-                    self.health.on_engine_status(msg, now)
+                    self.health.liveness.on_engine_status(msg, now)
                     self.metrics.on_engine_status(msg)
                 elif isinstance(msg, ComponentStatus):
                     self.health.on_component(msg, now)
@@ -136,7 +136,7 @@ class EngineClient:
                 log.exception("dropping %s that failed to dispatch", type(msg).__name__)
 
     def _on_outputs(self, msg: TextOutputs, now: float) -> None:
-        self.health.on_outputs(now)
+        self.health.liveness.on_outputs(now)
         n = len(msg.rids)
         parallel = (msg.texts, msg.finish_reasons, msg.num_prompt_tokens, msg.num_output_tokens,
                     msg.token_ids, msg.stop_reasons)  # fmt: skip
@@ -185,7 +185,7 @@ class EngineClient:
         error names parameters as the client did (`aliases`, see protocol.param_aliases)."""
         if self.draining:
             raise unavailable("server is shutting down", "shutting_down")
-        missing = self.health.missing()
+        missing = self.health.liveness.missing()
         if missing:
             raise unavailable(f"server not ready: waiting for {', '.join(missing)}", "not_ready")
         limit = self.config.server.max_queued_requests

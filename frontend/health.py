@@ -193,9 +193,10 @@ class TokenizerHandoffs:
 
 
 class HealthMonitor:
-    """Liveness and handoffs fed from the inbox, the scheduler's and detok's connections
-    watched, and a watchdog that reports failures to the client: `fail_component(name,
-    why)` for everything in flight, `fail_lost(rids, why)` for what a tokenizer held."""
+    """The active part: the scheduler's and detok's connections watched, restarted pids
+    noticed, and a watchdog, all reporting failures to the client: `fail_component(name,
+    why)` for everything in flight, `fail_lost(rids, why)` for what a tokenizer held. The
+    client feeds `liveness` and `handoffs` from the inbox and reads them directly."""
 
     def __init__(self, heartbeat_s: float, fail_component: Callable[[str, str], None],
                  fail_lost: Callable[[list[str], str], None],
@@ -211,13 +212,6 @@ class HealthMonitor:
         self._detok_probe: PushQueue | None = None  # connected only to watch the detok
         self._watches: dict[str, PeerWatch] = {}  # read by the inbox thread only
         self._watchdog: asyncio.Task | None = None
-
-    @property
-    def engine(self) -> EngineStatus | None:
-        return self.liveness.engine
-
-    def missing(self, now: float | None = None) -> list[str]:
-        return self.liveness.missing(now)
 
     # -- lifecycle (on the event loop) ------------------------------------------------------
     def start(self, scheduler: zmq.Socket, detok_endpoint: str, ctx: zmq.Context) -> None:
@@ -259,9 +253,6 @@ class HealthMonitor:
         return [name for name, watch in self._watches.items() if watch.gone()]
 
     # -- what the inbox heard (on the event loop) -------------------------------------------
-    def on_engine_status(self, msg: EngineStatus, now: float) -> None:
-        self.liveness.on_engine_status(msg, now)
-
     def on_component(self, msg: ComponentStatus, now: float) -> None:
         """A scheduler or detok with a new pid restarted: what the old one held is gone."""
         if msg.component in ("scheduler", "detok"):
@@ -270,9 +261,6 @@ class HealthMonitor:
             if old is not None and old != msg.pid:
                 self._fail_component(msg.component, f"restarted (pid {old} -> {msg.pid})")
         self.liveness.on_component(msg, now)
-
-    def on_outputs(self, now: float) -> None:
-        self.liveness.on_outputs(now)
 
     def on_disconnect(self, names: list[str]) -> None:
         """The scheduler's or detok's connection closed: the process is gone. What it held

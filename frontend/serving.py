@@ -123,7 +123,7 @@ class Serving:
     def check_model(self, model: str | None) -> None:
         if model is None or model in self.aliases:
             return
-        engine = self.client.health.engine
+        engine = self.client.health.liveness.engine
         if engine is not None and model == engine.model:
             return
         raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error",
