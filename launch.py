@@ -39,6 +39,8 @@ from pathlib import Path
 from common.cli import add_config_args, config_from_args
 from common.config import Config, ConfigError
 from common.cpu import check_kernel_choice
+from common.endpoints import ensure_run_dir
+from common.env import runtime_dir
 from common.log import get_logger
 from common.model_source import ModelSourceError, check_quantization_source, resolve_model
 from common.process import die_with_parent
@@ -188,8 +190,7 @@ def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     config = replace(config, server=replace(config.server, listen_when_ready=True))
     own_run_dir = config.ipc.run_dir is None
     if own_run_dir:  # a fresh private dir per launch: two servers never share sockets
-        base = os.environ.get("XDG_RUNTIME_DIR") or None
-        run_dir = tempfile.mkdtemp(prefix="zeroserve-", dir=base)  # mode 0700
+        run_dir = tempfile.mkdtemp(prefix="zeroserve-", dir=runtime_dir())  # mode 0700
         config = replace(config, ipc=replace(config.ipc, run_dir=run_dir))
     return config, own_run_dir
 
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("model %s ready at %s", mc.model, model_dir)
         check_quantization_source(mc.quantization, model_dir)  # before any child starts
         check_kernel_choice(mc.kernels)
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_run_dir(run_dir)  # --run-dir: made (0700) if missing, checked private
         config_path = run_dir / "config.json"
         config.save(config_path)
         launcher = Launcher(config, config_path)
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.stop()
         log.info("stopped")
         return code
-    except (ModelSourceError, ConfigError) as e:
+    except (ModelSourceError, ConfigError, PermissionError) as e:  # (a run dir not ours)
         print(f"launch.py: {e}", file=sys.stderr)
         return 2
     except _Interrupted as e:  # asked to stop before anything was started: nothing to drain

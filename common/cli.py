@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 
 from common.config import Config, ConfigError
+from common.endpoints import ensure_run_dir
 
 # flag -> (section path, field, type)
 _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
@@ -72,11 +73,17 @@ def _set(obj, path: tuple[str, ...], name: str, value):
 
 
 def parse_config(description: str, argv: list[str] | None = None) -> Config:
+    """A component's config from its command line; its ipc run dir exists on return."""
     package = sys.modules["__main__"].__spec__
     prog = f"python -m {package.parent}" if package is not None and package.parent else None
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_config_args(parser)
     try:
-        return config_from_args(parser.parse_args(argv))
+        config = config_from_args(parser.parse_args(argv))
     except ConfigError as e:  # a bad file or flag value: a line naming it, exit 2 (no restart
         parser.exit(2, f"{parser.prog}: {e}\n")  # loop will fix it; supervisors see a 2)
+    # every component starts here: the run dir its ipc sockets live in is made now, by
+    # whichever starts first, so that naming an endpoint later has no side effect
+    if config.ipc.resolved_run_dir is not None:
+        ensure_run_dir(config.ipc.resolved_run_dir)
+    return config

@@ -1,6 +1,8 @@
 """One frozen configuration, built and validated once, shared by every process.
 
-Environment variables are read here and nowhere else, all with the ZEROSERVE_ prefix.
+The environment is read in common/env.py (ZEROSERVE_API_KEY, ZEROSERVE_CACHE_DIR and
+ZEROSERVE_RUN_DIR fill in what a config leaves unset); socket paths come from
+common/endpoints.py, which needs no zmq.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-ENV_PREFIX = "ZEROSERVE_"
+from common.endpoints import default_run_dir, endpoint
+from common.env import default_cache_dir, env
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 # weight formats of the linears (CPU; scheduler_worker/quant): auto picks gguf for a GGUF
@@ -20,19 +24,6 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "avx512", "avx2", "scalar", "torch")
-
-
-def env(name: str, default: str | None = None) -> str | None:
-    """Read ZEROSERVE_<name>; the only place the environment is consulted."""
-    return os.environ.get(ENV_PREFIX + name, default)
-
-
-def default_cache_dir() -> Path:
-    explicit = env("CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "zeroserve"
 
 
 class ConfigError(ValueError):
@@ -190,6 +181,9 @@ class ServerConfig:
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 
 
+ENDPOINT_NAMES = ("tokenizer", "scheduler", "detok", "frontend")
+
+
 @dataclass(frozen=True)
 class IPCConfig:
     """Where the components meet. Default: ipc:// sockets in a private (0700) run dir.
@@ -205,9 +199,16 @@ class IPCConfig:
     secret: str | None = None
 
     def endpoint(self, name: str) -> str:
-        from common.zmq_queue import endpoint  # lazy: zmq is not needed to build a config
-
+        """The address of one of the four endpoints; no side effect (see resolved_run_dir)."""
         return endpoint(name, self.run_dir, getattr(self, name))
+
+    @property
+    def resolved_run_dir(self) -> Path | None:
+        """The dir the ipc sockets live in, which a process creates when it starts
+        (common.endpoints.ensure_run_dir); None when every endpoint is tcp."""
+        if all(getattr(self, name) for name in ENDPOINT_NAMES):
+            return None
+        return Path(self.run_dir) if self.run_dir is not None else default_run_dir()
 
 
 @dataclass(frozen=True)

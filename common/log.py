@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from common.env import log_level
 
 _CONFIGURED = False
 
@@ -20,7 +21,7 @@ def install_stack_dump() -> None:
 def get_logger(name: str) -> logging.Logger:
     global _CONFIGURED
     if not _CONFIGURED:
-        level = os.environ.get("ZEROSERVE_LOG_LEVEL", "INFO").upper()
+        level = log_level()
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(
             logging.Formatter(

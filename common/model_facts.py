@@ -12,11 +12,22 @@ from typing import Any
 
 
 def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
+    """The config.json of an HF model directory: FileNotFoundError when there is none,
+    ValueError when it cannot be read or is not a JSON object. The one reader of it."""
     path = Path(model_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"model config not found: {path}") from None
+    except OSError as e:
         raise ValueError(f"cannot read model config {path}: {e}") from e
+    try:
+        hf = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"model config {path} is not valid JSON: {e}") from e
+    if not isinstance(hf, dict):
+        raise ValueError(f"model config {path} is not a JSON object")
+    return hf
 
 
 def max_position_embeddings(hf: dict[str, Any]) -> int:

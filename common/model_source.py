@@ -20,7 +20,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -28,8 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.config import ConfigError, default_cache_dir
+from common.config import ConfigError
+from common.env import default_cache_dir
 from common.log import get_logger
+from common.model_facts import read_hf_config
 from common.process import die_with_parent
 
 log = get_logger("model_source")
@@ -99,14 +100,12 @@ def check_quantization_source(quantization: str, model_dir: Path) -> None:
 
 
 def check_hf_dir(path: Path) -> Path:
-    config = path / "config.json"
-    if not config.is_file():
-        raise ModelSourceError(f"model directory {path} has no config.json; expected {_ACCEPTED}")
     try:
-        if not isinstance(json.loads(config.read_text()), dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, OSError) as e:
-        raise ModelSourceError(f"{config} is not a valid config.json: {e}") from e
+        read_hf_config(path)
+    except FileNotFoundError:
+        raise ModelSourceError(f"model directory {path} has no config.json; expected {_ACCEPTED}") from None
+    except ValueError as e:
+        raise ModelSourceError(f"not a valid config.json: {e}") from e
     if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
         raise ModelSourceError(f"model directory {path} has no *.safetensors weights "
                                "(nor model.safetensors.index.json)")

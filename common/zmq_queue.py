@@ -2,16 +2,12 @@
 
 Receive pattern: block once (`get` / `get_batch`), then `drain` with a zero timeout. A
 malformed frame is logged and dropped; receiving never raises on bad input, so a peer
-cannot kill a worker. Endpoints are `ipc://<run_dir>/<name>.sock` in a private run dir
-(0700, ours) by default, or `tcp://host:port` given as is when components span hosts.
+cannot kill a worker. Endpoint addresses and the private run dir of ipc sockets:
+common/endpoints.py (binding an ipc socket checks that dir again).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import stat
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +15,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from common.config import env
+from common.endpoints import check_endpoint, check_private_dir
 from common.log import get_logger
 from common.messages import MAX_FRAME_BYTES, Message, WireError, decode, encode
 
@@ -27,76 +23,10 @@ log = get_logger("zmq")
 
 DEFAULT_HWM = 10_000  # messages queued per socket before put() reports QueueFull
 DEFAULT_LINGER_MS = 500  # pending sends flushed at close for at most this long
-MAX_IPC_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class QueueFull(RuntimeError):
     """put() could not queue the message (HWM reached, or no peer on a bound PUSH)."""
-
-
-# -- endpoints ----------------------------------------------------------------------------
-
-
-def default_run_dir() -> Path:
-    explicit = env("RUN_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return Path(base) / f"zeroserve-{os.getuid()}"
-
-
-def check_private_dir(path: str | Path) -> Path:
-    """Refuse a directory that is a symlink, not ours, or group/world accessible."""
-    path = Path(path)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"run dir {path} is not a directory (or is a symlink)")
-    if st.st_uid != os.getuid():
-        raise PermissionError(f"run dir {path} is owned by uid {st.st_uid}, not {os.getuid()}")
-    if st.st_mode & 0o077:
-        raise PermissionError(f"run dir {path} has mode {st.st_mode & 0o777:o}; it must be 0700")
-    return path
-
-
-def ensure_run_dir(path: str | Path | None = None) -> Path:
-    """Create the private run dir (mode 0700) if missing; verify it either way."""
-    path = Path(path) if path is not None else default_run_dir()
-    if not path.exists():
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask
-    return check_private_dir(path)
-
-
-def ipc_endpoint(run_dir: str | Path, name: str) -> str:
-    if not _NAME.match(name):
-        raise ValueError(f"bad socket name {name!r}")
-    path = ensure_run_dir(run_dir).resolve() / f"{name}.sock"
-    if len(os.fsencode(path)) > MAX_IPC_PATH:
-        raise ValueError(
-            f"ipc path {path} is longer than {MAX_IPC_PATH} bytes; use a shorter run dir"
-        )
-    return f"ipc://{path}"
-
-
-def endpoint(name: str, run_dir: str | Path | None = None, address: str | None = None) -> str:
-    """`address` (tcp://host:port) as given, else ipc://<run_dir>/<name>.sock."""
-    if address:
-        return check_endpoint(address)
-    return ipc_endpoint(run_dir if run_dir is not None else default_run_dir(), name)
-
-
-def check_endpoint(ep: str) -> str:
-    if ep.startswith("ipc://") and len(ep) > len("ipc://"):
-        return ep
-    if re.match(r"^tcp://[^:/\s]+:\d{1,5}$", ep) or re.match(
-        r"^tcp://\[[0-9a-fA-F:]+\]:\d{1,5}$", ep
-    ):
-        return ep
-    raise ValueError(f"endpoint must be ipc://<path> or tcp://host:port, got {ep!r}")
-
-
-# -- queues -------------------------------------------------------------------------------
 
 
 class _Queue:

@@ -31,7 +31,7 @@ from common.config import Config
 from common.log import get_logger
 from frontend.engine_client import EngineClient
 from frontend.errors import APIError, error_body, status_code_name, status_type
-from frontend.liveness import StartupStopped
+from frontend.health import StartupStopped
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.serving import Serving
@@ -84,8 +84,8 @@ def create_app(config: Config) -> FastAPI:
         try:
             if config.server.listen_when_ready:
                 try:
-                    await client.liveness.wait_ready(config.server.startup_timeout_s,
-                                                     stopped=lambda: client.draining)  # fmt: skip
+                    await client.health.wait_ready(config.server.startup_timeout_s,
+                                                   stopped=lambda: client.draining)  # fmt: skip
                 except StartupStopped:  # a stop signal came first: uvicorn exits after startup
                     log.info("stopped before every component was up")
             yield
@@ -131,7 +131,7 @@ def create_app(config: Config) -> FastAPI:
         return await serving.generate(request)
 
     def model_card() -> dict:
-        engine = client.liveness.engine
+        engine = client.health.liveness.engine
         return {"id": config.model_name, "object": "model", "created": started,
                 "owned_by": "zeroserve", "root": config.engine.model.model,
                 "max_model_len": engine.max_model_len if engine else None}  # fmt: skip
@@ -161,8 +161,8 @@ def create_app(config: Config) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         now = time.monotonic()
-        missing = client.liveness.missing(now)
-        components = client.liveness.report(now)
+        missing = client.health.liveness.missing(now)
+        components = client.health.liveness.report(now)
         if client.draining:
             return JSONResponse({"status": "draining", "missing": missing,
                                  "components": components}, status_code=503)  # fmt: skip

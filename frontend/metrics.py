@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from common.messages import EngineStatus
+from frontend.request_handle import RequestHandle
 
 P = "zeroserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -74,6 +75,15 @@ def stage_durations(t: dict[str, Any]) -> dict[str, float]:
            "detok_s": t.get("detok_time_s") if isinstance(t.get("detok_time_s"), float) else None,
            "e2e_s": span("arrival_time", "detok_sent_time")}  # fmt: skip
     return {k: v for k, v in out.items() if v is not None}
+
+
+def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
+    """The stage durations in ms for the client (usage.timings; the caller asks only for
+    a request that set return_timings)."""
+    if timings is None:
+        return None
+    return {k.removesuffix("_s") + "_ms": round(v * 1e3, 3)
+            for k, v in stage_durations(timings).items()}  # fmt: skip
 
 
 class Metrics:
@@ -148,6 +158,25 @@ class Metrics:
             d = total - self._last_busy.get(part, 0.0)
             self.busy.labels(part=part).inc(d if d >= 0 else total)  # restarted scheduler
             self._last_busy[part] = total
+
+    def on_output(self, handle: RequestHandle, index: int, num_prompt_tokens: int,
+                  num_output_tokens: int, finish: str | None, timings: dict[str, Any] | None,
+                  now: float) -> None:  # fmt: skip
+        """An output of sub-request `index` of `handle` reached the frontend at `now`. The
+        handle keeps each sub-request's progress (first / last token time, token counts)
+        for these latencies, and for the tokens an abort counts (on_aborted)."""
+        num_new = num_output_tokens - handle.num_output_tokens[index]
+        if num_new > 0:
+            self.on_tokens(now, handle.arrival, handle.first_token_at[index],
+                           handle.last_token_at[index], num_new)  # fmt: skip
+            if handle.first_token_at[index] is None:
+                handle.first_token_at[index] = now
+            handle.last_token_at[index] = now
+            handle.num_output_tokens[index] = num_output_tokens
+        handle.num_prompt_tokens[index] = num_prompt_tokens
+        if finish is not None:
+            self.on_finished(finish, now - handle.arrival, num_prompt_tokens, num_output_tokens,
+                             timings)  # fmt: skip
 
     def on_tokens(self, now: float, arrival: float, first_at: float | None, last_at: float,
                   num_new: int) -> None:  # fmt: skip

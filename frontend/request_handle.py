@@ -2,7 +2,7 @@
 
 ```
  inbox thread ─call_soon_threadsafe─▶ dispatcher ──Delta / APIError──▶ handle.queue ──next()──▶ route / SSE
- disconnect watcher, timeout timer ──────────────── ClientDisconnected / APIError ──▲
+ disconnect watcher, timeout timer (watch()) ─────── ClientDisconnected / APIError ──▲
 ```
 
 OpenAI's `n` fans one HTTP request out into n sub-requests (rids `<id>-<i>`); they share
@@ -16,8 +16,13 @@ Everything here runs on the event loop thread.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from frontend.errors import APIError
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]  # ASGI receive
 
 
 @dataclass(slots=True)
@@ -41,7 +46,7 @@ class ClientDisconnected(Exception):
 
 class RequestHandle:
     def __init__(self, rids: list[str], arrival: float, timeout_s: float,
-                 return_timings: bool = False) -> None:  # fmt: skip
+                 aliases: dict[str, str] | None = None, return_timings: bool = False) -> None:  # fmt: skip
         self.rids = rids
         self.arrival = arrival  # time.monotonic() when the HTTP request arrived
         self.timeout_s = timeout_s
@@ -57,7 +62,7 @@ class RequestHandle:
         self.watcher: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.released = False
-        self.aliases: dict[str, str] = {}  # for worker errors: see EngineClient.submit
+        self.aliases = aliases or {}  # for worker errors: see EngineClient.submit
 
     @property
     def n(self) -> int:
@@ -81,6 +86,29 @@ class RequestHandle:
         if item.finish_reason is not None:
             self.num_finished += 1
         return item
+
+    def watch(self, interrupt: Callable[[RequestHandle, str, Exception], None],
+              receive: Receive | None) -> None:  # fmt: skip
+        """Start the timeout timer and, given the ASGI `receive`, the disconnect watcher;
+        either calls interrupt(self, reason, exc), which aborts what still runs and wakes
+        the consumer with exc. cancel_watchers() stops both."""
+        timeout = APIError(504, f"request timed out after {self.timeout_s:g} s", "server_error",
+                           None, "timeout")  # fmt: skip
+        self.timer = asyncio.get_running_loop().call_later(self.timeout_s, interrupt, self,
+                                                           "timeout", timeout)  # fmt: skip
+        if receive is not None:
+            self.watcher = asyncio.ensure_future(self._watch_disconnect(interrupt, receive))
+
+    async def _watch_disconnect(self, interrupt: Callable[[RequestHandle, str, Exception], None],
+                                receive: Receive) -> None:  # fmt: skip
+        """Wait for the ASGI http.disconnect (the body was read already), then interrupt."""
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # receive() failing means the connection is unusable anyway
+            pass
+        self.watcher = None  # finished: nothing to cancel
+        interrupt(self, "client_disconnect", ClientDisconnected())
 
     def cancel_watchers(self) -> None:
         if self.watcher is not None:

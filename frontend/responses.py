@@ -1,7 +1,9 @@
-"""OpenAI response shapes: streamed chunks and whole responses for completions and chat.
+"""Response shapes: OpenAI's for completions and chat (SSE chunks or one JSON), and
+/generate's (plain text chunks or one JSON).
 
 A `Choice` accumulates one sub-request's outputs; a format turns Deltas and Choices into
-JSON objects. Logprobs name tokens by the strings the detok worker decoded for them (a
+a whole response, or into the parts of a stream (`stream_start`, `stream_delta` per
+output, then `stream_end`, or `stream_error` when a request fails after its first output). Logprobs name tokens by the strings the detok worker decoded for them (a
 token that is only part of a UTF-8 character decodes to U+FFFD and gets `bytes: null`);
 where a string is missing, by "token_id:<id>", vLLM's `return_tokens_as_token_ids`
 convention. Completions' `text_offset` is the offset of the step's text.
@@ -14,6 +16,7 @@ from typing import Any
 
 from common.log import get_logger
 from common.messages import WireError, unpack_ids
+from frontend.errors import APIError
 from frontend.request_handle import Delta
 
 log = get_logger("frontend.responses")
@@ -28,6 +31,9 @@ def dumps(obj: Any) -> str:
 
 def sse(obj: Any) -> str:
     return f"data: {dumps(obj)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
 
 
 def token_name(token_id: int) -> str:
@@ -112,6 +118,9 @@ def usage(choices: list[Choice]) -> dict[str, Any]:
 
 
 class ResponseFormat:
+    """OpenAI's shapes; a stream is server-sent events ending with [DONE]."""
+
+    media_type = "text/event-stream"
     chunk_object = ""
     response_object = ""
 
@@ -126,6 +135,20 @@ class ResponseFormat:
         if self.include_usage and obj == self.chunk_object:
             out["usage"] = None  # as OpenAI: every chunk has it, null until the last one
         return out
+
+    def stream_start(self, n: int) -> list[str]:
+        return [sse(c) for c in self.start_chunks(n)]
+
+    def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:
+        if d.text or d.finish_reason is not None or lps:
+            return sse(self.chunk(d, offset, lps))
+        return ""
+
+    def stream_error(self, e: APIError) -> str:
+        return sse(e.body()) + SSE_DONE
+
+    def stream_end(self, choices: list[Choice]) -> str:
+        return (sse(self.usage_chunk(choices)) if self.include_usage else "") + SSE_DONE
 
     def start_chunks(self, n: int) -> list[dict[str, Any]]:
         return []
@@ -206,3 +229,26 @@ class ChatFormat(ResponseFormat):
         return {"index": c.index, "message": {"role": "assistant", "content": c.text},
                 "logprobs": self._logprobs(c.logprobs, c.offsets),
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip
+
+
+class GenerateFormat:
+    """/generate (the seed server's): {"text", "finish_reason", "usage"}, or the text
+    alone as plain chunks."""
+
+    media_type = "text/plain; charset=utf-8"
+
+    def response(self, choices: list[Choice]) -> dict[str, Any]:
+        c = choices[0]  # /generate has n = 1
+        return {"text": c.text, "finish_reason": c.finish_reason, "usage": usage([c])}
+
+    def stream_start(self, n: int) -> list[str]:
+        return []
+
+    def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:
+        return d.text
+
+    def stream_error(self, e: APIError) -> str:
+        return ""  # plain text cannot carry it: the stream just ends (the server logs it)
+
+    def stream_end(self, choices: list[Choice]) -> str:
+        return ""

@@ -5,6 +5,9 @@
    ─submit─▶ TokenizeRequest × n ─▶ await the first output ─┬─ stream: SSE / plain text
                                                            └─ else: one JSON
 ```
+The three endpoints differ only in how they read the body and in their response format
+(frontend.responses: OpenAI's, or /generate's plain text); `_serve` and `_stream` are
+the one flow they share.
 
 Streaming responses wait for the first output (or error) before sending headers, so an
 error the workers report up front (prompt too long, bad parameter) is a real HTTP error
@@ -22,6 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from functools import partial
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -49,12 +53,13 @@ from frontend.protocol import (
     sampling_params,
 )
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
-from frontend.responses import ChatFormat, Choice, CompletionFormat, ResponseFormat, sse, usage
+from frontend.responses import ChatFormat, Choice, CompletionFormat, GenerateFormat, ResponseFormat
 
 log = get_logger("frontend.serving")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CLIENT_CLOSED = 499  # never seen by the client: it is gone
+Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest, GenerateRequest)
 
 
 class ReleasingStreamingResponse(StreamingResponse):
@@ -115,13 +120,10 @@ class Serving:
 
     pid = os.getpid()  # TokenizeRequest.origin
 
-    def sign(self, base: str) -> str:
-        return sign_rid(self.config.ipc.secret, base)
-
     def check_model(self, model: str | None) -> None:
         if model is None or model in self.aliases:
             return
-        engine = self.client.liveness.engine
+        engine = self.client.health.liveness.engine
         if engine is not None and model == engine.model:
             return
         raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error",
@@ -130,30 +132,43 @@ class Serving:
     def _default_max_tokens(self, endpoint_default: int | None) -> int | None:
         return default_max_tokens(endpoint_default, self.config.server.max_tokens_limit)
 
-    async def _read(self, request: Request) -> bytes:
-        return await read_body(request, self.config.server.max_body_bytes)
+    async def _parse(self, request: Request, model: type[Body]) -> tuple[Body, float, float]:
+        """The body as `model`, for a known model name, and when the request arrived:
+        (body, monotonic, wall-clock), both taken before the body is read."""
+        arrival, wall = time.monotonic(), time.time()
+        req = parse(model, await read_body(request, self.config.server.max_body_bytes))
+        self.check_model(req.model)
+        return req, arrival, wall
+
+    def _tokenize_requests(self, rid: str, params: list[dict[str, Any]], req: Body, wall: float,
+                           max_tokens_default: int | None, *, kind: str,
+                           prompt: str | None = None, prompt_token_ids: bytes | None = None,
+                           messages: list | None = None) -> list[TokenizeRequest]:  # fmt: skip
+        """One TokenizeRequest per choice, the only place they are built; sub-request ids
+        `<rid>-<i>`, signed for the scheduler (common.auth)."""
+        return [TokenizeRequest(
+            rid=sign_rid(self.config.ipc.secret, f"{rid}-{i}"), kind=kind, prompt=prompt,
+            prompt_token_ids=prompt_token_ids, messages=messages, params=p, arrival_time=wall,
+            origin=self.pid,
+            max_tokens_default=max_tokens_default,
+        ) for i, p in enumerate(params)]  # fmt: skip
 
     # -- endpoints --------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
-        arrival, wall = time.monotonic(), time.time()
-        req = parse(CompletionRequest, await self._read(request))
-        self.check_model(req.model)
+        req, arrival, wall = await self._parse(request, CompletionRequest)
         prompt, prompt_ids = completion_prompt(req)
         default = self._default_max_tokens(DEFAULT_MAX_TOKENS_COMPLETION)
         params = sampling_params(req, req.max_tokens, default, req.logprobs, self.config.server)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "completion", prompt, prompt_ids, None, p, wall,
-                                self.pid, default)
-                for i, p in enumerate(params)]  # fmt: skip
+        reqs = self._tokenize_requests(rid, params, req, wall, default, kind="completion",
+                                       prompt=prompt, prompt_token_ids=prompt_ids)  # fmt: skip
         fmt = CompletionFormat(rid, self.model_name, int(wall), req.logprobs is not None,
                                req.include_usage)  # fmt: skip
-        return await self._openai(request, reqs, arrival, fmt, bool(req.stream), req.include_usage,
-                                  return_timings=bool(req.return_timings))
+        return await self._serve(request, reqs, arrival, fmt, bool(req.stream),
+                                 return_timings=bool(req.return_timings))
 
     async def chat(self, request: Request) -> Response:
-        arrival, wall = time.monotonic(), time.time()
-        req = parse(ChatCompletionRequest, await self._read(request))
-        self.check_model(req.model)
+        req, arrival, wall = await self._parse(request, ChatCompletionRequest)
         messages = chat_messages(req)
         logprobs = chat_logprobs(req)
         aliases = param_aliases(req)
@@ -161,17 +176,14 @@ class Serving:
         params = sampling_params(req, chat_max_tokens(req), default, logprobs, self.config.server,
                                  aliases)  # fmt: skip
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        reqs = [TokenizeRequest(self.sign(f"{rid}-{i}"), "chat", None, None, messages, p, wall,
-                                self.pid, default)
-                for i, p in enumerate(params)]  # fmt: skip
+        reqs = self._tokenize_requests(rid, params, req, wall, default, kind="chat",
+                                       messages=messages)  # fmt: skip
         fmt = ChatFormat(rid, self.model_name, int(wall), logprobs is not None, req.include_usage)
-        return await self._openai(request, reqs, arrival, fmt, bool(req.stream), req.include_usage,
-                                  aliases, bool(req.return_timings))
+        return await self._serve(request, reqs, arrival, fmt, bool(req.stream), aliases,
+                                 bool(req.return_timings))
 
     async def generate(self, request: Request) -> Response:
-        arrival, wall = time.monotonic(), time.time()
-        req = parse(GenerateRequest, await self._read(request))
-        self.check_model(req.model)
+        req, arrival, wall = await self._parse(request, GenerateRequest)
         aliases = param_aliases(max_tokens="max_new_tokens")
         if req.n not in (None, 1):
             raise APIError(400, "n: /generate returns one text; use /v1/completions for n > 1",
@@ -179,41 +191,19 @@ class Serving:
         default = self._default_max_tokens(DEFAULT_MAX_NEW_TOKENS_GENERATE)
         params = sampling_params(req, req.max_new_tokens, default, None, self.config.server,
                                  aliases)  # fmt: skip
-        rid = f"gen-{uuid.uuid4().hex}"
-        reqs = [TokenizeRequest(self.sign(f"{rid}-0"), "completion", req.prompt, None, None, params[0], wall,
-                                self.pid, default)]  # fmt: skip
-        handle = await self.client.submit(reqs, arrival, request.receive, aliases,
-                                          bool(req.return_timings))
-        choice = Choice(0)
-        handed_over = False
-        try:
-            if req.stream is False:
-                while not handle.done:
-                    choice.add(await handle.next(), keep=True)
-                return JSONResponse({"text": choice.text, "finish_reason": choice.finish_reason,
-                                     "usage": usage([choice])})  # fmt: skip
-            first = await handle.next()
-            response = ReleasingStreamingResponse(
-                self._text_stream(handle, first), self._release_cut(handle),
-                media_type="text/plain; charset=utf-8", headers=SSE_HEADERS)  # fmt: skip
-            handed_over = True
-            return response
-        except ClientDisconnected:
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            if not handed_over:
-                self.client.release(handle, "error")
+        reqs = self._tokenize_requests(f"gen-{uuid.uuid4().hex}", params, req, wall, default,
+                                       kind="completion", prompt=req.prompt)  # fmt: skip
+        return await self._serve(request, reqs, arrival, GenerateFormat(),
+                                 req.stream is not False, aliases, bool(req.return_timings))  # fmt: skip
 
-    # -- shared flows -----------------------------------------------------------------------
-    def _release_cut(self, handle: RequestHandle) -> Callable[[], None]:
-        return partial(self.client.release, handle, "client_disconnect")
-
-    async def _openai(self, request: Request, reqs: list[TokenizeRequest], arrival: float,
-                      fmt: ResponseFormat, stream: bool, include_usage: bool,
-                      aliases: dict[str, str] | None = None,
-                      return_timings: bool = False) -> Response:  # fmt: skip
-        handle = await self.client.submit(reqs, arrival, request.receive, aliases,
-                                          return_timings)
+    # -- the shared flow --------------------------------------------------------------------
+    async def _serve(self, request: Request, reqs: list[TokenizeRequest], arrival: float,
+                     fmt: ResponseFormat | GenerateFormat, stream: bool,
+                     aliases: dict[str, str] | None = None,
+                     return_timings: bool = False) -> Response:  # fmt: skip
+        """Submit, then one JSON response once every choice finished, or a stream that
+        starts (headers sent) with the first output."""
+        handle = await self.client.submit(reqs, arrival, request.receive, aliases, return_timings)
         choices = [Choice(i) for i in range(handle.n)]
         handed_over = False
         try:
@@ -224,8 +214,9 @@ class Serving:
                 return JSONResponse(fmt.response(choices))
             first = await handle.next()
             response = ReleasingStreamingResponse(
-                self._sse_stream(handle, fmt, choices, first, include_usage),
-                self._release_cut(handle), media_type="text/event-stream", headers=SSE_HEADERS,
+                self._stream(handle, fmt, choices, first),
+                partial(self.client.release, handle, "client_disconnect"),
+                media_type=fmt.media_type, headers=SSE_HEADERS,
             )  # fmt: skip
             handed_over = True
             return response
@@ -235,16 +226,16 @@ class Serving:
             if not handed_over:  # done, failed or cancelled: abort what still runs
                 self.client.release(handle, "error")
 
-    async def _sse_stream(self, handle: RequestHandle, fmt: ResponseFormat, choices: list[Choice],
-                          first: Delta, include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
-        """SSE events; outputs already queued are written together in one chunk."""
-        parts = [sse(c) for c in fmt.start_chunks(handle.n)]
+    async def _stream(self, handle: RequestHandle, fmt: ResponseFormat | GenerateFormat,
+                      choices: list[Choice], first: Delta) -> AsyncIterator[str]:  # fmt: skip
+        """The stream's parts; outputs already queued are written together in one chunk."""
+        parts = fmt.stream_start(handle.n)
         d = first
         try:
             while True:
                 offset, lps = choices[d.index].add(d, keep=False)
-                if d.text or d.finish_reason is not None or lps:
-                    parts.append(sse(fmt.chunk(d, offset, lps)))
+                if part := fmt.stream_delta(d, offset, lps):
+                    parts.append(part)
                 if handle.done:
                     break
                 if parts and not handle.ready():
@@ -255,31 +246,10 @@ class Serving:
             return
         except APIError as e:
             self.client.release(handle, "error")
-            parts.append(sse(e.body()))
+            if not (part := fmt.stream_error(e)):
+                log.warning("%s failed mid-stream: %s", handle.rids[0], e.message)
+            parts.append(part)
         else:
-            if include_usage:
-                parts.append(sse(fmt.usage_chunk(choices)))
-        parts.append("data: [DONE]\n\n")
-        yield "".join(parts)
-
-    async def _text_stream(self, handle: RequestHandle, first: Delta) -> AsyncIterator[str]:
-        """/generate: the text deltas as plain chunks; an error after the start ends it."""
-        parts: list[str] = []
-        d = first
-        try:
-            while True:
-                if d.text:
-                    parts.append(d.text)
-                if handle.done:
-                    break
-                if parts and not handle.ready():
-                    yield "".join(parts)
-                    parts.clear()
-                d = await handle.next()
-        except ClientDisconnected:
-            return
-        except APIError as e:
-            self.client.release(handle, "error")
-            log.warning("/generate %s failed mid-stream: %s", handle.rids[0], e.message)
-        if parts:
-            yield "".join(parts)
+            parts.append(fmt.stream_end(choices))
+        if tail := "".join(parts):
+            yield tail

@@ -52,12 +52,12 @@ SUMMED = ("num_requests_running", "num_requests_waiting", "num_requests_in_fligh
 
 def replica_stats(config: Config, client: EngineClient, metrics: Metrics) -> dict[str, Any]:
     now = time.monotonic()
-    engine = client.liveness.engine
-    seen = client.liveness.last_seen.get("scheduler")
+    engine = client.health.liveness.engine
+    seen = client.health.liveness.last_seen.get("scheduler")
     out: dict[str, Any] = {
         "id": "0",
         "model": config.model_name,
-        "alive": "scheduler" not in client.liveness.missing(now),
+        "alive": "scheduler" not in client.health.liveness.missing(now),
         "status_age_s": None if seen is None else round(now - seen, 3),
         "num_requests_in_flight": len(client.routes),
         "output_tokens_per_s": round(metrics.recent_tokens.rate(now), 2),

@@ -20,13 +20,13 @@ This backend is the reference: a faster one must produce the same outputs from t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from common.cpu import cpu_flags as common_cpu_flags
+from common.env import env
 
 
 @dataclass
@@ -127,7 +127,7 @@ def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
     AMD EPYC with AVX512-BF16 only) the same kernel is 3-5x *slower* than the matmuls,
     and took 70% of a batch-64 step. float32 and CUDA: SDPA everywhere. The environment
     variable ZEROSERVE_DECODE_ATTENTION=sdpa|matmul overrides the choice."""
-    forced = os.environ.get("ZEROSERVE_DECODE_ATTENTION")
+    forced = env("DECODE_ATTENTION")
     if forced:
         if forced not in DECODE_KERNELS:
             raise ValueError(f"ZEROSERVE_DECODE_ATTENTION must be one of {DECODE_KERNELS}, "

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from common.cli import parse_config
 from common.config import Config, ConfigError, ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,3 +83,13 @@ def test_a_component_refuses_a_bad_config_with_one_line_and_exit_2(tmp_path, mod
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"python -m {module}: config key server.port must be int, got '8000'\n"
+
+
+def test_a_component_start_makes_its_private_run_dir(tmp_path):
+    """parse_config (every `python -m <component>` starts with it) creates the ipc run
+    dir, mode 0700, before any socket is named (naming one creates nothing)."""
+    run_dir = tmp_path / "run" / "nested"
+    config = parse_config("test", ["--run-dir", str(run_dir)])
+    assert config.ipc.run_dir == str(run_dir)
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    assert config.ipc.endpoint("frontend") == f"ipc://{run_dir.resolve()}/frontend.sock"

@@ -11,20 +11,15 @@ from pathlib import Path
 import pytest
 import zmq
 
-from common.messages import AbortRequest, ComponentStatus, encode
-from common.zmq_queue import (
-    PullQueue,
-    PushQueue,
-    QueueFull,
-    check_endpoint,
-    endpoint,
-    ensure_run_dir,
-    ipc_endpoint,
-)
+from common.config import ENDPOINT_NAMES, Config, IPCConfig
+from common.endpoints import check_endpoint, endpoint, ensure_run_dir, ipc_endpoint
+from common.messages import AbortRequest, ComponentStatus, Message, encode
+from common.zmq_queue import PullQueue, PushQueue, QueueFull
 
 
 @pytest.fixture
 def run_dir():
+    """A run dir path that does not exist yet (ensure_run_dir creates it)."""
     d = Path(tempfile.mkdtemp(dir="/tmp", prefix="zsq-"))  # short: ipc paths max ~107 bytes
     yield d / "run"
     shutil.rmtree(d, ignore_errors=True)
@@ -39,12 +34,28 @@ def free_port() -> int:
 @pytest.fixture(params=["ipc", "tcp"])
 def ep(request, run_dir) -> str:
     if request.param == "ipc":
-        return ipc_endpoint(run_dir, "inbox")
+        return ipc_endpoint(ensure_run_dir(run_dir), "inbox")
     return f"tcp://127.0.0.1:{free_port()}"
 
 
 def msgs(n: int) -> list[AbortRequest]:
     return [AbortRequest(f"r{i}", "test") for i in range(n)]
+
+
+def drain_until(pull: PullQueue, n: int, max_messages: int | None = None) -> list[Message]:
+    """drain() repeatedly (never more than max_messages a call) until n messages came;
+    messages sent together may arrive in several pieces."""
+    got: list[Message] = []
+    deadline = time.monotonic() + 5
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"only {len(got)} of {n} messages arrived"
+        cap = None if max_messages is None else min(max_messages, n - len(got))
+        batch = pull.drain(max_messages=cap)
+        assert cap is None or len(batch) <= cap
+        got += batch
+        if not batch:
+            pull.socket.poll(50, zmq.POLLIN)
+    return got
 
 
 def test_round_trip_get_and_timeout(ep):
@@ -79,13 +90,14 @@ def test_drain_and_get_batch(ep):
         for m in sent:
             push.put(m)
         first = pull.get(timeout_ms=2000)
-        time.sleep(0.1)  # let the rest arrive
-        assert [first, *pull.drain()] == sent
+        assert [first, *drain_until(pull, len(sent) - 1)] == sent
         for m in sent[:10]:
             push.put(m)
-        time.sleep(0.1)
-        assert pull.drain(max_messages=4) == sent[:4]
-        assert pull.get_batch(timeout_ms=2000) == sent[4:10]
+        assert drain_until(pull, 4, max_messages=4) == sent[:4]
+        rest = pull.get_batch(timeout_ms=2000)
+        rest += drain_until(pull, 6 - len(rest))
+        assert rest == sent[4:10]
+        assert pull.drain() == []
 
 
 def test_garbage_is_dropped_and_next_message_arrives(ep):
@@ -102,15 +114,14 @@ def test_garbage_is_dropped_and_next_message_arrives(ep):
             assert pull.num_dropped == 3
             raw.send(b"\xc1")
             raw.send(encode(AbortRequest("also good", "x")))
-            time.sleep(0.1)
-            assert pull.drain() == [AbortRequest("also good", "x")]
+            assert drain_until(pull, 1) == [AbortRequest("also good", "x")]
             assert pull.num_dropped == 4
         finally:
             raw.close()
 
 
 def test_put_full_queue_raises_instead_of_blocking(run_dir):
-    ep = ipc_endpoint(run_dir, "nobody")
+    ep = ipc_endpoint(ensure_run_dir(run_dir), "nobody")
     with PushQueue(ep, bind=True, hwm=1) as push:  # bound, no peer: nowhere to queue
         t0 = time.monotonic()
         with pytest.raises(QueueFull):
@@ -135,6 +146,20 @@ def test_run_dir_created_private(run_dir):
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
     assert ensure_run_dir(run_dir) == path  # an existing private dir is fine
     assert endpoint("sched", run_dir) == f"ipc://{path.resolve()}/sched.sock"
+
+
+def test_naming_an_endpoint_creates_nothing(run_dir):
+    """The run dir is made where a process starts (ensure_run_dir), not as a side effect
+    of naming an endpoint, which only checks it."""
+    config = Config(ipc=IPCConfig(run_dir=str(run_dir)))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        config.ipc.endpoint("scheduler")
+    assert not run_dir.exists()
+    assert config.ipc.resolved_run_dir == run_dir
+    ensure_run_dir(config.ipc.resolved_run_dir)
+    assert config.ipc.endpoint("scheduler") == f"ipc://{run_dir.resolve()}/scheduler.sock"
+    tcp = {name: f"tcp://127.0.0.1:{5000 + i}" for i, name in enumerate(ENDPOINT_NAMES)}
+    assert IPCConfig(**tcp).resolved_run_dir is None  # nothing to create
 
 
 def test_public_run_dir_refused(run_dir):

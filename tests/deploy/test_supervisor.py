@@ -29,7 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.config import Config, default_cache_dir
+from common.config import Config
+from common.env import default_cache_dir
 from tests.e2e.conftest import free_port
 
 pytest.importorskip("supervisor", reason="supervisor is in the test extra: pip install -e .[test]")

@@ -1,7 +1,12 @@
 """Fault injection against launch.py: SIGKILL each component kind during 16 concurrent
-streams. Every stream ends (completed, or an error event / a cut connection) within 10 s
-of the kill, none hangs; the service then serves new requests; KV blocks return to idle.
-And a SIGTERM drain: requests in flight finish, new ones get 503, every process exits."""
+streams. Every stream ends (completed, or an error event / a cut connection) within
+END_WITHIN_S of the kill, none hangs; the service then serves new requests; KV blocks
+return to idle. And a SIGTERM drain: requests in flight finish, new ones get 503, every
+process exits.
+
+The time limits hold on a loaded 2-core machine and still tell the mechanisms apart: a
+closed connection is noticed at once, a silent component after its liveness window
+(3 s here), and a request nobody fails waits out the request timeout (600 s)."""
 
 from __future__ import annotations
 
@@ -22,7 +27,9 @@ from tests.frontend.sse import parse_sse
 
 pytestmark = pytest.mark.timeout(300)
 N_STREAMS = 16
-END_WITHIN_S = 10.0
+END_WITHIN_S = 15.0  # five liveness windows; the streams end within a second when unloaded
+NOTICED_WITHIN_S = 2.5  # a dead scheduler / detok turns /health 503 before its window lapses
+DRAIN_S = 150  # test_sigterm_drains: 4 x 120 tokens take ~5 s unloaded, 30 s+ when loaded
 
 
 @pytest.fixture(scope="module")
@@ -144,14 +151,17 @@ def test_sigkill_during_streams(faulty, module):
     health.start()
     try:
         outcomes, last_end = streams_under_fault(faulty, kill, max_tokens)
-        time.sleep(max(0.0, killed_at[0] + 1.5 - time.monotonic()))
+        if module != "tokenizer_worker":  # until /health shows the hole (or surely won't)
+            deadline = killed_at[0] + 2 * NOTICED_WITHIN_S
+            while health.first_503_after(killed_at[0]) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
     finally:
         health.stop.set()
         health.join()
         faulty.proc.send_signal(signal.SIGCONT)
     if module != "tokenizer_worker":  # its connection closing tells the frontend at once
         turned = health.first_503_after(killed_at[0])
-        assert turned is not None and turned < 1.0, f"/health turned 503 after {turned} s"
+        assert turned is not None and turned < NOTICED_WITHIN_S, f"/health turned 503 after {turned} s"
     assert len(outcomes) == N_STREAMS
     assert last_end <= END_WITHIN_S, f"a stream ended {last_end:.1f} s after the kill"
     if module == "tokenizer_worker":  # the streams were past the tokenizers: unaffected
@@ -170,21 +180,24 @@ def test_sigkill_frontend_during_streams(faulty):
 
 def open_streams(server, n: int, body: dict) -> tuple[list[threading.Thread], list]:
     """n streamed completions of `body` (ignore_eos), each read by a thread that appends
-    (status, text) to the returned list; returns once the server has all n in flight."""
+    (status, text) to the returned list; returns once all n streams have started (their
+    headers came, which the server sends with the first output)."""
     results: list = []
+    started = threading.Semaphore(0)
     body = {**body, "stream": True, "ignore_eos": True}
 
     def stream() -> None:
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            started.release()
             results.append((r.status_code, r.read().decode()))
 
     threads = [threading.Thread(target=stream) for _ in range(n)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while server.metrics()["zeroserve:num_requests_in_flight"] < n:
-        assert time.monotonic() < deadline, "the streams did not all start"
-        time.sleep(0.05)
+    deadline = time.monotonic() + 60
+    for _ in range(n):
+        assert started.acquire(timeout=max(0.0, deadline - time.monotonic())), \
+            "the streams did not all start"  # fmt: skip
     return threads, results
 
 
@@ -192,7 +205,8 @@ def open_streams(server, n: int, body: dict) -> tuple[list[threading.Thread], li
 def test_sigterm_drains(default_model_dir, everyone):
     """SIGTERM to launch.py (it stops the frontend first), or to every process at the same
     moment as supervisord does: either way the requests in flight run to their end."""
-    server = start_server(workers=1)
+    # a drain timeout that the four streams cannot outlast on a loaded machine
+    server = start_server("--drain-timeout", str(DRAIN_S), workers=1)
     try:
         # long enough that the drain is still under way when the late request comes, even
         # on a fast machine (a short drain ends, the frontend exits, and "late" is refused)
@@ -204,13 +218,16 @@ def test_sigterm_drains(default_model_dir, everyone):
                 os.kill(pid, signal.SIGTERM)
         else:
             server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url + "/health", timeout=5).status_code != 503:  # draining
+            assert time.monotonic() < deadline, "the frontend did not start draining"
+            time.sleep(0.05)
         late = httpx.post(server.url + "/v1/completions", json={"prompt": "late"}, timeout=10)
         assert results == []  # the premise: the drain was still running when "late" came
         assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
         assert httpx.get(server.url + "/health", timeout=5).status_code == 503
         for t in threads:
-            t.join(timeout=60)
+            t.join(timeout=DRAIN_S)
         if everyone:
             deadline = time.monotonic() + 30
             while any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in children):
@@ -280,7 +297,7 @@ def test_requests_in_a_dead_tokenizers_pipe_fail_fast(faulty):
     for status, body, elapsed in results:
         if status == 503:
             assert body["error"]["code"] == "component_failed"
-            assert elapsed < 8.0, f"a stranded request took {elapsed:.1f} s to fail"
+            assert elapsed < END_WITHIN_S, f"a stranded request took {elapsed:.1f} s to fail"
         else:
             assert status == 200 and body["usage"]["completion_tokens"] == 4
     recovered(faulty)

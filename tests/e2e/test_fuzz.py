@@ -102,15 +102,15 @@ def test_schema_lists_every_route(api_schema):
         assert body["content"]["application/json"]["schema"]["properties"]
 
 
-@pytest.mark.parametrize("method,path,mode", FUZZ_CASES,
-                         ids=[f"{m} {p} {mode.value}" for m, p, mode in FUZZ_CASES])  # fmt: skip
-def test_schemathesis(server, api_schema, method, path, mode):
-    """Never a 5xx; every 4xx an OpenAI error."""
+def schemathesis_cases(api_schema, method: str, path: str, mode: GenerationMode,
+                       max_examples: int = MAX_EXAMPLES) -> Counter[int]:  # fmt: skip
+    """Send up to max_examples generated cases: never a 5xx, every 4xx an OpenAI error.
+    Returns the count of each status."""
     operation = api_schema[path][method]
     statuses: Counter[int] = Counter()
     slowest: list[Any] = [0.0, None]
 
-    @hypothesis.settings(**HYPOTHESIS)
+    @hypothesis.settings(**{**HYPOTHESIS, "max_examples": max_examples})
     @hypothesis.seed(SEED)
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
     def fuzz(case):
@@ -129,10 +129,20 @@ def test_schemathesis(server, api_schema, method, path, mode):
     fuzz()
     print(f"\n{method} {path} {mode.value}: statuses {dict(sorted(statuses.items()))}; "
           f"slowest {slowest[0]:.2f} s: {slowest[1]}")  # fmt: skip
-    assert statuses
+    return statuses
 
 
-def test_intact_after_schemathesis(server, pids_before):
+@pytest.mark.parametrize("method,path,mode", FUZZ_CASES,
+                         ids=[f"{m} {p} {mode.value}" for m, p, mode in FUZZ_CASES])  # fmt: skip
+def test_schemathesis(server, api_schema, method, path, mode):
+    assert schemathesis_cases(api_schema, method, path, mode)
+
+
+def test_intact_after_schemathesis(server, api_schema, pids_before):
+    """A few cases of every operation and mode, then: it still serves, no process
+    restarted, every KV block free (whether or not test_schemathesis ran before)."""
+    for method, path, mode in FUZZ_CASES:
+        assert schemathesis_cases(api_schema, method, path, mode, max_examples=3)
     assert_intact(server, pids_before)
 
 
@@ -205,14 +215,14 @@ def _sse_payloads(text: str) -> list[Any]:
     return [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
 
 
-@pytest.mark.parametrize("path", list(VALID_BODIES))
-def test_valid_bodies_generate(server, path):
-    """200; n choices, each finished; at most n * max_tokens tokens (exactly that with
-    ignore_eos and nothing that stops early); a stream ends with [DONE], no error event."""
+def valid_bodies(server, path: str, max_examples: int = MAX_EXAMPLES) -> None:
+    """Send up to max_examples valid bodies. Each: 200; n choices, each finished; at most
+    n * max_tokens tokens (exactly that with ignore_eos and nothing that stops early); a
+    stream ends with [DONE], no error event."""
     client = httpx.Client(timeout=60)
     statuses: Counter[str] = Counter()
 
-    @hypothesis.settings(**HYPOTHESIS)
+    @hypothesis.settings(**{**HYPOTHESIS, "max_examples": max_examples})
     @hypothesis.seed(SEED)
     @hypothesis.given(body=VALID_BODIES[path].map(lambda b: _fix_up(path, b)))
     def fuzz(body):
@@ -247,5 +257,14 @@ def test_valid_bodies_generate(server, path):
     print(f"\nvalid bodies on {path}: {dict(statuses)}")
 
 
+@pytest.mark.parametrize("path", list(VALID_BODIES))
+def test_valid_bodies_generate(server, path):
+    valid_bodies(server, path)
+
+
 def test_intact_after_valid_bodies(server, pids_before):
+    """A few valid bodies on each path, then: it still serves, no process restarted,
+    every KV block free (whether or not test_valid_bodies_generate ran before)."""
+    for path in VALID_BODIES:
+        valid_bodies(server, path, max_examples=2)
     assert_intact(server, pids_before)

@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from common.config import Config, IPCConfig, ServerConfig
+from common.endpoints import ensure_run_dir
 from frontend.app import create_app
 from tests.frontend.fake_backend import FakeBackend
 
@@ -31,7 +32,15 @@ class Served:
     app: object
 
     def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=10.0, **kwargs)
+        return httpx.Client(base_url=self.url, **{"timeout": 10.0, **kwargs})
+
+
+def wait_until(cond, what: str, timeout_s: float = 5.0) -> None:
+    """Poll cond() until it is true; fail naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
 
 
 def wait_healthy(url: str, timeout_s: float = 5.0) -> None:
@@ -48,6 +57,7 @@ def serve(ready: bool = True, **server_kwargs) -> Iterator[Served]:
     tmp = Path(tempfile.mkdtemp(prefix="zsf-", dir="/tmp"))  # ipc paths must stay < 108 bytes
     config = Config(server=ServerConfig(**server_kwargs),
                     ipc=IPCConfig(run_dir=str(tmp / "run")), heartbeat_s=0.2)  # fmt: skip
+    ensure_run_dir(tmp / "run")  # as a component's start does (common.cli.parse_config)
     backend = FakeBackend(config, ready=ready).start()
     app = create_app(config)
     sock = socket.socket()

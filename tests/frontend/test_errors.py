@@ -165,6 +165,15 @@ def test_error_after_stream_started_is_an_sse_event(http):
     assert events[-1] == "[DONE]"
 
 
+def test_error_after_a_plain_text_stream_started_ends_it(served, http):
+    """/generate streams plain text, which cannot carry an error: the text so far, then
+    the end of the stream; the request is released (nothing left in flight)."""
+    with http.stream("POST", "/generate", json={"prompt": "fail-late"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        assert r.read().decode() == "Hello"
+    assert not served.app.state.client.routes
+
+
 def test_error_after_start_non_streaming_keeps_its_status(http):
     err = _error(http.post("/v1/completions", json={"prompt": "fail-late"}), 500)
     assert err["type"] == "server_error"

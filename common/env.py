@@ -1,0 +1,40 @@
+"""The environment: every variable zeroserve reads is read here, and nowhere else.
+
+    ZEROSERVE_LOG_LEVEL         level of every process's log (INFO)
+    ZEROSERVE_API_KEY           server.api_key when the config sets none (kept off `ps`)
+    ZEROSERVE_CACHE_DIR         GGUF conversions and built kernels (~/.cache/zeroserve)
+    ZEROSERVE_RUN_DIR           the ipc run dir when the config sets none
+    ZEROSERVE_DECODE_ATTENTION  force a decode attention path (scheduler_worker/attention.py)
+    XDG_CACHE_HOME, XDG_RUNTIME_DIR   the usual base directories, when set
+
+Child processes get the environment as it is (subprocess copies it); that is not a read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_PREFIX = "ZEROSERVE_"
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """ZEROSERVE_<name>, or `default` when unset."""
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def log_level() -> str:
+    return (env("LOG_LEVEL", "INFO") or "").upper()
+
+
+def runtime_dir() -> str | None:
+    """$XDG_RUNTIME_DIR (per-user, private, cleared at logout), or None when unset."""
+    return os.environ.get("XDG_RUNTIME_DIR") or None
+
+
+def default_cache_dir() -> Path:
+    explicit = env("CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zeroserve"
