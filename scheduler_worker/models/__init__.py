@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from common.model_facts import read_hf_config
 from scheduler_worker.models.common import CausalLM, ModelArgs
 from scheduler_worker.models.gpt2 import GPT2LMHeadModel
 from scheduler_worker.models.llama import LlamaForCausalLM
@@ -23,16 +23,6 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
 
 class UnsupportedModelError(ValueError):
     pass
-
-
-def read_hf_config(model_dir: Path) -> dict:
-    path = Path(model_dir) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"model config not found: {path}") from e
-    except json.JSONDecodeError as e:
-        raise ValueError(f"model config {path} is not valid JSON: {e}") from e
 
 
 def architecture_of(hf: dict) -> str:
