@@ -153,6 +153,10 @@ class DetokWorker:
             if msgs:
                 self.quiet_since = time.monotonic()
             for msg in msgs:
+                if isinstance(msg, ComponentStatus) and msg.component == "scheduler":
+                    with contextlib.suppress(QueueFull):  # its "stopping", after its outputs
+                        self.to_frontend.put(msg)
+                    continue
                 if not isinstance(msg, StepOutputs):
                     log.warning("dropping unexpected %s on the detok inbox", type(msg).__name__)
                     continue

@@ -12,8 +12,9 @@ Liveness: a component is alive when it spoke within `window_s` = max(3 s, 3 × h
   scheduler  EngineStatus ("ready" or "heartbeat"), or any TextOutputs (a step ran)
   detok      ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
   tokenizer  ComponentStatus("tokenizer") from at least one worker pid
-A "stopping" status marks the sender down at once, and so does the scheduler's or the
-detokenizer's connection closing (the process died); for a short guard after that, only
+A "stopping" status marks the sender down at once (the scheduler's comes through the
+detok, behind its last outputs), and so does the scheduler's or the detokenizer's
+connection closing (the process died); for a short guard after that, only
 a "ready" announcement (from its restarted successor) brings it back, not the dead
 process's last messages still on their way. Times are the frontend's own monotonic
 receipt times, so clock skew between hosts does not matter.
@@ -53,6 +54,10 @@ COMPONENTS = ("scheduler", "tokenizer", "detok")
 PRUNE_AFTER = 10  # forget a silent tokenizer pid after this many windows
 DISCONNECT_GUARD_S = 1.0  # after a disconnect, only "ready" revives a component this long
 ACK_GRACE_S = 0.5  # a live tokenizer takes a request off its pipe well within this
+# a scheduler's connection closed: what it held fails this much later, so that its last
+# outputs, still on their way through the detok, land first (a clean stop's "stopping"
+# comes through the detok behind them and ends the wait at once)
+DISCONNECT_SETTLE_S = 1.0
 WATCHDOG_S = 0.2  # how often component liveness is checked for failures
 
 
@@ -208,6 +213,7 @@ class HealthMonitor:
         self._fail_lost = fail_lost
         self._send_scheduler = send_scheduler
         self._alive = {name: False for name in COMPONENTS}
+        self._settle_until: dict[str, float] = {}  # see DISCONNECT_SETTLE_S
         self._pids: dict[str, int] = {}  # scheduler / detok pid last heard
         self._detok_probe: PushQueue | None = None  # connected only to watch the detok
         self._watches: dict[str, PeerWatch] = {}  # read by the inbox thread only
@@ -257,18 +263,31 @@ class HealthMonitor:
         """A scheduler or detok with a new pid restarted: what the old one held is gone."""
         if msg.component in ("scheduler", "detok"):
             old = self._pids.get(msg.component)
+            if msg.kind == "stopping" and old is not None and old != msg.pid:
+                return  # a replaced process's last word, come late: not about its successor
             self._pids[msg.component] = msg.pid
             if old is not None and old != msg.pid:
                 self._fail_component(msg.component, f"restarted (pid {old} -> {msg.pid})")
         self.liveness.on_component(msg, now)
+        if msg.kind == "stopping" and msg.component in ("scheduler", "detok") \
+                and self._alive[msg.component]:  # fmt: skip
+            # its outputs came before this: what is still open, it gave up (drain deadline)
+            self._alive[msg.component] = False
+            self._settle_until.pop(msg.component, None)
+            self._fail_component(msg.component, "stopped")
 
     def on_disconnect(self, names: list[str]) -> None:
-        """The scheduler's or detok's connection closed: the process is gone. What it held
-        fails now, and /health says so, without waiting for its heartbeats to lapse."""
+        """The scheduler's or detok's connection closed: the process is gone. /health says
+        so now, without waiting for its heartbeats to lapse; what it held fails now (detok)
+        or DISCONNECT_SETTLE_S later (scheduler: its last outputs may be in the detok)."""
         now = time.monotonic()
         for name in names:
             self.liveness.on_disconnect(name, now)
-            if self._alive[name]:
+            if not self._alive[name]:
+                continue
+            if name == "scheduler":  # its last outputs may still be in the detok: see check
+                self._settle_until[name] = now + DISCONNECT_SETTLE_S
+            else:  # the detok delivers outputs itself: nothing more can come
                 self._alive[name] = False
                 self._fail_component(name, "disconnected")
 
@@ -294,8 +313,13 @@ class HealthMonitor:
         missing = liveness.missing(now)  # prunes long-silent tokenizers
         for name in ("scheduler", "detok"):
             alive = name not in missing
+            settling = now < self._settle_until.get(name, 0.0)
             if self._alive[name] and not alive:
-                self._fail_component(name, "stopped responding")
+                if settling:
+                    continue
+                self._fail_component(name, "disconnected" if name in self._settle_until
+                                     else "stopped responding")  # fmt: skip
+            self._settle_until.pop(name, None)
             self._alive[name] = alive
         if dead:
             self._fail_lost(handoffs.lost(now, dead), f"tokenizer worker(s) {sorted(dead)} stopped")

@@ -259,8 +259,10 @@ class SchedulerWorker:
             if time.monotonic() - self.last_heartbeat >= self.config.heartbeat_s:
                 self.heartbeat()
         beacon.stop()
+        # through the detok, behind this process's last outputs: the frontend fails what is
+        # still open only once everything sent before has reached it
         with contextlib.suppress(QueueFull):
-            self.to_frontend.put(ComponentStatus("scheduler", os.getpid(), "stopping", time.time()))
+            self.to_detok.put(ComponentStatus("scheduler", os.getpid(), "stopping", time.time()))
         self.close()
 
     def _draining(self) -> bool:

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from common.config import Config, IPCConfig
 from common.messages import StepOutputs, pack_ids
-from common.zmq_queue import PullQueue
+from common.zmq_queue import PullQueue, PushQueue
 
 
 @pytest.fixture
@@ -47,3 +47,31 @@ def test_stop_token_text_is_dropped_unless_asked_for(worker):
     assert texts["keep"] == whole and texts["length"] == whole
     assert reasons == {"plain": stop, "keep": stop, "length": None}
     assert out.num_output_tokens == [len(ids)] * 3  # the token still counts
+
+
+def test_a_schedulers_stopping_is_forwarded_behind_its_outputs(run_dir, default_model_dir):
+    """The scheduler's last word goes through the detok, so the frontend hears it only
+    after the outputs the scheduler sent before it (it then fails what is still open)."""
+    from common.messages import ComponentStatus, TextOutputs
+    from detok_worker.worker import DetokWorker
+    from tests.garbage import collect, make_config, running, sockets
+
+    config = make_config(run_dir)
+    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
+    scheduler = PullQueue(config.ipc.endpoint("scheduler"), bind=True)
+    worker = DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
+    push = PushQueue(config.ipc.endpoint("detok"), bind=False)
+    steps = [StepOutputs(i, [f"r{i}"], [pack_ids([28])], ["length"], [1], [1], None,
+                         [(f"r{i}", [], True, False)], None, time.time())
+             for i in range(20)]  # fmt: skip
+    with sockets(frontend, scheduler, push), running(worker) as thread:
+        for step in steps:
+            push.put(step)
+        push.put(ComponentStatus("scheduler", 4242, "stopping", time.time()))
+        got = collect(frontend, lambda ms: any(
+            isinstance(m, ComponentStatus) and m.component == "scheduler" for m in ms), thread)
+        worker.stop()
+        worker.stop()
+    order = [m.rids[0] if isinstance(m, TextOutputs) else m.kind for m in got
+             if isinstance(m, TextOutputs) or m.component == "scheduler"]  # fmt: skip
+    assert order == [f"r{i}" for i in range(20)] + ["stopping"]

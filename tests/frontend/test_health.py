@@ -3,8 +3,16 @@ a dead or hung tokenizer worker takes with it (TokenizerHandoffs)."""
 
 from __future__ import annotations
 
+import time
+
 from common.messages import ComponentStatus, EngineStatus, TokenizeAck
-from frontend.health import ACK_GRACE_S, HealthMonitor, Liveness, TokenizerHandoffs
+from frontend.health import (
+    ACK_GRACE_S,
+    DISCONNECT_SETTLE_S,
+    HealthMonitor,
+    Liveness,
+    TokenizerHandoffs,
+)
 
 
 def test_requests_move_from_unacked_to_taken_to_forgotten():
@@ -81,3 +89,36 @@ def test_monitor_reports_what_failed():
     m.check(3.7)
     m.on_disconnect(["detok"])  # already failed: not again
     assert len(failed) == 2 and len(lost) == 1
+
+
+def test_a_gone_scheduler_fails_what_it_held_after_its_last_outputs():
+    """A scheduler's last outputs travel through the detok, its connection closes directly:
+    a disconnect waits DISCONNECT_SETTLE_S before failing what is open, and the "stopping"
+    that the scheduler sends through the detok behind its outputs ends the wait at once.
+    A replaced scheduler's late "stopping" says nothing about its successor."""
+    failed: list[tuple[str, str]] = []
+    m = HealthMonitor(0.5, lambda name, why: failed.append((name, why)),
+                      lambda rids, why: None, lambda msg: True)  # fmt: skip
+    t = time.monotonic()
+    m.on_component(ComponentStatus("scheduler", 20, "ready", 0.0), t)
+    m.liveness.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), t)
+    m.check(t)
+    m.on_disconnect(["scheduler"])
+    assert "scheduler" in m.liveness.missing()  # /health shows the hole at once
+    m.check(time.monotonic())
+    assert failed == []  # its last outputs may still come through the detok
+    m.check(time.monotonic() + DISCONNECT_SETTLE_S)
+    assert failed == [("scheduler", "disconnected")]
+
+    m.on_component(ComponentStatus("scheduler", 21, "ready", 0.0), time.monotonic())
+    m.liveness.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0),
+                                time.monotonic())  # fmt: skip
+    m.check(time.monotonic())
+    assert failed[1:] == [("scheduler", "restarted (pid 20 -> 21)")]
+    m.on_component(ComponentStatus("scheduler", 20, "stopping", 0.0), time.monotonic())
+    assert "scheduler" not in m.liveness.missing() and len(failed) == 2  # stale: ignored
+    m.on_disconnect(["scheduler"])
+    m.on_component(ComponentStatus("scheduler", 21, "stopping", 0.0), time.monotonic())
+    assert failed[2:] == [("scheduler", "stopped")]  # at once, not after the settle time
+    m.check(time.monotonic() + DISCONNECT_SETTLE_S)
+    assert len(failed) == 3
