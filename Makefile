@@ -43,10 +43,12 @@ serve: $(STAMP)
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
 test: $(TEST_STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

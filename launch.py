@@ -82,10 +82,13 @@ class Launcher:
     def __init__(self, config: Config, config_path: Path) -> None:
         self.config = config
         self.config_path = config_path
-        self.children: list[Child] = [Child("scheduler", "scheduler_worker"),
-                                      Child("detok", "detok_worker")]  # fmt: skip
-        self.children += [Child(f"tokenizer-{i}", "tokenizer_worker")
-                          for i in range(config.tokenize_workers)]  # fmt: skip
+        self.children: list[Child] = [
+            Child("scheduler", "scheduler_worker"),
+            Child("detok", "detok_worker"),
+        ]
+        self.children += [
+            Child(f"tokenizer-{i}", "tokenizer_worker") for i in range(config.tokenize_workers)
+        ]
         self.frontend = Child("frontend", "frontend")
         self.children.append(self.frontend)
         self.stopping = False
@@ -95,9 +98,10 @@ class Launcher:
         parent = os.getpid()
         child.proc = subprocess.Popen(
             [sys.executable, "-m", child.module, "--config", str(self.config_path)],
-            stdin=subprocess.DEVNULL, preexec_fn=lambda: die_with_parent(parent),
+            stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: die_with_parent(parent),
             start_new_session=True,  # Ctrl-C reaches launch.py only; it stops them in order
-        )  # fmt: skip
+        )
         log.info("started %s (pid %d)", child.name, child.proc.pid)
 
     def start(self) -> None:
@@ -114,11 +118,17 @@ class Launcher:
             while child.deaths and child.deaths[0] < now - RESTART_WINDOW_S:
                 child.deaths.popleft()
             if len(child.deaths) > MAX_RESTARTS:
-                log.error("%s died %d times within %.0f s (last exit code %s); giving up",
-                          child.name, len(child.deaths), RESTART_WINDOW_S, code)  # fmt: skip
+                log.error(
+                    "%s died %d times within %.0f s (last exit code %s); giving up",
+                    child.name,
+                    len(child.deaths),
+                    RESTART_WINDOW_S,
+                    code,
+                )
                 return False
-            log.error("%s (pid %d) exited with code %s; restarting it", child.name,
-                      child.proc.pid, code)  # fmt: skip
+            log.error(
+                "%s (pid %d) exited with code %s; restarting it", child.name, child.proc.pid, code
+            )
             self.spawn(child)
         return True
 
@@ -162,8 +172,9 @@ class Launcher:
         while not self.stopping and time.monotonic() < deadline:
             for child in self.children:
                 if child.proc is not None and child.proc.poll() is not None:
-                    log.error("%s exited with code %s during startup", child.name,
-                              child.proc.returncode)  # fmt: skip
+                    log.error(
+                        "%s exited with code %s during startup", child.name, child.proc.returncode
+                    )
                     return False
             if self.healthy():
                 return True
@@ -180,7 +191,8 @@ class Launcher:
 
 def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     parser = argparse.ArgumentParser(
-        description="zeroserve: start the frontend, tokenizer pool, scheduler and detokenizer")
+        description="zeroserve: start the frontend, tokenizer pool, scheduler and detokenizer"
+    )
     add_config_args(parser)
     args = parser.parse_args(argv)
     config = config_from_args(args)
@@ -241,9 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         if launcher.wait_ready():
             url = f"http://{config.server.host}:{config.server.port}"
             took = time.monotonic() - started  # model conversion and kernel build included
-            log.info("zeroserve ready: %s  (OpenAI base URL %s/v1, model %s, %d tokenizer "
-                     "worker(s), started in %.1fs)", url, url, config.model_name,
-                     config.tokenize_workers, took)  # fmt: skip
+            log.info(
+                "zeroserve ready: %s  (OpenAI base URL %s/v1, model %s, %d tokenizer "
+                "worker(s), started in %.1fs)",
+                url,
+                url,
+                config.model_name,
+                config.tokenize_workers,
+                took,
+            )
             print(f"zeroserve ready: {url}/v1 (started in {took:.1f}s)", flush=True)
             code = launcher.supervise()
         elif not launcher.stopping:

@@ -45,8 +45,12 @@ def bench_engine(engine: LLMEngine, prompts, out_lens) -> dict:
     n_out = sum(map(len, outs))
     assert n_out == sum(out_lens), "ignore_eos: every request must produce exactly max_tokens"
     busy = {k: engine.counters.busy_time[k] - busy0[k] for k in busy0}
-    return {"seconds": elapsed, "output_tokens": n_out, "tokens_per_s": n_out / elapsed,
-            "busy_seconds": busy}
+    return {
+        "seconds": elapsed,
+        "output_tokens": n_out,
+        "tokens_per_s": n_out / elapsed,
+        "busy_seconds": busy,
+    }
 
 
 def bench_step_time(engine: LLMEngine, batch: int, ctx: int, steps: int = 16) -> float:
@@ -54,7 +58,9 @@ def bench_step_time(engine: LLMEngine, batch: int, ctx: int, steps: int = 16) ->
     params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
     rng = random.Random(batch)
     for i in range(batch):
-        engine.add_request(f"step-{batch}-{i}", [rng.randrange(100, 1000) for _ in range(ctx)], params)
+        engine.add_request(
+            f"step-{batch}-{i}", [rng.randrange(100, 1000) for _ in range(ctx)], params
+        )
     while any(r.num_output_tokens == 0 for r in engine.requests.values()):
         engine.step()
     engine.step()
@@ -79,8 +85,14 @@ def bench_hf(model_dir: Path, dtype: torch.dtype, prompts, out_lens, batch: int)
         for i in range(0, len(prompts), batch):
             ids = torch.tensor(prompts[i : i + batch])
             n = max(out_lens[i : i + batch])  # a static batch runs until its longest member
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                           min_new_tokens=n, do_sample=False, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
             useful += sum(out_lens[i : i + batch])
     elapsed = time.perf_counter() - t0
     return {"seconds": elapsed, "output_tokens": useful, "tokens_per_s": useful / elapsed}
@@ -109,17 +121,31 @@ def engine_token_latency(engine: LLMEngine, prompt, n: int = 64) -> float:
 
 def machine_info() -> dict:
     flags = cpu_flags()
-    return {"cpu": cpu_model_name() if cpu_model_name() != "unknown CPU" else (platform.processor() or platform.machine()),
-            "cpu_kind": cpu_kind(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
-                          if f in flags]}  # fmt: skip
+    return {
+        "cpu": cpu_model_name()
+        if cpu_model_name() != "unknown CPU"
+        else (platform.processor() or platform.machine()),
+        "cpu_kind": cpu_kind(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cpu_flags": [
+            f
+            for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+            if f in flags
+        ],
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="bfloat16,float32",
-                    help="engine dtypes, comma-separated; DTYPE+int8|int4 adds weight-only quantization")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16,float32",
+        help="engine dtypes, comma-separated; DTYPE+int8|int4 adds weight-only quantization",
+    )
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--min-output", type=int, default=16)
@@ -134,26 +160,43 @@ def main() -> None:
     args = ap.parse_args()
 
     model_dir = resolve_model(args.model)
-    res: dict = {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                 "engines": {}, "hf": {}}
+    res: dict = {
+        "machine": machine_info(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "engines": {},
+        "hf": {},
+    }
     prompts = out_lens = None
     for dtype_name in args.dtype.split(","):
         dtype, _, quant = dtype_name.partition("+")
         cfg = EngineConfig(
             model=ModelConfig(model=args.model, dtype=dtype, quantization=quant or "none"),
             cache=CacheConfig(kv_cache_memory_gb=2.0),
-            scheduler=SchedulerConfig(max_num_seqs=max(args.max_num_seqs, 64),
-                                      max_num_batched_tokens=args.max_num_batched_tokens,
-                                      max_decode_batch=args.max_num_seqs),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max(args.max_num_seqs, 64),
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_decode_batch=args.max_num_seqs,
+            ),
         )
         engine = LLMEngine(cfg, model_dir)
         if prompts is None:
-            prompts, out_lens = make_workload(args.num_requests, args.input_len, args.min_output,
-                                              args.max_output, engine.vocab_size, args.seed)
-        r = {"dtype": str(engine.runner.dtype).replace("torch.", ""), "quantization": quant or "none"}
+            prompts, out_lens = make_workload(
+                args.num_requests,
+                args.input_len,
+                args.min_output,
+                args.max_output,
+                engine.vocab_size,
+                args.seed,
+            )
+        r = {
+            "dtype": str(engine.runner.dtype).replace("torch.", ""),
+            "quantization": quant or "none",
+        }
         r["throughput"] = bench_engine(engine, prompts, out_lens)
-        r["step_time_s"] = {b: bench_step_time(engine, b, args.input_len)
-                            for b in map(int, args.step_batch_sizes.split(","))}
+        r["step_time_s"] = {
+            b: bench_step_time(engine, b, args.input_len)
+            for b in map(int, args.step_batch_sizes.split(","))
+        }
         r["token_latency_s"] = engine_token_latency(engine, prompts[0])
         res["engines"][dtype_name] = r
         del engine
@@ -162,13 +205,17 @@ def main() -> None:
         res["hf"][name] = bench_hf(model_dir, dtype, prompts, out_lens, args.hf_batch)
         res["hf"][name]["token_latency_s"] = hf_token_latency(model_dir, dtype, prompts[0])
 
-    print(f"\n{args.num_requests} requests, input {args.input_len} tokens, output uniform "
-          f"{args.min_output}-{args.max_output} (ignore_eos), {res['machine']['threads']} threads")
+    print(
+        f"\n{args.num_requests} requests, input {args.input_len} tokens, output uniform "
+        f"{args.min_output}-{args.max_output} (ignore_eos), {res['machine']['threads']} threads"
+    )
     for name, r in res["engines"].items():
         e = r["throughput"]
-        print(f"\nengine --dtype {name} ({r['dtype']}): {e['tokens_per_s']:.1f} output tok/s "
-              f"({e['output_tokens']} tokens in {e['seconds']:.1f}s); batch-1 per token "
-              f"{r['token_latency_s'] * 1e3:.1f} ms")
+        print(
+            f"\nengine --dtype {name} ({r['dtype']}): {e['tokens_per_s']:.1f} output tok/s "
+            f"({e['output_tokens']} tokens in {e['seconds']:.1f}s); batch-1 per token "
+            f"{r['token_latency_s'] * 1e3:.1f} ms"
+        )
         busy = e["busy_seconds"]
         total = sum(busy.values()) or 1.0
         print("  busy split: " + ", ".join(f"{k} {v / total:.0%}" for k, v in busy.items()))
@@ -178,10 +225,14 @@ def main() -> None:
     if res["hf"]:
         print(f"\ntransformers generate, static batches of {args.hf_batch}:")
         for name, h in res["hf"].items():
-            ratios = ", ".join(f"engine {k}/hf = {r['throughput']['tokens_per_s'] / h['tokens_per_s']:.2f}x"
-                               for k, r in res["engines"].items())
-            print(f"  {name:9s}: {h['tokens_per_s']:7.1f} tok/s  ({ratios}); batch-1 per token "
-                  f"{h['token_latency_s'] * 1e3:.1f} ms")
+            ratios = ", ".join(
+                f"engine {k}/hf = {r['throughput']['tokens_per_s'] / h['tokens_per_s']:.2f}x"
+                for k, r in res["engines"].items()
+            )
+            print(
+                f"  {name:9s}: {h['tokens_per_s']:7.1f} tok/s  ({ratios}); batch-1 per token "
+                f"{h['token_latency_s'] * 1e3:.1f} ms"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2))

@@ -44,11 +44,16 @@ def time_ms(fn, reps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--rows", default="1,8,32,64,512")
-    ap.add_argument("--isas", default=",".join(kernels.ISAS[1:]),
-                    help="kernel paths to time (those this CPU lacks are skipped)")
+    ap.add_argument(
+        "--isas",
+        default=",".join(kernels.ISAS[1:]),
+        help="kernel paths to time (those this CPU lacks are skipped)",
+    )
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -79,9 +84,13 @@ def main(argv: list[str] | None = None) -> dict:
                 ql = QuantLinear(bw, lin.bias, dtype, isa)
                 variants.setdefault(f"q4/{isa}{tag}", (dtype, {}))[1][key] = ql
     rows = [int(r) for r in args.rows.split(",")]
-    res: dict = {"machine": machine_info(), "model": args.model, "architecture": margs.architecture,
-                 "shapes": {f"{n}x{k}": c for (n, k), c in shapes.items()},
-                 "ms_per_step": {}}  # fmt: skip
+    res: dict = {
+        "machine": machine_info(),
+        "model": args.model,
+        "architecture": margs.architecture,
+        "shapes": {f"{n}x{k}": c for (n, k), c in shapes.items()},
+        "ms_per_step": {},
+    }
     with torch.inference_mode():
         for m_rows in rows:
             out = {}
@@ -93,8 +102,10 @@ def main(argv: list[str] | None = None) -> dict:
                 out[name] = total
             res["ms_per_step"][m_rows] = out
     names = list(variants)
-    print(f"{args.model} ({margs.architecture}), {sum(shapes.values())} linears, "
-          f"{res['machine']['cpu']}, {res['machine']['threads']} threads: ms per step in linears")
+    print(
+        f"{args.model} ({margs.architecture}), {sum(shapes.values())} linears, "
+        f"{res['machine']['cpu']}, {res['machine']['threads']} threads: ms per step in linears"
+    )
     width = max(len(n) for n in names)
     print("rows | " + " | ".join(f"{n:>{width}}" for n in names))
     for m_rows, out in res["ms_per_step"].items():

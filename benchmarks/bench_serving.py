@@ -108,50 +108,91 @@ ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     s = p.add_argument_group("server")
     s.add_argument("--base-url", default="http://127.0.0.1:8000")
     s.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
     s.add_argument("--model", help="model name to send (default: the first id of GET /v1/models)")
     s.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
-    s.add_argument("--no-stream", dest="stream", action="store_false",
-                   help="non-streaming requests: e2e latency only")  # fmt: skip
-    s.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="do not send ignore_eos (for servers that reject the field)")  # fmt: skip
+    s.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="non-streaming requests: e2e latency only",
+    )
+    s.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="do not send ignore_eos (for servers that reject the field)",
+    )
     s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--extra-body", type=json.loads, default=None, metavar="JSON",
-                   help="fields merged into every request body, e.g. '{\"top_k\": 1}'")  # fmt: skip
+    s.add_argument(
+        "--extra-body",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="fields merged into every request body, e.g. '{\"top_k\": 1}'",
+    )
     s.add_argument("--timeout", type=float, default=3600.0, help="per-request timeout (s)")
     d = p.add_argument_group("prompts")
     d.add_argument("--dataset", choices=("random", "fixed", "jsonl"), default="random")
-    d.add_argument("--dataset-path", help="jsonl: the file; random: a text to cut (default: "
-                                          "benchmarks/data/pride_and_prejudice_ch1-6.txt)")  # fmt: skip
-    d.add_argument("--prompt", default="Write a short story about a lighthouse keeper.",
-                   help="fixed: the prompt")  # fmt: skip
+    d.add_argument(
+        "--dataset-path",
+        help="jsonl: the file; random: a text to cut (default: "
+        "benchmarks/data/pride_and_prejudice_ch1-6.txt)",
+    )
+    d.add_argument(
+        "--prompt",
+        default="Write a short story about a lighthouse keeper.",
+        help="fixed: the prompt",
+    )
     d.add_argument("--tokenizer", help="dir with tokenizer.json (or the file) to count tokens")
     d.add_argument("--num-prompts", type=int, default=100)
     d.add_argument("--input-len", type=int, default=128)
     d.add_argument("--output-len", type=int, default=128)
-    d.add_argument("--range-ratio", type=float, default=0.0,
-                   help="lengths uniform in [len*(1-r), len*(1+r)]")  # fmt: skip
+    d.add_argument(
+        "--range-ratio", type=float, default=0.0, help="lengths uniform in [len*(1-r), len*(1+r)]"
+    )
     d.add_argument("--seed", type=int, default=0)
     ld = p.add_argument_group("load shape")
-    ld.add_argument("--request-rate", type=float, default=math.inf,
-                    help="requests/s with Poisson arrivals; inf = all at once")  # fmt: skip
-    ld.add_argument("--burstiness", type=float, default=1.0,
-                    help="gamma shape of the arrival gaps (1 = Poisson)")  # fmt: skip
-    ld.add_argument("--submit-interval-ms", type=float, default=None,
-                    help="submit request i at t0 + i*X ms (instead of --request-rate)")  # fmt: skip
+    ld.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="requests/s with Poisson arrivals; inf = all at once",
+    )
+    ld.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the arrival gaps (1 = Poisson)",
+    )
+    ld.add_argument(
+        "--submit-interval-ms",
+        type=float,
+        default=None,
+        help="submit request i at t0 + i*X ms (instead of --request-rate)",
+    )
     ld.add_argument("--max-concurrency", type=int, default=None)
-    ld.add_argument("--warmup-requests", type=int, default=1,
-                    help="requests sent (and checked) before the measured run")  # fmt: skip
+    ld.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=1,
+        help="requests sent (and checked) before the measured run",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", help="write every figure, the args and per-request records")
     o.add_argument("--plot", help="PNG with latency CDFs and output tokens/s (matplotlib)")
     o.add_argument("--label", help="a name for this run, kept in the JSON and the plot")
-    o.add_argument("--series-interval", type=float, default=1.0,
-                   help="bin width (s) of the tokens/s time series")  # fmt: skip
+    o.add_argument(
+        "--series-interval",
+        type=float,
+        default=1.0,
+        help="bin width (s) of the tokens/s time series",
+    )
     o.add_argument("--disable-tqdm", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -167,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("--plot needs matplotlib: pip install matplotlib  (or pip install -e '.[bench]')",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                "--plot needs matplotlib: pip install matplotlib  (or pip install -e '.[bench]')",
+                file=sys.stderr,
+            )
             return 2
     import httpx
 

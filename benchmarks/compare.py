@@ -78,21 +78,34 @@ __all__ = [  # what tests and other scripts import from here
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="smollm2", help="as launch.py --model")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="engine dtype (rows a-c)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="engine dtype (rows a-c)",
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--engine-args", default="",
-                   help="more launch.py engine flags for rows a-c, e.g. '--kv-cache-memory-gb 2'")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="main-load requests (default: --concurrency)")  # fmt: skip
+    p.add_argument(
+        "--engine-args",
+        default="",
+        help="more launch.py engine flags for rows a-c, e.g. '--kv-cache-memory-gb 2'",
+    )
+    p.add_argument(
+        "--num-requests", type=int, default=None, help="main-load requests (default: --concurrency)"
+    )
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--single-requests", type=int, default=10,
-                   help="one-at-a-time requests (distinct prompts) for TTFT and prefill")
+    p.add_argument(
+        "--single-requests",
+        type=int,
+        default=10,
+        help="one-at-a-time requests (distinct prompts) for TTFT and prefill",
+    )
     p.add_argument("--single-output-len", type=int, default=16)
     p.add_argument("--workers-list", default="4,1", help="--tokenize-workers of each server row")
     p.add_argument("--skip-offline", action="store_true")
@@ -101,10 +114,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-batch", type=int, default=None, help="default: --concurrency")
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: on PATH)")
     p.add_argument("--gguf", help="GGUF for llama-server (default: the default model's)")
-    p.add_argument("--llama-threads", type=int, default=None,
-                   help="llama-server -t (default: torch's thread count, as our engine)")
-    p.add_argument("--llama-ctx-per-slot", type=int, default=None,
-                   help="default: the longest prompt + output, rounded up to 256")  # fmt: skip
+    p.add_argument(
+        "--llama-threads",
+        type=int,
+        default=None,
+        help="llama-server -t (default: torch's thread count, as our engine)",
+    )
+    p.add_argument(
+        "--llama-ctx-per-slot",
+        type=int,
+        default=None,
+        help="default: the longest prompt + output, rounded up to 256",
+    )
     p.add_argument("--llama-args", default="", help="more llama-server flags")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=1800.0)
@@ -114,8 +135,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.num_requests is None:
         args.num_requests = args.concurrency
-    if min(args.num_requests, args.concurrency, args.input_len, args.output_len,
-           args.single_output_len) < 1 or args.single_requests < 0:  # fmt: skip
+    if (
+        min(
+            args.num_requests,
+            args.concurrency,
+            args.input_len,
+            args.output_len,
+            args.single_output_len,
+        )
+        < 1
+        or args.single_requests < 0
+    ):
         p.error("sizes must be >= 1 (--single-requests >= 0)")
     try:
         workers = [int(x) for x in args.workers_list.split(",") if x.strip()]
@@ -142,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(bench_serving.jsonable(res), indent=1, allow_nan=False,
-                                   default=str))  # fmt: skip
+        path.write_text(
+            json.dumps(bench_serving.jsonable(res), indent=1, allow_nan=False, default=str)
+        )
         print(f"wrote {path}")
     return 1 if any(r["status"] == "error" for r in res["rows"]) else 0
 

@@ -48,8 +48,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     for flag, (_, name, typ) in _FLAGS.items():
         parser.add_argument(flag, dest=name, type=typ, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true", default=None)
-    parser.add_argument("--no-ui", action="store_true", default=None,
-                        help="serve no web page at / (it answers 404)")
+    parser.add_argument(
+        "--no-ui", action="store_true", default=None, help="serve no web page at / (it answers 404)"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -81,12 +81,18 @@ class ModelConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+            raise ConfigError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
         if self.kernels not in KERNELS:
             raise ConfigError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
-        if self.quantization not in ("auto", "none") and (self.dtype == "float16" or self.device == "cuda"):
-            raise ConfigError(f"quantization {self.quantization!r} runs on the CPU with dtype "
-                              f"bfloat16 or float32 (got device {self.device!r}, dtype {self.dtype!r})")
+        if self.quantization not in ("auto", "none") and (
+            self.dtype == "float16" or self.device == "cuda"
+        ):
+            raise ConfigError(
+                f"quantization {self.quantization!r} runs on the CPU with dtype "
+                f"bfloat16 or float32 (got device {self.device!r}, dtype {self.dtype!r})"
+            )
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -174,8 +180,9 @@ class ServerConfig:
         if self.max_tokens_limit is not None:
             _at_least(self, 1, "max_tokens_limit")
         if not 0 <= self.max_stop_strings <= MAX_STOP_STRINGS:
-            raise ConfigError(f"max_stop_strings must be in [0, {MAX_STOP_STRINGS}], "
-                              f"got {self.max_stop_strings}")  # fmt: skip
+            raise ConfigError(
+                f"max_stop_strings must be in [0, {MAX_STOP_STRINGS}], got {self.max_stop_strings}"
+            )
         _positive_seconds(self, "request_timeout_s", "startup_timeout_s")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")

@@ -40,8 +40,10 @@ def check_private_dir(path: str | Path) -> Path:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"run dir {path} does not exist (a component creates it when "
-                                "it starts: common.endpoints.ensure_run_dir)") from None  # fmt: skip
+        raise FileNotFoundError(
+            f"run dir {path} does not exist (a component creates it when "
+            "it starts: common.endpoints.ensure_run_dir)"
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise PermissionError(f"run dir {path} is not a directory (or is a symlink)")
     if st.st_uid != os.getuid():

@@ -31,13 +31,21 @@ from common.model_source import ModelSourceError
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
 _LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-              "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 SHARD_BYTES = 2 << 30
 LLAMA3_ORIGINAL_CONTEXT = 8192  # llama.cpp stores llama3 rope as factors, not its parameters
 
@@ -79,16 +87,22 @@ def inspect_gguf(path: Path):
     size = path.stat().st_size
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:
-            raise ModelSourceError(f"GGUF file {path} is truncated: tensor {t.name} ends past "
-                                   f"the end of the file ({size} bytes)")
+            raise ModelSourceError(
+                f"GGUF file {path} is truncated: tensor {t.name} ends past "
+                f"the end of the file ({size} bytes)"
+            )
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHS:
-        raise ModelSourceError(f"GGUF file {path}: architecture {arch!r} is not supported; "
-                               f"supported GGUF architectures: {', '.join(SUPPORTED_GGUF_ARCHS)}")
+        raise ModelSourceError(
+            f"GGUF file {path}: architecture {arch!r} is not supported; "
+            f"supported GGUF architectures: {', '.join(SUPPORTED_GGUF_ARCHS)}"
+        )
     needed = ("block_count", "attention.head_count", "feed_forward_length")
     missing = [f"{arch}.{k}" for k in needed if not isinstance(_field(reader, f"{arch}.{k}"), int)]
     if missing:
-        raise ModelSourceError(f"GGUF file {path} lacks (or has odd) metadata: {', '.join(missing)}")
+        raise ModelSourceError(
+            f"GGUF file {path} lacks (or has odd) metadata: {', '.join(missing)}"
+        )
     return reader
 
 
@@ -106,8 +120,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     writer = _ShardWriter(out_dir)
     names, embed_shape, rope_factors = set(), None, None
     try:
-        for t in tqdm(reader.tensors, desc=f"converting {gguf_path.name}", unit="tensor",
-                      disable=not progress, file=sys.stderr):
+        for t in tqdm(
+            reader.tensors,
+            desc=f"converting {gguf_path.name}",
+            unit="tensor",
+            disable=not progress,
+            file=sys.stderr,
+        ):
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
             w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
             if t.name == "rope_freqs.weight":
@@ -115,8 +134,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
                 continue
             name = hf_name(t.name)
             if name is None:
-                raise ModelSourceError(f"GGUF file {gguf_path}: unexpected tensor {t.name} for "
-                                       f"architecture {arch!r}")
+                raise ModelSourceError(
+                    f"GGUF file {gguf_path}: unexpected tensor {t.name} for architecture {arch!r}"
+                )
             if arch == "llama" and ".q_proj." in name:
                 w = unpermute(w, n_head)
             elif arch == "llama" and ".k_proj." in name:
@@ -128,18 +148,33 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     except (ValueError, IndexError, NotImplementedError, TypeError) as e:
         raise ModelSourceError(f"GGUF file {gguf_path}: cannot dequantize: {e}") from e
     n_layers = int(_field(reader, p + "block_count"))
-    missing = [f"blk.{i}.{k}.weight" for i in range(n_layers) for k in _LAYER_NAMES
-               if hf_name(f"blk.{i}.{k}.weight") not in names]
-    missing += [k for k in ("token_embd.weight", "output_norm.weight") if _TOP_NAMES[k] not in names]
+    missing = [
+        f"blk.{i}.{k}.weight"
+        for i in range(n_layers)
+        for k in _LAYER_NAMES
+        if hf_name(f"blk.{i}.{k}.weight") not in names
+    ]
+    missing += [
+        k for k in ("token_embd.weight", "output_norm.weight") if _TOP_NAMES[k] not in names
+    ]
     if missing:
         raise ModelSourceError(f"GGUF file {gguf_path} lacks tensors: {', '.join(missing[:8])}")
     assert embed_shape is not None  # token_embd.weight is there
     writer.close()
-    config = hf_config(reader, arch, tie="lm_head.weight" not in names, vocab=embed_shape[0],
-                       hidden=embed_shape[1], rope_factors=rope_factors)
+    config = hf_config(
+        reader,
+        arch,
+        tie="lm_head.weight" not in names,
+        vocab=embed_shape[0],
+        hidden=embed_shape[1],
+        rope_factors=rope_factors,
+    )
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-           if config.get(k) is not None}
+    gen = {
+        k: config[k]
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if config.get(k) is not None
+    }
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
     _write_tokenizer(reader, gguf_path, out_dir, config["max_position_embeddings"])
 
@@ -179,8 +214,12 @@ class _ShardWriter:
         (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def llama3_rope_parameters(factors: np.ndarray, theta: float, head_dim: int,
-                           original_context: int = LLAMA3_ORIGINAL_CONTEXT) -> dict:
+def llama3_rope_parameters(
+    factors: np.ndarray,
+    theta: float,
+    head_dim: int,
+    original_context: int = LLAMA3_ORIGINAL_CONTEXT,
+) -> dict:
     """Recover HF's llama3 rope parameters from llama.cpp's per-frequency `rope_freqs`.
 
     llama.cpp writes r_i = 1 (short wavelengths), `factor` (long ones) and, between,
@@ -197,9 +236,14 @@ def llama3_rope_parameters(factors: np.ndarray, theta: float, head_dim: int,
         s = (1 / factors[mid] - 1 / factor) / (1 - 1 / factor)
         slope, low = np.polyfit(s, x[mid], 1)
         low, high = round(float(low), 3), round(float(low + slope), 3)
-    params = {"rope_type": "llama3", "rope_theta": theta, "factor": factor,
-              "low_freq_factor": low, "high_freq_factor": high,
-              "original_max_position_embeddings": original_context}
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": original_context,
+    }
     s = np.clip((x - low) / (high - low), 0.0, 1.0)
     expected = 1 / ((1 - s) / factor + s)
     if factor <= 1 or not np.allclose(expected, factors, rtol=1e-3):
@@ -212,8 +256,9 @@ def _f32(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def hf_config(reader, arch: str, tie: bool, vocab: int, hidden: int,
-              rope_factors: np.ndarray | None = None) -> dict:
+def hf_config(
+    reader, arch: str, tie: bool, vocab: int, hidden: int, rope_factors: np.ndarray | None = None
+) -> dict:
     p = f"{arch}."
     n_head = int(_field(reader, p + "attention.head_count"))
     head_dim = int(_field(reader, p + "attention.key_length", hidden // n_head))
@@ -226,12 +271,15 @@ def hf_config(reader, arch: str, tie: bool, vocab: int, hidden: int,
         if scaling == "yarn" and orig_ctx:
             rope["original_max_position_embeddings"] = int(orig_ctx)
     elif scaling != "none":
-        raise ModelSourceError(f"GGUF rope scaling {scaling!r} is not supported "
-                               "(supported: none, linear, yarn, llama3 rope_freqs)")
+        raise ModelSourceError(
+            f"GGUF rope scaling {scaling!r} is not supported "
+            "(supported: none, linear, yarn, llama3 rope_freqs)"
+        )
     if rope_factors is not None:
         try:
-            rope = llama3_rope_parameters(rope_factors, theta, head_dim,
-                                          int(orig_ctx or LLAMA3_ORIGINAL_CONTEXT))
+            rope = llama3_rope_parameters(
+                rope_factors, theta, head_dim, int(orig_ctx or LLAMA3_ORIGINAL_CONTEXT)
+            )
         except ValueError as e:
             raise ModelSourceError(f"GGUF file: {e}") from e
     hf_arch, model_type = _HF_ARCH[arch]
@@ -269,8 +317,12 @@ def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> No
     except Exception as e:  # noqa: BLE001 (transformers raises many kinds)
         raise ModelSourceError(f"GGUF file {gguf_path}: cannot convert its tokenizer: {e}") from e
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    for attr, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("pad_token", "padding_token_id"), ("unk_token", "unknown_token_id")):
+    for attr, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("pad_token", "padding_token_id"),
+        ("unk_token", "unknown_token_id"),
+    ):
         token_id = _field(reader, f"tokenizer.ggml.{key}")
         if token_id is not None and token_id < len(tokens):
             setattr(tok, attr, tokens[token_id])

@@ -29,8 +29,9 @@ class Heartbeat:
         self.config = config
         self.component = component
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"{component}-heartbeat",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, name=f"{component}-heartbeat", daemon=True
+        )
 
     def start(self) -> Heartbeat:
         self._thread.start()

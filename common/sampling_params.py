@@ -50,8 +50,14 @@ class SamplingParams:
             if not ok:
                 raise InvalidParameterError(param, f"{param}: {msg}")
 
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ):
             v = getattr(self, name)
             check(isinstance(v, (int, float)) and not isinstance(v, bool), name, "must be a number")
             check(math.isfinite(v), name, f"must be finite, got {v}")
@@ -66,43 +72,88 @@ class SamplingParams:
             check(isinstance(getattr(self, name), bool), name, "must be a boolean")
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
         check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
-        check(self.min_tokens <= self.max_tokens, "min_tokens",
-              f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        check(
+            self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
+        )
         check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.top_k >= -1, "top_k", f"must be -1 (disabled) or >= 0, got {self.top_k}")
         check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        check(self.repetition_penalty > 0.0, "repetition_penalty",
-              f"must be > 0, got {self.repetition_penalty}")
-        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
-              f"must be in [-2, 2], got {self.presence_penalty}")
-        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
-              f"must be in [-2, 2], got {self.frequency_penalty}")
+        check(
+            self.repetition_penalty > 0.0,
+            "repetition_penalty",
+            f"must be > 0, got {self.repetition_penalty}",
+        )
+        check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            f"must be in [-2, 2], got {self.presence_penalty}",
+        )
+        check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            f"must be in [-2, 2], got {self.frequency_penalty}",
+        )
         if self.seed is not None:
-            check(isinstance(self.seed, int) and not isinstance(self.seed, bool)
-                  and -(2**63) <= self.seed < 2**64, "seed", "must be a 64-bit integer")
-        check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
-              "stop", "must be a list of non-empty strings")
-        check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
-              f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+            check(
+                isinstance(self.seed, int)
+                and not isinstance(self.seed, bool)
+                and -(2**63) <= self.seed < 2**64,
+                "seed",
+                "must be a 64-bit integer",
+            )
+        check(
+            isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            "must be a list of non-empty strings",
+        )
+        check(
+            len(self.stop) <= MAX_STOP_STRINGS,
+            "stop",
+            f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}",
+        )
         longest = max(map(len, self.stop), default=0)
-        check(longest <= MAX_STOP_STRING_CHARS, "stop",
-              f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got {longest}")
-        check(isinstance(self.stop_token_ids, list)
-              and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                      for t in self.stop_token_ids),
-              "stop_token_ids", "must be a list of non-negative integers")
-        check(all(t <= INT64_MAX for t in self.stop_token_ids), "stop_token_ids",
-              "ids must fit in a 64-bit integer")
-        check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
-              f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
+        check(
+            longest <= MAX_STOP_STRING_CHARS,
+            "stop",
+            f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got {longest}",
+        )
+        check(
+            isinstance(self.stop_token_ids, list)
+            and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                for t in self.stop_token_ids
+            ),
+            "stop_token_ids",
+            "must be a list of non-negative integers",
+        )
+        check(
+            all(t <= INT64_MAX for t in self.stop_token_ids),
+            "stop_token_ids",
+            "ids must fit in a 64-bit integer",
+        )
+        check(
+            len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+            "stop_token_ids",
+            f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}",
+        )
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if t >= vocab_size]
-            check(not bad, "stop_token_ids", f"ids {bad[:4]} are outside the vocabulary (size {vocab_size})")
+            check(
+                not bad,
+                "stop_token_ids",
+                f"ids {bad[:4]} are outside the vocabulary (size {vocab_size})",
+            )
         if self.logprobs is not None:
-            check(isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                  and 0 <= self.logprobs <= MAX_LOGPROBS,
-                  "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            check(
+                isinstance(self.logprobs, int)
+                and not isinstance(self.logprobs, bool)
+                and 0 <= self.logprobs <= MAX_LOGPROBS,
+                "logprobs",
+                f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}",
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,5 +164,7 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise InvalidParameterError(sorted(unknown)[0], f"unknown sampling parameter(s): {sorted(unknown)}")
+            raise InvalidParameterError(
+                sorted(unknown)[0], f"unknown sampling parameter(s): {sorted(unknown)}"
+            )
         return cls(**data)

@@ -30,8 +30,15 @@ class QueueFull(RuntimeError):
 
 
 class _Queue:
-    def __init__(self, kind: int, endpoint: str, bind: bool, ctx: zmq.Context | None,
-                 hwm: int, linger_ms: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kind: int,
+        endpoint: str,
+        bind: bool,
+        ctx: zmq.Context | None,
+        hwm: int,
+        linger_ms: int,
+    ) -> None:
         self.endpoint = check_endpoint(endpoint)
         self.socket = (ctx or zmq.Context.instance()).socket(kind)
         self.socket.setsockopt(zmq.LINGER, linger_ms)
@@ -65,9 +72,16 @@ class _Queue:
 
 
 class PushQueue(_Queue):
-    def __init__(self, endpoint: str, bind: bool, ctx: zmq.Context | None = None, *,
-                 hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS,
-                 encoder: Callable[[Message], bytes] = encode) -> None:  # fmt: skip
+    def __init__(
+        self,
+        endpoint: str,
+        bind: bool,
+        ctx: zmq.Context | None = None,
+        *,
+        hwm: int = DEFAULT_HWM,
+        linger_ms: int = DEFAULT_LINGER_MS,
+        encoder: Callable[[Message], bytes] = encode,
+    ) -> None:
         super().__init__(zmq.PUSH, endpoint, bind, ctx, hwm, linger_ms)
         self._encode = encoder
 
@@ -91,9 +105,16 @@ class PushQueue(_Queue):
 
 
 class PullQueue(_Queue):
-    def __init__(self, endpoint: str, bind: bool, ctx: zmq.Context | None = None, *,
-                 hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS,
-                 decoder: Callable[[bytes], Message] = decode) -> None:  # fmt: skip
+    def __init__(
+        self,
+        endpoint: str,
+        bind: bool,
+        ctx: zmq.Context | None = None,
+        *,
+        hwm: int = DEFAULT_HWM,
+        linger_ms: int = DEFAULT_LINGER_MS,
+        decoder: Callable[[bytes], Message] = decode,
+    ) -> None:
         super().__init__(zmq.PULL, endpoint, bind, ctx, hwm, linger_ms)
         self._decode = decoder
         self.num_dropped = 0
@@ -110,8 +131,12 @@ class PullQueue(_Queue):
             return True, self._decode(parts[0])
         except WireError as e:
             self.num_dropped += 1
-            log.warning("dropped malformed frame on %s (%d bytes): %s",
-                        self.endpoint, sum(map(len, parts)), e)  # fmt: skip
+            log.warning(
+                "dropped malformed frame on %s (%d bytes): %s",
+                self.endpoint,
+                sum(map(len, parts)),
+                e,
+            )
             return True, None
 
     def get(self, timeout_ms: int | None = None) -> Message | None:

@@ -38,9 +38,13 @@ class RequestDetokenizer:
     """Stateful per request. `tokenizer` needs `decode(ids, skip_special_tokens=...) -> str`
     (a `tokenizers.Tokenizer`)."""
 
-    def __init__(self, tokenizer: Any, stop: list[str] | None = None,
-                 skip_special_tokens: bool = True,
-                 include_stop_str_in_output: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Any,
+        stop: list[str] | None = None,
+        skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.include_stop_str_in_output = include_stop_str_in_output

@@ -49,7 +49,9 @@ class DetokWorker:
     def __init__(self, config: Config, tokenizer: Tokenizer | None = None) -> None:
         self.config = config
         if tokenizer is None:
-            model_dir = resolve_model(config.engine.model.model, config.engine.model.resolved_cache_dir)
+            model_dir = resolve_model(
+                config.engine.model.model, config.engine.model.resolved_cache_dir
+            )
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -72,7 +74,9 @@ class DetokWorker:
             log.warning("dropping step %d: %s", msg.step, e)
             return pack_text_outputs([])
         for rid, stop, skip_special, include_stop in msg.new_requests:
-            self.requests[rid] = RequestDetokenizer(self.tokenizer, stop, skip_special, include_stop)
+            self.requests[rid] = RequestDetokenizer(
+                self.tokenizer, stop, skip_special, include_stop
+            )
         texts = (self._detokenize(o) for o in outputs)
         return pack_text_outputs([t for t in texts if t is not None])
 
@@ -91,8 +95,12 @@ class DetokWorker:
             log.warning("dropping bad token ids for %s: %s", rid, e)
             return None
         stop_token = o.stop_token_id
-        if stop_token is not None and ids and ids[-1] == stop_token \
-                and not det.include_stop_str_in_output:  # fmt: skip
+        if (
+            stop_token is not None
+            and ids
+            and ids[-1] == stop_token
+            and not det.include_stop_str_in_output
+        ):
             ids = ids[:-1]  # as vLLM: the stop token's text is not output
         text, stop_hit = det.add_tokens(ids)
         reason = o.finish_reason
@@ -115,9 +123,17 @@ class DetokWorker:
             timing["detok_time_s"] = self.detok_s.pop(rid, 0.0) + time.perf_counter() - t0
             timing["detok_sent_time"] = time.time()
         lps = self._name_tokens(new_ids, o.logprobs) if o.logprobs else o.logprobs
-        return TextOutput(rid, text, reason, o.num_prompt_tokens, o.num_output_tokens,
-                          o.new_token_ids, lps, timing,
-                          det.stop_str if det.stop_str is not None else stop_token)  # fmt: skip
+        return TextOutput(
+            rid,
+            text,
+            reason,
+            o.num_prompt_tokens,
+            o.num_output_tokens,
+            o.new_token_ids,
+            lps,
+            timing,
+            det.stop_str if det.stop_str is not None else stop_token,
+        )
 
     def _name_tokens(self, ids: list[int], lps: list) -> list:
         """Each per-token logprob entry [logprob, [[id, logprob], ...]] gets a third item:
@@ -127,8 +143,9 @@ class DetokWorker:
             flat = [t for row in wanted for t in row]
             if any(type(t) is not int or not 0 <= t < self.vocab_size for t in flat):
                 return lps
-            texts = iter(self.tokenizer.decode_batch([[t] for t in flat],
-                                                     skip_special_tokens=False))  # fmt: skip
+            texts = iter(
+                self.tokenizer.decode_batch([[t] for t in flat], skip_special_tokens=False)
+            )
             return [[*entry[:2], [next(texts) for _ in row]] for entry, row in zip(lps, wanted)]
         except (TypeError, ValueError, IndexError):  # malformed: the frontend names ids
             return lps
@@ -147,8 +164,10 @@ class DetokWorker:
         self.heartbeat("ready")
         beacon = Heartbeat(self.config, "detok").start()  # beats even while busy
         hb = self.config.heartbeat_s
-        while self.running or (time.monotonic() - self.quiet_since < DRAIN_QUIET_S
-                               and time.monotonic() < self.drain_deadline):  # fmt: skip
+        while self.running or (
+            time.monotonic() - self.quiet_since < DRAIN_QUIET_S
+            and time.monotonic() < self.drain_deadline
+        ):
             msgs = self.inbox.get_batch(timeout_ms=int(hb * 1000 if self.running else 100))
             if msgs:
                 self.quiet_since = time.monotonic()

@@ -48,9 +48,14 @@ def _auth_dependency(api_key: str | None):
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            raise APIError(401, "Invalid or missing API key (Authorization: Bearer <key>).",
-                           "invalid_request_error", None, "invalid_api_key",
-                           {"WWW-Authenticate": "Bearer"})  # fmt: skip
+            raise APIError(
+                401,
+                "Invalid or missing API key (Authorization: Bearer <key>).",
+                "invalid_request_error",
+                None,
+                "invalid_api_key",
+                {"WWW-Authenticate": "Bearer"},
+            )
 
     return check_api_key
 
@@ -61,8 +66,7 @@ def body_schema(model: type[BaseModel]) -> dict:
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
     defs = schema.pop("$defs", {})
     _BODY_DEFS.update(defs)
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": schema}}}}  # fmt: skip
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 _BODY_DEFS: dict[str, dict] = {}
@@ -84,16 +88,22 @@ def create_app(config: Config) -> FastAPI:
         try:
             if config.server.listen_when_ready:
                 try:
-                    await client.health.wait_ready(config.server.startup_timeout_s,
-                                                   stopped=lambda: client.draining)  # fmt: skip
+                    await client.health.wait_ready(
+                        config.server.startup_timeout_s, stopped=lambda: client.draining
+                    )
                 except StartupStopped:  # a stop signal came first: uvicorn exits after startup
                     log.info("stopped before every component was up")
             yield
         finally:
             client.close()
 
-    app = FastAPI(title="zeroserve", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json")  # fmt: skip
+    app = FastAPI(
+        title="zeroserve",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.client = client
     app.state.metrics = metrics
 
@@ -103,8 +113,9 @@ def create_app(config: Config) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        body = error_body(str(exc.detail), status_type(exc.status_code), None,
-                          status_code_name(exc.status_code))  # fmt: skip
+        body = error_body(
+            str(exc.detail), status_type(exc.status_code), None, status_code_name(exc.status_code)
+        )
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -132,9 +143,14 @@ def create_app(config: Config) -> FastAPI:
 
     def model_card() -> dict:
         engine = client.health.liveness.engine
-        return {"id": config.model_name, "object": "model", "created": started,
-                "owned_by": "zeroserve", "root": config.engine.model.model,
-                "max_model_len": engine.max_model_len if engine else None}  # fmt: skip
+        return {
+            "id": config.model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "zeroserve",
+            "root": config.engine.model.model,
+            "max_model_len": engine.max_model_len if engine else None,
+        }
 
     @api.get("/v1/models")
     async def list_models() -> JSONResponse:
@@ -164,11 +180,15 @@ def create_app(config: Config) -> FastAPI:
         missing = client.health.liveness.missing(now)
         components = client.health.liveness.report(now)
         if client.draining:
-            return JSONResponse({"status": "draining", "missing": missing,
-                                 "components": components}, status_code=503)  # fmt: skip
+            return JSONResponse(
+                {"status": "draining", "missing": missing, "components": components},
+                status_code=503,
+            )
         if missing:
-            return JSONResponse({"status": "unavailable", "missing": missing,
-                                 "components": components}, status_code=503)  # fmt: skip
+            return JSONResponse(
+                {"status": "unavailable", "missing": missing, "components": components},
+                status_code=503,
+            )
         return JSONResponse({"status": "ok", "components": components})
 
     @app.get("/metrics")

@@ -58,8 +58,9 @@ class EngineClient:
     def __init__(self, config: Config, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.health = HealthMonitor(config.heartbeat_s, self.fail_all, self.fail_lost,
-                                    self._send_scheduler)  # fmt: skip
+        self.health = HealthMonitor(
+            config.heartbeat_s, self.fail_all, self.fail_lost, self._send_scheduler
+        )
         self.routes: dict[str, tuple[RequestHandle, int]] = {}
         self.draining = False  # set on SIGTERM: new requests get 503
         self._stop = threading.Event()
@@ -81,8 +82,11 @@ class EngineClient:
         self.health.start(self._to_scheduler.socket, ipc.endpoint("detok"), ctx)
         self._thread = threading.Thread(target=self._recv_loop, name="frontend-inbox", daemon=True)
         self._thread.start()
-        log.info("frontend sockets up: tokenizer %s, inbox %s", self._to_tokenizer.endpoint,
-                 self._inbox.endpoint)  # fmt: skip
+        log.info(
+            "frontend sockets up: tokenizer %s, inbox %s",
+            self._to_tokenizer.endpoint,
+            self._inbox.endpoint,
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -154,13 +158,28 @@ class EngineClient:
             timings = o.timings if isinstance(o.timings, dict) else None
             if o.finish_reason is not None:
                 del routes[o.rid]
-            self.metrics.on_output(handle, index, o.num_prompt_tokens, o.num_output_tokens,
-                                   o.finish_reason, timings, now)  # fmt: skip
-            handle.queue.put_nowait(Delta(
-                index, o.text, o.finish_reason, o.stop_reason, o.num_prompt_tokens,
-                o.num_output_tokens, o.token_ids, o.logprobs,
-                shown_timings(timings) if handle.return_timings else None,
-            ))  # fmt: skip
+            self.metrics.on_output(
+                handle,
+                index,
+                o.num_prompt_tokens,
+                o.num_output_tokens,
+                o.finish_reason,
+                timings,
+                now,
+            )
+            handle.queue.put_nowait(
+                Delta(
+                    index,
+                    o.text,
+                    o.finish_reason,
+                    o.stop_reason,
+                    o.num_prompt_tokens,
+                    o.num_output_tokens,
+                    o.token_ids,
+                    o.logprobs,
+                    shown_timings(timings) if handle.return_timings else None,
+                )
+            )
 
     def _on_error(self, msg: RequestError) -> None:
         self.health.handoffs.forget(msg.rid)
@@ -168,14 +187,19 @@ class EngineClient:
         if route is None:
             return
         status = msg.status if 400 <= msg.status <= 599 else 500
-        route[0].queue.put_nowait(renamed(APIError(status, msg.message, msg.type, msg.param),
-                                          route[0].aliases))  # fmt: skip
+        route[0].queue.put_nowait(
+            renamed(APIError(status, msg.message, msg.type, msg.param), route[0].aliases)
+        )
 
     # -- requests (on the event loop) -----------------------------------------------------
-    async def submit(self, reqs: list[TokenizeRequest], arrival: float,
-                     receive: Receive | None = None,
-                     aliases: dict[str, str] | None = None,
-                     return_timings: bool = False) -> RequestHandle:  # fmt: skip
+    async def submit(
+        self,
+        reqs: list[TokenizeRequest],
+        arrival: float,
+        receive: Receive | None = None,
+        aliases: dict[str, str] | None = None,
+        return_timings: bool = False,
+    ) -> RequestHandle:
         """Send one HTTP request's sub-requests to the tokenizer pool. Raises APIError 503
         when components are missing or too many sub-requests are in flight. A worker's
         error names parameters as the client did (`aliases`, see protocol.param_aliases);
@@ -187,10 +211,16 @@ class EngineClient:
             raise unavailable(f"server not ready: waiting for {', '.join(missing)}", "not_ready")
         limit = self.config.server.max_queued_requests
         if len(self.routes) + len(reqs) > limit:
-            raise unavailable(f"too many requests in flight (limit {limit}); retry later",
-                              "overloaded")  # fmt: skip
-        handle = RequestHandle([r.rid for r in reqs], arrival, self.config.server.request_timeout_s,
-                               aliases, return_timings)  # fmt: skip
+            raise unavailable(
+                f"too many requests in flight (limit {limit}); retry later", "overloaded"
+            )
+        handle = RequestHandle(
+            [r.rid for r in reqs],
+            arrival,
+            self.config.server.request_timeout_s,
+            aliases,
+            return_timings,
+        )
         try:
             for i, req in enumerate(reqs):
                 await self._send_to_tokenizer(req)
@@ -215,8 +245,9 @@ class EngineClient:
                 raise invalid(f"request cannot be encoded: {e}") from None
             except QueueFull:
                 if time.monotonic() >= deadline:
-                    raise unavailable("no tokenizer worker is accepting requests",
-                                      "overloaded") from None  # fmt: skip
+                    raise unavailable(
+                        "no tokenizer worker is accepting requests", "overloaded"
+                    ) from None
             await asyncio.sleep(SEND_RETRY_SLEEP_S)
 
     def release(self, handle: RequestHandle, reason: str) -> None:
@@ -241,8 +272,9 @@ class EngineClient:
                 continue
             num += 1
             # what it computed counts, as for finished requests (the last step may be missed)
-            self.metrics.on_aborted(handle.num_prompt_tokens[index],
-                                    handle.num_output_tokens[index])  # fmt: skip
+            self.metrics.on_aborted(
+                handle.num_prompt_tokens[index], handle.num_output_tokens[index]
+            )
             if not self._send_scheduler(AbortRequest(rid, reason)):
                 log.warning("abort of %s not sent: scheduler queue full", rid)
         if num:
@@ -267,9 +299,18 @@ class EngineClient:
             return
         log.error("%s %s: failing %d request(s) in flight", component, why, len(handles))
         for handle in handles.values():
-            self._interrupt(handle, f"{component}_failed", APIError(
-                503, f"the {component} process failed while serving this request; it was not "
-                     "completed, retry it", "server_error", None, "component_failed"))  # fmt: skip
+            self._interrupt(
+                handle,
+                f"{component}_failed",
+                APIError(
+                    503,
+                    f"the {component} process failed while serving this request; it was not "
+                    "completed, retry it",
+                    "server_error",
+                    None,
+                    "component_failed",
+                ),
+            )
 
     def fail_lost(self, rids: list[str], why: str) -> None:
         """Fail the requests of `rids` (a dead or hung tokenizer worker held them)."""
@@ -277,16 +318,28 @@ class EngineClient:
         if handles:
             log.error("%s: failing %d request(s) it had not started", why, len(handles))
         for handle in handles.values():
-            self._interrupt(handle, "tokenizer_failed", APIError(
-                503, "the tokenizer worker holding this request stopped before starting it; "
-                     "retry it", "server_error", None, "component_failed"))  # fmt: skip
+            self._interrupt(
+                handle,
+                "tokenizer_failed",
+                APIError(
+                    503,
+                    "the tokenizer worker holding this request stopped before starting it; "
+                    "retry it",
+                    "server_error",
+                    None,
+                    "component_failed",
+                ),
+            )
 
     def fail_remaining(self) -> None:
         """What still runs at shutdown (past the drain) ends with a 503, streams with an
         error event, instead of a cut connection."""
         for handle, _ in list(self.routes.values()):
-            self._interrupt(handle, "shutdown", unavailable(
-                "server is shutting down; the request was not completed", "shutdown"))
+            self._interrupt(
+                handle,
+                "shutdown",
+                unavailable("server is shutting down; the request was not completed", "shutdown"),
+            )
 
     def fail_remaining_threadsafe(self) -> None:
         """fail_remaining, from another thread (the drain timer)."""

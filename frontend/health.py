@@ -185,8 +185,12 @@ class TokenizerHandoffs:
         """Forget dead pids liveness no longer tracks (`known`: the pids it does)."""
         self._lost_pids &= known
 
-    def lost(self, now: float, dead: set[int] | frozenset[int] = frozenset(),
-             grace_s: float = ACK_GRACE_S) -> list[str]:  # fmt: skip
+    def lost(
+        self,
+        now: float,
+        dead: set[int] | frozenset[int] = frozenset(),
+        grace_s: float = ACK_GRACE_S,
+    ) -> list[str]:
         """Forget and return the rids a dead or hung worker holds: those no worker took
         within grace_s (in its pipe: a live worker takes its whole pipe at every loop) and
         those a `dead` worker took but never passed on."""
@@ -203,9 +207,13 @@ class HealthMonitor:
     why)` for everything in flight, `fail_lost(rids, why)` for what a tokenizer held. The
     client feeds `liveness` and `handoffs` from the inbox and reads them directly."""
 
-    def __init__(self, heartbeat_s: float, fail_component: Callable[[str, str], None],
-                 fail_lost: Callable[[list[str], str], None],
-                 send_scheduler: Callable[[Message], bool]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        heartbeat_s: float,
+        fail_component: Callable[[str, str], None],
+        fail_lost: Callable[[list[str], str], None],
+        send_scheduler: Callable[[Message], bool],
+    ) -> None:
         self.heartbeat_s = heartbeat_s
         self.liveness = Liveness(heartbeat_s)
         self.handoffs = TokenizerHandoffs()  # which tokenizer worker holds which rid
@@ -224,8 +232,10 @@ class HealthMonitor:
         """Watch the connections of `scheduler` (the client's socket to it) and of a probe
         connected to the detok, and start the watchdog."""
         self._detok_probe = PushQueue(detok_endpoint, bind=False, ctx=ctx)
-        self._watches = {"scheduler": PeerWatch(scheduler),
-                         "detok": PeerWatch(self._detok_probe.socket)}  # fmt: skip
+        self._watches = {
+            "scheduler": PeerWatch(scheduler),
+            "detok": PeerWatch(self._detok_probe.socket),
+        }
         self._watchdog = asyncio.ensure_future(self._watch())
 
     def close(self) -> None:
@@ -269,8 +279,11 @@ class HealthMonitor:
             if old is not None and old != msg.pid:
                 self._fail_component(msg.component, f"restarted (pid {old} -> {msg.pid})")
         self.liveness.on_component(msg, now)
-        if msg.kind == "stopping" and msg.component in ("scheduler", "detok") \
-                and self._alive[msg.component]:  # fmt: skip
+        if (
+            msg.kind == "stopping"
+            and msg.component in ("scheduler", "detok")
+            and self._alive[msg.component]
+        ):
             # its outputs came before this: what is still open, it gave up (drain deadline)
             self._alive[msg.component] = False
             self._settle_until.pop(msg.component, None)
@@ -301,8 +314,9 @@ class HealthMonitor:
                 now = time.monotonic()
                 if now - last_beat >= self.heartbeat_s:  # tells the scheduler our pid: a
                     last_beat = now  # new one means requests of a dead frontend are orphans
-                    self._send_scheduler(ComponentStatus("frontend", os.getpid(), "heartbeat",
-                                                         time.time()))  # fmt: skip
+                    self._send_scheduler(
+                        ComponentStatus("frontend", os.getpid(), "heartbeat", time.time())
+                    )
                 self.check(now)
             except Exception:  # the watchdog must outlive any surprise
                 log.exception("component watchdog failed")
@@ -317,14 +331,17 @@ class HealthMonitor:
             if self._alive[name] and not alive:
                 if settling:
                     continue
-                self._fail_component(name, "disconnected" if name in self._settle_until
-                                     else "stopped responding")  # fmt: skip
+                self._fail_component(
+                    name, "disconnected" if name in self._settle_until else "stopped responding"
+                )
             self._settle_until.pop(name, None)
             self._alive[name] = alive
         if dead:
             self._fail_lost(handoffs.lost(now, dead), f"tokenizer worker(s) {sorted(dead)} stopped")
         elif handoffs.unacked:  # a worker that hangs but keeps its socket still gets its
             # share of new requests: none may wait out the request timeout
-            self._fail_lost(handoffs.lost(now, grace_s=liveness.window_s),
-                            "a tokenizer worker is not taking requests")  # fmt: skip
+            self._fail_lost(
+                handoffs.lost(now, grace_s=liveness.window_s),
+                "a tokenizer worker is not taking requests",
+            )
         handoffs.prune(set(liveness.tokenizers))

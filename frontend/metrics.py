@@ -25,12 +25,74 @@ from common.messages import EngineStatus
 from frontend.request_handle import RequestHandle
 
 P = "zeroserve:"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)  # fmt: skip
-E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-               40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+)
+E2E_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+)
 RATE_WINDOW_S = 5.0  # the window of the live output tokens/s
 
 
@@ -67,13 +129,15 @@ def stage_durations(t: dict[str, Any]) -> dict[str, float]:
             return float(b - a)
         return None
 
-    out = {"tokenize_s": span("arrival_time", "tokenized_time"),
-           "queue_s": span("arrival_time", "first_scheduled_time"),
-           "scheduler_queue_s": span("scheduler_received_time", "first_scheduled_time"),
-           "prefill_s": span("first_scheduled_time", "first_token_time"),
-           "decode_s": span("first_token_time", "finished_time"),
-           "detok_s": t.get("detok_time_s") if isinstance(t.get("detok_time_s"), float) else None,
-           "e2e_s": span("arrival_time", "detok_sent_time")}  # fmt: skip
+    out = {
+        "tokenize_s": span("arrival_time", "tokenized_time"),
+        "queue_s": span("arrival_time", "first_scheduled_time"),
+        "scheduler_queue_s": span("scheduler_received_time", "first_scheduled_time"),
+        "prefill_s": span("first_scheduled_time", "first_token_time"),
+        "decode_s": span("first_token_time", "finished_time"),
+        "detok_s": t.get("detok_time_s") if isinstance(t.get("detok_time_s"), float) else None,
+        "e2e_s": span("arrival_time", "detok_sent_time"),
+    }
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -82,8 +146,9 @@ def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
     a request that set return_timings)."""
     if timings is None:
         return None
-    return {k.removesuffix("_s") + "_ms": round(v * 1e3, 3)
-            for k, v in stage_durations(timings).items()}  # fmt: skip
+    return {
+        k.removesuffix("_s") + "_ms": round(v * 1e3, 3) for k, v in stage_durations(timings).items()
+    }
 
 
 class Metrics:
@@ -96,45 +161,82 @@ class Metrics:
             P + "num_requests_waiting", "Requests waiting in the engine.", registry=r
         )
         self.kv_usage = Gauge(P + "kv_cache_usage_perc", "KV-cache usage, 1 = full.", registry=r)
-        self.kv_free_blocks = Gauge(P + "kv_cache_free_blocks",
-                                    "KV blocks held by no request.", registry=r)  # fmt: skip
-        self.kv_total_blocks = Gauge(P + "kv_cache_total_blocks", "KV blocks in the pool.",
-                                     registry=r)  # fmt: skip
-        self.in_flight = Gauge(P + "num_requests_in_flight",
-                               "Engine sub-requests the frontend is waiting on.", registry=r)  # fmt: skip
-        self.prefix_queries = Counter(P + "prefix_cache_queries",
-                                      "Prefix-cache queries, in tokens.", registry=r)  # fmt: skip
+        self.kv_free_blocks = Gauge(
+            P + "kv_cache_free_blocks", "KV blocks held by no request.", registry=r
+        )
+        self.kv_total_blocks = Gauge(
+            P + "kv_cache_total_blocks", "KV blocks in the pool.", registry=r
+        )
+        self.in_flight = Gauge(
+            P + "num_requests_in_flight",
+            "Engine sub-requests the frontend is waiting on.",
+            registry=r,
+        )
+        self.prefix_queries = Counter(
+            P + "prefix_cache_queries", "Prefix-cache queries, in tokens.", registry=r
+        )
         self.prefix_hits = Counter(
             P + "prefix_cache_hits", "Prefix-cache hits, in tokens.", registry=r
         )
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefill tokens processed.", registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Tokens generated.", registry=r)
-        self.request_success = Counter(P + "request_success", "Finished requests.",
-                                       ["finished_reason"], registry=r)  # fmt: skip
-        self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.",
-                              buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
-        self.itl = Histogram(P + "inter_token_latency_seconds", "Inter-token latency.",
-                             buckets=ITL_BUCKETS, registry=r)  # fmt: skip
-        self.e2e = Histogram(P + "e2e_request_latency_seconds", "End-to-end request latency.",
-                             buckets=E2E_BUCKETS, registry=r)  # fmt: skip
-        self.queue_time = Histogram(P + "request_queue_time_seconds",
-                                    "Time from arrival to first scheduling.",
-                                    buckets=E2E_BUCKETS, registry=r)  # fmt: skip
-        self.tokenize_time = Histogram(P + "request_tokenize_time_seconds",
-                                       "From arrival to tokenized (frontend + tokenizer pool).",
-                                       buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
-        self.prefill_time = Histogram(P + "request_prefill_time_seconds",
-                                      "From first scheduled to first token.",
-                                      buckets=E2E_BUCKETS, registry=r)  # fmt: skip
-        self.decode_time = Histogram(P + "request_decode_time_seconds",
-                                     "From first token to finished.",
-                                     buckets=E2E_BUCKETS, registry=r)  # fmt: skip
-        self.detok_time = Histogram(P + "request_detokenize_time_seconds",
-                                    "Time the detokenizer spent on a request.",
-                                    buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
-        self.busy = Counter(P + "scheduler_busy_seconds",
-                            "Scheduler busy time by part (forward, sample, schedule, ipc).",
-                            ["part"], registry=r)  # fmt: skip
+        self.request_success = Counter(
+            P + "request_success", "Finished requests.", ["finished_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds",
+            "Time to first token.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            P + "inter_token_latency_seconds",
+            "Inter-token latency.",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            P + "request_queue_time_seconds",
+            "Time from arrival to first scheduling.",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_time = Histogram(
+            P + "request_tokenize_time_seconds",
+            "From arrival to tokenized (frontend + tokenizer pool).",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.prefill_time = Histogram(
+            P + "request_prefill_time_seconds",
+            "From first scheduled to first token.",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.decode_time = Histogram(
+            P + "request_decode_time_seconds",
+            "From first token to finished.",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.detok_time = Histogram(
+            P + "request_detokenize_time_seconds",
+            "Time the detokenizer spent on a request.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.busy = Counter(
+            P + "scheduler_busy_seconds",
+            "Scheduler busy time by part (forward, sample, schedule, ipc).",
+            ["part"],
+            registry=r,
+        )
         self._last_busy: dict[str, float] = {}
         self.recent_tokens = RateWindow(RATE_WINDOW_S)  # output tokens, for GET /stats
         self._last_queries = 0
@@ -159,27 +261,41 @@ class Metrics:
             self.busy.labels(part=part).inc(d if d >= 0 else total)  # restarted scheduler
             self._last_busy[part] = total
 
-    def on_output(self, handle: RequestHandle, index: int, num_prompt_tokens: int,
-                  num_output_tokens: int, finish: str | None, timings: dict[str, Any] | None,
-                  now: float) -> None:  # fmt: skip
+    def on_output(
+        self,
+        handle: RequestHandle,
+        index: int,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        finish: str | None,
+        timings: dict[str, Any] | None,
+        now: float,
+    ) -> None:
         """An output of sub-request `index` of `handle` reached the frontend at `now`. The
         handle keeps each sub-request's progress (first / last token time, token counts)
         for these latencies, and for the tokens an abort counts (on_aborted)."""
         num_new = num_output_tokens - handle.num_output_tokens[index]
         if num_new > 0:
-            self.on_tokens(now, handle.arrival, handle.first_token_at[index],
-                           handle.last_token_at[index], num_new)  # fmt: skip
+            self.on_tokens(
+                now,
+                handle.arrival,
+                handle.first_token_at[index],
+                handle.last_token_at[index],
+                num_new,
+            )
             if handle.first_token_at[index] is None:
                 handle.first_token_at[index] = now
             handle.last_token_at[index] = now
             handle.num_output_tokens[index] = num_output_tokens
         handle.num_prompt_tokens[index] = num_prompt_tokens
         if finish is not None:
-            self.on_finished(finish, now - handle.arrival, num_prompt_tokens, num_output_tokens,
-                             timings)  # fmt: skip
+            self.on_finished(
+                finish, now - handle.arrival, num_prompt_tokens, num_output_tokens, timings
+            )
 
-    def on_tokens(self, now: float, arrival: float, first_at: float | None, last_at: float,
-                  num_new: int) -> None:  # fmt: skip
+    def on_tokens(
+        self, now: float, arrival: float, first_at: float | None, last_at: float, num_new: int
+    ) -> None:
         """num_new tokens of one sub-request arrived at `now`."""
         self.recent_tokens.add(now, num_new)
         if first_at is None:
@@ -189,17 +305,27 @@ class Metrics:
             for _ in range(num_new):
                 self.itl.observe(gap)
 
-    def on_finished(self, reason: str, e2e_s: float, num_prompt_tokens: int,
-                    num_output_tokens: int, timings: dict[str, Any] | None) -> None:  # fmt: skip
+    def on_finished(
+        self,
+        reason: str,
+        e2e_s: float,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        timings: dict[str, Any] | None,
+    ) -> None:
         self.request_success.labels(finished_reason=reason).inc()
         self.e2e.observe(e2e_s)
         self.prompt_tokens.inc(num_prompt_tokens)
         self.generation_tokens.inc(num_output_tokens)
         if timings:
             stages = stage_durations(timings)
-            for name, hist in (("queue_s", self.queue_time), ("tokenize_s", self.tokenize_time),
-                               ("prefill_s", self.prefill_time), ("decode_s", self.decode_time),
-                               ("detok_s", self.detok_time)):  # fmt: skip
+            for name, hist in (
+                ("queue_s", self.queue_time),
+                ("tokenize_s", self.tokenize_time),
+                ("prefill_s", self.prefill_time),
+                ("decode_s", self.decode_time),
+                ("detok_s", self.detok_time),
+            ):
                 v = stages.get(name)
                 if v is not None:
                     hist.observe(v)

@@ -222,15 +222,18 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(req.messages):
         if m.tool_calls or m.function_call:  # tools are refused, so are their traces
-            raise invalid("tool and function calls are not supported by this server",
-                          f"messages.{i}.{'tool_calls' if m.tool_calls else 'function_call'}")
+            raise invalid(
+                "tool and function calls are not supported by this server",
+                f"messages.{i}.{'tool_calls' if m.tool_calls else 'function_call'}",
+            )
         if m.content is None or isinstance(m.content, str):
             content = m.content or ""
         else:
             bad = [p.type for p in m.content if p.type != "text"]
             if bad:
-                raise invalid(f"content part type {bad[0]!r} is not supported",
-                              f"messages.{i}.content")  # fmt: skip
+                raise invalid(
+                    f"content part type {bad[0]!r} is not supported", f"messages.{i}.content"
+                )
             content = "".join(p.text or "" for p in m.content)
         msg: dict[str, Any] = {"role": m.role, "content": content}
         if m.name is not None:
@@ -247,9 +250,14 @@ def default_max_tokens(default: int | None, limit: int | None) -> int | None:
     return default if limit is None else min(default, limit)
 
 
-def sampling_params(req: _Sampling, max_tokens: int | None, cap: int | None,
-                    logprobs: int | None, server: ServerConfig,
-                    aliases: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def sampling_params(
+    req: _Sampling,
+    max_tokens: int | None,
+    cap: int | None,
+    logprobs: int | None,
+    server: ServerConfig,
+    aliases: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """One validated SamplingParams dict per choice (n); seeds seed+i when a seed is given.
     max_tokens None (the client set none) stays None in the dicts, for the tokenizer to
     resolve from `cap` (default_max_tokens: the endpoint's default capped by the server's
@@ -260,25 +268,42 @@ def sampling_params(req: _Sampling, max_tokens: int | None, cap: int | None,
     check_unsupported(req)
     n = 1 if req.n is None else req.n
     if not 1 <= n <= server.max_n:
-        raise invalid(f"n: must be in [1, {server.max_n}] (the server's max_n limit), got {n}",
-                      "n")  # fmt: skip
+        raise invalid(f"n: must be in [1, {server.max_n}] (the server's max_n limit), got {n}", "n")
     if n > server.max_queued_requests:
-        raise invalid(f"n: {n} choices exceed the server's max_queued_requests limit "
-                      f"({server.max_queued_requests})", "n")  # fmt: skip
+        raise invalid(
+            f"n: {n} choices exceed the server's max_queued_requests limit "
+            f"({server.max_queued_requests})",
+            "n",
+        )
     limit = server.max_tokens_limit
     if limit is not None and max_tokens is not None and max_tokens > limit:
         param = aliases.get("max_tokens", "max_tokens")
-        raise invalid(f"{param}: at most {limit} (the server's max_tokens limit), "
-                      f"got {max_tokens}", param)  # fmt: skip
+        raise invalid(
+            f"{param}: at most {limit} (the server's max_tokens limit), got {max_tokens}", param
+        )
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     if stop is not None and len(stop) > server.max_stop_strings:
-        raise invalid(f"stop: at most {server.max_stop_strings} stop strings (the server's "
-                      f"max_stop_strings limit), got {len(stop)}", "stop")  # fmt: skip
+        raise invalid(
+            f"stop: at most {server.max_stop_strings} stop strings (the server's "
+            f"max_stop_strings limit), got {len(stop)}",
+            "stop",
+        )
     fields: dict[str, Any] = {"max_tokens": max_tokens_for(max_tokens, cap), "logprobs": logprobs}
-    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids",
-                 "ignore_eos", "min_tokens", "skip_special_tokens",
-                 "include_stop_str_in_output"):  # fmt: skip
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "seed",
+        "stop_token_ids",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+    ):
         value = getattr(req, name)
         if value is not None:
             fields[name] = value
@@ -292,12 +317,14 @@ def sampling_params(req: _Sampling, max_tokens: int | None, cap: int | None,
     seed = base["seed"]
     if seed is None:
         return [dict(base) for _ in range(n)]
-    return [{**base, "seed": seed + i - (SEED_SPAN if seed + i >= SEED_SPAN else 0)}
-            for i in range(n)]  # fmt: skip
+    return [
+        {**base, "seed": seed + i - (SEED_SPAN if seed + i >= SEED_SPAN else 0)} for i in range(n)
+    ]
 
 
-def param_aliases(req: ChatCompletionRequest | None = None,
-                  max_tokens: str | None = None) -> dict[str, str]:
+def param_aliases(
+    req: ChatCompletionRequest | None = None, max_tokens: str | None = None
+) -> dict[str, str]:
     """SamplingParams name -> the request field it came from, where they differ."""
     aliases = {"max_tokens": max_tokens} if max_tokens else {}
     if req is not None:

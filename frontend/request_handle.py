@@ -45,8 +45,14 @@ class ClientDisconnected(Exception):
 
 
 class RequestHandle:
-    def __init__(self, rids: list[str], arrival: float, timeout_s: float,
-                 aliases: dict[str, str] | None = None, return_timings: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rids: list[str],
+        arrival: float,
+        timeout_s: float,
+        aliases: dict[str, str] | None = None,
+        return_timings: bool = False,
+    ) -> None:
         self.rids = rids
         self.arrival = arrival  # time.monotonic() when the HTTP request arrived
         self.timeout_s = timeout_s
@@ -87,20 +93,24 @@ class RequestHandle:
             self.num_finished += 1
         return item
 
-    def watch(self, interrupt: Callable[[RequestHandle, str, Exception], None],
-              receive: Receive | None) -> None:  # fmt: skip
+    def watch(
+        self, interrupt: Callable[[RequestHandle, str, Exception], None], receive: Receive | None
+    ) -> None:
         """Start the timeout timer and, given the ASGI `receive`, the disconnect watcher;
         either calls interrupt(self, reason, exc), which aborts what still runs and wakes
         the consumer with exc. cancel_watchers() stops both."""
-        timeout = APIError(504, f"request timed out after {self.timeout_s:g} s", "server_error",
-                           None, "timeout")  # fmt: skip
-        self.timer = asyncio.get_running_loop().call_later(self.timeout_s, interrupt, self,
-                                                           "timeout", timeout)  # fmt: skip
+        timeout = APIError(
+            504, f"request timed out after {self.timeout_s:g} s", "server_error", None, "timeout"
+        )
+        self.timer = asyncio.get_running_loop().call_later(
+            self.timeout_s, interrupt, self, "timeout", timeout
+        )
         if receive is not None:
             self.watcher = asyncio.ensure_future(self._watch_disconnect(interrupt, receive))
 
-    async def _watch_disconnect(self, interrupt: Callable[[RequestHandle, str, Exception], None],
-                                receive: Receive) -> None:  # fmt: skip
+    async def _watch_disconnect(
+        self, interrupt: Callable[[RequestHandle, str, Exception], None], receive: Receive
+    ) -> None:
         """Wait for the ASGI http.disconnect (the body was read already), then interrupt."""
         try:
             while (await receive())["type"] != "http.disconnect":

@@ -54,11 +54,19 @@ def token_logprobs(d: Delta) -> list[TokenLogprob]:
         out = []
         for tid, entry in zip(unpack_ids(d.token_ids), d.logprobs):
             names = entry[2] if len(entry) > 2 else None
-            if not (isinstance(names, list) and len(names) == len(entry[1]) + 1
-                    and all(isinstance(n, str) for n in names)):  # fmt: skip
+            if not (
+                isinstance(names, list)
+                and len(names) == len(entry[1]) + 1
+                and all(isinstance(n, str) for n in names)
+            ):
                 names = [token_name(t) for t in (tid, *(int(t) for t, _ in entry[1]))]
-            out.append((names[0], float(entry[0]),
-                        [(name, float(v)) for name, (_, v) in zip(names[1:], entry[1])]))
+            out.append(
+                (
+                    names[0],
+                    float(entry[0]),
+                    [(name, float(v)) for name, (_, v) in zip(names[1:], entry[1])],
+                )
+            )
         return out
     except (WireError, TypeError, ValueError, IndexError) as e:
         log.warning("ignoring malformed logprobs: %s", e)
@@ -68,8 +76,18 @@ def token_logprobs(d: Delta) -> list[TokenLogprob]:
 class Choice:
     """One sub-request's outputs so far."""
 
-    __slots__ = ("index", "texts", "text_len", "finish_reason", "stop_reason",
-                 "num_prompt_tokens", "num_output_tokens", "logprobs", "offsets", "timings")  # fmt: skip
+    __slots__ = (
+        "index",
+        "texts",
+        "text_len",
+        "finish_reason",
+        "stop_reason",
+        "num_prompt_tokens",
+        "num_output_tokens",
+        "logprobs",
+        "offsets",
+        "timings",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -109,8 +127,11 @@ class Choice:
 def usage(choices: list[Choice]) -> dict[str, Any]:
     prompt = max((c.num_prompt_tokens for c in choices), default=0)  # one prompt, n choices
     completion = sum(c.num_output_tokens for c in choices)
-    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                           "total_tokens": prompt + completion}  # fmt: skip
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
     timings = [c.timings for c in choices]
     if any(t is not None for t in timings):  # extension, only with return_timings
         out["timings"] = timings[0] if len(timings) == 1 else timings
@@ -124,14 +145,20 @@ class ResponseFormat:
     chunk_object = ""
     response_object = ""
 
-    def __init__(self, id: str, model: str, created: int, logprobs: bool,
-                 include_usage: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, id: str, model: str, created: int, logprobs: bool, include_usage: bool = False
+    ) -> None:
         self.id, self.model, self.created, self.want_logprobs = id, model, created, logprobs
         self.include_usage = include_usage  # stream_options.include_usage
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-               "choices": choices}  # fmt: skip
+        out = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if self.include_usage and obj == self.chunk_object:
             out["usage"] = None  # as OpenAI: every chunk has it, null until the last one
         return out
@@ -198,8 +225,13 @@ class CompletionFormat(ResponseFormat):
         return {"index": d.index, "text": d.text, "logprobs": logprobs}
 
     def _choice(self, c: Choice) -> dict[str, Any]:
-        return {"index": c.index, "text": c.text, "logprobs": self._logprobs(c.logprobs, c.offsets),
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip
+        return {
+            "index": c.index,
+            "text": c.text,
+            "logprobs": self._logprobs(c.logprobs, c.offsets),
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
 
 
 class ChatFormat(ResponseFormat):
@@ -209,26 +241,48 @@ class ChatFormat(ResponseFormat):
     def _logprobs(self, lps: list[TokenLogprob], offsets: list[int]) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
-        return {"content": [
-            {"token": t, "logprob": lp, "bytes": token_bytes(t),
-             "top_logprobs": [{"token": t2, "logprob": v, "bytes": token_bytes(t2)}
-                              for t2, v in top]}
-            for t, lp, top in lps
-        ]}  # fmt: skip
+        return {
+            "content": [
+                {
+                    "token": t,
+                    "logprob": lp,
+                    "bytes": token_bytes(t),
+                    "top_logprobs": [
+                        {"token": t2, "logprob": v, "bytes": token_bytes(t2)} for t2, v in top
+                    ],
+                }
+                for t, lp, top in lps
+            ]
+        }
 
     def start_chunks(self, n: int) -> list[dict[str, Any]]:
-        return [self._envelope(self.chunk_object, [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-             "finish_reason": None}]) for i in range(n)]  # fmt: skip
+        return [
+            self._envelope(
+                self.chunk_object,
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            )
+            for i in range(n)
+        ]
 
     def _chunk_choice(self, d: Delta, logprobs: dict[str, Any] | None) -> dict[str, Any]:
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
         return {"index": d.index, "delta": delta, "logprobs": logprobs}
 
     def _choice(self, c: Choice) -> dict[str, Any]:
-        return {"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": self._logprobs(c.logprobs, c.offsets),
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip
+        return {
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": self._logprobs(c.logprobs, c.offsets),
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
 
 
 class GenerateFormat:

@@ -44,8 +44,12 @@ class DrainingServer(uvicorn.Server):
             return
         self.client.draining = True
         timeout = self.app_config.server.drain_timeout_s
-        log.info("%s: draining %d request(s) for at most %.0f s", signal.Signals(sig).name,
-                 len(self.client.routes), timeout)  # fmt: skip
+        log.info(
+            "%s: draining %d request(s) for at most %.0f s",
+            signal.Signals(sig).name,
+            len(self.client.routes),
+            timeout,
+        )
         threading.Thread(target=self._drain, args=(sig, timeout), daemon=True).start()
 
     def _drain(self, sig: int, timeout: float) -> None:
@@ -53,8 +57,9 @@ class DrainingServer(uvicorn.Server):
         while self.client.routes and time.monotonic() < deadline:
             time.sleep(0.05)
         if self.client.routes:
-            log.warning("drain timeout: %d request(s) still running are failed",
-                        len(self.client.routes))  # fmt: skip
+            log.warning(
+                "drain timeout: %d request(s) still running are failed", len(self.client.routes)
+            )
             # their responses end with an error (status or SSE event) before uvicorn stops
             self.client.fail_remaining_threadsafe()
             time.sleep(FLUSH_S)
@@ -64,17 +69,34 @@ class DrainingServer(uvicorn.Server):
 def run(config: Config) -> None:
     install_stack_dump()
     app = create_app(config)
-    server = DrainingServer(uvicorn.Config(
-        app, host=config.server.host, port=config.server.port, lifespan="on",
-        access_log=False, log_level="info", timeout_graceful_shutdown=5,
-    ), config, app.state.client)  # fmt: skip
-    log.info("frontend starting on http://%s:%d (model %s)", config.server.host,
-             config.server.port, config.model_name)  # fmt: skip
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            host=config.server.host,
+            port=config.server.port,
+            lifespan="on",
+            access_log=False,
+            log_level="info",
+            timeout_graceful_shutdown=5,
+        ),
+        config,
+        app.state.client,
+    )
+    log.info(
+        "frontend starting on http://%s:%d (model %s)",
+        config.server.host,
+        config.server.port,
+        config.model_name,
+    )
     host = config.server.host
-    if config.server.api_key is None and not (host in ("localhost", "::1")
-                                              or host.startswith("127.")):  # fmt: skip
-        log.warning("listening on %s without an API key: anyone who can reach this port can "
-                    "generate (set ZEROSERVE_API_KEY or --api-key)", host)  # fmt: skip
+    if config.server.api_key is None and not (
+        host in ("localhost", "::1") or host.startswith("127.")
+    ):
+        log.warning(
+            "listening on %s without an API key: anyone who can reach this port can "
+            "generate (set ZEROSERVE_API_KEY or --api-key)",
+            host,
+        )
     # uvicorn re-raises the stop signal once it is done; with these no-op handlers in place
     # (restored by uvicorn after serving) a drained stop exits 0 instead of dying by signal
     for sig in (signal.SIGTERM, signal.SIGINT):

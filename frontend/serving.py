@@ -65,8 +65,7 @@ Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest, GenerateRequest
 class ReleasingStreamingResponse(StreamingResponse):
     """A StreamingResponse that calls `on_close` however the response ends."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None],
-                 **kwargs) -> None:  # fmt: skip
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs) -> None:
         super().__init__(content, **kwargs)
         self._on_close = on_close
 
@@ -85,10 +84,14 @@ def check_content_type(request: Request) -> None:
     if declared is None:
         return
     media = declared.split(";", 1)[0].strip().lower()
-    if media != "application/json" and not (media.startswith("application/")
-                                            and media.endswith("+json")):  # fmt: skip
-        raise APIError(415, f"Content-Type must be application/json, got {declared[:100]!r}",
-                       code="unsupported_media_type")  # fmt: skip
+    if media != "application/json" and not (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        raise APIError(
+            415,
+            f"Content-Type must be application/json, got {declared[:100]!r}",
+            code="unsupported_media_type",
+        )
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -99,14 +102,16 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     if length is not None and (not length.isdigit() or int(length) > max_bytes):
         if not length.isdigit():
             raise APIError(400, "invalid Content-Length header")
-        raise APIError(413, f"request body larger than {max_bytes} bytes", param=None,
-                       code="request_too_large")  # fmt: skip
+        raise APIError(
+            413, f"request body larger than {max_bytes} bytes", param=None, code="request_too_large"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise APIError(413, f"request body larger than {max_bytes} bytes",
-                           code="request_too_large")  # fmt: skip
+            raise APIError(
+                413, f"request body larger than {max_bytes} bytes", code="request_too_large"
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -126,8 +131,13 @@ class Serving:
         engine = self.client.health.liveness.engine
         if engine is not None and model == engine.model:
             return
-        raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error",
-                       "model", "model_not_found")  # fmt: skip
+        raise APIError(
+            404,
+            f"The model `{model}` does not exist.",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
 
     def _default_max_tokens(self, endpoint_default: int | None) -> int | None:
         return default_max_tokens(endpoint_default, self.config.server.max_tokens_limit)
@@ -140,18 +150,35 @@ class Serving:
         self.check_model(req.model)
         return req, arrival, wall
 
-    def _tokenize_requests(self, rid: str, params: list[dict[str, Any]], req: Body, wall: float,
-                           max_tokens_default: int | None, *, kind: str,
-                           prompt: str | None = None, prompt_token_ids: bytes | None = None,
-                           messages: list | None = None) -> list[TokenizeRequest]:  # fmt: skip
+    def _tokenize_requests(
+        self,
+        rid: str,
+        params: list[dict[str, Any]],
+        req: Body,
+        wall: float,
+        max_tokens_default: int | None,
+        *,
+        kind: str,
+        prompt: str | None = None,
+        prompt_token_ids: bytes | None = None,
+        messages: list | None = None,
+    ) -> list[TokenizeRequest]:
         """One TokenizeRequest per choice, the only place they are built; sub-request ids
         `<rid>-<i>`, signed for the scheduler (common.auth)."""
-        return [TokenizeRequest(
-            rid=sign_rid(self.config.ipc.secret, f"{rid}-{i}"), kind=kind, prompt=prompt,
-            prompt_token_ids=prompt_token_ids, messages=messages, params=p, arrival_time=wall,
-            origin=self.pid,
-            max_tokens_default=max_tokens_default,
-        ) for i, p in enumerate(params)]  # fmt: skip
+        return [
+            TokenizeRequest(
+                rid=sign_rid(self.config.ipc.secret, f"{rid}-{i}"),
+                kind=kind,
+                prompt=prompt,
+                prompt_token_ids=prompt_token_ids,
+                messages=messages,
+                params=p,
+                arrival_time=wall,
+                origin=self.pid,
+                max_tokens_default=max_tokens_default,
+            )
+            for i, p in enumerate(params)
+        ]
 
     # -- endpoints --------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -160,12 +187,22 @@ class Serving:
         default = self._default_max_tokens(DEFAULT_MAX_TOKENS_COMPLETION)
         params = sampling_params(req, req.max_tokens, default, req.logprobs, self.config.server)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = self._tokenize_requests(rid, params, req, wall, default, kind="completion",
-                                       prompt=prompt, prompt_token_ids=prompt_ids)  # fmt: skip
-        fmt = CompletionFormat(rid, self.model_name, int(wall), req.logprobs is not None,
-                               req.include_usage)  # fmt: skip
-        return await self._serve(request, reqs, arrival, fmt, bool(req.stream),
-                                 return_timings=bool(req.return_timings))
+        reqs = self._tokenize_requests(
+            rid,
+            params,
+            req,
+            wall,
+            default,
+            kind="completion",
+            prompt=prompt,
+            prompt_token_ids=prompt_ids,
+        )
+        fmt = CompletionFormat(
+            rid, self.model_name, int(wall), req.logprobs is not None, req.include_usage
+        )
+        return await self._serve(
+            request, reqs, arrival, fmt, bool(req.stream), return_timings=bool(req.return_timings)
+        )
 
     async def chat(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, ChatCompletionRequest)
@@ -173,34 +210,59 @@ class Serving:
         logprobs = chat_logprobs(req)
         aliases = param_aliases(req)
         default = self._default_max_tokens(None)
-        params = sampling_params(req, chat_max_tokens(req), default, logprobs, self.config.server,
-                                 aliases)  # fmt: skip
+        params = sampling_params(
+            req, chat_max_tokens(req), default, logprobs, self.config.server, aliases
+        )
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        reqs = self._tokenize_requests(rid, params, req, wall, default, kind="chat",
-                                       messages=messages)  # fmt: skip
+        reqs = self._tokenize_requests(
+            rid, params, req, wall, default, kind="chat", messages=messages
+        )
         fmt = ChatFormat(rid, self.model_name, int(wall), logprobs is not None, req.include_usage)
-        return await self._serve(request, reqs, arrival, fmt, bool(req.stream), aliases,
-                                 bool(req.return_timings))
+        return await self._serve(
+            request, reqs, arrival, fmt, bool(req.stream), aliases, bool(req.return_timings)
+        )
 
     async def generate(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, GenerateRequest)
         aliases = param_aliases(max_tokens="max_new_tokens")
         if req.n not in (None, 1):
-            raise APIError(400, "n: /generate returns one text; use /v1/completions for n > 1",
-                           param="n")  # fmt: skip
+            raise APIError(
+                400, "n: /generate returns one text; use /v1/completions for n > 1", param="n"
+            )
         default = self._default_max_tokens(DEFAULT_MAX_NEW_TOKENS_GENERATE)
-        params = sampling_params(req, req.max_new_tokens, default, None, self.config.server,
-                                 aliases)  # fmt: skip
-        reqs = self._tokenize_requests(f"gen-{uuid.uuid4().hex}", params, req, wall, default,
-                                       kind="completion", prompt=req.prompt)  # fmt: skip
-        return await self._serve(request, reqs, arrival, GenerateFormat(),
-                                 req.stream is not False, aliases, bool(req.return_timings))  # fmt: skip
+        params = sampling_params(
+            req, req.max_new_tokens, default, None, self.config.server, aliases
+        )
+        reqs = self._tokenize_requests(
+            f"gen-{uuid.uuid4().hex}",
+            params,
+            req,
+            wall,
+            default,
+            kind="completion",
+            prompt=req.prompt,
+        )
+        return await self._serve(
+            request,
+            reqs,
+            arrival,
+            GenerateFormat(),
+            req.stream is not False,
+            aliases,
+            bool(req.return_timings),
+        )
 
     # -- the shared flow --------------------------------------------------------------------
-    async def _serve(self, request: Request, reqs: list[TokenizeRequest], arrival: float,
-                     fmt: ResponseFormat | GenerateFormat, stream: bool,
-                     aliases: dict[str, str] | None = None,
-                     return_timings: bool = False) -> Response:  # fmt: skip
+    async def _serve(
+        self,
+        request: Request,
+        reqs: list[TokenizeRequest],
+        arrival: float,
+        fmt: ResponseFormat | GenerateFormat,
+        stream: bool,
+        aliases: dict[str, str] | None = None,
+        return_timings: bool = False,
+    ) -> Response:
         """Submit, then one JSON response once every choice finished, or a stream that
         starts (headers sent) with the first output."""
         handle = await self.client.submit(reqs, arrival, request.receive, aliases, return_timings)
@@ -216,8 +278,9 @@ class Serving:
             response = ReleasingStreamingResponse(
                 self._stream(handle, fmt, choices, first),
                 partial(self.client.release, handle, "client_disconnect"),
-                media_type=fmt.media_type, headers=SSE_HEADERS,
-            )  # fmt: skip
+                media_type=fmt.media_type,
+                headers=SSE_HEADERS,
+            )
             handed_over = True
             return response
         except ClientDisconnected:
@@ -226,8 +289,13 @@ class Serving:
             if not handed_over:  # done, failed or cancelled: abort what still runs
                 self.client.release(handle, "error")
 
-    async def _stream(self, handle: RequestHandle, fmt: ResponseFormat | GenerateFormat,
-                      choices: list[Choice], first: Delta) -> AsyncIterator[str]:  # fmt: skip
+    async def _stream(
+        self,
+        handle: RequestHandle,
+        fmt: ResponseFormat | GenerateFormat,
+        choices: list[Choice],
+        first: Delta,
+    ) -> AsyncIterator[str]:
         """The stream's parts; outputs already queued are written together in one chunk."""
         parts = fmt.stream_start(handle.n)
         d = first

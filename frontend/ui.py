@@ -45,9 +45,15 @@ PAGE_HEADERS = {
     "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
     "Cache-Control": "no-cache",
 }
-SUMMED = ("num_requests_running", "num_requests_waiting", "num_requests_in_flight",
-          "kv_cache_free_blocks", "kv_cache_total_blocks", "output_tokens_per_s",
-          "output_tokens_total")  # fmt: skip
+SUMMED = (
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_requests_in_flight",
+    "kv_cache_free_blocks",
+    "kv_cache_total_blocks",
+    "output_tokens_per_s",
+    "output_tokens_total",
+)
 
 
 def replica_stats(config: Config, client: EngineClient, metrics: Metrics) -> dict[str, Any]:
@@ -61,22 +67,36 @@ def replica_stats(config: Config, client: EngineClient, metrics: Metrics) -> dic
         "status_age_s": None if seen is None else round(now - seen, 3),
         "num_requests_in_flight": len(client.routes),
         "output_tokens_per_s": round(metrics.recent_tokens.rate(now), 2),
-        "output_tokens_total": int(metrics.registry.get_sample_value(
-            P + "generation_tokens_total") or 0),  # fmt: skip
+        "output_tokens_total": int(
+            metrics.registry.get_sample_value(P + "generation_tokens_total") or 0
+        ),
     }
     if engine is None:
-        out.update(dict.fromkeys(("num_requests_running", "num_requests_waiting",
-                                  "kv_cache_usage", "kv_cache_free_blocks",
-                                  "kv_cache_total_blocks", "prefix_cache_hit_rate")))  # fmt: skip
+        out.update(
+            dict.fromkeys(
+                (
+                    "num_requests_running",
+                    "num_requests_waiting",
+                    "kv_cache_usage",
+                    "kv_cache_free_blocks",
+                    "kv_cache_total_blocks",
+                    "prefix_cache_hit_rate",
+                )
+            )
+        )
         out["prefix_cache_queries"] = out["prefix_cache_hits"] = None
         return out
     queries, hits = engine.prefix_cache_queries, engine.prefix_cache_hits
-    out.update(num_requests_running=engine.num_running, num_requests_waiting=engine.num_waiting,
-               kv_cache_usage=round(engine.kv_usage, 4),
-               kv_cache_free_blocks=engine.num_free_blocks,
-               kv_cache_total_blocks=engine.num_total_blocks,
-               prefix_cache_queries=queries, prefix_cache_hits=hits,
-               prefix_cache_hit_rate=round(hits / queries, 4) if queries > 0 else None)  # fmt: skip
+    out.update(
+        num_requests_running=engine.num_running,
+        num_requests_waiting=engine.num_waiting,
+        kv_cache_usage=round(engine.kv_usage, 4),
+        kv_cache_free_blocks=engine.num_free_blocks,
+        kv_cache_total_blocks=engine.num_total_blocks,
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=round(hits / queries, 4) if queries > 0 else None,
+    )
     return out
 
 
@@ -101,8 +121,7 @@ def ui_router(config: Config, client: EngineClient, metrics: Metrics) -> APIRout
     @router.get("/stats")
     async def stats() -> JSONResponse:
         replicas = [replica_stats(config, client, metrics)]
-        return JSONResponse({"time": time.time(), "replicas": replicas,
-                             "totals": totals(replicas)})  # fmt: skip
+        return JSONResponse({"time": time.time(), "replicas": replicas, "totals": totals(replicas)})
 
     if config.server.ui:
         page = PAGE.read_bytes()  # read once: a missing file fails at start, not per request

@@ -53,7 +53,10 @@ class AttentionMetadata:
 
 
 def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
     num_kv_heads, head_dim = k_cache.shape[-2:]
@@ -80,14 +83,20 @@ def paged_attention(
     if nd and meta.decode_kernel == "paged":
         assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
         dec = torch.ops.zeroserve.paged_decode_attention(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+        )
         if nd == q.shape[0]:
             return dec  # a decode-only step
         out[:nd] = dec
     elif nd:
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         out[:nd] = _decode_attention(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale,
+            q[:nd],
+            k_cache,
+            v_cache,
+            meta.decode_block_tables,
+            meta.decode_mask,
+            scale,
             meta.decode_kernel,
         )
     for p in meta.prefills:
@@ -96,8 +105,12 @@ def paged_attention(
             ks, vs = k[p.start : p.end], v[p.start : p.end]
             causal = True
         else:
-            ks = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[: p.num_context]
-            vs = v_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[: p.num_context]
+            ks = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[
+                : p.num_context
+            ]
+            vs = v_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[
+                : p.num_context
+            ]
             causal = False
         o = F.scaled_dot_product_attention(
             qs,
@@ -115,9 +128,10 @@ def paged_attention(
 DECODE_KERNELS = ("sdpa", "matmul", "paged")
 
 
-def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
-                         cpu_flags: str | None = None, paged: bool = False) -> str:  # fmt: skip
-    """"paged" (the C++ kernel reading the KV blocks in place, scheduler_worker/kernels)
+def choose_decode_kernel(
+    device: torch.device, dtype: torch.dtype, cpu_flags: str | None = None, paged: bool = False
+) -> str:
+    """ "paged" (the C++ kernel reading the KV blocks in place, scheduler_worker/kernels)
     on the CPU in float32 or bfloat16 whenever the kernels are built (`paged`): it skips
     the gather, the padding mask and the casts, and measured faster than both torch paths
     on every batch and context (docs/benchmarks.md). Otherwise:
@@ -130,11 +144,14 @@ def choose_decode_kernel(device: torch.device, dtype: torch.dtype,
     forced = env("DECODE_ATTENTION")
     if forced:
         if forced not in DECODE_KERNELS:
-            raise ValueError(f"ZEROSERVE_DECODE_ATTENTION must be one of {DECODE_KERNELS}, "
-                             f"got {forced!r}")  # fmt: skip
+            raise ValueError(
+                f"ZEROSERVE_DECODE_ATTENTION must be one of {DECODE_KERNELS}, got {forced!r}"
+            )
         if forced == "paged" and not paged:
-            raise ValueError("ZEROSERVE_DECODE_ATTENTION=paged needs the C++ kernels on a "
-                             "float32/bfloat16 CPU model")  # fmt: skip
+            raise ValueError(
+                "ZEROSERVE_DECODE_ATTENTION=paged needs the C++ kernels on a "
+                "float32/bfloat16 CPU model"
+            )
         return forced
     if paged and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         return "paged"
@@ -172,7 +189,11 @@ def _decode_attention(
         probs = scores.softmax(dim=-1).to(q.dtype)
         return torch.matmul(probs, vs).view(b, num_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), ks, vs, attn_mask=mask, scale=scale,
+        q.unsqueeze(2),
+        ks,
+        vs,
+        attn_mask=mask,
+        scale=scale,
         enable_gqa=num_heads != num_kv_heads,
-    )  # fmt: skip
+    )
     return out.squeeze(2)

@@ -53,9 +53,13 @@ def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -116,8 +120,9 @@ class BlockManager:
         self.prefix_cache_hits += num_cached
         return blocks, num_cached
 
-    def cache_full_blocks(self, block_ids: list[int], token_ids: Sequence[int],
-                          num_hashed_blocks: int) -> int:
+    def cache_full_blocks(
+        self, block_ids: list[int], token_ids: Sequence[int], num_hashed_blocks: int
+    ) -> int:
         """Register the full blocks block_ids[num_hashed_blocks : len(token_ids) // block_size]
         (their KV is written). Returns the new number of hashed blocks; with caching off,
         the number of full blocks (so the caller does not ask again for the same ones)."""
@@ -181,7 +186,8 @@ class BlockManager:
         assert not bad, f"free blocks {bad[:8]} are out of range or referenced"
         used = sum(1 for r in refs if r > 0)
         assert used + len(free) == self.num_blocks, (
-            f"free {len(free)} + used {used} != total {self.num_blocks}")
+            f"free {len(free)} + used {used} != total {self.num_blocks}"
+        )
         for h, block in self.hash_to_block.items():
             assert self.block_hash[block] == h, f"hash map entry for block {block} is stale"
             key = self.block_key[block]
@@ -190,7 +196,9 @@ class BlockManager:
         for block in free:
             kept = self.block_hash[block]
             assert kept is None or self.hash_to_block.get(kept) == block, (
-                f"free block {block} holds a hash that is registered elsewhere")
+                f"free block {block} holds a hash that is registered elsewhere"
+            )
         for block in range(self.num_blocks):
             assert (self.block_hash[block] is None) == (self.block_key[block] is None), (
-                f"block {block}: hash and key out of step")
+                f"block {block}: hash and key out of step"
+            )

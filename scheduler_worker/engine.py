@@ -69,18 +69,25 @@ class EngineCounters:
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_dir: Path | None = None) -> None:
         self.config = config
-        self.model_dir = Path(model_dir) if model_dir else resolve_model(
-            config.model.model, config.model.resolved_cache_dir
+        self.model_dir = (
+            Path(model_dir)
+            if model_dir
+            else resolve_model(config.model.model, config.model.resolved_cache_dir)
         )
         self.runner = ModelRunner(config, self.model_dir)
         args = self.runner.args
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
-        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks,
-                                   self.eos_token_ids)
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, self.runner.num_blocks, self.eos_token_ids
+        )
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
-        self.limits = RequestLimits(self.runner.vocab_size, self.max_model_len,
-                                    self.runner.num_blocks, config.cache.block_size)
+        self.limits = RequestLimits(
+            self.runner.vocab_size,
+            self.max_model_len,
+            self.runner.num_blocks,
+            config.cache.block_size,
+        )
         self.requests: dict[str, Request] = {}  # unfinished requests
         self._aborted: list[Request] = []  # finished by abort() since the last step
         self.counters = EngineCounters()
@@ -118,8 +125,13 @@ class LLMEngine:
         self.limits.check_token_ids(prompt_token_ids)
         self.limits.check(prompt_token_ids, params)
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
-                    params: SamplingParams, arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         self.validate(prompt_token_ids, params)
@@ -147,22 +159,32 @@ class LLMEngine:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
-        stats = StepStats(schedule=t1 - t0, num_decode=batch.num_decode,
-                          num_prefill_tokens=batch.num_prefill_tokens)
+        stats = StepStats(
+            schedule=t1 - t0,
+            num_decode=batch.num_decode,
+            num_prefill_tokens=batch.num_prefill_tokens,
+        )
         if not batch.entries:
             self.last_step = stats
             return outputs
         entries = list(batch.entries.values())
         sampling = batch.sampling()
         inputs = [
-            SeqInput(req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
-                     req.num_computed_tokens, req.block_table, sample)
+            SeqInput(
+                req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
+                req.num_computed_tokens,
+                req.block_table,
+                sample,
+            )
             for (req, n), sample in zip(entries, sampling)
         ]
         logits = self.runner.execute(inputs)
         t2 = time.perf_counter()
-        rows = [SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
-                for (req, _), sample in zip(entries, sampling) if sample]  # fmt: skip
+        rows = [
+            SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
+            for (req, _), sample in zip(entries, sampling)
+            if sample
+        ]
         result = self.sampler(logits, rows) if rows else None
         t3 = time.perf_counter()
         self.counters.prompt_tokens += batch.num_prefill_tokens
@@ -185,17 +207,32 @@ class LLMEngine:
         reason = req.status.value if req.status.finished else None
         stages = None
         if reason is not None:
-            stages = {"received": req.arrival_time, "first_scheduled": req.first_scheduled_time,
-                      "first_token": req.first_token_time, "finished": req.finished_time,
-                      "num_cached_tokens": req.num_cached_tokens,
-                      "num_preemptions": req.num_preemptions}  # fmt: skip
-        return RequestOutput(req.request_id, tokens, reason, logprobs, req.num_prompt_tokens,
-                             req.num_output_tokens, req.num_cached_tokens,
-                             req.stop_token_id if reason is not None else None, stages)
+            stages = {
+                "received": req.arrival_time,
+                "first_scheduled": req.first_scheduled_time,
+                "first_token": req.first_token_time,
+                "finished": req.finished_time,
+                "num_cached_tokens": req.num_cached_tokens,
+                "num_preemptions": req.num_preemptions,
+            }
+        return RequestOutput(
+            req.request_id,
+            tokens,
+            reason,
+            logprobs,
+            req.num_prompt_tokens,
+            req.num_output_tokens,
+            req.num_cached_tokens,
+            req.stop_token_id if reason is not None else None,
+            stages,
+        )
 
     # ---- offline ------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[list[int]]:
         """Run prompts (token ids) to completion; returns each one's generated token ids."""
         params = params if params is not None else SamplingParams()
         plist = list(params) if not isinstance(params, SamplingParams) else [params] * len(prompts)
@@ -225,4 +262,3 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-

@@ -79,8 +79,13 @@ class ModelRunner:
             raise ValueError(f"quantized weights need dtype float32 or bfloat16, not {self.dtype}")
         t0 = time.perf_counter()
         self.model, self.args = load_model(model_dir, self.dtype, self.device)
-        log.info("loaded %s (%s, %s) in %.1fs", self.args.architecture, self.dtype,
-                 self.device, time.perf_counter() - t0)
+        log.info(
+            "loaded %s (%s, %s) in %.1fs",
+            self.args.architecture,
+            self.dtype,
+            self.device,
+            time.perf_counter() - t0,
+        )
         self._quantize(self.weights, gguf)
         self.step_rows = StepRows()  # which rows of a step the integer kernels take
         for mod in self.model.modules():
@@ -98,8 +103,10 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         shape = (self.num_blocks, self.block_size, self.args.num_kv_heads, self.args.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(self.args.num_layers)
         ]
 
@@ -123,25 +130,46 @@ class ModelRunner:
             for name, weight in found.items():
                 replace_linear(self.model, name, weight, self.dtype, plan.isa, plan.dense_dtype)
             types = ", ".join(f"{n} {t}" for t, n in sorted(blocks.types().items()))
-            log.info("weights: %d linears from the GGUF's own blocks (file: %s), kernels %s, "
-                     "activations %s%s, in %.1fs (%s)", len(found), types, path,
-                     str(self.dtype).removeprefix("torch."), self._dense_note(plan),
-                     time.perf_counter() - t0, plan.reason)
+            log.info(
+                "weights: %d linears from the GGUF's own blocks (file: %s), kernels %s, "
+                "activations %s%s, in %.1fs (%s)",
+                len(found),
+                types,
+                path,
+                str(self.dtype).removeprefix("torch."),
+                self._dense_note(plan),
+                time.perf_counter() - t0,
+                plan.reason,
+            )
             if skipped:
-                log.info("weights: %d linears keep dequantized float weights (no kernel for "
-                         "their GGUF type): %s", len(skipped), ", ".join(skipped[:4]))
+                log.info(
+                    "weights: %d linears keep dequantized float weights (no kernel for "
+                    "their GGUF type): %s",
+                    len(skipped),
+                    ", ".join(skipped[:4]),
+                )
             return
         n = quantize_model(self.model, plan.method, self.dtype, plan.isa, plan.dense_dtype)
-        log.info("weights: %d linears quantized to %s blocks, kernels %s, activations %s%s, "
-                 "in %.1fs (%s)", n, plan.method, path, str(self.dtype).removeprefix("torch."),
-                 self._dense_note(plan), time.perf_counter() - t0, plan.reason)
+        log.info(
+            "weights: %d linears quantized to %s blocks, kernels %s, activations %s%s, "
+            "in %.1fs (%s)",
+            n,
+            plan.method,
+            path,
+            str(self.dtype).removeprefix("torch."),
+            self._dense_note(plan),
+            time.perf_counter() - t0,
+            plan.reason,
+        )
 
     @staticmethod
     def _dense_note(plan: WeightPlan) -> str:
         if plan.dense_dtype is None:
             return ""
-        return (f"; prompt tokens, and decode batches of more than {DENSE_ABOVE_ROWS}, use a dense "
-                f"{str(plan.dense_dtype).removeprefix('torch.')} copy (native bf16 GEMMs here)")
+        return (
+            f"; prompt tokens, and decode batches of more than {DENSE_ABOVE_ROWS}, use a dense "
+            f"{str(plan.dense_dtype).removeprefix('torch.')} copy (native bf16 GEMMs here)"
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -186,21 +214,26 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decode=num_decode,
             prefills=prefills,
-            logits_indices=torch.tensor([i for i in last_index if i >= 0], dtype=torch.long, device=dev),
+            logits_indices=torch.tensor(
+                [i for i in last_index if i >= 0], dtype=torch.long, device=dev
+            ),
             decode_kernel=self.decode_kernel,
         )
         if num_decode:
             dec = [seqs[i] for i in order[:num_decode]]
             ctx = [s.num_computed + 1 for s in dec]
             max_blocks = (max(ctx) + bs - 1) // bs
-            tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks])) for s in dec]
+            tables = [
+                s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
+                for s in dec
+            ]
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             ctx_t = torch.tensor(ctx, dtype=torch.long, device=dev)
             meta.decode_context_lens = ctx_t
             if self.decode_kernel != "paged":
-                meta.decode_mask = (torch.arange(max_blocks * bs, device=dev)[None, :] < ctx_t[:, None]).view(
-                    num_decode, 1, 1, -1
-                )
+                meta.decode_mask = (
+                    torch.arange(max_blocks * bs, device=dev)[None, :] < ctx_t[:, None]
+                ).view(num_decode, 1, 1, -1)
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, meta

@@ -69,8 +69,9 @@ def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _flat_index(seqs: list[Sequence[int]], vocab: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _flat_index(
+    seqs: list[Sequence[int]], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, token id) index pairs for every token (< vocab) of every sequence."""
     lens = torch.tensor([len(s) for s in seqs])
     rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
@@ -79,8 +80,9 @@ def _flat_index(seqs: list[Sequence[int]], vocab: int,
     return rows[keep].to(device), ids[keep].to(device)
 
 
-def mask_stop_tokens(logits: torch.Tensor, rows: list[SamplingRow],
-                     eos_token_ids: Sequence[int]) -> torch.Tensor:
+def mask_stop_tokens(
+    logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: Sequence[int]
+) -> torch.Tensor:
     """EOS and stop ids get -inf in rows that have fewer than min_tokens outputs."""
     vocab = logits.shape[1]
     row_idx: list[int] = []
@@ -109,8 +111,12 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     sub = logits[idx]  # a copy
     rep = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None]
     if any(p.repetition_penalty != 1.0 for p in params):
-        seqs = [chain(rows[i].prompt_token_ids, rows[i].output_token_ids)
-                if p.repetition_penalty != 1.0 else () for i, p in zip(idx, params)]
+        seqs = [
+            chain(rows[i].prompt_token_ids, rows[i].output_token_ids)
+            if p.repetition_penalty != 1.0
+            else ()
+            for i, p in zip(idx, params)
+        ]
         seen = torch.zeros_like(sub, dtype=torch.bool)
         seen[_flat_index([list(s) for s in seqs], sub.shape[1], dev)] = True
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
@@ -192,8 +198,9 @@ class Sampler:
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         params = [r.params for r in rows]
-        if (all(is_greedy(p) and not has_penalty(p) and p.logprobs is None for p in params)
-                and all(len(r.output_token_ids) >= r.params.min_tokens for r in rows)):
+        if all(is_greedy(p) and not has_penalty(p) and p.logprobs is None for p in params) and all(
+            len(r.output_token_ids) >= r.params.min_tokens for r in rows
+        ):
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
         raw = logits.float()
         processed = apply_penalties(mask_stop_tokens(raw, rows, self.eos_token_ids), rows)
@@ -223,8 +230,9 @@ class Sampler:
         return probs.div_(u.log_()).argmin(dim=-1)
 
     @staticmethod
-    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor,
-                  params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+    def _logprobs(
+        raw: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
+    ) -> list[TokenLogprobs | None]:
         out: list[TokenLogprobs | None] = [None] * len(params)
         idx = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not idx:

@@ -29,7 +29,9 @@ from scheduler_worker.request import Request, RequestStatus
 
 @dataclass
 class ScheduledBatch:
-    entries: dict[str, tuple[Request, int]] = field(default_factory=dict)  # rid -> (req, num_new_tokens)
+    entries: dict[str, tuple[Request, int]] = field(
+        default_factory=dict
+    )  # rid -> (req, num_new_tokens)
     num_decode: int = 0  # entries from the active queue (one token each)
     num_prefill_tokens: int = 0  # tokens of prompt chunks
 
@@ -44,8 +46,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, sched: SchedulerConfig, cache: CacheConfig, num_blocks: int,
-                 eos_token_ids: Sequence[int] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sched: SchedulerConfig,
+        cache: CacheConfig,
+        num_blocks: int,
+        eos_token_ids: Sequence[int] = (),
+    ) -> None:
         self.config = sched
         self.block_size = cache.block_size
         self.eos_token_ids = list(eos_token_ids)

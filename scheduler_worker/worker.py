@@ -62,7 +62,8 @@ def check_kv_pool(engine: LLMEngine) -> None:
         raise ConfigError(
             f"the KV pool holds {pool} tokens ({num_blocks} blocks of {bs}), less than one "
             f"sequence of the context length ({engine.max_model_len} tokens): raise "
-            f"--kv-cache-memory-gb or --num-kv-blocks, or set --max-model-len {pool} or less")
+            f"--kv-cache-memory-gb or --num-kv-blocks, or set --max-model-len {pool} or less"
+        )
 
 
 @dataclass(slots=True)
@@ -121,13 +122,15 @@ class SchedulerWorker:
             rids = [rid for rid, rec in self.requests.items() if rec.origin == old]
             num = sum(1 for rid in rids if self.engine.abort(rid))  # not those finished already
             if num:
-                log.warning("frontend restarted (pid %d -> %d): aborted its %d request(s)",
-                            old, pid, num)
+                log.warning(
+                    "frontend restarted (pid %d -> %d): aborted its %d request(s)", old, pid, num
+                )
 
     def _add(self, msg: GenerateRequest) -> None:
         if not verify_rid(self.config.ipc.secret, msg.rid):
-            log.warning("dropping a GenerateRequest the frontend did not sign (id %r)",
-                        msg.rid[:80])  # fmt: skip
+            log.warning(
+                "dropping a GenerateRequest the frontend did not sign (id %r)", msg.rid[:80]
+            )
             return
         if self.pre_aborted.pop(msg.rid, None) is not None:
             return  # its client is gone already
@@ -136,21 +139,29 @@ class SchedulerWorker:
             return
         try:
             params = SamplingParams.from_dict(msg.params)
-            self.engine.add_request(msg.rid, unpack_ids(msg.prompt_token_ids), params,
-                                    arrival_time=None)
+            self.engine.add_request(
+                msg.rid, unpack_ids(msg.prompt_token_ids), params, arrival_time=None
+            )
         except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
             self._send_error(msg.rid, str(e), getattr(e, "param", None))
             return
-        detok = (msg.rid, params.stop, params.skip_special_tokens,
-                 params.include_stop_str_in_output)  # fmt: skip
-        self.requests[msg.rid] = RequestRecord(msg.origin, msg.arrival_time, msg.tokenized_time,
-                                               detok)  # fmt: skip
+        detok = (
+            msg.rid,
+            params.stop,
+            params.skip_special_tokens,
+            params.include_stop_str_in_output,
+        )
+        self.requests[msg.rid] = RequestRecord(
+            msg.origin, msg.arrival_time, msg.tokenized_time, detok
+        )
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
         self.pre_aborted[rid] = now
-        while self.pre_aborted and (len(self.pre_aborted) > PRE_ABORT_MAX or
-                                    next(iter(self.pre_aborted.values())) < now - PRE_ABORT_TTL_S):
+        while self.pre_aborted and (
+            len(self.pre_aborted) > PRE_ABORT_MAX
+            or next(iter(self.pre_aborted.values())) < now - PRE_ABORT_TTL_S
+        ):
             self.pre_aborted.popitem(last=False)
 
     def _send_error(self, rid: str, message: str, param: str | None, status: int = 400) -> None:
@@ -178,11 +189,22 @@ class SchedulerWorker:
                 timings = self._timings(o, rec, to_wall)
             logprobs = None
             if o.logprobs:
-                logprobs = [[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
-                            for lp in o.logprobs]  # fmt: skip
-            entries.append(StepOutput(o.request_id, pack_ids(o.new_token_ids), o.finish_reason,
-                                      o.num_prompt_tokens, o.num_output_tokens, logprobs, timings,
-                                      o.stop_token_id))  # fmt: skip
+                logprobs = [
+                    [lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
+                    for lp in o.logprobs
+                ]
+            entries.append(
+                StepOutput(
+                    o.request_id,
+                    pack_ids(o.new_token_ids),
+                    o.finish_reason,
+                    o.num_prompt_tokens,
+                    o.num_output_tokens,
+                    logprobs,
+                    timings,
+                    o.stop_token_id,
+                )
+            )
         msg = pack_step_outputs(self.step_no, entries, new_requests)
         try:
             self.to_detok.put(msg, timeout_ms=None)
@@ -203,7 +225,8 @@ class SchedulerWorker:
         for key in ("received", "first_scheduled", "first_token", "finished"):
             v = st.get(key)
             out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (
-                None if v is None else v + to_wall)
+                None if v is None else v + to_wall
+            )
         out["num_cached_tokens"] = st.get("num_cached_tokens", 0)
         out["num_preemptions"] = st.get("num_preemptions", 0)
         return out
@@ -211,8 +234,12 @@ class SchedulerWorker:
     def busy_split(self) -> dict[str, float]:
         """Cumulative seconds of the scheduler's busy time by part."""
         b = self.engine.counters.busy_time
-        return {"forward": b["forward"], "sample": b["sample"], "schedule": b["schedule"],
-                "ipc": self.ipc_time}  # fmt: skip
+        return {
+            "forward": b["forward"],
+            "sample": b["sample"],
+            "schedule": b["schedule"],
+            "ipc": self.ipc_time,
+        }
 
     def heartbeat(self, kind: str = "heartbeat") -> None:
         """EngineStatus: readiness, then queue/KV figures between steps. Liveness itself is
@@ -222,21 +249,33 @@ class SchedulerWorker:
         with contextlib.suppress(QueueFull):  # the pid tells the frontend about restarts
             self.to_frontend.put(ComponentStatus("scheduler", os.getpid(), kind, time.time()))
         with contextlib.suppress(QueueFull):
-            self.to_frontend.put(EngineStatus(
-                kind=kind, num_running=e.num_running, num_waiting=e.num_waiting,
-                kv_usage=bm.usage, num_free_blocks=bm.num_free_blocks,
-                num_total_blocks=bm.num_blocks, prefix_cache_queries=bm.prefix_cache_queries,
-                prefix_cache_hits=bm.prefix_cache_hits, model=self.config.model_name,
-                max_model_len=e.max_model_len, vocab_size=e.vocab_size, time=time.time(),
-                busy=self.busy_split(),
-            ))
+            self.to_frontend.put(
+                EngineStatus(
+                    kind=kind,
+                    num_running=e.num_running,
+                    num_waiting=e.num_waiting,
+                    kv_usage=bm.usage,
+                    num_free_blocks=bm.num_free_blocks,
+                    num_total_blocks=bm.num_blocks,
+                    prefix_cache_queries=bm.prefix_cache_queries,
+                    prefix_cache_hits=bm.prefix_cache_hits,
+                    model=self.config.model_name,
+                    max_model_len=e.max_model_len,
+                    vocab_size=e.vocab_size,
+                    time=time.time(),
+                    busy=self.busy_split(),
+                )
+            )
         self.last_heartbeat = time.monotonic()
 
     # ---- loop ---------------------------------------------------------------
     def run(self) -> None:
-        log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d",
-                 self.engine.runner.num_blocks, self.engine.scheduler.block_size,
-                 self.engine.max_model_len)
+        log.info(
+            "engine ready: %d KV blocks of %d tokens, max_model_len %d",
+            self.engine.runner.num_blocks,
+            self.engine.scheduler.block_size,
+            self.engine.max_model_len,
+        )
         self.heartbeat("ready")
         beacon = Heartbeat(self.config, "scheduler").start()
         hb_ms = int(self.config.heartbeat_s * 1000)
@@ -285,8 +324,11 @@ class SchedulerWorker:
         self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
         self.last_request = max(self.last_request, time.monotonic())  # wait DRAIN_QUIET_S
         if self.engine.has_unfinished():
-            log.info("draining %d request(s) for at most %.0f s", self.engine.num_unfinished,
-                     self.config.server.drain_timeout_s)  # fmt: skip
+            log.info(
+                "draining %d request(s) for at most %.0f s",
+                self.engine.num_unfinished,
+                self.config.server.drain_timeout_s,
+            )
 
     def close(self) -> None:
         for q in (self.inbox, self.to_detok, self.to_frontend):

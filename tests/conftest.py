@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                   "special_tokens_map.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 @pytest.fixture(scope="session")
@@ -30,25 +35,60 @@ def default_model_dir() -> Path:
 def _tiny_configs():
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  initializer_range=0.1)
+    common = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+    )
     return {
         # vocab of the default model, so its tokenizer can be copied in
-        "llama": ("LlamaForCausalLM", LlamaConfig(vocab_size=49152, tie_word_embeddings=True,
-                                                  bos_token_id=1, eos_token_id=2, **common)),
-        "llama3": ("LlamaForCausalLM", LlamaConfig(
-            vocab_size=512, tie_word_embeddings=False, eos_token_id=2,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-            **common)),
-        "mistral": ("MistralForCausalLM", MistralConfig(vocab_size=512, eos_token_id=2,
-                                                        sliding_window=None, **common)),
-        "qwen2": ("Qwen2ForCausalLM", Qwen2Config(vocab_size=512, tie_word_embeddings=True,
-                                                  eos_token_id=2, **common)),
-        "gpt2": ("GPT2LMHeadModel", GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4,
-                                               n_positions=512, initializer_range=0.1,
-                                               eos_token_id=2, bos_token_id=1)),
+        "llama": (
+            "LlamaForCausalLM",
+            LlamaConfig(
+                vocab_size=49152, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, **common
+            ),
+        ),
+        "llama3": (
+            "LlamaForCausalLM",
+            LlamaConfig(
+                vocab_size=512,
+                tie_word_embeddings=False,
+                eos_token_id=2,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+                **common,
+            ),
+        ),
+        "mistral": (
+            "MistralForCausalLM",
+            MistralConfig(vocab_size=512, eos_token_id=2, sliding_window=None, **common),
+        ),
+        "qwen2": (
+            "Qwen2ForCausalLM",
+            Qwen2Config(vocab_size=512, tie_word_embeddings=True, eos_token_id=2, **common),
+        ),
+        "gpt2": (
+            "GPT2LMHeadModel",
+            GPT2Config(
+                vocab_size=512,
+                n_embd=64,
+                n_layer=2,
+                n_head=4,
+                n_positions=512,
+                initializer_range=0.1,
+                eos_token_id=2,
+                bos_token_id=1,
+            ),
+        ),
     }
 
 
@@ -64,7 +104,11 @@ def make_tiny_model(kind: str, out: Path) -> Path:
     if kind == "qwen2":  # random, non-zero q/k/v biases so the bias path is exercised
         with torch.no_grad():
             for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
                     proj.bias.normal_(0, 0.1)
     model.save_pretrained(out)
     return out
@@ -99,9 +143,14 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outs.append(gen[0, len(p) :].tolist())
     return outs
 
 

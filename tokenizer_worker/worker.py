@@ -50,8 +50,13 @@ MAX_MESSAGES = 4096
 
 
 class Rejected(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error") -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type = status, message, param, type_
 
@@ -95,18 +100,20 @@ class Tokenization:
 
     def _chat_ids(self, messages: Any) -> list[int]:
         if self.chat_template is None:
-            raise Rejected(400, "this model has no chat template; use /v1/completions",
-                           "messages")  # fmt: skip
+            raise Rejected(400, "this model has no chat template; use /v1/completions", "messages")
         if not isinstance(messages, list) or not messages:
             raise Rejected(400, "messages must be a non-empty list", "messages")
         if len(messages) > MAX_MESSAGES:
-            raise Rejected(400, f"at most {MAX_MESSAGES} messages, got {len(messages)}",
-                           "messages")  # fmt: skip
+            raise Rejected(400, f"at most {MAX_MESSAGES} messages, got {len(messages)}", "messages")
         for i, m in enumerate(messages):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str)):  # fmt: skip
-                raise Rejected(400, f"messages.{i} must have a string role and content",
-                               f"messages.{i}")  # fmt: skip
+            if not (
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+            ):
+                raise Rejected(
+                    400, f"messages.{i} must have a string role and content", f"messages.{i}"
+                )
         try:
             text = self.chat_template.render(messages, add_generation_prompt=True)
         except ChatTemplateError as e:
@@ -117,8 +124,9 @@ class Tokenization:
     def __call__(self, req: TokenizeRequest) -> GenerateRequest:
         raw = dict(req.params)
         unset = raw.get("max_tokens") is None  # cut to the prompt's room by limits.check
-        raw["max_tokens"] = max_tokens_for(raw.get("max_tokens"), req.max_tokens_default,
-                                           self.max_model_len)  # fmt: skip
+        raw["max_tokens"] = max_tokens_for(
+            raw.get("max_tokens"), req.max_tokens_default, self.max_model_len
+        )
         try:
             params = SamplingParams.from_dict(raw).validate(self.vocab_size)
         except InvalidParameterError as e:
@@ -130,8 +138,9 @@ class Tokenization:
             self.limits.check(ids, params, where, max_tokens_unset=unset)
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
-        return GenerateRequest(req.rid, pack_ids(ids), params.to_dict(), req.arrival_time,
-                               time.time(), req.origin)  # fmt: skip
+        return GenerateRequest(
+            req.rid, pack_ids(ids), params.to_dict(), req.arrival_time, time.time(), req.origin
+        )
 
 
 class TokenizerWorker:
@@ -162,14 +171,17 @@ class TokenizerWorker:
             return
         except Exception as e:  # a bug must cost one request, never the worker
             log.exception("tokenizing %s failed", msg.rid)
-            self._error(msg.rid, Rejected(500, f"internal error while tokenizing: {e}",
-                                          type_="server_error"))  # fmt: skip
+            self._error(
+                msg.rid,
+                Rejected(500, f"internal error while tokenizing: {e}", type_="server_error"),
+            )
             return
         try:
             self.to_scheduler.put(out, timeout_ms=SEND_TIMEOUT_MS)
         except QueueFull:
-            self._error(msg.rid, Rejected(503, "the engine is not accepting requests",
-                                          type_="server_error"))  # fmt: skip
+            self._error(
+                msg.rid, Rejected(503, "the engine is not accepting requests", type_="server_error")
+            )
             return
         except WireError as e:  # e.g. a prompt beyond the frame limit
             self._error(msg.rid, Rejected(400, f"request too large: {e}", "prompt"))
@@ -178,8 +190,9 @@ class TokenizerWorker:
 
     def _error(self, rid: str, e: Rejected) -> None:
         try:
-            self.to_frontend.put(RequestError(rid, e.status, e.message, e.type, e.param),
-                                 timeout_ms=SEND_TIMEOUT_MS)  # fmt: skip
+            self.to_frontend.put(
+                RequestError(rid, e.status, e.message, e.type, e.param), timeout_ms=SEND_TIMEOUT_MS
+            )
         except QueueFull:
             log.error("frontend unreachable; dropped error for %s", rid)
 
@@ -227,6 +240,10 @@ def run(config: Config) -> None:
     worker = TokenizerWorker(config)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
-    log.info("tokenizer ready (pid %d): context %d, vocab %d", os.getpid(),
-             worker.tokenization.max_model_len, worker.tokenization.vocab_size)  # fmt: skip
+    log.info(
+        "tokenizer ready (pid %d): context %d, vocab %d",
+        os.getpid(),
+        worker.tokenization.max_model_len,
+        worker.tokenization.vocab_size,
+    )
     worker.run()

@@ -31,8 +31,11 @@ def evaluate_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def thr():
         ratio = b["output_tok_s"] / offline["output_tok_s"]
-        return (ratio >= THROUGHPUT_TARGET, ratio,
-                f"{b['output_tok_s']:.1f} / {offline['output_tok_s']:.1f} tok/s = {ratio:.2f}x")
+        return (
+            ratio >= THROUGHPUT_TARGET,
+            ratio,
+            f"{b['output_tok_s']:.1f} / {offline['output_tok_s']:.1f} tok/s = {ratio:.2f}x",
+        )
 
     def fwd():
         share = b["forward_share"]
@@ -43,20 +46,38 @@ def evaluate_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pt = b.get("paired_ttft")
         if pt:
             over, p50, pre = pt["median_overhead_ms"], pt["median_ttft_ms"], pt["median_prefill_ms"]
-            return (over <= TTFT_SLACK_MS, over,
-                    f"paired, each request after an in-process prefill of its prompt: median "
-                    f"overhead {over:+.1f} ms (TTFT p50 {p50:.1f} ms, in-process prefill p50 "
-                    f"{pre:.1f} ms)")  # fmt: skip
+            return (
+                over <= TTFT_SLACK_MS,
+                over,
+                f"paired, each request after an in-process prefill of its prompt: median "
+                f"overhead {over:+.1f} ms (TTFT p50 {p50:.1f} ms, in-process prefill p50 "
+                f"{pre:.1f} ms)",
+            )
         p50, pre = b["ttft_p50_ms"], offline["prefill"]["mean_ms"]
-        return (p50 <= pre + TTFT_SLACK_MS, p50 - pre,
-                f"{p50:.1f} ms vs {pre:.1f} + {TTFT_SLACK_MS:.0f} = {pre + TTFT_SLACK_MS:.1f} ms "
-                f"(overhead {p50 - pre:+.1f} ms)")
+        return (
+            p50 <= pre + TTFT_SLACK_MS,
+            p50 - pre,
+            f"{p50:.1f} ms vs {pre:.1f} + {TTFT_SLACK_MS:.0f} = {pre + TTFT_SLACK_MS:.1f} ms "
+            f"(overhead {p50 - pre:+.1f} ms)",
+        )
 
     return [
-        check("server_throughput", f"server output tok/s >= {THROUGHPUT_TARGET}x offline (a)",
-              True, thr),
-        check("forward_share", f"forward >= {FORWARD_TARGET:.0%} of scheduler busy time under "
-              "the main load", False, fwd),
-        check("ttft_overhead", f"one-at-a-time TTFT p50 <= in-process prefill + "
-              f"{TTFT_SLACK_MS:.0f} ms", True, ttft),
-    ]  # fmt: skip
+        check(
+            "server_throughput",
+            f"server output tok/s >= {THROUGHPUT_TARGET}x offline (a)",
+            True,
+            thr,
+        ),
+        check(
+            "forward_share",
+            f"forward >= {FORWARD_TARGET:.0%} of scheduler busy time under the main load",
+            False,
+            fwd,
+        ),
+        check(
+            "ttft_overhead",
+            f"one-at-a-time TTFT p50 <= in-process prefill + {TTFT_SLACK_MS:.0f} ms",
+            True,
+            ttft,
+        ),
+    ]

@@ -12,8 +12,17 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     from common.config import SchedulerConfig
 
     seqs = max(args.concurrency, SchedulerConfig().max_num_seqs)
-    return ["--model", args.model, "--dtype", args.dtype, "--device", args.device,
-            "--max-num-seqs", str(seqs), *shlex.split(args.engine_args)]  # fmt: skip
+    return [
+        "--model",
+        args.model,
+        "--dtype",
+        args.dtype,
+        "--device",
+        args.device,
+        "--max-num-seqs",
+        str(seqs),
+        *shlex.split(args.engine_args),
+    ]
 
 
 def engine_config(args: argparse.Namespace):

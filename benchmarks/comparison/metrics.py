@@ -36,12 +36,20 @@ def busy_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, A
     delta = {p: b1.get(p, 0.0) - b0.get(p, 0.0) for p in sorted(set(b0) | set(b1))}
     total = sum(delta.values())
     shares = {p: (v / total if total > 0 else None) for p, v in delta.items()}
-    return {"seconds": delta, "total_s": total, "shares": shares,
-            "forward_share": shares.get("forward")}  # fmt: skip
+    return {
+        "seconds": delta,
+        "total_s": total,
+        "shares": shares,
+        "forward_share": shares.get("forward"),
+    }
 
 
-COUNTERS = ("zeroserve:prompt_tokens_total", "zeroserve:generation_tokens_total",
-            "zeroserve:prefix_cache_hits_total", "zeroserve:prefix_cache_queries_total")
+COUNTERS = (
+    "zeroserve:prompt_tokens_total",
+    "zeroserve:generation_tokens_total",
+    "zeroserve:prefix_cache_hits_total",
+    "zeroserve:prefix_cache_queries_total",
+)
 
 
 def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

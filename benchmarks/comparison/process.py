@@ -39,14 +39,21 @@ def _die_with_parent(parent_pid: int) -> None:  # child, between fork and exec
 class Process:
     """A server subprocess (ours or llama-server) with its log file."""
 
-    def __init__(self, argv: list[str], log_path: Path, base_url: str,
-                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, argv: list[str], log_path: Path, base_url: str, env: dict[str, str] | None = None
+    ) -> None:
         self.argv, self.log_path, self.base_url = argv, log_path, base_url
         parent = os.getpid()
         with open(log_path, "wb") as f:
-            self.proc = subprocess.Popen(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env,
-                                         preexec_fn=lambda: _die_with_parent(parent))  # fmt: skip
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=lambda: _die_with_parent(parent),
+            )
 
     def log_tail(self, n: int = LOG_TAIL) -> str:
         try:
@@ -61,8 +68,10 @@ class Process:
         last = "no answer"
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"exited with code {self.proc.returncode} before /health "
-                                   f"answered 200; log tail:\n{self.log_tail()}")  # fmt: skip
+                raise RuntimeError(
+                    f"exited with code {self.proc.returncode} before /health "
+                    f"answered 200; log tail:\n{self.log_tail()}"
+                )
             try:
                 r = httpx.get(self.base_url + "/health", timeout=2)
                 if r.status_code == 200:
@@ -71,8 +80,10 @@ class Process:
             except httpx.HTTPError as e:
                 last = type(e).__name__
             if time.monotonic() > deadline:
-                raise RuntimeError(f"/health not 200 after {timeout_s:.0f} s ({last}); log "
-                                   f"tail:\n{self.log_tail()}")  # fmt: skip
+                raise RuntimeError(
+                    f"/health not 200 after {timeout_s:.0f} s ({last}); log "
+                    f"tail:\n{self.log_tail()}"
+                )
             time.sleep(0.2)
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
@@ -98,8 +109,10 @@ def wait_idle(server: Process, timeout_s: float = 60.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         m = server.metrics()
-        if all(m.get(f"zeroserve:num_requests_{k}", 0) == 0
-               for k in ("running", "waiting", "in_flight")):  # fmt: skip
+        if all(
+            m.get(f"zeroserve:num_requests_{k}", 0) == 0
+            for k in ("running", "waiting", "in_flight")
+        ):
             return m
         if time.monotonic() > deadline:
             raise RuntimeError(f"server not idle after {timeout_s:.0f} s")

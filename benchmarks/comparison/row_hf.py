@@ -35,8 +35,13 @@ def row_hf(args: argparse.Namespace, w: Workload, model_dir: Path) -> dict[str, 
 
     def generate(texts: list[str], new: int) -> int:
         enc = tok(texts, return_tensors="pt", padding=True).to(device)
-        out = model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             pad_token_id=tok.pad_token_id)  # fmt: skip
+        out = model.generate(
+            **enc,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )
         got = out.shape[1] - enc["input_ids"].shape[1]
         if got != new:
             raise RuntimeError(f"generate made {got} tokens, asked for {new}")
@@ -61,10 +66,16 @@ def row_hf(args: argparse.Namespace, w: Workload, model_dir: Path) -> dict[str, 
             generate([text], 1)
             sync()
             ttft.append((time.perf_counter() - t1) * 1e3)
-    return {"dtype": str(dtype).replace("torch.", ""), "device": str(device),
-            "batch": batch, "transformers": transformers.__version__,
-            "main": {"seconds": elapsed, "output_tokens": n_out,
-                     "output_throughput": n_out / elapsed},
-            "single_ttft_ms": ttft, "output_tok_s": n_out / elapsed,
-            "ttft_p50_ms": median(ttft), "tpot_median_ms": None, "forward_share": None,
-            "warnings": []}  # fmt: skip
+    return {
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device),
+        "batch": batch,
+        "transformers": transformers.__version__,
+        "main": {"seconds": elapsed, "output_tokens": n_out, "output_throughput": n_out / elapsed},
+        "single_ttft_ms": ttft,
+        "output_tok_s": n_out / elapsed,
+        "ttft_p50_ms": median(ttft),
+        "tpot_median_ms": None,
+        "forward_share": None,
+        "warnings": [],
+    }

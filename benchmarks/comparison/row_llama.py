@@ -65,20 +65,44 @@ def llama_threads(args: argparse.Namespace) -> int:
     return torch.get_num_threads()  # what our engine (torch's default) uses
 
 
-def row_llama(args: argparse.Namespace, w: Workload, binary: str, gguf: Path, tmp: Path,
-              model_dir: Path, tag: str) -> dict[str, Any]:  # fmt: skip
+def row_llama(
+    args: argparse.Namespace,
+    w: Workload,
+    binary: str,
+    gguf: Path,
+    tmp: Path,
+    model_dir: Path,
+    tag: str,
+) -> dict[str, Any]:
     port = free_port()
     ctx = llama_ctx_per_slot(args, w)
     threads = llama_threads(args)
-    argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(args.concurrency), "-c", str(args.concurrency * ctx), "-t", str(threads),
-            *shlex.split(args.llama_args)]  # fmt: skip
+    argv = [
+        binary,
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        str(args.concurrency),
+        "-c",
+        str(args.concurrency * ctx),
+        "-t",
+        str(threads),
+        *shlex.split(args.llama_args),
+    ]
     log_path = _log_dir(args, tmp) / f"{tag}-llama-server.log"
     log(f"starting {shlex.join(argv)} (log {log_path})")
     proc = Process(argv, log_path, f"http://127.0.0.1:{port}")
-    row: dict[str, Any] = {"command": argv, "log": str(log_path) if args.log_dir else None,
-                           "gguf": str(gguf),
-                           "ctx_per_slot": ctx, "threads": threads}  # fmt: skip
+    row: dict[str, Any] = {
+        "command": argv,
+        "log": str(log_path) if args.log_dir else None,
+        "gguf": str(gguf),
+        "ctx_per_slot": ctx,
+        "threads": threads,
+    }
     try:
         t0 = time.perf_counter()
         proc.wait_healthy(args.startup_timeout)

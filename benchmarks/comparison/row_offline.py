@@ -14,8 +14,9 @@ from benchmarks.comparison.util import mean, median
 from benchmarks.comparison.workload import Workload
 
 
-def offline_load(engine, prompts: list[list[int]], output_len: int,
-                 concurrency: int) -> dict[str, Any]:  # fmt: skip
+def offline_load(
+    engine, prompts: list[list[int]], output_len: int, concurrency: int
+) -> dict[str, Any]:
     """Closed loop like the client's: at most `concurrency` requests in the engine."""
     from common.sampling_params import SamplingParams
 
@@ -55,11 +56,16 @@ def offline_load(engine, prompts: list[list[int]], output_len: int,
     total = sum(busy.values())
     ttft = [first[r] - start[r] for r in first]
     tpot = [(end[r] - first[r]) / (counts[r] - 1) for r in end if counts[r] > 1 and r in first]
-    return {"seconds": elapsed, "output_tokens": n_out, "expected_output_tokens":
-            len(prompts) * output_len, "output_throughput": n_out / elapsed,
-            "busy_seconds": busy, "forward_share": busy["forward"] / total if total else None,
-            "median_ttft_ms": 1e3 * median(ttft) if ttft else None,
-            "median_tpot_ms": 1e3 * median(tpot) if tpot else None}  # fmt: skip
+    return {
+        "seconds": elapsed,
+        "output_tokens": n_out,
+        "expected_output_tokens": len(prompts) * output_len,
+        "output_throughput": n_out / elapsed,
+        "busy_seconds": busy,
+        "forward_share": busy["forward"] / total if total else None,
+        "median_ttft_ms": 1e3 * median(ttft) if ttft else None,
+        "median_tpot_ms": 1e3 * median(tpot) if tpot else None,
+    }
 
 
 def prefill_times(engine, prompts: list[list[int]]) -> dict[str, Any]:
@@ -82,8 +88,14 @@ def prefill_times(engine, prompts: list[list[int]]) -> dict[str, Any]:
         while engine.has_unfinished():
             engine.step()
     ms = [t * 1e3 for t in times]
-    return {"mean_ms": mean(ms), "median_ms": median(ms), "min_ms": min(ms), "max_ms": max(ms),
-            "runs": len(ms), "num_cached_tokens": cached}  # fmt: skip
+    return {
+        "mean_ms": mean(ms),
+        "median_ms": median(ms),
+        "min_ms": min(ms),
+        "max_ms": max(ms),
+        "runs": len(ms),
+        "num_cached_tokens": cached,
+    }
 
 
 class PairedPrefill:
@@ -99,8 +111,12 @@ class PairedPrefill:
         from scheduler_worker.engine import LLMEngine
 
         cfg = engine_config(args)
-        cfg = replace(cfg, cache=replace(cfg.cache, enable_prefix_caching=False,
-                                         num_blocks=None, kv_cache_memory_gb=0.25))  # fmt: skip
+        cfg = replace(
+            cfg,
+            cache=replace(
+                cfg.cache, enable_prefix_caching=False, num_blocks=None, kv_cache_memory_gb=0.25
+            ),
+        )
         self.engine = LLMEngine(cfg, model_dir)
         self.engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, ignore_eos=True))
 
@@ -118,16 +134,24 @@ def row_offline(args: argparse.Namespace, w: Workload, model_dir: Path) -> dict[
     engine.generate([w.warmup_ids], SamplingParams(max_tokens=16, ignore_eos=True))
     load = offline_load(engine, w.main_ids, w.output_len, args.concurrency)
     prefill = prefill_times(engine, w.single_ids) if w.single_ids else None
-    row = {"dtype": dtype, "device": str(engine.runner.device),
-           "max_num_seqs": cfg.scheduler.max_num_seqs, "main": load, "prefill": prefill,
-           "output_tok_s": load["output_throughput"],
-           "ttft_p50_ms": prefill["mean_ms"] if prefill else None,
-           "tpot_median_ms": load["median_tpot_ms"],
-           "forward_share": load["forward_share"], "warnings": []}  # fmt: skip
+    row = {
+        "dtype": dtype,
+        "device": str(engine.runner.device),
+        "max_num_seqs": cfg.scheduler.max_num_seqs,
+        "main": load,
+        "prefill": prefill,
+        "output_tok_s": load["output_throughput"],
+        "ttft_p50_ms": prefill["mean_ms"] if prefill else None,
+        "tpot_median_ms": load["median_tpot_ms"],
+        "forward_share": load["forward_share"],
+        "warnings": [],
+    }
     if load["output_tokens"] != load["expected_output_tokens"]:
-        row["warnings"].append(f"{load['output_tokens']} output tokens, expected "
-                               f"{load['expected_output_tokens']}")  # fmt: skip
+        row["warnings"].append(
+            f"{load['output_tokens']} output tokens, expected {load['expected_output_tokens']}"
+        )
     if prefill and any(prefill["num_cached_tokens"]):
-        row["warnings"].append(f"prefill prompts hit the prefix cache: "
-                               f"{prefill['num_cached_tokens']}")  # fmt: skip
+        row["warnings"].append(
+            f"prefill prompts hit the prefix cache: {prefill['num_cached_tokens']}"
+        )
     return row

@@ -21,24 +21,41 @@ from benchmarks.comparison.util import log
 from benchmarks.comparison.workload import Workload
 
 
-def row_server(args: argparse.Namespace, w: Workload, workers: int, tmp: Path,
-               model_dir: Path, tag: str, paired: PairedPrefill | None) -> dict[str, Any]:  # fmt: skip
+def row_server(
+    args: argparse.Namespace,
+    w: Workload,
+    workers: int,
+    tmp: Path,
+    model_dir: Path,
+    tag: str,
+    paired: PairedPrefill | None,
+) -> dict[str, Any]:
     port = free_port()
     run_dir = Path(tempfile.mkdtemp(prefix="zs-cmp-", dir="/tmp"))  # short: ipc paths
-    argv = [sys.executable, str(REPO / "launch.py"), "--host", "127.0.0.1", "--port", str(port),
-            "--tokenize-workers", str(workers), "--run-dir", str(run_dir),
-            *engine_flags(args)]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(REPO / "launch.py"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tokenize-workers",
+        str(workers),
+        "--run-dir",
+        str(run_dir),
+        *engine_flags(args),
+    ]
     log_path = _log_dir(args, tmp) / f"{tag}-server-w{workers}.log"
     log(f"starting {shlex.join(argv[1:])} (log {log_path})")
-    proc = Process(argv, log_path, f"http://127.0.0.1:{port}",
-                   env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = Process(
+        argv, log_path, f"http://127.0.0.1:{port}", env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     row: dict[str, Any] = {"command": argv, "log": str(log_path) if args.log_dir else None}
     try:
         t0 = time.perf_counter()
         proc.wait_healthy(args.startup_timeout)
         row["startup_s"] = time.perf_counter() - t0
-        row.update(serving_runs(args, w, proc, tmp, f"server-w{workers}", model_dir, True,
-                                paired))  # fmt: skip
+        row.update(serving_runs(args, w, proc, tmp, f"server-w{workers}", model_dir, True, paired))
     except Exception as e:
         raise _row_failed(e, row, proc) from e
     finally:

@@ -59,8 +59,15 @@ def run_row(key: str, label: str, name: str, fn: Callable[[], dict[str, Any]]) -
         tb = traceback.format_exc()
         msg = str(e) if isinstance(e, RowError) else f"{type(e).__name__}: {e}"
         log(f"({label}) {name}: error: {msg}")
-        row = {**getattr(e, "extra", {}), "key": key, "label": label, "name": name,
-               "status": "error", "error": msg, "traceback": tb[-LOG_TAIL:]}  # fmt: skip
+        row = {
+            **getattr(e, "extra", {}),
+            "key": key,
+            "label": label,
+            "name": name,
+            "status": "error",
+            "error": msg,
+            "traceback": tb[-LOG_TAIL:],
+        }
     gc.collect()  # the row's model and KV cache go before the next row starts
     _empty_cuda_cache()
     row["wall_s"] = time.perf_counter() - t0
@@ -86,22 +93,35 @@ def run_comparison(args: argparse.Namespace, argv: list[str] | None = None) -> d
     try:
         lab = next(labels)
         name = "offline engine (in process)"
-        rows.append(skipped("offline", lab, name, "--skip-offline") if args.skip_offline
-                    else run_row("offline", lab, name, lambda: row_offline(args, w, model_dir)))
+        rows.append(
+            skipped("offline", lab, name, "--skip-offline")
+            if args.skip_offline
+            else run_row("offline", lab, name, lambda: row_offline(args, w, model_dir))
+        )
         paired = None
         if rows[0]["status"] == "ok" and w.single_ids:
             log("in-process engine for the paired one-at-a-time TTFT")
             paired = PairedPrefill(args, model_dir)
         for wk in workers:
             lab = next(labels)
-            rows.append(run_row(f"server_w{wk}", lab, f"server --tokenize-workers {wk}",
-                                lambda wk=wk, lab=lab, p=paired: row_server(args, w, wk, tmp,
-                                                                            model_dir, lab, p)))  # fmt: skip
+            rows.append(
+                run_row(
+                    f"server_w{wk}",
+                    lab,
+                    f"server --tokenize-workers {wk}",
+                    lambda wk=wk, lab=lab, p=paired: row_server(
+                        args, w, wk, tmp, model_dir, lab, p
+                    ),
+                )
+            )
         del paired  # free its KV pool before the transformers and llama.cpp rows
         lab = next(labels)
         name = "transformers generate"
-        rows.append(skipped("hf", lab, name, "--skip-hf") if args.skip_hf
-                    else run_row("hf", lab, name, lambda: row_hf(args, w, model_dir)))
+        rows.append(
+            skipped("hf", lab, name, "--skip-hf")
+            if args.skip_hf
+            else run_row("hf", lab, name, lambda: row_hf(args, w, model_dir))
+        )
         lab = next(labels)
         name = "llama.cpp llama-server"
         binary, why = find_llama_server(args)
@@ -109,27 +129,44 @@ def run_comparison(args: argparse.Namespace, argv: list[str] | None = None) -> d
         if binary is None or gguf is None:
             rows.append(skipped("llama_server", lab, name, why or why_gguf))
         else:
-            rows.append(run_row("llama_server", lab, name,
-                                lambda: row_llama(args, w, binary, gguf, tmp, model_dir, lab)))
+            rows.append(
+                run_row(
+                    "llama_server",
+                    lab,
+                    name,
+                    lambda: row_llama(args, w, binary, gguf, tmp, model_dir, lab),
+                )
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     busy_after = cpu_busy()  # every row has stopped: what is left is other processes
     offline = next((r for r in rows if r["key"] == "offline" and r["status"] == "ok"), None)
     for r in rows:
-        r["ratio_to_offline"] = (r["output_tok_s"] / offline["output_tok_s"]
-                                 if offline and r["status"] == "ok" and r.get("output_tok_s")
-                                 else None)  # fmt: skip
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "commit": _git_commit(), "machine": machine_info(), "argv": argv,
-            "args": vars(args), "model_dir": str(model_dir), "workload": w.describe(),
-            "cpu_busy_before": busy_before, "cpu_busy_after": busy_after,
-            "rows": rows, "checks": evaluate_checks(rows)}  # fmt: skip
+        r["ratio_to_offline"] = (
+            r["output_tok_s"] / offline["output_tok_s"]
+            if offline and r["status"] == "ok" and r.get("output_tok_s")
+            else None
+        )
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": _git_commit(),
+        "machine": machine_info(),
+        "argv": argv,
+        "args": vars(args),
+        "model_dir": str(model_dir),
+        "workload": w.describe(),
+        "cpu_busy_before": busy_before,
+        "cpu_busy_after": busy_after,
+        "rows": rows,
+        "checks": evaluate_checks(rows),
+    }
 
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None

@@ -19,8 +19,9 @@ class Workload:
         tok = bench_serving.load_tokenizer(model_dir)
         n, k = args.num_requests, args.single_requests
         rng = random.Random(args.seed)
-        specs = bench_serving.random_prompts(1 + n + k, args.input_len, args.output_len, 0.0,
-                                             rng, tok)  # fmt: skip
+        specs = bench_serving.random_prompts(
+            1 + n + k, args.input_len, args.output_len, 0.0, rng, tok
+        )
         texts = [s.prompt for s in specs]
         ids = [tok.encode(t, add_special_tokens=True).ids for t in texts]
         self.warmup_text, self.warmup_ids = texts[0], ids[0]
@@ -32,12 +33,16 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         lens = [len(x) for x in self.main_ids]
         single = [len(x) for x in self.single_ids]
-        return {"num_requests": len(self.main_ids), "output_len": self.output_len,
-                "input_tokens_min": min(lens), "input_tokens_max": max(lens),
-                "input_tokens_mean": sum(lens) / len(lens),
-                "single_requests": len(self.single_ids),
-                "single_input_tokens_mean": sum(single) / len(single) if single else None,
-                "single_output_len": self.single_output_len}  # fmt: skip
+        return {
+            "num_requests": len(self.main_ids),
+            "output_len": self.output_len,
+            "input_tokens_min": min(lens),
+            "input_tokens_max": max(lens),
+            "input_tokens_mean": sum(lens) / len(lens),
+            "single_requests": len(self.single_ids),
+            "single_input_tokens_mean": sum(single) / len(single) if single else None,
+            "single_output_len": self.single_output_len,
+        }
 
     def write_jsonl(self, path: Path, texts: list[str], output_len: int) -> Path:
         with open(path, "w", encoding="utf-8") as f:

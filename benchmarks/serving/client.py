@@ -20,8 +20,12 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
 
 
 def request_body(args: argparse.Namespace, model: str, spec: Spec) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": spec.output_len,
-                            "temperature": args.temperature, "stream": args.stream}  # fmt: skip
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": spec.output_len,
+        "temperature": args.temperature,
+        "stream": args.stream,
+    }
     if args.endpoint.endswith("/chat/completions"):
         body["messages"] = [{"role": "user", "content": spec.prompt}]
     else:
@@ -98,20 +102,28 @@ class _Request:
         out = self.output_tokens if ok else None
         tpot = (e2e - ttft) / (out - 1) if ttft is not None and out and out > 1 else None
         return {
-            "index": self.index, "success": ok, "error": self.error,
+            "index": self.index,
+            "success": ok,
+            "error": self.error,
             "scheduled_s": self.scheduled_s,
             "sent_s": None if self.sent is None else self.sent - t0,
             "end_s": None if self.end is None else self.end - t0,
-            "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "elapsed_s": elapsed,
-            "output_tokens": out, "output_len": self.spec.output_len,
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "e2e_s": e2e,
+            "elapsed_s": elapsed,
+            "output_tokens": out,
+            "output_len": self.spec.output_len,
             "output_tokens_from": self.tokens_from,
-            "prompt_tokens": self.usage_in, "prompt_len": self.spec.prompt_len,
+            "prompt_tokens": self.usage_in,
+            "prompt_len": self.spec.prompt_len,
             "num_chunks": len(self.chunk_times),
-        }  # fmt: skip
+        }
 
 
-async def send_request(client, args: argparse.Namespace, url: str, model: str, req: _Request,
-                       tokenizer=None) -> None:  # fmt: skip
+async def send_request(
+    client, args: argparse.Namespace, url: str, model: str, req: _Request, tokenizer=None
+) -> None:
     """Send one request and fill in `req`; never raises (errors go to req.error)."""
     chat = args.endpoint.endswith("/chat/completions")
     body = request_body(args, model, req.spec)

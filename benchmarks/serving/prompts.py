@@ -44,8 +44,15 @@ def _ranged(rng: random.Random, center: int, ratio: float) -> int:
     return rng.randint(lo, hi)
 
 
-def random_prompts(n: int, input_len: int, output_len: int, range_ratio: float, rng: random.Random,
-                   tokenizer=None, text: str | None = None) -> list[Spec]:  # fmt: skip
+def random_prompts(
+    n: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    rng: random.Random,
+    tokenizer=None,
+    text: str | None = None,
+) -> list[Spec]:
     """Windows of the text starting at random tokens (or words), about input_len tokens long."""
     base = text if text is not None else DEFAULT_TEXT.read_text(encoding="utf-8")
     in_lens = [_ranged(rng, input_len, range_ratio) for _ in range(n)]
@@ -79,12 +86,15 @@ def build_specs(args: argparse.Namespace, tokenizer=None) -> list[Spec]:
     n = args.num_prompts
     if args.dataset == "random":
         text = Path(args.dataset_path).read_text(encoding="utf-8") if args.dataset_path else None
-        return random_prompts(n, args.input_len, args.output_len, args.range_ratio, rng,
-                              tokenizer, text)  # fmt: skip
+        return random_prompts(
+            n, args.input_len, args.output_len, args.range_ratio, rng, tokenizer, text
+        )
     if args.dataset == "fixed":
         plen = count_tokens(tokenizer, args.prompt) if tokenizer else None
-        return [Spec(args.prompt, plen, _ranged(rng, args.output_len, args.range_ratio))
-                for _ in range(n)]  # fmt: skip
+        return [
+            Spec(args.prompt, plen, _ranged(rng, args.output_len, args.range_ratio))
+            for _ in range(n)
+        ]
     if args.dataset == "jsonl":
         rows = []
         with open(args.dataset_path, encoding="utf-8") as f:

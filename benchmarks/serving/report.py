@@ -49,9 +49,12 @@ def format_results(res: dict[str, Any]) -> str:
     if "peak_output_throughput" in res:
         row("Peak output token throughput (tok/s):", res["peak_output_throughput"], ".2f")
     row("Total token throughput (tok/s):", res["total_token_throughput"], ".2f")
-    titles = {"ttft": ("Time to First Token", "TTFT"),
-              "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
-              "itl": ("Inter-token Latency", "ITL"), "e2el": ("End-to-end Latency", "E2EL")}  # fmt: skip
+    titles = {
+        "ttft": ("Time to First Token", "TTFT"),
+        "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
+        "itl": ("Inter-token Latency", "ITL"),
+        "e2el": ("End-to-end Latency", "E2EL"),
+    }
     for key, (title, short) in titles.items():
         if res.get(f"mean_{key}_ms") is None:
             continue
@@ -74,8 +77,9 @@ def plot_results(res: dict[str, Any], path: str) -> None:
 
     ok = [r for r in res["requests"] if r["success"]]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for ax, (key, title) in zip(axes.flat, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"),
-                                            ("e2e_s", "End-to-end latency"))):  # fmt: skip
+    for ax, (key, title) in zip(
+        axes.flat, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "End-to-end latency"))
+    ):
         vals = sorted(r[key] * 1000.0 for r in ok if r[key] is not None)
         if vals:
             ax.step(vals, [(i + 1) / len(vals) for i in range(len(vals))], where="post")
@@ -89,8 +93,10 @@ def plot_results(res: dict[str, Any], path: str) -> None:
     ax.set(title="Output tokens/s over time", xlabel="s since start", ylabel="tokens/s")
     ax.grid(alpha=0.3)
     cfg = res.get("config", {})
-    fig.suptitle(f"{cfg.get('label') or cfg.get('model', '')}  {cfg.get('base_url', '')}"
-                 f"{cfg.get('endpoint', '')}  {res['completed']} ok / {res['failed']} failed")  # fmt: skip
+    fig.suptitle(
+        f"{cfg.get('label') or cfg.get('model', '')}  {cfg.get('base_url', '')}"
+        f"{cfg.get('endpoint', '')}  {res['completed']} ok / {res['failed']} failed"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -32,9 +32,13 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     check_args(args)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     specs = build_specs(args, tokenizer)
-    offsets = arrival_offsets(len(specs), args.request_rate,
-                              submit_interval_ms=args.submit_interval_ms,
-                              burstiness=args.burstiness, seed=args.seed + 1)  # fmt: skip
+    offsets = arrival_offsets(
+        len(specs),
+        args.request_rate,
+        submit_interval_ms=args.submit_interval_ms,
+        burstiness=args.burstiness,
+        seed=args.seed + 1,
+    )
     n_conn = max(1, min(args.max_concurrency or len(specs), len(specs)))
     limits = httpx.Limits(max_connections=n_conn + 1, max_keepalive_connections=n_conn + 1)
     timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 60.0))
@@ -78,13 +82,19 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     series = result["time_series"]["output_tokens_per_s"]
     result["peak_output_throughput"] = max(series) if series else 0.0
     result["config"] = {
-        "base_url": args.base_url, "endpoint": args.endpoint, "model": model,
-        "stream": args.stream, "ignore_eos": args.ignore_eos, "dataset": args.dataset,
-        "request_rate": args.request_rate, "burstiness": args.burstiness,
-        "submit_interval_ms": args.submit_interval_ms, "max_concurrency": args.max_concurrency,
+        "base_url": args.base_url,
+        "endpoint": args.endpoint,
+        "model": model,
+        "stream": args.stream,
+        "ignore_eos": args.ignore_eos,
+        "dataset": args.dataset,
+        "request_rate": args.request_rate,
+        "burstiness": args.burstiness,
+        "submit_interval_ms": args.submit_interval_ms,
+        "max_concurrency": args.max_concurrency,
         "label": args.label,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }  # fmt: skip
+    }
     result["args"] = {**vars(args), "api_key": "***" if args.api_key else None}
     result["requests"] = records
     return result

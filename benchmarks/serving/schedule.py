@@ -6,8 +6,14 @@ import math
 import random
 
 
-def arrival_offsets(n: int, request_rate: float = math.inf, *, submit_interval_ms: float | None = None,
-                    burstiness: float = 1.0, seed: int = 0) -> list[float]:  # fmt: skip
+def arrival_offsets(
+    n: int,
+    request_rate: float = math.inf,
+    *,
+    submit_interval_ms: float | None = None,
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> list[float]:
     """Submit times of n requests in seconds after the start, non-decreasing, first 0.
 
     A fixed interval gives i * interval; an infinite rate gives all zeros; a finite rate gives

@@ -25,12 +25,19 @@ def latency_stats(values_s: list[float]) -> dict[str, float | None]:
     if not values_s:
         return dict.fromkeys(keys)
     ms = [x * 1000.0 for x in values_s]
-    return {"mean": sum(ms) / len(ms), "median": percentile(ms, 50), "p90": percentile(ms, 90),
-            "p99": percentile(ms, 99), "min": min(ms), "max": max(ms)}  # fmt: skip
+    return {
+        "mean": sum(ms) / len(ms),
+        "median": percentile(ms, 50),
+        "p90": percentile(ms, 90),
+        "p99": percentile(ms, 99),
+        "min": min(ms),
+        "max": max(ms),
+    }
 
 
-def token_time_series(events: list[tuple[float, float]], duration_s: float,
-                      interval_s: float = 1.0) -> dict[str, Any]:  # fmt: skip
+def token_time_series(
+    events: list[tuple[float, float]], duration_s: float, interval_s: float = 1.0
+) -> dict[str, Any]:
     """Output tokens per second in bins of interval_s from events (time after start, tokens).
     t_s are the bins' starts; the last bin ends at duration_s (its rate uses its own width)."""
     n_bins = max(1, math.ceil(duration_s / interval_s - 1e-9))
@@ -40,14 +47,18 @@ def token_time_series(events: list[tuple[float, float]], duration_s: float,
     starts = [i * interval_s for i in range(n_bins)]
     widths = [interval_s] * n_bins
     widths[-1] = max(duration_s - starts[-1], 1e-3 * interval_s) if duration_s > 0 else interval_s
-    return {"t_s": starts, "end_s": max(duration_s, starts[-1] + widths[-1]),
-            "output_tokens_per_s": [b / w for b, w in zip(bins, widths)]}  # fmt: skip
+    return {
+        "t_s": starts,
+        "end_s": max(duration_s, starts[-1] + widths[-1]),
+        "output_tokens_per_s": [b / w for b, w in zip(bins, widths)],
+    }
 
 
 def peak_concurrency(intervals: list[tuple[float, float]]) -> int:
     """The most intervals (start, end) open at once."""
-    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals],
-                    key=lambda x: (x[0], x[1]))  # fmt: skip
+    points = sorted(
+        [(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1])
+    )
     cur = peak = 0
     for _, d in points:
         cur += d
@@ -55,8 +66,9 @@ def peak_concurrency(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
-def summarize(records: list[dict[str, Any]], duration_s: float,
-              itls_s: list[float] | None = None) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    records: list[dict[str, Any]], duration_s: float, itls_s: list[float] | None = None
+) -> dict[str, Any]:
     """The result figures from per-request records (see `_Request.record`)."""
     ok = [r for r in records if r["success"]]
     failed = [r for r in records if not r["success"]]

@@ -56,13 +56,34 @@ from common.messages.tokenizer_frontend import TokenizeAck
 from common.messages.tokenizer_scheduler import AbortRequest, GenerateRequest
 
 __all__ = [
-    "MAX_FRAME_BYTES", "MAX_LIST", "WIRE_VERSION", "REGISTRY", "Message", "WireError",
-    "encode", "decode", "pack_ids", "unpack_ids", "register",
-    "TokenizeRequest", "GenerateRequest", "AbortRequest", "StepOutputs", "NewRequest",
-    "EngineStatus", "TextOutputs", "RequestError", "ComponentStatus", "TokenizeAck",
-    "StepOutput", "pack_step_outputs", "unpack_step_outputs",
-    "TextOutput", "pack_text_outputs", "unpack_text_outputs",
-]  # fmt: skip
+    "MAX_FRAME_BYTES",
+    "MAX_LIST",
+    "WIRE_VERSION",
+    "REGISTRY",
+    "Message",
+    "WireError",
+    "encode",
+    "decode",
+    "pack_ids",
+    "unpack_ids",
+    "register",
+    "TokenizeRequest",
+    "GenerateRequest",
+    "AbortRequest",
+    "StepOutputs",
+    "NewRequest",
+    "EngineStatus",
+    "TextOutputs",
+    "RequestError",
+    "ComponentStatus",
+    "TokenizeAck",
+    "StepOutput",
+    "pack_step_outputs",
+    "unpack_step_outputs",
+    "TextOutput",
+    "pack_text_outputs",
+    "unpack_text_outputs",
+]
 
 # tag -> class, and the compiled schema of each registered class
 REGISTRY: dict[int, type[Message]] = {}
@@ -80,8 +101,17 @@ def register(cls: type[Message]) -> type[Message]:
     return cls
 
 
-for _cls in (TokenizeRequest, GenerateRequest, AbortRequest, StepOutputs, EngineStatus,
-             TextOutputs, RequestError, ComponentStatus, TokenizeAck):  # fmt: skip
+for _cls in (
+    TokenizeRequest,
+    GenerateRequest,
+    AbortRequest,
+    StepOutputs,
+    EngineStatus,
+    TextOutputs,
+    RequestError,
+    ComponentStatus,
+    TokenizeAck,
+):
     register(_cls)
 
 
@@ -118,10 +148,16 @@ def decode(frame: bytes) -> Message:
         raise WireError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     try:
         obj = msgpack.unpackb(
-            frame, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=MAX_FRAME_BYTES, max_bin_len=MAX_FRAME_BYTES,
-            max_array_len=MAX_LIST, max_map_len=MAX_LIST, max_ext_len=0,
-        )  # fmt: skip
+            frame,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=MAX_FRAME_BYTES,
+            max_bin_len=MAX_FRAME_BYTES,
+            max_array_len=MAX_LIST,
+            max_map_len=MAX_LIST,
+            max_ext_len=0,
+        )
     except Exception as e:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ...
         raise WireError(f"not a msgpack frame: {type(e).__name__}: {e}") from None
     if type(obj) is not list or len(obj) < 2:

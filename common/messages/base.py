@@ -186,8 +186,9 @@ def check_parallel(msg: Message, lists: Sequence[str], optional: Sequence[str] =
     WireError otherwise (the schema cannot say it; the batch's unpack helper does)."""
     n = len(msg.rids)  # type: ignore[attr-defined]
     short = [name for name in lists if len(getattr(msg, name)) != n]
-    short += [name for name in optional if getattr(msg, name) is not None
-              and len(getattr(msg, name)) != n]  # fmt: skip
+    short += [
+        name for name in optional if getattr(msg, name) is not None and len(getattr(msg, name)) != n
+    ]
     if short:
         raise WireError(f"{type(msg).__name__}: {', '.join(short)} not as long as rids ({n})")
     return n

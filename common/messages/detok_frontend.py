@@ -65,9 +65,30 @@ def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
 
 def unpack_text_outputs(msg: TextOutputs) -> list[TextOutput]:
     """One TextOutput per rid; WireError if the per-request lists do not line up."""
-    n = check_parallel(msg, ("texts", "finish_reasons", "num_prompt_tokens", "num_output_tokens",
-                             "token_ids", "stop_reasons"), ("logprobs", "timings"))  # fmt: skip
+    n = check_parallel(
+        msg,
+        (
+            "texts",
+            "finish_reasons",
+            "num_prompt_tokens",
+            "num_output_tokens",
+            "token_ids",
+            "stop_reasons",
+        ),
+        ("logprobs", "timings"),
+    )
     none: list[Any] = [None] * n
-    return [TextOutput(*row) for row in zip(
-        msg.rids, msg.texts, msg.finish_reasons, msg.num_prompt_tokens, msg.num_output_tokens,
-        msg.token_ids, msg.logprobs or none, msg.timings or none, msg.stop_reasons)]  # fmt: skip
+    return [
+        TextOutput(*row)
+        for row in zip(
+            msg.rids,
+            msg.texts,
+            msg.finish_reasons,
+            msg.num_prompt_tokens,
+            msg.num_output_tokens,
+            msg.token_ids,
+            msg.logprobs or none,
+            msg.timings or none,
+            msg.stop_reasons,
+        )
+    ]

@@ -54,8 +54,9 @@ class StepOutput:
     stop_token_id: int | None = None
 
 
-def pack_step_outputs(step: int, outputs: Sequence[StepOutput],
-                      new_requests: list[NewRequest]) -> StepOutputs:  # fmt: skip
+def pack_step_outputs(
+    step: int, outputs: Sequence[StepOutput], new_requests: list[NewRequest]
+) -> StepOutputs:
     return StepOutputs(
         step=step,
         rids=[o.rid for o in outputs],
@@ -73,11 +74,22 @@ def pack_step_outputs(step: int, outputs: Sequence[StepOutput],
 
 def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
     """One StepOutput per rid; WireError if the per-request lists do not line up."""
-    n = check_parallel(msg, ("new_token_ids", "finish_reasons", "num_prompt_tokens",
-                             "num_output_tokens"),
-                       ("logprobs", "timings", "stop_token_ids"))  # fmt: skip
+    n = check_parallel(
+        msg,
+        ("new_token_ids", "finish_reasons", "num_prompt_tokens", "num_output_tokens"),
+        ("logprobs", "timings", "stop_token_ids"),
+    )
     none: list[Any] = [None] * n
-    return [StepOutput(*row) for row in zip(
-        msg.rids, msg.new_token_ids, msg.finish_reasons, msg.num_prompt_tokens,
-        msg.num_output_tokens, msg.logprobs or none, msg.timings or none,
-        msg.stop_token_ids or none)]  # fmt: skip
+    return [
+        StepOutput(*row)
+        for row in zip(
+            msg.rids,
+            msg.new_token_ids,
+            msg.finish_reasons,
+            msg.num_prompt_tokens,
+            msg.num_output_tokens,
+            msg.logprobs or none,
+            msg.timings or none,
+            msg.stop_token_ids or none,
+        )
+    ]

@@ -34,10 +34,20 @@ from common.log import get_logger
 log = get_logger("kernels")
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("qgemm.cpp", "decode_ops.cpp", "decode_model.cpp")]  # compiled; headers included
+SOURCES = [
+    CSRC / name for name in ("qgemm.cpp", "decode_ops.cpp", "decode_model.cpp")
+]  # compiled; headers included
 ISAS = KERNEL_ISAS  # index = the isa argument of the ops
-CXXFLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno",
-            "-Wno-unused-function", "-DNDEBUG"]  # fmt: skip
+CXXFLAGS = [
+    "-O3",
+    "-std=c++20",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-Wno-unused-function",
+    "-DNDEBUG",
+]
 
 
 class KernelBuildError(RuntimeError):
@@ -53,7 +63,9 @@ def _key(cxx: str) -> str:
     for src in sorted(CSRC.iterdir()):  # sources and headers
         if src.suffix in (".cpp", ".h"):
             h.update(src.name.encode() + src.read_bytes())
-    h.update(f"{torch.__version__}|{cxx}|{' '.join(CXXFLAGS)}|{torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
+    h.update(
+        f"{torch.__version__}|{cxx}|{' '.join(CXXFLAGS)}|{torch._C._GLIBCXX_USE_CXX11_ABI}".encode()
+    )
     return h.hexdigest()[:16]
 
 
@@ -98,12 +110,19 @@ def build(verbose: bool = False) -> Path:
         fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=".build-", suffix=".so")
         os.close(fd)
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        cmd = [cxx, *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-               *(f"-I{p}" for p in cpp_extension.include_paths()),
-               *map(str, SOURCES), "-o", tmp,
-               *(f"-L{p}" for p in cpp_extension.library_paths()),
-               *(f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()),
-               "-lc10", "-ltorch_cpu"]  # fmt: skip
+        cmd = [
+            cxx,
+            *CXXFLAGS,
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *(f"-I{p}" for p in cpp_extension.include_paths()),
+            *map(str, SOURCES),
+            "-o",
+            tmp,
+            *(f"-L{p}" for p in cpp_extension.library_paths()),
+            *(f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()),
+            "-lc10",
+            "-ltorch_cpu",
+        ]
         if verbose:
             print(" ".join(cmd), file=sys.stderr)
         try:
@@ -126,8 +145,10 @@ def load() -> bool:
         torch.ops.load_library(str(build()))
     except (KernelBuildError, OSError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        log.warning("CPU kernels unavailable (%s): quantized weights run dequantized in "
-                    "pure torch, slower", first)  # fmt: skip
+        log.warning(
+            "CPU kernels unavailable (%s): quantized weights run dequantized in pure torch, slower",
+            first,
+        )
         return False
     return True
 

@@ -20,8 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = build(verbose=args.verbose)
     except KernelBuildError as e:
-        print(f"zeroserve: CPU kernels not built ({e}); the engine will use its pure-torch "
-              "path", file=sys.stderr)  # fmt: skip
+        print(
+            f"zeroserve: CPU kernels not built ({e}); the engine will use its pure-torch path",
+            file=sys.stderr,
+        )
         return 1 if args.require else 0
     print(f"zeroserve: CPU kernels ready ({best_isa()} on this CPU): {path}")
     return 0

@@ -49,7 +49,9 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"cannot read weights file {file}: {e}") from e
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, ModelArgs]:
+def load_model(
+    model_dir: Path, dtype: torch.dtype, device: torch.device
+) -> tuple[CausalLM, ModelArgs]:
     hf = read_hf_config(model_dir)
     arch = architecture_of(hf)
     args = ModelArgs.from_hf(hf, arch)

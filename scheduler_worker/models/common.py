@@ -78,7 +78,9 @@ class ModelArgs:
                 norm_eps=hf.get("layer_norm_epsilon", 1e-5),
                 hidden_act=hf.get("activation_function", "gelu_new"),
                 tie_word_embeddings=True,
-                qkv_bias=True, o_bias=True, mlp_bias=True,
+                qkv_bias=True,
+                o_bias=True,
+                mlp_bias=True,
                 hf_config=hf,
             )
         num_heads = hf["num_attention_heads"]
@@ -140,7 +142,9 @@ class WeightLoader:
     def load(self, name: str, tensor: torch.Tensor) -> None:
         param = self._param(name)
         if tuple(param.shape) != tuple(tensor.shape):
-            raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+            raise ValueError(
+                f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+            )
         param.copy_(tensor)
         self.loaded[name] = param.numel()
 
@@ -156,7 +160,9 @@ class WeightLoader:
     def finish(self) -> None:
         missing = [n for n, p in self.params.items() if self.loaded.get(n, 0) != p.numel()]
         if missing:
-            raise ValueError(f"checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+            raise ValueError(
+                f"checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+            )
 
 
 def num_params(module: nn.Module) -> int:

@@ -34,8 +34,15 @@ class GPT2Block(nn.Module):
     def forward(self, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=-1)
         shape = (-1, self.num_heads, self.head_dim)
-        o = paged_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape),
-                            kv_cache[0], kv_cache[1], meta, self.scale)
+        o = paged_attention(
+            q.reshape(shape),
+            k.reshape(shape),
+            v.reshape(shape),
+            kv_cache[0],
+            kv_cache[1],
+            meta,
+            self.scale,
+        )
         x = x + self.attn_proj(o.reshape(x.shape))
         return x + self.mlp_proj(self.act(self.c_fc(self.ln_2(x))))
 

@@ -54,11 +54,15 @@ class LlamaAttention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            args.num_heads, args.num_kv_heads, args.head_dim,
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
         )
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
+        )
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.scale = self.head_dim**-0.5
 
@@ -67,10 +71,19 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)
         t = qkv.shape[0]
         if self.fused:  # rotate q, k and write k, v into the cache in one pass
-            q, k = torch.ops.zeroserve.rope_write_kv(qkv, *rope, kv_cache[0], kv_cache[1],
-                                                     meta.slot_mapping, self.num_heads, self.num_kv_heads)
+            q, k = torch.ops.zeroserve.rope_write_kv(
+                qkv,
+                *rope,
+                kv_cache[0],
+                kv_cache[1],
+                meta.slot_mapping,
+                self.num_heads,
+                self.num_kv_heads,
+            )
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-            o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, kv_written=True)
+            o = paged_attention(
+                q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, kv_written=True
+            )
             return self.o_proj(o.reshape(-1, self.q_size))
         cos_sin = rope
         # q and k heads side by side, rotated in one go: [T, H + Hkv, D]
@@ -87,7 +100,9 @@ class LlamaMLP(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.gate_up_proj = nn.Linear(
+            args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias
+        )
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.act = ACTIVATIONS[args.hidden_act]
         self.silu = args.hidden_act in ("silu", "swish")
@@ -130,8 +145,11 @@ class DecodePlan:
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:
         """A decode-only step whose rows all go to the integer kernels."""
-        return (meta.num_decode == rows and meta.decode_kernel == "paged"
-                and self.probe.kernel_rows(rows) == rows)  # fmt: skip
+        return (
+            meta.num_decode == rows
+            and meta.decode_kernel == "paged"
+            and self.probe.kernel_rows(rows) == rows
+        )
 
 
 class LlamaForCausalLM(CausalLM):
@@ -152,8 +170,10 @@ class LlamaForCausalLM(CausalLM):
     def _make_rope(self) -> RotaryEmbedding:
         a = self.args
         return RotaryEmbedding(
-            a.head_dim, a.max_position_embeddings,
-            rope_theta_of(a.hf_config), rope_scaling_of(a.hf_config),
+            a.head_dim,
+            a.max_position_embeddings,
+            rope_theta_of(a.hf_config),
+            rope_scaling_of(a.hf_config),
         )
 
     def post_init(self) -> None:
@@ -176,8 +196,12 @@ class LlamaForCausalLM(CausalLM):
         linears: list[QuantLinear] = []
         for layer in cast(list[LlamaDecoderLayer], list(self.layers)):
             attn, mlp = layer.self_attn, layer.mlp
-            group = [(layer.input_layernorm, attn.qkv_proj), (None, attn.o_proj),
-                     (layer.post_attention_layernorm, mlp.gate_up_proj), (None, mlp.down_proj)]  # fmt: skip
+            group = [
+                (layer.input_layernorm, attn.qkv_proj),
+                (None, attn.o_proj),
+                (layer.post_attention_layernorm, mlp.gate_up_proj),
+                (None, mlp.down_proj),
+            ]
             for norm, lin in group:
                 if not isinstance(lin, QuantLinear) or lin.isa is None:
                     return False
@@ -187,7 +211,10 @@ class LlamaForCausalLM(CausalLM):
                 formats += [lin.fmt, lin.out_features]
                 linears.append(lin)
         first = linears[0]
-        same = {(lin.isa_index, lin.dense is None, lin.dense_above, id(lin.step_rows)) for lin in linears}
+        same = {
+            (lin.isa_index, lin.dense is None, lin.dense_above, id(lin.step_rows))
+            for lin in linears
+        }
         if len(same) != 1:
             return False
         scale = cast(LlamaDecoderLayer, self.layers[0]).self_attn.scale
@@ -199,7 +226,10 @@ class LlamaForCausalLM(CausalLM):
         cos_sin: tuple[torch.Tensor, ...]
         if self.fused:
             if self._rope_f32 is None:  # the kernel reads float32 tables (same values)
-                self._rope_f32 = (self.rope.cos.float().contiguous(), self.rope.sin.float().contiguous())
+                self._rope_f32 = (
+                    self.rope.cos.float().contiguous(),
+                    self.rope.sin.float().contiguous(),
+                )
             cos_sin = (positions, *self._rope_f32)
         else:
             cos_sin = self.rope.cos_sin(positions, residual.dtype)
@@ -208,11 +238,22 @@ class LlamaForCausalLM(CausalLM):
             assert self._rope_f32 is not None  # a plan needs the fused path
             a = self.args
             x = torch.ops.zeroserve.decode_layers(
-                residual, plan.weights, plan.formats, [kv[0] for kv in kv_caches],
-                [kv[1] for kv in kv_caches], positions, *self._rope_f32, meta.slot_mapping,
-                meta.decode_block_tables, meta.decode_context_lens, a.num_heads, a.num_kv_heads,
-                self.norm.eps, plan.scale, plan.isa,
-            )  # fmt: skip
+                residual,
+                plan.weights,
+                plan.formats,
+                [kv[0] for kv in kv_caches],
+                [kv[1] for kv in kv_caches],
+                positions,
+                *self._rope_f32,
+                meta.slot_mapping,
+                meta.decode_block_tables,
+                meta.decode_context_lens,
+                a.num_heads,
+                a.num_kv_heads,
+                self.norm.eps,
+                plan.scale,
+                plan.isa,
+            )
             return self.norm(x, residual)
         x = None  # the previous layer's MLP output
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -225,12 +266,19 @@ class LlamaForCausalLM(CausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loader = WeightLoader(self)
         stacked = {  # HF name piece -> (our param piece, shard index)
-            "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+            "q_proj": ("qkv_proj", 0),
+            "k_proj": ("qkv_proj", 1),
+            "v_proj": ("qkv_proj", 2),
+            "gate_proj": ("gate_up_proj", 0),
+            "up_proj": ("gate_up_proj", 1),
         }
         a = self.args
         shard_sizes = {
-            "qkv_proj": [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim],
+            "qkv_proj": [
+                a.num_heads * a.head_dim,
+                a.num_kv_heads * a.head_dim,
+                a.num_kv_heads * a.head_dim,
+            ],
             "gate_up_proj": [a.intermediate_size, a.intermediate_size],
         }
         for name, tensor in weights:

@@ -49,7 +49,9 @@ def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
     """Split GGUF blocks ([N, K/32 * block bytes] uint8, rows in the file's order) into the
     kernel arrays. Every value is kept: d, m are widened float16 -> float32."""
     if type_name not in GGUF_BLOCK_TYPES:
-        raise ValueError(f"GGUF type {type_name} has no kernel (supported: {', '.join(GGUF_BLOCK_TYPES)})")
+        raise ValueError(
+            f"GGUF type {type_name} has no kernel (supported: {', '.join(GGUF_BLOCK_TYPES)})"
+        )
     form, size = GGUF_BLOCK_TYPES[type_name]
     nb = k // QK
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nb, size)
@@ -61,10 +63,20 @@ def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
         m = -8.0 * d
         qs = blocks[:, :, 2:].reshape(n, nb * 16)
     else:
-        return BlockWeight("q8", torch.from_numpy(blocks[:, :, 2:].reshape(n, k).view(np.int8).copy()),
-                           torch.from_numpy(d), None, type_name)  # fmt: skip
-    return BlockWeight(form, torch.from_numpy(np.ascontiguousarray(qs)), torch.from_numpy(d),
-                       torch.from_numpy(np.ascontiguousarray(m)), type_name)  # fmt: skip
+        return BlockWeight(
+            "q8",
+            torch.from_numpy(blocks[:, :, 2:].reshape(n, k).view(np.int8).copy()),
+            torch.from_numpy(d),
+            None,
+            type_name,
+        )
+    return BlockWeight(
+        form,
+        torch.from_numpy(np.ascontiguousarray(qs)),
+        torch.from_numpy(d),
+        torch.from_numpy(np.ascontiguousarray(m)),
+        type_name,
+    )
 
 
 def _blocks(w: torch.Tensor) -> torch.Tensor:
@@ -132,12 +144,19 @@ def cat_rows(parts: list[BlockWeight]) -> BlockWeight:
     """Stack weights along N (q/k/v into qkv): they must share a form and K."""
     forms = {p.form for p in parts}
     if len(forms) != 1 or len({p.shape[1] for p in parts}) != 1:
-        raise ValueError(f"cannot stack block weights of forms {sorted(forms)} and shapes "
-                         f"{[p.shape for p in parts]}")  # fmt: skip
+        raise ValueError(
+            f"cannot stack block weights of forms {sorted(forms)} and shapes "
+            f"{[p.shape for p in parts]}"
+        )
     ms = [p.m for p in parts]
     m = None if any(x is None for x in ms) else torch.cat([x for x in ms if x is not None])
-    return BlockWeight(parts[0].form, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]),
-                       m, "+".join(sorted({p.source for p in parts})))  # fmt: skip
+    return BlockWeight(
+        parts[0].form,
+        torch.cat([p.qs for p in parts]),
+        torch.cat([p.d for p in parts]),
+        m,
+        "+".join(sorted({p.source for p in parts})),
+    )
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -180,7 +199,9 @@ def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
         q = torch.cat([q, torch.full((pad, k), 0x80, dtype=torch.uint8)])  # zero weights
         q = q.view(g, GROUP_ROWS, nb, 8, 4)
     else:
-        q = torch.cat([w.qs, torch.zeros(pad, k // 2, dtype=torch.uint8)]).view(g, GROUP_ROWS, nb, 4, 4)
+        q = torch.cat([w.qs, torch.zeros(pad, k // 2, dtype=torch.uint8)]).view(
+            g, GROUP_ROWS, nb, 4, 4
+        )
     qs = q.permute(0, 2, 3, 1, 4).reshape(g, -1).contiguous()
 
     def scales(t: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,6 @@ class GGUFBlocks:
     def __init__(self, path: Path) -> None:
         import gguf
 
-
         self.path = path
         reader = inspect_gguf(path)
         self.arch = str(reader.fields["general.architecture"].contents())
@@ -76,9 +75,14 @@ def gguf_linears(blocks: GGUFBlocks, num_layers: int) -> tuple[dict[str, BlockWe
     """(our module name -> stacked blocks, names of linears left in float and why)."""
     found: dict[str, BlockWeight] = {}
     skipped: list[str] = []
-    plan = {f"layers.{i}.{ours}": tuple(f"blk.{i}.{p}.weight" for p in parts)
-            for i in range(num_layers) for ours, parts in _LAYER_PARTS.items()}  # fmt: skip
-    plan["lm_head"] = ("output.weight",) if "output.weight" in blocks.tensors else ("token_embd.weight",)
+    plan = {
+        f"layers.{i}.{ours}": tuple(f"blk.{i}.{p}.weight" for p in parts)
+        for i in range(num_layers)
+        for ours, parts in _LAYER_PARTS.items()
+    }
+    plan["lm_head"] = (
+        ("output.weight",) if "output.weight" in blocks.tensors else ("token_embd.weight",)
+    )
     for ours, names in plan.items():
         parts = [blocks.block_weight(n) for n in names]
         if any(p is None for p in parts):

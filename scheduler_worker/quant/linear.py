@@ -72,9 +72,15 @@ class QuantLinear(nn.Module):
     d: torch.Tensor
     m: torch.Tensor | None
 
-    def __init__(self, weight: BlockWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-                 isa: str | None, dense_dtype: torch.dtype | None = None,
-                 dense_above: int = DENSE_ABOVE_ROWS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        weight: BlockWeight,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        isa: str | None,
+        dense_dtype: torch.dtype | None = None,
+        dense_above: int = DENSE_ABOVE_ROWS,
+    ) -> None:
         """`isa`: the kernel path ("avx512", "avx2", "scalar"); None computes in pure torch.
         `dense_dtype`: keep a dense copy in this dtype for steps of > `dense_above` rows."""
         super().__init__()
@@ -92,7 +98,9 @@ class QuantLinear(nn.Module):
         self.dense_above = 0 if isa is None else dense_above
         if isa is None or dense_dtype is not None:
             self.dense = dequantize(weight).to(dtype if isa is None else dense_dtype)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        )
         self.step_rows: StepRows | None = None  # set by the model runner
 
     def kernel_rows(self, rows: int) -> int:
@@ -108,8 +116,12 @@ class QuantLinear(nn.Module):
     def kernel_tensors(self) -> list[torch.Tensor]:
         """qs, d, m, bias for torch.ops.zeroserve.decode_layers (empty tensors for none)."""
         none = torch.empty(0, dtype=self.d.dtype)
-        return [self.qs, self.d, self.m if self.m is not None else none,
-                none if self.bias is None else self.bias]  # fmt: skip
+        return [
+            self.qs,
+            self.d,
+            self.m if self.m is not None else none,
+            none if self.bias is None else self.bias,
+        ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
@@ -126,7 +138,9 @@ class QuantLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
-        return torch.ops.zeroserve.qlinear(x2, self.qs, self.d, self.m, self.fmt, self.out_features, self.isa_index)
+        return torch.ops.zeroserve.qlinear(
+            x2, self.qs, self.d, self.m, self.fmt, self.out_features, self.isa_index
+        )
 
     def _dense(self, x2: torch.Tensor) -> torch.Tensor:
         assert self.dense is not None
@@ -145,8 +159,14 @@ def quantize_weight(w: torch.Tensor, method: str) -> BlockWeight:
     raise ValueError(f"cannot quantize a float weight with method {method!r}")
 
 
-def replace_linear(model: nn.Module, name: str, weight: BlockWeight, dtype: torch.dtype,
-                   isa: str | None, dense_dtype: torch.dtype | None = None) -> QuantLinear:  # fmt: skip
+def replace_linear(
+    model: nn.Module,
+    name: str,
+    weight: BlockWeight,
+    dtype: torch.dtype,
+    isa: str | None,
+    dense_dtype: torch.dtype | None = None,
+) -> QuantLinear:
     """Swap the nn.Linear at `name` for a QuantLinear of `weight` (keeping its bias)."""
     parent_name, _, attr = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -158,8 +178,13 @@ def replace_linear(model: nn.Module, name: str, weight: BlockWeight, dtype: torc
     return new
 
 
-def quantize_model(model: nn.Module, method: str, dtype: torch.dtype, isa: str | None,
-                   dense_dtype: torch.dtype | None = None) -> int:  # fmt: skip
+def quantize_model(
+    model: nn.Module,
+    method: str,
+    dtype: torch.dtype,
+    isa: str | None,
+    dense_dtype: torch.dtype | None = None,
+) -> int:
     """Quantize every nn.Linear of a float model in place; returns how many.
 
     With int4 the output projection (`lm_head`) gets int8: 4 bits on the vocab projection

@@ -36,16 +36,26 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
         if device.type != "cpu":
             method, why = "none", f"auto on {device.type}: the quantized kernels are CPU-only"
         elif cfg.dtype == "float16":
-            method, why = "none", "auto with float16: the quantized kernels take float32 or bfloat16"
+            method, why = (
+                "none",
+                "auto with float16: the quantized kernels take float32 or bfloat16",
+            )
         elif gguf is not None:
             method, why = "gguf", f"auto: serving the GGUF file's own blocks ({gguf.name})"
         else:
-            method, why = "none", "auto: a float checkpoint keeps its weights (--quantization int8|int4 to quantize)"
+            method, why = (
+                "none",
+                "auto: a float checkpoint keeps its weights (--quantization int8|int4 to quantize)",
+            )
     assert method != "gguf" or gguf is not None  # common.model_source.check_quantization_source
     if method == "none":
         return WeightPlan("none", None, why)
     isa = _kernel_path(cfg.kernels)
-    dense = dense_dtype_for(isa, has_native_bf16(), "amx_bf16" in cpu_flags()) if isa is not None else None
+    dense = (
+        dense_dtype_for(isa, has_native_bf16(), "amx_bf16" in cpu_flags())
+        if isa is not None
+        else None
+    )
     return WeightPlan(method, isa, why, dense)
 
 
@@ -54,7 +64,9 @@ def _kernel_path(choice: str) -> str | None:
         return None
     if not kernels.load():  # logs why, once
         if choice != "auto":
-            raise ConfigError(f"--kernels {choice}: the C++ kernels are not available here (see the log)")
+            raise ConfigError(
+                f"--kernels {choice}: the C++ kernels are not available here (see the log)"
+            )
         return None
     if choice == "auto":
         return kernels.best_isa()

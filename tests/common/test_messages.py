@@ -73,8 +73,21 @@ SAMPLES: list[Message] = [
     StepOutputs(0, [], [], [], [], [], None, [], None, 0.0),
     EngineStatus("ready", 0, 0, 0.0, 100, 100, 0, 0, "smollm2", 8192, 49152, 1.0),
     EngineStatus("heartbeat", 3, 1, 0.25, 75, 100, 640, 320, "m", 2048, 512, 2.0),
-    EngineStatus("heartbeat", 3, 1, 0.25, 75, 100, 640, 320, "m", 2048, 512, 2.0,
-                 {"forward": 1.5, "sample": 0.25, "schedule": 0.0, "ipc": 0.125}),
+    EngineStatus(
+        "heartbeat",
+        3,
+        1,
+        0.25,
+        75,
+        100,
+        640,
+        320,
+        "m",
+        2048,
+        512,
+        2.0,
+        {"forward": 1.5, "sample": 0.25, "schedule": 0.0, "ipc": 0.125},
+    ),
     TextOutputs(
         ["a", "b"],
         ["Hé", ""],
@@ -150,46 +163,122 @@ GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
 ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
 
 
-@pytest.mark.parametrize("frame", [
-    b"",
-    b"\xc1",  # never-used msgpack byte
-    b"\x93\x01",  # truncated array
-    raw(*GOOD_ABORT) + b"\x00",  # trailing data
-    msgpack.packb({"v": 1, "tag": 3}),  # a map, not an array
-    msgpack.packb("just a string"),
-    raw(WIRE_VERSION),
-    raw(WIRE_VERSION + 1, AbortRequest.TAG, "rid", "why"),
-    raw("1", AbortRequest.TAG, "rid", "why"),
-    raw(True, AbortRequest.TAG, "rid", "why"),
-    raw(WIRE_VERSION, 999, "rid", "why"),
-    raw(WIRE_VERSION, "AbortRequest", "rid", "why"),
-    raw(WIRE_VERSION, AbortRequest.TAG, "rid"),  # missing field
-    raw(WIRE_VERSION, AbortRequest.TAG, "rid", "why", "extra"),
-    raw(WIRE_VERSION, AbortRequest.TAG, 5, "why"),  # int where str
-    raw(WIRE_VERSION, AbortRequest.TAG, b"rid", "why"),  # bytes where str
-    raw(WIRE_VERSION, AbortRequest.TAG, None, "why"),  # None where str
-    raw(WIRE_VERSION, EngineStatus.TAG, "ready", "0", *ENGINE_FIELDS[2:]),  # str where int
-    raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
-    raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
-    raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, 0),  # str where bytes
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, True),  # bool where int
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, 0),  # list where dict
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, 0),
-    raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": {"y": {}}}, 0.0, 0.0, msgpack.ExtType(1, b"z")),
-    msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, 0]),
-    raw(WIRE_VERSION, TextOutputs.TAG, ["a", 1], [""] * 2, [None] * 2, [0, 0], [0, 0],
-        [b"", b""], None, None, [None, None], 0.0),  # list of wrong element type
-    raw(WIRE_VERSION, TextOutputs.TAG, "a", [""], [None], [0], [0], [b""], None, None, [None], 0.0),
-    raw(WIRE_VERSION, TextOutputs.TAG, ["a"], [""], ["stop"], [0], [0], [b""], None,
-        None, [None], 0.0, 1),
-    raw(WIRE_VERSION, StepOutputs.TAG, 0, [], [], [], [], [], None,
-        [["a", ["x"], True]], None, 0.0),  # new_requests tuple too short
-    raw(WIRE_VERSION, StepOutputs.TAG, 0, [], [], [], [], [], None,
-        [["a", "x", True, False]], None, 0.0),  # stop strings not a list
-    raw(WIRE_VERSION, StepOutputs.TAG, 0, [], [], [], [], [], [[[1]]],
-        [], [5], 0.0),  # timings entry neither dict nor None
-], ids=lambda f: f[:12].hex())  # fmt: skip
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\xc1",  # never-used msgpack byte
+        b"\x93\x01",  # truncated array
+        raw(*GOOD_ABORT) + b"\x00",  # trailing data
+        msgpack.packb({"v": 1, "tag": 3}),  # a map, not an array
+        msgpack.packb("just a string"),
+        raw(WIRE_VERSION),
+        raw(WIRE_VERSION + 1, AbortRequest.TAG, "rid", "why"),
+        raw("1", AbortRequest.TAG, "rid", "why"),
+        raw(True, AbortRequest.TAG, "rid", "why"),
+        raw(WIRE_VERSION, 999, "rid", "why"),
+        raw(WIRE_VERSION, "AbortRequest", "rid", "why"),
+        raw(WIRE_VERSION, AbortRequest.TAG, "rid"),  # missing field
+        raw(WIRE_VERSION, AbortRequest.TAG, "rid", "why", "extra"),
+        raw(WIRE_VERSION, AbortRequest.TAG, 5, "why"),  # int where str
+        raw(WIRE_VERSION, AbortRequest.TAG, b"rid", "why"),  # bytes where str
+        raw(WIRE_VERSION, AbortRequest.TAG, None, "why"),  # None where str
+        raw(WIRE_VERSION, EngineStatus.TAG, "ready", "0", *ENGINE_FIELDS[2:]),  # str where int
+        raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
+        raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
+        raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, 0),  # str where bytes
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, True),  # bool where int
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, 0),  # list where dict
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, 0),
+        raw(
+            WIRE_VERSION,
+            GenerateRequest.TAG,
+            "r",
+            b"",
+            {"x": {"y": {}}},
+            0.0,
+            0.0,
+            msgpack.ExtType(1, b"z"),
+        ),
+        msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, 0]),
+        raw(
+            WIRE_VERSION,
+            TextOutputs.TAG,
+            ["a", 1],
+            [""] * 2,
+            [None] * 2,
+            [0, 0],
+            [0, 0],
+            [b"", b""],
+            None,
+            None,
+            [None, None],
+            0.0,
+        ),  # list of wrong element type
+        raw(
+            WIRE_VERSION,
+            TextOutputs.TAG,
+            "a",
+            [""],
+            [None],
+            [0],
+            [0],
+            [b""],
+            None,
+            None,
+            [None],
+            0.0,
+        ),
+        raw(
+            WIRE_VERSION,
+            TextOutputs.TAG,
+            ["a"],
+            [""],
+            ["stop"],
+            [0],
+            [0],
+            [b""],
+            None,
+            None,
+            [None],
+            0.0,
+            1,
+        ),
+        raw(
+            WIRE_VERSION,
+            StepOutputs.TAG,
+            0,
+            [],
+            [],
+            [],
+            [],
+            [],
+            None,
+            [["a", ["x"], True]],
+            None,
+            0.0,
+        ),  # new_requests tuple too short
+        raw(
+            WIRE_VERSION,
+            StepOutputs.TAG,
+            0,
+            [],
+            [],
+            [],
+            [],
+            [],
+            None,
+            [["a", "x", True, False]],
+            None,
+            0.0,
+        ),  # stop strings not a list
+        raw(
+            WIRE_VERSION, StepOutputs.TAG, 0, [], [], [], [], [], [[[1]]], [], [5], 0.0
+        ),  # timings entry neither dict nor None
+    ],
+    ids=lambda f: f[:12].hex(),
+)
 def test_malformed_frames_raise_wire_error(frame):
     with pytest.raises(WireError):
         decode(frame)
@@ -240,15 +329,19 @@ def test_pack_ids_round_trip_and_layout():
 
 
 def test_batch_helpers_round_trip_and_refuse_lists_that_do_not_line_up():
-    steps = [StepOutput("a", pack_ids([5]), None, 3, 1),
-             StepOutput("b", b"", "stop", 4, 2, [[-0.5, [[5, -0.5]]]], {"x": 1.0}, 9)]
+    steps = [
+        StepOutput("a", pack_ids([5]), None, 3, 1),
+        StepOutput("b", b"", "stop", 4, 2, [[-0.5, [[5, -0.5]]]], {"x": 1.0}, 9),
+    ]
     msg = pack_step_outputs(7, steps, [("a", ["\n"], True, False)])
     assert msg.logprobs == [None, [[-0.5, [[5, -0.5]]]]] and msg.stop_token_ids == [None, 9]
     assert unpack_step_outputs(decode(encode(msg))) == steps
     quiet = pack_step_outputs(8, steps[:1], [])  # optional lists go only when one is set
     assert (quiet.logprobs, quiet.timings, quiet.stop_token_ids) == (None, None, None)
-    texts = [TextOutput("a", "Hi", None, 3, 1, pack_ids([5])),
-             TextOutput("b", "", "stop", 4, 2, b"", None, {"x": 1.0}, "\n")]
+    texts = [
+        TextOutput("a", "Hi", None, 3, 1, pack_ids([5])),
+        TextOutput("b", "", "stop", 4, 2, b"", None, {"x": 1.0}, "\n"),
+    ]
     assert unpack_text_outputs(decode(encode(pack_text_outputs(texts)))) == texts
     with pytest.raises(WireError, match="finish_reasons, logprobs not as long as rids"):
         unpack_step_outputs(dataclasses.replace(msg, finish_reasons=[None], logprobs=[None]))

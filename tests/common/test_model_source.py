@@ -30,8 +30,14 @@ from common.model_source import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json", COMPLETE_MARKER)
+HF_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    COMPLETE_MARKER,
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +88,17 @@ def test_converted_model_answers_in_transformers(converted):
     assert "chat_template" in json.loads((converted / "tokenizer_config.json").read_text())
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-                         "<|im_start|>assistant\n")
+    assert text.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tok(text, return_tensors="pt").input_ids
     assert ids[0, 0].item() == 1  # the template's <|im_start|>; the tokenizer adds no BOS
     model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
-                             do_sample=False)
-    answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
+        )
+    answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer  # wrong Q/K un-permutation yields gibberish
 
 
@@ -152,8 +160,10 @@ def test_bad_hf_dirs(tmp_path):
     assert resolve_model(str(d)) == d
 
 
-@pytest.mark.parametrize("arch,match", [("gpt2", "'gpt2' is not supported"),
-                                        ("llama", "lacks .*llama.attention.head_count")])
+@pytest.mark.parametrize(
+    "arch,match",
+    [("gpt2", "'gpt2' is not supported"), ("llama", "lacks .*llama.attention.head_count")],
+)
 def test_unsupported_or_incomplete_gguf(tmp_path, arch, match):
     path = tmp_path / f"tiny-{arch}.gguf"
     w = gguf.GGUFWriter(str(path), arch)
@@ -180,18 +190,28 @@ def _close(w: gguf.GGUFWriter) -> None:
 @pytest.fixture(scope="module")
 def tokenizer_fields() -> dict:
     reader = gguf.GGUFReader(str(default_gguf_path()))
-    return {k: reader.fields[f"tokenizer.ggml.{k}"].contents()
-            for k in ("tokens", "merges", "token_type")}
+    return {
+        k: reader.fields[f"tokenizer.ggml.{k}"].contents()
+        for k in ("tokens", "merges", "token_type")
+    }
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp's convert_hf_to_gguf
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _llamacpp_rope_factors(rope: dict, head_dim: int) -> np.ndarray:  # llama.cpp's formula
     freqs = 1.0 / rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
-    old, lo, hi, factor = (rope["original_max_position_embeddings"], rope["low_freq_factor"],
-                           rope["high_freq_factor"], rope["factor"])
+    old, lo, hi, factor = (
+        rope["original_max_position_embeddings"],
+        rope["low_freq_factor"],
+        rope["high_freq_factor"],
+        rope["factor"],
+    )
     out = []
     for freq in freqs:
         wavelen = 2 * math.pi / freq
@@ -228,13 +248,25 @@ def write_gguf(model, arch: str, path: Path, fields: dict, qtype=None) -> Path:
     w.add_token_merges(fields["merges"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    )
     if cfg.rope_parameters.get("rope_type") == "llama3":
-        w.add_tensor("rope_freqs.weight",
-                     _llamacpp_rope_factors(cfg.rope_parameters, cfg.hidden_size // n_head))
-    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+        w.add_tensor(
+            "rope_freqs.weight",
+            _llamacpp_rope_factors(cfg.rope_parameters, cfg.hidden_size // n_head),
+        )
+    names = {
+        "q_proj": "attn_q",
+        "k_proj": "attn_k",
+        "v_proj": "attn_v",
+        "o_proj": "attn_output",
+        "gate_proj": "ffn_gate",
+        "up_proj": "ffn_up",
+        "down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
     for name, t in model.state_dict().items():
         a = t.numpy().astype(np.float32)
         parts = name.split(".")
@@ -261,19 +293,38 @@ def write_gguf(model, arch: str, path: Path, fields: dict, qtype=None) -> Path:
 def _tiny(kind: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                 initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+    shape = dict(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **shape))
         with torch.no_grad():
             for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
                     proj.bias.normal_(0, 0.1)
         return model.eval()
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     config = LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **shape)
     return LlamaForCausalLM(config).eval()
 
@@ -289,8 +340,11 @@ def test_tiny_gguf_round_trip(tmp_path, tokenizer_fields, kind, arch):
     config = json.loads((out / "config.json").read_text())
     assert config["tie_word_embeddings"] is model.config.tie_word_embeddings
     weights = load_file(str(out / "model.safetensors"))
-    expected = {k: v.numpy() for k, v in model.state_dict().items()
-                if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+    expected = {
+        k: v.numpy()
+        for k, v in model.state_dict().items()
+        if not (k == "lm_head.weight" and model.config.tie_word_embeddings)
+    }
     assert set(weights) == set(expected)
     for name, a in expected.items():
         np.testing.assert_array_equal(weights[name], a, err_msg=name)
@@ -302,12 +356,23 @@ def test_tiny_gguf_round_trip(tmp_path, tokenizer_fields, kind, arch):
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("rope", [
-    dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-         original_max_position_embeddings=8192),  # Llama 3.1 / 3.2
-    dict(factor=32.0, low_freq_factor=2.0, high_freq_factor=8.0,
-         original_max_position_embeddings=8192),
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        dict(
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),  # Llama 3.1 / 3.2
+        dict(
+            factor=32.0,
+            low_freq_factor=2.0,
+            high_freq_factor=8.0,
+            original_max_position_embeddings=8192,
+        ),
+    ],
+)
 def test_llama3_rope_parameters_recovered(rope):
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, **rope}
     factors = _llamacpp_rope_factors(rope, 128)
@@ -323,12 +388,21 @@ def tiny_gguf(tmp_path, tokenizer_fields) -> Path:
 
 def test_concurrent_resolves_convert_once(tmp_path, tiny_gguf):
     cache = tmp_path / "cache"
-    code = ("import sys; from common.model_source import resolve_model; "
-            "print(resolve_model(sys.argv[1], cache_dir=sys.argv[2], progress=False))")
+    code = (
+        "import sys; from common.model_source import resolve_model; "
+        "print(resolve_model(sys.argv[1], cache_dir=sys.argv[2], progress=False))"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), ZEROSERVE_LOG_LEVEL="INFO")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tiny_gguf), str(cache)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tiny_gguf), str(cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], results
     assert len({out.strip() for out, _ in results}) == 1

@@ -21,10 +21,23 @@ def exported() -> dict[str, set[str]]:
     """Sample name -> its labels, as /metrics serves them once the server has seen an
     engine heartbeat and a finished request (labelled series appear with their first value)."""
     m = Metrics()
-    m.on_engine_status(EngineStatus(kind="heartbeat", num_running=1, num_waiting=0, kv_usage=0.1,
-                                    num_free_blocks=9, num_total_blocks=10, prefix_cache_queries=4,
-                                    prefix_cache_hits=2, model="m", max_model_len=64, vocab_size=100,
-                                    time=0.0, busy={"forward": 0.5}))  # fmt: skip
+    m.on_engine_status(
+        EngineStatus(
+            kind="heartbeat",
+            num_running=1,
+            num_waiting=0,
+            kv_usage=0.1,
+            num_free_blocks=9,
+            num_total_blocks=10,
+            prefix_cache_queries=4,
+            prefix_cache_hits=2,
+            model="m",
+            max_model_len=64,
+            vocab_size=100,
+            time=0.0,
+            busy={"forward": 0.5},
+        )
+    )
     m.on_finished("stop", 0.5, 3, 2, {"arrival_time": 1.0, "tokenized_time": 1.1})
     out: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(m.registry).decode()):
@@ -40,7 +53,10 @@ def queries() -> list[tuple[str, str]]:
 
 def test_every_query_names_an_exported_metric_and_its_labels():
     metrics = exported()
-    assert "zeroserve:generation_tokens_total" in metrics and "zeroserve:request_success_total" in metrics
+    assert (
+        "zeroserve:generation_tokens_total" in metrics
+        and "zeroserve:request_success_total" in metrics
+    )
     seen = set()
     for title, expr in queries():
         names = re.findall(r"zeroserve:[A-Za-z0-9_:]+", expr)
@@ -54,10 +70,16 @@ def test_every_query_names_an_exported_metric_and_its_labels():
         assert expr.count("(") == expr.count(")"), f"{title}: unbalanced parentheses"
     # the issue's panels: throughput, TTFT / inter-token / end-to-end percentiles, queue,
     # KV usage, prefix-cache hits
-    for name in ("generation_tokens_total", "time_to_first_token_seconds_bucket",
-                 "inter_token_latency_seconds_bucket", "e2e_request_latency_seconds_bucket",
-                 "num_requests_waiting", "num_requests_running", "kv_cache_usage_perc",
-                 "prefix_cache_hits_total"):  # fmt: skip
+    for name in (
+        "generation_tokens_total",
+        "time_to_first_token_seconds_bucket",
+        "inter_token_latency_seconds_bucket",
+        "e2e_request_latency_seconds_bucket",
+        "num_requests_waiting",
+        "num_requests_running",
+        "kv_cache_usage_perc",
+        "prefix_cache_hits_total",
+    ):
         assert f"zeroserve:{name}" in seen, name
 
 

@@ -44,7 +44,8 @@ BIN = Path(sys.executable).parent
 GROUP = "zeroserve"
 TOKENIZERS = 2
 PROGRAMS = ["zeroserve-scheduler", "zeroserve-detok", "zeroserve-frontend"] + [
-    f"zeroserve-tokenizer-{i}" for i in range(TOKENIZERS)]  # fmt: skip
+    f"zeroserve-tokenizer-{i}" for i in range(TOKENIZERS)
+]
 HEALTH_TIMEOUT_S = 120.0
 RESTART_TIMEOUT_S = 60.0
 CMD_TIMEOUT_S = 60.0
@@ -74,12 +75,19 @@ class Deployment:
         return f"http://127.0.0.1:{self.port}"
 
     def ctl(self, *args: str, check: bool = True) -> str:
-        r = subprocess.run([str(BIN / "supervisorctl"), "-c", str(self.supervisord_conf), *args],
-                           capture_output=True, text=True, timeout=CMD_TIMEOUT_S, env=self.env)  # fmt: skip
+        r = subprocess.run(
+            [str(BIN / "supervisorctl"), "-c", str(self.supervisord_conf), *args],
+            capture_output=True,
+            text=True,
+            timeout=CMD_TIMEOUT_S,
+            env=self.env,
+        )
         # supervisorctl exits non-zero for "not running" states in `status`; callers decide
         if check and r.returncode not in (0, 3):
-            raise AssertionError(f"supervisorctl {' '.join(args)} -> {r.returncode}: "
-                                 f"{r.stdout}{r.stderr}\n{self.logs()}")  # fmt: skip
+            raise AssertionError(
+                f"supervisorctl {' '.join(args)} -> {r.returncode}: "
+                f"{r.stdout}{r.stderr}\n{self.logs()}"
+            )
         return r.stdout
 
     def pid(self, program: str) -> int:
@@ -194,8 +202,11 @@ def stream_completion(url: str, prompt: str) -> str:
 
 
 def completion(url: str, prompt: str) -> str:
-    r = httpx.post(url + "/v1/completions", timeout=60,
-                   json={"prompt": prompt, "max_tokens": 8, "ignore_eos": True})  # fmt: skip
+    r = httpx.post(
+        url + "/v1/completions",
+        timeout=60,
+        json={"prompt": prompt, "max_tokens": 8, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 8
     return r.json()["choices"][0]["text"]
@@ -210,8 +221,13 @@ def deployment(default_model_dir):  # the model converted once, before anything 
         shutil.rmtree(base, ignore_errors=True)
         raise
     try:
-        r = subprocess.run([str(BIN / "supervisord"), "-c", str(dep.supervisord_conf)],
-                           capture_output=True, text=True, timeout=CMD_TIMEOUT_S, env=dep.env)  # fmt: skip
+        r = subprocess.run(
+            [str(BIN / "supervisord"), "-c", str(dep.supervisord_conf)],
+            capture_output=True,
+            text=True,
+            timeout=CMD_TIMEOUT_S,
+            env=dep.env,
+        )
         assert r.returncode == 0, f"supervisord: {r.stdout}{r.stderr}\n{dep.logs()}"
         yield dep
     finally:
@@ -249,12 +265,18 @@ def test_supervisor_deployment(deployment: Deployment):
     for pid in old.values():
         os.kill(pid, signal.SIGKILL)
     t1 = time.monotonic()
-    wait_for(lambda: all(dep.pid(p) not in (0, old[p]) and dep.state(p) == "RUNNING"
-                         for p in victims), RESTART_TIMEOUT_S, "restarts")  # fmt: skip
+    wait_for(
+        lambda: all(dep.pid(p) not in (0, old[p]) and dep.state(p) == "RUNNING" for p in victims),
+        RESTART_TIMEOUT_S,
+        "restarts",
+    )
     # both restarted processes heard from, the dead tokenizer's pid aged out of the window
     try:
-        wait_for(lambda: (h := dep.health()) and h["components"]["tokenizer"]["workers"] == TOKENIZERS,
-                 RESTART_TIMEOUT_S, f"/health 200 with {TOKENIZERS} tokenizer workers")  # fmt: skip
+        wait_for(
+            lambda: (h := dep.health()) and h["components"]["tokenizer"]["workers"] == TOKENIZERS,
+            RESTART_TIMEOUT_S,
+            f"/health 200 with {TOKENIZERS} tokenizer workers",
+        )
     except AssertionError as e:
         raise AssertionError(f"{e}\n{dep.ctl('status', check=False)}\n{dep.logs()}") from None
     print(f"restarted and healthy after {time.monotonic() - t1:.1f} s")

@@ -27,7 +27,8 @@ TARGET = "zeroserve.target"
 INSTALLED_PYTHON = "/opt/zeroserve/.venv/bin/python"
 INSTALLED_CONFIG = "/etc/zeroserve/zeroserve.json"
 ANALYZE = shutil.which("systemd-analyze") or (
-    "/usr/bin/systemd-analyze" if Path("/usr/bin/systemd-analyze").exists() else None)  # fmt: skip
+    "/usr/bin/systemd-analyze" if Path("/usr/bin/systemd-analyze").exists() else None
+)
 HARDENING = {
     "NoNewPrivileges": "yes",
     "ProtectSystem": "strict",
@@ -111,8 +112,11 @@ def test_stop_order_drains_frontend_first():
 def test_target_and_shared_config():
     target = parse_unit(UNITS / TARGET)
     wants = set(one(target, "Unit", "Wants").split())
-    assert wants == {"zeroserve-frontend.service", "zeroserve-scheduler.service",
-                     "zeroserve-detok.service"}  # fmt: skip
+    assert wants == {
+        "zeroserve-frontend.service",
+        "zeroserve-scheduler.service",
+        "zeroserve-detok.service",
+    }
     assert one(target, "Install", "WantedBy") == "multi-user.target"
     # the units' run dir is the config's: the IPC sockets live in /run/zeroserve (0700)
     cfg = json.loads(CONFIG.read_text())
@@ -121,8 +125,13 @@ def test_target_and_shared_config():
 
 
 def _verify(files: list[Path], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([ANALYZE, "verify", "--man=no", *map(str, files)], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [ANALYZE, "verify", "--man=no", *map(str, files)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture

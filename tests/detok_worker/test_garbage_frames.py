@@ -43,10 +43,17 @@ def test_detok_worker_survives_garbage(run_dir, default_model_dir):
     def so(rids, new_ids, finish=None, prompt=None, out=None, logprobs=None, new=()):
         n = len(rids)
         return StepOutputs(
-            0, rids, new_ids, finish if finish is not None else [None] * n,
-            prompt if prompt is not None else [1] * n, out if out is not None else [1] * n,
-            logprobs, list(new), None, now,
-        )  # fmt: skip
+            0,
+            rids,
+            new_ids,
+            finish if finish is not None else [None] * n,
+            prompt if prompt is not None else [1] * n,
+            out if out is not None else [1] * n,
+            logprobs,
+            list(new),
+            None,
+            now,
+        )
 
     bad = [
         so(["u1", "u2"], [pack_ids([5])]),  # parallel lists of unequal lengths
@@ -62,8 +69,14 @@ def test_detok_worker_survives_garbage(run_dir, default_model_dir):
         so(["dup", "dup"], [pack_ids([5]), pack_ids([6])], finish=["length", None]),
         so(["late"], [pack_ids([5])], new=[("nobody", ["x"], True, False)] * 3),
     ]
-    good = so(["good"], [pack_ids(ids)], finish=["length"], prompt=[3], out=[len(ids)],
-              new=[("good", [], True, False)])  # fmt: skip
+    good = so(
+        ["good"],
+        [pack_ids(ids)],
+        finish=["length"],
+        prompt=[3],
+        out=[len(ids)],
+        new=[("good", [], True, False)],
+    )
     frames = malformed(good)
     with sockets(frontend, scheduler, push), running(worker) as thread:
         push.send_all(frames)

@@ -100,8 +100,10 @@ def test_characters_are_emitted_as_soon_as_complete(tokenizer, name):
 def test_special_tokens_skipped_or_kept(tokenizer):
     ids = tokenizer.encode("<|im_start|>assistant\nHi there 你好<|im_end|>").ids
     assert 1 in ids and 2 in ids  # <|im_start|>, <|im_end|>
-    for skip, expect in ((True, "assistant\nHi there 你好"),
-                         (False, "<|im_start|>assistant\nHi there 你好<|im_end|>")):  # fmt: skip
+    for skip, expect in (
+        (True, "assistant\nHi there 你好"),
+        (False, "<|im_start|>assistant\nHi there 你好<|im_end|>"),
+    ):
         assert tokenizer.decode(ids, skip_special_tokens=skip) == expect
         deltas, _ = stream(
             RequestDetokenizer(tokenizer, skip_special_tokens=skip), chunks(ids, None)
@@ -117,8 +119,10 @@ def test_random_invalid_byte_runs_match_full_decode(tokenizer):
     assert len(partial) > 20
     rng = random.Random(7)
     for _ in range(300):
-        ids = [rng.choice(partial) if rng.random() < 0.6 else rng.randrange(3, 49152)
-               for _ in range(rng.randint(1, 30))]  # fmt: skip
+        ids = [
+            rng.choice(partial) if rng.random() < 0.6 else rng.randrange(3, 49152)
+            for _ in range(rng.randint(1, 30))
+        ]
         deltas, _ = stream(RequestDetokenizer(tokenizer), chunks(ids, rng, 4))
         assert "".join(deltas) == tokenizer.decode(ids)
 
@@ -153,7 +157,9 @@ def test_stop_string_split_across_tokens_never_leaks(tokenizer):
     assert det.add_tokens(ids[:3]) == ("", True) and det.finish() == ""
     for seed in range(5):
         assert run_stop(tokenizer, text, ["END"], rng=random.Random(seed))[:2] == (
-            "Hello world, this is the ", True)  # fmt: skip
+            "Hello world, this is the ",
+            True,
+        )
 
 
 def test_stop_strings_char_level_edge_cases():

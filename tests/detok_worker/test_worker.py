@@ -35,10 +35,18 @@ def test_stop_token_text_is_dropped_unless_asked_for(worker):
     stop = ids[-1]
     rids = ["plain", "keep", "length"]
     step = StepOutputs(
-        0, rids, [pack_ids(ids)] * 3, ["stop", "stop", "length"], [3] * 3, [len(ids)] * 3,
-        None, [("plain", [], True, False), ("keep", [], True, True), ("length", [], True, False)],
-        None, time.time(), [stop, stop, None],
-    )  # fmt: skip
+        0,
+        rids,
+        [pack_ids(ids)] * 3,
+        ["stop", "stop", "length"],
+        [3] * 3,
+        [len(ids)] * 3,
+        None,
+        [("plain", [], True, False), ("keep", [], True, True), ("length", [], True, False)],
+        None,
+        time.time(),
+        [stop, stop, None],
+    )
     out = worker.process(step)
     texts = dict(zip(out.rids, out.texts))
     reasons = dict(zip(out.rids, out.stop_reasons))
@@ -61,17 +69,37 @@ def test_a_schedulers_stopping_is_forwarded_behind_its_outputs(run_dir, default_
     scheduler = PullQueue(config.ipc.endpoint("scheduler"), bind=True)
     worker = DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
     push = PushQueue(config.ipc.endpoint("detok"), bind=False)
-    steps = [StepOutputs(i, [f"r{i}"], [pack_ids([28])], ["length"], [1], [1], None,
-                         [(f"r{i}", [], True, False)], None, time.time())
-             for i in range(20)]  # fmt: skip
+    steps = [
+        StepOutputs(
+            i,
+            [f"r{i}"],
+            [pack_ids([28])],
+            ["length"],
+            [1],
+            [1],
+            None,
+            [(f"r{i}", [], True, False)],
+            None,
+            time.time(),
+        )
+        for i in range(20)
+    ]
     with sockets(frontend, scheduler, push), running(worker) as thread:
         for step in steps:
             push.put(step)
         push.put(ComponentStatus("scheduler", 4242, "stopping", time.time()))
-        got = collect(frontend, lambda ms: any(
-            isinstance(m, ComponentStatus) and m.component == "scheduler" for m in ms), thread)
+        got = collect(
+            frontend,
+            lambda ms: any(
+                isinstance(m, ComponentStatus) and m.component == "scheduler" for m in ms
+            ),
+            thread,
+        )
         worker.stop()
         worker.stop()
-    order = [m.rids[0] if isinstance(m, TextOutputs) else m.kind for m in got
-             if isinstance(m, TextOutputs) or m.component == "scheduler"]  # fmt: skip
+    order = [
+        m.rids[0] if isinstance(m, TextOutputs) else m.kind
+        for m in got
+        if isinstance(m, TextOutputs) or m.component == "scheduler"
+    ]
     assert order == [f"r{i}" for i in range(20)] + ["stopping"]

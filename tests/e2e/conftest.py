@@ -59,20 +59,26 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while True:
             m = self.metrics()
-            if (m.get("zeroserve:num_requests_running") == 0
-                    and m.get("zeroserve:num_requests_waiting") == 0
-                    and m.get("zeroserve:kv_cache_free_blocks") == m.get("zeroserve:kv_cache_total_blocks")
-                    and m.get("zeroserve:num_requests_in_flight") == 0):  # fmt: skip
+            if (
+                m.get("zeroserve:num_requests_running") == 0
+                and m.get("zeroserve:num_requests_waiting") == 0
+                and m.get("zeroserve:kv_cache_free_blocks")
+                == m.get("zeroserve:kv_cache_total_blocks")
+                and m.get("zeroserve:num_requests_in_flight") == 0
+            ):
                 return m
             if time.monotonic() > deadline:
-                raise AssertionError(f"engine not idle after {timeout_s} s: "
-                                     f"{ {k: v for k, v in m.items() if 'num_' in k or 'kv_' in k} }")
+                raise AssertionError(
+                    f"engine not idle after {timeout_s} s: "
+                    f"{ {k: v for k, v in m.items() if 'num_' in k or 'kv_' in k} }"
+                )
             time.sleep(0.2)
 
     def pids(self) -> list[int]:
         """The launcher's children (found by their shared config file)."""
-        out = subprocess.run(["pgrep", "-f", str(self.run_dir / "config.json")],
-                             capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            ["pgrep", "-f", str(self.run_dir / "config.json")], capture_output=True, text=True
+        )
         return [int(p) for p in out.stdout.split()]
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
@@ -89,13 +95,26 @@ def start_server(*extra: str, workers: int = 2, timeout_s: float = 120.0) -> Ser
     port = free_port()
     run_dir = Path(tempfile.mkdtemp(prefix="zs-e2e-", dir="/tmp"))
     log_path = run_dir.parent / f"{run_dir.name}.log"
-    args = [sys.executable, str(REPO / "launch.py"), "--port", str(port),
-            "--tokenize-workers", str(workers), "--run-dir", str(run_dir),
-            "--dtype", "float32", "--num-kv-blocks", str(NUM_KV_BLOCKS), *extra]  # fmt: skip
+    args = [
+        sys.executable,
+        str(REPO / "launch.py"),
+        "--port",
+        str(port),
+        "--tokenize-workers",
+        str(workers),
+        "--run-dir",
+        str(run_dir),
+        "--dtype",
+        "float32",
+        "--num-kv-blocks",
+        str(NUM_KV_BLOCKS),
+        *extra,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+        proc = subprocess.Popen(
+            args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
     server = Server(proc, port, run_dir, log_path)
     deadline = time.monotonic() + timeout_s
     while True:

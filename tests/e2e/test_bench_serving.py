@@ -62,12 +62,23 @@ def test_percentiles_and_summary():
 
     def rec(ok, ttft, e2e, out, prompt_tokens=10, prompt_len=9):
         tpot = (e2e - ttft) / (out - 1) if ok and out > 1 else None
-        return {"success": ok, "error": None if ok else "HTTP 500: boom", "ttft_s": ttft,
-                "tpot_s": tpot, "e2e_s": e2e, "output_tokens": out if ok else None,
-                "prompt_tokens": prompt_tokens, "prompt_len": prompt_len}  # fmt: skip
+        return {
+            "success": ok,
+            "error": None if ok else "HTTP 500: boom",
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "e2e_s": e2e,
+            "output_tokens": out if ok else None,
+            "prompt_tokens": prompt_tokens,
+            "prompt_len": prompt_len,
+        }
 
-    records = [rec(True, 0.1, 1.1, 11), rec(True, 0.3, 2.3, 21, None, 9),
-               rec(False, None, None, 0), rec(False, None, None, 0)]  # fmt: skip
+    records = [
+        rec(True, 0.1, 1.1, 11),
+        rec(True, 0.3, 2.3, 21, None, 9),
+        rec(False, None, None, 0),
+        rec(False, None, None, 0),
+    ]
     s = summarize(records, 2.0, itls_s=[0.1, 0.1, 0.1, 0.1])
     assert (s["completed"], s["failed"]) == (2, 2)
     assert s["total_output_tokens"] == 32 and s["total_input_tokens"] == 19  # 10 + local 9
@@ -124,9 +135,23 @@ def _run(server, *extra: str) -> dict:
 
 def test_burst_streaming(server, default_model_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    argv = ["--base-url", server.url, "--disable-tqdm", "--num-prompts", "8",
-            "--dataset", "random", "--tokenizer", str(default_model_dir),
-            "--input-len", "32", "--output-len", "8", "--json", str(out)]  # fmt: skip
+    argv = [
+        "--base-url",
+        server.url,
+        "--disable-tqdm",
+        "--num-prompts",
+        "8",
+        "--dataset",
+        "random",
+        "--tokenizer",
+        str(default_model_dir),
+        "--input-len",
+        "32",
+        "--output-len",
+        "8",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "Serving Benchmark Result" in printed and "Mean TTFT (ms)" in printed
@@ -134,8 +159,15 @@ def test_burst_streaming(server, default_model_dir, tmp_path, capsys):
     assert res["completed"] == 8 and res["failed"] == 0, res["errors"]
     assert res["total_output_tokens"] == 64
     assert res["input_tokens_from_server"] and res["total_input_tokens"] >= 8 * 32
-    for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms",
-                "mean_itl_ms", "mean_e2el_ms"):  # fmt: skip
+    for key in (
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "p90_tpot_ms",
+        "mean_itl_ms",
+        "mean_e2el_ms",
+    ):
         assert res[key] > 0, key
     assert res["args"]["request_rate"] == "inf" and res["config"]["stream"] is True
     reqs = res["requests"]
@@ -151,9 +183,22 @@ def test_burst_streaming(server, default_model_dir, tmp_path, capsys):
 
 
 def test_max_concurrency_without_streaming(server, default_model_dir):
-    res = _run(server, "--num-prompts", "6", "--max-concurrency", "2", "--no-stream",
-               "--tokenizer", str(default_model_dir), "--input-len", "16", "--output-len", "8",
-               "--endpoint", "/v1/chat/completions")  # fmt: skip
+    res = _run(
+        server,
+        "--num-prompts",
+        "6",
+        "--max-concurrency",
+        "2",
+        "--no-stream",
+        "--tokenizer",
+        str(default_model_dir),
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--endpoint",
+        "/v1/chat/completions",
+    )
     assert res["completed"] == 6 and res["failed"] == 0, res["errors"]
     assert res["total_output_tokens"] == 48
     assert res["max_concurrent_requests"] <= 2
@@ -163,8 +208,19 @@ def test_max_concurrency_without_streaming(server, default_model_dir):
 
 def test_fixed_submit_interval(server):
     n, interval = 5, 0.050
-    res = _run(server, "--num-prompts", str(n), "--submit-interval-ms", "50",
-               "--dataset", "fixed", "--prompt", "Hello there", "--output-len", "4")  # fmt: skip
+    res = _run(
+        server,
+        "--num-prompts",
+        str(n),
+        "--submit-interval-ms",
+        "50",
+        "--dataset",
+        "fixed",
+        "--prompt",
+        "Hello there",
+        "--output-len",
+        "4",
+    )
     assert res["completed"] == n and res["failed"] == 0, res["errors"]
     sent = [r["sent_s"] for r in sorted(res["requests"], key=lambda r: r["index"])]
     # the schedule is absolute: request i never leaves before t0 + i * 50 ms ...

@@ -20,8 +20,20 @@ from tests.e2e.conftest import REPO
 
 pytestmark = pytest.mark.timeout(180)
 
-TINY = ["--num-requests", "4", "--concurrency", "4", "--input-len", "32", "--output-len", "8",
-        "--single-requests", "2", "--single-output-len", "4"]  # fmt: skip
+TINY = [
+    "--num-requests",
+    "4",
+    "--concurrency",
+    "4",
+    "--input-len",
+    "32",
+    "--output-len",
+    "8",
+    "--single-requests",
+    "2",
+    "--single-output-len",
+    "4",
+]
 
 # A stand-in for llama.cpp's llama-server: its flags, /health, /v1/models and streamed
 # /v1/completions with a final usage chunk; writes the argv it got next to itself.
@@ -86,9 +98,21 @@ def write_script(path: Path, body: str) -> Path:
 
 def run_compare(tmp_path: Path, *extra: str, timeout: float = 170) -> tuple[int, str, dict]:
     out = tmp_path / "compare.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "compare.py"), *TINY,
-                           *extra, "--json", str(out)], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "compare.py"),
+            *TINY,
+            *extra,
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.exists(), proc.stdout + proc.stderr[-4000:]
     return proc.returncode, proc.stdout + proc.stderr, json.loads(out.read_text())
 
@@ -97,28 +121,46 @@ def run_compare(tmp_path: Path, *extra: str, timeout: float = 170) -> tuple[int,
 def test_busy_delta_from_metrics_text():
     def text(fwd, sample, sched, ipc):
         rows = [("forward", fwd), ("sample", sample), ("schedule", sched), ("ipc", ipc)]
-        return "# HELP x\n" + "".join(
-            f'zeroserve:scheduler_busy_seconds_total{{part="{p}"}} {v}\n' for p, v in rows
-        ) + "zeroserve:num_requests_running 0.0\n"
+        return (
+            "# HELP x\n"
+            + "".join(
+                f'zeroserve:scheduler_busy_seconds_total{{part="{p}"}} {v}\n' for p, v in rows
+            )
+            + "zeroserve:num_requests_running 0.0\n"
+        )
 
     before = parse_metrics(text(1.0, 0.1, 0.1, 0.1))
     after = parse_metrics(text(10.0, 0.3, 0.2, 0.6))
     assert before["zeroserve:num_requests_running"] == 0.0
     d = busy_delta(before, after)
-    assert d["seconds"] == pytest.approx({"forward": 9.0, "sample": 0.2, "schedule": 0.1,
-                                          "ipc": 0.5})  # fmt: skip
+    assert d["seconds"] == pytest.approx(
+        {"forward": 9.0, "sample": 0.2, "schedule": 0.1, "ipc": 0.5}
+    )
     assert d["forward_share"] == pytest.approx(9.0 / 9.8)
     assert busy_delta(before, before)["forward_share"] is None  # no busy time: no share
 
 
 def _rows(server_tps=95.0, share=0.95, ttft=60.0, prefill=50.0):
     return [
-        {"key": "offline", "label": "a", "name": "offline", "status": "ok",
-         "output_tok_s": 100.0, "prefill": {"mean_ms": prefill}},
-        {"key": "server_w4", "label": "b", "name": "server --tokenize-workers 4",
-         "status": "ok", "output_tok_s": server_tps, "forward_share": share,
-         "busy": {"shares": {"forward": share, "ipc": 1 - share}}, "ttft_p50_ms": ttft},
-    ]  # fmt: skip
+        {
+            "key": "offline",
+            "label": "a",
+            "name": "offline",
+            "status": "ok",
+            "output_tok_s": 100.0,
+            "prefill": {"mean_ms": prefill},
+        },
+        {
+            "key": "server_w4",
+            "label": "b",
+            "name": "server --tokenize-workers 4",
+            "status": "ok",
+            "output_tok_s": server_tps,
+            "forward_share": share,
+            "busy": {"shares": {"forward": share, "ipc": 1 - share}},
+            "ttft_p50_ms": ttft,
+        },
+    ]
 
 
 def test_checks_pass_fail_skip():
@@ -127,8 +169,13 @@ def test_checks_pass_fail_skip():
     assert [c["status"] for c in fails] == ["FAIL", "FAIL", "FAIL"]
     assert fails[0]["value"] == pytest.approx(0.89) and fails[2]["value"] == pytest.approx(15.5)
     no_offline = _rows()
-    no_offline[0] = {"key": "offline", "label": "a", "name": "offline", "status": "skipped",
-                     "reason": "--skip-offline"}  # fmt: skip
+    no_offline[0] = {
+        "key": "offline",
+        "label": "a",
+        "name": "offline",
+        "status": "skipped",
+        "reason": "--skip-offline",
+    }
     assert [c["status"] for c in evaluate_checks(no_offline)] == ["SKIP", "PASS", "SKIP"]
     broken = _rows()
     broken[1] = {**broken[1], "status": "error", "error": "boom"}
@@ -138,8 +185,11 @@ def test_checks_pass_fail_skip():
     assert [c["status"] for c in evaluate_checks(_rows()[:1])] == ["SKIP"] * 3
     # paired one-at-a-time figures win over row (a)'s prefill measured minutes earlier
     paired = _rows(ttft=200.0, prefill=50.0)
-    paired[1]["paired_ttft"] = {"median_overhead_ms": 9.0, "median_ttft_ms": 200.0,
-                                "median_prefill_ms": 191.0}  # fmt: skip
+    paired[1]["paired_ttft"] = {
+        "median_overhead_ms": 9.0,
+        "median_ttft_ms": 200.0,
+        "median_prefill_ms": 191.0,
+    }
     check = evaluate_checks(paired)[2]
     assert check["status"] == "PASS" and check["value"] == 9.0 and "paired" in check["detail"]
     paired[1]["paired_ttft"]["median_overhead_ms"] = 15.5
@@ -148,22 +198,52 @@ def test_checks_pass_fail_skip():
 
 def test_table_shows_errors_and_skips():
     rows = _rows()
-    rows[0].update(dtype="bfloat16", ratio_to_offline=1.0, ttft_p50_ms=50.0,
-                   prefill={"mean_ms": 50.0, "runs": 3})  # fmt: skip
+    rows[0].update(
+        dtype="bfloat16",
+        ratio_to_offline=1.0,
+        ttft_p50_ms=50.0,
+        prefill={"mean_ms": 50.0, "runs": 3},
+    )
     rows[1]["ratio_to_offline"] = 0.95
-    rows.append({"key": "hf", "label": "c", "name": "transformers generate", "status": "error",
-                 "error": "RuntimeError: out of memory\nmore"})  # fmt: skip
-    rows.append({"key": "llama_server", "label": "d", "name": "llama.cpp llama-server",
-                 "status": "skipped", "reason": "llama-server not on PATH"})  # fmt: skip
-    res = {"workload": {"num_requests": 64, "input_tokens_min": 128, "input_tokens_max": 128,
-                        "output_len": 128, "single_requests": 10, "single_output_len": 16},
-           "args": vars(parse_args([])), "machine": {"cpu": "x", "threads": 2, "torch": "t"},
-           "rows": rows, "checks": evaluate_checks(rows), "cpu_busy_before": 0.02,
-           "cpu_busy_after": None}  # fmt: skip
+    rows.append(
+        {
+            "key": "hf",
+            "label": "c",
+            "name": "transformers generate",
+            "status": "error",
+            "error": "RuntimeError: out of memory\nmore",
+        }
+    )
+    rows.append(
+        {
+            "key": "llama_server",
+            "label": "d",
+            "name": "llama.cpp llama-server",
+            "status": "skipped",
+            "reason": "llama-server not on PATH",
+        }
+    )
+    res = {
+        "workload": {
+            "num_requests": 64,
+            "input_tokens_min": 128,
+            "input_tokens_max": 128,
+            "output_len": 128,
+            "single_requests": 10,
+            "single_output_len": 16,
+        },
+        "args": vars(parse_args([])),
+        "machine": {"cpu": "x", "threads": 2, "torch": "t"},
+        "rows": rows,
+        "checks": evaluate_checks(rows),
+        "cpu_busy_before": 0.02,
+        "cpu_busy_after": None,
+    }
     table = format_table(res)
     assert "warning: other processes" not in table
     assert "warning: other processes kept the CPUs busy (60% before the run" in format_table(
-        {**res, "cpu_busy_before": 0.6})
+        {**res, "cpu_busy_before": 0.6}
+    )
     assert "ERROR: RuntimeError: out of memory" in table and "more" not in table
     assert "skipped: llama-server not on PATH" in table
     assert "0.95x" in table and "95.0%" in table and "50.0 ms *" in table
@@ -173,8 +253,17 @@ def test_table_shows_errors_and_skips():
 # -- tiny real runs -----------------------------------------------------------------------
 def test_compare_every_row(tmp_path, default_model_dir):
     fake = write_script(tmp_path / "llama-server", FAKE_LLAMA)
-    code, out, res = run_compare(tmp_path, "--workers-list", "1", "--hf-batch", "4",
-                                 "--llama-server", str(fake), "--llama-threads", "2")  # fmt: skip
+    code, out, res = run_compare(
+        tmp_path,
+        "--workers-list",
+        "1",
+        "--hf-batch",
+        "4",
+        "--llama-server",
+        str(fake),
+        "--llama-threads",
+        "2",
+    )
     assert code == 0, out[-4000:]
     rows = {r["key"]: r for r in res["rows"]}
     assert list(rows) == ["offline", "server_w1", "hf", "llama_server"]
@@ -191,7 +280,9 @@ def test_compare_every_row(tmp_path, default_model_dir):
     assert server["single"]["completed"] == 2 and server["single"]["total_output_tokens"] == 8
     pt = server["paired_ttft"]  # each server request right after an in-process prefill of it
     assert len(pt["prefill_ms"]) == len(pt["ttft_ms"]) == 2 and min(pt["prefill_ms"]) > 0
-    assert pt["overhead_ms"] == pytest.approx([t - p for t, p in zip(pt["ttft_ms"], pt["prefill_ms"])])
+    assert pt["overhead_ms"] == pytest.approx(
+        [t - p for t, p in zip(pt["ttft_ms"], pt["prefill_ms"])]
+    )
     assert server["ttft_p50_ms"] == pytest.approx(pt["median_ttft_ms"])
     assert server["exit_code"] == 0 and server["warnings"] == []
     assert 0 < server["forward_share"] <= 1
@@ -211,23 +302,41 @@ def test_compare_every_row(tmp_path, default_model_dir):
     assert flags["-m"] == str(default_gguf_path())
     assert flags["-np"] == "4" and flags["-t"] == "2"
     assert int(flags["-c"]) == 4 * llama["ctx_per_slot"] and llama["ctx_per_slot"] >= 32 + 8
-    assert [c["name"] for c in res["checks"]] == ["server_throughput", "forward_share",
-                                                  "ttft_overhead"]  # fmt: skip
+    assert [c["name"] for c in res["checks"]] == [
+        "server_throughput",
+        "forward_share",
+        "ttft_overhead",
+    ]
     assert all(c["status"] in ("PASS", "FAIL") for c in res["checks"]), res["checks"]
     assert res["machine"]["threads"] >= 1 and res["args"]["workers_list"] == "1"
     assert res["argv"][: len(TINY)] == TINY
-    for line in ("a  offline engine", "b  server --tokenize-workers 1", "c  transformers",
-                 "d  llama.cpp llama-server", "target checks:"):  # fmt: skip
+    for line in (
+        "a  offline engine",
+        "b  server --tokenize-workers 1",
+        "c  transformers",
+        "d  llama.cpp llama-server",
+        "target checks:",
+    ):
         assert line in out
 
 
 def test_failed_rows_are_reported_not_fatal(tmp_path, default_model_dir):
     dead = write_script(tmp_path / "llama-server", "import sys\nsys.exit(3)\n")
     # max_num_batched_tokens 0 is a config error: launch.py exits before serving
-    code, out, res = run_compare(tmp_path, "--skip-offline", "--skip-hf", "--workers-list", "1",
-                                 "--engine-args", "--max-num-batched-tokens 0",
-                                 "--llama-server", str(dead), "--startup-timeout", "60",
-                                 timeout=120)  # fmt: skip
+    code, out, res = run_compare(
+        tmp_path,
+        "--skip-offline",
+        "--skip-hf",
+        "--workers-list",
+        "1",
+        "--engine-args",
+        "--max-num-batched-tokens 0",
+        "--llama-server",
+        str(dead),
+        "--startup-timeout",
+        "60",
+        timeout=120,
+    )
     assert code == 1, out[-4000:]
     rows = {r["key"]: r for r in res["rows"]}
     assert rows["offline"]["status"] == "skipped" and rows["hf"]["status"] == "skipped"

@@ -42,18 +42,31 @@ def faulty(default_model_dir):
 
 
 def component_pid(server, module: str) -> int:
-    out = subprocess.run(["pgrep", "-f", "--", f"-m {module} --config {server.run_dir}"],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        ["pgrep", "-f", "--", f"-m {module} --config {server.run_dir}"],
+        capture_output=True,
+        text=True,
+    )
     pids = [int(p) for p in out.stdout.split()]
     assert pids, f"no {module} process"
     return pids[0]
 
 
-async def one_stream(client: httpx.AsyncClient, url: str, i: int, started: asyncio.Event,
-                     counter: list[int], max_tokens: int) -> tuple[str, float]:  # fmt: skip
+async def one_stream(
+    client: httpx.AsyncClient,
+    url: str,
+    i: int,
+    started: asyncio.Event,
+    counter: list[int],
+    max_tokens: int,
+) -> tuple[str, float]:
     """-> (outcome, monotonic end time); outcome "done", "error" or "cut"."""
-    body = {"prompt": f"Stream {i}: tell a long story.", "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "prompt": f"Stream {i}: tell a long story.",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     outcome = "cut"
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -68,7 +81,7 @@ async def one_stream(client: httpx.AsyncClient, url: str, i: int, started: async
                     counter[0] += 1
                     if counter[0] == N_STREAMS:
                         started.set()
-                payload = line[len("data: "):]
+                payload = line[len("data: ") :]
                 if payload == "[DONE]":
                     return outcome if outcome == "error" else "done", time.monotonic()
                 if "error" in json.loads(payload):
@@ -83,11 +96,15 @@ def streams_under_fault(server, kill, max_tokens: int = 400) -> tuple[list[str],
 
     async def main():
         started, counter = asyncio.Event(), [0]
-        async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=30),
-                                     limits=httpx.Limits(max_connections=64)) as client:  # fmt: skip
-            tasks = [asyncio.ensure_future(one_stream(client, server.url, i, started, counter,
-                                                      max_tokens))
-                     for i in range(N_STREAMS)]  # fmt: skip
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(60, read=30), limits=httpx.Limits(max_connections=64)
+        ) as client:
+            tasks = [
+                asyncio.ensure_future(
+                    one_stream(client, server.url, i, started, counter, max_tokens)
+                )
+                for i in range(N_STREAMS)
+            ]
             await asyncio.wait_for(started.wait(), 60)
             killed_at = time.monotonic()
             kill()
@@ -108,8 +125,11 @@ def recovered(server, timeout_s: float = 90.0) -> None:
         assert time.monotonic() < deadline, "service did not come back"
         time.sleep(0.2)
     for i in range(3):
-        r = httpx.post(server.url + "/v1/completions", timeout=60,
-                       json={"prompt": f"After the fault {i}", "max_tokens": 5, "ignore_eos": True})
+        r = httpx.post(
+            server.url + "/v1/completions",
+            timeout=60,
+            json={"prompt": f"After the fault {i}", "max_tokens": 5, "ignore_eos": True},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 5
     server.wait_idle(timeout_s=15)
@@ -161,7 +181,9 @@ def test_sigkill_during_streams(faulty, module):
         faulty.proc.send_signal(signal.SIGCONT)
     if module != "tokenizer_worker":  # its connection closing tells the frontend at once
         turned = health.first_503_after(killed_at[0])
-        assert turned is not None and turned < NOTICED_WITHIN_S, f"/health turned 503 after {turned} s"
+        assert turned is not None and turned < NOTICED_WITHIN_S, (
+            f"/health turned 503 after {turned} s"
+        )
     assert len(outcomes) == N_STREAMS
     assert last_end <= END_WITHIN_S, f"a stream ended {last_end:.1f} s after the kill"
     if module == "tokenizer_worker":  # the streams were past the tokenizers: unaffected
@@ -196,8 +218,9 @@ def open_streams(server, n: int, body: dict) -> tuple[list[threading.Thread], li
         t.start()
     deadline = time.monotonic() + 60
     for _ in range(n):
-        assert started.acquire(timeout=max(0.0, deadline - time.monotonic())), \
-            "the streams did not all start"  # fmt: skip
+        assert started.acquire(timeout=max(0.0, deadline - time.monotonic())), (
+            "the streams did not all start"
+        )
     return threads, results
 
 
@@ -272,20 +295,28 @@ def test_drain_timeout_fails_what_is_left_with_an_error_event(default_model_dir)
 def test_requests_in_a_dead_tokenizers_pipe_fail_fast(faulty):
     """A tokenizer that stops (SIGSTOP, then SIGKILL) strands the requests queued in its
     pipe: they fail with 503 within a few seconds; the others are served."""
-    out = subprocess.run(["pgrep", "-f", "--", f"-m tokenizer_worker --config {faulty.run_dir}"],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        ["pgrep", "-f", "--", f"-m tokenizer_worker --config {faulty.run_dir}"],
+        capture_output=True,
+        text=True,
+    )
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2
     victim = pids[0]
     os.kill(victim, signal.SIGSTOP)
     try:
+
         async def main():
             async with httpx.AsyncClient(timeout=30) as client:
+
                 async def one(i: int):
                     t0 = time.monotonic()
-                    r = await client.post(faulty.url + "/v1/completions", json={
-                        "prompt": f"Pipe {i}", "max_tokens": 4, "ignore_eos": True})
+                    r = await client.post(
+                        faulty.url + "/v1/completions",
+                        json={"prompt": f"Pipe {i}", "max_tokens": 4, "ignore_eos": True},
+                    )
                     return r.status_code, r.json(), time.monotonic() - t0
+
                 return await asyncio.gather(*(one(i) for i in range(8)))
 
         results = asyncio.run(main())

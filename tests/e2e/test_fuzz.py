@@ -52,16 +52,29 @@ LENGTH_FIELDS = {
     "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
     "/generate": ("max_new_tokens",),
 }
-OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-              ("POST", "/generate"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}"),
-              ("GET", "/health"), ("GET", "/metrics"), ("GET", "/stats")]  # fmt: skip
+OPERATIONS = [
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/generate"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model}"),
+    ("GET", "/health"),
+    ("GET", "/metrics"),
+    ("GET", "/stats"),
+]
 # negative (schema-violating) data exists only for the JSON bodies: a GET's path string
 # cannot violate {"type": "string"}
-FUZZ_CASES = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + \
-             [(m, p, GenerationMode.NEGATIVE) for m, p in OPERATIONS if m == "POST"]  # fmt: skip
-HYPOTHESIS = dict(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=False,
-                  suppress_health_check=list(hypothesis.HealthCheck),
-                  phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate])  # fmt: skip
+FUZZ_CASES = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + [
+    (m, p, GenerationMode.NEGATIVE) for m, p in OPERATIONS if m == "POST"
+]
+HYPOTHESIS = dict(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=False,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -102,8 +115,9 @@ def test_schema_lists_every_route(api_schema):
         assert body["content"]["application/json"]["schema"]["properties"]
 
 
-def schemathesis_cases(api_schema, method: str, path: str, mode: GenerationMode,
-                       max_examples: int = MAX_EXAMPLES) -> Counter[int]:  # fmt: skip
+def schemathesis_cases(
+    api_schema, method: str, path: str, mode: GenerationMode, max_examples: int = MAX_EXAMPLES
+) -> Counter[int]:
     """Send up to max_examples generated cases: never a 5xx, every 4xx an OpenAI error.
     Returns the count of each status."""
     operation = api_schema[path][method]
@@ -127,13 +141,16 @@ def schemathesis_cases(api_schema, method: str, path: str, mode: GenerationMode,
             assert_openai_error(response.status_code, response.text, where)
 
     fuzz()
-    print(f"\n{method} {path} {mode.value}: statuses {dict(sorted(statuses.items()))}; "
-          f"slowest {slowest[0]:.2f} s: {slowest[1]}")  # fmt: skip
+    print(
+        f"\n{method} {path} {mode.value}: statuses {dict(sorted(statuses.items()))}; "
+        f"slowest {slowest[0]:.2f} s: {slowest[1]}"
+    )
     return statuses
 
 
-@pytest.mark.parametrize("method,path,mode", FUZZ_CASES,
-                         ids=[f"{m} {p} {mode.value}" for m, p, mode in FUZZ_CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "method,path,mode", FUZZ_CASES, ids=[f"{m} {p} {mode.value}" for m, p, mode in FUZZ_CASES]
+)
 def test_schemathesis(server, api_schema, method, path, mode):
     assert schemathesis_cases(api_schema, method, path, mode)
 
@@ -158,40 +175,68 @@ def _floats(lo: float, hi: float, **kw) -> st.SearchStrategy[float]:
 
 _text = st.text(st.characters(codec="utf-8"), min_size=1, max_size=24)
 _SAMPLING = {
-    "temperature": _floats(0, 2), "top_p": _floats(0, 1, exclude_min=True),
-    "top_k": st.integers(-1, 2 * VOCAB), "min_p": _floats(0, 1),
+    "temperature": _floats(0, 2),
+    "top_p": _floats(0, 1, exclude_min=True),
+    "top_k": st.integers(-1, 2 * VOCAB),
+    "min_p": _floats(0, 1),
     "repetition_penalty": _floats(0, 10, exclude_min=True),
-    "presence_penalty": _floats(-2, 2), "frequency_penalty": _floats(-2, 2),
+    "presence_penalty": _floats(-2, 2),
+    "frequency_penalty": _floats(-2, 2),
     "seed": st.integers(-(2**63), 2**64 - 1),
     "stop": st.one_of(_text, st.lists(_text, max_size=16)),
     "stop_token_ids": st.lists(st.integers(0, VOCAB - 1), max_size=64),
-    "ignore_eos": st.booleans(), "skip_special_tokens": st.booleans(),
-    "include_stop_str_in_output": st.booleans(), "min_tokens": st.integers(0, MAX_GEN_TOKENS),
-    "user": st.text(max_size=8), "return_timings": st.booleans(),
-    "model": st.sampled_from(["smollm2", None]), "stream": st.booleans(),
+    "ignore_eos": st.booleans(),
+    "skip_special_tokens": st.booleans(),
+    "include_stop_str_in_output": st.booleans(),
+    "min_tokens": st.integers(0, MAX_GEN_TOKENS),
+    "user": st.text(max_size=8),
+    "return_timings": st.booleans(),
+    "model": st.sampled_from(["smollm2", None]),
+    "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-}  # fmt: skip
+}
 _OPENAI = {**_SAMPLING, "n": st.integers(1, 8)}
 _ids = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24)
 _message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant"]),
-     "content": st.one_of(st.none(), _text, st.lists(st.fixed_dictionaries(
-         {"type": st.just("text"), "text": _text}), max_size=3))},
-    optional={"name": _text})  # fmt: skip
+    {
+        "role": st.sampled_from(["system", "user", "assistant"]),
+        "content": st.one_of(
+            st.none(),
+            _text,
+            st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text}), max_size=3),
+        ),
+    },
+    optional={"name": _text},
+)
 VALID_BODIES = {
     "/v1/completions": st.fixed_dictionaries(
-        {"prompt": st.one_of(_text, _ids, st.lists(_text, min_size=1, max_size=1),
-                             st.lists(_ids, min_size=1, max_size=1)),
-         "max_tokens": st.integers(1, MAX_GEN_TOKENS)},
-        optional={**_OPENAI, "logprobs": st.integers(0, 20), "echo": st.just(False)}),
+        {
+            "prompt": st.one_of(
+                _text,
+                _ids,
+                st.lists(_text, min_size=1, max_size=1),
+                st.lists(_ids, min_size=1, max_size=1),
+            ),
+            "max_tokens": st.integers(1, MAX_GEN_TOKENS),
+        },
+        optional={**_OPENAI, "logprobs": st.integers(0, 20), "echo": st.just(False)},
+    ),
     "/v1/chat/completions": st.fixed_dictionaries(
-        {"messages": st.lists(_message, min_size=1, max_size=4),
-         "max_tokens": st.integers(1, MAX_GEN_TOKENS)},
-        optional={**_OPENAI, "max_completion_tokens": st.integers(1, MAX_GEN_TOKENS),
-                  "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20)}),
+        {
+            "messages": st.lists(_message, min_size=1, max_size=4),
+            "max_tokens": st.integers(1, MAX_GEN_TOKENS),
+        },
+        optional={
+            **_OPENAI,
+            "max_completion_tokens": st.integers(1, MAX_GEN_TOKENS),
+            "logprobs": st.booleans(),
+            "top_logprobs": st.integers(0, 20),
+        },
+    ),
     "/generate": st.fixed_dictionaries(
-        {"prompt": _text, "max_new_tokens": st.integers(1, MAX_GEN_TOKENS)}, optional=_SAMPLING),
-}  # fmt: skip
+        {"prompt": _text, "max_new_tokens": st.integers(1, MAX_GEN_TOKENS)}, optional=_SAMPLING
+    ),
+}
 
 
 def _length(path: str, body: dict[str, Any]) -> int:
@@ -237,8 +282,11 @@ def valid_bodies(server, path: str, max_examples: int = MAX_EXAMPLES) -> None:
         if body.get("stream"):
             chunks = _sse_payloads(r.text)
             assert not any("error" in c for c in chunks), r.text[-500:]
-            finals = [c["choices"][0]["finish_reason"] for c in chunks
-                      if c["choices"] and c["choices"][0]["finish_reason"]]  # fmt: skip
+            finals = [
+                c["choices"][0]["finish_reason"]
+                for c in chunks
+                if c["choices"] and c["choices"][0]["finish_reason"]
+            ]
             assert len(finals) == n, r.text[-500:]
             usage = chunks[-1].get("usage")
             assert (usage is not None) == bool(body.get("stream_options", {}).get("include_usage"))

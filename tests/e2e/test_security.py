@@ -52,16 +52,32 @@ def test_forged_and_garbage_frames_change_nothing(server):
     forged = [
         GenerateRequest("cmpl-forged-0", pack_ids([1, 2, 3]), params, time.time(), time.time()),
         GenerateRequest("cmpl-forged-0." + "0" * 32, pack_ids([1, 2, 3]), params, 0.0, 0.0),
-    ]  # fmt: skip
-    garbage = [b"", b"\x00" * 64, msgpack.packb([1, 999, "x"]), msgpack.packb({"a": 1}),
-               os.urandom(2048)]  # fmt: skip
+    ]
+    garbage = [
+        b"",
+        b"\x00" * 64,
+        msgpack.packb([1, 999, "x"]),
+        msgpack.packb({"a": 1}),
+        os.urandom(2048),
+    ]
     sock = lambda name: f"ipc://{server.run_dir}/{name}.sock"  # noqa: E731
     push_raw(sock("scheduler"), [encode(m) for m in forged] + garbage)
-    step = StepOutputs(1, ["cmpl-forged-0"], [pack_ids([42])], ["length"], [3], [1], None,
-                       [("cmpl-forged-0", [], True, False)], None, time.time())  # fmt: skip
+    step = StepOutputs(
+        1,
+        ["cmpl-forged-0"],
+        [pack_ids([42])],
+        ["length"],
+        [3],
+        [1],
+        None,
+        [("cmpl-forged-0", [], True, False)],
+        None,
+        time.time(),
+    )
     push_raw(sock("detok"), [encode(step)] + garbage)
-    text = TextOutputs(["cmpl-forged-0"], ["boo"], ["stop"], [1], [1], [b""], None, None,
-                       [None], time.time())  # fmt: skip
+    text = TextOutputs(
+        ["cmpl-forged-0"], ["boo"], ["stop"], [1], [1], [b""], None, None, [None], time.time()
+    )
     push_raw(sock("frontend"), [encode(text)] + garbage)
     # the forged requests never run: nothing running, every block free, for 2 heartbeats
     deadline = time.monotonic() + 2.5
@@ -75,6 +91,9 @@ def test_forged_and_garbage_frames_change_nothing(server):
     assert after["zeroserve:generation_tokens_total"] == before["zeroserve:generation_tokens_total"]
     # every worker is alive and serves
     assert sorted(server.pids()) == pids
-    r = httpx.post(server.url + "/v1/completions", timeout=30,
-                   json={"prompt": "still fine?", "max_tokens": 4, "ignore_eos": True})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        timeout=30,
+        json={"prompt": "still fine?", "max_tokens": 4, "ignore_eos": True},
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

@@ -16,9 +16,11 @@ pytestmark = pytest.mark.timeout(300)
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are terse."},
-     {"role": "user", "content": "Name three primary colors."}],
-]  # fmt: skip
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name three primary colors."},
+    ],
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,12 @@ def offline_engine(default_model_dir):
     from common.config import CacheConfig, EngineConfig, ModelConfig
     from scheduler_worker.engine import LLMEngine
 
-    return LLMEngine(EngineConfig(model=ModelConfig(model="smollm2", dtype="float32"),
-                                  cache=CacheConfig(num_blocks=256)), default_model_dir)
+    return LLMEngine(
+        EngineConfig(
+            model=ModelConfig(model="smollm2", dtype="float32"), cache=CacheConfig(num_blocks=256)
+        ),
+        default_model_dir,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +66,9 @@ def offline_ids(offline_engine, tokenizer):
 @pytest.fixture(scope="module")
 def offline(offline_ids, tokenizer):
     """text -> the in-process engine's greedy text."""
-    return lambda prompt, max_tokens: tokenizer.decode(offline_ids(prompt, max_tokens),
-                                                       skip_special_tokens=True)
+    return lambda prompt, max_tokens: tokenizer.decode(
+        offline_ids(prompt, max_tokens), skip_special_tokens=True
+    )
 
 
 def chat_ids(tokenizer, messages) -> list[int]:
@@ -87,8 +94,13 @@ def test_chat_greedy_equals_the_in_process_engine(server, client, tokenizer, off
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     expected = [offline_engine.generate([p], params)[0] for p in prompts]
     for messages, prompt, want in zip(CHATS, prompts, expected):
-        r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=n,
-                                           temperature=0, extra_body={"ignore_eos": True})
+        r = client.chat.completions.create(
+            model="smollm2",
+            messages=messages,
+            max_tokens=n,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         assert r.usage.prompt_tokens == len(prompt)
         assert r.usage.completion_tokens == n
         assert r.choices[0].finish_reason == "length"
@@ -98,11 +110,16 @@ def test_chat_greedy_equals_the_in_process_engine(server, client, tokenizer, off
 def test_streaming_equals_non_streaming(client):
     kwargs = dict(model="smollm2", messages=CHATS[0], max_tokens=20, temperature=0)
     whole = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(**kwargs, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
-    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finals == [whole.choices[0].finish_reason]
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
@@ -115,7 +132,7 @@ def test_sse_wire_format_ends_with_done(server):
     assert r.headers["content-type"].startswith("text/event-stream")
     events = r.text.strip().split("\n\n")
     assert events[-1] == "data: [DONE]"
-    payloads = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    payloads = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
 
 
@@ -124,10 +141,15 @@ def test_64_concurrent_streams(server):
 
     async def one(aclient: openai.AsyncOpenAI, i: int) -> tuple[int, str, str | None]:
         stream = await aclient.completions.create(
-            model="smollm2", prompt=f"Story number {i}: once upon a time", max_tokens=n_tokens,
-            temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True},
+            model="smollm2",
+            prompt=f"Story number {i}: once upon a time",
+            max_tokens=n_tokens,
+            temperature=0.8,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         text, finish, usage = "", None, None
         async for chunk in stream:
             if chunk.choices:
@@ -138,9 +160,13 @@ def test_64_concurrent_streams(server):
         return usage, text, finish
 
     async def main():
-        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
-                                     timeout=120, http_client=httpx.AsyncClient(
-                                         limits=httpx.Limits(max_connections=n_streams)))
+        aclient = openai.AsyncOpenAI(
+            base_url=server.url + "/v1",
+            api_key="x",
+            max_retries=0,
+            timeout=120,
+            http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=n_streams)),
+        )
         async with aclient:
             return await asyncio.gather(*(one(aclient, i) for i in range(n_streams)))
 
@@ -159,8 +185,12 @@ def test_64_concurrent_streams(server):
 def test_multibyte_text_never_breaks(server, client, offline):
     """Emoji and CJK arrive whole: no U+FFFD in any chunk; the stream reassembles to exactly
     the offline engine's text."""
-    kwargs = dict(model="smollm2", temperature=0, max_tokens=40,
-                  prompt="中文：你好，世界！我们今天去北京。😀😀 更多的中文句子：")  # fmt: skip
+    kwargs = dict(
+        model="smollm2",
+        temperature=0,
+        max_tokens=40,
+        prompt="中文：你好，世界！我们今天去北京。😀😀 更多的中文句子：",
+    )
     whole = client.completions.create(**kwargs).choices[0].text
     chunks = [c.choices[0].text for c in client.completions.create(**kwargs, stream=True)]
     assert "".join(chunks) == whole == offline(kwargs["prompt"], kwargs["max_tokens"])
@@ -179,8 +209,9 @@ def test_stop_string_cuts_and_never_leaks(client, offline):
     r = client.completions.create(**kwargs, stop=[stop])
     assert r.choices[0].text == cut
     assert r.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stop=[stop],
-                                                                            stream=True))
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(**kwargs, stop=[stop], stream=True)
+    )
     assert streamed == cut and stop not in streamed
 
 
@@ -191,28 +222,44 @@ def test_stop_token_ends_the_text_before_it(server, tokenizer, offline_ids):
     ids = offline_ids(body["prompt"], body["max_tokens"])
     stop = ids[4]
     n = ids.index(stop) + 1
-    for include, text in ((False, tokenizer.decode(ids[: n - 1])),
-                          (True, tokenizer.decode(ids[:n]))):  # fmt: skip
-        r = httpx.post(server.url + "/v1/completions", timeout=60, json={
-            **body, "stop_token_ids": [stop], "include_stop_str_in_output": include}).json()
+    for include, text in (
+        (False, tokenizer.decode(ids[: n - 1])),
+        (True, tokenizer.decode(ids[:n])),
+    ):
+        r = httpx.post(
+            server.url + "/v1/completions",
+            timeout=60,
+            json={**body, "stop_token_ids": [stop], "include_stop_str_in_output": include},
+        ).json()
         choice = r["choices"][0]
         assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
-            text, "stop", stop)
+            text,
+            "stop",
+            stop,
+        )
         assert r["usage"]["completion_tokens"] == n
 
 
 def test_generate_endpoint_streams_plain_text(server, client):
-    r = httpx.post(server.url + "/generate", timeout=60,
-                   json={"prompt": "The sky is", "max_new_tokens": 12, "temperature": 0})
+    r = httpx.post(
+        server.url + "/generate",
+        timeout=60,
+        json={"prompt": "The sky is", "max_new_tokens": 12, "temperature": 0},
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    same = client.completions.create(model="smollm2", prompt="The sky is", max_tokens=12,
-                                     temperature=0)
+    same = client.completions.create(
+        model="smollm2", prompt="The sky is", max_tokens=12, temperature=0
+    )
     assert r.text == same.choices[0].text
 
 
 def test_client_disconnect_frees_kv(server):
-    body = {"prompt": "Write a very long essay.", "max_tokens": 4000, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "prompt": "Write a very long essay.",
+        "max_tokens": 4000,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
@@ -232,15 +279,18 @@ def test_non_streaming_disconnect_frees_kv(server):
     server.wait_idle(timeout_s=10)
 
 
-@pytest.mark.parametrize("body,status,param,words", [
-    ({"prompt": "hi " * 9000, "max_tokens": 4}, 400, "prompt", ["8192"]),
-    ({"prompt": "hi", "max_tokens": 8192}, 400, "max_tokens", ["8192", "8193"]),
-    ({"prompt": "hi", "temperature": -1}, 400, "temperature", ["temperature"]),
-    ({"prompt": "hi", "top_p": 0}, 400, "top_p", ["top_p"]),
-    ({"prompt": "hi", "model": "gpt-9"}, 404, "model", ["gpt-9"]),
-    ({"prompt": [999999]}, 400, "prompt", ["vocabulary"]),
-    ({"prompt": ""}, 400, "prompt", ["empty"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body,status,param,words",
+    [
+        ({"prompt": "hi " * 9000, "max_tokens": 4}, 400, "prompt", ["8192"]),
+        ({"prompt": "hi", "max_tokens": 8192}, 400, "max_tokens", ["8192", "8193"]),
+        ({"prompt": "hi", "temperature": -1}, 400, "temperature", ["temperature"]),
+        ({"prompt": "hi", "top_p": 0}, 400, "top_p", ["top_p"]),
+        ({"prompt": "hi", "model": "gpt-9"}, 404, "model", ["gpt-9"]),
+        ({"prompt": [999999]}, 400, "prompt", ["vocabulary"]),
+        ({"prompt": ""}, 400, "prompt", ["empty"]),
+    ],
+)
 def test_errors_are_openai_json(server, body, status, param, words):
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == status, r.text
@@ -257,8 +307,12 @@ def test_errors_when_streaming_are_http_errors(server):
 
 
 def test_malformed_json_and_wrong_shape(server):
-    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", timeout=10,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        content=b"{not json",
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": "hello"}, timeout=10)
     assert r.status_code == 400 and "error" in r.json()
@@ -274,12 +328,21 @@ def test_openai_client_sees_errors(client):
 
 def test_bad_requests_disturb_nothing(server, client):
     """A stream keeps going, token for token, while bad requests are thrown at the server."""
-    kwargs = dict(model="smollm2", prompt="Tell me about the sea.", temperature=0, max_tokens=48,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model="smollm2",
+        prompt="Tell me about the sea.",
+        temperature=0,
+        max_tokens=48,
+        extra_body={"ignore_eos": True},
+    )
     alone = client.completions.create(**kwargs).choices[0].text
     stream = client.completions.create(**kwargs, stream=True)
-    bad = [{"prompt": "hi", "temperature": "hot"}, {"prompt": "hi " * 9000},
-           {"prompt": [10**12]}, {"messages": [{"role": "user"}]}]  # fmt: skip
+    bad = [
+        {"prompt": "hi", "temperature": "hot"},
+        {"prompt": "hi " * 9000},
+        {"prompt": [10**12]},
+        {"messages": [{"role": "user"}]},
+    ]
     text = ""
     for i, chunk in enumerate(stream):
         text += chunk.choices[0].text
@@ -291,9 +354,16 @@ def test_bad_requests_disturb_nothing(server, client):
 
 
 def test_n_choices_and_logprobs(client):
-    r = client.completions.create(model="smollm2", prompt="Pick a fruit:", max_tokens=6, n=3,
-                                  temperature=1.0, seed=7, logprobs=2,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="smollm2",
+        prompt="Pick a fruit:",
+        max_tokens=6,
+        n=3,
+        temperature=1.0,
+        seed=7,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert r.usage.completion_tokens == 18
     for c in r.choices:
@@ -303,27 +373,43 @@ def test_n_choices_and_logprobs(client):
         assert all(len(top) <= 2 for top in lp.top_logprobs)
         assert "".join(lp.tokens) == c.text  # the tokens by their strings, as OpenAI
     chat = client.chat.completions.create(
-        model="smollm2", messages=CHATS[0], max_tokens=6, temperature=0, logprobs=True,
-        top_logprobs=3, extra_body={"ignore_eos": True})  # fmt: skip
+        model="smollm2",
+        messages=CHATS[0],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     content = chat.choices[0].logprobs.content
     assert "".join(t.token for t in content) == chat.choices[0].message.content
     for t in content:
         assert t.bytes is None or bytes(t.bytes).decode() == t.token
         assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token  # greedy
-    again = client.completions.create(model="smollm2", prompt="Pick a fruit:", max_tokens=6, n=3,
-                                      temperature=1.0, seed=7, extra_body={"ignore_eos": True})
+    again = client.completions.create(
+        model="smollm2",
+        prompt="Pick a fruit:",
+        max_tokens=6,
+        n=3,
+        temperature=1.0,
+        seed=7,
+        extra_body={"ignore_eos": True},
+    )
     assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded
 
 
 def test_metrics_count_tokens(server, client):
     before = server.metrics()
-    client.completions.create(model="smollm2", prompt="Hello there", max_tokens=5,
-                              extra_body={"ignore_eos": True})
+    client.completions.create(
+        model="smollm2", prompt="Hello there", max_tokens=5, extra_body={"ignore_eos": True}
+    )
     after = server.metrics()
     gen = "zeroserve:generation_tokens_total"
     assert after[gen] - before[gen] == 5
-    assert after["zeroserve:time_to_first_token_seconds_count"] > \
-        before["zeroserve:time_to_first_token_seconds_count"]
+    assert (
+        after["zeroserve:time_to_first_token_seconds_count"]
+        > before["zeroserve:time_to_first_token_seconds_count"]
+    )
     assert after["zeroserve:kv_cache_total_blocks"] == 1024
 
 
@@ -334,16 +420,24 @@ def test_stage_timings_in_usage_and_metrics(server):
     t = r["usage"]["timings"]
     # a stage whose stamps are missing or out of order is left out (stage_durations), so
     # every stage must be there; the ones that run the model take time
-    assert set(t) == {"tokenize_ms", "queue_ms", "scheduler_queue_ms", "prefill_ms",
-                      "decode_ms", "detok_ms", "e2e_ms"}, t  # fmt: skip
+    assert set(t) == {
+        "tokenize_ms",
+        "queue_ms",
+        "scheduler_queue_ms",
+        "prefill_ms",
+        "decode_ms",
+        "detok_ms",
+        "e2e_ms",
+    }, t
     assert t["prefill_ms"] > 0 and t["decode_ms"] > 0, t  # a forward pass, five decode steps
     assert t["queue_ms"] >= t["tokenize_ms"]  # queue time counts from the HTTP arrival
     assert t["queue_ms"] >= t["scheduler_queue_ms"]  # ... the scheduler's from its receipt
     # consecutive stages: arrival -> scheduled -> first token -> finished -> sent (1 ms
     # for the scheduler's monotonic stamps turned into wall-clock ones, and rounding)
     assert t["e2e_ms"] >= t["queue_ms"] + t["prefill_ms"] + t["decode_ms"] - 1.0, t
-    plain = httpx.post(server.url + "/v1/completions", timeout=30,
-                       json={"prompt": "Timing test", "max_tokens": 2}).json()
+    plain = httpx.post(
+        server.url + "/v1/completions", timeout=30, json={"prompt": "Timing test", "max_tokens": 2}
+    ).json()
     assert "timings" not in plain["usage"]  # only when asked
     # the busy split arrives with the scheduler's heartbeats (every second)
     busy_forward = 'zeroserve:scheduler_busy_seconds_total{part="forward"}'
@@ -351,11 +445,17 @@ def test_stage_timings_in_usage_and_metrics(server):
     while (after := server.metrics()).get(busy_forward, 0) <= before.get(busy_forward, 0):
         assert time.monotonic() < deadline, "no heartbeat brought the busy split"
         time.sleep(0.1)
-    for name in ("request_tokenize_time_seconds", "request_queue_time_seconds",
-                 "request_prefill_time_seconds", "request_decode_time_seconds",
-                 "request_detokenize_time_seconds"):  # every request feeds the histograms
+    for name in (
+        "request_tokenize_time_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_detokenize_time_seconds",
+    ):  # every request feeds the histograms
         key = f"zeroserve:{name}_count"
         assert after[key] - before.get(key, 0) == 2, key
     forward = after[busy_forward]
-    busy = sum(v for k, v in after.items() if k.startswith("zeroserve:scheduler_busy_seconds_total"))
+    busy = sum(
+        v for k, v in after.items() if k.startswith("zeroserve:scheduler_busy_seconds_total")
+    )
     assert 0 < forward < busy  # sample, schedule and ipc take time too

@@ -36,9 +36,28 @@ from tests.e2e.conftest import start_server
 REQUEST_TIMEOUT_S = 60.0  # no request of this mix may take longer: beyond it, a hang
 RSS_INTERVAL_S = 0.25
 MiB = 1 << 20
-WORDS = ["river", "stone", "light", "garden", "winter", "music", "paper", "engine", "silver",
-         "window", "forest", "market", "letter", "bridge", "candle", "harbor", "meadow",
-         "signal", "thunder", "lantern"]  # fmt: skip
+WORDS = [
+    "river",
+    "stone",
+    "light",
+    "garden",
+    "winter",
+    "music",
+    "paper",
+    "engine",
+    "silver",
+    "window",
+    "forest",
+    "market",
+    "letter",
+    "bridge",
+    "candle",
+    "harbor",
+    "meadow",
+    "signal",
+    "thunder",
+    "lantern",
+]
 BAD_REQUESTS = [  # (path, raw body, expected status)
     ("/v1/completions", b'{"prompt": "hi", "temperature": -1}', 400),
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": 0}', 400),
@@ -47,9 +66,12 @@ BAD_REQUESTS = [  # (path, raw body, expected status)
     ("/v1/completions", b'{"prompt": "hi", "model": "gpt-9"}', 404),
     ("/v1/chat/completions", b'{"messages": "hello"}', 400),
     ("/v1/chat/completions", b'{"messages": [{"role": "user"}]', 400),  # truncated JSON
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
-                             b'"max_tokens": 9000}', 400),
-]  # fmt: skip
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9000}',
+        400,
+    ),
+]
 
 
 @dataclass
@@ -64,8 +86,12 @@ class Spec:
     def body(self) -> dict[str, Any]:
         rng = random.Random(self.i)
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40)))
-        body: dict[str, Any] = {"max_tokens": self.max_tokens, "ignore_eos": True,
-                                "temperature": rng.choice([0.0, 0.7, 1.0]), "seed": self.i}  # fmt: skip
+        body: dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+            "temperature": rng.choice([0.0, 0.7, 1.0]),
+            "seed": self.i,
+        }
         if self.chat:
             body["messages"] = [{"role": "user", "content": f"Request {self.i}: {text}"}]
         else:
@@ -109,8 +135,9 @@ def _openai_error(text: str) -> bool:
 async def run_one(client: httpx.AsyncClient, url: str, spec: Spec) -> Result:
     if spec.action == "bad":
         path, content, status = spec.bad
-        r = await client.post(url + path, content=content,
-                              headers={"content-type": "application/json"})  # fmt: skip
+        r = await client.post(
+            url + path, content=content, headers={"content-type": "application/json"}
+        )
         if r.status_code == status and _openai_error(r.text):
             return Result(spec, "rejected")
         return Result(
@@ -153,8 +180,9 @@ async def run_one(client: httpx.AsyncClient, url: str, spec: Spec) -> Result:
     if spec.action == "disconnect":
         return Result(spec, "failed", "a 256-token stream ended before its second chunk")
     if not done or usage is None or usage["completion_tokens"] != spec.max_tokens:
-        return Result(spec, "failed", f"stream: [DONE] {done}, usage {usage}, "
-                                      f"wanted {spec.max_tokens} tokens")  # fmt: skip
+        return Result(
+            spec, "failed", f"stream: [DONE] {done}, usage {usage}, wanted {spec.max_tokens} tokens"
+        )
     return Result(spec, "ok")
 
 
@@ -234,8 +262,7 @@ def soak_server(default_model_dir):
     assert code == 0, server.log()[-3000:]
 
 
-def soak(server, n: int, concurrency: int, seed: int, rss_slack: float,
-         rss_slack_abs: int) -> None:  # fmt: skip
+def soak(server, n: int, concurrency: int, seed: int, rss_slack: float, rss_slack_abs: int) -> None:
     pids = sorted(server.pids())
     # warm-up, not sampled: the allocators (glibc arenas, torch's buffers for every batch
     # shape up to the concurrency) reach their working set before the first third is taken
@@ -255,21 +282,26 @@ def soak(server, n: int, concurrency: int, seed: int, rss_slack: float,
     outcomes = Counter(r.outcome for r in results)
     tokens = sum(r.spec.max_tokens for r in results if r.outcome == "ok")
     latencies = sorted(r.seconds for r in results if r.outcome == "ok")
-    aborted = (idle.get('zeroserve:request_success_total{finished_reason="abort"}', 0)
-               - before.get('zeroserve:request_success_total{finished_reason="abort"}', 0))  # fmt: skip
-    lines = [f"soak: {n} requests at concurrency {concurrency} in {elapsed:.1f} s = "
-             f"{n / elapsed:.1f} req/s, {tokens / elapsed:.0f} generated tok/s (completed ones)",
-             f"  outcomes {dict(outcomes)}; planned {dict(Counter(s.action for s in specs))}; "
-             f"aborted at the engine {aborted:g}",
-             f"  latency of completed requests: p50 {latencies[len(latencies) // 2]:.2f} s, "
-             f"max {latencies[-1]:.2f} s"]  # fmt: skip
+    aborted = idle.get('zeroserve:request_success_total{finished_reason="abort"}', 0) - before.get(
+        'zeroserve:request_success_total{finished_reason="abort"}', 0
+    )
+    lines = [
+        f"soak: {n} requests at concurrency {concurrency} in {elapsed:.1f} s = "
+        f"{n / elapsed:.1f} req/s, {tokens / elapsed:.0f} generated tok/s (completed ones)",
+        f"  outcomes {dict(outcomes)}; planned {dict(Counter(s.action for s in specs))}; "
+        f"aborted at the engine {aborted:g}",
+        f"  latency of completed requests: p50 {latencies[len(latencies) // 2]:.2f} s, "
+        f"max {latencies[-1]:.2f} s",
+    ]
     growth = {}
     for pid in pids:
         first, last = rss.thirds(pid)
         growth[pid] = (first, last)
-        lines.append(f"  RSS {process_name(pid):>24}: first third {first / MiB:7.1f} MiB, "
-                     f"last third {last / MiB:7.1f} MiB ({(last - first) / MiB:+.1f} MiB, "
-                     f"{len(rss.samples[pid])} samples)")  # fmt: skip
+        lines.append(
+            f"  RSS {process_name(pid):>24}: first third {first / MiB:7.1f} MiB, "
+            f"last third {last / MiB:7.1f} MiB ({(last - first) / MiB:+.1f} MiB, "
+            f"{len(rss.samples[pid])} samples)"
+        )
     print("\n" + "\n".join(lines))
 
     failures = [(r.spec, r.detail) for r in results if r.outcome == "failed"]

@@ -39,8 +39,15 @@ def browser() -> Iterator:
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", "--no-first-run", "--disable-extensions"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     try:
@@ -58,7 +65,9 @@ def page(browser, server):
 def _text(driver, css: str) -> str:
     return driver.execute_script(
         "const e = document.querySelectorAll(arguments[0]); "
-        "return e.length ? e[e.length - 1].textContent : '';", css)  # fmt: skip
+        "return e.length ? e[e.length - 1].textContent : '';",
+        css,
+    )
 
 
 def _set(driver, element_id: str, value: str) -> None:
@@ -116,8 +125,12 @@ def test_stop_aborts_the_request_in_the_scheduler(page, server):
     page.find_element("id", "stop").click()
     _wait(lambda: "stopped" in _text(page, ".msg.assistant"), 5, "the page to stop")
     stopped_len = len(_text(page, ".msg.assistant"))
-    _wait(lambda: _stats(server)["num_requests_running"] == 0, 10, "the scheduler to abort it",
-          every_s=0.2)  # fmt: skip
+    _wait(
+        lambda: _stats(server)["num_requests_running"] == 0,
+        10,
+        "the scheduler to abort it",
+        every_s=0.2,
+    )
     server.wait_idle()  # and every KV block is free again
     assert server.metrics().get(ABORTED, 0.0) == aborted_before + 1
     _wait(lambda: _text(page, "#stat-running") == "0", 5, "the panel to show nothing running")

@@ -55,16 +55,20 @@ def wait_healthy(url: str, timeout_s: float = 5.0) -> None:
 @contextmanager
 def serve(ready: bool = True, **server_kwargs) -> Iterator[Served]:
     tmp = Path(tempfile.mkdtemp(prefix="zsf-", dir="/tmp"))  # ipc paths must stay < 108 bytes
-    config = Config(server=ServerConfig(**server_kwargs),
-                    ipc=IPCConfig(run_dir=str(tmp / "run")), heartbeat_s=0.2)  # fmt: skip
+    config = Config(
+        server=ServerConfig(**server_kwargs),
+        ipc=IPCConfig(run_dir=str(tmp / "run")),
+        heartbeat_s=0.2,
+    )
     ensure_run_dir(tmp / "run")  # as a component's start does (common.cli.parse_config)
     backend = FakeBackend(config, ready=ready).start()
     app = create_app(config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning",
-                                           access_log=False))  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
+    )
 
     def run_server() -> None:
         with contextlib.suppress(SystemExit):  # uvicorn exits when the lifespan startup fails
@@ -74,8 +78,9 @@ def serve(ready: bool = True, **server_kwargs) -> Iterator[Served]:
     thread.start()
     try:
         # (with listen_when_ready, a server whose components are not up yet does not start)
-        deadline = time.monotonic() + (10 if ready or not server_kwargs.get("listen_when_ready")
-                                       else 0)  # fmt: skip
+        deadline = time.monotonic() + (
+            10 if ready or not server_kwargs.get("listen_when_ready") else 0
+        )
         while not server.started and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
         served = Served(f"http://127.0.0.1:{port}", config, backend, app)

@@ -147,8 +147,23 @@ class FakeBackend:
         t = time.time()
         out.put(ComponentStatus("tokenizer", os.getpid(), kind, t), timeout_ms=1000)
         out.put(ComponentStatus("detok", os.getpid(), kind, t), timeout_ms=1000)
-        out.put(EngineStatus(kind, len(self._active), 0, 0.25, 30, 40, 100, 40, "fake-model",
-                             MAX_MODEL_LEN, 49152, t), timeout_ms=1000)  # fmt: skip
+        out.put(
+            EngineStatus(
+                kind,
+                len(self._active),
+                0,
+                0.25,
+                30,
+                40,
+                100,
+                40,
+                "fake-model",
+                MAX_MODEL_LEN,
+                49152,
+                t,
+            ),
+            timeout_ms=1000,
+        )
 
     def _admit(self, req: TokenizeRequest, out: PushQueue) -> None:
         with self.lock:
@@ -156,8 +171,9 @@ class FakeBackend:
         text = req.prompt
         if req.kind == "chat":
             text = req.messages[-1]["content"] if req.messages else ""
-        mode = text if text in ("bad", "hold", "slow", "fail-late", "stranded", "unacked") \
-            else "words"  # fmt: skip
+        mode = (
+            text if text in ("bad", "hold", "slow", "fail-late", "stranded", "unacked") else "words"
+        )
         if mode == "unacked":
             return
         if mode == "stranded":
@@ -192,8 +208,9 @@ class FakeBackend:
                 text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
                 finish = None
                 # unset max_tokens: resolved as the tokenizer does
-                max_tokens = max_tokens_for(params["max_tokens"], a.req.max_tokens_default,
-                                            MAX_MODEL_LEN)  # fmt: skip
+                max_tokens = max_tokens_for(
+                    params["max_tokens"], a.req.max_tokens_default, MAX_MODEL_LEN
+                )
                 if a.mode == "words" and a.num_out >= min(max_tokens, len(WORDS)):
                     finish = "length" if max_tokens <= len(WORDS) else "stop"
             lp = None
@@ -202,10 +219,22 @@ class FakeBackend:
                 lp = [[-0.5, top]]
             timings = None  # on the finishing output, as the scheduler's
             if finish is not None:
-                timings = {"arrival_time": a.req.arrival_time,
-                           "first_scheduled_time": a.req.arrival_time + 0.002}  # fmt: skip
-            entries.append(TextOutput(rid, text, finish, a.prompt_len, a.num_out,
-                                      pack_ids([10 + a.num_out]), lp, timings))  # fmt: skip
+                timings = {
+                    "arrival_time": a.req.arrival_time,
+                    "first_scheduled_time": a.req.arrival_time + 0.002,
+                }
+            entries.append(
+                TextOutput(
+                    rid,
+                    text,
+                    finish,
+                    a.prompt_len,
+                    a.num_out,
+                    pack_ids([10 + a.num_out]),
+                    lp,
+                    timings,
+                )
+            )
             if finish is not None:
                 del self._active[rid]
         if not entries:

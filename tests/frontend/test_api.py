@@ -14,8 +14,10 @@ pytestmark = pytest.mark.timeout(30)
 
 def _requests_for(served, response_id: str):
     with served.backend.lock:
-        return sorted((r for r in served.backend.requests if r.rid.startswith(response_id + "-")),
-                      key=lambda r: r.rid)  # fmt: skip
+        return sorted(
+            (r for r in served.backend.requests if r.rid.startswith(response_id + "-")),
+            key=lambda r: r.rid,
+        )
 
 
 def test_completion_non_streaming(served, http):
@@ -25,8 +27,13 @@ def test_completion_non_streaming(served, http):
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert body["model"] == served.config.model_name and isinstance(body["created"], int)
     (choice,) = body["choices"]
-    assert choice == {"index": 0, "text": "Hello world!", "logprobs": None,
-                      "finish_reason": "stop", "stop_reason": None}  # fmt: skip
+    assert choice == {
+        "index": 0,
+        "text": "Hello world!",
+        "logprobs": None,
+        "finish_reason": "stop",
+        "stop_reason": None,
+    }
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     (req,) = _requests_for(served, body["id"])
     assert req.kind == "completion" and req.prompt == "Hi" and req.prompt_token_ids is None
@@ -36,13 +43,30 @@ def test_completion_non_streaming(served, http):
 
 
 def test_completion_params_reach_the_tokenizer(served, http):
-    r = http.post("/v1/completions", json={
-        "prompt": ["Hi"], "max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
-        "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
-        "repetition_penalty": 1.1, "seed": 3, "stop": "x", "stop_token_ids": [7],
-        "ignore_eos": True, "min_tokens": 1, "skip_special_tokens": False,
-        "include_stop_str_in_output": True, "user": "u", "logit_bias": {}, "store": False,
-    })  # fmt: skip
+    r = http.post(
+        "/v1/completions",
+        json={
+            "prompt": ["Hi"],
+            "max_tokens": 2,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 5,
+            "min_p": 0.1,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "repetition_penalty": 1.1,
+            "seed": 3,
+            "stop": "x",
+            "stop_token_ids": [7],
+            "ignore_eos": True,
+            "min_tokens": 1,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "user": "u",
+            "logit_bias": {},
+            "store": False,
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] == "length"
     assert r.json()["choices"][0]["text"] == "Hello world"
@@ -86,7 +110,10 @@ def test_completion_streaming_sse(served, http):
     assert events[-1] == "[DONE]"
     usage_chunk = events[-2]
     assert usage_chunk["choices"] == [] and usage_chunk["usage"] == {
-        "prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}  # fmt: skip
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+    }
     chunks = events[:-2]
     assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
     assert all("usage" in c and c["usage"] is None for c in chunks)  # as OpenAI: null till the end
@@ -111,12 +138,19 @@ def test_stage_timings_reach_only_the_client_that_asked(served, http):
 
 
 def test_chat_non_streaming(served, http):
-    r = http.post("/v1/chat/completions", json={
-        "model": served.config.model_name,
-        "messages": [{"role": "system", "content": "Be brief."},
-                     {"role": "user", "content": [{"type": "text", "text": "Hi"},
-                                                  {"type": "text", "text": " there"}]}],
-    })  # fmt: skip
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": served.config.model_name,
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}],
+                },
+            ],
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
@@ -126,16 +160,23 @@ def test_chat_non_streaming(served, http):
     assert body["usage"]["total_tokens"] == 8
     (req,) = _requests_for(served, body["id"])
     assert req.kind == "chat" and req.prompt is None
-    assert req.messages == [{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": "Hi there"}]  # fmt: skip
+    assert req.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi there"},
+    ]
     # unset: the rest of the context (the tokenizer knows the prompt length)
     assert req.params["max_tokens"] is None and req.max_tokens_default is None
 
 
 def test_chat_max_completion_tokens_wins(served, http):
-    r = http.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50,
-        "max_completion_tokens": 2})  # fmt: skip
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 50,
+            "max_completion_tokens": 2,
+        },
+    )
     assert r.status_code == 200
     assert r.json()["choices"][0]["finish_reason"] == "length"
     (req,) = _requests_for(served, r.json()["id"])
@@ -143,8 +184,11 @@ def test_chat_max_completion_tokens_wins(served, http):
 
 
 def test_chat_streaming(served, http):
-    body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         events = parse_sse(r.read().decode())
@@ -195,14 +239,25 @@ def test_completion_logprobs(served, http):
 
 
 def test_chat_logprobs(served, http):
-    r = http.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 1,
-        "max_tokens": 1})  # fmt: skip
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "Hi"}],
+            "logprobs": True,
+            "top_logprobs": 1,
+            "max_tokens": 1,
+        },
+    )
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
-    assert content == [{"token": "token_id:11", "logprob": -0.5, "bytes": None,
-                        "top_logprobs": [{"token": "token_id:100", "logprob": -0.5,
-                                          "bytes": None}]}]  # fmt: skip
+    assert content == [
+        {
+            "token": "token_id:11",
+            "logprob": -0.5,
+            "bytes": None,
+            "top_logprobs": [{"token": "token_id:100", "logprob": -0.5, "bytes": None}],
+        }
+    ]
 
 
 def test_generate_streams_plain_text(served, http):
@@ -241,15 +296,21 @@ def test_openai_client(served):
     model = served.config.model_name
     c = client.completions.create(model=model, prompt="Hi", max_tokens=5)
     assert c.choices[0].text == "Hello world!" and c.usage.completion_tokens == 3
-    parts = [ch.choices[0].text for ch in
-             client.completions.create(model=model, prompt="Hi", stream=True) if ch.choices]  # fmt: skip
+    parts = [
+        ch.choices[0].text
+        for ch in client.completions.create(model=model, prompt="Hi", stream=True)
+        if ch.choices
+    ]
     assert "".join(parts) == "Hello world!"
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}])
     assert chat.choices[0].message.content == "Hello world!"
     assert chat.choices[0].finish_reason == "stop"
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Hi"}], stream=True,
-        stream_options={"include_usage": True})  # fmt: skip
+        model=model,
+        messages=[{"role": "user", "content": "Hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert (
         "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "Hello world!"

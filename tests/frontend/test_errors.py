@@ -30,19 +30,22 @@ def test_malformed_json_is_400(http):
     assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "Hi", "temperature": "hot"}, "temperature"),  # wrong type
-    ({"prompt": "Hi", "temperature": -1}, "temperature"),  # out of range
-    ({"prompt": "Hi", "top_p": 0}, "top_p"),
-    ({"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "Hi", "logprobs": 99}, "logprobs"),
-    ({"prompt": "Hi", "n": 100}, "n"),
-    ({"prompt": "Hi", "stop": ""}, "stop"),
-    ({"prompt": ["a", "b"]}, "prompt"),  # several prompts
-    ({"prompt": []}, "prompt"),
-    ({"prompt": [1, -2]}, "prompt"),
-    ({}, "prompt"),  # missing
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "Hi", "temperature": "hot"}, "temperature"),  # wrong type
+        ({"prompt": "Hi", "temperature": -1}, "temperature"),  # out of range
+        ({"prompt": "Hi", "top_p": 0}, "top_p"),
+        ({"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "Hi", "logprobs": 99}, "logprobs"),
+        ({"prompt": "Hi", "n": 100}, "n"),
+        ({"prompt": "Hi", "stop": ""}, "stop"),
+        ({"prompt": ["a", "b"]}, "prompt"),  # several prompts
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, -2]}, "prompt"),
+        ({}, "prompt"),  # missing
+    ],
+)
 def test_invalid_parameter_is_400_naming_it(http, body, param):
     err = _error(http.post("/v1/completions", json=body), 400)
     assert err["param"] == param and param in err["message"]
@@ -56,8 +59,13 @@ def test_chat_schema_errors(http):
     img = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
     err = _error(http.post("/v1/chat/completions", json={"messages": [img]}), 400)
     assert err["param"] == "messages.0.content"
-    err = _error(http.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400)  # fmt: skip
+    err = _error(
+        http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+        ),
+        400,
+    )
     assert err["param"] == "top_logprobs"
 
 
@@ -77,14 +85,23 @@ def test_unknown_route_is_openai_json(http):
     assert _error(http.get("/v1/completions"), 405)["code"] == "method_not_allowed"
 
 
-@pytest.mark.parametrize("path, body, param", [
-    # a field the API does not have: OpenAI's own words, naming it
-    ("/v1/completions", {"prompt": "Hi", "some_future_field": 1}, "some_future_field"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi", "x": 1}]},
-     "messages.0.x"),
-    ("/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True, "y": 2}},
-     "stream_options.y"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        # a field the API does not have: OpenAI's own words, naming it
+        ("/v1/completions", {"prompt": "Hi", "some_future_field": 1}, "some_future_field"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi", "x": 1}]},
+            "messages.0.x",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "Hi", "stream_options": {"include_usage": True, "y": 2}},
+            "stream_options.y",
+        ),
+    ],
+)
 def test_unknown_fields_are_refused(http, path, body, param):
     err = _error(http.post(path, json=body), 400)
     assert err["param"] == param
@@ -94,57 +111,106 @@ def test_unknown_fields_are_refused(http, path, body, param):
 CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 
 
-@pytest.mark.parametrize("path, extra, param", [
-    ("/v1/completions", {"logit_bias": {"50": 10}}, "logit_bias"),
-    ("/v1/completions", {"echo": True}, "echo"),
-    ("/v1/completions", {"suffix": "end"}, "suffix"),
-    ("/v1/completions", {"best_of": 3}, "best_of"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
-     "tools"),
-    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
-    ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
-    ("/v1/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
-    ("/v1/chat/completions", {"messages": [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
-     "messages.1.tool_calls"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, extra, param",
+    [
+        ("/v1/completions", {"logit_bias": {"50": 10}}, "logit_bias"),
+        ("/v1/completions", {"echo": True}, "echo"),
+        ("/v1/completions", {"suffix": "end"}, "suffix"),
+        ("/v1/completions", {"best_of": 3}, "best_of"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            "/v1/chat/completions",
+            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            "tools",
+        ),
+        ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+        ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+        ("/v1/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+                ]
+            },
+            "messages.1.tool_calls",
+        ),
+    ],
+)
 def test_unsupported_openai_features_are_refused_not_ignored(http, path, extra, param):
     body = {**({"prompt": "Hi"} if path == "/v1/completions" else CHAT), **extra}
     err = _error(http.post(path, json=body), 400)
     assert err["param"] == param and "not supported" in err["message"]
 
 
-@pytest.mark.parametrize("path, extra", [
-    ("/v1/completions", {"logit_bias": {}, "echo": False, "suffix": None, "best_of": 1}),
-    ("/v1/chat/completions", {"response_format": {"type": "text"}, "tools": [],
-                              "tool_choice": "none", "parallel_tool_calls": True,
-                              "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
-                              "modalities": ["text"], "user": "u"}),
-    ("/v1/chat/completions", {"messages": [  # an assistant message as the API returns it
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello", "refusal": None, "annotations": [],
-         "audio": None, "function_call": None, "tool_calls": None},
-        {"role": "user", "content": "Again"}]}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, extra",
+    [
+        ("/v1/completions", {"logit_bias": {}, "echo": False, "suffix": None, "best_of": 1}),
+        (
+            "/v1/chat/completions",
+            {
+                "response_format": {"type": "text"},
+                "tools": [],
+                "tool_choice": "none",
+                "parallel_tool_calls": True,
+                "store": False,
+                "metadata": {"k": "v"},
+                "service_tier": "auto",
+                "modalities": ["text"],
+                "user": "u",
+            },
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [  # an assistant message as the API returns it
+                    {"role": "user", "content": "Hi"},
+                    {
+                        "role": "assistant",
+                        "content": "Hello",
+                        "refusal": None,
+                        "annotations": [],
+                        "audio": None,
+                        "function_call": None,
+                        "tool_calls": None,
+                    },
+                    {"role": "user", "content": "Again"},
+                ]
+            },
+        ),
+    ],
+)
 def test_openai_fields_that_change_nothing_are_accepted(http, path, extra):
     body = {**({"prompt": "Hi"} if path == "/v1/completions" else CHAT), **extra}
     assert http.post(path, json=body).status_code == 200
 
 
-@pytest.mark.parametrize("field, value", [
-    ("max_tokens", "3"), ("max_tokens", True), ("max_tokens", 2.5), ("stream", "yes"),
-    ("ignore_eos", "true"), ("temperature", "0.5"), ("n", 1.0), ("stop", 5),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_tokens", "3"),
+        ("max_tokens", True),
+        ("max_tokens", 2.5),
+        ("stream", "yes"),
+        ("ignore_eos", "true"),
+        ("temperature", "0.5"),
+        ("n", 1.0),
+        ("stop", 5),
+    ],
+)
 def test_wrong_json_types_are_400_not_coerced(http, field, value):
     err = _error(http.post("/v1/completions", json={"prompt": "Hi", field: value}), 400)
     assert err["param"] == field
 
 
 def test_chat_roles_are_checked(http):
-    err = _error(http.post("/v1/chat/completions", json={
-        "messages": [{"role": "bogus", "content": "Hi"}]}), 400)
+    err = _error(
+        http.post("/v1/chat/completions", json={"messages": [{"role": "bogus", "content": "Hi"}]}),
+        400,
+    )
     assert err["param"] == "messages.0.role"
 
 
@@ -152,8 +218,12 @@ def test_chat_roles_are_checked(http):
 def test_worker_request_error_passes_through(http, stream):
     # streaming too: the response waits for the first output, so the error keeps its status
     err = _error(http.post("/v1/completions", json={"prompt": "bad", "stream": stream}), 400)
-    assert err == {"message": "prompt is bad", "type": "invalid_request_error",
-                   "param": "prompt", "code": None}  # fmt: skip
+    assert err == {
+        "message": "prompt is bad",
+        "type": "invalid_request_error",
+        "param": "prompt",
+        "code": None,
+    }
 
 
 def test_error_after_stream_started_is_an_sse_event(http):
@@ -253,8 +323,16 @@ def test_configured_limits_name_themselves():
         assert err["param"] == "max_tokens" and "100" in err["message"]
         err = _error(c.post("/generate", json={"prompt": "Hi", "max_new_tokens": 500}), 400)
         assert err["param"] == "max_new_tokens"
-        err = _error(c.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 101}), 400)
+        err = _error(
+            c.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "max_completion_tokens": 101,
+                },
+            ),
+            400,
+        )
         assert err["param"] == "max_completion_tokens" and "limit" in err["message"]
         err = _error(c.post("/v1/completions", json={"prompt": "Hi", "n": 3}), 400)
         assert err["param"] == "n" and "[1, 2]" in err["message"]
@@ -268,14 +346,16 @@ def test_a_limit_below_the_default_caps_the_default():
     """A request that sets no max_tokens gets the endpoint's default capped by the limit,
     never a 400 for a value the client did not send."""
     with serve(max_tokens_limit=10) as s, s.client() as c:
-        for path, body in (("/v1/completions", {"prompt": "Hi"}),
-                           ("/generate", {"prompt": "Hi", "stream": False}),
-                           ("/v1/chat/completions", CHAT)):  # fmt: skip
+        for path, body in (
+            ("/v1/completions", {"prompt": "Hi"}),
+            ("/generate", {"prompt": "Hi", "stream": False}),
+            ("/v1/chat/completions", CHAT),
+        ):
             assert c.post(path, json=body).status_code == 200, path
-        defaults = sorted((r.kind, r.params["max_tokens"], r.max_tokens_default)
-                          for r in s.backend.requests)  # fmt: skip
-        assert defaults == [("chat", None, 10), ("completion", None, 10),
-                            ("completion", None, 10)]  # fmt: skip
+        defaults = sorted(
+            (r.kind, r.params["max_tokens"], r.max_tokens_default) for r in s.backend.requests
+        )
+        assert defaults == [("chat", None, 10), ("completion", None, 10), ("completion", None, 10)]
 
 
 def test_stop_string_limit_is_configurable():
@@ -289,19 +369,21 @@ def test_stop_string_limit_is_configurable():
         assert err["param"] == "stop" and "1024" in err["message"]
 
 
-@pytest.mark.parametrize("content_type, status", [
-    (None, 200),  # not declared: parsed as JSON
-    ("application/json", 200),
-    ("application/json; charset=utf-8", 200),
-    ("application/merge-patch+json", 200),
-    ("text/plain", 415),  # what a cross-origin page can send without a preflight
-    ("application/x-www-form-urlencoded", 415),  # curl -d without -H
-    ("multipart/form-data; boundary=x", 415),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "content_type, status",
+    [
+        (None, 200),  # not declared: parsed as JSON
+        ("application/json", 200),
+        ("application/json; charset=utf-8", 200),
+        ("application/merge-patch+json", 200),
+        ("text/plain", 415),  # what a cross-origin page can send without a preflight
+        ("application/x-www-form-urlencoded", 415),  # curl -d without -H
+        ("multipart/form-data; boundary=x", 415),
+    ],
+)
 def test_a_body_declared_as_not_json_is_415(http, content_type, status):
     headers = {} if content_type is None else {"content-type": content_type}
-    r = http.post("/v1/completions", content=b'{"prompt": "Hi", "max_tokens": 2}',
-                  headers=headers)  # fmt: skip
+    r = http.post("/v1/completions", content=b'{"prompt": "Hi", "max_tokens": 2}', headers=headers)
     if status == 200:
         assert r.status_code == 200, r.text
     else:
@@ -309,15 +391,24 @@ def test_a_body_declared_as_not_json_is_415(http, content_type, status):
         assert err["code"] == "unsupported_media_type" and "Content-Type" in err["message"]
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                              "max_completion_tokens": 0}, "max_completion_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                              "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("/generate", {"prompt": "Hi", "max_new_tokens": 0}, "max_new_tokens"),
-    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2**64}, "max_tokens"),
-    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [2**64]}, "stop_token_ids"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+        ),
+        ("/generate", {"prompt": "Hi", "max_new_tokens": 0}, "max_new_tokens"),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 2**64}, "max_tokens"),
+        ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [2**64]}, "stop_token_ids"),
+    ],
+)
 def test_errors_name_the_field_the_client_sent(http, path, body, param):
     err = _error(http.post(path, json=body), 400)
     assert err["param"] == param and param in err["message"]
@@ -333,11 +424,20 @@ def test_api_key_from_the_environment_and_never_empty(monkeypatch):
     assert ServerConfig(api_key="flag").api_key == "flag"
 
 
-@pytest.mark.parametrize("field, value", [
-    ("max_n", 0), ("max_body_bytes", 0), ("max_tokens_limit", 0), ("max_queued_requests", 0),
-    ("request_timeout_s", -1.0), ("request_timeout_s", float("nan")),
-    ("startup_timeout_s", float("inf")), ("drain_timeout_s", -1.0), ("max_stop_strings", 65),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_n", 0),
+        ("max_body_bytes", 0),
+        ("max_tokens_limit", 0),
+        ("max_queued_requests", 0),
+        ("request_timeout_s", -1.0),
+        ("request_timeout_s", float("nan")),
+        ("startup_timeout_s", float("inf")),
+        ("drain_timeout_s", -1.0),
+        ("max_stop_strings", 65),
+    ],
+)
 def test_server_limits_are_validated(field, value):
     from common.config import ConfigError
 

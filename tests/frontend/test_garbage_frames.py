@@ -44,16 +44,25 @@ def test_frontend_inbox_survives_garbage(run_dir):
             frames = malformed(ComponentStatus("detok", 1, "ready", now))
             push.send_all(frames)
             push.send_all(misrouted(TextOutputs, RequestError, EngineStatus, ComponentStatus))
-            push.send_all(encode(m) for m in [
-                TextOutputs(["r1", "r2"], ["a"], [None], [1], [1], [b""], None, None, [None], now),
-                TextOutputs(["r1"], ["a"], [None], [1], [1], [b""], [None, None], None, [None], now),
-                TextOutputs(["nobody"], ["a"], ["stop"], [1], [1], [b""], None, None, [None], now),
-                RequestError("nobody", 400, "x", "invalid_request_error", None),
-                RequestError("r2", 999, "odd status", "server_error", None),
-                EngineStatus("weird", -1, -1, 7.5, -1, 0, -5, -9, "", 0, 0, -1.0),
-                ComponentStatus("martian", -1, "ready", now),
-                ComponentStatus("detok", 4343, "??", now),  # same pid: a new one = restart
-            ])  # fmt: skip
+            push.send_all(
+                encode(m)
+                for m in [
+                    TextOutputs(
+                        ["r1", "r2"], ["a"], [None], [1], [1], [b""], None, None, [None], now
+                    ),
+                    TextOutputs(
+                        ["r1"], ["a"], [None], [1], [1], [b""], [None, None], None, [None], now
+                    ),
+                    TextOutputs(
+                        ["nobody"], ["a"], ["stop"], [1], [1], [b""], None, None, [None], now
+                    ),
+                    RequestError("nobody", 400, "x", "invalid_request_error", None),
+                    RequestError("r2", 999, "odd status", "server_error", None),
+                    EngineStatus("weird", -1, -1, 7.5, -1, 0, -5, -9, "", 0, 0, -1.0),
+                    ComponentStatus("martian", -1, "ready", now),
+                    ComponentStatus("detok", 4343, "??", now),  # same pid: a new one = restart
+                ]
+            )
             pack5 = pack_ids([5])
             good = [
                 EngineStatus("ready", 0, 0, 0.0, 64, 64, 0, 0, "m", 64, 512, now),

@@ -73,8 +73,12 @@ def test_monitor_reports_what_failed():
     the client's callbacks once."""
     failed: list[tuple[str, str]] = []
     lost: list[tuple[list[str], str]] = []
-    m = HealthMonitor(0.5, lambda name, why: failed.append((name, why)),
-                      lambda rids, why: lost.append((rids, why)), lambda msg: True)  # fmt: skip
+    m = HealthMonitor(
+        0.5,
+        lambda name, why: failed.append((name, why)),
+        lambda rids, why: lost.append((rids, why)),
+        lambda msg: True,
+    )
     m.on_component(ComponentStatus("detok", 10, "ready", 0.0), 0.0)
     m.on_component(ComponentStatus("detok", 11, "ready", 0.0), 0.1)
     assert failed == [("detok", "restarted (pid 10 -> 11)")]
@@ -97,8 +101,9 @@ def test_a_gone_scheduler_fails_what_it_held_after_its_last_outputs():
     that the scheduler sends through the detok behind its outputs ends the wait at once.
     A replaced scheduler's late "stopping" says nothing about its successor."""
     failed: list[tuple[str, str]] = []
-    m = HealthMonitor(0.5, lambda name, why: failed.append((name, why)),
-                      lambda rids, why: None, lambda msg: True)  # fmt: skip
+    m = HealthMonitor(
+        0.5, lambda name, why: failed.append((name, why)), lambda rids, why: None, lambda msg: True
+    )
     t = time.monotonic()
     m.on_component(ComponentStatus("scheduler", 20, "ready", 0.0), t)
     m.liveness.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), t)
@@ -111,8 +116,9 @@ def test_a_gone_scheduler_fails_what_it_held_after_its_last_outputs():
     assert failed == [("scheduler", "disconnected")]
 
     m.on_component(ComponentStatus("scheduler", 21, "ready", 0.0), time.monotonic())
-    m.liveness.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0),
-                                time.monotonic())  # fmt: skip
+    m.liveness.on_engine_status(
+        EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), time.monotonic()
+    )
     m.check(time.monotonic())
     assert failed[1:] == [("scheduler", "restarted (pid 20 -> 21)")]
     m.on_component(ComponentStatus("scheduler", 20, "stopping", 0.0), time.monotonic())

@@ -89,18 +89,27 @@ def test_requests_a_lost_tokenizer_held_fail_fast(prompt):
 
 def _raw_post(port: int, path: str, body: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))  # fmt: skip
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+    )
     return sock
 
 
-@pytest.mark.parametrize("path, body, wait_first", [
-    ("/v1/completions", b'{"prompt": "slow", "stream": true}', True),  # mid-stream
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "slow"}], "stream": true}', True),
-    ("/generate", b'{"prompt": "slow"}', True),
-    ("/v1/completions", b'{"prompt": "hold"}', False),  # non-streaming, nothing sent yet
-    ("/v1/completions", b'{"prompt": "hold", "stream": true}', False),  # before the first token
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, body, wait_first",
+    [
+        ("/v1/completions", b'{"prompt": "slow", "stream": true}', True),  # mid-stream
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "slow"}], "stream": true}',
+            True,
+        ),
+        ("/generate", b'{"prompt": "slow"}', True),
+        ("/v1/completions", b'{"prompt": "hold"}', False),  # non-streaming, nothing sent yet
+        ("/v1/completions", b'{"prompt": "hold", "stream": true}', False),  # before the first token
+    ],
+)
 def test_client_disconnect_aborts_promptly(served, path, body, wait_first):
     port = int(served.url.rsplit(":", 1)[1])
     before = len(served.backend.aborted())
@@ -109,12 +118,15 @@ def test_client_disconnect_aborts_promptly(served, path, body, wait_first):
         if wait_first:
             assert b"200 OK" in sock.recv(65536)  # headers and the first chunk(s)
         else:
-            assert served.backend.wait_for(lambda b: len(b.requests) and b.requests[-1].rid not in
-                                           {a.rid for a in b.aborts})  # fmt: skip
+            assert served.backend.wait_for(
+                lambda b: len(b.requests) and b.requests[-1].rid not in {a.rid for a in b.aborts}
+            )
             routes = served.app.state.client.routes  # the frontend waits on it, watching:
             rid = served.backend.requests[-1].rid
-            wait_until(lambda: rid in routes and routes[rid][0].watcher is not None,
-                       "the disconnect watcher")  # fmt: skip
+            wait_until(
+                lambda: rid in routes and routes[rid][0].watcher is not None,
+                "the disconnect watcher",
+            )
     finally:
         sock.close()
     # within a step of the disconnect; without the watcher, "hold" would wait 600 s
@@ -125,10 +137,16 @@ def test_client_disconnect_aborts_promptly(served, path, body, wait_first):
 
 def test_dispatcher_survives_bad_messages(served, http):
     # unequal parallel lists, and outputs for rids nobody waits for: dropped, nothing breaks
-    served.backend.send(TextOutputs(["a", "b"], ["x"], [None], [1], [1], [pack_ids([1])], None,
-                                    None, [None], time.time()))  # fmt: skip
-    served.backend.send(TextOutputs(["zzz"], ["x"], ["stop"], [1], [1], [pack_ids([1])], None,
-                                    None, [None], time.time()))  # fmt: skip
+    served.backend.send(
+        TextOutputs(
+            ["a", "b"], ["x"], [None], [1], [1], [pack_ids([1])], None, None, [None], time.time()
+        )
+    )
+    served.backend.send(
+        TextOutputs(
+            ["zzz"], ["x"], ["stop"], [1], [1], [pack_ids([1])], None, None, [None], time.time()
+        )
+    )
     # the backend pushes them before any output of the next request, on the one socket
     # the inbox reads in order: they are dispatched first
     r = http.post("/v1/completions", json={"prompt": "Hi"})
@@ -142,8 +160,10 @@ def _metric(text: str, name: str) -> float:
 
 
 def _metrics(text: str) -> dict[str, float]:
-    return {name: float(value) for name, value in
-            re.findall(r"^(zeroserve:\S+) ([0-9.e+-]+)$", text, re.M)}  # fmt: skip
+    return {
+        name: float(value)
+        for name, value in re.findall(r"^(zeroserve:\S+) ([0-9.e+-]+)$", text, re.M)
+    }
 
 
 def test_metrics(served, http):
@@ -158,9 +178,16 @@ def test_metrics(served, http):
     r = http.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
-    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-                 "prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total",
-                 "generation_tokens_total", "num_requests_in_flight"):  # fmt: skip
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "num_requests_in_flight",
+    ):
         _metric(text, "zeroserve:" + name)
     assert _metric(text, "zeroserve:kv_cache_usage_perc") == 0.25
     assert _metric(text, "zeroserve:prefix_cache_queries_total") == 100

@@ -17,15 +17,36 @@ from tests.frontend.conftest import serve
 pytestmark = pytest.mark.timeout(30)
 
 REPO = Path(__file__).resolve().parents[2]
-REPLICA_KEYS = {"id", "model", "alive", "status_age_s", "num_requests_running",
-                "num_requests_waiting", "num_requests_in_flight", "kv_cache_usage",
-                "kv_cache_free_blocks", "kv_cache_total_blocks", "prefix_cache_queries",
-                "prefix_cache_hits", "prefix_cache_hit_rate", "output_tokens_per_s",
-                "output_tokens_total"}  # fmt: skip
-TOTALS_KEYS = {"num_requests_running", "num_requests_waiting", "num_requests_in_flight",
-               "kv_cache_free_blocks", "kv_cache_total_blocks", "kv_cache_usage",
-               "output_tokens_per_s", "output_tokens_total", "prefix_cache_hit_rate",
-               "num_replicas", "num_replicas_alive"}  # fmt: skip
+REPLICA_KEYS = {
+    "id",
+    "model",
+    "alive",
+    "status_age_s",
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_requests_in_flight",
+    "kv_cache_usage",
+    "kv_cache_free_blocks",
+    "kv_cache_total_blocks",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prefix_cache_hit_rate",
+    "output_tokens_per_s",
+    "output_tokens_total",
+}
+TOTALS_KEYS = {
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_requests_in_flight",
+    "kv_cache_free_blocks",
+    "kv_cache_total_blocks",
+    "kv_cache_usage",
+    "output_tokens_per_s",
+    "output_tokens_total",
+    "prefix_cache_hit_rate",
+    "num_replicas",
+    "num_replicas_alive",
+}
 
 
 def test_the_page_is_served_and_loads_nothing_from_elsewhere(http):
@@ -104,7 +125,7 @@ def test_the_page_is_package_data():
     globs for `frontend` have to match it."""
     text = (REPO / "pyproject.toml").read_text()
     section = text.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
-    (globs,) = re.findall(r'^frontend\s*=\s*\[(.*?)\]', section, re.MULTILINE)
+    (globs,) = re.findall(r"^frontend\s*=\s*\[(.*?)\]", section, re.MULTILINE)
     rel = PAGE.relative_to(REPO / "frontend").as_posix()
     assert any(fnmatch.fnmatch(rel, g.strip().strip('"')) for g in globs.split(","))
     assert PAGE.stat().st_size < 32 * 1024  # small and readable

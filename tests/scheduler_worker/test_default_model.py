@@ -12,12 +12,16 @@ from tests.conftest import hf_greedy
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are a poet."},
-     {"role": "user", "content": "Write two lines about the sea."}],
-    [{"role": "user", "content": "List three prime numbers."},
-     {"role": "assistant", "content": "2, 3, 5."},
-     {"role": "user", "content": "Three more, please, and explain why they are prime."}],
-]  # fmt: skip
+    [
+        {"role": "system", "content": "You are a poet."},
+        {"role": "user", "content": "Write two lines about the sea."},
+    ],
+    [
+        {"role": "user", "content": "List three prime numbers."},
+        {"role": "assistant", "content": "2, 3, 5."},
+        {"role": "user", "content": "Three more, please, and explain why they are prime."},
+    ],
+]
 NEW_TOKENS = 32
 
 
@@ -41,15 +45,20 @@ def prompts(default_model_dir) -> list[list[int]]:
 @pytest.mark.timeout(300)
 def test_default_model_greedy_equals_transformers(default_model_dir, prompts):
     expected = hf_greedy(default_model_dir, prompts, NEW_TOKENS)
-    engine = LLMEngine(EngineConfig(
-        model=ModelConfig(model="smollm2", dtype="float32", quantization="none"),
-        cache=CacheConfig(num_blocks=64),
-        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
-    ), default_model_dir)  # fmt: skip
+    engine = LLMEngine(
+        EngineConfig(
+            model=ModelConfig(model="smollm2", dtype="float32", quantization="none"),
+            cache=CacheConfig(num_blocks=64),
+            scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
+        ),
+        default_model_dir,
+    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     together = engine.generate(prompts, params)  # batched prefill, then batched decode
     for i, (got, want) in enumerate(zip(together, expected)):
-        assert got == want, f"chat {i}: first difference at token " \
+        assert got == want, (
+            f"chat {i}: first difference at token "
             f"{next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)}"
+        )
     engine.block_manager.check_integrity()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -19,14 +19,19 @@ GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 def _prompts(n: int, seed: int = 0, vocab: int = 512) -> list[list[int]]:
     rng = random.Random(seed)
     shared = [rng.randrange(3, vocab) for _ in range(11)]  # common prefix: prefix-cache hits
-    return [shared[: rng.randrange(0, 12)] + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 30))]
-            for _ in range(n)]
+    return [
+        shared[: rng.randrange(0, 12)]
+        + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 30))]
+        for _ in range(n)
+    ]
 
 
 def make_engine(model_dir, num_blocks=512, block_size=4, prefix=True, **sched) -> LLMEngine:
     cfg = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32"),
-        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix),
+        cache=CacheConfig(
+            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix
+        ),
         scheduler=SchedulerConfig(**{"max_num_seqs": 8, "max_num_batched_tokens": 64, **sched}),
     )
     return LLMEngine(cfg, model_dir)
@@ -97,7 +102,9 @@ def test_llama_batched_equals_transformers(tiny_model_dirs):
     model_dir = tiny_model_dirs["llama3"]
     prompts = _prompts(6, seed=3)
     engine = make_engine(model_dir, max_num_batched_tokens=16)
-    assert run_staggered(engine, prompts, GREEDY) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+    assert run_staggered(engine, prompts, GREEDY) == hf_greedy(
+        model_dir, prompts, GREEDY.max_tokens
+    )
 
 
 def test_long_prompt_is_chunked_while_others_decode(qwen2):
@@ -130,7 +137,9 @@ def test_aborts_in_every_state_free_everything(qwen2):
     engine.add_request("done", [4], SamplingParams(max_tokens=1, temperature=0.0))
     engine.step()
     engine.step()
-    states = {rid: engine.requests[rid].status.value for rid in ("running", "prefilling", "waiting")}
+    states = {
+        rid: engine.requests[rid].status.value for rid in ("running", "prefilling", "waiting")
+    }
     assert states == {"running": "running", "prefilling": "running", "waiting": "waiting"}
     assert engine.requests["prefilling"].in_prefill_queue
     assert engine.abort("running") and engine.abort("prefilling") and engine.abort("waiting")
@@ -144,21 +153,31 @@ def test_aborts_in_every_state_free_everything(qwen2):
     assert not engine.abort("done")
     bm = engine.block_manager
     bm.check_integrity()
-    assert bm.num_free_blocks == bm.num_blocks and engine.num_running == 0 and engine.num_waiting == 0
+    assert (
+        bm.num_free_blocks == bm.num_blocks and engine.num_running == 0 and engine.num_waiting == 0
+    )
 
 
 def test_seed_reproducible_alone_and_in_mixed_batch(qwen2):
     seeded = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
     alone = make_engine(qwen2).generate([[5, 6, 7]], seeded)[0]
     engine = make_engine(qwen2)
-    others = [SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True),
-              SamplingParams(max_tokens=16, temperature=1.0, seed=99, ignore_eos=True),
-              SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)]
-    mixed = engine.generate([[9, 9], [5, 6, 7], [1, 2, 3, 4], [5, 6, 7]],
-                            [others[0], seeded, others[1], others[2]])
+    others = [
+        SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True),
+        SamplingParams(max_tokens=16, temperature=1.0, seed=99, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+    ]
+    mixed = engine.generate(
+        [[9, 9], [5, 6, 7], [1, 2, 3, 4], [5, 6, 7]], [others[0], seeded, others[1], others[2]]
+    )
     assert mixed[1] == alone
-    assert make_engine(qwen2).generate([[5, 6, 7]], SamplingParams(
-        max_tokens=16, temperature=1.0, top_p=0.9, seed=4321, ignore_eos=True))[0] != alone
+    assert (
+        make_engine(qwen2).generate(
+            [[5, 6, 7]],
+            SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=4321, ignore_eos=True),
+        )[0]
+        != alone
+    )
 
 
 def test_stop_conditions(qwen2, expected):
@@ -167,15 +186,21 @@ def test_stop_conditions(qwen2, expected):
     ref = expected[0]
     stop_tok = ref[5]
     first = ref.index(stop_tok)
-    out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0,
-                                                   stop_token_ids=[stop_tok]))[0]
+    out = engine.generate(
+        [prompt], SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_tok])
+    )[0]
     assert out == ref[: first + 1]
-    engine.add_request("s", prompt, SamplingParams(max_tokens=20, temperature=0.0,
-                                                   stop_token_ids=[stop_tok]))  # fmt: skip
+    engine.add_request(
+        "s", prompt, SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_tok])
+    )
     last = [o for _ in range(first + 2) for o in engine.step()][-1]
     assert (last.finish_reason, last.stop_token_id) == ("stop", stop_tok)  # vLLM's stop_reason
-    out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, min_tokens=first + 2,
-                                                   stop_token_ids=[stop_tok]))[0]
+    out = engine.generate(
+        [prompt],
+        SamplingParams(
+            max_tokens=20, temperature=0.0, min_tokens=first + 2, stop_token_ids=[stop_tok]
+        ),
+    )[0]
     # the stop id is masked for the first min_tokens positions, so it cannot end the request early
     assert len(out) >= first + 2 and out[:first] == ref[:first]
     assert stop_tok not in out[: first + 2]

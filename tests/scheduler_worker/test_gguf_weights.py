@@ -25,10 +25,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _engine(model: str | Path, quantization: str, kernels_: str = "auto", **model_kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=ModelConfig(model=str(model), dtype="float32", device="cpu",
-                                                    quantization=quantization, kernels=kernels_,
-                                                    **model_kw),
-                                  cache=CacheConfig(num_blocks=128)))  # fmt: skip
+    return LLMEngine(
+        EngineConfig(
+            model=ModelConfig(
+                model=str(model),
+                dtype="float32",
+                device="cpu",
+                quantization=quantization,
+                kernels=kernels_,
+                **model_kw,
+            ),
+            cache=CacheConfig(num_blocks=128),
+        )
+    )
 
 
 def _last_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
@@ -47,8 +56,13 @@ def _mixed_types(name: str) -> gguf.GGMLQuantizationType:
 
 
 @pytest.mark.parametrize("kind,arch", [("llama3", "llama"), ("qwen2", "qwen2")])
-def test_tiny_gguf_blocks_match_the_dequantized_float_path(tmp_path, tokenizer_fields, monkeypatch,  # noqa: F811
-                                                           kind, arch):  # fmt: skip
+def test_tiny_gguf_blocks_match_the_dequantized_float_path(
+    tmp_path,
+    tokenizer_fields,  # noqa: F811 - the fixture imported above
+    monkeypatch,
+    kind,
+    arch,
+):
     monkeypatch.setenv("ZEROSERVE_CACHE_DIR", str(tmp_path / "cache"))
     path = write_gguf(_tiny(kind), arch, tmp_path / f"{kind}.gguf", tokenizer_fields, _mixed_types)
     float_engine = _engine(path, "none")
@@ -68,14 +82,20 @@ def test_tiny_gguf_blocks_match_the_dequantized_float_path(tmp_path, tokenizer_f
     assert [len(o) for o in engines[-1].generate(PROMPTS, params)] == [8] * len(PROMPTS)
 
 
-def test_auto_serves_the_gguf_blocks_and_a_float_checkpoint_as_is(default_model_dir, tiny_model_dirs):
-    engine = LLMEngine(EngineConfig(model=ModelConfig(device="cpu"), cache=CacheConfig(num_blocks=64)),
-                       default_model_dir)  # fmt: skip
+def test_auto_serves_the_gguf_blocks_and_a_float_checkpoint_as_is(
+    default_model_dir, tiny_model_dirs
+):
+    engine = LLMEngine(
+        EngineConfig(model=ModelConfig(device="cpu"), cache=CacheConfig(num_blocks=64)),
+        default_model_dir,
+    )
     assert engine.runner.weights.method == "gguf" and engine.runner.dtype == torch.float32
     quants = [m for m in engine.runner.model.modules() if isinstance(m, QuantLinear)]
     assert sorted({m.source for m in quants}) == ["Q4_1", "Q8_0"] and len(quants) == 121
     assert engine.runner.model.lm_head.source == "Q8_0"  # the tied embedding, as the file has it
-    tiny = LLMEngine(EngineConfig(model=ModelConfig(model=str(tiny_model_dirs["llama"]), device="cpu")))
+    tiny = LLMEngine(
+        EngineConfig(model=ModelConfig(model=str(tiny_model_dirs["llama"]), device="cpu"))
+    )
     assert tiny.runner.weights.method == "none"
 
 
@@ -90,10 +110,19 @@ NEAR_TIE = 0.5
 def test_default_model_greedy_text_equals_the_float_path_except_near_ties(default_model_dir):
     prompts = chat_prompts(default_model_dir)
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    quant = LLMEngine(EngineConfig(model=ModelConfig(device="cpu", quantization="gguf"),
-                                   cache=CacheConfig(num_blocks=128)), default_model_dir)  # fmt: skip
-    flt = LLMEngine(EngineConfig(model=ModelConfig(device="cpu", dtype="float32", quantization="none"),
-                                 cache=CacheConfig(num_blocks=128)), default_model_dir)  # fmt: skip
+    quant = LLMEngine(
+        EngineConfig(
+            model=ModelConfig(device="cpu", quantization="gguf"), cache=CacheConfig(num_blocks=128)
+        ),
+        default_model_dir,
+    )
+    flt = LLMEngine(
+        EngineConfig(
+            model=ModelConfig(device="cpu", dtype="float32", quantization="none"),
+            cache=CacheConfig(num_blocks=128),
+        ),
+        default_model_dir,
+    )
     for prompt in prompts:
         got = quant.generate([prompt], params)[0]
         want = flt.generate([prompt], params)[0]
@@ -103,7 +132,9 @@ def test_default_model_greedy_text_equals_the_float_path_except_near_ties(defaul
         # the float path's own top-2 gap at the first divergence, from a fresh prefill
         logits = flt.runner.execute([SeqInput(prompt + want[:j], 0, list(range(1, 40)))])[0]
         top = logits.log_softmax(-1).topk(2).values
-        assert float(top[0] - top[1]) < NEAR_TIE, f"diverged at token {j} with a gap of {float(top[0] - top[1]):.3f}"
+        assert float(top[0] - top[1]) < NEAR_TIE, (
+            f"diverged at token {j} with a gap of {float(top[0] - top[1]):.3f}"
+        )
 
 
 def _mean_nll(engine: LLMEngine, ids: list[int]) -> float:
@@ -125,16 +156,27 @@ def test_default_model_perplexity_within_one_percent_of_the_float_path(default_m
 
     text = (REPO / "benchmarks" / "data" / "pride_and_prejudice_ch1-6.txt").read_text()[:4000]
     ids = transformers.AutoTokenizer.from_pretrained(default_model_dir)(text)["input_ids"][:384]
-    flt = LLMEngine(EngineConfig(model=ModelConfig(device="cpu", dtype="float32", quantization="none"),
-                                 cache=CacheConfig(num_blocks=64)), default_model_dir)  # fmt: skip
+    flt = LLMEngine(
+        EngineConfig(
+            model=ModelConfig(device="cpu", dtype="float32", quantization="none"),
+            cache=CacheConfig(num_blocks=64),
+        ),
+        default_model_dir,
+    )
     base = _mean_nll(flt, ids)
-    quant = LLMEngine(EngineConfig(model=ModelConfig(device="cpu", quantization="gguf"),
-                                   cache=CacheConfig(num_blocks=64)), default_model_dir)  # fmt: skip
+    quant = LLMEngine(
+        EngineConfig(
+            model=ModelConfig(device="cpu", quantization="gguf"), cache=CacheConfig(num_blocks=64)
+        ),
+        default_model_dir,
+    )
     quant.runner.step_rows.kernel_rows = 0  # prompt tokens: the dense copy where there is one
     dense_copy = _mean_nll(quant, ids)
     quant.runner.step_rows.kernel_rows = len(ids)  # every row through the integer kernels
     kernel = _mean_nll(quant, ids)
-    ppl = {name: float(torch.tensor(v).exp()) for name, v in
-           (("float", base), ("dense copy", dense_copy), ("kernels", kernel))}  # fmt: skip
+    ppl = {
+        name: float(torch.tensor(v).exp())
+        for name, v in (("float", base), ("dense copy", dense_copy), ("kernels", kernel))
+    }
     for name in ("dense copy", "kernels"):
         assert abs(ppl[name] / ppl["float"] - 1) < 0.01, ppl

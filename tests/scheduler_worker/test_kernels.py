@@ -21,7 +21,11 @@ from scheduler_worker.quant.formats import (
 from scheduler_worker.rope import rotate
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
-ISAS = [i for i in kernels.ISAS if kernels.load() and kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())]
+ISAS = [
+    i
+    for i in kernels.ISAS
+    if kernels.load() and kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())
+]
 ops = torch.ops.zeroserve
 
 
@@ -38,7 +42,9 @@ def test_scalar_path_is_always_there_and_best_isa_matches_the_flags():
 
 def _qlinear(x: torch.Tensor, bw: BlockWeight, isa: str) -> torch.Tensor:
     """The kernel of path `isa` on `bw`, repacked into the kernels' layout."""
-    return ops.qlinear(x, *pack_blocks(bw), 0 if bw.form == "q4" else 1, bw.shape[0], kernels.isa_index(isa))
+    return ops.qlinear(
+        x, *pack_blocks(bw), 0 if bw.form == "q4" else 1, bw.shape[0], kernels.isa_index(isa)
+    )
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -47,7 +53,15 @@ def test_qlinear_equals_the_oracle(isa, type_name):
     # K = 32 (one block), 96 (odd block count), 576, 1536; N not a multiple of a tile's
     # rows (2-4, or a group of 16 for AVX-512: 5, 13, 37, 40 pad the last group, 64 fills
     # 4 groups, 9 a single short one); M from 1 to 64 (tiles of 3/4 rows plus tails)
-    shapes = [(1, 5, 32), (2, 37, 96), (3, 64, 576), (7, 13, 160), (16, 40, 1536), (64, 9, 64), (5, 80, 64)]
+    shapes = [
+        (1, 5, 32),
+        (2, 37, 96),
+        (3, 64, 576),
+        (7, 13, 160),
+        (16, 40, 1536),
+        (64, 9, 64),
+        (5, 80, 64),
+    ]
     for seed, (m, n, k) in enumerate(shapes):
         bw = _gguf_weight(type_name, n, k, seed)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
@@ -58,7 +72,9 @@ def test_qlinear_equals_the_oracle(isa, type_name):
         yb = _qlinear(x.bfloat16(), bw, isa)
         refb = reference_qlinear(x.bfloat16().float(), bw)
         assert yb.dtype == torch.bfloat16
-        torch.testing.assert_close(yb.double(), refb, rtol=1e-2, atol=1e-2 * refb.abs().max().item())
+        torch.testing.assert_close(
+            yb.double(), refb, rtol=1e-2, atol=1e-2 * refb.abs().max().item()
+        )
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -120,8 +136,15 @@ def _paged(batch: int, lens: list[int], bs: int, h: int, hkv: int, d: int, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", [(1, [1], 16, 9, 3, 64), (3, [17, 40, 5], 16, 4, 2, 128),
-                                  (5, [33, 1, 64, 100, 7], 4, 6, 6, 32), (2, [300, 250], 16, 8, 1, 80)])
+@pytest.mark.parametrize(
+    "case",
+    [
+        (1, [1], 16, 9, 3, 64),
+        (3, [17, 40, 5], 16, 4, 2, 128),
+        (5, [33, 1, 64, 100, 7], 4, 6, 6, 32),
+        (2, [300, 250], 16, 8, 1, 80),
+    ],
+)
 def test_paged_decode_attention_equals_the_gathered_torch_path(dtype, case):
     batch, lens, bs, h, hkv, d = case
     q, kc, vc, tables = _paged(batch, lens, bs, h, hkv, d, dtype, seed=len(lens))
@@ -164,7 +187,9 @@ def test_silu_mul(dtype):
     gu = (torch.randn(5, 2 * 1536) * 4).to(dtype)
     gate, up = gu.float().chunk(2, dim=-1)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(ops.silu_mul(gu).float(), torch.nn.functional.silu(gate) * up, rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        ops.silu_mul(gu).float(), torch.nn.functional.silu(gate) * up, rtol=tol, atol=tol
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -172,7 +197,9 @@ def test_rope_write_kv_equals_rotate_and_write(dtype):
     h, hkv, d, bs, t = 9, 3, 64, 16, 11
     qkv = torch.randn(t, (h + 2 * hkv) * d).to(dtype)
     positions = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 131])
-    freqs = torch.outer(torch.arange(200).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(
+        torch.arange(200).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+    )
     cos, sin = freqs.cos(), freqs.sin()
     slots = torch.randperm(8 * bs)[:t]
     kc, vc = torch.zeros(8, bs, hkv, d, dtype=dtype), torch.zeros(8, bs, hkv, d, dtype=dtype)

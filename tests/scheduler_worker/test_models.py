@@ -17,8 +17,10 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 100, 200, 300], [7] * 13, [42], list(
 
 
 def _config(model_dir, **cache) -> EngineConfig:
-    return EngineConfig(model=ModelConfig(model=str(model_dir), dtype="float32"),
-                        cache=CacheConfig(**{"block_size": 4, "num_blocks": 256, **cache}))
+    return EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype="float32"),
+        cache=CacheConfig(**{"block_size": 4, "num_blocks": 256, **cache}),
+    )
 
 
 def _runner(model_dir, **cache) -> ModelRunner:
@@ -29,8 +31,10 @@ def _greedy_paged(runner: ModelRunner, prompts, max_new: int, first_block: int =
     """Batched prefill of all prompts in one forward, then batched decode."""
     bs = runner.block_size
     per_seq = -(-(max(map(len, prompts)) + max_new) // bs)
-    tables = [list(range(first_block + i * per_seq, first_block + (i + 1) * per_seq))
-              for i in range(len(prompts))]
+    tables = [
+        list(range(first_block + i * per_seq, first_block + (i + 1) * per_seq))
+        for i in range(len(prompts))
+    ]
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
     logits = runner.execute([SeqInput(list(p), 0, t) for p, t in zip(prompts, tables)])
@@ -91,8 +95,10 @@ def test_prefix_in_cache_then_tail_prefill_equals_full_prefill(tiny_model_dirs):
 def test_other_dtypes_run_and_agree_on_top_token(dtype, tiny_model_dirs):
     model_dir = tiny_model_dirs["llama3"]
     ref = _runner(model_dir).execute([SeqInput(PROMPTS[4], 0, list(range(20)))])
-    cfg = EngineConfig(model=ModelConfig(model=str(model_dir), dtype=dtype),
-                       cache=CacheConfig(block_size=4, num_blocks=64))
+    cfg = EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype=dtype),
+        cache=CacheConfig(block_size=4, num_blocks=64),
+    )
     runner = ModelRunner(cfg, model_dir)
     assert runner.kv_caches[0][0].dtype == runner.dtype
     out = runner.execute([SeqInput(PROMPTS[4], 0, list(range(20)))])

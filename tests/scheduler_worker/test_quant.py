@@ -93,7 +93,9 @@ def test_quant_linear_kernel_dense_copy_and_pure_torch_agree(form, dtype, bias):
     bw = quantize_q4(lin.weight) if form == "q4" else quantize_q8(lin.weight)
     kernel = QuantLinear(bw, lin.bias, dtype, BEST, dense_dtype=torch.bfloat16, dense_above=4)
     pure = QuantLinear(bw, lin.bias, dtype, None)
-    assert pure.dense is not None and torch.equal(pure.dense.float(), dequantize(bw).to(dtype).float())
+    assert pure.dense is not None and torch.equal(
+        pure.dense.float(), dequantize(bw).to(dtype).float()
+    )
     b = torch.zeros(80) if lin.bias is None else lin.bias.detach()
     for rows in (1, 3, 4, 5, 16):  # up to 4 rows: the kernel; above: the dense bf16 copy
         x = torch.randn(rows, 128).to(dtype)
@@ -107,8 +109,12 @@ def test_quant_linear_kernel_dense_copy_and_pure_torch_agree(form, dtype, bias):
             tol = 2e-2
         torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol)
         dense = F.linear(x.float(), dequantize(bw), b)
-        torch.testing.assert_close(pure(x).float(), dense, rtol=3e-2 if dtype != torch.float32 else 1e-5,
-                                   atol=3e-2 if dtype != torch.float32 else 1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            pure(x).float(),
+            dense,
+            rtol=3e-2 if dtype != torch.float32 else 1e-5,
+            atol=3e-2 if dtype != torch.float32 else 1e-5,
+        )
         assert (y.float() - dense).abs().max() < 0.05 * dense.abs().max()  # 8-bit activations
     assert kernel(torch.randn(2, 3, 128).to(dtype)).shape == (2, 3, 80)  # leading dims kept
 
@@ -170,8 +176,13 @@ def test_gguf_quantization_needs_a_gguf_model(tiny_model_dirs):
     from scheduler_worker.engine import LLMEngine
 
     with pytest.raises(ValueError, match="needs a GGUF model"):
-        LLMEngine(EngineConfig(model=ModelConfig(model=str(tiny_model_dirs["llama"]), device="cpu",
-                                                 quantization="gguf")))  # fmt: skip
+        LLMEngine(
+            EngineConfig(
+                model=ModelConfig(
+                    model=str(tiny_model_dirs["llama"]), device="cpu", quantization="gguf"
+                )
+            )
+        )
 
 
 def _dequantized_hf_copy(src, dst, method: str):
@@ -196,17 +207,21 @@ def _dequantized_hf_copy(src, dst, method: str):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_pure_torch_quantized_engine_equals_transformers_on_dequantized_weights(kind, method, tiny_model_dirs,
-                                                                                tmp_path):  # fmt: skip
+def test_pure_torch_quantized_engine_equals_transformers_on_dequantized_weights(
+    kind, method, tiny_model_dirs, tmp_path
+):
     """--kernels torch: the oracle path multiplies by the dequantized weights exactly."""
     from common.sampling_params import SamplingParams
     from scheduler_worker.engine import LLMEngine
 
     src = tiny_model_dirs[kind]
     expected = hf_greedy(_dequantized_hf_copy(src, tmp_path / "deq", method), PROMPTS, 16)
-    config = EngineConfig(model=ModelConfig(model=str(src), dtype="float32", device="cpu",
-                                            quantization=method, kernels="torch"),
-                          cache=CacheConfig(block_size=4, num_blocks=256))  # fmt: skip
+    config = EngineConfig(
+        model=ModelConfig(
+            model=str(src), dtype="float32", device="cpu", quantization=method, kernels="torch"
+        ),
+        cache=CacheConfig(block_size=4, num_blocks=256),
+    )
     engine = LLMEngine(config, src)
     got = engine.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     assert got == expected
@@ -218,8 +233,18 @@ def test_bench_quant_times_every_linear_shape(tiny_model_dirs, tmp_path, capsys)
     from benchmarks.bench_quant import main
 
     out = tmp_path / "q.json"
-    res = main(["--model", str(tiny_model_dirs["llama"]), "--rows", "1,8", "--reps", "1",
-                "--json", str(out)])  # fmt: skip
+    res = main(
+        [
+            "--model",
+            str(tiny_model_dirs["llama"]),
+            "--rows",
+            "1,8",
+            "--reps",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     # 2 layers x (qkv, o, gate_up, down) + lm_head; qkv/o/gate_up/down/lm_head shapes differ
     assert sum(res["shapes"].values()) == 9 and len(res["shapes"]) == 5
     assert list(res["ms_per_step"]) == [1, 8]
@@ -231,16 +256,22 @@ def test_bench_quant_times_every_linear_shape(tiny_model_dirs, tmp_path, capsys)
 
 @pytest.mark.skipif(BEST is None, reason="the C++ kernels are not built here")
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
-@pytest.mark.parametrize("method,dtype", [("int4", "float32"), ("int8", "float32"), ("int4", "bfloat16")])
-def test_decode_layers_in_one_call_equal_the_modules_bit_for_bit(kind, method, dtype, tiny_model_dirs):
+@pytest.mark.parametrize(
+    "method,dtype", [("int4", "float32"), ("int8", "float32"), ("int4", "bfloat16")]
+)
+def test_decode_layers_in_one_call_equal_the_modules_bit_for_bit(
+    kind, method, dtype, tiny_model_dirs
+):
     """A decode step on the integer kernels runs every decoder layer in one C++ call
     (torch.ops.zeroserve.decode_layers); it must give exactly the module path's logits and
     KV cache, for a batch of sequences at different context lengths."""
     from scheduler_worker.model_runner import ModelRunner, SeqInput
 
     src = tiny_model_dirs[kind]
-    config = EngineConfig(model=ModelConfig(model=str(src), dtype=dtype, device="cpu", quantization=method),
-                          cache=CacheConfig(block_size=4, num_blocks=64))  # fmt: skip
+    config = EngineConfig(
+        model=ModelConfig(model=str(src), dtype=dtype, device="cpu", quantization=method),
+        cache=CacheConfig(block_size=4, num_blocks=64),
+    )
     runner = ModelRunner(config, src)
     plan = runner.model.decode_plan
     assert plan is not None, "every decoder linear is on the kernels: the one-call plan is made"
@@ -272,7 +303,10 @@ def test_no_one_call_plan_without_the_kernels(tiny_model_dirs):
     from scheduler_worker.model_runner import ModelRunner
 
     src = tiny_model_dirs["llama"]
-    config = EngineConfig(model=ModelConfig(model=str(src), dtype="float32", device="cpu", quantization="int4",
-                                            kernels="torch"),
-                          cache=CacheConfig(block_size=4, num_blocks=16))  # fmt: skip
+    config = EngineConfig(
+        model=ModelConfig(
+            model=str(src), dtype="float32", device="cpu", quantization="int4", kernels="torch"
+        ),
+        cache=CacheConfig(block_size=4, num_blocks=16),
+    )
     assert ModelRunner(config, src).model.decode_plan is None

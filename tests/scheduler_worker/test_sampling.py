@@ -18,8 +18,9 @@ from scheduler_worker.sampling import (
 EOS = 2
 
 
-def _row(output: list[int] | None = None, prompt: list[int] | None = None, seed: int | None = None,
-         **kw) -> SamplingRow:
+def _row(
+    output: list[int] | None = None, prompt: list[int] | None = None, seed: int | None = None, **kw
+) -> SamplingRow:
     params = SamplingParams(seed=seed, **kw)
     gen = make_generator(seed) if seed is not None else None
     return SamplingRow(params, prompt or [], output or [], gen)
@@ -55,16 +56,23 @@ def test_greedy_is_argmax_and_takes_the_fast_path(monkeypatch):
 
 def test_greedy_rows_in_a_mixed_batch_use_penalized_logits():
     logits = torch.tensor([[5.0, 4.0, 0.0, 0.0], [5.0, 4.0, 0.0, 0.0]])
-    rows = [_row(temperature=0.0, output=[0], repetition_penalty=2.0),  # 5/2 < 4
-            _row(temperature=1.0, top_k=1)]
+    rows = [
+        _row(temperature=0.0, output=[0], repetition_penalty=2.0),  # 5/2 < 4
+        _row(temperature=1.0, top_k=1),
+    ]
     assert Sampler(4, [])(logits, rows).token_ids == [1, 0]
 
 
 def test_sampler_does_not_modify_its_input():
     logits = torch.randn(3, 10)
     before = logits.clone()
-    rows = [_row(output=[1, 1], repetition_penalty=1.5, frequency_penalty=1.0, min_tokens=5,
-                 logprobs=2), _row(seed=1, top_p=0.5), _row(temperature=0.0)]
+    rows = [
+        _row(
+            output=[1, 1], repetition_penalty=1.5, frequency_penalty=1.0, min_tokens=5, logprobs=2
+        ),
+        _row(seed=1, top_p=0.5),
+        _row(temperature=0.0),
+    ]
     Sampler(10, [EOS])(logits, rows)
     assert torch.equal(logits, before)
     rows = [_row(logprobs=3), _row(min_p=0.1, top_k=3, logprobs=1)] * 3  # all sampled, no copy
@@ -72,26 +80,34 @@ def test_sampler_does_not_modify_its_input():
     assert torch.equal(logits, before)
     lp = logits[:2].repeat(3, 1).log_softmax(-1)
     assert [t.logprob for t in out.logprobs] == pytest.approx(
-        [lp[i, t].item() for i, t in enumerate(out.token_ids)], abs=1e-6)
+        [lp[i, t].item() for i, t in enumerate(out.token_ids)], abs=1e-6
+    )
 
 
 def test_penalties_on_hand_computed_values():
     logits = torch.tensor([[2.0, -1.0, 0.5, -0.5, 3.0, 0.0]] * 4)
     rows = [
         # repetition over prompt + output: seen {0, 1, 3}; presence/frequency over output
-        _row(prompt=[0, 1], output=[1, 3, 3], repetition_penalty=2.0,
-             presence_penalty=0.5, frequency_penalty=0.25),
+        _row(
+            prompt=[0, 1],
+            output=[1, 3, 3],
+            repetition_penalty=2.0,
+            presence_penalty=0.5,
+            frequency_penalty=0.25,
+        ),
         _row(prompt=[0, 1], output=[1, 3, 3]),  # no penalty
         _row(prompt=[4], output=[0, 0, 0, 5, 99], frequency_penalty=-1.0),  # 99: not in vocab
         _row(prompt=[0, 4], output=[], repetition_penalty=0.5, presence_penalty=2.0),
     ]
     out = apply_penalties(logits, rows)
-    expected = torch.tensor([
-        [2.0 / 2, -1.0 * 2 - 0.5 - 0.25, 0.5, -0.5 * 2 - 0.5 - 0.5, 3.0, 0.0],
-        [2.0, -1.0, 0.5, -0.5, 3.0, 0.0],
-        [2.0 + 3.0, -1.0, 0.5, -0.5, 3.0, 0.0 + 1.0],
-        [2.0 / 0.5, -1.0, 0.5, -0.5, 3.0 / 0.5, 0.0],
-    ])
+    expected = torch.tensor(
+        [
+            [2.0 / 2, -1.0 * 2 - 0.5 - 0.25, 0.5, -0.5 * 2 - 0.5 - 0.5, 3.0, 0.0],
+            [2.0, -1.0, 0.5, -0.5, 3.0, 0.0],
+            [2.0 + 3.0, -1.0, 0.5, -0.5, 3.0, 0.0 + 1.0],
+            [2.0 / 0.5, -1.0, 0.5, -0.5, 3.0 / 0.5, 0.0],
+        ]
+    )
     torch.testing.assert_close(out, expected)
     assert torch.equal(logits[0], torch.tensor([2.0, -1.0, 0.5, -0.5, 3.0, 0.0]))  # not in place
     assert apply_penalties(logits, [_row()] * 4) is logits  # nothing to do: no copy
@@ -107,16 +123,20 @@ def test_min_tokens_masks_eos_and_stop_ids():
                 row = _row(output=[0] * n, ignore_eos=ignore_eos, **kw)
                 tokens = sampler(logits.expand(200, -1), [row] * 200).token_ids
                 assert EOS not in tokens and 4 not in tokens
-        assert sampler(logits, [_row(output=[0] * 3, min_tokens=3, temperature=0.0)]).token_ids == [EOS]
+        assert sampler(logits, [_row(output=[0] * 3, min_tokens=3, temperature=0.0)]).token_ids == [
+            EOS
+        ]
 
 
 def test_logprobs_come_from_raw_logits():
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 50, generator=gen) * 3
-    rows = [_row(logprobs=5, temperature=0.7, repetition_penalty=1.3, output=[1, 2]),
-            _row(logprobs=0, temperature=0.0),
-            _row(),
-            _row(logprobs=20, top_k=3, seed=3)]
+    rows = [
+        _row(logprobs=5, temperature=0.7, repetition_penalty=1.3, output=[1, 2]),
+        _row(logprobs=0, temperature=0.0),
+        _row(),
+        _row(logprobs=20, top_k=3, seed=3),
+    ]
     out = Sampler(50, [EOS])(logits.bfloat16(), rows)
     raw_lp = logits.bfloat16().float().log_softmax(-1)
     assert out.logprobs[2] is None
@@ -149,8 +169,12 @@ def test_seed_is_reproducible_whatever_the_batch():
 
     def crowded(row_logits, target, step):
         torch.manual_seed(1000 + step)  # the unseeded rows' generator moves on differently
-        others = [_row(), _row(seed=step, top_k=5), _row(temperature=0.0),
-                  _row(seed=77 + step, min_p=0.2, output=[1], repetition_penalty=1.2)]
+        others = [
+            _row(),
+            _row(seed=step, top_k=5),
+            _row(temperature=0.0),
+            _row(seed=77 + step, min_p=0.2, output=[1], repetition_penalty=1.2),
+        ]
         pos = step % (len(others) + 1)
         rows = others[:pos] + [target] + others[pos:]
         logits = torch.randn(len(rows), row_logits.shape[0])
@@ -173,16 +197,19 @@ def test_different_seeds_differ_and_unseeded_rows_vary():
     assert make_generator(-5).initial_seed() == (1 << 64) - 5
 
 
-@pytest.mark.parametrize("kw, allowed", [
-    (dict(top_k=2), {0, 1}),
-    (dict(top_p=0.65), {0, 1}),
-    (dict(top_p=0.75), {0, 1, 2}),
-    (dict(top_p=0.8), {0, 1, 2}),
-    (dict(top_k=3, top_p=0.8), {0, 1}),  # top-p sees the top-k renormalized mass
-    (dict(min_p=0.3), {0, 1, 2}),  # keep p >= 0.3 * 0.4
-    (dict(min_p=0.5), {0, 1}),
-    (dict(top_k=4, min_p=0.3, temperature=0.5), {0, 1}),  # T=0.5 sharpens before min-p
-])
+@pytest.mark.parametrize(
+    "kw, allowed",
+    [
+        (dict(top_k=2), {0, 1}),
+        (dict(top_p=0.65), {0, 1}),
+        (dict(top_p=0.75), {0, 1, 2}),
+        (dict(top_p=0.8), {0, 1, 2}),
+        (dict(top_k=3, top_p=0.8), {0, 1}),  # top-p sees the top-k renormalized mass
+        (dict(min_p=0.3), {0, 1, 2}),  # keep p >= 0.3 * 0.4
+        (dict(min_p=0.5), {0, 1}),
+        (dict(top_k=4, min_p=0.3, temperature=0.5), {0, 1}),  # T=0.5 sharpens before min-p
+    ],
+)
 def test_filters_never_sample_outside_the_allowed_set(kw, allowed):
     torch.manual_seed(0)
     counts = _counts(_draw(**kw), 5)
@@ -198,7 +225,9 @@ def test_top_p_support_matches_a_full_sort():
     # nuclei of every size: a few tokens, hundreds, thousands, nearly the whole vocabulary
     vocab = 6000
     gen = torch.Generator().manual_seed(3)
-    logits = torch.randn(6, vocab, generator=gen) * torch.tensor([[6.0], [2.5], [2.0], [0.5], [0.1], [2.0]])
+    logits = torch.randn(6, vocab, generator=gen) * torch.tensor(
+        [[6.0], [2.5], [2.0], [0.5], [0.1], [2.0]]
+    )
     params = [SamplingParams(top_p=0.9)] * 5 + [SamplingParams(top_p=0.9, top_k=700, min_p=0.02)]
     probs = sampling_probs(logits, params)
     for i, p in enumerate(params):
@@ -248,8 +277,11 @@ def test_tiny_temperature_is_greedy():
     assert set(Sampler(3, [])(logits, [_row(temperature=1e-9)] * 50).token_ids) == {1}
 
 
-@pytest.mark.parametrize("kw", [dict(top_p=1e-46), dict(top_p=float(torch.finfo(torch.float32).tiny))],
-                         ids=["top_p-0-in-float32", "top_p-tiny"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [dict(top_p=1e-46), dict(top_p=float(torch.finfo(torch.float32).tiny))],
+    ids=["top_p-0-in-float32", "top_p-tiny"],
+)
 def test_a_vanishing_top_p_keeps_the_most_likely_token(kw):
     """top_p is in (0, 1] but may be 0 once it is a float32: the first token is kept."""
     tokens = Sampler(5, [])(LOGITS.expand(50, -1), [_row(**kw)] * 50).token_ids
@@ -261,7 +293,8 @@ def test_a_vanishing_repetition_penalty_samples_among_the_seen_tokens():
     (no NaN), among the tokens that went to +inf, for sampled and greedy rows alike."""
     torch.manual_seed(0)
     logits = torch.tensor([[5.0, 6.0, 7.0, -1.0, 0.5]] * 200)  # 5 / 1e-38 > float32 max
-    rows = [_row(prompt=[0, 1], repetition_penalty=1e-38, top_p=0.9, temperature=t)
-            for t in (1.0, 0.0)] * 100  # fmt: skip
+    rows = [
+        _row(prompt=[0, 1], repetition_penalty=1e-38, top_p=0.9, temperature=t) for t in (1.0, 0.0)
+    ] * 100
     tokens = Sampler(5, [])(logits, rows).token_ids
     assert set(tokens[0::2]) == {0, 1} and set(tokens[1::2]) <= {0, 1}  # both are +inf

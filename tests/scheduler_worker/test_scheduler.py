@@ -90,8 +90,9 @@ def test_update_finishes_on_stop_tokens_then_max_tokens():
         sampled = s.update(batch, [tokens[r.request_id][step] for r, _ in batch.entries.values()])
         assert [r.request_id for r in sampled] == list(batch.entries)
         finished.update((r.request_id, r) for r in sampled if r.status.finished)
-    assert {rid: (r.status, r.output_token_ids, r.stop_token_id)
-            for rid, r in finished.items()} == {  # fmt: skip
+    assert {
+        rid: (r.status, r.output_token_ids, r.stop_token_id) for rid, r in finished.items()
+    } == {
         "eos": (RequestStatus.FINISHED_STOPPED, [0], None),
         "ignore-eos": (RequestStatus.FINISHED_LENGTH, [0, 0, 0], None),
         "stop-id": (RequestStatus.FINISHED_STOPPED, [4, 9], 9),

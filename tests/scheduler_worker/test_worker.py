@@ -41,8 +41,12 @@ def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, t
         steps = collect(detok, lambda ms: len(ms) == num_steps)
     assert all(isinstance(s, StepOutputs) for s in steps)
     assert [(r[0], r[1]) for s in steps for r in s.new_requests] == [("old", ["x"]), ("new", ["x"])]
-    finished = {rid: (s.finish_reasons[i], s.timings[i] if s.timings else None)
-                for s in steps for i, rid in enumerate(s.rids) if s.finish_reasons[i]}  # fmt: skip
+    finished = {
+        rid: (s.finish_reasons[i], s.timings[i] if s.timings else None)
+        for s in steps
+        for i, rid in enumerate(s.rids)
+        if s.finish_reasons[i]
+    }
     assert finished.keys() == {"old", "new"}
     assert finished["old"][0] == "abort" and finished["new"][0] == "length"
     for _, t in finished.values():  # the earlier stages' stamps, from the record

@@ -118,8 +118,9 @@ def test_prompt_plus_max_tokens_over_context(default_model_dir):
 
 
 @pytest.mark.parametrize("default, expected", [(None, 6), (4, 4), (16, 6)])
-def test_unset_max_tokens_gets_the_default_capped_by_the_context(default_model_dir, default,
-                                                                 expected):  # fmt: skip
+def test_unset_max_tokens_gets_the_default_capped_by_the_context(
+    default_model_dir, default, expected
+):
     """max_tokens None: the frontend's default (None: the rest of the context), never more
     than the room the prompt leaves; a client that set none never gets a length error."""
     tok = Tokenization(default_model_dir, max_model_len=16)
