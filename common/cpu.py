@@ -9,6 +9,7 @@ from functools import cache
 from pathlib import Path
 
 from common.config import ConfigError
+from common.env import cpu_kind_override
 
 
 @cache
@@ -27,10 +28,24 @@ def _first(key: str) -> str:
     return ""
 
 
+# what ZEROSERVE_CPU_KIND=avx2 hides: the flags an AVX2-only CPU (AMD Zen 2/3) lacks
+NEWER_THAN_AVX2 = ("avx512", "amx", "avx_vnni")
+
+
 @cache
 def cpu_flags() -> frozenset[str]:
-    """The first processor's feature flags (avx2, avx512f, avx512_bf16, amx_bf16, ...)."""
-    return frozenset(_first("flags").split())
+    """The first processor's feature flags (avx2, avx512f, avx512_bf16, amx_bf16, ...).
+    With ZEROSERVE_CPU_KIND=avx2, those of an AVX2-only CPU: every choice made from them
+    (kernel path, dtype, dense copies) is then that CPU's, for measuring it on a newer one."""
+    flags = frozenset(_first("flags").split())
+    kind = cpu_kind_override()
+    if kind is None:
+        return flags
+    if kind != "avx2":
+        raise ConfigError(f"ZEROSERVE_CPU_KIND must be avx2 (or unset), got {kind!r}")
+    if "avx2" not in flags:
+        raise ConfigError("ZEROSERVE_CPU_KIND=avx2, but this CPU has no AVX2")
+    return frozenset(f for f in flags if not f.startswith(NEWER_THAN_AVX2))
 
 
 def cpu_model_name() -> str:

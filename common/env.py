@@ -5,6 +5,9 @@
     ZEROSERVE_CACHE_DIR         GGUF conversions and built kernels (~/.cache/zeroserve)
     ZEROSERVE_RUN_DIR           the ipc run dir when the config sets none
     ZEROSERVE_DECODE_ATTENTION  force a decode attention path (scheduler_worker/attention.py)
+    ZEROSERVE_CPU_KIND          "avx2": choose kernels, dtype and dense copies as on an
+                                AVX2-only CPU (common/cpu.py; for measuring that path on a
+                                newer CPU, docs/benchmarks.md)
     XDG_CACHE_HOME, XDG_RUNTIME_DIR   the usual base directories, when set
 
 Child processes get the environment as it is (subprocess copies it); that is not a read.
@@ -38,3 +41,8 @@ def default_cache_dir() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "zeroserve"
+
+
+def cpu_kind_override() -> str | None:
+    """ZEROSERVE_CPU_KIND, lower-cased, or None when unset or empty."""
+    return (env("CPU_KIND") or "").strip().lower() or None
