@@ -35,6 +35,74 @@ log = get_logger("model_runner")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def decode_bucket(n: int) -> int:
+    """The batch size a padded decode step runs at: 1, 2, 4, then multiples of 8 (as vLLM
+    captures CUDA graphs), so a handful of shapes cover every batch."""
+    return n if n <= 2 else 4 if n <= 4 else -(-n // 8) * 8
+
+
+def width_bucket(n: int) -> int:
+    """Block-table width of a decode step: the next power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+class DecodeInputs:
+    """The inputs of decode-only steps, kept between steps: each step writes its rows into
+    these buffers (through numpy views, no tensor allocated) and the model gets views of
+    them. They grow when a step needs more rows or a wider block table, which happens a
+    few times per process.
+
+    With `pad`, a step of n sequences runs at decode_bucket(n) rows and a block table
+    width_bucket(w) wide: the rows past n decode a dummy token into a scratch KV block that
+    no sequence owns, so every decode step has one of a few shapes, as a CUDA graph
+    replay needs. The CPU runs unpadded (a padded row costs as much as a real one there)
+    but buckets the width when the decode attention is the paged kernel, which reads only
+    each row's context."""
+
+    def __init__(self, scratch_block: int, block_size: int) -> None:
+        self.scratch_block, self.block_size = scratch_block, block_size
+        self.rows = self.width = 0
+        self._grow(8, 8)
+
+    def _grow(self, rows: int, width: int) -> None:
+        self.rows, self.width = max(rows, self.rows), max(width, self.width)
+        r, w = self.rows, self.width
+        self.ids, self.pos, self.slots, self.ctx = (
+            torch.zeros(r, dtype=torch.long) for _ in "ipsc"
+        )
+        self.tables = torch.zeros(r, w, dtype=torch.long)
+        self.rows_index = torch.arange(r, dtype=torch.long)
+        self.np = [t.numpy() for t in (self.ids, self.pos, self.slots, self.ctx, self.tables)]
+
+    def fill(self, seqs: list[SeqInput], pad: bool, bucket_width: bool) -> int:
+        """Write the rows of `seqs` (all decodes) and return the row count to run."""
+        n, bs = len(seqs), self.block_size
+        m = decode_bucket(n) if pad else n
+        ctx_max = max(s.num_computed for s in seqs) + 1
+        w = -(-ctx_max // bs)
+        w = width_bucket(w) if pad or bucket_width else w
+        if m > self.rows or w > self.width:
+            self._grow(max(m, 2 * self.rows) if m > self.rows else 0, width_bucket(w))
+        ids, pos, slots, ctx, tables = self.np
+        tables[:m, :w] = 0
+        for i, s in enumerate(seqs):
+            p = s.num_computed
+            table = s.block_table[:w]
+            if len(s.block_table) * bs <= p:
+                raise ValueError(
+                    f"block table covers {len(s.block_table) * bs} tokens, need {p + 1}"
+                )
+            ids[i], pos[i], ctx[i] = s.token_ids[0], p, p + 1
+            slots[i] = table[p // bs] * bs + p % bs
+            tables[i, : len(table)] = table
+        # padding rows: a dummy token at position 0 in the scratch block
+        ids[n:m], pos[n:m], ctx[n:m] = 0, 0, 1
+        slots[n:m] = self.scratch_block * bs
+        tables[n:m, 0] = self.scratch_block
+        self.width_used = w
+        return m
+
+
 @dataclass
 class SeqInput:
     token_ids: list[int]  # tokens to compute this step (1 for a decode)
@@ -101,7 +169,8 @@ class ModelRunner:
         log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
-        shape = (self.num_blocks, self.block_size, self.args.num_kv_heads, self.args.head_dim)
+        # one more block than the block manager hands out: padded decode rows write there
+        shape = (self.num_blocks + 1, self.block_size, self.args.num_kv_heads, self.args.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -109,6 +178,11 @@ class ModelRunner:
             )
             for _ in range(self.args.num_layers)
         ]
+        # decode-only steps from kept buffers (their numpy views need the CPU)
+        self.decode_inputs = (
+            DecodeInputs(self.num_blocks, self.block_size) if self.device.type == "cpu" else None
+        )
+        self.pad_decode = False  # bucketed decode shapes (see DecodeInputs); tests turn it on
 
     def _kernels_wanted(self) -> bool:
         """The C++ decode ops (attention, norms, activation) serve float32/bfloat16 CPU
@@ -188,6 +262,8 @@ class ModelRunner:
         Returns (input_ids, positions, metadata); metadata.logits_indices lists the last
         token of each sequence with `sample` set, in the order of `seqs`.
         """
+        if self.decode_inputs is not None and all(len(s.token_ids) == 1 for s in seqs):
+            return self._prepare_decode(self.decode_inputs, seqs)
         bs = self.block_size
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)
         num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)
@@ -237,6 +313,30 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, meta
+
+    def _prepare_decode(
+        self, buf: DecodeInputs, seqs: list[SeqInput]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """prepare() for a decode-only step, from the kept buffers."""
+        m = buf.fill(seqs, self.pad_decode, self.decode_kernel == "paged")
+        n, w = len(seqs), buf.width_used
+        if all(s.sample for s in seqs):
+            logits_indices = buf.rows_index[:n]
+        else:
+            logits_indices = torch.tensor([i for i, s in enumerate(seqs) if s.sample])
+        ctx_t = buf.ctx[:m]
+        meta = AttentionMetadata(
+            slot_mapping=buf.slots[:m],
+            num_decode=m,
+            logits_indices=logits_indices,
+            decode_kernel=self.decode_kernel,
+            decode_block_tables=buf.tables[:m, :w],
+            decode_context_lens=ctx_t,
+        )
+        if self.decode_kernel != "paged":
+            cols = w * self.block_size
+            meta.decode_mask = (torch.arange(cols)[None, :] < ctx_t[:, None]).view(m, 1, 1, -1)
+        return buf.ids[:m], buf.pos[:m], meta
 
     def _prefill_slice(self, offset: int, n: int, start: int, table: list[int]) -> PrefillSlice:
         p = PrefillSlice(start=offset, end=offset + n, num_context=start + n)
