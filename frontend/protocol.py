@@ -38,7 +38,8 @@ class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool | None = False
     include_obfuscation: bool | None = None  # OpenAI's; nothing to obfuscate here
-    continuous_usage_stats: bool | None = None  # vLLM's; accepted, usage comes at the end
+    # vLLM's: with include_usage, every chunk carries its choice's usage so far
+    continuous_usage_stats: bool | None = None
 
 
 class _Sampling(BaseModel):
@@ -77,6 +78,12 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's stream_options.continuous_usage_stats, which needs include_usage."""
+        opts = self.stream_options
+        return bool(opts and opts.include_usage and opts.continuous_usage_stats)
 
 
 class CompletionRequest(_Sampling):
@@ -163,6 +170,8 @@ def check_unsupported(req: _Sampling) -> None:
         value = getattr(req, name, None)
         if value is not None and not harmless(value):
             raise invalid(f"{name}: not supported by this server", name)
+    if req.stream_options is not None and not req.stream:  # OpenAI's and vLLM's rule
+        raise invalid("stream_options: only allowed when stream is true", "stream_options")
 
 
 M = TypeVar("M", bound=BaseModel)

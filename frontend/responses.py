@@ -124,14 +124,17 @@ class Choice:
         return "".join(self.texts)
 
 
+def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
+    }
+
+
 def usage(choices: list[Choice]) -> dict[str, Any]:
     prompt = max((c.num_prompt_tokens for c in choices), default=0)  # one prompt, n choices
-    completion = sum(c.num_output_tokens for c in choices)
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+    out = usage_of(prompt, sum(c.num_output_tokens for c in choices))
     timings = [c.timings for c in choices]
     if any(t is not None for t in timings):  # extension, only with return_timings
         out["timings"] = timings[0] if len(timings) == 1 else timings
@@ -146,10 +149,19 @@ class ResponseFormat:
     response_object = ""
 
     def __init__(
-        self, id: str, model: str, created: int, logprobs: bool, include_usage: bool = False
+        self,
+        id: str,
+        model: str,
+        created: int,
+        logprobs: bool,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
     ) -> None:
         self.id, self.model, self.created, self.want_logprobs = id, model, created, logprobs
         self.include_usage = include_usage  # stream_options.include_usage
+        # stream_options.continuous_usage_stats (vLLM's): every chunk's usage is its
+        # choice's so far, instead of null until the last chunk
+        self.continuous_usage = continuous_usage and include_usage
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         out = {
@@ -163,8 +175,12 @@ class ResponseFormat:
             out["usage"] = None  # as OpenAI: every chunk has it, null until the last one
         return out
 
-    def stream_start(self, n: int) -> list[str]:
-        return [sse(c) for c in self.start_chunks(n)]
+    def stream_start(self, n: int, num_prompt_tokens: int = 0) -> list[str]:
+        chunks = self.start_chunks(n)
+        if self.continuous_usage:
+            for c in chunks:
+                c["usage"] = usage_of(num_prompt_tokens, 0)
+        return [sse(c) for c in chunks]
 
     def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:
         if d.text or d.finish_reason is not None or lps:
@@ -196,7 +212,10 @@ class ResponseFormat:
         entry["stop_reason"] = d.stop_reason
         if d.timings is not None and d.finish_reason is not None:
             entry["timings"] = d.timings
-        return self._envelope(self.chunk_object, [entry])
+        out = self._envelope(self.chunk_object, [entry])
+        if self.continuous_usage:
+            out["usage"] = usage_of(d.num_prompt_tokens, d.num_output_tokens)
+        return out
 
     def _choice(self, c: Choice) -> dict[str, Any]:
         raise NotImplementedError
@@ -295,7 +314,7 @@ class GenerateFormat:
         c = choices[0]  # /generate has n = 1
         return {"text": c.text, "finish_reason": c.finish_reason, "usage": usage([c])}
 
-    def stream_start(self, n: int) -> list[str]:
+    def stream_start(self, n: int, num_prompt_tokens: int = 0) -> list[str]:
         return []
 
     def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:

@@ -198,7 +198,12 @@ class Serving:
             prompt_token_ids=prompt_ids,
         )
         fmt = CompletionFormat(
-            rid, self.model_name, int(wall), req.logprobs is not None, req.include_usage
+            rid,
+            self.model_name,
+            int(wall),
+            req.logprobs is not None,
+            req.include_usage,
+            req.continuous_usage,
         )
         return await self._serve(
             request, reqs, arrival, fmt, bool(req.stream), return_timings=bool(req.return_timings)
@@ -217,7 +222,14 @@ class Serving:
         reqs = self._tokenize_requests(
             rid, params, req, wall, default, kind="chat", messages=messages
         )
-        fmt = ChatFormat(rid, self.model_name, int(wall), logprobs is not None, req.include_usage)
+        fmt = ChatFormat(
+            rid,
+            self.model_name,
+            int(wall),
+            logprobs is not None,
+            req.include_usage,
+            req.continuous_usage,
+        )
         return await self._serve(
             request, reqs, arrival, fmt, bool(req.stream), aliases, bool(req.return_timings)
         )
@@ -297,7 +309,7 @@ class Serving:
         first: Delta,
     ) -> AsyncIterator[str]:
         """The stream's parts; outputs already queued are written together in one chunk."""
-        parts = fmt.stream_start(handle.n)
+        parts = fmt.stream_start(handle.n, first.num_prompt_tokens)
         d = first
         try:
             while True:

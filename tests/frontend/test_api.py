@@ -122,6 +122,41 @@ def test_completion_streaming_sse(served, http):
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
 
 
+def test_continuous_usage_stats_put_usage_in_every_chunk(served, http):
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries its choice's usage
+    so far (chat's role chunk: 0 completion tokens); the last chunk is the total."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True, "stream_options": opts}
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    assert events[-1] == "[DONE]"
+    usages = [e["usage"] for e in events[:-1]]
+    assert [u["completion_tokens"] for u in usages] == [0, 1, 2, 3, 3]
+    assert all(u["prompt_tokens"] == 5 for u in usages)
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    body = {"prompt": "Hi", "stream": True, "stream_options": opts}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    assert [e["usage"]["completion_tokens"] for e in events[:-1]] == [1, 2, 3, 3]
+    # without include_usage it asks for nothing (as vLLM)
+    body["stream_options"] = {"continuous_usage_stats": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    assert all("usage" not in e for e in events[:-1])
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+def test_stream_options_need_stream(served, http, path):
+    body = {"stream_options": {"include_usage": True}, "stream": False}
+    body |= (
+        {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    )
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "stream_options"
+    assert http.post(path, json={**body, "stream": True}).status_code == 200
+
+
 def test_streaming_without_usage_has_no_usage_chunk(served, http):
     with http.stream("POST", "/v1/completions", json={"prompt": "Hi", "stream": True}) as r:
         events = parse_sse(r.read().decode())
