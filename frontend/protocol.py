@@ -224,12 +224,12 @@ def completion_prompt(req: CompletionRequest) -> tuple[str | None, bytes | None]
         raise invalid(f"prompt: {e}", "prompt") from None
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """[{"role", "content"[, "name"]}] with text parts joined; other parts are refused."""
-    if not req.messages:
+    if not messages:
         raise invalid("messages must not be empty", "messages")
     out = []
-    for i, m in enumerate(req.messages):
+    for i, m in enumerate(messages):
         if m.tool_calls or m.function_call:  # tools are refused, so are their traces
             raise invalid(
                 "tool and function calls are not supported by this server",

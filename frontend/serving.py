@@ -211,7 +211,7 @@ class Serving:
 
     async def chat(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, ChatCompletionRequest)
-        messages = chat_messages(req)
+        messages = chat_messages(req.messages)
         logprobs = chat_logprobs(req)
         aliases = param_aliases(req)
         default = self._default_max_tokens(None)

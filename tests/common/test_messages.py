@@ -27,7 +27,9 @@ from common.messages import (
     TextOutput,
     TextOutputs,
     TokenizeAck,
+    TokenizerCall,
     TokenizeRequest,
+    TokenizerReply,
     WireError,
     decode,
     encode,
@@ -106,6 +108,9 @@ SAMPLES: list[Message] = [
     ComponentStatus("detok", 1234, "stopping", 3.0),
     TokenizeAck(4321, ["r1", "r2"]),
     TokenizeAck(1, [], True),
+    TokenizerCall("c1", "tokenize", {"prompt": "Hé", "add_special_tokens": True}),
+    TokenizerReply("c1", 200, {"count": 2, "tokens": [1, 2], "token_strs": None}),
+    TokenizerReply("c2", 400, {"message": "tokens: bad", "param": "tokens"}),
 ]
 
 
