@@ -161,7 +161,18 @@ class DetokWorker:
             lps,
             timing,
             det.stop_str if det.stop_str is not None else stop_token,
+            self._name_prompt(o.prompt_logprobs) if o.prompt_logprobs else None,
         )
+
+    def _name_prompt(self, entries: list) -> list | None:
+        """Prompt logprobs [token id, logprob, tops] -> [logprob, tops, names], as
+        _name_tokens does for generated tokens; None if malformed."""
+        try:
+            ids = [e[0] for e in entries]
+            return self._name_tokens(ids, [[e[1], e[2]] for e in entries])
+        except (TypeError, IndexError, KeyError):
+            log.warning("dropping malformed prompt logprobs")
+            return None
 
     def _name_tokens(self, ids: list[int], lps: list) -> list:
         """Each per-token logprob entry [logprob, [[id, logprob], ...]] gets a third item:
@@ -258,4 +269,5 @@ def merge_outputs(a: TextOutput, b: TextOutput) -> TextOutput:
         logprobs,
         b.timings,
         b.stop_reason,
+        a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
     )

@@ -188,6 +188,7 @@ class EngineClient:
                     o.token_ids,
                     o.logprobs,
                     shown_timings(timings) if handle.return_timings else None,
+                    o.prompt_logprobs,
                 )
             )
 

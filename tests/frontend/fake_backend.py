@@ -250,6 +250,17 @@ class FakeBackend:
                     "arrival_time": a.req.arrival_time,
                     "first_scheduled_time": a.req.arrival_time + 0.002,
                 }
+            plp = None  # prompt token p: logprob -p, tops "t<k>" at -0.25 * (k + 1)
+            if a.num_out == 1 and params.get("prompt_logprobs") is not None:
+                k = params["prompt_logprobs"]
+                plp = [[None, [], ["p0"]]] + [
+                    [
+                        -float(p),
+                        [[200 + j, -0.25 * (j + 1)] for j in range(k)],
+                        [f"p{p}", *(f"t{j}" for j in range(k))],
+                    ]
+                    for p in range(1, a.prompt_len)
+                ]
             entries.append(
                 TextOutput(
                     rid,
@@ -260,6 +271,7 @@ class FakeBackend:
                     pack_ids([10 + a.num_out]),
                     lp,
                     timings,
+                    prompt_logprobs=plp,
                 )
             )
             if finish is not None:
