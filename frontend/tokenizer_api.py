@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from common.messages.base import INT32_MAX
 from frontend.engine_client import EngineClient
 from frontend.errors import invalid, unavailable
 from frontend.protocol import STRICT, ChatMessage, chat_messages, parse
@@ -88,6 +89,9 @@ def add_tokenizer_routes(
     async def detokenize(request: Request) -> JSONResponse:
         body = parse(DetokenizeBody, await read_body(request, max_bytes))
         serving.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t <= INT32_MAX]  # no vocabulary is larger
+        if bad:
+            raise invalid(f"tokens: token ids {bad[:4]} are outside the vocabulary", "tokens")
         return await call("detokenize", {"tokens": body.tokens})
 
     @api.get("/tokenizer_info")

@@ -61,6 +61,9 @@ OPERATIONS = [
     ("GET", "/health"),
     ("GET", "/metrics"),
     ("GET", "/stats"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("GET", "/tokenizer_info"),
 ]
 # negative (schema-violating) data exists only for the JSON bodies: a GET's path string
 # cannot violate {"type": "string"}

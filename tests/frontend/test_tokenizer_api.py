@@ -48,7 +48,9 @@ def test_detokenize_and_tokenizer_info(served, http):
         ("/tokenize", {"prompt": "a", "bogus": 1}, "bogus"),
         ("/detokenize", {"tokens": "12"}, "tokens"),
         ("/detokenize", {"tokens": [1.5]}, "tokens.0"),
-        ("/detokenize", {"tokens": [-1]}, "tokens"),  # the worker's 400
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": [1, 2**70]}, "tokens"),  # beyond any wire integer
+        ("/detokenize", {"tokens": [0x110000]}, "tokens"),  # the (fake) worker's 400
     ],
 )
 def test_bad_input_is_400(http, path, body, param):
