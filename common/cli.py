@@ -38,6 +38,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--max-n": (("server",), "max_n", int),
     "--max-tokens-limit": (("server",), "max_tokens_limit", int),
     "--max-stop-strings": (("server",), "max_stop_strings", int),
+    "--stream-interval": (("server",), "stream_interval", int),
     "--run-dir": (("ipc",), "run_dir", str),
     "--tokenize-workers": ((), "tokenize_workers", int),
 }

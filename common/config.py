@@ -166,6 +166,9 @@ class ServerConfig:
     listen_when_ready: bool = False
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
     ui: bool = True  # the web page at / (frontend/static/index.html); False: / is a 404
+    # the detokenizer sends a request's text every this many tokens (and its first token
+    # at once, and at the finish); 1: every token (vLLM's --stream-interval)
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         from common.sampling_params import MAX_STOP_STRINGS
@@ -176,7 +179,7 @@ class ServerConfig:
             raise ConfigError("api_key must not be empty (leave it unset to serve without one)")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
-        _at_least(self, 1, "max_queued_requests", "max_body_bytes", "max_n")
+        _at_least(self, 1, "max_queued_requests", "max_body_bytes", "max_n", "stream_interval")
         if self.max_tokens_limit is not None:
             _at_least(self, 1, "max_tokens_limit")
         if not 0 <= self.max_stop_strings <= MAX_STOP_STRINGS:

@@ -42,6 +42,10 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token
+    # vLLM's: top-N logprobs at every prompt position (the prompt's own token's too), sent
+    # with the first output; such a request skips the prefix cache (cached positions have
+    # no logits)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -146,14 +150,14 @@ class SamplingParams:
                 "stop_token_ids",
                 f"ids {bad[:4]} are outside the vocabulary (size {vocab_size})",
             )
-        if self.logprobs is not None:
-            check(
-                isinstance(self.logprobs, int)
-                and not isinstance(self.logprobs, bool)
-                and 0 <= self.logprobs <= MAX_LOGPROBS,
-                "logprobs",
-                f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}",
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None:
+                check(
+                    isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LOGPROBS,
+                    name,
+                    f"must be an integer in [0, {MAX_LOGPROBS}], got {v}",
+                )
         return self
 
     def to_dict(self) -> dict[str, Any]:

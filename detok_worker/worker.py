@@ -7,6 +7,12 @@
 A request's detokenizer settings arrive once, in the first StepOutputs naming it. A stop
 string hit finishes the request here at once (finish_reason "stop"); the tokens the
 scheduler produced before it learned of the abort are dropped.
+
+Stream interval (server.stream_interval = N, vLLM's --stream-interval): a request's first
+token goes out at once (TTFT is unchanged), then its text goes out once N more tokens
+have come since the last send, and always with the finish (a stop string hit included).
+What is held meanwhile (text, token ids, logprobs) is merged into the next send, so the
+frontend sees the same text and tokens in fewer, larger deltas.
 """
 
 from __future__ import annotations
@@ -62,6 +68,9 @@ class DetokWorker:
         self.requests: dict[str, RequestDetokenizer] = {}
         self.stopped: OrderedDict[str, None] = OrderedDict()
         self.detok_s: dict[str, float] = {}  # rid -> seconds spent detokenizing it so far
+        self.stream_interval = config.server.stream_interval
+        self.held: dict[str, TextOutput] = {}  # rid -> output not sent yet (stream interval)
+        self.sent_at: dict[str, int] = {}  # rid -> its num_output_tokens when last sent
         self.running = True
         self.drain_deadline = 0.0
         self.quiet_since = 0.0  # when the last step arrived (or the stop signal, if later)
@@ -78,7 +87,26 @@ class DetokWorker:
                 self.tokenizer, stop, skip_special, include_stop
             )
         texts = (self._detokenize(o) for o in outputs)
+        if self.stream_interval > 1:
+            texts = (self._coalesce(t) for t in texts if t is not None)
         return pack_text_outputs([t for t in texts if t is not None])
+
+    def _coalesce(self, out: TextOutput) -> TextOutput | None:
+        """Stream interval: out merged with what was held for its request, or None while
+        it is held (first token: sent; then every stream_interval tokens; the finish)."""
+        rid = out.rid
+        prev = self.held.pop(rid, None)
+        if prev is not None:
+            out = merge_outputs(prev, out)
+        last = self.sent_at.get(rid)
+        if out.finish_reason is not None:
+            self.sent_at.pop(rid, None)
+            return out
+        if last is not None and out.num_output_tokens - last < self.stream_interval:
+            self.held[rid] = out
+            return None
+        self.sent_at[rid] = out.num_output_tokens
+        return out
 
     def _detokenize(self, o: StepOutput) -> TextOutput | None:
         """One request's text delta, or None when its step entry is dropped."""
@@ -133,7 +161,18 @@ class DetokWorker:
             lps,
             timing,
             det.stop_str if det.stop_str is not None else stop_token,
+            self._name_prompt(o.prompt_logprobs) if o.prompt_logprobs else None,
         )
+
+    def _name_prompt(self, entries: list) -> list | None:
+        """Prompt logprobs [token id, logprob, tops] -> [logprob, tops, names], as
+        _name_tokens does for generated tokens; None if malformed."""
+        try:
+            ids = [e[0] for e in entries]
+            return self._name_tokens(ids, [[e[1], e[2]] for e in entries])
+        except (TypeError, IndexError, KeyError):
+            log.warning("dropping malformed prompt logprobs")
+            return None
 
     def _name_tokens(self, ids: list[int], lps: list) -> list:
         """Each per-token logprob entry [logprob, [[id, logprob], ...]] gets a third item:
@@ -212,3 +251,23 @@ def run(config: Config) -> None:
     signal.signal(signal.SIGINT, worker.stop)
     log.info("detok ready (pid %d)", os.getpid())
     worker.run()
+
+
+def merge_outputs(a: TextOutput, b: TextOutput) -> TextOutput:
+    """One request's two consecutive outputs as one: texts, token ids and logprobs
+    concatenated; the counts, timings and stop reason of the later."""
+    logprobs: list | None = None
+    if a.logprobs is not None or b.logprobs is not None:
+        logprobs = (a.logprobs or []) + (b.logprobs or [])
+    return TextOutput(
+        b.rid,
+        a.text + b.text,
+        b.finish_reason,
+        b.num_prompt_tokens,
+        b.num_output_tokens,
+        a.token_ids + b.token_ids,  # pack_ids: int32 each, so bytes concatenate
+        logprobs,
+        b.timings,
+        b.stop_reason,
+        a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
+    )

@@ -3,11 +3,12 @@
     POST /v1/completions, /v1/chat/completions   OpenAI schema; SSE when `stream`
     POST /generate                               {"prompt", "max_new_tokens", "stream", ...}
     GET  /v1/models, /v1/models/{model}           the one served model
+    POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's, by the tokenizer pool
     GET  /health                                 200 when every component is alive, else 503
     GET  /metrics                                Prometheus text (zeroserve:* names)
     GET  /, /stats                               the web page and its live figures (frontend.ui)
 
-Authentication: with `server.api_key` set, /v1/* and /generate need
+Authentication: with `server.api_key` set, /v1/*, /generate and the tokenizer routes need
 `Authorization: Bearer <key>` (compared in constant time) and answer 401 otherwise;
 /health, /metrics and /stats stay open so probes and scrapers need no secret.
 Errors are OpenAI JSON (see frontend.errors); client mistakes are 400, never 422.
@@ -35,6 +36,7 @@ from frontend.health import StartupStopped
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.serving import Serving
+from frontend.tokenizer_api import add_tokenizer_routes
 from frontend.ui import ui_router
 
 log = get_logger("frontend.app")
@@ -161,6 +163,7 @@ def create_app(config: Config) -> FastAPI:
         serving.check_model(model)
         return JSONResponse(model_card())
 
+    add_tokenizer_routes(api, serving, client, body_schema)
     app.include_router(api)
 
     def openapi() -> dict:  # FastAPI's schema plus the models the bodies refer to

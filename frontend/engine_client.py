@@ -4,7 +4,8 @@
  route handler ──submit()──▶ PUSH bind "tokenizer"  ──▶ tokenizer_worker × N
  release() / interrupts ───▶ PUSH connect "scheduler" (AbortRequest)
  inbox thread ◀── PULL bind "frontend" ◀── TextOutputs (detok), RequestError (any worker),
-      │                                    EngineStatus, ComponentStatus, TokenizeAck
+      │                                    EngineStatus, ComponentStatus, TokenizeAck,
+      │                                    TokenizerReply (frontend.tokenizer_calls)
       └─ call_soon_threadsafe(dispatch, batch) ─▶ event loop ─▶ RequestHandle.queue
                                                               └▶ HealthMonitor (statuses)
 ```
@@ -37,7 +38,9 @@ from common.messages import (
     RequestError,
     TextOutputs,
     TokenizeAck,
+    TokenizerCall,
     TokenizeRequest,
+    TokenizerReply,
     WireError,
     unpack_text_outputs,
 )
@@ -46,6 +49,7 @@ from frontend.errors import APIError, invalid, renamed, unavailable
 from frontend.health import HealthMonitor
 from frontend.metrics import Metrics, shown_timings
 from frontend.request_handle import Delta, Receive, RequestHandle
+from frontend.tokenizer_calls import TokenizerCalls
 
 log = get_logger("frontend.engine_client")
 
@@ -70,6 +74,10 @@ class EngineClient:
         self._to_scheduler: PushQueue | None = None
         self._inbox: PullQueue | None = None
         metrics.in_flight.set_function(lambda: len(self.routes))
+        # /tokenize, /detokenize, /tokenizer_info: answered by a tokenizer worker
+        self.tokenizer_calls = TokenizerCalls(
+            self._send_to_tokenizer, config.server.request_timeout_s
+        )
 
     # -- lifecycle (on the event loop) --------------------------------------------------
     def start(self) -> None:
@@ -135,6 +143,8 @@ class EngineClient:
                     self.health.on_component(msg, now)
                 elif isinstance(msg, TokenizeAck):
                     self.health.handoffs.on_ack(msg)
+                elif isinstance(msg, TokenizerReply):
+                    self.tokenizer_calls.on_reply(msg)
                 else:
                     log.warning("dropping unexpected %s on the inbox", type(msg).__name__)
             except Exception:  # a malformed message must never kill the dispatcher
@@ -178,6 +188,7 @@ class EngineClient:
                     o.token_ids,
                     o.logprobs,
                     shown_timings(timings) if handle.return_timings else None,
+                    o.prompt_logprobs,
                 )
             )
 
@@ -232,7 +243,7 @@ class EngineClient:
         handle.watch(self._interrupt, receive)
         return handle
 
-    async def _send_to_tokenizer(self, req: TokenizeRequest) -> None:
+    async def _send_to_tokenizer(self, req: TokenizeRequest | TokenizerCall) -> None:
         """Non-blocking send; while no tokenizer takes it (none connected yet: a worker's
         status can arrive before its PULL connects; or the queue is full) retry briefly."""
         assert self._to_tokenizer is not None

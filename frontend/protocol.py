@@ -38,7 +38,8 @@ class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool | None = False
     include_obfuscation: bool | None = None  # OpenAI's; nothing to obfuscate here
-    continuous_usage_stats: bool | None = None  # vLLM's; accepted, usage comes at the end
+    # vLLM's: with include_usage, every chunk carries its choice's usage so far
+    continuous_usage_stats: bool | None = None
 
 
 class _Sampling(BaseModel):
@@ -77,6 +78,12 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's stream_options.continuous_usage_stats, which needs include_usage."""
+        opts = self.stream_options
+        return bool(opts and opts.include_usage and opts.continuous_usage_stats)
 
 
 class CompletionRequest(_Sampling):
@@ -145,7 +152,6 @@ def check_unsupported(req: _Sampling) -> None:
     for nothing (an empty logit_bias, no tools, a text response format, ...)."""
     off: dict[str, Any] = {  # field -> predicate "this value changes nothing"
         "logit_bias": lambda v: not v,
-        "echo": lambda v: not v,
         "suffix": lambda v: not v,
         "best_of": lambda v: v in (1, req.n),
         "response_format": lambda v: v.get("type") == "text",
@@ -163,6 +169,8 @@ def check_unsupported(req: _Sampling) -> None:
         value = getattr(req, name, None)
         if value is not None and not harmless(value):
             raise invalid(f"{name}: not supported by this server", name)
+    if req.stream_options is not None and not req.stream:  # OpenAI's and vLLM's rule
+        raise invalid("stream_options: only allowed when stream is true", "stream_options")
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -195,32 +203,46 @@ def _param(loc: tuple) -> str | None:
 _TYPE_NAMES = {"str", "int", "float", "bool"}
 
 
-def completion_prompt(req: CompletionRequest) -> tuple[str | None, bytes | None]:
-    """(text prompt, packed token ids): exactly one is set. Several prompts are refused."""
+# (text prompt, packed token ids, the ids): the text, or the ids packed and as a list
+Prompt = tuple[str | None, bytes | None, list[int] | None]
+
+
+def completion_prompts(req: CompletionRequest) -> list[Prompt]:
+    """The prompts of a completion request, as vLLM reads `prompt`: a string, a list of
+    token ids, a list of strings or a list of token-id lists (a batch: its choices are
+    indexed prompt by prompt, n each). The total, prompts × n, is bounded in
+    sampling_params."""
     p = req.prompt
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]  # a batch of one
     if isinstance(p, str):
-        return p, None
-    if not p or not all(isinstance(t, int) for t in p):
-        msg = (
-            "prompt must not be empty"
-            if not p
-            else ("batched prompts are not supported; send one prompt per request")
-        )
-        raise invalid(msg, "prompt")
+        return [(p, None, None)]
+    if not p:
+        raise invalid("prompt must not be empty", "prompt")
+    if all(isinstance(t, int) for t in p):
+        return [_ids_prompt(cast(list[int], p), "prompt")]
+    out: list[Prompt] = []
+    for i, one in enumerate(p):
+        if isinstance(one, str):
+            out.append((one, None, None))
+        else:
+            out.append(_ids_prompt(cast(list[int], one), f"prompt.{i}"))
+    return out
+
+
+def _ids_prompt(ids: list[int], param: str) -> Prompt:
+    if not ids:
+        raise invalid(f"{param} must not be empty", param)
     try:
-        return None, pack_ids(cast(list[int], p))  # all ints, checked above
+        return None, pack_ids(ids), ids
     except WireError as e:
-        raise invalid(f"prompt: {e}", "prompt") from None
+        raise invalid(f"{param}: {e}", param) from None
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """[{"role", "content"[, "name"]}] with text parts joined; other parts are refused."""
-    if not req.messages:
+    if not messages:
         raise invalid("messages must not be empty", "messages")
     out = []
-    for i, m in enumerate(req.messages):
+    for i, m in enumerate(messages):
         if m.tool_calls or m.function_call:  # tools are refused, so are their traces
             raise invalid(
                 "tool and function calls are not supported by this server",
@@ -257,8 +279,12 @@ def sampling_params(
     logprobs: int | None,
     server: ServerConfig,
     aliases: dict[str, str] | None = None,
+    prompt_logprobs: int | None = None,
+    num_prompts: int = 1,
 ) -> list[dict[str, Any]]:
     """One validated SamplingParams dict per choice (n); seeds seed+i when a seed is given.
+    A batch of num_prompts prompts has num_prompts × n choices, within the server's
+    max_queued_requests (each prompt gets these n dicts).
     max_tokens None (the client set none) stays None in the dicts, for the tokenizer to
     resolve from `cap` (default_max_tokens: the endpoint's default capped by the server's
     limit; None: no cap) and the prompt length.
@@ -269,11 +295,12 @@ def sampling_params(
     n = 1 if req.n is None else req.n
     if not 1 <= n <= server.max_n:
         raise invalid(f"n: must be in [1, {server.max_n}] (the server's max_n limit), got {n}", "n")
-    if n > server.max_queued_requests:
+    if n * num_prompts > server.max_queued_requests:
+        what = f"{num_prompts} prompts × n = {n}" if num_prompts > 1 else f"n: {n}"
         raise invalid(
-            f"n: {n} choices exceed the server's max_queued_requests limit "
+            f"{what} choices exceed the server's max_queued_requests limit "
             f"({server.max_queued_requests})",
-            "n",
+            "prompt" if num_prompts > 1 else "n",
         )
     limit = server.max_tokens_limit
     if limit is not None and max_tokens is not None and max_tokens > limit:
@@ -288,7 +315,11 @@ def sampling_params(
             f"max_stop_strings limit), got {len(stop)}",
             "stop",
         )
-    fields: dict[str, Any] = {"max_tokens": max_tokens_for(max_tokens, cap), "logprobs": logprobs}
+    fields: dict[str, Any] = {
+        "max_tokens": max_tokens_for(max_tokens, cap),
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
+    }
     for name in (
         "temperature",
         "top_p",

@@ -38,6 +38,9 @@ class Delta:
     token_ids: bytes  # pack_ids of this step's tokens
     logprobs: list | None  # per new token: [logprob, [[token_id, logprob], ...]]
     timings: dict[str, Any] | None
+    # with the first output of a request that asked (echo + logprobs): per prompt token
+    # [logprob (None for the first), [[token_id, logprob], ...], [token str, top strs...]]
+    prompt_logprobs: list | None = None
 
 
 class ClientDisconnected(Exception):

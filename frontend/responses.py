@@ -11,6 +11,7 @@ convention. Completions' `text_offset` is the offset of the step's text.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -73,11 +74,54 @@ def token_logprobs(d: Delta) -> list[TokenLogprob]:
         return []
 
 
+def prompt_token_logprobs(d: Delta) -> list[TokenLogprob | None]:
+    """The prompt logprobs a first output carries (SamplingParams.prompt_logprobs), per
+    prompt token; the first token's entry is None (it has no logprob)."""
+    entries = d.prompt_logprobs
+    if not entries:
+        return []
+    try:
+        out: list[TokenLogprob | None] = []
+        for entry in entries:
+            if entry[0] is None:
+                out.append(None)
+                continue
+            tops = entry[1]
+            names = entry[2] if len(entry) > 2 else None
+            if not (
+                isinstance(names, list)
+                and len(names) == len(tops) + 1
+                and all(isinstance(n, str) for n in names)
+            ):
+                names = ["", *(token_name(int(t)) for t, _ in tops)]
+            out.append(
+                (names[0], float(entry[0]), [(n, float(v)) for n, (_, v) in zip(names[1:], tops)])
+            )
+        return out
+    except (TypeError, ValueError, IndexError) as e:
+        log.warning("ignoring malformed prompt logprobs: %s", e)
+        return []
+
+
+def prompt_token_names(d: Delta) -> list[str]:
+    """The prompt tokens' strings (the detok's), for echo's `tokens`."""
+    try:
+        return [
+            e[2][0] if len(e) > 2 and isinstance(e[2][0], str) else ""
+            for e in d.prompt_logprobs or []
+        ]
+    except (TypeError, IndexError):
+        return []
+
+
 class Choice:
     """One sub-request's outputs so far."""
 
     __slots__ = (
         "index",
+        "prompt_index",
+        "prompt_logprobs",
+        "prompt_tokens",
         "texts",
         "text_len",
         "finish_reason",
@@ -89,8 +133,11 @@ class Choice:
         "timings",
     )
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, prompt_index: int = 0) -> None:
         self.index = index
+        self.prompt_index = prompt_index  # a batch of prompts: which one it answers
+        self.prompt_logprobs: list[TokenLogprob | None] = []  # echo with logprobs
+        self.prompt_tokens: list[str] = []
         self.texts: list[str] = []
         self.text_len = 0
         self.finish_reason: str | None = None
@@ -113,6 +160,9 @@ class Choice:
         if d.timings is not None:
             self.timings = d.timings
         lps = token_logprobs(d)
+        if d.prompt_logprobs:
+            self.prompt_logprobs = prompt_token_logprobs(d)
+            self.prompt_tokens = prompt_token_names(d)
         if keep:
             self.texts.append(d.text)
             self.logprobs.extend(lps)
@@ -124,14 +174,19 @@ class Choice:
         return "".join(self.texts)
 
 
-def usage(choices: list[Choice]) -> dict[str, Any]:
-    prompt = max((c.num_prompt_tokens for c in choices), default=0)  # one prompt, n choices
-    completion = sum(c.num_output_tokens for c in choices)
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
     }
+
+
+def usage(choices: list[Choice]) -> dict[str, Any]:
+    prompts: dict[int, int] = {}  # each prompt counts once, however many choices it has
+    for c in choices:
+        prompts[c.prompt_index] = max(prompts.get(c.prompt_index, 0), c.num_prompt_tokens)
+    out = usage_of(sum(prompts.values()), sum(c.num_output_tokens for c in choices))
     timings = [c.timings for c in choices]
     if any(t is not None for t in timings):  # extension, only with return_timings
         out["timings"] = timings[0] if len(timings) == 1 else timings
@@ -146,10 +201,19 @@ class ResponseFormat:
     response_object = ""
 
     def __init__(
-        self, id: str, model: str, created: int, logprobs: bool, include_usage: bool = False
+        self,
+        id: str,
+        model: str,
+        created: int,
+        logprobs: bool,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
     ) -> None:
         self.id, self.model, self.created, self.want_logprobs = id, model, created, logprobs
         self.include_usage = include_usage  # stream_options.include_usage
+        # stream_options.continuous_usage_stats (vLLM's): every chunk's usage is its
+        # choice's so far, instead of null until the last chunk
+        self.continuous_usage = continuous_usage and include_usage
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         out = {
@@ -163,8 +227,20 @@ class ResponseFormat:
             out["usage"] = None  # as OpenAI: every chunk has it, null until the last one
         return out
 
-    def stream_start(self, n: int) -> list[str]:
-        return [sse(c) for c in self.start_chunks(n)]
+    def prompt_index(self, index: int) -> int:
+        """Which prompt choice `index` answers (a batch of prompts: n choices each)."""
+        return 0
+
+    def filter(self, d: Delta) -> Delta:
+        """An output as the response shows it (CompletionFormat: echo without generating)."""
+        return d
+
+    def stream_start(self, n: int, num_prompt_tokens: int = 0) -> list[str]:
+        chunks = self.start_chunks(n)
+        if self.continuous_usage:
+            for c in chunks:
+                c["usage"] = usage_of(num_prompt_tokens, 0)
+        return [sse(c) for c in chunks]
 
     def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:
         if d.text or d.finish_reason is not None or lps:
@@ -196,7 +272,10 @@ class ResponseFormat:
         entry["stop_reason"] = d.stop_reason
         if d.timings is not None and d.finish_reason is not None:
             entry["timings"] = d.timings
-        return self._envelope(self.chunk_object, [entry])
+        out = self._envelope(self.chunk_object, [entry])
+        if self.continuous_usage:
+            out["usage"] = usage_of(d.num_prompt_tokens, d.num_output_tokens)
+        return out
 
     def _choice(self, c: Choice) -> dict[str, Any]:
         raise NotImplementedError
@@ -209,29 +288,103 @@ class ResponseFormat:
 
 
 class CompletionFormat(ResponseFormat):
+    """OpenAI's (and vLLM's) completions. `echo`: each prompt's text, put before its
+    choices' text, with (given logprobs) the prompt tokens' logprobs before the generated
+    ones, the first null; `echo_only` (max_tokens 0): the generated token is dropped."""
+
     chunk_object = response_object = "text_completion"
 
-    def _logprobs(self, lps: list[TokenLogprob], offsets: list[int]) -> dict[str, Any] | None:
+    def __init__(
+        self,
+        *args: Any,
+        echo: list[str] | None = None,
+        echo_only: bool = False,
+        n: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.echo, self.echo_only, self.n = echo, echo_only, n
+        self._echoed: set[int] = set()  # streamed choices whose prompt went out already
+
+    def prompt_index(self, index: int) -> int:
+        return index // self.n
+
+    def filter(self, d: Delta) -> Delta:
+        if not self.echo_only:
+            return d
+        return dataclasses.replace(d, text="", num_output_tokens=0, token_ids=b"", logprobs=None)
+
+    def _echo(self, c: Choice) -> tuple[str, list[TokenLogprob | None], list[int]]:
+        """(prompt text, prompt logprobs, their text offsets) for choice c."""
+        if self.echo is None:
+            return "", [], []
+        offsets, at = [], 0
+        for name in c.prompt_tokens:
+            offsets.append(at)
+            at += len(name)
+        return self.echo[c.prompt_index], c.prompt_logprobs, offsets
+
+    def _logprobs(
+        self,
+        lps: list[TokenLogprob],
+        offsets: list[int],
+        prompt: list[TokenLogprob | None] | None = None,
+        prompt_tokens: list[str] | None = None,
+        prompt_offsets: list[int] | None = None,
+    ) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
+        prompt = prompt or []
+        names = prompt_tokens or [""] * len(prompt)
         return {
-            "tokens": [t for t, _, _ in lps],
-            "token_logprobs": [lp for _, lp, _ in lps],
-            "top_logprobs": [dict(top) for _, _, top in lps],
-            "text_offset": offsets,
+            "tokens": [e[0] if e else t for e, t in zip(prompt, names)] + [t for t, _, _ in lps],
+            "token_logprobs": [e[1] if e else None for e in prompt] + [lp for _, lp, _ in lps],
+            "top_logprobs": [dict(e[2]) if e else None for e in prompt]
+            + [dict(top) for _, _, top in lps],
+            "text_offset": (prompt_offsets or [0] * len(prompt)) + offsets,
         }
+
+    def chunk(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> dict[str, Any]:
+        out = super().chunk(d, offset, lps)
+        if self.echo is not None and d.index not in self._echoed:  # its first chunk
+            self._echoed.add(d.index)
+            c = Choice(d.index, self.prompt_index(d.index))
+            c.add(d, keep=False)
+            text, plps, poffsets = self._echo(c)
+            entry = out["choices"][0]
+            entry["text"] = text + entry["text"]
+            if self.want_logprobs:
+                shifted = [o + len(text) for o in [offset] * len(lps)]
+                entry["logprobs"] = self._logprobs(lps, shifted, plps, c.prompt_tokens, poffsets)
+        elif self.echo is not None and entry_logprobs(out) is not None:
+            shift = len(self.echo[self.prompt_index(d.index)])
+            out["choices"][0]["logprobs"]["text_offset"] = [
+                o + shift for o in out["choices"][0]["logprobs"]["text_offset"]
+            ]
+        return out
+
+    def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:
+        if self.echo is not None and d.index not in self._echoed:
+            return sse(self.chunk(d, offset, lps))  # the prompt's text, even with no new text
+        return super().stream_delta(d, offset, lps)
 
     def _chunk_choice(self, d: Delta, logprobs: dict[str, Any] | None) -> dict[str, Any]:
         return {"index": d.index, "text": d.text, "logprobs": logprobs}
 
     def _choice(self, c: Choice) -> dict[str, Any]:
+        text, plps, poffsets = self._echo(c)
+        offsets = [o + len(text) for o in c.offsets]
         return {
             "index": c.index,
-            "text": c.text,
-            "logprobs": self._logprobs(c.logprobs, c.offsets),
+            "text": text + c.text,
+            "logprobs": self._logprobs(c.logprobs, offsets, plps, c.prompt_tokens, poffsets),
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
         }
+
+
+def entry_logprobs(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    return chunk["choices"][0].get("logprobs")
 
 
 class ChatFormat(ResponseFormat):
@@ -291,11 +444,17 @@ class GenerateFormat:
 
     media_type = "text/plain; charset=utf-8"
 
+    def prompt_index(self, index: int) -> int:
+        return 0
+
+    def filter(self, d: Delta) -> Delta:
+        return d
+
     def response(self, choices: list[Choice]) -> dict[str, Any]:
         c = choices[0]  # /generate has n = 1
         return {"text": c.text, "finish_reason": c.finish_reason, "usage": usage([c])}
 
-    def stream_start(self, n: int) -> list[str]:
+    def stream_start(self, n: int, num_prompt_tokens: int = 0) -> list[str]:
         return []
 
     def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:

@@ -43,10 +43,11 @@ from frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    Prompt,
     chat_logprobs,
     chat_max_tokens,
     chat_messages,
-    completion_prompt,
+    completion_prompts,
     default_max_tokens,
     param_aliases,
     parse,
@@ -162,51 +163,86 @@ class Serving:
         prompt: str | None = None,
         prompt_token_ids: bytes | None = None,
         messages: list | None = None,
+        prompts: list[Prompt] | None = None,
     ) -> list[TokenizeRequest]:
         """One TokenizeRequest per choice, the only place they are built; sub-request ids
-        `<rid>-<i>`, signed for the scheduler (common.auth)."""
+        `<rid>-<i>`, signed for the scheduler (common.auth). With `prompts` (a batch), the
+        choices are prompt by prompt, len(params) each."""
+        if prompts is None:
+            prompts = [(prompt, prompt_token_ids, None)]
         return [
             TokenizeRequest(
-                rid=sign_rid(self.config.ipc.secret, f"{rid}-{i}"),
+                rid=sign_rid(self.config.ipc.secret, f"{rid}-{j * len(params) + i}"),
                 kind=kind,
-                prompt=prompt,
-                prompt_token_ids=prompt_token_ids,
+                prompt=text,
+                prompt_token_ids=packed,
                 messages=messages,
                 params=p,
                 arrival_time=wall,
                 origin=self.pid,
                 max_tokens_default=max_tokens_default,
             )
+            for j, (text, packed, _) in enumerate(prompts)
             for i, p in enumerate(params)
         ]
 
     # -- endpoints --------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, CompletionRequest)
-        prompt, prompt_ids = completion_prompt(req)
+        prompts = completion_prompts(req)
         default = self._default_max_tokens(DEFAULT_MAX_TOKENS_COMPLETION)
-        params = sampling_params(req, req.max_tokens, default, req.logprobs, self.config.server)
+        # echo with max_tokens 0 scores the prompt without generating: as vLLM, one token
+        # is generated (the prefill samples it anyway) and dropped (CompletionFormat.echo_only)
+        echo_only = bool(req.echo) and req.max_tokens == 0
+        params = sampling_params(
+            req,
+            1 if echo_only else req.max_tokens,
+            default,
+            req.logprobs,
+            self.config.server,
+            prompt_logprobs=req.logprobs if req.echo else None,
+            num_prompts=len(prompts),
+        )
         rid = f"cmpl-{uuid.uuid4().hex}"
         reqs = self._tokenize_requests(
-            rid,
-            params,
-            req,
-            wall,
-            default,
-            kind="completion",
-            prompt=prompt,
-            prompt_token_ids=prompt_ids,
+            rid, params, req, wall, default, kind="completion", prompts=prompts
         )
+        echo = await self._echo_texts(prompts) if req.echo else None
         fmt = CompletionFormat(
-            rid, self.model_name, int(wall), req.logprobs is not None, req.include_usage
+            rid,
+            self.model_name,
+            int(wall),
+            req.logprobs is not None,
+            req.include_usage,
+            req.continuous_usage,
+            echo=echo,
+            echo_only=echo_only,
+            n=len(params),
         )
         return await self._serve(
             request, reqs, arrival, fmt, bool(req.stream), return_timings=bool(req.return_timings)
         )
 
+    async def _echo_texts(self, prompts: list[Prompt]) -> list[str]:
+        """Each prompt's text, for echo: token-id prompts decoded by the tokenizer pool
+        (as vLLM: special tokens kept)."""
+        out: list[str] = []
+        for text, _, ids in prompts:
+            if text is None:
+                try:
+                    answer = await self.client.tokenizer_calls.call("detokenize", {"tokens": ids})
+                except APIError as e:
+                    if e.param == "tokens":  # ids outside the vocabulary
+                        e.param, e.message = "prompt", e.message.replace("tokens", "prompt")
+                    raise
+                decoded = answer.get("prompt")
+                text = decoded if isinstance(decoded, str) else ""
+            out.append(text)
+        return out
+
     async def chat(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, ChatCompletionRequest)
-        messages = chat_messages(req)
+        messages = chat_messages(req.messages)
         logprobs = chat_logprobs(req)
         aliases = param_aliases(req)
         default = self._default_max_tokens(None)
@@ -217,7 +253,14 @@ class Serving:
         reqs = self._tokenize_requests(
             rid, params, req, wall, default, kind="chat", messages=messages
         )
-        fmt = ChatFormat(rid, self.model_name, int(wall), logprobs is not None, req.include_usage)
+        fmt = ChatFormat(
+            rid,
+            self.model_name,
+            int(wall),
+            logprobs is not None,
+            req.include_usage,
+            req.continuous_usage,
+        )
         return await self._serve(
             request, reqs, arrival, fmt, bool(req.stream), aliases, bool(req.return_timings)
         )
@@ -266,15 +309,15 @@ class Serving:
         """Submit, then one JSON response once every choice finished, or a stream that
         starts (headers sent) with the first output."""
         handle = await self.client.submit(reqs, arrival, request.receive, aliases, return_timings)
-        choices = [Choice(i) for i in range(handle.n)]
+        choices = [Choice(i, fmt.prompt_index(i)) for i in range(handle.n)]
         handed_over = False
         try:
             if not stream:
                 while not handle.done:
-                    d = await handle.next()
+                    d = fmt.filter(await handle.next())
                     choices[d.index].add(d, keep=True)
                 return JSONResponse(fmt.response(choices))
-            first = await handle.next()
+            first = fmt.filter(await handle.next())
             response = ReleasingStreamingResponse(
                 self._stream(handle, fmt, choices, first),
                 partial(self.client.release, handle, "client_disconnect"),
@@ -297,7 +340,7 @@ class Serving:
         first: Delta,
     ) -> AsyncIterator[str]:
         """The stream's parts; outputs already queued are written together in one chunk."""
-        parts = fmt.stream_start(handle.n)
+        parts = fmt.stream_start(handle.n, first.num_prompt_tokens)
         d = first
         try:
             while True:
@@ -309,7 +352,7 @@ class Serving:
                 if parts and not handle.ready():
                     yield "".join(parts)
                     parts.clear()
-                d = await handle.next()
+                d = fmt.filter(await handle.next())
         except ClientDisconnected:
             return
         except APIError as e:

@@ -25,7 +25,13 @@ from common.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.request import Request, RequestStatus
-from scheduler_worker.sampling import Sampler, SamplingRow, TokenLogprobs, make_generator
+from scheduler_worker.sampling import (
+    Sampler,
+    SamplingRow,
+    TokenLogprobs,
+    make_generator,
+    prompt_logprob_entries,
+)
 from scheduler_worker.scheduler import Scheduler
 
 log = get_logger("engine")
@@ -43,6 +49,8 @@ class RequestOutput:
     stop_token_id: int | None = None  # finished by this entry of stop_token_ids (its last token)
     # on the finishing output only: monotonic stage times and counts (see Request)
     stage_times: dict[str, float | None] | None = None  # None: a stage it never reached
+    # params.prompt_logprobs, with the first token only: Request.prompt_logprobs
+    prompt_logprobs: list[list | None] | None = None
 
 
 @dataclass
@@ -175,10 +183,15 @@ class LLMEngine:
                 req.num_computed_tokens,
                 req.block_table,
                 sample,
+                _prompt_logits(req, n),
             )
             for (req, n), sample in zip(entries, sampling)
         ]
-        logits = self.runner.execute(inputs)
+        if any(s.prompt_logits for s in inputs):
+            logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
+            self._keep_prompt_logprobs(entries, prompt_logits)
+        else:
+            logits = self.runner.execute(inputs)
         t2 = time.perf_counter()
         rows = [
             SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
@@ -194,7 +207,13 @@ class LLMEngine:
             if req.status.finished:
                 del self.requests[req.request_id]
             token, lp = result.token_ids[i], result.logprobs[i]
-            outputs.append(self._output(req, [token], [lp] if lp is not None else None))
+            out = self._output(req, [token], [lp] if lp is not None else None)
+            if req.wants_prompt_logprobs:  # its prompt is done: they go with this token
+                first: list = [req.prompt_token_ids[0], None, []]  # a 1-token prompt: this
+                out.prompt_logprobs = req.prompt_logprobs or [first]
+                req.prompt_logprobs = None
+                req.prompt_logprobs_sent = True
+            outputs.append(out)
         self.counters.num_steps += 1
         self.counters.generation_tokens += len(sampled)
         stats.forward, stats.sample = t2 - t1, t3 - t2
@@ -202,6 +221,22 @@ class LLMEngine:
             self.counters.busy_time[key] += getattr(stats, key)
         self.last_step = stats
         return outputs
+
+    def _keep_prompt_logprobs(
+        self, entries: list[tuple[Request, int]], prompt_logits: list
+    ) -> None:
+        """Each chunk's prompt logprobs into its request (positions start + 1 ...)."""
+        for (req, _), rows in zip(entries, prompt_logits):
+            if rows is None:
+                continue
+            if req.prompt_logprobs is None:  # position 0 has no logprob (OpenAI's null)
+                req.prompt_logprobs = [None] * req.num_prompt_tokens
+                req.prompt_logprobs[0] = [req.prompt_token_ids[0], None, []]
+            start = req.num_computed_tokens + 1
+            targets = req.prompt_token_ids[start : start + len(rows)]
+            k = req.params.prompt_logprobs or 0
+            got = prompt_logprob_entries(rows[:, : self.vocab_size], targets, k)
+            req.prompt_logprobs[start : start + len(got)] = got
 
     def _output(self, req: Request, tokens: list[int], logprobs=None) -> RequestOutput:
         reason = req.status.value if req.status.finished else None
@@ -245,6 +280,16 @@ class LLMEngine:
                 if out.request_id in results:
                     results[out.request_id].extend(out.new_token_ids)
         return [results[f"{base}{i}"] for i in range(len(prompts))]
+
+
+def _prompt_logits(req: Request, n: int) -> int:
+    """How many of the chunk's n tokens need logits for prompt logprobs: those before
+    the prompt's last token (each scores the next prompt token)."""
+    if not req.wants_prompt_logprobs:
+        return 0
+    return max(
+        0, min(req.num_computed_tokens + n, req.num_prompt_tokens - 1) - req.num_computed_tokens
+    )
 
 
 def _eos_ids(hf: dict, model_dir: Path) -> list[int]:

@@ -109,6 +109,8 @@ class SeqInput:
     num_computed: int  # tokens of this sequence already in the KV cache
     block_table: list[int]  # must cover num_computed + len(token_ids) tokens
     sample: bool = True  # compute logits for the last token (False: a mid-prompt chunk)
+    # logits of this many leading tokens as well (prompt logprobs; execute_with_prompt_logits)
+    prompt_logits: int = 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -265,7 +267,7 @@ class ModelRunner:
         if self.decode_inputs is not None and all(len(s.token_ids) == 1 for s in seqs):
             return self._prepare_decode(self.decode_inputs, seqs)
         bs = self.block_size
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)
+        order = _order(seqs)
         num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)
         input_ids: list[int] = []
         positions: list[int] = []
@@ -356,3 +358,28 @@ class ModelRunner:
         self.step_rows.set_step(meta.num_decode)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         return self.model.compute_logits(hidden[meta.logits_indices]).float()
+
+    @torch.inference_mode()
+    def execute_with_prompt_logits(
+        self, seqs: list[SeqInput]
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """execute(), plus per sequence the float32 logits [prompt_logits, vocab] of its
+        first `prompt_logits` tokens (None where 0): position p's row scores token p + 1.
+        A step whose requests ask for no prompt logprobs takes execute() instead."""
+        input_ids, positions, meta = self.prepare(seqs)
+        self.step_rows.set_step(meta.num_decode)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        logits = self.model.compute_logits(hidden[meta.logits_indices]).float()
+        extra: list[torch.Tensor | None] = [None] * len(seqs)
+        offset = 0
+        for i in _order(seqs):
+            k = seqs[i].prompt_logits
+            if k > 0:
+                extra[i] = self.model.compute_logits(hidden[offset : offset + k]).float()
+            offset += len(seqs[i].token_ids)
+        return logits, extra
+
+
+def _order(seqs: list[SeqInput]) -> list[int]:
+    """The order of the sequences' tokens in a step: decodes (one token) first."""
+    return sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)

@@ -52,6 +52,10 @@ class Request:
     # stale queue entries are recognised and dropped lazily instead of searched for
     queue_epoch: int = 0
     stop_token_id: int | None = None  # the stop_token_ids entry that finished it
+    # params.prompt_logprobs: per prompt position, [token id, logprob, [[id, logprob], ...]]
+    # (position 0: logprob None), filled chunk by chunk, sent with the first output
+    prompt_logprobs: list[list | None] | None = None
+    prompt_logprobs_sent: bool = False
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -66,6 +70,11 @@ class Request:
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)
         self.output_token_ids.append(token)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Its prompt logprobs are still to be computed: no prefix cache for it, then."""
+        return self.params.prompt_logprobs is not None and not self.prompt_logprobs_sent
 
     @property
     def num_tokens(self) -> int:

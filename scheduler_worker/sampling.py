@@ -250,3 +250,23 @@ class Sampler:
             k = params[i].logprobs or 0
             out[i] = TokenLogprobs(tok, sampled_lp[j], top_ids[j][:k], top_lp[j][:k])
         return out
+
+
+def prompt_logprob_entries(
+    logits: torch.Tensor, targets: Sequence[int], num_top: int
+) -> list[list | None]:
+    """Per row of logits [n, vocab] (the row before each target token): [target, its
+    logprob, [[id, logprob], ...top num_top]], from the raw logits' log-softmax (as
+    transformers': no temperature or penalties)."""
+    lp = logits.float().log_softmax(dim=-1)
+    ids = torch.tensor(list(targets), dtype=torch.long, device=lp.device)
+    chosen = lp.gather(1, ids[:, None])[:, 0].tolist()
+    if num_top > 0:
+        values, indices = lp.topk(num_top, dim=-1)
+        tops = [
+            [[t, v] for t, v in zip(row_ids, row_vals)]
+            for row_ids, row_vals in zip(indices.tolist(), values.tolist())
+        ]
+    else:
+        tops = [[] for _ in chosen]
+    return [[t, v, top] for t, v, top in zip(targets, chosen, tops)]

@@ -119,7 +119,10 @@ class Scheduler:
         return batch
 
     def _admit(self, req: Request, budget: int) -> int:
-        blocks, num_cached = self.blocks.match_prefix(req.token_ids)
+        # prompt logprobs need the logits of every prompt position: no cached prefix then
+        blocks, num_cached = (
+            ([], 0) if req.wants_prompt_logprobs else self.blocks.match_prefix(req.token_ids)
+        )
         n = min(req.num_tokens - num_cached, budget)
         need = self._blocks_needed(len(blocks), num_cached + n)
         if not self.blocks.can_allocate(need):

@@ -203,6 +203,7 @@ class SchedulerWorker:
                     logprobs,
                     timings,
                     o.stop_token_id,
+                    o.prompt_logprobs,
                 )
             )
         msg = pack_step_outputs(self.step_no, entries, new_requests)

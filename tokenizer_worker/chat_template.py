@@ -61,6 +61,7 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template does not compile: {e}") from e
         self.special_tokens = special_tokens
+        self.source = source
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> ChatTemplate | None:

@@ -1,8 +1,9 @@
 """A tokenizer worker: raw requests in, token ids out. N of them share one endpoint.
 
-    inbox (PULL, connect "tokenizer") ◀── TokenizeRequest (frontend PUSH fans out)
+    inbox (PULL, connect "tokenizer") ◀── TokenizeRequest, TokenizerCall (frontend PUSH fans out)
     ──▶ PUSH "scheduler": GenerateRequest (validated, tokenized)
-    ──▶ PUSH "frontend":  RequestError (bad request), ComponentStatus (ready, heartbeat)
+    ──▶ PUSH "frontend":  RequestError (bad request), ComponentStatus (ready, heartbeat),
+                          TokenizerReply (the answer to a TokenizerCall: tokenizer_worker.endpoints)
 
 Chat requests are rendered with the model's chat template first. Everything a request
 can get wrong is found here, before it costs the scheduler anything: parameters, an
@@ -18,7 +19,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from tokenizers import Tokenizer
@@ -32,7 +33,9 @@ from common.messages import (
     GenerateRequest,
     RequestError,
     TokenizeAck,
+    TokenizerCall,
     TokenizeRequest,
+    TokenizerReply,
     WireError,
     pack_ids,
     unpack_ids,
@@ -42,6 +45,9 @@ from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
+
+if TYPE_CHECKING:
+    from tokenizer_worker.endpoints import TokenizerEndpoints
 
 log = get_logger("tokenizer")
 
@@ -65,7 +71,7 @@ class Tokenization:
     """The pure part: TokenizeRequest -> GenerateRequest, or Rejected. No sockets."""
 
     def __init__(self, model_dir: str | Path, max_model_len: int | None = None) -> None:
-        model_dir = Path(model_dir)
+        self.model_dir = model_dir = Path(model_dir)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.chat_template = ChatTemplate.from_model_dir(model_dir)
         hf = read_hf_config(model_dir)
@@ -82,7 +88,7 @@ class Tokenization:
     def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
         """(token ids, name of the parameter that carried the prompt)."""
         if req.kind == "chat":
-            return self._chat_ids(req.messages), "messages"
+            return self.chat_ids(req.messages), "messages"
         if req.kind != "completion":
             raise Rejected(400, f"unknown request kind {req.kind!r}")
         if req.prompt_token_ids is not None:
@@ -98,7 +104,9 @@ class Tokenization:
             raise Rejected(400, "prompt must not be empty", "prompt")
         return self.tokenizer.encode(req.prompt, add_special_tokens=True).ids, "prompt"
 
-    def _chat_ids(self, messages: Any) -> list[int]:
+    def chat_ids(
+        self, messages: Any, add_generation_prompt: bool = True, add_special_tokens: bool = False
+    ) -> list[int]:
         if self.chat_template is None:
             raise Rejected(400, "this model has no chat template; use /v1/completions", "messages")
         if not isinstance(messages, list) or not messages:
@@ -115,11 +123,11 @@ class Tokenization:
                     400, f"messages.{i} must have a string role and content", f"messages.{i}"
                 )
         try:
-            text = self.chat_template.render(messages, add_generation_prompt=True)
+            text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
         except ChatTemplateError as e:
             raise Rejected(400, f"messages: {e}", "messages") from None
         # the template already holds every special token, as in apply_chat_template
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def __call__(self, req: TokenizeRequest) -> GenerateRequest:
         raw = dict(req.params)
@@ -159,8 +167,12 @@ class TokenizerWorker:
         self.drain_deadline = 0.0
         self.last_heartbeat = 0.0
         self.num_done = 0
+        self.endpoints: TokenizerEndpoints | None = None  # made on the first call
 
     def handle(self, msg: Any) -> None:
+        if isinstance(msg, TokenizerCall):
+            self.answer(msg)
+            return
         if not isinstance(msg, TokenizeRequest):
             log.warning("dropping unexpected %s on the tokenizer inbox", type(msg).__name__)
             return
@@ -187,6 +199,28 @@ class TokenizerWorker:
             self._error(msg.rid, Rejected(400, f"request too large: {e}", "prompt"))
             return
         self.num_done += 1
+
+    def answer(self, call: TokenizerCall) -> None:
+        """A /tokenize, /detokenize or /tokenizer_info call: the reply goes to the frontend."""
+        if self.endpoints is None:
+            from tokenizer_worker.endpoints import TokenizerEndpoints
+
+            self.endpoints = TokenizerEndpoints(self.tokenization, self.tokenization.model_dir)
+        try:
+            reply = TokenizerReply(call.call_id, 200, self.endpoints(call.op, call.args))
+        except Rejected as e:
+            reply = TokenizerReply(call.call_id, e.status, {"message": e.message, "param": e.param})
+        except Exception as e:  # a bug must cost one call, never the worker
+            log.exception("tokenizer call %s failed", call.op)
+            reply = TokenizerReply(call.call_id, 500, {"message": f"internal error: {e}"})
+        try:
+            self.to_frontend.put(reply, timeout_ms=SEND_TIMEOUT_MS)
+        except WireError as e:  # e.g. an answer beyond the frame limit
+            err = {"message": f"answer too large: {e}", "param": None}
+            with contextlib.suppress(QueueFull, WireError):
+                self.to_frontend.put(TokenizerReply(call.call_id, 400, err))
+        except QueueFull:
+            log.error("frontend unreachable; dropped the answer to a %s call", call.op)
 
     def _error(self, rid: str, e: Rejected) -> None:
         try:

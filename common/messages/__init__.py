@@ -3,6 +3,7 @@
 ```
  clients ─HTTP─▶ frontend ──TokenizeRequest──▶ tokenizer_worker × N ──GenerateRequest──▶ scheduler_worker
                   ▲  │        (frontend_tokenizer)      │          (tokenizer_scheduler)     │  ▲
+                  │  │  TokenizerCall ⇄ TokenizerReply  │  (/tokenize, answered by the worker)  │
                   │  └─────────── AbortRequest ─────────┼────────────────────────────────────┘  │
                   │               (tokenizer_scheduler) │ RequestError (errors)                  │ AbortRequest
                   │                                     ▼                                        │ (stop string hit)
@@ -42,7 +43,7 @@ from common.messages.detok_frontend import (
     unpack_text_outputs,
 )
 from common.messages.errors import RequestError
-from common.messages.frontend_tokenizer import TokenizeRequest
+from common.messages.frontend_tokenizer import TokenizerCall, TokenizeRequest
 from common.messages.scheduler_detok import (
     NewRequest,
     StepOutput,
@@ -52,7 +53,7 @@ from common.messages.scheduler_detok import (
 )
 from common.messages.scheduler_frontend import EngineStatus
 from common.messages.status import ComponentStatus
-from common.messages.tokenizer_frontend import TokenizeAck
+from common.messages.tokenizer_frontend import TokenizeAck, TokenizerReply
 from common.messages.tokenizer_scheduler import AbortRequest, GenerateRequest
 
 __all__ = [
@@ -77,6 +78,8 @@ __all__ = [
     "RequestError",
     "ComponentStatus",
     "TokenizeAck",
+    "TokenizerCall",
+    "TokenizerReply",
     "StepOutput",
     "pack_step_outputs",
     "unpack_step_outputs",
@@ -111,6 +114,8 @@ for _cls in (
     RequestError,
     ComponentStatus,
     TokenizeAck,
+    TokenizerCall,
+    TokenizerReply,
 ):
     register(_cls)
 

@@ -31,6 +31,10 @@ class TextOutputs(Message):
     # entry, or None (EOS, length, abort)
     stop_reasons: list[str | int | None]
     sent_time: float
+    # None when no request in the message has them; else per request None or, per prompt
+    # token, [logprob (None for the first), [[token_id, logprob], ...], [token str, top
+    # strs...]] (StepOutputs.prompt_logprobs, named by the detok)
+    prompt_logprobs: list[list | None] | None = None
 
 
 @dataclass(slots=True)
@@ -46,6 +50,7 @@ class TextOutput:
     logprobs: list | None = None
     timings: dict[str, Any] | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: list | None = None
 
 
 def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
@@ -60,6 +65,7 @@ def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
         timings=optional_list([o.timings for o in outputs]),
         stop_reasons=[o.stop_reason for o in outputs],
         sent_time=time.time(),
+        prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
     )
 
 
@@ -75,7 +81,7 @@ def unpack_text_outputs(msg: TextOutputs) -> list[TextOutput]:
             "token_ids",
             "stop_reasons",
         ),
-        ("logprobs", "timings"),
+        ("logprobs", "timings", "prompt_logprobs"),
     )
     none: list[Any] = [None] * n
     return [
@@ -90,5 +96,6 @@ def unpack_text_outputs(msg: TextOutputs) -> list[TextOutput]:
             msg.logprobs or none,
             msg.timings or none,
             msg.stop_reasons,
+            msg.prompt_logprobs or none,
         )
     ]

@@ -1,4 +1,6 @@
-"""frontend → tokenizer_worker pool (PUSH/PULL fan-out): one raw request to tokenize."""
+"""frontend → tokenizer_worker pool (PUSH/PULL fan-out): one raw request to tokenize, or
+one call of the tokenizer endpoints (/tokenize, /detokenize, /tokenizer_info), which a
+worker answers itself (TokenizerReply) without involving the scheduler."""
 
 from __future__ import annotations
 
@@ -22,3 +24,11 @@ class TokenizeRequest(Message):
     # for params["max_tokens"] None (the client set none): the most it may get, or None
     # for no cap but the room the prompt leaves in the context
     max_tokens_default: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerCall(Message):
+    TAG: ClassVar[int] = 20
+    call_id: str  # the frontend's, echoed in the TokenizerReply
+    op: str  # "tokenize" | "detokenize" | "tokenizer_info"
+    args: dict[str, Any]  # the op's arguments (tokenizer_worker.endpoints)

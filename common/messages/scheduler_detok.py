@@ -38,6 +38,10 @@ class StepOutputs(Message):
     # None when no request finished on one of its stop_token_ids in this step; else per
     # request that token (the last of its new_token_ids) or None
     stop_token_ids: list[int | None] | None = None
+    # None when no request in the step sends prompt logprobs (SamplingParams.prompt_logprobs,
+    # with a request's first token); else per request None or one entry per prompt token:
+    # [token_id, logprob (None for the first), [[token_id, logprob], ...top-N]]
+    prompt_logprobs: list[list | None] | None = None
 
 
 @dataclass(slots=True)
@@ -52,6 +56,7 @@ class StepOutput:
     logprobs: list | None = None
     timings: dict[str, Any] | None = None
     stop_token_id: int | None = None
+    prompt_logprobs: list | None = None
 
 
 def pack_step_outputs(
@@ -69,6 +74,7 @@ def pack_step_outputs(
         timings=optional_list([o.timings for o in outputs]),
         sent_time=time.time(),
         stop_token_ids=optional_list([o.stop_token_id for o in outputs]),
+        prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
     )
 
 
@@ -77,7 +83,7 @@ def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
     n = check_parallel(
         msg,
         ("new_token_ids", "finish_reasons", "num_prompt_tokens", "num_output_tokens"),
-        ("logprobs", "timings", "stop_token_ids"),
+        ("logprobs", "timings", "stop_token_ids", "prompt_logprobs"),
     )
     none: list[Any] = [None] * n
     return [
@@ -91,5 +97,6 @@ def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
             msg.logprobs or none,
             msg.timings or none,
             msg.stop_token_ids or none,
+            msg.prompt_logprobs or none,
         )
     ]

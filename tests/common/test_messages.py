@@ -27,7 +27,9 @@ from common.messages import (
     TextOutput,
     TextOutputs,
     TokenizeAck,
+    TokenizerCall,
     TokenizeRequest,
+    TokenizerReply,
     WireError,
     decode,
     encode,
@@ -106,6 +108,23 @@ SAMPLES: list[Message] = [
     ComponentStatus("detok", 1234, "stopping", 3.0),
     TokenizeAck(4321, ["r1", "r2"]),
     TokenizeAck(1, [], True),
+    TokenizerCall("c1", "tokenize", {"prompt": "Hé", "add_special_tokens": True}),
+    TokenizerReply("c1", 200, {"count": 2, "tokens": [1, 2], "token_strs": None}),
+    TokenizerReply("c2", 400, {"message": "tokens: bad", "param": "tokens"}),
+    StepOutputs(
+        1,
+        ["a"],
+        [pack_ids([5])],
+        [None],
+        [2],
+        [1],
+        None,
+        [],
+        None,
+        1.0,
+        None,
+        [[[7, None, []], [8, -0.5, [[8, -0.5], [9, -1.0]]]]],
+    ),
 ]
 
 

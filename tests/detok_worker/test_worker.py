@@ -103,3 +103,41 @@ def test_a_schedulers_stopping_is_forwarded_behind_its_outputs(run_dir, default_
         if isinstance(m, TextOutputs) or m.component == "scheduler"
     ]
     assert order == [f"r{i}" for i in range(20)] + ["stopping"]
+
+
+def test_stream_interval_sends_the_first_token_then_every_n(worker):
+    """stream_interval 3: the first token at once, then every 3 tokens, and the finish; the
+    same text, token ids and logprobs as with every token sent."""
+    from common.messages import unpack_ids
+
+    worker.stream_interval = 3
+    ids = worker.tokenizer.encode("one two three four five six seven eight").ids
+    assert len(ids) == 8
+    sent = []
+    for i, tid in enumerate(ids):
+        last = i == len(ids) - 1
+        k = 2 if i <= 1 else 1  # "s" runs for two steps only
+        step = StepOutputs(
+            i,
+            ["r", "s"][:k],
+            [pack_ids([tid])] * k,
+            ["length" if last else None, "stop" if i == 1 else None][:k],
+            [4] * k,
+            [i + 1] * k,
+            [[[-0.1 * i, []]], None][:k],
+            [("r", [], True, False), ("s", [], True, False)] if i == 0 else [],
+            None,
+            time.time(),
+        )
+        out = worker.process(step)
+        lps = out.logprobs or [None] * len(out.rids)
+        sent += [(i, *row) for row in zip(out.rids, out.texts, out.token_ids, lps)]
+    r = [(i, text, unpack_ids(tok), lp) for i, rid, text, tok, lp in sent if rid == "r"]
+    assert [i for i, *_ in r] == [0, 3, 6, 7]  # first, +3, +3, the finish
+    assert [len(toks) for _, _, toks, _ in r] == [1, 3, 3, 1]
+    assert "".join(text for _, text, _, _ in r) == worker.tokenizer.decode(ids)
+    assert [t for _, _, toks, _ in r for t in toks] == ids
+    assert [e[0] for *_, lp in r for e in lp] == pytest.approx([-0.1 * i for i in range(8)])
+    # a request that finishes before its interval is up sends at the finish
+    assert [i for i, rid, *_ in sent if rid == "s"] == [0, 1]
+    assert not worker.held and not worker.sent_at

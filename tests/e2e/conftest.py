@@ -137,6 +137,16 @@ def server(default_model_dir):
     assert code == 0, s.log()[-4000:]
 
 
+@pytest.fixture(scope="session")
+def float_server(default_model_dir):
+    """A second server: dequantized float32 weights (what transformers loads, so prompt
+    logprobs compare with it) and --stream-interval 8."""
+    s = start_server("--quantization", "none", "--stream-interval", "8", workers=1)
+    yield s
+    code = s.stop()
+    assert code == 0, s.log()[-4000:]
+
+
 @pytest.fixture(scope="module")
 def pids_before(server) -> list[int]:
     """The server's processes when a module starts (the server is shared with the rest

@@ -61,6 +61,9 @@ OPERATIONS = [
     ("GET", "/health"),
     ("GET", "/metrics"),
     ("GET", "/stats"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("GET", "/tokenizer_info"),
 ]
 # negative (schema-violating) data exists only for the JSON bodies: a GET's path string
 # cannot violate {"type": "string"}
@@ -246,11 +249,14 @@ def _length(path: str, body: dict[str, Any]) -> int:
 
 
 def _fix_up(path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The cross-field rules: top_logprobs needs logprobs; min_tokens <= the length."""
+    """The cross-field rules: top_logprobs needs logprobs; min_tokens <= the length;
+    stream_options need stream."""
     if "top_logprobs" in body:
         body["logprobs"] = True
     if "min_tokens" in body:
         body["min_tokens"] = min(body["min_tokens"], _length(path, body))
+    if not body.get("stream", path == "/generate"):
+        body.pop("stream_options", None)  # only with stream (a 400 otherwise)
     return body
 
 

@@ -459,3 +459,23 @@ def test_stage_timings_in_usage_and_metrics(server):
         v for k, v in after.items() if k.startswith("zeroserve:scheduler_busy_seconds_total")
     )
     assert 0 < forward < busy  # sample, schedule and ipc take time too
+
+
+def test_tokenize_detokenize_round_trip(server, tokenizer):
+    """The tokenizer pool answers /tokenize and /detokenize with the default model's
+    tokenizer, as transformers does."""
+    text = "Evaluation harnesses count tokens: café, 你好, 🎉."
+    r = httpx.post(server.url + "/tokenize", json={"prompt": text}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == tokenizer(text)["input_ids"] and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] > 0
+    back = httpx.post(server.url + "/detokenize", json={"tokens": body["tokens"]}, timeout=30)
+    assert back.json() == {"prompt": text}
+    messages = CHATS[1]
+    chat = httpx.post(server.url + "/tokenize", json={"messages": messages}, timeout=30).json()
+    assert chat["tokens"] == chat_ids(tokenizer, messages)
+    bad = httpx.post(server.url + "/detokenize", json={"tokens": [len(tokenizer)]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    info = httpx.get(server.url + "/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == tokenizer.eos_token and info["chat_template"]

@@ -14,6 +14,7 @@ detok. The prompt (or the last chat message) picks the behaviour:
     anything     "Hello", " world", "!" one per step; "length" if max_tokens <= 3 else "stop"
 
 Every step also carries an entry for a rid nobody asked for, which the frontend must drop.
+TokenizerCalls (/tokenize, ...) are answered with one token per character, its code point.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from common.messages import (
     RequestError,
     TextOutput,
     TokenizeAck,
+    TokenizerCall,
     TokenizeRequest,
+    TokenizerReply,
     pack_ids,
     pack_text_outputs,
     unpack_ids,
@@ -61,6 +64,7 @@ class FakeBackend:
         self.step_s = step_s
         self.requests: list[TokenizeRequest] = []
         self.aborts: list[AbortRequest] = []
+        self.calls: list[TokenizerCall] = []
         self.num_output_msgs = 0
         self.max_rids_per_msg = 0
         self.lock = threading.Lock()
@@ -126,7 +130,10 @@ class FakeBackend:
                     self._heartbeat(out, "ready" if last_beat == 0.0 else "heartbeat")
                     last_beat = now
                 for msg in requests_in.drain():
-                    self._admit(msg, out)
+                    if isinstance(msg, TokenizerCall):
+                        self._answer(msg, out)
+                    else:
+                        self._admit(msg, out)
                 for msg in aborts_in.drain():
                     if not isinstance(msg, AbortRequest):  # e.g. the frontend's heartbeat
                         continue
@@ -190,6 +197,26 @@ class FakeBackend:
             prompt_len = NUM_PROMPT_TOKENS if ids is None else len(unpack_ids(ids))
             self._active[req.rid] = _Active(req, mode, prompt_len)
 
+    def _answer(self, call: TokenizerCall, out: PushQueue) -> None:
+        """The tokenizer endpoints with one token per character (its code point)."""
+        with self.lock:
+            self.calls.append(call)
+        args, status, body = call.args, 200, {}
+        if call.op == "tokenize":
+            text = args.get("prompt")
+            if text is None:
+                text = "".join(m["content"] for m in args["messages"])
+            ids = [ord(c) for c in text]
+            body = {"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids}
+        elif call.op == "detokenize":
+            if all(0 <= t < 0x110000 for t in args["tokens"]):
+                body = {"prompt": "".join(chr(t) for t in args["tokens"])}
+            else:
+                status, body = 400, {"message": "tokens: outside the vocabulary", "param": "tokens"}
+        else:
+            body = {"tokenizer_class": "FakeTokenizer", "max_model_len": MAX_MODEL_LEN}
+        out.put(TokenizerReply(call.call_id, status, body), timeout_ms=1000)
+
     def _step(self, out: PushQueue, now: float) -> None:
         entries = []
         for rid, a in list(self._active.items()):
@@ -223,6 +250,17 @@ class FakeBackend:
                     "arrival_time": a.req.arrival_time,
                     "first_scheduled_time": a.req.arrival_time + 0.002,
                 }
+            plp = None  # prompt token p: logprob -p, tops "t<k>" at -0.25 * (k + 1)
+            if a.num_out == 1 and params.get("prompt_logprobs") is not None:
+                k = params["prompt_logprobs"]
+                plp = [[None, [], ["p0"]]] + [
+                    [
+                        -float(p),
+                        [[200 + j, -0.25 * (j + 1)] for j in range(k)],
+                        [f"p{p}", *(f"t{j}" for j in range(k))],
+                    ]
+                    for p in range(1, a.prompt_len)
+                ]
             entries.append(
                 TextOutput(
                     rid,
@@ -233,6 +271,7 @@ class FakeBackend:
                     pack_ids([10 + a.num_out]),
                     lp,
                     timings,
+                    prompt_logprobs=plp,
                 )
             )
             if finish is not None:

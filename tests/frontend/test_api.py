@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from common.messages import unpack_ids
+from tests.frontend.conftest import serve
 from tests.frontend.sse import parse_sse
 
 pytestmark = pytest.mark.timeout(30)
@@ -101,6 +102,82 @@ def test_completion_token_id_prompt(served, http):
     assert req.prompt is None and unpack_ids(req.prompt_token_ids) == [1, 2, 3, 4]
 
 
+def test_batched_prompts_are_indexed_prompt_by_prompt(served, http):
+    r = http.post("/v1/completions", json={"prompt": ["a", "bc", "def"], "n": 2, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    reqs = _requests_for(served, body["id"])
+    by_index = {int(q.rid.split("-")[-1].split(".")[0]): q for q in reqs}
+    assert [by_index[i].prompt for i in range(6)] == ["a", "a", "bc", "bc", "def", "def"]
+    # each prompt counts once (the fake's prompts are 5 tokens), every choice's tokens
+    assert body["usage"]["prompt_tokens"] == 15 and body["usage"]["completion_tokens"] == 12
+    r = http.post("/v1/completions", json={"prompt": [[1, 2], [3, 4, 5]], "max_tokens": 1})
+    assert r.json()["usage"]["prompt_tokens"] == 5
+    reqs = sorted(_requests_for(served, r.json()["id"]), key=lambda q: q.rid)
+    assert [unpack_ids(q.prompt_token_ids) for q in reqs] == [[1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize(
+    "prompt, param",
+    [([], "prompt"), ([[1], []], "prompt.1"), (["a", [1]], "prompt"), ([[1], [-1]], "prompt.1")],
+)
+def test_bad_prompt_batches(http, prompt, param):
+    r = http.post("/v1/completions", json={"prompt": prompt})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_prompt_batch_limit():
+    with serve(max_queued_requests=4) as s, s.client() as c:
+        r = c.post("/v1/completions", json={"prompt": ["a", "b", "c"], "n": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        assert c.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2}).status_code == 200
+
+
+def test_echo_with_logprobs_and_max_tokens_0(served, http):
+    """echo: the prompt's text first and, with logprobs, its tokens' logprobs (the first
+    null); max_tokens 0 scores the prompt only (one token generated, dropped)."""
+    body = {"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 0}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    assert choice["text"] == "".join(chr(t) for t in (5, 6, 7))  # the fake's detokenize
+    assert choice["logprobs"] == {
+        "tokens": ["p0", "p1", "p2"],
+        "token_logprobs": [None, -1.0, -2.0],
+        "top_logprobs": [None, {"t0": -0.25}, {"t0": -0.25}],
+        "text_offset": [0, 2, 4],
+    }
+    assert choice["finish_reason"] == "length"
+    assert r.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    (req,) = _requests_for(served, r.json()["id"])
+    assert req.params["max_tokens"] == 1 and req.params["prompt_logprobs"] == 1
+    # echo with generation: the prompt, then the generated text and its logprobs
+    body = {"prompt": "Hi", "echo": True, "logprobs": 0, "max_tokens": 2}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == "HiHello world"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["p0", "p1", "p2", "p3", "p4", "token_id:11", "token_id:12"]
+    assert lp["token_logprobs"][:2] == [None, -1.0] and lp["top_logprobs"][1] == {}
+    assert lp["text_offset"][5:] == [2, 7]  # generated tokens: after the prompt's text
+    # echo without logprobs asks the engine for none
+    r = http.post("/v1/completions", json={"prompt": "Hi", "echo": True, "max_tokens": 1})
+    assert r.json()["choices"][0]["text"] == "HiHello"
+    (req,) = _requests_for(served, r.json()["id"])
+    assert req.params["prompt_logprobs"] is None
+
+
+def test_echo_streaming(served, http):
+    body = {"prompt": ["Hi", "Yo"], "echo": True, "max_tokens": 2, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    texts = {0: "", 1: ""}
+    for e in events[:-1]:
+        texts[e["choices"][0]["index"]] += e["choices"][0]["text"]
+    assert texts == {0: "HiHello world", 1: "YoHello world"}
+
+
 def test_completion_streaming_sse(served, http):
     body = {"prompt": "Hi", "stream": True, "stream_options": {"include_usage": True}}
     with http.stream("POST", "/v1/completions", json=body) as r:
@@ -120,6 +197,41 @@ def test_completion_streaming_sse(served, http):
     assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello world!"
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_continuous_usage_stats_put_usage_in_every_chunk(served, http):
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries its choice's usage
+    so far (chat's role chunk: 0 completion tokens); the last chunk is the total."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True, "stream_options": opts}
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    assert events[-1] == "[DONE]"
+    usages = [e["usage"] for e in events[:-1]]
+    assert [u["completion_tokens"] for u in usages] == [0, 1, 2, 3, 3]
+    assert all(u["prompt_tokens"] == 5 for u in usages)
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    body = {"prompt": "Hi", "stream": True, "stream_options": opts}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    assert [e["usage"]["completion_tokens"] for e in events[:-1]] == [1, 2, 3, 3]
+    # without include_usage it asks for nothing (as vLLM)
+    body["stream_options"] = {"continuous_usage_stats": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    assert all("usage" not in e for e in events[:-1])
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+def test_stream_options_need_stream(served, http, path):
+    body = {"stream_options": {"include_usage": True}, "stream": False}
+    body |= (
+        {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    )
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "stream_options"
+    assert http.post(path, json={**body, "stream": True}).status_code == 200
 
 
 def test_streaming_without_usage_has_no_usage_chunk(served, http):

@@ -1,0 +1,99 @@
+"""The tokenizer endpoints, in vLLM's shapes, served by the tokenizer pool:
+
+    POST /tokenize        {"prompt"} or {"messages"} (chat template applied),
+                          "add_special_tokens" (default: true for a prompt, false for
+                          messages, whose template holds them), "add_generation_prompt"
+                          (messages; default true), "return_token_strs"
+                          -> {"count", "max_model_len", "tokens", "token_strs"}
+    POST /detokenize      {"tokens"} -> {"prompt"}  (special tokens kept, as vLLM)
+    GET  /tokenizer_info  the tokenizer's config: tokenizer_class, special tokens,
+                          model_max_length, chat_template, max_model_len, vocab_size
+
+Behind the same API key as /v1/*. The bodies are checked here (strict JSON types, 400
+naming the field); the worker checks what needs the tokenizer (ids outside the
+vocabulary, a template that refuses the messages) and answers (frontend.tokenizer_calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from common.messages.base import INT32_MAX
+from frontend.engine_client import EngineClient
+from frontend.errors import invalid, unavailable
+from frontend.protocol import STRICT, ChatMessage, chat_messages, parse
+from frontend.serving import Serving, read_body
+
+
+class TokenizeBody(BaseModel):
+    model_config = STRICT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeBody(BaseModel):
+    model_config = STRICT
+    model: str | None = None
+    tokens: list[int]
+
+
+def tokenize_args(body: TokenizeBody) -> dict[str, Any]:
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid("give exactly one of prompt and messages", "prompt")
+    args: dict[str, Any] = {"return_token_strs": bool(body.return_token_strs)}
+    if body.messages is not None:
+        args["messages"] = chat_messages(body.messages)
+        args["add_generation_prompt"] = body.add_generation_prompt is not False
+        args["add_special_tokens"] = bool(body.add_special_tokens)
+    else:
+        if body.add_generation_prompt is not None:
+            raise invalid("add_generation_prompt: only with messages", "add_generation_prompt")
+        args["prompt"] = body.prompt
+        args["add_special_tokens"] = body.add_special_tokens is not False
+    return args
+
+
+def add_tokenizer_routes(
+    api: APIRouter,
+    serving: Serving,
+    client: EngineClient,
+    body_schema: Callable[[type[BaseModel]], dict],
+) -> None:
+    """The three routes, on the router that carries the API-key check; `body_schema`
+    documents a body read by hand in /openapi.json (frontend.app)."""
+    max_bytes = serving.config.server.max_body_bytes
+
+    async def call(op: str, args: dict[str, Any]) -> JSONResponse:
+        if client.draining:
+            raise unavailable("server is shutting down", "shutting_down")
+        if "tokenizer" in client.health.liveness.missing():
+            raise unavailable("server not ready: waiting for tokenizer", "not_ready")
+        return JSONResponse(await client.tokenizer_calls.call(op, args))
+
+    @api.post("/tokenize", openapi_extra=body_schema(TokenizeBody))
+    async def tokenize(request: Request) -> JSONResponse:
+        body = parse(TokenizeBody, await read_body(request, max_bytes))
+        serving.check_model(body.model)
+        return await call("tokenize", tokenize_args(body))
+
+    @api.post("/detokenize", openapi_extra=body_schema(DetokenizeBody))
+    async def detokenize(request: Request) -> JSONResponse:
+        body = parse(DetokenizeBody, await read_body(request, max_bytes))
+        serving.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t <= INT32_MAX]  # no vocabulary is larger
+        if bad:
+            raise invalid(f"tokens: token ids {bad[:4]} are outside the vocabulary", "tokens")
+        return await call("detokenize", {"tokens": body.tokens})
+
+    @api.get("/tokenizer_info")
+    async def tokenizer_info() -> JSONResponse:
+        return await call("tokenizer_info", {})
