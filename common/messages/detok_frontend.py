@@ -31,6 +31,7 @@ class TextOutputs(Message):
     # entry, or None (EOS, length, abort)
     stop_reasons: list[str | int | None]
     sent_time: float
+    replica: int = 0  # the scheduler replica that stepped (StepOutputs.replica)
 
 
 @dataclass(slots=True)
@@ -48,7 +49,7 @@ class TextOutput:
     stop_reason: str | int | None = None
 
 
-def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
+def pack_text_outputs(outputs: Sequence[TextOutput], replica: int = 0) -> TextOutputs:
     return TextOutputs(
         rids=[o.rid for o in outputs],
         texts=[o.text for o in outputs],
@@ -60,6 +61,7 @@ def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
         timings=optional_list([o.timings for o in outputs]),
         stop_reasons=[o.stop_reason for o in outputs],
         sent_time=time.time(),
+        replica=replica,
     )
 
 

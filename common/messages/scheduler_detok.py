@@ -38,6 +38,9 @@ class StepOutputs(Message):
     # None when no request finished on one of its stop_token_ids in this step; else per
     # request that token (the last of its new_token_ids) or None
     stop_token_ids: list[int | None] | None = None
+    # which replica stepped, and its inbox: a stop-string abort goes back there
+    replica: int = 0
+    inbox: str | None = None
 
 
 @dataclass(slots=True)
@@ -55,7 +58,11 @@ class StepOutput:
 
 
 def pack_step_outputs(
-    step: int, outputs: Sequence[StepOutput], new_requests: list[NewRequest]
+    step: int,
+    outputs: Sequence[StepOutput],
+    new_requests: list[NewRequest],
+    replica: int = 0,
+    inbox: str | None = None,
 ) -> StepOutputs:
     return StepOutputs(
         step=step,
@@ -69,6 +76,8 @@ def pack_step_outputs(
         timings=optional_list([o.timings for o in outputs]),
         sent_time=time.time(),
         stop_token_ids=optional_list([o.stop_token_id for o in outputs]),
+        replica=replica,
+        inbox=inbox,
     )
 
 

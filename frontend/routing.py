@@ -1,0 +1,75 @@
+"""Which scheduler replica serves a request: least loaded, with prefix affinity.
+
+    load(r) = 4 * (waiting + pending) + running     (vLLM's data-parallel rule); ties go to
+                                                     the lower KV usage, then the lower id
+    pending = requests the frontend routed to r that its last heartbeat does not show
+              (open here - (waiting + running) there, at least 0): a burst between two
+              heartbeats is spread, not all sent to the replica that looked idle
+
+Prefix affinity (SGLang's cache-aware routing, reduced to one key): requests whose
+prompts share their first full KV block go where that prefix went last, so the replica's
+prefix cache serves them, unless that replica is over the imbalance threshold:
+load > max(least load + AFFINITY_SLACK, AFFINITY_RATIO * least load). Routing happens
+before tokenizing (the tokenizer worker sends the request to the chosen replica), so the
+key is the prompt's text (or ids) that a KV block covers, not its tokens
+(`prefix_key`); a prompt shorter than that has no key and goes by load alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+AFFINITY_SLACK = 16  # four queued requests
+AFFINITY_RATIO = 1.5
+MAX_PREFIXES = 65_536  # affinity entries kept, least recently used dropped
+CHARS_PER_TOKEN = 4  # a full KV block of text: block_size * this many characters
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    replica: int
+    num_waiting: int  # from its last heartbeat
+    num_running: int
+    kv_usage: float
+    num_open: int  # sub-requests the frontend routed to it and still waits on
+
+    @property
+    def score(self) -> int:
+        pending = max(0, self.num_open - self.num_waiting - self.num_running)
+        return 4 * (self.num_waiting + pending) + self.num_running
+
+
+def prefix_key(text: str | None, ids: list[int] | None, block_size: int) -> bytes | None:
+    """The key of a prompt's first full KV block: its first block_size token ids, or the
+    first block_size * CHARS_PER_TOKEN characters of its text; None when shorter."""
+    if ids is not None:
+        head = ids[:block_size]
+        return None if len(head) < block_size else hashlib.blake2b(repr(head).encode()).digest()
+    n = block_size * CHARS_PER_TOKEN
+    if text is None or len(text) < n:
+        return None
+    return hashlib.blake2b(text[:n].encode()).digest()
+
+
+class Router:
+    def __init__(self) -> None:
+        self.last: OrderedDict[bytes, int] = OrderedDict()  # prefix key -> replica
+
+    def pick(self, loads: list[ReplicaLoad], key: bytes | None = None) -> int:
+        """The replica for one request among `loads` (the live replicas; not empty)."""
+        best = min(loads, key=lambda r: (r.score, r.kv_usage, r.replica))
+        choice = best.replica
+        if key is not None:
+            prev = self.last.get(key)
+            for r in loads:
+                if r.replica == prev:
+                    limit = max(best.score + AFFINITY_SLACK, AFFINITY_RATIO * best.score)
+                    if r.score <= limit:
+                        choice = prev
+            self.last[key] = choice
+            self.last.move_to_end(key)
+            if len(self.last) > MAX_PREFIXES:
+                self.last.popitem(last=False)
+        return choice
