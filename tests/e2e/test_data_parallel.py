@@ -76,48 +76,60 @@ def tokens_by_replica(url: str) -> dict[str, int]:
     return {r["id"]: r["output_tokens_total"] for r in stats["replicas"]}
 
 
-def test_requests_spread_over_both_replicas_with_exact_counts(dp):
+def test_64_streams_spread_over_both_replicas_with_exact_counts(dp):
     before = tokens_by_replica(dp.url)
 
     async def main():
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(
+            timeout=120, limits=httpx.Limits(max_connections=64)
+        ) as client:
 
-            async def one(i: int):
-                body = {"prompt": f"Request {i}:", "max_tokens": 12, "ignore_eos": True}
-                return await client.post(dp.url + "/v1/completions", json=body)
+            async def one(i: int) -> tuple[int, list]:
+                body = {
+                    "prompt": f"Request {i}:",
+                    "max_tokens": 8,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                r = await client.post(dp.url + "/v1/completions", json=body)
+                return r.status_code, parse_sse(r.text)
 
-            return await asyncio.gather(*(one(i) for i in range(24)))
+            return await asyncio.gather(*(one(i) for i in range(64)))
 
-    for r in asyncio.run(main()):
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 12
+    for status, events in asyncio.run(main()):
+        assert status == 200 and events[-1] == "[DONE]"
+        assert events[-2]["usage"]["completion_tokens"] == 8
+        assert not any("error" in e for e in events[:-1])
     after = tokens_by_replica(dp.url)
     spread = {k: after[k] - before.get(k, 0) for k in ("0", "1")}
-    assert sum(spread.values()) == 24 * 12
-    assert min(spread.values()) >= 12 * 4, spread  # both got a fair share of the work
-    body = dp.metrics()
-    assert 'zeroserve:replica_num_requests_running{engine="1"}' in body
-    assert 'zeroserve:replica_kv_cache_usage_perc{engine="0"}' in body
+    assert sum(spread.values()) == 64 * 8
+    assert min(spread.values()) >= 64 * 8 // 4, spread  # both got a fair share of the work
+    metrics = dp.metrics()
+    assert 'zeroserve:replica_num_requests_running{engine="1"}' in metrics
+    assert 'zeroserve:replica_kv_cache_usage_perc{engine="0"}' in metrics
     dp.wait_idle(timeout_s=15)
 
 
-def test_pinned_requests_and_greedy_output_agree_across_replicas(dp):
+def test_pinned_requests_and_greedy_output_agree_across_replicas(dp, server):
     prompt = "The capital of France is"
-    texts = []
+    one = complete(server.url, prompt)  # the --dp 1 server of the session
+    assert one.status_code == 200, one.text
+    texts = [one.json()["choices"][0]["text"]]
     for rank in (0, 1):
         before = tokens_by_replica(dp.url).get(str(rank), 0)
         r = complete(dp.url, prompt, rank)
         assert r.status_code == 200, r.text
         texts.append(r.json()["choices"][0]["text"])
         assert tokens_by_replica(dp.url)[str(rank)] == before + 8
-    assert texts[0] == texts[1]  # two whole engines, one model: greedy agrees
+    assert texts[0] == texts[1] == texts[2]  # whole engines, one model: greedy agrees
     r = httpx.post(
         dp.url + "/v1/completions",
         json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
         headers={"X-Data-Parallel-Rank": "1"},
         timeout=60,
     )
-    assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts[1]
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts[2]
     for bad in (complete(dp.url, prompt, 7), complete(dp.url, prompt, -1)):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "data_parallel_rank"
     r = httpx.post(
