@@ -39,6 +39,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--max-n": (("server",), "max_n", int),
     "--max-tokens-limit": (("server",), "max_tokens_limit", int),
     "--max-stop-strings": (("server",), "max_stop_strings", int),
+    "--routing": (("server",), "routing", str),
     "--run-dir": (("ipc",), "run_dir", str),
     "--tokenize-workers": ((), "tokenize_workers", int),
     "--data-parallel-size": ((), "data_parallel_size", int),

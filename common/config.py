@@ -24,6 +24,7 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "avx512", "avx2", "scalar", "torch")
+ROUTINGS = ("least_loaded", "round_robin")
 
 
 class ConfigError(ValueError):
@@ -171,6 +172,9 @@ class ServerConfig:
     listen_when_ready: bool = False
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
     ui: bool = True  # the web page at / (frontend/static/index.html); False: / is a 404
+    # how the frontend picks a scheduler replica (frontend/routing.py): "least_loaded"
+    # (with prefix affinity) or "round_robin" (for comparison in benchmarks/bench_dp.py)
+    routing: str = "least_loaded"
 
     def __post_init__(self) -> None:
         from common.sampling_params import MAX_STOP_STRINGS
@@ -189,6 +193,8 @@ class ServerConfig:
                 f"max_stop_strings must be in [0, {MAX_STOP_STRINGS}], got {self.max_stop_strings}"
             )
         _positive_seconds(self, "request_timeout_s", "startup_timeout_s")
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 

@@ -75,7 +75,7 @@ class EngineClient:
             secret=config.ipc.secret,
             on_join=self._on_join,
         )
-        self.router = Router()
+        self.router = Router(config.server.routing)
         self.routes: dict[str, tuple[RequestHandle, int]] = {}
         self.num_open: dict[int, int] = {}  # replica -> its sub-requests in `routes`
         self.draining = False  # set on SIGTERM: new requests get 503

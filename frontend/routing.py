@@ -13,6 +13,8 @@ load > max(least load + AFFINITY_SLACK, AFFINITY_RATIO * least load). Routing ha
 before tokenizing (the tokenizer worker sends the request to the chosen replica), so the
 key is the prompt's text (or ids) that a KV block covers, not its tokens
 (`prefix_key`); a prompt shorter than that has no key and goes by load alone.
+`round_robin` (server.routing) ignores load and prefixes: the baseline benchmarks
+compare against.
 """
 
 from __future__ import annotations
@@ -54,11 +56,16 @@ def prefix_key(text: str | None, ids: list[int] | None, block_size: int) -> byte
 
 
 class Router:
-    def __init__(self) -> None:
+    def __init__(self, policy: str = "least_loaded") -> None:
+        self.policy = policy
         self.last: OrderedDict[bytes, int] = OrderedDict()  # prefix key -> replica
+        self.num_picked = 0
 
     def pick(self, loads: list[ReplicaLoad], key: bytes | None = None) -> int:
         """The replica for one request among `loads` (the live replicas; not empty)."""
+        self.num_picked += 1
+        if self.policy == "round_robin":
+            return sorted(r.replica for r in loads)[self.num_picked % len(loads)]
         best = min(loads, key=lambda r: (r.score, r.kv_usage, r.replica))
         choice = best.replica
         if key is not None:

@@ -53,3 +53,9 @@ def test_prefix_key_covers_one_full_kv_block():
     assert prefix_key(None, list(range(15)), 16) is None
     assert prefix_key(None, list(range(16)), 16) == prefix_key(None, [*range(16), 99], 16)
     assert prefix_key(None, list(range(16)), 16) != prefix_key(None, list(range(1, 17)), 16)
+
+
+def test_round_robin_ignores_load_and_prefixes():
+    r = Router("round_robin")
+    picks = [r.pick([load(0, running=50), load(1)], b"k") for _ in range(4)]
+    assert sorted(picks) == [0, 0, 1, 1] and picks[0] != picks[1]
