@@ -7,9 +7,11 @@
               heartbeats is spread, not all sent to the replica that looked idle
 
 Prefix affinity (SGLang's cache-aware routing, reduced to one key): requests whose
-prompts share their first full KV block go where that prefix went last, so the replica's
-prefix cache serves them, unless that replica is over the imbalance threshold:
-load > max(least load + AFFINITY_SLACK, AFFINITY_RATIO * least load). Routing happens
+prompts share their first full KV block go to the replica that prefix first went to (its
+home), so that replica's prefix cache serves them, unless the home is over the imbalance
+threshold: load > max(least load + AFFINITY_SLACK, AFFINITY_RATIO * least load). Then the
+least loaded takes that request and the prefix keeps its home (moving it would scatter
+the prefix over every replica under load); a home that is gone is replaced. Routing happens
 before tokenizing (the tokenizer worker sends the request to the chosen replica), so the
 key is the prompt's text (or ids) that a KV block covers, not its tokens
 (`prefix_key`); a prompt shorter than that has no key and goes by load alone.
@@ -23,7 +25,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-AFFINITY_SLACK = 16  # four queued requests
+AFFINITY_SLACK = 32  # eight queued requests
 AFFINITY_RATIO = 1.5
 MAX_PREFIXES = 65_536  # affinity entries kept, least recently used dropped
 CHARS_PER_TOKEN = 4  # a full KV block of text: block_size * this many characters
@@ -69,13 +71,13 @@ class Router:
         best = min(loads, key=lambda r: (r.score, r.kv_usage, r.replica))
         choice = best.replica
         if key is not None:
-            prev = self.last.get(key)
-            for r in loads:
-                if r.replica == prev:
-                    limit = max(best.score + AFFINITY_SLACK, AFFINITY_RATIO * best.score)
-                    if r.score <= limit:
-                        choice = prev
-            self.last[key] = choice
+            home = self.last.get(key)
+            r = next((r for r in loads if r.replica == home), None)
+            if r is None:  # a new prefix, or its replica is gone: it lives where it goes now
+                self.last[key] = choice
+            elif r.score <= max(best.score + AFFINITY_SLACK, AFFINITY_RATIO * best.score):
+                choice = r.replica
+            # else: too busy this time; the least loaded takes it, the prefix keeps its home
             self.last.move_to_end(key)
             if len(self.last) > MAX_PREFIXES:
                 self.last.popitem(last=False)

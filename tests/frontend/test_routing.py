@@ -25,17 +25,17 @@ def test_requests_routed_since_the_heartbeat_count_as_waiting():
     assert r.pick([load(0, open_=2), load(1, running=10)]) == 0
 
 
-def test_a_prefix_goes_where_it_went_last_within_the_threshold():
+def test_a_prefix_goes_home_within_the_threshold():
     r = Router()
     key = b"system prompt A"
     assert r.pick([load(0), load(1)], key) == 0
     # replica 0 is now busier, but within the slack: the prefix stays
     assert r.pick([load(0, running=AFFINITY_SLACK), load(1)], key) == 0
-    # past the threshold: the least loaded takes it, and the prefix follows it
+    # past the threshold: the least loaded takes this one, the prefix keeps its home
     assert r.pick([load(0, running=AFFINITY_SLACK + 1), load(1)], key) == 1
-    assert r.pick([load(0), load(1, running=3)], key) == 1
+    assert r.pick([load(0, running=3), load(1)], key) == 0
     # another prefix is routed by load alone
-    assert r.pick([load(0), load(1, running=3)], b"other") == 0
+    assert r.pick([load(0, running=3), load(1)], b"other") == 1
 
 
 def test_a_dead_replica_is_skipped_and_its_prefixes_move():
