@@ -1,7 +1,8 @@
-"""`python launch.py [--tokenize-workers N] [flags]`: every component on one box.
+"""`python launch.py [--tokenize-workers N] [--dp N] [flags]`: every component on one box.
 
 ```
- launch.py ─┬─ python -m scheduler_worker    the engine (loads the model)
+ launch.py ─┬─ python -m scheduler_worker --replica-id K   × dp: the engines (each loads
+            │                                               the model, has its KV pool)
             ├─ python -m detok_worker
             ├─ python -m tokenizer_worker × N
             └─ python -m frontend            HTTP; the port opens once all are up
@@ -22,6 +23,7 @@ a `kill -9` of this process takes them along.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import shutil
@@ -72,8 +74,9 @@ def check_port_free(host: str, port: int) -> None:
 
 @dataclass
 class Child:
-    name: str  # "scheduler", "detok", "tokenizer-0", ...
+    name: str  # "scheduler-0", "detok", "tokenizer-0", ...
     module: str
+    args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     deaths: deque[float] = field(default_factory=deque)
 
@@ -83,9 +86,10 @@ class Launcher:
         self.config = config
         self.config_path = config_path
         self.children: list[Child] = [
-            Child("scheduler", "scheduler_worker"),
-            Child("detok", "detok_worker"),
+            Child(f"scheduler-{k}", "scheduler_worker", ["--replica-id", str(k)])
+            for k in range(config.data_parallel_size)
         ]
+        self.children.append(Child("detok", "detok_worker"))
         self.children += [
             Child(f"tokenizer-{i}", "tokenizer_worker") for i in range(config.tokenize_workers)
         ]
@@ -97,7 +101,7 @@ class Launcher:
     def spawn(self, child: Child) -> None:
         parent = os.getpid()
         child.proc = subprocess.Popen(
-            [sys.executable, "-m", child.module, "--config", str(self.config_path)],
+            [sys.executable, "-m", child.module, "--config", str(self.config_path), *child.args],
             stdin=subprocess.DEVNULL,
             preexec_fn=lambda: die_with_parent(parent),
             start_new_session=True,  # Ctrl-C reaches launch.py only; it stops them in order
@@ -152,12 +156,16 @@ class Launcher:
 
     # -- readiness ----------------------------------------------------------------------
     def healthy(self) -> bool:
-        """GET /health answers 200: the frontend is up and every component reported in."""
+        """GET /health answers 200: the frontend is up, every component reported in, and
+        all data_parallel_size replicas joined."""
         try:
             with _NO_PROXY.open(self.health_url(), timeout=1.0) as r:
-                return r.status == 200
-        except (OSError, ValueError):  # refused, 503 (HTTPError), timeout
+                body = json.loads(r.read())
+        except (OSError, ValueError):  # refused, 503 (HTTPError), timeout, not JSON
             return False
+        replicas = body.get("components", {}).get("scheduler", {}).get("replicas", {})
+        alive = sum(1 for r in replicas.values() if r.get("alive"))
+        return alive >= self.config.data_parallel_size
 
     def health_url(self) -> str:
         host = self.config.server.host
@@ -200,6 +208,12 @@ def build_config(argv: list[str] | None) -> tuple[Config, bool]:
         config = replace(config, ipc=replace(config.ipc, secret=secrets.token_hex(32)))
     # the port opens once every component is up: "port open" means ready here
     config = replace(config, server=replace(config.server, listen_when_ready=True))
+    n, mc = config.data_parallel_size, config.engine.model
+    if n > 1 and mc.num_threads is None:  # replicas must not oversubscribe the cores
+        threads = max(1, len(os.sched_getaffinity(0)) // n)
+        config = replace(
+            config, engine=replace(config.engine, model=replace(mc, num_threads=threads))
+        )
     own_run_dir = config.ipc.run_dir is None
     if own_run_dir:  # a fresh private dir per launch: two servers never share sockets
         run_dir = tempfile.mkdtemp(prefix="zeroserve-", dir=runtime_dir())  # mode 0700
@@ -254,11 +268,12 @@ def main(argv: list[str] | None = None) -> int:
             url = f"http://{config.server.host}:{config.server.port}"
             took = time.monotonic() - started  # model conversion and kernel build included
             log.info(
-                "zeroserve ready: %s  (OpenAI base URL %s/v1, model %s, %d tokenizer "
-                "worker(s), started in %.1fs)",
+                "zeroserve ready: %s  (OpenAI base URL %s/v1, model %s, %d scheduler "
+                "replica(s), %d tokenizer worker(s), started in %.1fs)",
                 url,
                 url,
                 config.model_name,
+                config.data_parallel_size,
                 config.tokenize_workers,
                 took,
             )

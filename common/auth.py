@@ -32,3 +32,17 @@ def verify_rid(secret: str | None, rid: str) -> bool:
         return True
     base, sep, tag = rid.rpartition(".")
     return bool(sep) and len(tag) == TAG_HEX and hmac.compare_digest(tag, _tag(secret, base))
+
+
+def replica_proof(secret: str | None, replica: int, pid: int) -> str | None:
+    """What a scheduler replica shows the frontend to join: the secret, bound to its id
+    and pid (so a frame copied off the wire names that process only)."""
+    return _tag(secret, f"replica:{replica}:{pid}") if secret else None
+
+
+def verify_replica(secret: str | None, replica: int, pid: int, proof: str | None) -> bool:
+    if not secret:
+        return True
+    return proof is not None and hmac.compare_digest(
+        proof, _tag(secret, f"replica:{replica}:{pid}")
+    )

@@ -20,6 +20,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--device": (("engine", "model"), "device", str),
     "--quantization": (("engine", "model"), "quantization", str),
     "--kernels": (("engine", "model"), "kernels", str),
+    "--threads": (("engine", "model"), "num_threads", int),
     "--max-model-len": (("engine", "model"), "max_model_len", int),
     "--block-size": (("engine", "cache"), "block_size", int),
     "--num-kv-blocks": (("engine", "cache"), "num_blocks", int),
@@ -39,15 +40,22 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--max-tokens-limit": (("server",), "max_tokens_limit", int),
     "--max-stop-strings": (("server",), "max_stop_strings", int),
     "--stream-interval": (("server",), "stream_interval", int),
+    "--routing": (("server",), "routing", str),
     "--run-dir": (("ipc",), "run_dir", str),
     "--tokenize-workers": ((), "tokenize_workers", int),
+    "--data-parallel-size": ((), "data_parallel_size", int),
+    "--replica-id": ((), "replica_id", int),
+    "--replica-inbox": (("ipc",), "replica_inbox", str),
+    "--replica-advertise": (("ipc",), "replica_advertise", str),
 }
+_SHORT = {"--data-parallel-size": "--dp"}
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="JSON or TOML config file shared by all components")
     for flag, (_, name, typ) in _FLAGS.items():
-        parser.add_argument(flag, dest=name, type=typ, default=None)
+        names = [flag, _SHORT[flag]] if flag in _SHORT else [flag]
+        parser.add_argument(*names, dest=name, type=typ, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true", default=None)
     parser.add_argument(
         "--no-ui", action="store_true", default=None, help="serve no web page at / (it answers 404)"

@@ -24,6 +24,7 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "avx512", "avx2", "scalar", "torch")
+ROUTINGS = ("least_loaded", "round_robin")
 
 
 class ConfigError(ValueError):
@@ -76,8 +77,13 @@ class ModelConfig:
     cache_dir: str | None = None  # where GGUF conversions live; None: default_cache_dir()
     quantization: str = "auto"  # see QUANTIZATIONS
     kernels: str = "auto"  # see KERNELS
+    # torch threads of each scheduler replica; None: torch's default with one replica,
+    # launch.py gives each of N replicas cores // N (at least 1)
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
+        if self.num_threads is not None:
+            _at_least(self, 1, "num_threads")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
@@ -169,6 +175,9 @@ class ServerConfig:
     # the detokenizer sends a request's text every this many tokens (and its first token
     # at once, and at the finish); 1: every token (vLLM's --stream-interval)
     stream_interval: int = 1
+    # how the frontend picks a scheduler replica (frontend/routing.py): "least_loaded"
+    # (with prefix affinity) or "round_robin" (for comparison in benchmarks/bench_dp.py)
+    routing: str = "least_loaded"
 
     def __post_init__(self) -> None:
         from common.sampling_params import MAX_STOP_STRINGS
@@ -187,6 +196,8 @@ class ServerConfig:
                 f"max_stop_strings must be in [0, {MAX_STOP_STRINGS}], got {self.max_stop_strings}"
             )
         _positive_seconds(self, "request_timeout_s", "startup_timeout_s")
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 
@@ -204,13 +215,34 @@ class IPCConfig:
     scheduler: str | None = None  # scheduler PULL (bind) <- tokenizers, frontend, detok
     detok: str | None = None  # detok PULL (bind) <- scheduler
     frontend: str | None = None  # frontend PULL (bind) <- detok, tokenizers, scheduler
+    # one scheduler replica's own inbox (a per-process flag, --replica-inbox): where it
+    # binds, and the address it announces (--replica-advertise; default: the bind
+    # address, a wildcard host replaced by this host's address). Unset: replica_endpoint.
+    replica_inbox: str | None = None
+    replica_advertise: str | None = None
     # HMAC key for request ids (common.auth): the scheduler generates only for ids the
     # frontend signed. launch.py sets a random one; deployments share one in the config.
     secret: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.secret is None and env("SECRET"):  # e.g. from a Kubernetes Secret
+            object.__setattr__(self, "secret", env("SECRET"))
+
     def endpoint(self, name: str) -> str:
         """The address of one of the four endpoints; no side effect (see resolved_run_dir)."""
         return endpoint(name, self.run_dir, getattr(self, name))
+
+    def replica_endpoint(self, replica: int) -> str:
+        """Replica K's inbox when it announces none of its own: replica 0's is the
+        "scheduler" endpoint; replica K's is ipc://<run_dir>/scheduler.K.sock, or, with a
+        tcp scheduler endpoint, the same host at port + K."""
+        base = self.endpoint("scheduler")
+        if replica == 0:
+            return base
+        if base.startswith("tcp://"):
+            host, _, port = base.rpartition(":")
+            return f"{host}:{int(port) + replica}"
+        return endpoint(f"scheduler.{replica}", self.run_dir)
 
     @property
     def resolved_run_dir(self) -> Path | None:
@@ -228,9 +260,13 @@ class Config:
     ipc: IPCConfig = field(default_factory=IPCConfig)
     tokenize_workers: int = 1
     heartbeat_s: float = 1.0
+    # scheduler replicas launch.py starts (ids 0..N-1); more may join by hand
+    data_parallel_size: int = 1
+    replica_id: int = 0  # which replica a scheduler_worker process is (--replica-id)
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "tokenize_workers")
+        _at_least(self, 1, "tokenize_workers", "data_parallel_size")
+        _at_least(self, 0, "replica_id")
         _positive_seconds(self, "heartbeat_s")
 
     @property

@@ -82,6 +82,40 @@ def endpoint(name: str, run_dir: str | Path | None = None, address: str | None =
     return ipc_endpoint(run_dir if run_dir is not None else default_run_dir(), name)
 
 
+def ipc_in_use(ep: str) -> bool:
+    """Whether a process listens at an ipc:// endpoint now. ZeroMQ binding an ipc path
+    takes it over silently, so a second process claiming one (a second replica with the
+    same id) must look first; a stale file of a dead process is not in use."""
+    import socket
+
+    if not ep.startswith("ipc://"):
+        return False
+    path = ep[len("ipc://") :]
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def advertised(ep: str) -> str:
+    """The address peers dial for a bound endpoint: a wildcard tcp host (* or 0.0.0.0)
+    becomes this host's address."""
+    import socket
+
+    m = re.match(r"^tcp://(\*|0\.0\.0\.0):(\d+)$", ep)
+    if not m:
+        return ep
+    try:
+        host = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        host = "127.0.0.1"
+    return f"tcp://{host}:{m.group(2)}"
+
+
 def check_endpoint(ep: str) -> str:
     if ep.startswith("ipc://") and len(ep) > len("ipc://"):
         return ep

@@ -2,6 +2,7 @@
 
     ZEROSERVE_LOG_LEVEL         level of every process's log (INFO)
     ZEROSERVE_API_KEY           server.api_key when the config sets none (kept off `ps`)
+    ZEROSERVE_SECRET            ipc.secret when the config sets none (a Kubernetes Secret)
     ZEROSERVE_CACHE_DIR         GGUF conversions and built kernels (~/.cache/zeroserve)
     ZEROSERVE_RUN_DIR           the ipc run dir when the config sets none
     ZEROSERVE_DECODE_ATTENTION  force a decode attention path (scheduler_worker/attention.py)

@@ -1,8 +1,12 @@
 """The detokenizer process: token ids in, text deltas out, one message per engine step.
 
-    inbox (PULL, bind "detok") ◀── StepOutputs (scheduler)
+    inbox (PULL, bind "detok") ◀── StepOutputs (every scheduler replica)
     ──▶ PUSH "frontend":  TextOutputs (one per StepOutputs), ComponentStatus
-    ──▶ PUSH "scheduler": AbortRequest when a stop string ends a request
+    ──▶ PUSH "scheduler.K": AbortRequest when a stop string ends a request, to the
+                            replica that sent the step (StepOutputs.replica / inbox)
+
+One detok serves every replica: it costs far less per token than a replica's engine
+step (docs/architecture.md, "Data parallelism"), and a rid belongs to one replica only.
 
 A request's detokenizer settings arrive once, in the first StepOutputs naming it. A stop
 string hit finishes the request here at once (finish_reason "stop"); the tokens the
@@ -64,7 +68,8 @@ class DetokWorker:
         ctx: zmq.Context = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("detok"), bind=True, ctx=ctx)
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
-        self.to_scheduler = PushQueue(config.ipc.endpoint("scheduler"), bind=False, ctx=ctx)
+        self._ctx = ctx
+        self._to_replicas: dict[str, PushQueue] = {}  # inbox endpoint -> a socket to it
         self.requests: dict[str, RequestDetokenizer] = {}
         self.stopped: OrderedDict[str, None] = OrderedDict()
         self.detok_s: dict[str, float] = {}  # rid -> seconds spent detokenizing it so far
@@ -86,10 +91,11 @@ class DetokWorker:
             self.requests[rid] = RequestDetokenizer(
                 self.tokenizer, stop, skip_special, include_stop
             )
-        texts = (self._detokenize(o) for o in outputs)
+        inbox = msg.inbox or self.config.ipc.replica_endpoint(msg.replica)
+        texts = (self._detokenize(o, inbox) for o in outputs)
         if self.stream_interval > 1:
             texts = (self._coalesce(t) for t in texts if t is not None)
-        return pack_text_outputs([t for t in texts if t is not None])
+        return pack_text_outputs([t for t in texts if t is not None], msg.replica)
 
     def _coalesce(self, out: TextOutput) -> TextOutput | None:
         """Stream interval: out merged with what was held for its request, or None while
@@ -108,7 +114,14 @@ class DetokWorker:
         self.sent_at[rid] = out.num_output_tokens
         return out
 
-    def _detokenize(self, o: StepOutput) -> TextOutput | None:
+    def to_replica(self, inbox: str) -> PushQueue:
+        """The socket to a replica's inbox, connected the first time it is named."""
+        q = self._to_replicas.get(inbox)
+        if q is None:
+            q = self._to_replicas[inbox] = PushQueue(inbox, bind=False, ctx=self._ctx)
+        return q
+
+    def _detokenize(self, o: StepOutput, inbox: str) -> TextOutput | None:
         """One request's text delta, or None when its step entry is dropped."""
         t0 = time.perf_counter()
         rid = o.rid
@@ -136,8 +149,8 @@ class DetokWorker:
             reason = "stop"
             self._remember_stopped(rid)
             if o.finish_reason is None:
-                with contextlib.suppress(QueueFull):
-                    self.to_scheduler.put(AbortRequest(rid, "stop_string"))
+                with contextlib.suppress(QueueFull, ValueError):  # (a bad endpoint)
+                    self.to_replica(inbox).put(AbortRequest(rid, "stop_string"))
         elif reason is not None:
             text += det.finish()
             if det.stopped:
@@ -211,7 +224,7 @@ class DetokWorker:
             if msgs:
                 self.quiet_since = time.monotonic()
             for msg in msgs:
-                if isinstance(msg, ComponentStatus) and msg.component == "scheduler":
+                if isinstance(msg, ComponentStatus) and msg.component.startswith("scheduler"):
                     with contextlib.suppress(QueueFull):  # its "stopping", after its outputs
                         self.to_frontend.put(msg)
                     continue
@@ -230,7 +243,7 @@ class DetokWorker:
                         log.error("frontend queue full; dropped step %d", msg.step)
         beacon.stop()
         self.heartbeat("stopping")
-        for q in (self.inbox, self.to_frontend, self.to_scheduler):
+        for q in (self.inbox, self.to_frontend, *self._to_replicas.values()):
             q.close()
 
     def stop(self, *_args) -> None:

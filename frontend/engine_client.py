@@ -1,14 +1,20 @@
 """The frontend's side of the pipeline: send requests, route what comes back to them.
 
 ```
- route handler ──submit()──▶ PUSH bind "tokenizer"  ──▶ tokenizer_worker × N
- release() / interrupts ───▶ PUSH connect "scheduler" (AbortRequest)
+ route handler ──submit()──▶ routing.Router picks replica K ──▶ PUSH bind "tokenizer"
+                                                                 ──▶ tokenizer_worker × N
+ release() / interrupts ───▶ PUSH connect replica K's inbox (AbortRequest)
  inbox thread ◀── PULL bind "frontend" ◀── TextOutputs (detok), RequestError (any worker),
       │                                    EngineStatus, ComponentStatus, TokenizeAck,
       │                                    TokenizerReply (frontend.tokenizer_calls)
       └─ call_soon_threadsafe(dispatch, batch) ─▶ event loop ─▶ RequestHandle.queue
                                                               └▶ HealthMonitor (statuses)
 ```
+
+Data parallelism: one PUSH socket per scheduler replica, connected when the replica joins
+(HealthMonitor's replica table calls `_on_join`). The frontend picks the replica before
+tokenizing (frontend.routing) and the TokenizeRequest names it, so the tokenizer worker
+sends it there; a request's aborts go to that replica (`RequestHandle.replica`).
 
 The inbox is read by one background thread (block once, then drain: one event-loop
 wake-up per batch, and msgpack decoding off the loop), so the loop never blocks on
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import zmq
 
@@ -46,9 +53,10 @@ from common.messages import (
 )
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from frontend.errors import APIError, invalid, renamed, unavailable
-from frontend.health import HealthMonitor
+from frontend.health import HealthMonitor, replica_key, replica_of
 from frontend.metrics import Metrics, shown_timings
 from frontend.request_handle import Delta, Receive, RequestHandle
+from frontend.routing import ReplicaLoad, Router
 from frontend.tokenizer_calls import TokenizerCalls
 
 log = get_logger("frontend.engine_client")
@@ -63,15 +71,25 @@ class EngineClient:
         self.config = config
         self.metrics = metrics
         self.health = HealthMonitor(
-            config.heartbeat_s, self.fail_all, self.fail_lost, self._send_scheduler
+            config.heartbeat_s,
+            self.fail_all,
+            self.fail_lost,
+            self._send_scheduler,
+            model_name=config.model_name,
+            secret=config.ipc.secret,
+            on_join=self._on_join,
         )
+        self.router = Router(config.server.routing)
         self.routes: dict[str, tuple[RequestHandle, int]] = {}
+        self.num_open: dict[int, int] = {}  # replica -> its sub-requests in `routes`
         self.draining = False  # set on SIGTERM: new requests get 503
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._to_tokenizer: PushQueue | None = None
-        self._to_scheduler: PushQueue | None = None
+        self._ctx: zmq.Context | None = None
+        self._to_replicas: dict[int, PushQueue] = {}  # replica -> socket to its inbox
+        self._old_sockets: list[PushQueue] = []  # a rejoined replica's old inbox
         self._inbox: PullQueue | None = None
         metrics.in_flight.set_function(lambda: len(self.routes))
         # /tokenize, /detokenize, /tokenizer_info: answered by a tokenizer worker
@@ -84,10 +102,10 @@ class EngineClient:
         self._loop = asyncio.get_running_loop()
         ipc = self.config.ipc
         ctx: zmq.Context = zmq.Context.instance()
+        self._ctx = ctx
         self._to_tokenizer = PushQueue(ipc.endpoint("tokenizer"), bind=True, ctx=ctx)
-        self._to_scheduler = PushQueue(ipc.endpoint("scheduler"), bind=False, ctx=ctx)
         self._inbox = PullQueue(ipc.endpoint("frontend"), bind=True, ctx=ctx)
-        self.health.start(self._to_scheduler.socket, ipc.endpoint("detok"), ctx)
+        self.health.start(ipc.endpoint("detok"), ctx)
         self._thread = threading.Thread(target=self._recv_loop, name="frontend-inbox", daemon=True)
         self._thread.start()
         log.info(
@@ -102,9 +120,21 @@ class EngineClient:
             self._thread.join(timeout=5)
         self.fail_remaining()
         self.health.close()
-        for q in (self._to_tokenizer, self._to_scheduler, self._inbox):
+        for q in (self._to_tokenizer, self._inbox, *self._to_replicas.values(), *self._old_sockets):
             if q is not None:
                 q.close()
+
+    def _on_join(self, replica: int, inbox: str | None) -> None:
+        """A replica joined (or rejoined at another inbox): connect to its inbox."""
+        ep = inbox or self.config.ipc.replica_endpoint(replica)
+        old = self._to_replicas.get(replica)
+        if old is not None and old.endpoint == ep:
+            return
+        q = PushQueue(ep, bind=False, ctx=self._ctx)
+        if old is not None:
+            self._old_sockets.append(old)  # its watch may still be read: closed at the end
+        self._to_replicas[replica] = q
+        self.health.watch_replica(replica, q.socket)
 
     # -- the inbox thread -----------------------------------------------------------------
     def _recv_loop(self) -> None:
@@ -137,8 +167,8 @@ class EngineClient:
                 elif isinstance(msg, RequestError):
                     self._on_error(msg)
                 elif isinstance(msg, EngineStatus):
-                    self.health.liveness.on_engine_status(msg, now)
-                    self.metrics.on_engine_status(msg)
+                    if self.health.on_engine_status(msg, now):
+                        self.metrics.on_engine_status(msg)
                 elif isinstance(msg, ComponentStatus):
                     self.health.on_component(msg, now)
                 elif isinstance(msg, TokenizeAck):
@@ -151,7 +181,7 @@ class EngineClient:
                 log.exception("dropping %s that failed to dispatch", type(msg).__name__)
 
     def _on_outputs(self, msg: TextOutputs, now: float) -> None:
-        self.health.liveness.on_outputs(now)
+        self.health.liveness.on_outputs(now, msg.replica)
         try:
             outputs = unpack_text_outputs(msg)
         except WireError as e:
@@ -167,7 +197,7 @@ class EngineClient:
             handle, index = route
             timings = o.timings if isinstance(o.timings, dict) else None
             if o.finish_reason is not None:
-                del routes[o.rid]
+                self._forget(o.rid)
             self.metrics.on_output(
                 handle,
                 index,
@@ -192,9 +222,17 @@ class EngineClient:
                 )
             )
 
+    def _forget(self, rid: str) -> tuple[RequestHandle, int] | None:
+        """rid leaves `routes` (finished, failed or aborted): the route, or None."""
+        route = self.routes.pop(rid, None)
+        if route is not None:
+            k = route[0].replica
+            self.num_open[k] = max(0, self.num_open.get(k, 0) - 1)
+        return route
+
     def _on_error(self, msg: RequestError) -> None:
         self.health.handoffs.forget(msg.rid)
-        route = self.routes.pop(msg.rid, None)
+        route = self._forget(msg.rid)
         if route is None:
             return
         status = msg.status if 400 <= msg.status <= 599 else 500
@@ -210,11 +248,15 @@ class EngineClient:
         receive: Receive | None = None,
         aliases: dict[str, str] | None = None,
         return_timings: bool = False,
+        pin: int | None = None,
+        prefix_key: bytes | None = None,
     ) -> RequestHandle:
-        """Send one HTTP request's sub-requests to the tokenizer pool. Raises APIError 503
-        when components are missing or too many sub-requests are in flight. A worker's
-        error names parameters as the client did (`aliases`, see protocol.param_aliases);
-        stage times reach the client only with `return_timings`."""
+        """Send one HTTP request's sub-requests to the tokenizer pool, for one scheduler
+        replica: `pin`, else the router's choice (`prefix_key`: see routing). Raises
+        APIError 503 when components are missing or too many sub-requests are in flight
+        (400 / 503 for a pin out of range / down). A worker's error names parameters as
+        the client did (`aliases`, see protocol.param_aliases); stage times reach the
+        client only with `return_timings`."""
         if self.draining:
             raise unavailable("server is shutting down", "shutting_down")
         missing = self.health.liveness.missing()
@@ -225,6 +267,8 @@ class EngineClient:
             raise unavailable(
                 f"too many requests in flight (limit {limit}); retry later", "overloaded"
             )
+        replica = self.pick_replica(pin, prefix_key)
+        inbox = self._to_replicas[replica].endpoint if replica in self._to_replicas else None
         handle = RequestHandle(
             [r.rid for r in reqs],
             arrival,
@@ -232,16 +276,49 @@ class EngineClient:
             aliases,
             return_timings,
         )
+        handle.replica = replica
         try:
             for i, req in enumerate(reqs):
-                await self._send_to_tokenizer(req)
+                await self._send_to_tokenizer(replace(req, replica=replica, inbox=inbox))
                 self.routes[req.rid] = (handle, i)
+                self.num_open[replica] = self.num_open.get(replica, 0) + 1
                 self.health.handoffs.sent(req.rid, time.monotonic())
         except BaseException:
             self.release(handle, "submit_failed")
             raise
         handle.watch(self._interrupt, receive)
         return handle
+
+    def pick_replica(self, pin: int | None, prefix_key: bytes | None) -> int:
+        """The replica for a new request: `pin` (400 when no such replica can exist, 503
+        when it is down), else the least loaded, with prefix affinity (routing.Router)."""
+        now = time.monotonic()
+        alive = self.health.liveness.alive_replicas(now)
+        if pin is not None:
+            known = set(self.health.liveness.engines) | set(range(self.config.data_parallel_size))
+            if pin < 0 or pin not in known:
+                raise APIError(
+                    400,
+                    f"data_parallel_rank {pin} is out of range: the replicas are {sorted(known)}",
+                    param="data_parallel_rank",
+                )
+            if pin not in alive:
+                raise unavailable(f"scheduler replica {pin} is down", "replica_unavailable")
+            return pin
+        engines = self.health.liveness.engines
+        loads = [
+            ReplicaLoad(
+                k,
+                engines[k].num_waiting,
+                engines[k].num_running,
+                engines[k].kv_usage,
+                self.num_open.get(k, 0),
+            )
+            for k in alive
+        ]
+        if not loads:  # admission checked that one is alive; a race with its death
+            raise unavailable("no scheduler replica is serving", "not_ready")
+        return self.router.pick(loads, prefix_key)
 
     async def _send_to_tokenizer(self, req: TokenizeRequest | TokenizerCall) -> None:
         """Non-blocking send; while no tokenizer takes it (none connected yet: a worker's
@@ -279,21 +356,21 @@ class EngineClient:
         num = 0
         for index, rid in enumerate(handle.rids):
             self.health.handoffs.forget(rid)
-            if self.routes.pop(rid, None) is None:
+            if self._forget(rid) is None:
                 continue
             num += 1
             # what it computed counts, as for finished requests (the last step may be missed)
             self.metrics.on_aborted(
                 handle.num_prompt_tokens[index], handle.num_output_tokens[index]
             )
-            if not self._send_scheduler(AbortRequest(rid, reason)):
+            if not self._send_replica(handle.replica, AbortRequest(rid, reason)):
                 log.warning("abort of %s not sent: scheduler queue full", rid)
         if num:
             log.debug("aborted %d sub-request(s) of %s: %s", num, handle.rids[0], reason)
         return num
 
-    def _send_scheduler(self, msg: Message) -> bool:
-        q = self._to_scheduler
+    def _send_replica(self, replica: int, msg: Message) -> bool:
+        q = self._to_replicas.get(replica)
         if q is None or q.socket.closed:
             return True
         try:
@@ -302,10 +379,21 @@ class EngineClient:
         except QueueFull:
             return False
 
+    def _send_scheduler(self, msg: Message) -> bool:
+        """To every replica (the frontend's heartbeat)."""
+        return all([self._send_replica(k, msg) for k in list(self._to_replicas)])
+
     # -- failing what runs (on the event loop) -------------------------------------------
     def fail_all(self, component: str, why: str) -> None:
-        """Every request in flight fails with 503; the scheduler is told to abort them."""
-        handles = {id(h): h for h, _ in self.routes.values()}
+        """What `component` held fails with 503: a replica's ("scheduler.K") requests, or
+        every request in flight (the detok); the replicas are told to abort them."""
+        key = replica_key(component)
+        replica = None if key is None else replica_of(key)
+        if replica is not None:
+            self.metrics.replica_down(replica)
+        handles = {
+            id(h): h for h, _ in self.routes.values() if replica is None or h.replica == replica
+        }
         if not handles:
             return
         log.error("%s %s: failing %d request(s) in flight", component, why, len(handles))

@@ -1,37 +1,37 @@
 """The frontend's view of the other components: who is alive, and what a dead one took.
 
 ```
- inbox ── EngineStatus, ComponentStatus, TextOutputs ──▶ Liveness ──▶ /health, admission
-       ── TokenizeAck ──────────────────────────────────▶ TokenizerHandoffs
- scheduler / detok connection closes (PeerWatch) ───────▶ on_disconnect ─┐
- watchdog, every WATCHDOG_S: windows lapsed, pids changed, lost handoffs ─┴▶ EngineClient
+ inbox ── EngineStatus ──▶ HealthMonitor.on_engine_status: the replica table (join / refuse)
+       ── ComponentStatus, TextOutputs ──▶ Liveness ──▶ /health, admission, routing
+       ── TokenizeAck ──────────────────▶ TokenizerHandoffs (frontend.handoffs)
+ a replica's / the detok's connection closes (PeerWatch) ──▶ on_disconnect ─┐
+ watchdog, every WATCHDOG_S: windows lapsed, pids changed, lost handoffs ────┴▶ EngineClient
                                                           fail_component / fail_lost (503)
 ```
 
+Components by name (frontend.liveness): "detok", "tokenizer", and "scheduler.K" per
+scheduler replica K; "scheduler" as a whole is up while at least one replica is.
+
 Liveness: a component is alive when it spoke within `window_s` = max(3 s, 3 × heartbeat_s):
-  scheduler  EngineStatus ("ready" or "heartbeat"), or any TextOutputs (a step ran)
-  detok      ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
-  tokenizer  ComponentStatus("tokenizer") from at least one worker pid
-A "stopping" status marks the sender down at once (the scheduler's comes through the
-detok, behind its last outputs), and so does the scheduler's or the detokenizer's
-connection closing (the process died); for a short guard after that, only
-a "ready" announcement (from its restarted successor) brings it back, not the dead
-process's last messages still on their way. Times are the frontend's own monotonic
-receipt times, so clock skew between hosts does not matter.
+  scheduler.K  its EngineStatus ("ready" or "heartbeat"), or a TextOutputs of its step
+  detok        ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
+  tokenizer    ComponentStatus("tokenizer") from at least one worker pid
+A "stopping" status marks the sender down at once (a replica's comes through the detok,
+behind its last outputs), and so does a replica's or the detokenizer's connection closing
+(the process died); for a short guard after that, only a "ready" announcement (from its
+restarted successor) brings it back, not the dead process's last messages still on their
+way. Times are the frontend's own monotonic receipt times, so clock skew between hosts
+does not matter.
 
-Handoffs: a request goes out on the PUSH pipe to the tokenizer pool, and ZeroMQ gives no
-word of which worker takes it, so the workers say so (common.messages.TokenizeAck):
+The replica table: a replica joins with its EngineStatus (id, pid, inbox, model facts,
+KV pool; `proof` that it holds ipc.secret). Refused, with one log line each: another
+model (or other model facts than the replicas already in), a wrong secret, and a second
+process claiming a live replica's id at another inbox. The same id at the same inbox
+with a new pid is that replica restarted: what the old process held fails.
 
-```
- submitted ──ack(pid)──▶ taken by pid ──ack(done)──▶ forgotten (the scheduler has it)
-     │                        │
-     └─ no ack in grace_s ────┴─ pid died ──▶ lost(): the frontend fails it with 503
-```
-Outputs, errors and aborts for a rid also forget it.
-
-Liveness and TokenizerHandoffs are pure bookkeeping (callers pass `now`); HealthMonitor
-owns the sockets and the watchdog task and runs on the event loop, except `peers_gone`,
-which the inbox thread calls.
+Liveness is pure bookkeeping (callers pass `now`); HealthMonitor owns the watches and the
+watchdog task and runs on the event loop, except `peers_gone`, which the inbox thread
+calls.
 """
 
 from __future__ import annotations
@@ -40,21 +40,29 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 import zmq
 
+from common.auth import verify_replica
+from common.endpoints import check_endpoint
 from common.log import get_logger
-from common.messages import ComponentStatus, EngineStatus, Message, TokenizeAck
+from common.messages import ComponentStatus, EngineStatus, Message
 from common.zmq_queue import PeerWatch, PushQueue
+from frontend.handoffs import ACK_GRACE_S, TokenizerHandoffs
+from frontend.liveness import Liveness, replica_key, replica_of
+
+__all__ = [
+    "ACK_GRACE_S",
+    "HealthMonitor",
+    "Liveness",
+    "TokenizerHandoffs",
+    "replica_key",
+    "replica_of",
+]
 
 log = get_logger("frontend.health")
 
-COMPONENTS = ("scheduler", "tokenizer", "detok")
-PRUNE_AFTER = 10  # forget a silent tokenizer pid after this many windows
-DISCONNECT_GUARD_S = 1.0  # after a disconnect, only "ready" revives a component this long
-ACK_GRACE_S = 0.5  # a live tokenizer takes a request off its pipe well within this
-# a scheduler's connection closed: what it held fails this much later, so that its last
+# a replica's connection closed: what it held fails this much later, so that its last
 # outputs, still on their way through the detok, land first (a clean stop's "stopping"
 # comes through the detok behind them and ends the wait at once)
 DISCONNECT_SETTLE_S = 1.0
@@ -65,147 +73,13 @@ class StartupStopped(RuntimeError):
     """wait_ready gave up because the process is shutting down."""
 
 
-class Liveness:
-    def __init__(self, heartbeat_s: float) -> None:
-        self.window_s = max(3.0, 3.0 * heartbeat_s)
-        self.last_seen: dict[str, float] = {}  # "scheduler" / "detok" -> monotonic time
-        self.tokenizers: dict[int, float] = {}  # pid -> monotonic time
-        self.engine: EngineStatus | None = None  # the latest, for /v1/models and /metrics
-        self.guard_until: dict[str, float] = {}  # see on_disconnect
-
-    def _seen(self, name: str, now: float, ready: bool = False) -> None:
-        if ready or now >= self.guard_until.get(name, 0.0):
-            self.last_seen[name] = now
-
-    def on_disconnect(self, name: str, now: float) -> None:
-        """The scheduler's or detok's socket connection closed: it is gone."""
-        self.last_seen.pop(name, None)
-        self.guard_until[name] = now + DISCONNECT_GUARD_S
-
-    def on_engine_status(self, msg: EngineStatus, now: float) -> None:
-        self.engine = msg
-        if msg.kind in ("ready", "heartbeat"):
-            self._seen("scheduler", now, msg.kind == "ready")
-        else:
-            self.last_seen.pop("scheduler", None)
-
-    def on_component(self, msg: ComponentStatus, now: float) -> None:
-        stopping = msg.kind == "stopping"
-        if msg.component == "tokenizer":
-            if stopping:  # marked silent (not dropped) so the frontend fails what it held
-                if msg.pid in self.tokenizers:
-                    self.tokenizers[msg.pid] = float("-inf")
-            else:
-                self.tokenizers[msg.pid] = now
-        elif msg.component in ("scheduler", "detok"):
-            if stopping:
-                self.last_seen.pop(msg.component, None)
-            # a scheduler counts as ready only once its EngineStatus arrived
-            elif msg.component == "detok" or self.engine is not None:
-                self._seen(msg.component, now, msg.kind == "ready")
-
-    def on_outputs(self, now: float) -> None:
-        self._seen("detok", now)
-        if self.engine is not None:
-            self._seen("scheduler", now)
-
-    def dead_tokenizers(self, now: float) -> set[int]:
-        """Pids of tokenizer workers silent for longer than the window (not yet forgotten)."""
-        return {pid for pid, t in self.tokenizers.items() if now - t > self.window_s}
-
-    def _alive_tokenizers(self, now: float) -> int:
-        stale = [pid for pid, t in self.tokenizers.items() if now - t > PRUNE_AFTER * self.window_s]
-        for pid in stale:
-            del self.tokenizers[pid]
-        return sum(1 for t in self.tokenizers.values() if now - t <= self.window_s)
-
-    def missing(self, now: float | None = None) -> list[str]:
-        now = time.monotonic() if now is None else now
-        out = []
-        for name in COMPONENTS:
-            if name == "tokenizer":
-                ok = self._alive_tokenizers(now) > 0
-            else:
-                seen = self.last_seen.get(name)
-                ok = seen is not None and now - seen <= self.window_s
-            if not ok:
-                out.append(name)
-        return out
-
-    def report(self, now: float | None = None) -> dict[str, Any]:
-        now = time.monotonic() if now is None else now
-        missing = self.missing(now)
-        out: dict[str, Any] = {}
-        for name in COMPONENTS:
-            if name == "tokenizer":
-                seen = max(self.tokenizers.values(), default=None)
-            else:
-                seen = self.last_seen.get(name)
-            entry: dict[str, Any] = {
-                "alive": name not in missing,
-                "last_seen_s": None if seen is None else round(now - seen, 3),
-            }
-            if name == "tokenizer":
-                entry["workers"] = self._alive_tokenizers(now)
-            out[name] = entry
-        return out
-
-
-class TokenizerHandoffs:
-    def __init__(self) -> None:
-        self.unacked: dict[str, float] = {}  # rid -> when it was sent, until a worker takes it
-        self.taken: dict[str, int] = {}  # rid -> pid of the worker that took it
-        self._lost_pids: set[int] = set()  # dead workers already accounted for
-
-    def __bool__(self) -> bool:
-        return bool(self.unacked or self.taken)
-
-    def sent(self, rid: str, now: float) -> None:
-        self.unacked[rid] = now
-
-    def forget(self, rid: str) -> None:
-        """rid is past the tokenizers (output, error or abort): nothing to watch."""
-        self.unacked.pop(rid, None)
-        self.taken.pop(rid, None)
-
-    def on_ack(self, msg: TokenizeAck) -> None:
-        for rid in msg.rids:
-            if msg.done:
-                self.taken.pop(rid, None)
-            elif self.unacked.pop(rid, None) is not None:
-                self.taken[rid] = msg.pid
-
-    def newly_dead(self, dead: set[int]) -> set[int]:
-        """Of the `dead` worker pids, those not reported before."""
-        new = dead - self._lost_pids
-        self._lost_pids |= new
-        return new
-
-    def prune(self, known: set[int]) -> None:
-        """Forget dead pids liveness no longer tracks (`known`: the pids it does)."""
-        self._lost_pids &= known
-
-    def lost(
-        self,
-        now: float,
-        dead: set[int] | frozenset[int] = frozenset(),
-        grace_s: float = ACK_GRACE_S,
-    ) -> list[str]:
-        """Forget and return the rids a dead or hung worker holds: those no worker took
-        within grace_s (in its pipe: a live worker takes its whole pipe at every loop) and
-        those a `dead` worker took but never passed on."""
-        rids = [rid for rid, t in self.unacked.items() if now - t > grace_s]
-        rids += [rid for rid, pid in self.taken.items() if pid in dead]
-        for rid in rids:
-            self.forget(rid)
-        return rids
-
-
 class HealthMonitor:
-    """The active part: the scheduler's and detok's connections watched, restarted pids
-    noticed, and a watchdog, all reporting failures to the client: `fail_component(name,
-    why)` for everything in flight, `fail_lost(rids, why)` for what a tokenizer held. The
-    client feeds `liveness` and `handoffs` from the inbox and reads them directly."""
+    """The active part: the replica table kept, the replicas' and detok's connections
+    watched, restarted pids noticed, and a watchdog, all reporting failures to the
+    client: `fail_component(name, why)` for what a replica ("scheduler.K") or the detok
+    held, `fail_lost(rids, why)` for what a tokenizer held; `on_join(replica, inbox)`
+    when a replica joins or rejoins. The client feeds `liveness` and `handoffs` from the
+    inbox and reads them directly."""
 
     def __init__(
         self,
@@ -213,43 +87,56 @@ class HealthMonitor:
         fail_component: Callable[[str, str], None],
         fail_lost: Callable[[list[str], str], None],
         send_scheduler: Callable[[Message], bool],
+        model_name: str | None = None,  # a replica serving another is refused
+        secret: str | None = None,  # a replica whose proof does not verify is refused
+        on_join: Callable[[int, str | None], None] | None = None,
     ) -> None:
         self.heartbeat_s = heartbeat_s
         self.liveness = Liveness(heartbeat_s)
         self.handoffs = TokenizerHandoffs()  # which tokenizer worker holds which rid
+        self.model_name = model_name
+        self.secret = secret
         self._fail_component = fail_component
         self._fail_lost = fail_lost
         self._send_scheduler = send_scheduler
-        self._alive = {name: False for name in COMPONENTS}
+        self._on_join = on_join
+        self._alive: dict[str, bool] = {"detok": False}  # and "scheduler.K" once joined
         self._settle_until: dict[str, float] = {}  # see DISCONNECT_SETTLE_S
-        self._pids: dict[str, int] = {}  # scheduler / detok pid last heard
+        self._pids: dict[str, int] = {}  # detok / replica pid last heard
+        self._refused: set[tuple[int, int, str]] = set()  # (replica, pid, why) logged
         self._detok_probe: PushQueue | None = None  # connected only to watch the detok
         self._watches: dict[str, PeerWatch] = {}  # read by the inbox thread only
+        self._old_watches: list[PeerWatch] = []
         self._watchdog: asyncio.Task | None = None
 
     # -- lifecycle (on the event loop) ------------------------------------------------------
-    def start(self, scheduler: zmq.Socket, detok_endpoint: str, ctx: zmq.Context) -> None:
-        """Watch the connections of `scheduler` (the client's socket to it) and of a probe
-        connected to the detok, and start the watchdog."""
+    def start(self, detok_endpoint: str, ctx: zmq.Context) -> None:
+        """Watch a probe connected to the detok, and start the watchdog."""
         self._detok_probe = PushQueue(detok_endpoint, bind=False, ctx=ctx)
-        self._watches = {
-            "scheduler": PeerWatch(scheduler),
-            "detok": PeerWatch(self._detok_probe.socket),
-        }
+        self._watches = {"detok": PeerWatch(self._detok_probe.socket)}
         self._watchdog = asyncio.ensure_future(self._watch())
+
+    def watch_replica(self, replica: int, socket: zmq.Socket) -> None:
+        """Watch the client's socket to a replica's inbox. The inbox thread reads the
+        watches: the table is replaced, never changed in place."""
+        key = f"scheduler.{replica}"
+        old = self._watches.get(key)
+        if old is not None:
+            self._old_watches.append(old)  # closed at the end: the inbox thread may read it
+        self._watches = {**self._watches, key: PeerWatch(socket)}
 
     def close(self) -> None:
         """After the inbox thread stopped (it reads the watches)."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        for watch in self._watches.values():
+        for watch in [*self._watches.values(), *self._old_watches]:
             watch.close()
         if self._detok_probe is not None:
             self._detok_probe.close()
 
     async def wait_ready(self, timeout_s: float, stopped: Callable[[], bool]) -> None:
-        """Return once every component is alive; TimeoutError after timeout_s,
-        StartupStopped once `stopped()` (shutting down)."""
+        """Return once every component is alive (one replica at least); TimeoutError
+        after timeout_s, StartupStopped once `stopped()` (shutting down)."""
         deadline = time.monotonic() + timeout_s
         last_log = 0.0
         while missing := self.liveness.missing():
@@ -265,40 +152,104 @@ class HealthMonitor:
 
     # -- the inbox thread -------------------------------------------------------------------
     def peers_gone(self) -> list[str]:
-        """Which of scheduler / detok disconnected since the last call; never blocks."""
+        """Which replicas / the detok disconnected since the last call; never blocks."""
         return [name for name, watch in self._watches.items() if watch.gone()]
 
     # -- what the inbox heard (on the event loop) -------------------------------------------
+    def _refusal(self, msg: EngineStatus, now: float) -> str | None:
+        if self.model_name is not None and msg.model != self.model_name:
+            return f"it serves model {msg.model!r}, this frontend {self.model_name!r}"
+        if not verify_replica(self.secret, msg.replica, msg.pid, msg.proof):
+            return "it does not hold this frontend's secret (ipc.secret)"
+        try:
+            if msg.inbox is not None:
+                check_endpoint(msg.inbox)
+        except ValueError as bad:
+            return str(bad)
+        for k, other in self.liveness.engines.items():
+            theirs = (other.vocab_size, other.max_model_len)
+            if k != msg.replica and theirs != (msg.vocab_size, msg.max_model_len):
+                return (
+                    f"its model facts (vocab {msg.vocab_size}, context {msg.max_model_len}) "
+                    f"differ from replica {k}'s {theirs}"
+                )
+        old = self.liveness.engines.get(msg.replica)
+        if (
+            old is not None
+            and old.pid != msg.pid
+            and old.inbox != msg.inbox
+            and self.liveness.alive(f"scheduler.{msg.replica}", now)
+        ):
+            return f"replica {msg.replica} is already served by pid {old.pid} at {old.inbox}"
+        return None
+
+    def on_engine_status(self, msg: EngineStatus, now: float) -> bool:
+        """A replica's status: it joins (or rejoins, restarted), is refused, or reports
+        its load. False when refused (the caller drops the message)."""
+        if why := self._refusal(msg, now):
+            if (msg.replica, msg.pid, why) not in self._refused:  # one line per refusal
+                self._refused.add((msg.replica, msg.pid, why))
+                log.error(
+                    "refused scheduler replica %d (pid %d, inbox %s): %s",
+                    msg.replica,
+                    msg.pid,
+                    msg.inbox,
+                    why,
+                )
+            return False
+        key = f"scheduler.{msg.replica}"
+        old = self.liveness.engines.get(msg.replica)
+        if old is None or (old.pid, old.inbox) != (msg.pid, msg.inbox):
+            if old is not None and old.pid != msg.pid and self._alive.get(key):
+                self._alive[key] = False  # what the old process held is gone with it
+                self._settle_until.pop(key, None)
+                self._fail_component(key, f"restarted (pid {old.pid} -> {msg.pid})")
+            self._pids[key] = msg.pid
+            log.info(
+                "scheduler replica %d joined: pid %d, inbox %s, %d KV blocks",
+                msg.replica,
+                msg.pid,
+                msg.inbox,
+                msg.num_total_blocks,
+            )
+            if self._on_join is not None:
+                self._on_join(msg.replica, msg.inbox)
+        self._alive.setdefault(key, False)
+        self.liveness.on_engine_status(msg, now)
+        return True
+
     def on_component(self, msg: ComponentStatus, now: float) -> None:
-        """A scheduler or detok with a new pid restarted: what the old one held is gone."""
-        if msg.component in ("scheduler", "detok"):
-            old = self._pids.get(msg.component)
+        """A detok with a new pid restarted: what the old one held is gone. A replica's
+        statuses count only from the pid that joined (its EngineStatus says which)."""
+        key = "detok" if msg.component == "detok" else replica_key(msg.component)
+        if key is not None and key != "detok":
+            if self._pids.get(key) != msg.pid:
+                return  # not (or no longer) the process in the table
+        elif key == "detok":
+            old = self._pids.get(key)
             if msg.kind == "stopping" and old is not None and old != msg.pid:
                 return  # a replaced process's last word, come late: not about its successor
-            self._pids[msg.component] = msg.pid
+            self._pids[key] = msg.pid
             if old is not None and old != msg.pid:
-                self._fail_component(msg.component, f"restarted (pid {old} -> {msg.pid})")
+                self._fail_component(key, f"restarted (pid {old} -> {msg.pid})")
         self.liveness.on_component(msg, now)
-        if (
-            msg.kind == "stopping"
-            and msg.component in ("scheduler", "detok")
-            and self._alive[msg.component]
-        ):
+        if key is not None and msg.kind == "stopping" and self._alive.get(key):
             # its outputs came before this: what is still open, it gave up (drain deadline)
-            self._alive[msg.component] = False
-            self._settle_until.pop(msg.component, None)
-            self._fail_component(msg.component, "stopped")
+            self._alive[key] = False
+            self._settle_until.pop(key, None)
+            self._fail_component(key, "stopped")
 
     def on_disconnect(self, names: list[str]) -> None:
-        """The scheduler's or detok's connection closed: the process is gone. /health says
-        so now, without waiting for its heartbeats to lapse; what it held fails now (detok)
-        or DISCONNECT_SETTLE_S later (scheduler: its last outputs may be in the detok)."""
+        """A replica's or the detok's connection closed: the process is gone. /health
+        says so now, without waiting for its heartbeats to lapse; what it held fails now
+        (detok) or DISCONNECT_SETTLE_S later (a replica: its last outputs may be in the
+        detok)."""
         now = time.monotonic()
         for name in names:
             self.liveness.on_disconnect(name, now)
-            if not self._alive[name]:
+            if not self._alive.get(name):
                 continue
-            if name == "scheduler":  # its last outputs may still be in the detok: see check
+            if name != "detok":  # its last outputs may still be in the detok: see check
                 self._settle_until[name] = now + DISCONNECT_SETTLE_S
             else:  # the detok delivers outputs itself: nothing more can come
                 self._alive[name] = False
@@ -312,7 +263,7 @@ class HealthMonitor:
             await asyncio.sleep(WATCHDOG_S)
             try:
                 now = time.monotonic()
-                if now - last_beat >= self.heartbeat_s:  # tells the scheduler our pid: a
+                if now - last_beat >= self.heartbeat_s:  # tells the replicas our pid: a
                     last_beat = now  # new one means requests of a dead frontend are orphans
                     self._send_scheduler(
                         ComponentStatus("frontend", os.getpid(), "heartbeat", time.time())
@@ -324,9 +275,9 @@ class HealthMonitor:
     def check(self, now: float) -> None:
         liveness, handoffs = self.liveness, self.handoffs
         dead = handoffs.newly_dead(liveness.dead_tokenizers(now))  # before missing(), which
-        missing = liveness.missing(now)  # prunes long-silent tokenizers
-        for name in ("scheduler", "detok"):
-            alive = name not in missing
+        liveness.missing(now)  # prunes long-silent tokenizers
+        for name in list(self._alive):
+            alive = liveness.alive(name, now)
             settling = now < self._settle_until.get(name, 0.0)
             if self._alive[name] and not alive:
                 if settling:

@@ -1,7 +1,10 @@
 """Prometheus metrics with vLLM-style names under the `zeroserve:` prefix.
 
-Engine gauges mirror the latest EngineStatus; the prefix-cache counters advance by the
-difference between consecutive (cumulative) EngineStatus values. Latencies are measured
+Engine gauges are the sums over the scheduler replicas' latest EngineStatus (a replica that
+left counts no more), and each replica has its own series under `zeroserve:replica_*`
+with an `engine` label (its id, as vLLM's engine label): waiting, running, KV usage,
+prefix-cache hits, up. The prefix-cache counters advance by the difference between
+consecutive (cumulative) EngineStatus values of each replica. Latencies are measured
 here, from the HTTP request's arrival to the moment the frontend inbox received an
 output: TTFT, inter-token latency (per token: a step of k tokens gives k observations of
 dt/k; the first step only feeds TTFT), end-to-end. Stage times (tokenize, queue,
@@ -237,29 +240,81 @@ class Metrics:
             ["part"],
             registry=r,
         )
-        self._last_busy: dict[str, float] = {}
+        self.replica_running = Gauge(
+            P + "replica_num_requests_running",
+            "Requests running in one scheduler replica.",
+            ["engine"],
+            registry=r,
+        )
+        self.replica_waiting = Gauge(
+            P + "replica_num_requests_waiting",
+            "Requests waiting in one scheduler replica.",
+            ["engine"],
+            registry=r,
+        )
+        self.replica_kv_usage = Gauge(
+            P + "replica_kv_cache_usage_perc",
+            "KV-cache usage of one scheduler replica, 1 = full.",
+            ["engine"],
+            registry=r,
+        )
+        self.replica_prefix_hits = Gauge(
+            P + "replica_prefix_cache_hits",
+            "Prefix-cache hits of one scheduler replica since it started, in tokens.",
+            ["engine"],
+            registry=r,
+        )
+        self.replica_up = Gauge(
+            P + "replica_up", "1 while a scheduler replica serves.", ["engine"], registry=r
+        )
+        self._engines: dict[int, EngineStatus] = {}  # replica -> latest status (counted)
+        self._last_busy: dict[tuple[int, str], float] = {}
         self.recent_tokens = RateWindow(RATE_WINDOW_S)  # output tokens, for GET /stats
-        self._last_queries = 0
-        self._last_hits = 0
+        self.replica_tokens: dict[int, RateWindow] = {}  # the same, per replica
+        self.replica_tokens_total: dict[int, int] = {}
+        self._last_prefix: dict[int, tuple[int, int]] = {}  # replica -> (queries, hits)
 
     def on_engine_status(self, msg: EngineStatus) -> None:
-        self.num_running.set(msg.num_running)
-        self.num_waiting.set(msg.num_waiting)
-        self.kv_usage.set(msg.kv_usage)
-        self.kv_free_blocks.set(msg.num_free_blocks)
-        self.kv_total_blocks.set(msg.num_total_blocks)
+        k = msg.replica
+        self._engines[k] = msg
+        self._set_totals()
+        engine = str(k)
+        self.replica_running.labels(engine=engine).set(msg.num_running)
+        self.replica_waiting.labels(engine=engine).set(msg.num_waiting)
+        self.replica_kv_usage.labels(engine=engine).set(msg.kv_usage)
+        self.replica_prefix_hits.labels(engine=engine).set(msg.prefix_cache_hits)
+        self.replica_up.labels(engine=engine).set(1)
         # cumulative in the scheduler; a smaller value means it restarted from zero
-        dq = msg.prefix_cache_queries - self._last_queries
-        dh = msg.prefix_cache_hits - self._last_hits
+        last_q, last_h = self._last_prefix.get(k, (0, 0))
+        dq = msg.prefix_cache_queries - last_q
+        dh = msg.prefix_cache_hits - last_h
         self.prefix_queries.inc(dq if dq >= 0 else msg.prefix_cache_queries)
         self.prefix_hits.inc(dh if dh >= 0 else msg.prefix_cache_hits)
-        self._last_queries, self._last_hits = msg.prefix_cache_queries, msg.prefix_cache_hits
+        self._last_prefix[k] = (msg.prefix_cache_queries, msg.prefix_cache_hits)
         for part, total in (msg.busy or {}).items():
             if not isinstance(total, (int, float)) or not 0 <= total < 1e12 or len(part) > 32:
                 continue
-            d = total - self._last_busy.get(part, 0.0)
+            d = total - self._last_busy.get((k, part), 0.0)
             self.busy.labels(part=part).inc(d if d >= 0 else total)  # restarted scheduler
-            self._last_busy[part] = total
+            self._last_busy[(k, part)] = total
+
+    def replica_down(self, replica: int) -> None:
+        """A replica left: it counts in the totals no more (until its next status)."""
+        if self._engines.pop(replica, None) is not None:
+            self._set_totals()
+        self.replica_up.labels(engine=str(replica)).set(0)
+        self.replica_running.labels(engine=str(replica)).set(0)
+        self.replica_waiting.labels(engine=str(replica)).set(0)
+
+    def _set_totals(self) -> None:
+        es = self._engines.values()
+        free, total = sum(e.num_free_blocks for e in es), sum(e.num_total_blocks for e in es)
+        self.num_running.set(sum(e.num_running for e in es))
+        self.num_waiting.set(sum(e.num_waiting for e in es))
+        used = sum(e.kv_usage * e.num_total_blocks for e in es)
+        self.kv_usage.set(used / total if total else 0.0)
+        self.kv_free_blocks.set(free)
+        self.kv_total_blocks.set(total)
 
     def on_output(
         self,
@@ -276,6 +331,12 @@ class Metrics:
         for these latencies, and for the tokens an abort counts (on_aborted)."""
         num_new = num_output_tokens - handle.num_output_tokens[index]
         if num_new > 0:
+            self.replica_tokens.setdefault(handle.replica, RateWindow(RATE_WINDOW_S)).add(
+                now, num_new
+            )
+            self.replica_tokens_total[handle.replica] = (
+                self.replica_tokens_total.get(handle.replica, 0) + num_new
+            )
             self.on_tokens(
                 now,
                 handle.arrival,

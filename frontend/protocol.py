@@ -67,6 +67,8 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     return_timings: bool | None = False  # extension: per-stage times in the usage
+    # extension (vLLM's): the scheduler replica to serve it; also X-Data-Parallel-Rank
+    data_parallel_rank: int | None = None
     # OpenAI fields that change nothing here (or are refused by check_unsupported)
     logit_bias: dict[str, float] | None = None
     metadata: dict[str, str] | None = None

@@ -71,6 +71,7 @@ class RequestHandle:
         self.watcher: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.released = False
+        self.replica = 0  # the scheduler replica its sub-requests went to
         self.aliases = aliases or {}  # for worker errors: see EngineClient.submit
 
     @property

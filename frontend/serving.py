@@ -55,6 +55,9 @@ from frontend.protocol import (
 )
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
 from frontend.responses import ChatFormat, Choice, CompletionFormat, GenerateFormat, ResponseFormat
+from frontend.routing import prefix_key
+
+RANK_HEADER = "x-data-parallel-rank"
 
 log = get_logger("frontend.serving")
 
@@ -219,8 +222,15 @@ class Serving:
             echo_only=echo_only,
             n=len(params),
         )
+        first_text, _, first_ids = prompts[0]  # a batch goes where its first prompt's prefix is
         return await self._serve(
-            request, reqs, arrival, fmt, bool(req.stream), return_timings=bool(req.return_timings)
+            request,
+            reqs,
+            arrival,
+            fmt,
+            bool(req.stream),
+            return_timings=bool(req.return_timings),
+            route=self._route(request, req, first_text, first_ids),
         )
 
     async def _echo_texts(self, prompts: list[Prompt]) -> list[str]:
@@ -261,8 +271,16 @@ class Serving:
             req.include_usage,
             req.continuous_usage,
         )
+        text = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
         return await self._serve(
-            request, reqs, arrival, fmt, bool(req.stream), aliases, bool(req.return_timings)
+            request,
+            reqs,
+            arrival,
+            fmt,
+            bool(req.stream),
+            aliases,
+            bool(req.return_timings),
+            self._route(request, req, text, None),
         )
 
     async def generate(self, request: Request) -> Response:
@@ -293,7 +311,28 @@ class Serving:
             req.stream is not False,
             aliases,
             bool(req.return_timings),
+            self._route(request, req, req.prompt, None),
         )
+
+    def _route(
+        self,
+        request: Request,
+        req: CompletionRequest | ChatCompletionRequest | GenerateRequest,
+        text: str | None,
+        ids: list[int] | None,
+    ) -> tuple[int | None, bytes | None]:
+        """(the replica the client pinned, or None; the prompt's prefix key)."""
+        pin = req.data_parallel_rank
+        header = request.headers.get(RANK_HEADER)
+        if pin is None and header is not None:
+            if not header.strip().lstrip("-").isdigit():
+                raise APIError(
+                    400,
+                    f"X-Data-Parallel-Rank must be an integer, got {header[:20]!r}",
+                    param="data_parallel_rank",
+                )
+            pin = int(header)
+        return pin, prefix_key(text, ids, self.config.engine.cache.block_size)
 
     # -- the shared flow --------------------------------------------------------------------
     async def _serve(
@@ -305,10 +344,14 @@ class Serving:
         stream: bool,
         aliases: dict[str, str] | None = None,
         return_timings: bool = False,
+        route: tuple[int | None, bytes | None] = (None, None),
     ) -> Response:
         """Submit, then one JSON response once every choice finished, or a stream that
-        starts (headers sent) with the first output."""
-        handle = await self.client.submit(reqs, arrival, request.receive, aliases, return_timings)
+        starts (headers sent) with the first output. `route`: (pinned replica, prefix
+        key), see frontend.routing."""
+        handle = await self.client.submit(
+            reqs, arrival, request.receive, aliases, return_timings, *route
+        )
         choices = [Choice(i, fmt.prompt_index(i)) for i in range(handle.n)]
         handed_over = False
         try:

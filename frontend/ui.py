@@ -18,8 +18,9 @@ EngineStatus (sent with every heartbeat, about once a second) and the metrics re
      "totals": {the counts summed over replicas, "kv_cache_usage" and "prefix_cache_hit_rate"
                 over them all, "num_replicas", "num_replicas_alive"}}
 
-One replica today; the list is there so several can be shown later. Figures the frontend
-has not heard yet are null. `output_tokens_per_s` is over the last RATE_WINDOW_S;
+One entry per scheduler replica the frontend has admitted (frontend.health's table), by
+id; the in-flight and token counts are what the frontend routed there. Figures the
+frontend has not heard yet are null. `output_tokens_per_s` is over the last RATE_WINDOW_S;
 `prefix_cache_hit_rate` is hits / queries (in tokens) since the scheduler started.
 Like /health and /metrics, /stats needs no API key: it holds the same numbers as /metrics
 and no request content. With server.ui off, / is a 404 (and /stats stays).
@@ -36,7 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from common.config import Config
 from frontend.engine_client import EngineClient
-from frontend.metrics import Metrics, P
+from frontend.metrics import Metrics
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 # the page loads nothing from elsewhere; the browser holds it to that
@@ -56,20 +57,22 @@ SUMMED = (
 )
 
 
-def replica_stats(config: Config, client: EngineClient, metrics: Metrics) -> dict[str, Any]:
+def replica_stats(
+    config: Config, client: EngineClient, metrics: Metrics, replica: int = 0
+) -> dict[str, Any]:
     now = time.monotonic()
-    engine = client.health.liveness.engine
-    seen = client.health.liveness.last_seen.get("scheduler")
+    live = client.health.liveness
+    engine = live.engines.get(replica)
+    seen = live.last_seen.get(f"scheduler.{replica}")
+    rate = metrics.replica_tokens.get(replica)
     out: dict[str, Any] = {
-        "id": "0",
+        "id": str(replica),
         "model": config.model_name,
-        "alive": "scheduler" not in client.health.liveness.missing(now),
+        "alive": live.alive(f"scheduler.{replica}", now),
         "status_age_s": None if seen is None else round(now - seen, 3),
-        "num_requests_in_flight": len(client.routes),
-        "output_tokens_per_s": round(metrics.recent_tokens.rate(now), 2),
-        "output_tokens_total": int(
-            metrics.registry.get_sample_value(P + "generation_tokens_total") or 0
-        ),
+        "num_requests_in_flight": client.num_open.get(replica, 0),
+        "output_tokens_per_s": round(rate.rate(now), 2) if rate is not None else 0.0,
+        "output_tokens_total": metrics.replica_tokens_total.get(replica, 0),
     }
     if engine is None:
         out.update(
@@ -120,7 +123,8 @@ def ui_router(config: Config, client: EngineClient, metrics: Metrics) -> APIRout
 
     @router.get("/stats")
     async def stats() -> JSONResponse:
-        replicas = [replica_stats(config, client, metrics)]
+        ids = sorted(client.health.liveness.engines) or [0]
+        replicas = [replica_stats(config, client, metrics, k) for k in ids]
         return JSONResponse({"time": time.time(), "replicas": replicas, "totals": totals(replicas)})
 
     if config.server.ui:

@@ -1,6 +1,6 @@
 """The scheduler process: owns the engine and drives it from its ZeroMQ inbox.
 
-    inbox (PULL, bind "scheduler") ◀── GenerateRequest (tokenizers), AbortRequest (frontend, detok)
+    inbox (PULL, bind "scheduler.K") ◀── GenerateRequest (tokenizers), AbortRequest (frontend, detok)
     ──▶ PUSH "detok":    one StepOutputs per engine step, every request's new tokens
     ──▶ PUSH "frontend": EngineStatus (ready, heartbeat), RequestError (rejected requests)
 
@@ -9,6 +9,12 @@ step, push one message. An abort may arrive before its request (a tokenizer may 
 hold it): such ids are remembered for a while and the request is dropped on arrival.
 Beside the engine's own state, the worker keeps one RequestRecord per request, from its
 GenerateRequest until its finishing output has gone out.
+
+Data parallelism: each of N replicas (`--replica-id K`) is this process, with its own
+engine, KV pool and inbox (IPCConfig.replica_endpoint(K), or --replica-inbox); it names
+itself and that inbox in its EngineStatus (the frontend's replica table) and in every
+StepOutputs (the detok sends a stop-string abort back to it). A second process claiming
+a replica's ipc inbox, or its tcp port, is refused before it loads the model.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from dataclasses import dataclass
 
 import zmq
 
-from common.auth import verify_rid
+from common.auth import replica_proof, verify_rid
 from common.config import Config, ConfigError
+from common.endpoints import advertised, ipc_in_use
 from common.heartbeat import Heartbeat
 from common.log import get_logger, install_stack_dump
 from common.messages import (
@@ -77,13 +84,32 @@ class RequestRecord:
     announced: bool = False  # detok_settings went out, with the first output
 
 
+def inbox_endpoint(config: Config) -> str:
+    """Where this replica binds its inbox; ConfigError when another process holds it."""
+    ep = config.ipc.replica_inbox or config.ipc.replica_endpoint(config.replica_id)
+    if ipc_in_use(ep):
+        raise ConfigError(
+            f"replica {config.replica_id}: another process serves its inbox {ep}; "
+            "refusing to start a second replica with that id"
+        )
+    return ep
+
+
 class SchedulerWorker:
     def __init__(self, config: Config, engine: LLMEngine | None = None) -> None:
         self.config = config
+        self.replica = config.replica_id
+        self.component = f"scheduler.{self.replica}"  # its ComponentStatus name
+        bind = inbox_endpoint(config)  # before the model loads: a duplicate fails fast
         self.engine = engine or LLMEngine(config.engine)
         check_kv_pool(self.engine)
         self.ctx: zmq.Context = zmq.Context.instance()
-        self.inbox = PullQueue(config.ipc.endpoint("scheduler"), bind=True, ctx=self.ctx)
+        try:
+            self.inbox = PullQueue(bind, bind=True, ctx=self.ctx)
+        except zmq.ZMQError as e:  # a tcp port held by another process (another replica)
+            raise ConfigError(f"replica {self.replica}: cannot bind {bind}: {e}") from None
+        self.inbox_ep = config.ipc.replica_advertise or advertised(bind)
+        self.proof = replica_proof(config.ipc.secret, self.replica, os.getpid())
         self.to_detok = PushQueue(config.ipc.endpoint("detok"), bind=False, ctx=self.ctx)
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=self.ctx)
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
@@ -206,7 +232,7 @@ class SchedulerWorker:
                     o.prompt_logprobs,
                 )
             )
-        msg = pack_step_outputs(self.step_no, entries, new_requests)
+        msg = pack_step_outputs(self.step_no, entries, new_requests, self.replica, self.inbox_ep)
         try:
             self.to_detok.put(msg, timeout_ms=None)
         except QueueFull:
@@ -248,7 +274,7 @@ class SchedulerWorker:
         e = self.engine
         bm = e.block_manager
         with contextlib.suppress(QueueFull):  # the pid tells the frontend about restarts
-            self.to_frontend.put(ComponentStatus("scheduler", os.getpid(), kind, time.time()))
+            self.to_frontend.put(ComponentStatus(self.component, os.getpid(), kind, time.time()))
         with contextlib.suppress(QueueFull):
             self.to_frontend.put(
                 EngineStatus(
@@ -265,6 +291,10 @@ class SchedulerWorker:
                     vocab_size=e.vocab_size,
                     time=time.time(),
                     busy=self.busy_split(),
+                    replica=self.replica,
+                    pid=os.getpid(),
+                    inbox=self.inbox_ep,
+                    proof=self.proof,
                 )
             )
         self.last_heartbeat = time.monotonic()
@@ -272,13 +302,15 @@ class SchedulerWorker:
     # ---- loop ---------------------------------------------------------------
     def run(self) -> None:
         log.info(
-            "engine ready: %d KV blocks of %d tokens, max_model_len %d",
+            "replica %d engine ready at %s: %d KV blocks of %d tokens, max_model_len %d",
+            self.replica,
+            self.inbox_ep,
             self.engine.runner.num_blocks,
             self.engine.scheduler.block_size,
             self.engine.max_model_len,
         )
         self.heartbeat("ready")
-        beacon = Heartbeat(self.config, "scheduler").start()
+        beacon = Heartbeat(self.config, self.component).start()
         hb_ms = int(self.config.heartbeat_s * 1000)
         while self.running or self._draining():
             t0 = time.perf_counter()
@@ -302,7 +334,7 @@ class SchedulerWorker:
         # through the detok, behind this process's last outputs: the frontend fails what is
         # still open only once everything sent before has reached it
         with contextlib.suppress(QueueFull):
-            self.to_detok.put(ComponentStatus("scheduler", os.getpid(), "stopping", time.time()))
+            self.to_detok.put(ComponentStatus(self.component, os.getpid(), "stopping", time.time()))
         self.close()
 
     def _draining(self) -> bool:
@@ -339,7 +371,16 @@ class SchedulerWorker:
 def run(config: Config) -> None:
     """Process entry: load the model, then serve until SIGTERM/SIGINT."""
     install_stack_dump()
-    log.info("scheduler starting (pid %d), model %s", os.getpid(), config.engine.model.model)
+    log.info(
+        "scheduler replica %d starting (pid %d), model %s",
+        config.replica_id,
+        os.getpid(),
+        config.engine.model.model,
+    )
+    if config.engine.model.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.engine.model.num_threads)
     try:
         worker = SchedulerWorker(config)
     except ConfigError as e:

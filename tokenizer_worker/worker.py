@@ -1,7 +1,8 @@
 """A tokenizer worker: raw requests in, token ids out. N of them share one endpoint.
 
     inbox (PULL, connect "tokenizer") ◀── TokenizeRequest, TokenizerCall (frontend PUSH fans out)
-    ──▶ PUSH "scheduler": GenerateRequest (validated, tokenized)
+    ──▶ PUSH "scheduler.K": GenerateRequest (validated, tokenized), to the replica the
+                           frontend chose (TokenizeRequest.replica / inbox)
     ──▶ PUSH "frontend":  RequestError (bad request), ComponentStatus (ready, heartbeat),
                           TokenizerReply (the answer to a TokenizerCall: tokenizer_worker.endpoints)
 
@@ -161,7 +162,8 @@ class TokenizerWorker:
         self.tokenization = tokenization
         ctx: zmq.Context = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("tokenizer"), bind=False, ctx=ctx)
-        self.to_scheduler = PushQueue(config.ipc.endpoint("scheduler"), bind=False, ctx=ctx)
+        self._ctx = ctx
+        self._to_replicas: dict[str, PushQueue] = {}  # inbox endpoint -> a socket to it
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
         self.running = True
         self.drain_deadline = 0.0
@@ -189,7 +191,7 @@ class TokenizerWorker:
             )
             return
         try:
-            self.to_scheduler.put(out, timeout_ms=SEND_TIMEOUT_MS)
+            self.to_replica(msg).put(out, timeout_ms=SEND_TIMEOUT_MS)
         except QueueFull:
             self._error(
                 msg.rid, Rejected(503, "the engine is not accepting requests", type_="server_error")
@@ -197,6 +199,9 @@ class TokenizerWorker:
             return
         except WireError as e:  # e.g. a prompt beyond the frame limit
             self._error(msg.rid, Rejected(400, f"request too large: {e}", "prompt"))
+            return
+        except ValueError as e:  # an inbox that is no endpoint (the frontend's bug)
+            self._error(msg.rid, Rejected(500, f"bad replica inbox: {e}", type_="server_error"))
             return
         self.num_done += 1
 
@@ -221,6 +226,15 @@ class TokenizerWorker:
                 self.to_frontend.put(TokenizerReply(call.call_id, 400, err))
         except QueueFull:
             log.error("frontend unreachable; dropped the answer to a %s call", call.op)
+
+    def to_replica(self, msg: TokenizeRequest) -> PushQueue:
+        """The socket to the chosen replica's inbox, connected the first time it is named
+        (a replica that joins later needs no restart here)."""
+        inbox = msg.inbox or self.config.ipc.replica_endpoint(msg.replica)
+        q = self._to_replicas.get(inbox)
+        if q is None:
+            q = self._to_replicas[inbox] = PushQueue(inbox, bind=False, ctx=self._ctx)
+        return q
 
     def _error(self, rid: str, e: Rejected) -> None:
         try:
@@ -255,7 +269,7 @@ class TokenizerWorker:
             self._ack(rids, done=True)  # and are with the scheduler, or failed back
         beacon.stop()
         self.heartbeat("stopping")
-        for q in (self.inbox, self.to_scheduler, self.to_frontend):
+        for q in (self.inbox, self.to_frontend, *self._to_replicas.values()):
             q.close()
 
     def stop(self, *_args: Any) -> None:

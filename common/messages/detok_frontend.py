@@ -35,6 +35,7 @@ class TextOutputs(Message):
     # token, [logprob (None for the first), [[token_id, logprob], ...], [token str, top
     # strs...]] (StepOutputs.prompt_logprobs, named by the detok)
     prompt_logprobs: list[list | None] | None = None
+    replica: int = 0  # the scheduler replica that stepped (StepOutputs.replica)
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ class TextOutput:
     prompt_logprobs: list | None = None
 
 
-def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
+def pack_text_outputs(outputs: Sequence[TextOutput], replica: int = 0) -> TextOutputs:
     return TextOutputs(
         rids=[o.rid for o in outputs],
         texts=[o.text for o in outputs],
@@ -66,6 +67,7 @@ def pack_text_outputs(outputs: Sequence[TextOutput]) -> TextOutputs:
         stop_reasons=[o.stop_reason for o in outputs],
         sent_time=time.time(),
         prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
+        replica=replica,
     )
 
 

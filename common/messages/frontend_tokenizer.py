@@ -24,6 +24,10 @@ class TokenizeRequest(Message):
     # for params["max_tokens"] None (the client set none): the most it may get, or None
     # for no cap but the room the prompt leaves in the context
     max_tokens_default: int | None = None
+    # the scheduler replica the frontend chose (frontend.routing) and its inbox (None:
+    # the config's address for that replica, IPCConfig.replica_endpoint)
+    replica: int = 0
+    inbox: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

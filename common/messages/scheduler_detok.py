@@ -42,6 +42,9 @@ class StepOutputs(Message):
     # with a request's first token); else per request None or one entry per prompt token:
     # [token_id, logprob (None for the first), [[token_id, logprob], ...top-N]]
     prompt_logprobs: list[list | None] | None = None
+    # which replica stepped, and its inbox: a stop-string abort goes back there
+    replica: int = 0
+    inbox: str | None = None
 
 
 @dataclass(slots=True)
@@ -60,7 +63,11 @@ class StepOutput:
 
 
 def pack_step_outputs(
-    step: int, outputs: Sequence[StepOutput], new_requests: list[NewRequest]
+    step: int,
+    outputs: Sequence[StepOutput],
+    new_requests: list[NewRequest],
+    replica: int = 0,
+    inbox: str | None = None,
 ) -> StepOutputs:
     return StepOutputs(
         step=step,
@@ -75,6 +82,8 @@ def pack_step_outputs(
         sent_time=time.time(),
         stop_token_ids=optional_list([o.stop_token_id for o in outputs]),
         prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
+        replica=replica,
+        inbox=inbox,
     )
 
 

@@ -1,4 +1,8 @@
-"""scheduler_worker → frontend inbox: readiness and periodic engine statistics."""
+"""scheduler_worker → frontend inbox: readiness and periodic engine statistics.
+
+With data parallelism every replica sends its own, naming itself (`replica`, `pid`) and
+the inbox it listens on; `proof` (common.auth.replica_proof) shows it holds the secret.
+The frontend's replica table (frontend.health) is built from these."""
 
 from __future__ import annotations
 
@@ -25,3 +29,7 @@ class EngineStatus(Message):
     time: float
     # cumulative seconds of scheduler busy time by part: forward, sample, schedule, ipc
     busy: dict[str, float] = field(default_factory=dict)
+    replica: int = 0
+    pid: int = 0
+    inbox: str | None = None  # None: the config's address (IPCConfig.replica_endpoint)
+    proof: str | None = None

@@ -179,7 +179,7 @@ def test_encode_refuses_schema_violations():
 
 
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
-ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
+ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None]
 
 
 @pytest.mark.parametrize(
@@ -234,6 +234,7 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
             None,
             [None, None],
             0.0,
+            0,
         ),  # list of wrong element type
         raw(
             WIRE_VERSION,
@@ -248,6 +249,7 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
             None,
             [None],
             0.0,
+            0,
         ),
         raw(
             WIRE_VERSION,
@@ -263,6 +265,7 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
             [None],
             0.0,
             1,
+            2,
         ),
         raw(
             WIRE_VERSION,
@@ -277,6 +280,9 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
             [["a", ["x"], True]],
             None,
             0.0,
+            None,
+            0,
+            None,
         ),  # new_requests tuple too short
         raw(
             WIRE_VERSION,
@@ -291,9 +297,26 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}]
             [["a", "x", True, False]],
             None,
             0.0,
+            None,
+            0,
+            None,
         ),  # stop strings not a list
         raw(
-            WIRE_VERSION, StepOutputs.TAG, 0, [], [], [], [], [], [[[1]]], [], [5], 0.0
+            WIRE_VERSION,
+            StepOutputs.TAG,
+            0,
+            [],
+            [],
+            [],
+            [],
+            [],
+            [[[1]]],
+            [],
+            [5],
+            0.0,
+            None,
+            0,
+            None,
         ),  # timings entry neither dict nor None
     ],
     ids=lambda f: f[:12].hex(),
@@ -311,7 +334,11 @@ def test_wrong_container_types():
         deep = [deep]
     with pytest.raises(WireError, match="deeper"):
         decode(
-            raw(WIRE_VERSION, TokenizeRequest.TAG, "r", "chat", None, None, deep, {}, 0.0, 0, None)
+            raw(
+                WIRE_VERSION,
+                TokenizeRequest.TAG,
+                *("r", "chat", None, None, deep, {}, 0.0, 0, None, 0, None),
+            )
         )
 
 
@@ -331,6 +358,7 @@ def test_oversize_frame_and_list():
         None,
         [],
         0.0,
+        0,
     )
     with pytest.raises(WireError):
         decode(big)

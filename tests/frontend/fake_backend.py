@@ -164,10 +164,11 @@ class FakeBackend:
                 40,
                 100,
                 40,
-                "fake-model",
+                self.config.model_name,
                 MAX_MODEL_LEN,
                 49152,
                 t,
+                pid=os.getpid(),
             ),
             timeout_ms=1000,
         )

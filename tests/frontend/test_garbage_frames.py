@@ -65,7 +65,7 @@ def test_frontend_inbox_survives_garbage(run_dir):
             )
             pack5 = pack_ids([5])
             good = [
-                EngineStatus("ready", 0, 0, 0.0, 64, 64, 0, 0, "m", 64, 512, now),
+                EngineStatus("ready", 0, 0, 0.0, 64, 64, 0, 0, config.model_name, 64, 512, now),
                 ComponentStatus("tokenizer", 4242, "ready", now),
                 ComponentStatus("detok", 4343, "ready", now),
                 TextOutputs(["r1"], ["hi"], ["length"], [2], [1], [pack5], None, None, [None], now),

@@ -3,6 +3,7 @@ a dead or hung tokenizer worker takes with it (TokenizerHandoffs)."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from common.messages import ComponentStatus, EngineStatus, TokenizeAck
@@ -61,7 +62,7 @@ def test_liveness_window():
     live.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), 1.0)
     assert live.missing(2.9) == []
     assert live.missing(3.5) == ["tokenizer", "detok"]
-    live.on_outputs(3.5)  # a TextOutputs proves the detok (and the scheduler) alive
+    live.on_outputs(3.5, 0)  # a TextOutputs proves the detok (and replica 0) alive
     assert live.missing(3.6) == ["tokenizer"]
     live.on_component(ComponentStatus("tokenizer", 8, "heartbeat", 0.0), 3.6)
     live.on_component(ComponentStatus("tokenizer", 8, "stopping", 0.0), 3.7)
@@ -95,36 +96,132 @@ def test_monitor_reports_what_failed():
     assert len(failed) == 2 and len(lost) == 1
 
 
-def test_a_gone_scheduler_fails_what_it_held_after_its_last_outputs():
-    """A scheduler's last outputs travel through the detok, its connection closes directly:
-    a disconnect waits DISCONNECT_SETTLE_S before failing what is open, and the "stopping"
-    that the scheduler sends through the detok behind its outputs ends the wait at once.
-    A replaced scheduler's late "stopping" says nothing about its successor."""
-    failed: list[tuple[str, str]] = []
-    m = HealthMonitor(
-        0.5, lambda name, why: failed.append((name, why)), lambda rids, why: None, lambda msg: True
+def status(replica: int = 0, pid: int = 20, kind: str = "ready", **kw) -> EngineStatus:
+    fields = dict(model="m", inbox=f"ipc:///run/scheduler.{replica}.sock")
+    fields.update(kw)
+    return EngineStatus(
+        kind,
+        0,
+        0,
+        0.0,
+        1,
+        1,
+        0,
+        0,
+        fields.pop("model"),
+        16,
+        32,
+        0.0,
+        replica=replica,
+        pid=pid,
+        **fields,
     )
+
+
+def monitor(failed: list, joined: list | None = None, **kw) -> HealthMonitor:
+    return HealthMonitor(
+        0.5,
+        lambda name, why: failed.append((name, why)),
+        lambda rids, why: None,
+        lambda msg: True,
+        on_join=lambda k, inbox: joined.append((k, inbox)) if joined is not None else None,
+        **kw,
+    )
+
+
+def test_a_gone_scheduler_fails_what_it_held_after_its_last_outputs():
+    """A replica's last outputs travel through the detok, its connection closes directly:
+    a disconnect waits DISCONNECT_SETTLE_S before failing what is open, and the "stopping"
+    that the replica sends through the detok behind its outputs ends the wait at once.
+    A replaced replica's late "stopping" says nothing about its successor."""
+    failed: list[tuple[str, str]] = []
+    m = monitor(failed)
     t = time.monotonic()
-    m.on_component(ComponentStatus("scheduler", 20, "ready", 0.0), t)
-    m.liveness.on_engine_status(EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), t)
+    assert m.on_engine_status(status(pid=20), t)
     m.check(t)
-    m.on_disconnect(["scheduler"])
+    m.on_disconnect(["scheduler.0"])
     assert "scheduler" in m.liveness.missing()  # /health shows the hole at once
     m.check(time.monotonic())
     assert failed == []  # its last outputs may still come through the detok
     m.check(time.monotonic() + DISCONNECT_SETTLE_S)
-    assert failed == [("scheduler", "disconnected")]
+    assert failed == [("scheduler.0", "disconnected")]
 
-    m.on_component(ComponentStatus("scheduler", 21, "ready", 0.0), time.monotonic())
-    m.liveness.on_engine_status(
-        EngineStatus("ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0), time.monotonic()
-    )
+    m.on_engine_status(status(pid=21), time.monotonic())  # restarted at the same inbox
     m.check(time.monotonic())
-    assert failed[1:] == [("scheduler", "restarted (pid 20 -> 21)")]
-    m.on_component(ComponentStatus("scheduler", 20, "stopping", 0.0), time.monotonic())
-    assert "scheduler" not in m.liveness.missing() and len(failed) == 2  # stale: ignored
-    m.on_disconnect(["scheduler"])
-    m.on_component(ComponentStatus("scheduler", 21, "stopping", 0.0), time.monotonic())
-    assert failed[2:] == [("scheduler", "stopped")]  # at once, not after the settle time
+    assert len(failed) == 1  # the old one's requests failed already, once
+    m.on_component(ComponentStatus("scheduler.0", 20, "stopping", 0.0), time.monotonic())
+    assert "scheduler" not in m.liveness.missing() and len(failed) == 1  # stale: ignored
+    m.on_disconnect(["scheduler.0"])
+    m.on_component(ComponentStatus("scheduler.0", 21, "stopping", 0.0), time.monotonic())
+    assert failed[1:] == [("scheduler.0", "stopped")]  # at once, not after the settle time
     m.check(time.monotonic() + DISCONNECT_SETTLE_S)
-    assert len(failed) == 3
+    assert len(failed) == 2
+
+
+def test_a_replica_restarted_before_its_death_was_noticed_fails_what_the_old_one_held():
+    failed: list[tuple[str, str]] = []
+    m = monitor(failed)
+    m.on_engine_status(status(pid=20), time.monotonic())
+    m.check(time.monotonic())
+    m.on_engine_status(status(pid=21), time.monotonic())
+    assert failed == [("scheduler.0", "restarted (pid 20 -> 21)")]
+
+
+def test_replicas_join_and_fail_one_by_one():
+    """Two replicas: each joins once (the client connects to its inbox), one dying fails
+    only what it held, and the scheduler stays up while the other serves."""
+    failed: list[tuple[str, str]] = []
+    joined: list[tuple[int, str | None]] = []
+    m = monitor(failed, joined)
+    t = time.monotonic()
+    m.on_engine_status(status(0, pid=20), t)
+    m.on_engine_status(status(1, pid=30), t)
+    m.on_engine_status(status(1, pid=30, kind="heartbeat"), t)
+    assert joined == [(0, "ipc:///run/scheduler.0.sock"), (1, "ipc:///run/scheduler.1.sock")]
+    assert m.liveness.alive_replicas(t) == [0, 1]
+    m.check(t)
+    m.on_disconnect(["scheduler.1"])
+    m.check(time.monotonic() + DISCONNECT_SETTLE_S)
+    assert failed == [("scheduler.1", "disconnected")]
+    assert m.liveness.alive_replicas(time.monotonic()) == [0]
+    assert "scheduler" not in m.liveness.missing()
+    report = m.liveness.report()["scheduler"]
+    assert report["alive"] and report["replicas"]["1"]["alive"] is False
+    assert report["replicas"]["0"]["pid"] == 20
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_replicas_of_another_model_secret_or_a_taken_id_are_refused():
+    from common.auth import replica_proof
+
+    caplog = _Records()
+    logging.getLogger("zeroserve.frontend.health").addHandler(caplog)
+
+    failed: list[tuple[str, str]] = []
+    joined: list[tuple[int, str | None]] = []
+    m = monitor(failed, joined, model_name="m", secret="s3cret")
+    t = time.monotonic()
+    assert m.on_engine_status(status(0, pid=20, proof=replica_proof("s3cret", 0, 20)), t)
+    assert not m.on_engine_status(status(1, pid=30, model="other"), t)
+    assert not m.on_engine_status(status(1, pid=31, proof=replica_proof("wrong", 1, 31)), t)
+    assert not m.on_engine_status(status(1, pid=32, proof=replica_proof("s3cret", 0, 20)), t)
+    dup = status(0, pid=40, inbox="tcp://10.0.0.9:7000", proof=replica_proof("s3cret", 0, 40))
+    assert not m.on_engine_status(dup, t)
+    assert not m.on_engine_status(dup, t)  # told once
+    refusals = [r for r in caplog.records if "refused scheduler replica" in r.getMessage()]
+    assert len(refusals) == 4, [r.getMessage() for r in refusals]
+    assert "model 'other'" in refusals[0].getMessage()
+    assert "secret" in refusals[1].getMessage() and "secret" in refusals[2].getMessage()
+    assert "already served by pid 20" in refusals[3].getMessage()
+    m.on_component(ComponentStatus("scheduler.0", 40, "stopping", 0.0), t)  # not the pid in
+    assert joined == [(0, "ipc:///run/scheduler.0.sock")] and failed == []
+    assert m.liveness.alive_replicas(t) == [0]
+    logging.getLogger("zeroserve.frontend.health").removeHandler(caplog)

@@ -1,0 +1,384 @@
+"""Data parallelism end to end: `launch.py --dp 2` (two scheduler replicas behind one
+frontend, tokenizer pool and detok), replicas joining by hand, refused, killed and
+restarted, pinned requests; and the multi-host shape, every component on its own
+loopback address over tcp (and one replica in its own network namespace, where the test
+may make one)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import REPO, start_server
+from tests.e2e.test_faults import open_streams
+from tests.frontend.sse import parse_sse
+
+pytestmark = pytest.mark.timeout(300)
+ERROR_WITHIN_S = 10.0  # a killed replica's streams end with an error event within this
+
+
+@pytest.fixture(scope="module")
+def dp(default_model_dir):
+    server = start_server("--dp", "2", workers=1)
+    yield server
+    code = server.stop()
+    assert code == 0, server.log()[-3000:]
+    assert server.pids() == []  # SIGTERM of launch.py leaves no process
+
+
+def replica_pid(server, replica: int) -> int:
+    pattern = f"-m scheduler_worker --config {server.run_dir}/config.json --replica-id {replica}"
+    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, (replica, pids)
+    return pids[0]
+
+
+def replicas(url: str) -> dict[str, dict]:
+    return httpx.get(url + "/health", timeout=5).json()["components"]["scheduler"]["replicas"]
+
+
+def wait_replica(url: str, replica: int, alive: bool = True, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = replicas(url).get(str(replica), {}).get("alive", False)
+        except (httpx.HTTPError, ValueError, KeyError):
+            got = None
+        if got == alive:
+            return
+        assert time.monotonic() < deadline, f"replica {replica} not alive={alive}"
+        time.sleep(0.2)
+
+
+def complete(url: str, prompt: str, rank: int | None = None, **kw) -> httpx.Response:
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, **kw}
+    if rank is not None:
+        body["data_parallel_rank"] = rank
+    return httpx.post(url + "/v1/completions", json=body, timeout=120)
+
+
+def tokens_by_replica(url: str) -> dict[str, int]:
+    stats = httpx.get(url + "/stats", timeout=5).json()
+    return {r["id"]: r["output_tokens_total"] for r in stats["replicas"]}
+
+
+def test_64_streams_spread_over_both_replicas_with_exact_counts(dp):
+    before = tokens_by_replica(dp.url)
+
+    async def main():
+        async with httpx.AsyncClient(
+            timeout=120, limits=httpx.Limits(max_connections=64)
+        ) as client:
+
+            async def one(i: int) -> tuple[int, list]:
+                body = {
+                    "prompt": f"Request {i}:",
+                    "max_tokens": 8,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                r = await client.post(dp.url + "/v1/completions", json=body)
+                return r.status_code, parse_sse(r.text)
+
+            return await asyncio.gather(*(one(i) for i in range(64)))
+
+    for status, events in asyncio.run(main()):
+        assert status == 200 and events[-1] == "[DONE]"
+        assert events[-2]["usage"]["completion_tokens"] == 8
+        assert not any("error" in e for e in events[:-1])
+    after = tokens_by_replica(dp.url)
+    spread = {k: after[k] - before.get(k, 0) for k in ("0", "1")}
+    assert sum(spread.values()) == 64 * 8
+    assert min(spread.values()) >= 64 * 8 // 4, spread  # both got a fair share of the work
+    metrics = dp.metrics()
+    assert 'zeroserve:replica_num_requests_running{engine="1"}' in metrics
+    assert 'zeroserve:replica_kv_cache_usage_perc{engine="0"}' in metrics
+    dp.wait_idle(timeout_s=15)
+
+
+def test_pinned_requests_and_greedy_output_agree_across_replicas(dp, server):
+    prompt = "The capital of France is"
+    one = complete(server.url, prompt)  # the --dp 1 server of the session
+    assert one.status_code == 200, one.text
+    texts = [one.json()["choices"][0]["text"]]
+    for rank in (0, 1):
+        before = tokens_by_replica(dp.url).get(str(rank), 0)
+        r = complete(dp.url, prompt, rank)
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["choices"][0]["text"])
+        assert tokens_by_replica(dp.url)[str(rank)] == before + 8
+    assert texts[0] == texts[1] == texts[2]  # whole engines, one model: greedy agrees
+    r = httpx.post(
+        dp.url + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
+        headers={"X-Data-Parallel-Rank": "1"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts[2]
+    for bad in (complete(dp.url, prompt, 7), complete(dp.url, prompt, -1)):
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "data_parallel_rank"
+    r = httpx.post(
+        dp.url + "/v1/completions",
+        json={"prompt": prompt},
+        headers={"X-Data-Parallel-Rank": "one"},
+        timeout=60,
+    )
+    assert r.status_code == 400
+
+
+def test_sigkill_of_one_replica_fails_only_its_streams_and_it_rejoins(dp):
+    victim = replica_pid(dp, 1)
+    body = {"prompt": "Tell a long story.", "max_tokens": 300}
+    threads0, results0 = open_streams(dp, 3, {**body, "data_parallel_rank": 0})
+    threads1, results1 = open_streams(dp, 3, {**body, "data_parallel_rank": 1})
+    dp.proc.send_signal(signal.SIGSTOP)  # no restart yet: /health must show the hole
+    try:
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        for t in threads1:
+            t.join(timeout=ERROR_WITHIN_S + 5)
+        took = time.monotonic() - killed_at
+        health = httpx.get(dp.url + "/health", timeout=5)
+        assert health.status_code == 200, health.text  # replica 0 serves
+        assert health.json()["components"]["scheduler"]["replicas"]["1"]["alive"] is False
+        r = complete(dp.url, "pinned to the dead one", 1)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "replica_unavailable"
+        assert complete(dp.url, "routed around it").status_code == 200
+    finally:
+        dp.proc.send_signal(signal.SIGCONT)
+    assert took <= ERROR_WITHIN_S, f"the dead replica's streams took {took:.1f} s to end"
+    assert len(results1) == 3
+    for status, text in results1:
+        *events, done = parse_sse(text)
+        assert status == 200 and done == "[DONE]"
+        assert "error" in events[-1], text[-300:]
+    for t in threads0:
+        t.join(timeout=120)
+    assert len(results0) == 3
+    for status, text in results0:
+        *events, done = parse_sse(text)
+        assert status == 200 and done == "[DONE]" and not any("error" in e for e in events)
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+    wait_replica(dp.url, 1)  # launch.py restarted it
+    assert replica_pid(dp, 1) != victim
+    r = complete(dp.url, "after the restart", 1)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    dp.wait_idle(timeout_s=15)
+
+
+def start_replica(config: Path, replica: int, *extra: str, prefix: tuple[str, ...] = ()):
+    return subprocess.Popen(
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "scheduler_worker",
+            "--config",
+            str(config),
+            "--replica-id",
+            str(replica),
+            "--threads",
+            "1",
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def test_replicas_started_by_hand_join_or_are_refused(dp):
+    config = dp.run_dir / "config.json"
+    # a second process claiming a live replica's id: refused before it loads the model
+    dup = start_replica(config, 0)
+    out, _ = dup.communicate(timeout=60)
+    assert dup.returncode == 2 and "another process serves its inbox" in out, out
+    # another secret: it loads, announces itself, and is refused; it serves nothing
+    data = json.loads(config.read_text())
+    data["ipc"]["secret"] = "not-the-secret"
+    wrong = dp.run_dir / "wrong.json"
+    fd = os.open(wrong, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    stranger = start_replica(wrong, 3)
+    joiner = start_replica(config, 2)
+    try:
+        wait_replica(dp.url, 2)
+        r = complete(dp.url, "to the newcomer", 2)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+        deadline = time.monotonic() + 60
+        while "refused scheduler replica 3" not in dp.log():
+            assert time.monotonic() < deadline and stranger.poll() is None, dp.log()[-2000:]
+            time.sleep(0.2)
+        assert dp.log().count("refused scheduler replica 3") == 1
+        assert "3" not in replicas(dp.url)
+        assert complete(dp.url, "to the stranger", 3).status_code == 400
+        joiner.send_signal(signal.SIGTERM)  # it finishes what it holds, then leaves
+        assert joiner.wait(timeout=60) == 0
+        wait_replica(dp.url, 2, alive=False, timeout_s=10)
+        assert httpx.get(dp.url + "/health", timeout=5).status_code == 200
+    finally:
+        for p in (stranger, joiner):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# -- multi-host: every component on its own address, tcp only -------------------------------
+
+
+def free_port(host: str) -> int:
+    """A free port on `host`; on an address of another network namespace (not bindable
+    here), a random high port."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, 0))
+        except OSError:
+            return random.randrange(30000, 60000)
+        return s.getsockname()[1]
+
+
+def run_topology(hub: str, replica_hosts: list[str], prefixes: list[tuple[str, ...]]) -> None:
+    """Frontend, tokenizer and detok on `hub` addresses, replica K on replica_hosts[K]
+    (started with prefixes[K], e.g. `ip netns exec NS`); a stream to each replica."""
+    tmp = Path(tempfile.mkdtemp(prefix="zs-tcp-", dir="/tmp"))
+    http_host = hub
+    port = free_port(http_host)
+    ipc = {
+        "tokenizer": f"tcp://{hub}:{free_port(hub)}",
+        "frontend": f"tcp://{hub}:{free_port(hub)}",
+        "detok": f"tcp://{hub}:{free_port(hub)}",
+        "scheduler": f"tcp://{replica_hosts[0]}:{free_port(replica_hosts[0])}",
+        "secret": "shared-secret-" + os.urandom(8).hex(),
+    }
+    config = tmp / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "server": {"host": http_host, "port": port},
+                "ipc": ipc,
+                "engine": {
+                    "model": {"dtype": "float32", "quantization": "none"},
+                    "cache": {"num_blocks": 1024},
+                },
+            }
+        )
+    )
+    log = (tmp / "log").open("w")  # closed in the finally below
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str) -> None:
+        procs.append(
+            subprocess.Popen(
+                [*args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        )
+
+    try:
+        for module in ("frontend", "tokenizer_worker", "detok_worker"):
+            start(sys.executable, "-m", module, "--config", str(config))
+        for k, (host, prefix) in enumerate(zip(replica_hosts, prefixes)):
+            # replica 0 binds the config's scheduler address, the others their own
+            inbox = [] if k == 0 else ["--replica-inbox", f"tcp://{host}:{free_port(host)}"]
+            args = ["--config", str(config), "--replica-id", str(k), "--threads", "1", *inbox]
+            start(*prefix, sys.executable, "-m", "scheduler_worker", *args)
+        url = f"http://{http_host}:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                alive = [r["alive"] for r in replicas(url).values()]
+                if alive.count(True) == len(replica_hosts):
+                    break
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            assert all(p.poll() is None for p in procs), (tmp / "log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp / "log").read_text()[-3000:]
+            time.sleep(0.3)
+        table = replicas(url)
+        for k, host in enumerate(replica_hosts):
+            assert table[str(k)]["inbox"].startswith(f"tcp://{host}:"), table
+            body = {
+                "prompt": "Over the wire:",
+                "max_tokens": 6,
+                "ignore_eos": True,
+                "stream": True,
+                "stop": ["zzzz"],
+                "data_parallel_rank": k,
+            }
+            r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+            *events, done = parse_sse(r.text)
+            assert r.status_code == 200 and done == "[DONE]", r.text
+            assert events[-1]["choices"][0]["finish_reason"] == "length"
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert p.wait(timeout=60) == 0, (tmp / "log").read_text()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_tcp_topology_on_loopback_addresses(default_model_dir):
+    """Frontend + tokenizer + detok on 127.0.0.2, the replicas on 127.0.0.3 and .4."""
+    run_topology("127.0.0.2", ["127.0.0.3", "127.0.0.4"], [(), ()])
+
+
+def _netns_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create a network namespace"
+    if shutil.which("ip") is None:
+        return "needs the ip command (iproute2)"
+    probe = f"zsprobe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"cannot create a network namespace here: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def test_a_replica_in_its_own_network_namespace():
+    """Replica 1 runs in a network namespace joined to this one by a veth pair: it reaches
+    the frontend and detok, and they reach it, only over that link."""
+    why = _netns_unavailable()
+    if why:
+        pytest.skip(why)
+    ns, host_if, ns_if = f"zs{os.getpid()}", f"zsa{os.getpid()}", f"zsb{os.getpid()}"
+    net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+    setup = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if],
+        ["ip", "link", "set", ns_if, "netns", ns],
+        ["ip", "addr", "add", f"{net}.1/24", "dev", host_if],
+        ["ip", "link", "set", host_if, "up"],
+        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/24", "dev", ns_if],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up"],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for cmd in setup:
+            subprocess.run(cmd, check=True, capture_output=True)
+        run_topology(f"{net}.1", [f"{net}.1", f"{net}.2"], [(), ("ip", "netns", "exec", ns)])
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
