@@ -142,3 +142,29 @@ def test_stop_aborts_the_request_in_the_scheduler(page, server):
     assert page.save_screenshot(str(shot)), shot
     print(f"screenshot of the web page: {shot}")
     assert Path(shot).stat().st_size > 10_000
+
+
+def test_the_engine_panel_lists_each_replica_when_there_are_several(browser, page):
+    """One replica: no per-replica table. With --dp 2 the panel gets one row per replica,
+    each shown up, and the totals count both (the page after /stats' "replicas")."""
+    from tests.e2e.conftest import start_server
+
+    assert page.find_element("id", "replicas").get_attribute("hidden") is not None
+    server = start_server("--dp", "2", workers=1)
+    try:
+        browser.get(server.url + "/")
+        rows = _wait(
+            lambda: browser.execute_script(
+                "const t = document.getElementById('replicas');"
+                "return t.hidden ? null : [...t.tBodies[0].rows].map("
+                "  (r) => [...r.cells].map((c) => c.textContent));"
+            ),
+            20,
+            "the per-replica table",
+        )
+        assert [r[:2] for r in rows] == [["0", "up"], ["1", "up"]], rows
+        assert _wait(lambda: _text(browser, "#stat-running") == "0", 5, "the totals")
+        ARTIFACTS.mkdir(exist_ok=True)
+        assert browser.save_screenshot(str(ARTIFACTS / "ui-replicas.png"))
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
