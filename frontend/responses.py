@@ -3,10 +3,10 @@
 
 A `Choice` accumulates one sub-request's outputs; a format turns Deltas and Choices into
 a whole response, or into the parts of a stream (`stream_start`, `stream_delta` per
-output, then `stream_end`, or `stream_error` when a request fails after its first output). Logprobs name tokens by the strings the detok worker decoded for them (a
-token that is only part of a UTF-8 character decodes to U+FFFD and gets `bytes: null`);
-where a string is missing, by "token_id:<id>", vLLM's `return_tokens_as_token_ids`
-convention. Completions' `text_offset` is the offset of the step's text.
+output, then `stream_end`, or `stream_error` when a request fails after its first
+output). Logprobs name tokens by the strings the detok worker decoded for them
+(frontend.logprobs; a token that is only part of a UTF-8 character decodes to U+FFFD and
+gets `bytes: null`). Completions' `text_offset` is the offset of the step's text.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import dataclasses
 import json
 from typing import Any
 
-from common.log import get_logger
-from common.messages import WireError, unpack_ids
 from frontend.errors import APIError
+from frontend.logprobs import (
+    TokenLogprob,
+    prompt_token_logprobs,
+    prompt_token_names,
+    token_bytes,
+    token_logprobs,
+)
 from frontend.request_handle import Delta
-
-log = get_logger("frontend.responses")
-
-# (token, logprob, [(top token, logprob), ...]) for one generated token, tokens as strings
-TokenLogprob = tuple[str, float, list[tuple[str, float]]]
 
 
 def dumps(obj: Any) -> str:
@@ -35,83 +35,6 @@ def sse(obj: Any) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
-
-
-def token_name(token_id: int) -> str:
-    return f"token_id:{token_id}"
-
-
-def token_bytes(token: str) -> list[int] | None:
-    if "\ufffd" in token or token.startswith("token_id:"):
-        return None  # part of a character, or no string: its bytes are not known here
-    return list(token.encode("utf-8"))
-
-
-def token_logprobs(d: Delta) -> list[TokenLogprob]:
-    """Per new token: [logprob, [[top id, logprob], ...], [token str, top strs...]?]."""
-    if not d.logprobs:
-        return []
-    try:
-        out = []
-        for tid, entry in zip(unpack_ids(d.token_ids), d.logprobs):
-            names = entry[2] if len(entry) > 2 else None
-            if not (
-                isinstance(names, list)
-                and len(names) == len(entry[1]) + 1
-                and all(isinstance(n, str) for n in names)
-            ):
-                names = [token_name(t) for t in (tid, *(int(t) for t, _ in entry[1]))]
-            out.append(
-                (
-                    names[0],
-                    float(entry[0]),
-                    [(name, float(v)) for name, (_, v) in zip(names[1:], entry[1])],
-                )
-            )
-        return out
-    except (WireError, TypeError, ValueError, IndexError) as e:
-        log.warning("ignoring malformed logprobs: %s", e)
-        return []
-
-
-def prompt_token_logprobs(d: Delta) -> list[TokenLogprob | None]:
-    """The prompt logprobs a first output carries (SamplingParams.prompt_logprobs), per
-    prompt token; the first token's entry is None (it has no logprob)."""
-    entries = d.prompt_logprobs
-    if not entries:
-        return []
-    try:
-        out: list[TokenLogprob | None] = []
-        for entry in entries:
-            if entry[0] is None:
-                out.append(None)
-                continue
-            tops = entry[1]
-            names = entry[2] if len(entry) > 2 else None
-            if not (
-                isinstance(names, list)
-                and len(names) == len(tops) + 1
-                and all(isinstance(n, str) for n in names)
-            ):
-                names = ["", *(token_name(int(t)) for t, _ in tops)]
-            out.append(
-                (names[0], float(entry[0]), [(n, float(v)) for n, (_, v) in zip(names[1:], tops)])
-            )
-        return out
-    except (TypeError, ValueError, IndexError) as e:
-        log.warning("ignoring malformed prompt logprobs: %s", e)
-        return []
-
-
-def prompt_token_names(d: Delta) -> list[str]:
-    """The prompt tokens' strings (the detok's), for echo's `tokens`."""
-    try:
-        return [
-            e[2][0] if len(e) > 2 and isinstance(e[2][0], str) else ""
-            for e in d.prompt_logprobs or []
-        ]
-    except (TypeError, IndexError):
-        return []
 
 
 class Choice:
