@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from common.cpu import cpu_flags, cpu_kind, cpu_model_name
+from common.cpu import cpu_flags, cpu_kind_label, cpu_model_name
 from common.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
@@ -125,7 +125,7 @@ def machine_info() -> dict:
         "cpu": cpu_model_name()
         if cpu_model_name() != "unknown CPU"
         else (platform.processor() or platform.machine()),
-        "cpu_kind": cpu_kind(),
+        "cpu_kind": cpu_kind_label(),  # "avx2 (emulated on avx512)" under ZEROSERVE_CPU_KIND
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cpu_flags": [

@@ -57,14 +57,27 @@ def has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
-def cpu_kind() -> str:
-    """A short name for the kernel-relevant kind: amx, avx512, avx2 or baseline."""
-    flags = cpu_flags()
+def _kind_of(flags: frozenset[str]) -> str:
     if "amx_bf16" in flags:
         return "amx"
     if "avx512f" in flags:
         return "avx512"
     return "avx2" if "avx2" in flags else "baseline"
+
+
+def cpu_kind() -> str:
+    """A short name for the kernel-relevant kind: amx, avx512, avx2 or baseline (the
+    emulated one under ZEROSERVE_CPU_KIND)."""
+    return _kind_of(cpu_flags())
+
+
+def cpu_kind_label() -> str:
+    """cpu_kind() for benchmark records and logs, saying when it is emulated:
+    "avx2 (emulated on avx512)" under ZEROSERVE_CPU_KIND=avx2 on an AVX-512 machine."""
+    kind = cpu_kind()
+    if cpu_kind_override() is None:
+        return kind
+    return f"{kind} (emulated on {_kind_of(frozenset(_first('flags').split()))})"
 
 
 KERNEL_ISAS = ("scalar", "avx2", "avx512")  # scheduler_worker.kernels' paths, slowest first

@@ -50,6 +50,7 @@ class AttentionMetadata:
     prefills: list[PrefillSlice] = field(default_factory=list)
     logits_indices: torch.Tensor | None = None  # [num_seqs]: last token of each sequence
     decode_kernel: str = "sdpa"  # "sdpa" | "matmul" | "paged": see choose_decode_kernel()
+    kernel_isa: int = 0  # the C++ kernels' path (index into kernels.ISAS) for "paged"
 
 
 def write_kv(
@@ -83,7 +84,13 @@ def paged_attention(
     if nd and meta.decode_kernel == "paged":
         assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
         dec = torch.ops.zeroserve.paged_decode_attention(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+            q[:nd],
+            k_cache,
+            v_cache,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            scale,
+            meta.kernel_isa,
         )
         if nd == q.shape[0]:
             return dec  # a decode-only step

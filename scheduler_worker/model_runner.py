@@ -28,7 +28,7 @@ from scheduler_worker.quant.linear import (
     quantize_model,
     replace_linear,
 )
-from scheduler_worker.quant.plan import WeightPlan, plan_weights
+from scheduler_worker.quant.plan import WeightPlan, kernel_path, plan_weights
 
 log = get_logger("model_runner")
 
@@ -161,10 +161,15 @@ class ModelRunner:
         for mod in self.model.modules():
             if isinstance(mod, QuantLinear):
                 mod.step_rows = self.step_rows
-        self.use_kernels = self._kernels_wanted()
+        self.kernel_isa = self._kernel_isa()  # the one path every C++ op takes; None: torch
+        self.use_kernels = self.kernel_isa is not None
+        self._isa_index = 0 if self.kernel_isa is None else kernels.isa_index(self.kernel_isa)
         self.decode_kernel = choose_decode_kernel(self.device, self.dtype, paged=self.use_kernels)
         if self.use_kernels:
-            self.model.apply(lambda m: setattr(m, "fused", True) if hasattr(m, "fused") else None)
+            for mod in self.model.modules():
+                if hasattr(mod, "fused"):
+                    setattr(mod, "fused", True)  # noqa: B010 (a plain attribute, not a tensor)
+                    setattr(mod, "isa", self._isa_index)  # noqa: B010
             enable = getattr(self.model, "enable_decode_layers", None)
             if enable is not None and enable():
                 log.info("decode steps on the integer kernels: all layers in one C++ call")
@@ -186,12 +191,13 @@ class ModelRunner:
         )
         self.pad_decode = False  # bucketed decode shapes (see DecodeInputs); tests turn it on
 
-    def _kernels_wanted(self) -> bool:
+    def _kernel_isa(self) -> str | None:
         """The C++ decode ops (attention, norms, activation) serve float32/bfloat16 CPU
-        models unless --kernels torch asks for pure torch."""
+        models unless --kernels torch asks for pure torch, on the same ISA path as the
+        quantized linears (--kernels, ZEROSERVE_CPU_KIND); None for pure torch."""
         if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
-            return False
-        return self.config.model.kernels != "torch" and kernels.load()
+            return None
+        return self.weights.isa or kernel_path(self.config.model.kernels)
 
     def _quantize(self, plan: WeightPlan, gguf: Path | None) -> None:
         if plan.method == "none":
@@ -296,6 +302,7 @@ class ModelRunner:
                 [i for i in last_index if i >= 0], dtype=torch.long, device=dev
             ),
             decode_kernel=self.decode_kernel,
+            kernel_isa=self._isa_index,
         )
         if num_decode:
             dec = [seqs[i] for i in order[:num_decode]]
@@ -332,6 +339,7 @@ class ModelRunner:
             num_decode=m,
             logits_indices=logits_indices,
             decode_kernel=self.decode_kernel,
+            kernel_isa=self._isa_index,
             decode_block_tables=buf.tables[:m, :w],
             decode_context_lens=ctx_t,
         )

@@ -32,8 +32,8 @@ def format_table(res: dict[str, Any]) -> str:
         f"{wl['input_tokens_min']}-{wl['input_tokens_max']} tokens, output "
         f"{wl['output_len']} (ignore_eos); one at a time: {wl['single_requests']} "
         f"prompts, output {wl['single_output_len']}",
-        f"model {a['model']}, --dtype {a['dtype']}; {m['cpu']}, {m['threads']} threads, "
-        f"torch {m['torch']}",
+        f"model {a['model']}, --dtype {a['dtype']}; {m['cpu']} ({m.get('cpu_kind', '?')}), "
+        f"{m['threads']} threads, torch {m['torch']}",
         "",
     ]
     head = ("", "output tok/s", "vs (a)", "TTFT p50 1-at-a-time", "TPOT median", "forward share")

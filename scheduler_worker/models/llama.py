@@ -31,6 +31,7 @@ class RMSNorm(nn.Module):
     and the sum is normalized, so the add and the norm are one pass in the fused kernel."""
 
     fused = False  # ModelRunner sets it when the C++ kernels serve this model
+    isa = 0  # ... and the kernels' path (index into kernels.ISAS) every op takes
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -39,7 +40,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.fused:
-            return torch.ops.zeroserve.rms_norm(x, residual, self.weight, self.eps)
+            return torch.ops.zeroserve.rms_norm(x, residual, self.weight, self.eps, self.isa)
         if residual is not None:
             x = residual.add_(x)
         dtype = x.dtype
@@ -50,6 +51,7 @@ class RMSNorm(nn.Module):
 
 class LlamaAttention(nn.Module):
     fused = False  # ModelRunner sets it when the C++ kernels serve this model
+    isa = 0  # ... and the kernels' path (index into kernels.ISAS) every op takes
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -79,6 +81,7 @@ class LlamaAttention(nn.Module):
                 meta.slot_mapping,
                 self.num_heads,
                 self.num_kv_heads,
+                self.isa,
             )
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
             o = paged_attention(
@@ -97,6 +100,7 @@ class LlamaAttention(nn.Module):
 
 class LlamaMLP(nn.Module):
     fused = False  # ModelRunner sets it when the C++ kernels serve this model
+    isa = 0  # ... and the kernels' path (index into kernels.ISAS) every op takes
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -110,7 +114,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.fused and self.silu:
-            return self.down_proj(torch.ops.zeroserve.silu_mul(gate_up))
+            return self.down_proj(torch.ops.zeroserve.silu_mul(gate_up, self.isa))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 

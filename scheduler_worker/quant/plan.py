@@ -50,7 +50,7 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
     assert method != "gguf" or gguf is not None  # common.model_source.check_quantization_source
     if method == "none":
         return WeightPlan("none", None, why)
-    isa = _kernel_path(cfg.kernels)
+    isa = kernel_path(cfg.kernels)
     dense = (
         dense_dtype_for(isa, has_native_bf16(), "amx_bf16" in cpu_flags())
         if isa is not None
@@ -59,7 +59,9 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
     return WeightPlan(method, isa, why, dense)
 
 
-def _kernel_path(choice: str) -> str | None:
+def kernel_path(choice: str) -> str | None:
+    """The one ISA path (kernels.ISAS) every C++ op takes for --kernels `choice`: the best
+    this CPU has (as ZEROSERVE_CPU_KIND presents it) for auto, None for pure torch."""
     if choice == "torch":
         return None
     if not kernels.load():  # logs why, once

@@ -46,3 +46,12 @@ def test_a_kind_that_cannot_be_had_is_refused(flags):
     flags(ZEN4, "avx512")
     with pytest.raises(ConfigError, match="must be avx2"):
         cpu.cpu_flags()
+
+
+def test_an_emulated_kind_says_so_in_its_label(flags):
+    flags(ZEN4)
+    assert cpu.cpu_kind_label() == "avx512"
+    flags(ZEN4, "avx2")
+    assert cpu.cpu_kind() == "avx2" and cpu.cpu_kind_label() == "avx2 (emulated on avx512)"
+    flags(SAPPHIRE_RAPIDS, "avx2")
+    assert cpu.cpu_kind_label() == "avx2 (emulated on amx)"

@@ -135,6 +135,7 @@ def _paged(batch: int, lens: list[int], bs: int, h: int, hkv: int, d: int, dtype
     return q, kc, vc, tables
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "case",
@@ -143,15 +144,19 @@ def _paged(batch: int, lens: list[int], bs: int, h: int, hkv: int, d: int, dtype
         (3, [17, 40, 5], 16, 4, 2, 128),
         (5, [33, 1, 64, 100, 7], 4, 6, 6, 32),
         (2, [300, 250], 16, 8, 1, 80),
+        (2, [37, 70], 16, 16, 1, 64),  # 16 query heads per KV head
+        (3, [5, 20, 9], 8, 24, 2, 256),  # 12 per KV head, head_dim 256
+        (1, [50], 16, 4, 1, 512),  # head_dim 512
+        (2, [3, 18], 4, 3, 3, 6),  # a tiny head
     ],
 )
-def test_paged_decode_attention_equals_the_gathered_torch_path(dtype, case):
+def test_paged_decode_attention_equals_the_gathered_torch_path(dtype, case, isa):
     batch, lens, bs, h, hkv, d = case
     q, kc, vc, tables = _paged(batch, lens, bs, h, hkv, d, dtype, seed=len(lens))
     ctx = torch.tensor(lens)
     mask = (torch.arange(tables.shape[1] * bs)[None, :] < ctx[:, None]).view(batch, 1, 1, -1)
     ref = _decode_attention(q.float(), kc.float(), vc.float(), tables, mask, d**-0.5, "sdpa")
-    out = ops.paged_decode_attention(q, kc, vc, tables, ctx, d**-0.5)
+    out = ops.paged_decode_attention(q, kc, vc, tables, ctx, d**-0.5, kernels.isa_index(isa))
     assert out.dtype == dtype and out.shape == q.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
@@ -160,11 +165,13 @@ def test_paged_decode_attention_equals_the_gathered_torch_path(dtype, case):
 def test_paged_decode_attention_refuses_a_length_past_its_table():
     q, kc, vc, tables = _paged(1, [20], 16, 4, 2, 32, torch.float32, 0)
     with pytest.raises(RuntimeError, match="outside its block table"):
-        ops.paged_decode_attention(q, kc, vc, tables, torch.tensor([33]), 1.0)
+        ops.paged_decode_attention(q, kc, vc, tables, torch.tensor([33]), 1.0, 0)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_with_and_without_residual(dtype):
+def test_rms_norm_with_and_without_residual(dtype, isa):
+    i = kernels.isa_index(isa)
     x = torch.randn(7, 576).to(dtype)
     res = torch.randn(7, 576).to(dtype)
     w = (torch.rand(576) + 0.5).to(dtype)
@@ -174,26 +181,32 @@ def test_rms_norm_with_and_without_residual(dtype):
         return w * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
 
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(ops.rms_norm(x, None, w, 1e-5), ref(x), rtol=tol, atol=tol)
+    torch.testing.assert_close(ops.rms_norm(x, None, w, 1e-5, i), ref(x), rtol=tol, atol=tol)
     expected_res = x + res
     got_res = res.clone()
-    y = ops.rms_norm(x, got_res, w, 1e-5)
+    y = ops.rms_norm(x, got_res, w, 1e-5, i)
     torch.testing.assert_close(got_res, expected_res, rtol=0, atol=0)  # residual += x, in place
     torch.testing.assert_close(y, ref(expected_res), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_mul(dtype):
-    gu = (torch.randn(5, 2 * 1536) * 4).to(dtype)
+def test_silu_mul(dtype, isa):
+    gu = (torch.randn(5, 2 * 1537) * 4).to(dtype)  # an odd width: a vector tail
     gate, up = gu.float().chunk(2, dim=-1)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(
-        ops.silu_mul(gu).float(), torch.nn.functional.silu(gate) * up, rtol=tol, atol=tol
+        ops.silu_mul(gu, kernels.isa_index(isa)).float(),
+        torch.nn.functional.silu(gate) * up,
+        rtol=tol,
+        atol=tol,
     )
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_write_kv_equals_rotate_and_write(dtype):
+def test_rope_write_kv_equals_rotate_and_write(dtype, isa):
+    i = kernels.isa_index(isa)
     h, hkv, d, bs, t = 9, 3, 64, 16, 11
     qkv = torch.randn(t, (h + 2 * hkv) * d).to(dtype)
     positions = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 131])
@@ -203,7 +216,7 @@ def test_rope_write_kv_equals_rotate_and_write(dtype):
     cos, sin = freqs.cos(), freqs.sin()
     slots = torch.randperm(8 * bs)[:t]
     kc, vc = torch.zeros(8, bs, hkv, d, dtype=dtype), torch.zeros(8, bs, hkv, d, dtype=dtype)
-    q, k = ops.rope_write_kv(qkv, positions, cos, sin, kc, vc, slots, h, hkv)
+    q, k = ops.rope_write_kv(qkv, positions, cos, sin, kc, vc, slots, h, hkv, i)
     qk = qkv[:, : (h + hkv) * d].float().view(t, h + hkv, d)
     rot = rotate(qk, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
     tol = 1e-6 if dtype == torch.float32 else 1e-2
@@ -213,4 +226,4 @@ def test_rope_write_kv_equals_rotate_and_write(dtype):
     write_kv(kr, vr, k, qkv[:, (h + hkv) * d :].view(t, hkv, d), slots)
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
     with pytest.raises(RuntimeError, match="out of range"):
-        ops.rope_write_kv(qkv, positions + 100, cos, sin, kc, vc, slots, h, hkv)
+        ops.rope_write_kv(qkv, positions + 100, cos, sin, kc, vc, slots, h, hkv, i)

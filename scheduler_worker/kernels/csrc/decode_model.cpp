@@ -56,13 +56,13 @@ at::Tensor decode_layers(at::Tensor residual, at::TensorList weights, at::IntArr
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* w = weights.data() + l * kTensorsPerLayer;
     const int64_t* fmt = formats.data() + l * kFormatsPerLayer;
-    at::Tensor h = x.defined() ? rms_norm(x, residual, w[0], eps) : rms_norm(residual, c10::nullopt, w[0], eps);
+    at::Tensor h = x.defined() ? rms_norm(x, residual, w[0], eps, isa) : rms_norm(residual, c10::nullopt, w[0], eps, isa);
     const at::Tensor qkv = linear(h, w + 1, fmt, isa);
-    auto [q, k] = rope_write_kv(qkv, positions, cos, sin, k_caches[l], v_caches[l], slot_mapping, H, Hkv);
-    const at::Tensor o = paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale);
+    auto [q, k] = rope_write_kv(qkv, positions, cos, sin, k_caches[l], v_caches[l], slot_mapping, H, Hkv, isa);
+    const at::Tensor o = paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale, isa);
     h = linear(o.view({T, q_size}), w + 5, fmt + 2, isa);
-    h = rms_norm(h, residual, w[9], eps);
-    x = linear(silu_mul(linear(h, w + 10, fmt + 4, isa)), w + 14, fmt + 6, isa);
+    h = rms_norm(h, residual, w[9], eps, isa);
+    x = linear(silu_mul(linear(h, w + 10, fmt + 4, isa), isa), w + 14, fmt + 6, isa);
   }
   return x;
 }

@@ -12,10 +12,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "zs_isa.h"
+
 namespace zs_qgemm {
 
 constexpr int64_t QK = 32;
-enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
 enum Fmt : int64_t { Q4 = 0, Q8 = 1 };  // Q4: nibbles + d + m; Q8: int8 + d
 
 struct Act {  // activations quantized per block of 32

@@ -1,0 +1,55 @@
+// The one kernel dispatch of every op (qgemm.cpp's GEMMs, decode_attention.cpp,
+// decode_ops.cpp, decode_model.cpp): an explicit `isa` argument, chosen once in Python
+// (--kernels, ZEROSERVE_CPU_KIND: scheduler_worker/kernels) and clamped here to what the
+// CPU has, so asking for AVX2 on an AVX-512 machine runs every op's AVX2 code.
+//
+// The float ops (attention, norms, activation, RoPE) are plain loops written for the
+// vectorizer: each hot loop is an always-inline template compiled three times, into a
+// portable (baseline x86-64) wrapper and two wrappers carrying the AVX2 and AVX-512
+// target attributes (ZS_VARIANTS), and the op picks one by the clamped isa.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <bit>
+#include <cstdint>
+
+namespace zs_qgemm {
+enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
+int64_t best_isa();                // the fastest path this CPU runs (CPUID)
+int64_t clamp_isa(int64_t isa);    // isa limited to [SCALAR, best_isa()]
+}  // namespace zs_qgemm
+
+#define ZS_INLINE inline __attribute__((always_inline))
+#define ZS_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ZS_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+namespace zs_ops {
+
+ZS_INLINE float f32(float x) { return x; }
+ZS_INLINE float f32(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
+
+// exp(x), vectorizable: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6 Taylor
+// polynomial (relative error < 2e-7); x clamped to [-87, 88] (float's normal range). n is
+// rounded by adding and subtracting 1.5 * 2^23 (floor() keeps GCC from vectorizing).
+ZS_INLINE float fast_exp(float x) {
+  x = x < -87.f ? -87.f : x;
+  x = x > 88.f ? 88.f : x;
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  const float p = 1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f + r * 0.0013888889f)))));
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+}  // namespace zs_ops
+
+// Three wrappers NAME<ISA>(...) around the always-inline IMPL, one per path, and a pick:
+//   ZS_VARIANTS((template <typename T>), rms_row, rms_row_impl<T>, (const T* x, int64_t n), (x, n))
+// defines rms_row_0/_1/_2 (portable, AVX2, AVX-512); ZS_PICK(rms_row<T>, isa) selects one.
+#define ZS_UNPAREN(...) __VA_ARGS__
+#define ZS_VARIANTS(TEMPLATE, NAME, IMPL, PARAMS, ARGS)                       \
+  ZS_UNPAREN TEMPLATE void NAME##_0 PARAMS { IMPL ARGS; }                     \
+  ZS_UNPAREN TEMPLATE ZS_TARGET_AVX2 void NAME##_1 PARAMS { IMPL ARGS; }      \
+  ZS_UNPAREN TEMPLATE ZS_TARGET_AVX512 void NAME##_2 PARAMS { IMPL ARGS; }
+#define ZS_PICK(NAME, TARGS, ISA) \
+  ((ISA) == 2 ? &NAME##_2 ZS_UNPAREN TARGS : (ISA) == 1 ? &NAME##_1 ZS_UNPAREN TARGS : &NAME##_0 ZS_UNPAREN TARGS)

@@ -1,0 +1,87 @@
+"""One kernel dispatch: every C++ op takes the ISA path chosen once in Python (--kernels,
+ZEROSERVE_CPU_KIND), clamped in C++ to what the CPU has."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common import cpu
+from common.config import CacheConfig, EngineConfig, ModelConfig
+from scheduler_worker import kernels
+from scheduler_worker.model_runner import ModelRunner, SeqInput
+
+pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
+ops = torch.ops.zeroserve
+
+
+def _best() -> int:
+    return int(ops.cpu_isa())
+
+
+def _ops_at(isa: int) -> list[torch.Tensor]:
+    """rms_norm and decode attention on fixed inputs: long float32 reductions, whose
+    rounding shows which vector width summed them."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 4096, generator=g), torch.rand(4096, generator=g) + 0.5
+    kc, vc = torch.randn(2, 3, 16, 8, 128, generator=g).unbind(0)
+    q = torch.randn(4, 16, 128, generator=g)
+    tables = torch.tensor([[0, 1, 2], [2, 1, 0], [1, 0, 2], [0, 2, 1]])
+    lens = torch.tensor([40, 17, 48, 1])
+    return [
+        ops.rms_norm(x, None, w, 1e-6, isa),
+        ops.paged_decode_attention(q, kc, vc, tables, lens, 128**-0.5, isa),
+    ]
+
+
+def test_the_isa_argument_selects_the_code_and_is_clamped_to_the_cpu():
+    best = _best()
+    at = {isa: _ops_at(isa) for isa in range(best + 1)}
+    for isa in range(1, best + 1):  # each path sums in its own vector width
+        assert any(not torch.equal(a, b) for a, b in zip(at[isa], at[isa - 1])), isa
+        for a, b in zip(at[isa], at[0]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for asked, runs in ((99, best), (-3, 0)):  # beyond the CPU: its best; below: portable
+        assert all(torch.equal(a, b) for a, b in zip(_ops_at(asked), at[runs]))
+
+
+@pytest.mark.skipif("avx2" not in cpu.cpu_flags(), reason="no AVX2 here")
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_an_emulated_avx2_cpu_runs_every_op_on_the_avx2_path(
+    quantization, tiny_model_dirs, monkeypatch
+):
+    monkeypatch.setenv("ZEROSERVE_CPU_KIND", "avx2")
+    cpu.cpu_flags.cache_clear()
+    try:
+        src = tiny_model_dirs["llama"]
+        config = EngineConfig(
+            model=ModelConfig(
+                model=str(src), dtype="float32", device="cpu", quantization=quantization
+            ),
+            cache=CacheConfig(block_size=4, num_blocks=32),
+        )
+        runner = ModelRunner(config, src)
+        assert cpu.cpu_kind_label().startswith("avx2 (emulated on ")
+    finally:
+        cpu.cpu_flags.cache_clear()
+    avx2 = kernels.isa_index("avx2")
+    assert runner.kernel_isa == "avx2"
+    fused = [m for m in runner.model.modules() if hasattr(m, "fused")]
+    assert fused and all(m.fused and m.isa == avx2 for m in fused)
+    linears = [m for m in runner.model.modules() if hasattr(m, "isa_index")]
+    assert all(m.isa_index == avx2 for m in linears) and (quantization == "none") != bool(linears)
+    plan = runner.model.decode_plan
+    assert plan is None if quantization == "none" else plan.isa == avx2
+    meta = runner.prepare([SeqInput([3, 4, 5], 0, [1])])[2]
+    assert meta.kernel_isa == avx2 and meta.decode_kernel == "paged"
+
+
+def test_kernels_torch_runs_no_cpp_op(tiny_model_dirs):
+    src = tiny_model_dirs["llama"]
+    config = EngineConfig(
+        model=ModelConfig(model=str(src), dtype="float32", device="cpu", kernels="torch"),
+        cache=CacheConfig(block_size=4, num_blocks=32),
+    )
+    runner = ModelRunner(config, src)
+    assert runner.kernel_isa is None and runner.decode_kernel != "paged"
+    assert not any(getattr(m, "fused", False) for m in runner.model.modules())
