@@ -19,6 +19,7 @@ from common.log import get_logger
 from common.model_source import check_quantization_source, gguf_source
 from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
+from scheduler_worker.kernels.shapes import decode_ops_refusal
 from scheduler_worker.models import load_model
 from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
 from scheduler_worker.quant.linear import (
@@ -197,7 +198,13 @@ class ModelRunner:
         quantized linears (--kernels, ZEROSERVE_CPU_KIND); None for pure torch."""
         if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             return None
-        return self.weights.isa or kernel_path(self.config.model.kernels)
+        isa = self.weights.isa or kernel_path(self.config.model.kernels)
+        a = self.args
+        why = decode_ops_refusal(a.num_heads, a.num_kv_heads, a.head_dim)
+        if isa is not None and why is not None:
+            log.warning("C++ decode ops off (%s): attention, norms and RoPE in pure torch", why)
+            return None
+        return isa
 
     def _quantize(self, plan: WeightPlan, gguf: Path | None) -> None:
         if plan.method == "none":
