@@ -169,6 +169,23 @@ def test_paged_decode_attention_refuses_a_length_past_its_table():
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_paged_decode_attention_refuses_a_block_id_outside_the_cache(isa):
+    """Every block id a sequence's length reaches is checked before any is read: a bad one
+    raises instead of reading outside the cache; ids past the length are never read."""
+    q, kc, vc, tables = _paged(2, [20, 9], 16, 4, 2, 32, torch.float32, 0)
+    ctx, i = torch.tensor([20, 9]), kernels.isa_index(isa)
+    for bad in (kc.shape[0], 10**12, -1):
+        t = tables.clone()
+        t[0, 1] = bad  # the second block of a 20-token sequence
+        with pytest.raises(RuntimeError, match=f"block id {bad} of sequence 0 outside"):
+            ops.paged_decode_attention(q, kc, vc, t, ctx, 1.0, i)
+    t = tables.clone()
+    t[1, 1] = 10**12  # past sequence 1's 9 tokens: not read, not refused
+    ref = ops.paged_decode_attention(q, kc, vc, tables, ctx, 1.0, i)
+    assert torch.equal(ops.paged_decode_attention(q, kc, vc, t, ctx, 1.0, i), ref)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_with_and_without_residual(dtype, isa):
     i = kernels.isa_index(isa)
