@@ -1,0 +1,43 @@
+"""QuantEmbedding: the token embedding table left in the GGUF file, rows dequantized on
+lookup.
+
+    GGUF memory map ── token_embd rows [vocab, row bytes] (file pages, read on demand)
+          ids ──▶ rows[ids] (a copy of those rows' bytes) ──dequantize_rows──▶ [T, hidden]
+
+The table is a view of the file's memory map (gguf.GGUFReader's numpy memmap): the
+process holds no copy of it, and the pages of the rows looked up stay in the page cache,
+shared and reclaimable. A step looks up one row per token, so the dequantization is of a
+few rows, not the table. A tied output head is a separate QuantLinear over the same
+tensor in the kernels' layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from scheduler_worker.quant.dequant_linear import dequantize_rows
+
+
+class QuantEmbedding(nn.Module):
+    def __init__(self, rows: np.ndarray, type_name: str, dim: int, dtype: torch.dtype) -> None:
+        """`rows`: the file's tensor as [vocab, row bytes] (or [vocab, dim] floats), a view
+        of the memory map."""
+        super().__init__()
+        self.table = rows  # not a buffer: file-backed, never copied into the process
+        self.num_embeddings, self.embedding_dim = rows.shape[0], dim
+        self.source, self.dtype = type_name, dtype
+
+    def mapped_bytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).cpu().numpy()
+        if flat.size and (flat.min() < 0 or flat.max() >= self.num_embeddings):
+            raise IndexError(f"token id out of range for a vocabulary of {self.num_embeddings}")
+        rows = dequantize_rows(np.asarray(self.table[flat]), self.source, self.embedding_dim)
+        return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.source} rows from the file"
