@@ -24,6 +24,28 @@ from scheduler_worker.quant import formats
 CHUNK_ELEMS = 1 << 20
 
 
+def torch_rows(rows: torch.Tensor, type_name: str, k: int) -> torch.Tensor | None:
+    """The float32 rows [n, k] of GGUF rows held as a torch tensor, in torch, for the
+    file formats llama.cpp's converter writes embeddings in (F32, F16, Q8_0, Q4_0, Q4_1),
+    with gguf-py's arithmetic (float32 d * q [+ m]); None for any other type."""
+    n = rows.shape[0]
+    if type_name in ("F32", "F16", "BF16") and rows.is_floating_point():
+        return rows.float().reshape(n, k)
+    layout = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}.get(type_name)
+    if layout is None or rows.dtype != torch.uint8:
+        return None
+    b = rows.reshape(n, k // 32, layout)
+    d = b[..., 0:2].contiguous().view(torch.float16).float()  # [n, nb, 1]
+    if type_name == "Q8_0":
+        return (b[..., 2:].contiguous().view(torch.int8).float() * d).reshape(n, k)
+    qs = b[..., layout - 16 :]
+    q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
+    if type_name == "Q4_0":
+        return ((q - 8) * d).reshape(n, k)
+    m = b[..., 2:4].contiguous().view(torch.float16).float()
+    return (q * d + m).reshape(n, k)
+
+
 def dequantize_rows(raw: np.ndarray, type_name: str, k: int) -> torch.Tensor:
     """GGUF rows ([n, row bytes], or the file's float array [n, k]) -> float32 [n, k]."""
     import gguf

@@ -13,11 +13,13 @@ tensor in the kernels' layout.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from torch import nn
 
-from scheduler_worker.quant.dequant_linear import dequantize_rows
+from scheduler_worker.quant.dequant_linear import dequantize_rows, torch_rows
 
 
 class QuantEmbedding(nn.Module):
@@ -26,6 +28,9 @@ class QuantEmbedding(nn.Module):
         of the memory map."""
         super().__init__()
         self.table = rows  # not a buffer: file-backed, never copied into the process
+        with warnings.catch_warnings():  # read-only map: the table is never written
+            warnings.simplefilter("ignore", UserWarning)
+            self.table_t = torch.from_numpy(rows)  # the same pages, for index_select
         self.num_embeddings, self.embedding_dim = rows.shape[0], dim
         self.source, self.dtype = type_name, dtype
 
@@ -33,10 +38,13 @@ class QuantEmbedding(nn.Module):
         return int(self.table.nbytes)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1).cpu().numpy()
-        if flat.size and (flat.min() < 0 or flat.max() >= self.num_embeddings):
+        flat = ids.reshape(-1).cpu()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
             raise IndexError(f"token id out of range for a vocabulary of {self.num_embeddings}")
-        rows = dequantize_rows(np.asarray(self.table[flat]), self.source, self.embedding_dim)
+        picked = self.table_t.index_select(0, flat)  # a copy of those rows' bytes
+        rows = torch_rows(picked, self.source, self.embedding_dim)
+        if rows is None:  # other types: gguf-py's numpy dequantization
+            rows = dequantize_rows(picked.numpy(), self.source, self.embedding_dim)
         return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

@@ -65,7 +65,7 @@ def test_dequant_linear_matches_gguf_dequantize(type_name):
     assert lin(x).shape == (2, 3, n) and lin(x).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1", "Q6_K", "F32"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1", "Q6_K", "F32"])
 def test_quant_embedding_rows_equal_gguf_dequantize(type_name):
     vocab, dim = 50, 256
     if type_name == "F32":
