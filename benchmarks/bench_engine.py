@@ -23,7 +23,7 @@ import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_flags, cpu_kind_label, cpu_model_name
-from common.model_source import resolve_model
+from common.model_source import hf_reference_dir, resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 
@@ -76,7 +76,9 @@ def bench_step_time(engine: LLMEngine, batch: int, ctx: int, steps: int = 16) ->
 def bench_hf(model_dir: Path, dtype: torch.dtype, prompts, out_lens, batch: int) -> dict:
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_reference_dir(model_dir), dtype=dtype
+    ).eval()
     model.generation_config.eos_token_id = None
     useful, t0 = 0, time.perf_counter()
     with torch.inference_mode():
@@ -101,7 +103,9 @@ def bench_hf(model_dir: Path, dtype: torch.dtype, prompts, out_lens, batch: int)
 def hf_token_latency(model_dir: Path, dtype: torch.dtype, prompt, n: int = 64) -> float:
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_reference_dir(model_dir), dtype=dtype
+    ).eval()
     model.generation_config.eos_token_id = None
     ids = torch.tensor([prompt])
     with torch.inference_mode():

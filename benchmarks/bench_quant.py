@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("the CPU kernels are not built: python -m scheduler_worker.kernels --require")
     best = kernels.ISAS.index(kernels.best_isa())
     isas = [i for i in args.isas.split(",") if i and kernels.isa_index(i) <= best]
-    model, margs = load_model(resolve_model(args.model), torch.float32, torch.device("cpu"))
+    model, margs = load_model(
+        resolve_model(args.model, full_weights=True), torch.float32, torch.device("cpu")
+    )
     shapes: Counter = Counter()
     layers: dict[tuple[int, int], nn.Linear] = {}
     heads = set()  # quantize_model keeps lm_head at int8 under int4: time it the same way

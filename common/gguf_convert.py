@@ -1,9 +1,16 @@
-"""GGUF → Hugging Face directory: dequantized float32 safetensors, config.json, tokenizer.
+"""GGUF → Hugging Face directory: config.json, tokenizer, and the small float tensors.
 
     GGUF file ──inspect_gguf──▶ header checked (parses, tensor extents, architecture)
               ──convert_gguf──▶ out_dir/ config.json  generation_config.json
-                                         model*.safetensors (float32, ≤ 2 GiB shards)
+                                         model*.safetensors (float32: norms and biases;
+                                                             every tensor with `full`)
                                          tokenizer.json  tokenizer_config.json (+ chat_template)
+
+The engine reads the matrices (linears, embedding) from the GGUF file itself
+(scheduler_worker.loader): the cache keeps only the 1-D tensors, so it costs a few MB, not
+a float32 copy of the model. `full` writes every tensor dequantized (an HF checkpoint that
+transformers loads: the tests' and benchmarks' reference); `gguf_matrices` yields the
+dequantized matrices for the engine's float path.
 
 GGUF lists a tensor's dims reversed (ne0 first); the dequantized array already has the
 row-major HF shape, so `reversed(t.shape)` is the HF shape. llama.cpp's converter permutes
@@ -106,17 +113,49 @@ def inspect_gguf(path: Path):
     return reader
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
-    """Write an HF-format directory for `gguf_path` into the existing directory `out_dir`."""
+def is_matrix(t) -> bool:
+    """A GGUF tensor the engine reads from the file (a linear or the embedding), not the
+    conversion cache: every tensor of two or more dims."""
+    return len(t.shape) > 1
+
+
+def dequantized(reader, t) -> tuple[str | None, np.ndarray]:
+    """(HF name or None when unknown, float32 array in HF's shape and row order)."""
     import gguf
+
+    arch = _field(reader, "general.architecture")
+    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
+    name = hf_name(t.name)
+    if name is not None and arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+        n_head = int(_field(reader, f"{arch}.attention.head_count"))
+        if ".k_proj." in name:
+            n_head = int(_field(reader, f"{arch}.attention.head_count_kv", n_head))
+        w = unpermute(w, n_head)
+    return name, w
+
+
+def gguf_matrices(path: Path):
+    """(HF name, float32 array) of every matrix of a GGUF file, dequantized: what the lean
+    conversion leaves out, for the engine's float path (--quantization none)."""
+    reader = inspect_gguf(Path(path))
+    for t in reader.tensors:
+        if is_matrix(t):
+            name, w = dequantized(reader, t)
+            if name is None:
+                raise ModelSourceError(f"GGUF file {path}: unexpected tensor {t.name}")
+            yield name, w
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bool = False) -> None:
+    """Write an HF-format directory for `gguf_path` into the existing directory `out_dir`:
+    the 1-D tensors only, or with `full` every tensor."""
     from tqdm import tqdm
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader = inspect_gguf(gguf_path)
     arch = _field(reader, "general.architecture")
     p = f"{arch}."
-    n_head = int(_field(reader, p + "attention.head_count"))
-    n_kv = int(_field(reader, p + "attention.head_count_kv", n_head))
     writer = _ShardWriter(out_dir)
     names, embed_shape, rope_factors = set(), None, None
     try:
@@ -127,22 +166,20 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
             disable=not progress,
             file=sys.stderr,
         ):
-            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-            w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
+            name = hf_name(t.name)
+            if name == "model.embed_tokens.weight":
+                embed_shape = tuple(reversed([int(d) for d in t.shape]))
+            if name is not None and not full and is_matrix(t):
+                names.add(name)  # read from the GGUF file by the engine
+                continue
+            name, w = dequantized(reader, t)
             if t.name == "rope_freqs.weight":
                 rope_factors = w
                 continue
-            name = hf_name(t.name)
             if name is None:
                 raise ModelSourceError(
                     f"GGUF file {gguf_path}: unexpected tensor {t.name} for architecture {arch!r}"
                 )
-            if arch == "llama" and ".q_proj." in name:
-                w = unpermute(w, n_head)
-            elif arch == "llama" and ".k_proj." in name:
-                w = unpermute(w, n_kv)
-            if name == "model.embed_tokens.weight":
-                embed_shape = w.shape
             names.add(name)
             writer.add(name, np.ascontiguousarray(w))
     except (ValueError, IndexError, NotImplementedError, TypeError) as e:
@@ -350,11 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("gguf_path", type=Path)
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--full", action="store_true", help="every tensor, dequantized")
     ap.add_argument("--error-file", type=Path, help="write a failure's message here, not stderr")
     args = ap.parse_args(argv)
     try:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        convert_gguf(args.gguf_path, args.out_dir, progress=not args.no_progress)
+        convert_gguf(args.gguf_path, args.out_dir, progress=not args.no_progress, full=args.full)
     except (ModelSourceError, OSError) as e:
         if args.error_file is None:
             print(f"error: {e}", file=sys.stderr)

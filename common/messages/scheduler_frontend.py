@@ -33,3 +33,4 @@ class EngineStatus(Message):
     pid: int = 0
     inbox: str | None = None  # None: the config's address (IPCConfig.replica_endpoint)
     proof: str | None = None
+    weight_bytes: int = 0  # the model's weights held by the replica (scheduler_worker.loader)

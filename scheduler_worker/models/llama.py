@@ -182,9 +182,12 @@ class LlamaForCausalLM(CausalLM):
 
     def post_init(self) -> None:
         """Tie lm_head to the embeddings and (re)build the rope tables on the real device."""
-        if self.args.tie_word_embeddings:
+        tied_modules = isinstance(self.lm_head, nn.Linear) and isinstance(
+            self.embed_tokens, nn.Embedding
+        )  # a GGUF model's are modules over the file's tensor (scheduler_worker.loader)
+        if self.args.tie_word_embeddings and tied_modules:
             self.lm_head.weight = self.embed_tokens.weight
-        if self.embed_tokens.weight.device.type != "meta":
+        if self.norm.weight.device.type != "meta":
             self.rope = self._make_rope()
             self._rope_f32 = None
 

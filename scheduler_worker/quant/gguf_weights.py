@@ -1,39 +1,56 @@
-"""A GGUF file's own quantized blocks, swapped into a model loaded from its conversion.
+"""A GGUF file's matrices as the model's modules, read from the file's memory map.
 
     GGUF file ─▶ blk.N.attn_q/k/v ─(rows un-permuted, stacked)─▶ layers.N.self_attn.qkv_proj
                  blk.N.attn_output ─────────────────────────────▶ layers.N.self_attn.o_proj
                  blk.N.ffn_gate/up ─(stacked)───────────────────▶ layers.N.mlp.gate_up_proj
                  blk.N.ffn_down ────────────────────────────────▶ layers.N.mlp.down_proj
                  output (or token_embd when tied) ──────────────▶ lm_head
+                 token_embd ────────────────────────────────────▶ embed_tokens
 
-The model itself comes from the cached HF-format conversion (common.gguf_convert), so the
-norms, the embedding table and any bias hold the same values; only the linears change
-from dequantized float to the file's blocks. llama.cpp permutes the Q and K rows of
-llama-architecture files; rows are whole blocks, so they are un-permuted as blocks. A
-layer whose tensors are not all in a kernel format (Q4_0, Q4_1, Q8_0), or mix 4- and
-8-bit forms, keeps its dequantized float weight; the caller logs which.
+Each linear becomes, by its GGUF type: a QuantLinear on the integer kernels (the types in
+formats.GGUF_BLOCK_TYPES, whatever that table holds), or a DequantLinear (the file's bytes,
+dequantized a chunk of rows at a time) for a type without a kernel; a stacked projection
+whose parts differ in kernel form or type becomes a StackedLinear of per-part modules.
+None keeps a float copy of the weight. The embedding stays in the file (QuantEmbedding).
+llama.cpp permutes the Q and K rows of llama-architecture files; rows are whole blocks, so
+they are un-permuted as blocks. Name mapping per architecture is the data table below.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import nn
 
 from common.gguf_convert import inspect_gguf, unpermute
-from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, BlockWeight, cat_rows, from_gguf
+from scheduler_worker.quant.dequant_linear import DequantLinear
+from scheduler_worker.quant.embedding import QuantEmbedding
+from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, cat_rows, from_gguf
+from scheduler_worker.quant.linear import QuantLinear
+from scheduler_worker.quant.stacked import StackedLinear
 
-# our module -> the GGUF tensors stacked into it, per layer ("{i}") or top level
-_LAYER_PARTS = {
+# our module within a layer -> the GGUF tensors (blk.N.<piece>.weight) stacked into it
+_LLAMA_LAYER = {
     "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
     "self_attn.o_proj": ("attn_output",),
     "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
     "mlp.down_proj": ("ffn_down",),
 }
+# per GGUF architecture: (per-layer linears, embedding module, output module)
+GGUF_MODULES: dict[str, tuple[dict[str, tuple[str, ...]], str, str]] = {
+    "llama": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
+    "qwen2": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
+}
+# GGUF architectures whose Q and K rows llama.cpp's converter permutes
+QK_PERMUTED = frozenset({"llama"})
+NO_KERNEL = "dequant-on-the-fly (no kernel)"
 
 
 class GGUFBlocks:
-    """The quantized tensors of one GGUF file, by GGUF name (the file is memory-mapped)."""
+    """The tensors of one GGUF file, by GGUF name, as views of its memory map."""
 
     def __init__(self, path: Path) -> None:
         import gguf
@@ -58,39 +75,110 @@ class GGUFBlocks:
             out[self.type_name(name)] = out.get(self.type_name(name), 0) + 1
         return out
 
-    def block_weight(self, name: str) -> BlockWeight | None:
-        """The tensor as kernel blocks, or None when its type has no kernel."""
-        t = self.tensors[name]
-        type_name = self.type_name(name)
-        if type_name not in GGUF_BLOCK_TYPES:
-            return None
-        k, n = (int(x) for x in t.shape)  # GGUF lists ne0 (the input dim) first
-        raw = np.asarray(t.data).reshape(n, -1)
-        if self.arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+    def tensor_bytes(self) -> int:
+        """The bytes of every tensor in the file (what the weight memory is measured against)."""
+        return sum(int(t.n_bytes) for t in self.tensors.values())
+
+    def shape(self, name: str) -> tuple[int, int]:
+        k, n = (int(x) for x in self.tensors[name].shape)  # GGUF lists ne0 (the input dim) first
+        return n, k
+
+    def rows(self, name: str) -> np.ndarray:
+        """The tensor's rows as stored ([N, row bytes], or [N, K] for float types), a view of
+        the memory map; Q/K rows un-permuted (a copy) where the file permutes them."""
+        n, _ = self.shape(name)
+        raw = np.asarray(self.tensors[name].data).reshape(n, -1)
+        if self.arch in QK_PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             raw = unpermute(raw, self.n_head if "attn_q" in name else self.n_kv_head)
-        return from_gguf(raw, type_name, n, k)
+        return raw
 
 
-def gguf_linears(blocks: GGUFBlocks, num_layers: int) -> tuple[dict[str, BlockWeight], list[str]]:
-    """(our module name -> stacked blocks, names of linears left in float and why)."""
-    found: dict[str, BlockWeight] = {}
-    skipped: list[str] = []
+@dataclass(frozen=True)
+class Served:
+    """One GGUF tensor and what serves it (the start-up log's lines)."""
+
+    tensor: str
+    type_name: str
+    path: str  # "qlinear q4 avx512", NO_KERNEL, "embedding rows on lookup", ...
+
+
+def _one(
+    blocks: GGUFBlocks,
+    names: tuple[str, ...],
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    isa: str | None,
+    dense_dtype: torch.dtype | None,
+) -> tuple[nn.Module, list[Served]]:
+    """The module for GGUF tensors `names` stacked along the output dim."""
+    types = [blocks.type_name(n) for n in names]
+    k = blocks.shape(names[0])[1]
+    if all(t in GGUF_BLOCK_TYPES for t in types):
+        parts = [from_gguf(blocks.rows(n), t, blocks.shape(n)[0], k) for n, t in zip(names, types)]
+        if len({p.form for p in parts}) == 1:
+            q = QuantLinear(cat_rows(parts), bias, dtype, isa, dense_dtype)
+            how = f"qlinear {parts[0].form} {isa}" if isa else "pure torch (dequantized float)"
+            return q, [Served(n, t, how) for n, t in zip(names, types)]
+    if len(set(types)) == 1 and types[0] not in GGUF_BLOCK_TYPES:
+        raw = np.concatenate([blocks.rows(n) for n in names]) if len(names) > 1 else None
+        raw = blocks.rows(names[0]) if raw is None else raw
+        lin = DequantLinear(raw, types[0], raw.shape[0], k, bias)
+        return lin, [Served(n, t, NO_KERNEL) for n, t in zip(names, types)]
+    modules, served = [], []  # mixed types: one module per part, outputs concatenated
+    for n in names:
+        mod, s = _one(blocks, (n,), None, dtype, isa, dense_dtype)
+        modules.append(mod)
+        served += s
+    return StackedLinear(modules, k, bias), served
+
+
+def _set(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    old = getattr(parent, attr)
+    setattr(parent, attr, new)
+    return old
+
+
+def swap_in_gguf(
+    model: nn.Module,
+    blocks: GGUFBlocks,
+    num_layers: int,
+    dtype: torch.dtype,
+    isa: str | None,
+    dense_dtype: torch.dtype | None,
+) -> tuple[list[Served], list[str]]:
+    """Replace the (meta-device) model's linears and embedding by modules over the file's
+    tensors. Returns what serves each tensor, and the stacked projections whose parts
+    differ in type (served part by part)."""
+    if blocks.arch not in GGUF_MODULES:
+        raise ValueError(f"no GGUF tensor map for architecture {blocks.arch!r}")
+    layer, embed_name, output_name = GGUF_MODULES[blocks.arch]
     plan = {
         f"layers.{i}.{ours}": tuple(f"blk.{i}.{p}.weight" for p in parts)
         for i in range(num_layers)
-        for ours, parts in _LAYER_PARTS.items()
+        for ours, parts in layer.items()
     }
-    plan["lm_head"] = (
+    plan[output_name] = (
         ("output.weight",) if "output.weight" in blocks.tensors else ("token_embd.weight",)
     )
+    served: list[Served] = []
+    mixed: list[str] = []
     for ours, names in plan.items():
-        parts = [blocks.block_weight(n) for n in names]
-        if any(p is None for p in parts):
-            types = ", ".join(sorted({blocks.type_name(n) for n in names}))
-            skipped.append(f"{ours} ({types})")
-            continue
-        try:
-            found[ours] = cat_rows([p for p in parts if p is not None])
-        except ValueError:
-            skipped.append(f"{ours} (mixed {', '.join(blocks.type_name(n) for n in names)})")
-    return found, skipped
+        old = model.get_submodule(ours)
+        n = sum(blocks.shape(x)[0] for x in names)
+        if not isinstance(old, nn.Linear) or (old.out_features, old.in_features) != (
+            n,
+            blocks.shape(names[0])[1],
+        ):
+            raise ValueError(f"{ours}: expected an nn.Linear of {n} outputs, found {old}")
+        new, s = _one(blocks, names, old.bias, dtype, isa, dense_dtype)
+        if isinstance(new, StackedLinear):
+            mixed.append(f"{ours} ({new.source})")
+        _set(model, ours, new)
+        served += s
+    embd = "token_embd.weight"
+    _, dim = blocks.shape(embd)
+    _set(model, embed_name, QuantEmbedding(blocks.rows(embd), blocks.type_name(embd), dim, dtype))
+    served.append(Served(embd, blocks.type_name(embd), "embedding rows dequantized on lookup"))
+    return served, mixed

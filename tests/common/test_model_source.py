@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from common.gguf_convert import SUPPORTED_GGUF_ARCHS, llama3_rope_parameters
+from common.gguf_convert import SUPPORTED_GGUF_ARCHS, gguf_matrices, llama3_rope_parameters
 from common.model_source import (
     COMPLETE_MARKER,
     ModelSourceError,
     cache_dir_for,
     default_gguf_path,
+    hf_reference_dir,
     resolve_model,
 )
 
@@ -80,8 +81,21 @@ def test_gguf_path_and_hf_dir_forms(converted, cache):
     assert resolve_model(converted) == converted
 
 
-def test_converted_model_answers_in_transformers(converted):
+def test_cache_holds_the_small_tensors_only(converted):
+    """The engine reads the matrices from the GGUF: the cache keeps norms (1-D) alone."""
+    from safetensors import safe_open
+
+    with safe_open(str(converted / "model.safetensors"), framework="np") as f:
+        shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
+    assert shapes and all(len(s) == 1 for s in shapes.values()), shapes
+    assert "model.norm.weight" in shapes and len(shapes) == 1 + 2 * 30
+
+
+def test_converted_model_answers_in_transformers(converted, cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    full = resolve_model("smollm2", cache_dir=cache, progress=False, full_weights=True)
+    assert full != converted and hf_reference_dir(converted) == full
 
     tok = AutoTokenizer.from_pretrained(converted)
     assert (tok.bos_token, tok.eos_token, tok.eos_token_id) == ("<|im_start|>", "<|im_end|>", 2)
@@ -93,7 +107,7 @@ def test_converted_model_answers_in_transformers(converted):
     )
     ids = tok(text, return_tensors="pt").input_ids
     assert ids[0, 0].item() == 1  # the template's <|im_start|>; the tokenizer adds no BOS
-    model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(full, dtype=torch.float32).eval()
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
@@ -336,8 +350,10 @@ def test_tiny_gguf_round_trip(tmp_path, tokenizer_fields, kind, arch):
 
     model = _tiny(kind)
     path = write_gguf(model, arch, tmp_path / f"tiny-{kind}.gguf", tokenizer_fields)
-    out = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False)
+    lean = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False)
+    out = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False, full_weights=True)
     config = json.loads((out / "config.json").read_text())
+    assert config == json.loads((lean / "config.json").read_text())
     assert config["tie_word_embeddings"] is model.config.tie_word_embeddings
     weights = load_file(str(out / "model.safetensors"))
     expected = {
@@ -346,6 +362,13 @@ def test_tiny_gguf_round_trip(tmp_path, tokenizer_fields, kind, arch):
         if not (k == "lm_head.weight" and model.config.tie_word_embeddings)
     }
     assert set(weights) == set(expected)
+    small = load_file(str(lean / "model.safetensors"))
+    assert set(small) == {k for k, v in expected.items() if v.ndim == 1}
+    # what the engine's float path reads from the file: the matrices, un-permuted
+    matrices = dict(gguf_matrices(path))
+    assert set(matrices) == {k for k, v in expected.items() if v.ndim == 2}
+    for name, a in matrices.items():
+        np.testing.assert_array_equal(a, expected[name], err_msg=name)
     for name, a in expected.items():
         np.testing.assert_array_equal(weights[name], a, err_msg=name)
     if kind == "llama3":

@@ -25,8 +25,10 @@ def tokenizer(default_model_dir):
 def hf_model(default_model_dir):
     import transformers
 
+    from common.model_source import hf_reference_dir
+
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        default_model_dir, dtype=torch.float32
+        hf_reference_dir(default_model_dir), dtype=torch.float32
     )
     return model.eval()
 

@@ -45,6 +45,7 @@ from common.zmq_queue import PullQueue, PushQueue
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
 MAX_MODEL_LEN = 2048
+WEIGHT_BYTES = 123_456_789  # what the fake replica reports (zeroserve:model_weight_bytes)
 STRANDED_PID = 2**31 - 2  # no such process
 
 
@@ -169,6 +170,7 @@ class FakeBackend:
                 49152,
                 t,
                 pid=os.getpid(),
+                weight_bytes=WEIGHT_BYTES,
             ),
             timeout_ms=1000,
         )

@@ -14,6 +14,7 @@ import pytest
 
 from common.messages import ComponentStatus, TextOutputs, pack_ids
 from tests.frontend.conftest import serve, wait_healthy, wait_until
+from tests.frontend.fake_backend import WEIGHT_BYTES
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -192,6 +193,7 @@ def test_metrics(served, http):
     assert _metric(text, "zeroserve:kv_cache_usage_perc") == 0.25
     assert _metric(text, "zeroserve:prefix_cache_queries_total") == 100
     assert _metric(text, "zeroserve:prefix_cache_hits_total") == 40
+    assert _metric(text, 'zeroserve:model_weight_bytes{engine="0"}') == WEIGHT_BYTES
     after = _metrics(text)
 
     def added(name: str) -> float:

@@ -147,39 +147,3 @@ def test_decode_kernel_choice(monkeypatch):
     monkeypatch.setenv("ZEROSERVE_DECODE_ATTENTION", "flash")
     with pytest.raises(ValueError, match="ZEROSERVE_DECODE_ATTENTION"):
         choose_decode_kernel(cpu, torch.bfloat16, amd)
-
-
-@pytest.mark.parametrize("kind", ["llama3", "gpt2"])
-def test_padded_decode_steps_equal_unpadded_ones(kind, tiny_model_dirs):
-    """Decode steps from the kept input buffers, padded to a bucket's batch size and
-    block-table width (as a CUDA graph replay needs), give the unpadded step's logits
-    for the real rows and leave every block a sequence owns as the unpadded step does;
-    the padding rows write only the scratch block past the pool. 10 sequences: batch
-    bucket 16 and tables of up to 16 blocks, past the buffers' first size (8 x 8)."""
-    from scheduler_worker.model_runner import decode_bucket, width_bucket
-
-    assert [decode_bucket(n) for n in (1, 2, 3, 5, 9, 16, 17)] == [1, 2, 4, 8, 16, 16, 24]
-    assert [width_bucket(n) for n in (1, 2, 3, 9)] == [1, 2, 4, 16]
-    model_dir = tiny_model_dirs[kind]
-    prompts = PROMPTS + [p[::-1] for p in PROMPTS]
-    plain, padded = _runner(model_dir), _runner(model_dir)
-    padded.pad_decode = True
-    tables = [list(range(1 + 17 * i, 18 + 17 * i)) for i in range(len(prompts))]
-    seqs = [list(p) for p in prompts]
-    first = [SeqInput(list(p), 0, t) for p, t in zip(prompts, tables)]
-    a, b = plain.execute(first), padded.execute(first)
-    for _ in range(20):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-        tokens = a.argmax(-1).tolist()
-        step = [SeqInput([t], len(s), tab) for s, t, tab in zip(seqs, tokens, tables)]
-        for s, t in zip(seqs, tokens):
-            s.append(t)
-        a, b = plain.execute(step), padded.execute(step)
-        assert padded.prepare(step)[2].num_decode == 16
-    for (k1, v1), (k2, v2) in zip(plain.kv_caches, padded.kv_caches):
-        torch.testing.assert_close(k2[:-1], k1[:-1], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(v2[:-1], v1[:-1], rtol=1e-5, atol=1e-5)
-        assert not k1[-1].any() and k2[-1].any()  # only padded steps touch the scratch block
-    assert [s[len(p) :] for s, p in zip(seqs, prompts)] == [
-        o[:20] for o in hf_greedy(model_dir, prompts, 20)
-    ]

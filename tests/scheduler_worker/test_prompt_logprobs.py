@@ -22,7 +22,11 @@ def hf_prompt_logprobs(model_dir, prompt: list[int]) -> torch.Tensor:
     row p scores token p + 1."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    from common.model_source import hf_reference_dir
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_reference_dir(model_dir), dtype=torch.float32
+    )
     with torch.no_grad():
         logits = model.eval()(torch.tensor([prompt])).logits[0].float()
     return logits[:-1].log_softmax(dim=-1)

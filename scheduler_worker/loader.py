@@ -1,0 +1,198 @@
+"""Loading a model: its weights, in the form the plan picks, onto the device.
+
+    model dir ──plan_weights──▶ "none" | "int8"/"int4" | "gguf"
+      "none", "int8"/"int4":  built on the meta device, float weights loaded (a GGUF model's
+                              matrices dequantized from the file), then quantized if asked
+      "gguf":                 built on the meta device; every linear and the embedding
+                              swapped for modules over the file's own tensors (memory
+                              map); only the norms and biases are allocated as float and
+                              loaded from the conversion cache
+
+So the default path never holds a float copy of a quantized matrix: the scheduler's weight
+memory is the file's (WeightMemory, logged at start and exported in /metrics).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.config import EngineConfig
+from common.cpu import has_native_bf16
+from common.gguf_convert import gguf_matrices
+from common.log import get_logger
+from common.model_source import check_quantization_source, gguf_source
+from scheduler_worker.models import MODEL_REGISTRY, architecture_of, iter_safetensors
+from scheduler_worker.models.common import CausalLM, ModelArgs
+from scheduler_worker.quant.dequant_linear import DequantLinear
+from scheduler_worker.quant.embedding import QuantEmbedding
+from scheduler_worker.quant.gguf_weights import GGUFBlocks, swap_in_gguf
+from scheduler_worker.quant.linear import DENSE_ABOVE_ROWS, QuantLinear, quantize_model
+from scheduler_worker.quant.plan import WeightPlan, plan_weights
+from scheduler_worker.weight_report import WeightMemory, kernel_lines, weight_memory
+
+log = get_logger("loader")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_QUANT_MODULES = (QuantLinear, DequantLinear, QuantEmbedding)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if quantized:
+        # block-quantized linears take float32 activations best on every CPU measured: the
+        # kernels quantize them to 8 bits anyway, and the rest of the step (norms, rope,
+        # attention) has no casts; large steps still get bf16 GEMMs where those beat the
+        # kernels (QuantLinear's dense copy). docs/benchmarks.md, "Decode step".
+        return torch.float32
+    # CPU: bfloat16 when the CPU has native bf16 matmuls (AVX512-BF16 / AMX), measured
+    # faster than float32 for this engine (docs/benchmarks.md); float32 otherwise.
+    return torch.bfloat16 if has_native_bf16() else torch.float32
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    args: ModelArgs
+    plan: WeightPlan
+    dtype: torch.dtype
+    device: torch.device
+    memory: WeightMemory
+
+
+def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
+    """The model of `model_dir` with its weights as `config` asks, eval mode, on its device."""
+    device = resolve_device(config.model.device)
+    check_quantization_source(config.model.quantization, model_dir)
+    gguf = gguf_source(model_dir)
+    plan = plan_weights(config.model, device, gguf)
+    dtype = resolve_dtype(config.model.dtype, device, plan.method != "none")
+    if plan.method != "none" and dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"quantized weights need dtype float32 or bfloat16, not {dtype}")
+    t0 = time.perf_counter()
+    hf = _read_config(model_dir)
+    arch = architecture_of(hf)
+    args = ModelArgs.from_hf(hf, arch)
+    with torch.device("meta"):
+        model = MODEL_REGISTRY[arch](args)
+    blocks = GGUFBlocks(gguf) if gguf is not None else None
+    if plan.method == "gguf":
+        assert blocks is not None  # check_quantization_source / plan_weights
+        served, mixed = swap_in_gguf(
+            model, blocks, args.num_layers, dtype, plan.isa, plan.dense_dtype
+        )
+        _materialize(model, dtype)
+        model.post_init()
+        model.load_weights(iter_safetensors(model_dir))
+        _cast_dense(model, dtype)
+        model = model.eval()
+        for line in kernel_lines(served):
+            log.info("weights: %s", line)
+        for m in mixed:
+            log.info("weights: %s mixes GGUF types: served part by part (no float copy)", m)
+        log.info(
+            "weights: %d linears from the GGUF's own tensors, activations %s%s, in %.1fs (%s)",
+            sum(isinstance(m, (QuantLinear, DequantLinear)) for m in model.modules()),
+            str(dtype).removeprefix("torch."),
+            _dense_note(plan),
+            time.perf_counter() - t0,
+            plan.reason,
+        )
+    else:
+        model = model.to_empty(device="cpu")
+        model.post_init()  # re-tie weights and rebuild rope tables lost on the meta device
+        weights = iter_safetensors(model_dir)
+        if gguf is not None:  # the lean cache has the norms; the matrices are in the file
+            matrices = (
+                (n, torch.from_numpy(np.require(a, requirements="W")))
+                for n, a in gguf_matrices(gguf)
+            )
+            weights = itertools.chain(weights, matrices)
+        model.load_weights(weights)
+        model = model.to(device=device, dtype=dtype).eval()
+        _quantize_float(model, plan, dtype, t0)
+    memory = weight_memory(model, blocks.tensor_bytes() if blocks is not None else None)
+    log.info(
+        "loaded %s (%s, %s) in %.1fs; %s",
+        args.architecture,
+        dtype,
+        device,
+        time.perf_counter() - t0,
+        memory.describe(),
+    )
+    return LoadedModel(model, args, plan, dtype, device, memory)
+
+
+def _read_config(model_dir: Path) -> dict:
+    from common.model_facts import read_hf_config
+
+    return read_hf_config(model_dir)
+
+
+def _materialize(model: nn.Module, dtype: torch.dtype) -> None:
+    """Allocate (uninitialized, on the CPU) what is still on the meta device after the
+    swap: the norms, biases and rope tables, which the weight loader then fills."""
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if p.is_meta:
+                setattr(mod, name, nn.Parameter(torch.empty(p.shape, dtype=dtype), False))
+        for name, b in list(mod.named_buffers(recurse=False)):
+            if b is not None and b.is_meta:
+                mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype)
+
+
+def _cast_dense(model: nn.Module, dtype: torch.dtype) -> None:
+    """The float tensors outside the quantized modules to `dtype` (model.to(dtype) would
+    widen the kernels' float16 scales too)."""
+    for mod in model.modules():
+        if isinstance(mod, _QUANT_MODULES):
+            continue
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if p.is_floating_point() and p.dtype != dtype:
+                setattr(mod, name, nn.Parameter(p.detach().to(dtype), False))
+        for name, b in list(mod.named_buffers(recurse=False)):
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                mod._buffers[name] = b.to(dtype)
+
+
+def _quantize_float(model: nn.Module, plan: WeightPlan, dtype: torch.dtype, t0: float) -> None:
+    if plan.method == "none":
+        log.info("weights: float %s (%s)", str(dtype).removeprefix("torch."), plan.reason)
+        return
+    n = quantize_model(model, plan.method, dtype, plan.isa, plan.dense_dtype)
+    log.info(
+        "weights: %d linears quantized to %s blocks, kernels %s, activations %s%s, in %.1fs (%s)",
+        n,
+        plan.method,
+        plan.isa or "pure torch (dequantized)",
+        str(dtype).removeprefix("torch."),
+        _dense_note(plan),
+        time.perf_counter() - t0,
+        plan.reason,
+    )
+
+
+def _dense_note(plan: WeightPlan) -> str:
+    if plan.dense_dtype is None:
+        return ""
+    return (
+        f"; prompt tokens, and decode batches of more than {DENSE_ABOVE_ROWS}, use a dense "
+        f"{str(plan.dense_dtype).removeprefix('torch.')} copy (native bf16 GEMMs here)"
+    )
