@@ -19,7 +19,8 @@ class StackedLinear(nn.Module):
         super().__init__()
         self.parts = nn.ModuleList(parts)
         self.in_features = in_features
-        self.out_features = sum(int(p.out_features) for p in parts)  # type: ignore[arg-type]
+        widths: list[int] = [p.out_features for p in parts]  # type: ignore[misc]
+        self.out_features = sum(widths)
         self.source = "+".join(str(p.source) for p in parts)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
