@@ -152,3 +152,48 @@ def test_qlinear_refuses_bad_k_quant_shapes():
         ops.qlinear(torch.randn(2, 512), qs, d, m, 4, 20, 0)  # a Q4_K layout called Q5_K
     with pytest.raises(RuntimeError, match="unknown format"):
         ops.qlinear(torch.randn(2, 512), qs, d, m, 9, 20, 0)
+
+
+@needs_kernels
+def test_decode_layers_in_one_call_take_the_new_formats(tiny_model_dirs):
+    """The one-call decode step (decode_layers) passes each linear's (fmt, n) to the same
+    qlinear: with Q5_0 / Q5_1 linears (the tiny model's rows, 64 and 128, are too short
+    for a K-quant) it must equal the module path bit for bit."""
+    from common.config import CacheConfig, EngineConfig, ModelConfig
+    from scheduler_worker.model_runner import ModelRunner, SeqInput
+
+    src = tiny_model_dirs["llama"]
+    config = EngineConfig(
+        model=ModelConfig(model=str(src), dtype="float32", device="cpu", quantization="int4"),
+        cache=CacheConfig(block_size=4, num_blocks=64),
+    )
+    runner = ModelRunner(config, src)
+    model = runner.model
+    swapped = 0
+    for name, old in list(model.named_modules()):
+        if not isinstance(old, QuantLinear) or not name.startswith("layers."):
+            continue
+        type_name = "Q5_0" if swapped % 2 == 0 else "Q5_1"
+        n, k = old.out_features, old.in_features
+        bw = from_gguf(random_raw(type_name, n, k, swapped), type_name, n, k)
+        new = QuantLinear(bw, old.bias, torch.float32, old.isa)
+        new.step_rows = old.step_rows
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, new)
+        swapped += 1
+    assert swapped == 8 and model.enable_decode_layers()
+    plan = model.decode_plan
+    lens = [5, 9, 1]
+    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(lens))]
+    for i, n in enumerate(lens):
+        runner.execute([SeqInput(list(range(10 + i, 10 + i + n)), 0, tables[i])])
+    caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    seqs = [SeqInput([7 + i], n, tables[i]) for i, n in enumerate(lens)]
+    meta = runner.prepare(seqs)[2]
+    runner.step_rows.set_step(meta.num_decode)
+    assert plan is not None and plan.takes(meta, len(seqs))
+    fused = runner.execute(seqs)
+    runner.kv_caches[:] = caches
+    model.decode_plan = None
+    modules = runner.execute(seqs)
+    assert torch.equal(fused, modules) and torch.isfinite(fused).all()
