@@ -9,6 +9,11 @@ layers have that shape, so the figure is "ms per step spent in linears". The ker
 use int4 blocks (Q4_1's recipe) with lm_head at int8 (Q8_0's), the default GGUF's layout,
 with float32 activations ("q4/ISA") and bfloat16 ones ("q4/ISA/bf16"). Prints a table;
 --json writes it. This is where the engine's choice of kernel per step size comes from.
+
+--gguf-types Q5_0,Q4_K,... adds rows "TYPE/ISA" (float32 activations) for GGUF block
+formats, every linear in that type made of random valid blocks (the values do not change
+the time); a K-quant on a row length that is not a multiple of 256 falls back as
+llama-quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -31,7 +37,24 @@ from benchmarks.bench_engine import machine_info  # noqa: E402
 from common.model_source import resolve_model  # noqa: E402
 from scheduler_worker import kernels  # noqa: E402
 from scheduler_worker.models import load_model  # noqa: E402
+from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, BlockWeight, from_gguf  # noqa: E402
 from scheduler_worker.quant.linear import QuantLinear, quantize_weight  # noqa: E402
+
+K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1"}  # llama-quantize's, for rows not % 256
+
+
+def random_gguf_weight(type_name: str, n: int, k: int, seed: int = 0) -> BlockWeight:
+    """An [n, k] weight of random valid `type_name` blocks (small float16 scales)."""
+    if type_name in K_FALLBACK and k % 256:
+        type_name = K_FALLBACK[type_name]
+    rng = np.random.default_rng(seed)
+    size = GGUF_BLOCK_TYPES[type_name][1]
+    units = k // (256 if type_name.endswith("_K") else 32)
+    blocks = rng.integers(0, 256, (n, units, size), dtype=np.uint8)
+    nf = 1 if type_name in ("Q4_0", "Q5_0", "Q8_0") else 2
+    f = rng.uniform(1e-3, 1e-2, (n, units, nf)).astype(np.float16)
+    blocks[..., : 2 * nf] = f.view(np.uint8).reshape(n, units, 2 * nf)
+    return from_gguf(blocks.reshape(n, -1), type_name, n, k)
 
 
 def time_ms(fn, reps: int) -> float:
@@ -53,6 +76,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--isas",
         default=",".join(kernels.ISAS[1:]),
         help="kernel paths to time (those this CPU lacks are skipped)",
+    )
+    ap.add_argument(
+        "--gguf-types", default="", help="GGUF block types to time too, e.g. Q5_0,Q4_K,Q5_K"
     )
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
@@ -85,6 +111,11 @@ def main(argv: list[str] | None = None) -> dict:
             for dtype, tag in ((torch.float32, ""), (torch.bfloat16, "/bf16")):
                 ql = QuantLinear(bw, lin.bias, dtype, isa)
                 variants.setdefault(f"q4/{isa}{tag}", (dtype, {}))[1][key] = ql
+        for type_name in filter(None, args.gguf_types.split(",")):
+            gw = random_gguf_weight(type_name, *key)
+            for isa in isas:
+                ql = QuantLinear(gw, lin.bias, torch.float32, isa)
+                variants.setdefault(f"{type_name}/{isa}", (torch.float32, {}))[1][key] = ql
     rows = [int(r) for r in args.rows.split(",")]
     res: dict = {
         "machine": machine_info(),

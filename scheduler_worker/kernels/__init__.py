@@ -36,7 +36,13 @@ log = get_logger("kernels")
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [
     CSRC / name
-    for name in ("qgemm.cpp", "decode_attention.cpp", "decode_ops.cpp", "decode_model.cpp")
+    for name in (
+        "qgemm.cpp",
+        "qgemm_kquant.cpp",
+        "decode_attention.cpp",
+        "decode_ops.cpp",
+        "decode_model.cpp",
+    )
 ]  # compiled; headers included
 ISAS = KERNEL_ISAS  # index = the isa argument of the ops
 CXXFLAGS = [

@@ -14,6 +14,10 @@ float32 arrays [N, K/32] (exact), and the kernels' layout (`pack_blocks`) narrow
 to float16, interleaved with the nibbles 16 rows at a time. Float checkpoints are
 quantized into the same forms, scales rounded to float16 as GGUF's are (`quantize_q4`:
 Q4_1's recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
+
+GGUF's Q5_0, Q5_1, Q4_K and Q5_K take the forms "q5", "q4k", "q5k" of kquants.py (their
+arrays, layout and math there); from_gguf, dequantize, pack_blocks, cat_rows and
+reference_qlinear serve every form, so a loader needs only GGUF_BLOCK_TYPES and these.
 """
 
 from __future__ import annotations
@@ -23,26 +27,43 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from scheduler_worker.quant import kquants
+
 QK = 32  # inputs per block
-FORMS = ("q4", "q8")
-# GGUF type name -> (kernel form, bytes per block)
-GGUF_BLOCK_TYPES = {"Q4_0": ("q4", 18), "Q4_1": ("q4", 20), "Q8_0": ("q8", 34)}
+FORMS = ("q4", "q8", *kquants.K_FORMS)
+FMT_CODES = {"q4": 0, "q8": 1, **kquants.FMT_CODES}  # the qlinear op's fmt per form
+# GGUF type name -> (kernel form, bytes per block: of 32 inputs, of 256 for the K-quants)
+GGUF_BLOCK_TYPES = {
+    "Q4_0": ("q4", 18),
+    "Q4_1": ("q4", 20),
+    "Q8_0": ("q8", 34),
+    **kquants.K_TYPES,
+}
 
 
 @dataclass
 class BlockWeight:
-    form: str  # "q4" | "q8"
-    qs: torch.Tensor  # q4: uint8 [N, K/2]; q8: int8 [N, K]
-    d: torch.Tensor  # float32 [N, K/32]
-    m: torch.Tensor | None  # q4: float32 [N, K/32]; q8: None
+    form: str  # one of FORMS
+    qs: torch.Tensor  # q8: int8 [N, K]; the others uint8 [N, K/2]
+    d: torch.Tensor  # float32 [N, K/32] (K-quant forms: [N, K/256])
+    m: torch.Tensor | None  # like d; q8: None
     source: str  # what it was made from: "Q4_1", "Q8_0", "int4", ...
+    qh: torch.Tensor | None = None  # 5-bit forms (kquants.py)
+    sc: torch.Tensor | None = None  # K-quant forms: sub-block scales (kquants.py)
+    mn: torch.Tensor | None = None  # K-quant forms: sub-block mins
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.d.shape[0], self.d.shape[1] * QK
+        return self.qs.shape[0], self.qs.shape[1] * (1 if self.form == "q8" else 2)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+        """Bytes of the kernels' layout (pack_blocks), the memory a served weight takes."""
+        n, k = self.shape
+        if self.form in kquants.K_FORMS:
+            return kquants.packed_nbytes(self.form, n, k)
+        groups = -(-n // GROUP_ROWS)
+        per_block = 512 + 2 * GROUP_ROWS if self.form == "q8" else 256 + 4 * GROUP_ROWS
+        return groups * (k // QK) * per_block
 
 
 def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
@@ -53,6 +74,18 @@ def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
             f"GGUF type {type_name} has no kernel (supported: {', '.join(GGUF_BLOCK_TYPES)})"
         )
     form, size = GGUF_BLOCK_TYPES[type_name]
+    if form in kquants.K_FORMS:
+        p = kquants.split_gguf(raw, type_name, n, k)
+
+        def opt(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(a)
+
+        t = torch.from_numpy
+        return BlockWeight(
+            form, t(p.qs), t(p.d), t(p.m), type_name, opt(p.qh), opt(p.sc), opt(p.mn)
+        )
+    if k % QK:
+        raise ValueError(f"{type_name} needs the input dim ({k}) to be a multiple of {QK}")
     nb = k // QK
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nb, size)
     d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb).astype(np.float32)
@@ -129,20 +162,31 @@ def quantize_q8(w: torch.Tensor) -> BlockWeight:
     return BlockWeight("q8", q, _half(d), None, "int8")
 
 
-def dequantize(bw: BlockWeight) -> torch.Tensor:
-    """The float32 weight [N, K] the blocks stand for (the oracle's and the fallback's)."""
-    n, k = bw.shape
+def block_values(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q int32 [N, K/32, 32], dw [N, K/32], mw like dw or None): w = dw * q + mw per block."""
+    n = bw.shape[0]
+    if bw.form == "q8":
+        return bw.qs.reshape(n, -1, QK).to(torch.int32), bw.d, None
+    assert bw.m is not None
     if bw.form == "q4":
-        assert bw.m is not None
-        w = unpack_nibbles(bw.qs).float() * bw.d[..., None] + bw.m[..., None]
-    else:
-        w = bw.qs.reshape(n, -1, QK).float() * bw.d[..., None]
-    return w.reshape(n, k)
+        return unpack_nibbles(bw.qs), bw.d, bw.m
+    dw, mw = kquants.block_scales(bw.form, bw.d, bw.m, bw.sc, bw.mn)
+    return kquants.values(bw.qs, bw.qh), dw, mw
+
+
+def dequantize(bw: BlockWeight) -> torch.Tensor:
+    """The float32 weight [N, K] the blocks stand for (the oracle's and the fallback's);
+    for GGUF blocks bit for bit what gguf-py's dequantize gives."""
+    q, dw, mw = block_values(bw)
+    w = q.float() * dw[..., None]
+    if mw is not None:
+        w = w + mw[..., None]
+    return w.reshape(bw.shape)
 
 
 def cat_rows(parts: list[BlockWeight]) -> BlockWeight:
     """Stack weights along N (q/k/v into qkv): they must share a form and K."""
-    forms = {p.form for p in parts}
+    forms = {p.form for p in parts}  # (K-quant forms need K % 256 == 0: same units)
     if len(forms) != 1 or len({p.shape[1] for p in parts}) != 1:
         raise ValueError(
             f"cannot stack block weights of forms {sorted(forms)} and shapes "
@@ -150,12 +194,20 @@ def cat_rows(parts: list[BlockWeight]) -> BlockWeight:
         )
     ms = [p.m for p in parts]
     m = None if any(x is None for x in ms) else torch.cat([x for x in ms if x is not None])
+
+    def extra(name: str) -> torch.Tensor | None:
+        ts = [getattr(p, name) for p in parts]
+        return None if ts[0] is None else torch.cat(ts)
+
     return BlockWeight(
         parts[0].form,
         torch.cat([p.qs for p in parts]),
         torch.cat([p.d for p in parts]),
         m,
         "+".join(sorted({p.source for p in parts})),
+        extra("qh"),
+        extra("sc"),
+        extra("mn"),
     )
 
 
@@ -170,14 +222,12 @@ def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
     """The kernels' arithmetic in float64 torch (8-bit activations, integer block dots):
     what qlinear must return up to float32 rounding."""
     xq, xd, xs = quantize_activations(x)
-    m_rows, n = x.shape[0], bw.shape[0]
-    xb = xq.reshape(m_rows, -1, QK).double()
-    wq = unpack_nibbles(bw.qs) if bw.form == "q4" else bw.qs.reshape(n, -1, QK)
+    xb = xq.reshape(x.shape[0], -1, QK).double()
+    wq, dw, mw = block_values(bw)
     dots = torch.einsum("mbk,nbk->mnb", xb, wq.double())  # integer-valued
-    out = (dots * xd.double()[:, None, :] * bw.d.double()[None]).sum(-1)
-    if bw.form == "q4":
-        assert bw.m is not None
-        out += xs.double() @ bw.m.double().T
+    out = (dots * xd.double()[:, None, :] * dw.double()[None]).sum(-1)
+    if mw is not None:
+        out += xs.double() @ mw.double().T
     return out
 
 
@@ -190,7 +240,10 @@ def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned); d and m as
     float16 (every value is one: they come from GGUF's float16 fields or are rounded so by
     quantize_q4/q8). Returns (qs uint8 [groups, nb * bytes], d float16 [groups, nb, 16],
-    m like d or None)."""
+    m like d or None). The 5-bit and K-quant forms: kquants.pack (qgemm_kquant.h)."""
+    if w.form in kquants.K_FORMS:
+        assert w.m is not None
+        return kquants.pack(w.form, w.qs, w.qh, w.d, w.m, w.sc, w.mn)
     n, k = w.shape
     nb, g = k // QK, -(-n // GROUP_ROWS)
     pad = g * GROUP_ROWS - n

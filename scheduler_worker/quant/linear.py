@@ -32,6 +32,7 @@ from torch import nn
 
 from scheduler_worker import kernels
 from scheduler_worker.quant.formats import (
+    FMT_CODES,
     BlockWeight,
     dequantize,
     pack_blocks,
@@ -88,7 +89,7 @@ class QuantLinear(nn.Module):
         self.form, self.source = weight.form, weight.source
         self.isa = isa
         self.isa_index = kernels.isa_index(isa) if isa is not None else -1
-        self.fmt = 0 if weight.form == "q4" else 1
+        self.fmt = FMT_CODES[weight.form]
         # the kernels read the same values repacked 16 rows at a time (pack_blocks)
         qs, d, m = (weight.qs, weight.d, weight.m) if isa is None else pack_blocks(weight)
         self.register_buffer("qs", qs)

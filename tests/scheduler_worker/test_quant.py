@@ -17,6 +17,7 @@ from scheduler_worker.quant.formats import (
     QK,
     dequantize,
     from_gguf,
+    pack_blocks,
     quantize_q4,
     quantize_q8,
     reference_qlinear,
@@ -49,8 +50,12 @@ def test_gguf_blocks_keep_every_value(type_name):
     assert bw.shape == (n, k) and bw.form == ("q8" if type_name == "Q8_0" else "q4")
     expected = gguf.quants.dequantize(raw, qtype).reshape(n, k)
     assert torch.equal(dequantize(bw), torch.from_numpy(expected))  # bit for bit
-    # bytes per weight: nibbles/int8 plus float32 scale (and min)
-    assert bw.nbytes() == n * k // QK * (24 if bw.form == "q4" else 36)
+    # the kernels' layout: 32 rows (24 padded to 2 groups of 16), per block nibbles/int8
+    # plus float16 scale (and min)
+    assert bw.nbytes() == 32 * k // QK * (20 if bw.form == "q4" else 34)
+    assert bw.nbytes() == sum(
+        t.numel() * t.element_size() for t in pack_blocks(bw) if t is not None
+    )
 
 
 def test_unsupported_gguf_type_is_refused():

@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "qgemm_kquant.h"
 #include "qgemm_vnni.h"
 
 namespace zs_qgemm {
@@ -127,9 +128,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
 
 // out [M, n] (dtype of x) = x @ dequant(w).T, the weight packed (qgemm_common.h): qs
 // [groups, nb * (256 | 512)] uint8, d (and m for 4-bit) [groups, nb, 16] float16, with
-// groups = ceil(n / 16); fmt 0 = 4-bit, 1 = 8-bit.
+// groups = ceil(n / 16); fmt 0 = 4-bit, 1 = 8-bit; 2-4 (5-bit, K-quants): qgemm_kquant.h.
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa) {
+  if (is_kquant_fmt(fmt)) return qlinear_kquant(x, qs, d, m, fmt, n, isa);  // 2-4: qgemm_kquant.h
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
   TORCH_CHECK(fmt == Q4 || fmt == Q8, "qlinear: unknown format ", fmt);
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK;

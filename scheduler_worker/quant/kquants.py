@@ -1,0 +1,188 @@
+"""GGUF's 5-bit and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K) for the C++ kernels: split
+from the file's blocks, stood for as float (the oracle), and repacked for the kernels
+(layout: scheduler_worker/kernels/csrc/qgemm_kquant.h). formats.py routes these types here.
+
+Every format is, per block of 32 inputs (a K-quant "sub-block"), w = dw * q + mw with q an
+unsigned integer; only bits are moved, no value changes:
+
+    form "q5"  (Q5_0, Q5_1; fmt 2): q in 0..31, dw = d, mw = m float16 per block
+               (Q5_0 stores q - 16: m = -16 d, exact in float16)
+    form "q4k" (Q4_K; fmt 3):  q in 0..15 \\  super-blocks of 256 inputs: d, dmin float16,
+    form "q5k" (Q5_K; fmt 4):  q in 0..31 /  and per sub-block 6-bit scale sc and min mn;
+               dw = d * sc, mw = -dmin * mn (formed in float32 by the kernel: exact)
+
+The arrays of a BlockWeight of these forms (rows in the file's order):
+    qs  uint8 [N, K/2]    4 low bits, per block of 32 in Q4_0's order (byte j: input j in
+                          the low nibble, input 16 + j in the high one)
+    qh  uint8 [N, K/8]    5-bit forms: the fifth bits, bit i of a block's 4 bytes
+                          (little-endian) = input i (Q5_0's own qh)
+    d, m float32          q5: [N, K/32] (d, m); K forms: [N, K/256] (d, -dmin); float16 values
+    sc, mn uint8 [N, K/32] K forms: the 6-bit sub-block scales and mins
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+QK, QK_K, GR = 32, 256, 16
+# GGUF type -> (form, bytes per block of the file: 32 inputs, or 256 for the K-quants)
+K_TYPES = {"Q5_0": ("q5", 22), "Q5_1": ("q5", 24), "Q4_K": ("q4k", 144), "Q5_K": ("q5k", 176)}
+K_FORMS = ("q5", "q4k", "q5k")
+FMT_CODES = {"q5": 2, "q4k": 3, "q5k": 4}  # the qlinear op's fmt
+_HI = {"q5": True, "q4k": False, "q5k": True}  # has the fifth bit
+_SUPER = {"q5": False, "q4k": True, "q5k": True}  # K-quant super-blocks
+
+
+def unit_inputs(form: str) -> int:
+    """Inputs per float16 d / m: a block (q5) or a super-block (K forms)."""
+    return QK_K if _SUPER[form] else QK
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 scale bytes of a Q4_K / Q5_K super-block [..., 12] -> (sc, mn) [..., 8] uint8:
+    sub-blocks 0-3 keep the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 take their
+    low 4 bits from the nibbles of bytes 8-11 and the top 2 from the spare bits of 0-7."""
+    a, b, c = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = np.concatenate([a & 63, (c & 15) | ((a >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([b & 63, (c >> 4) | ((b >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """q [N, nb, 32] -> uint8 [N, nb*16] in Q4_0's order, low 4 bits."""
+    q = q & 15
+    return (q[..., :16] | (q[..., 16:] << 4)).reshape(q.shape[0], -1)
+
+
+def _high_bits(q: np.ndarray) -> np.ndarray:
+    """q [N, nb, 32] in 0..31 -> uint8 [N, nb*4]: bit i of a block's 4 bytes = q[i] >> 4."""
+    return np.packbits((q >> 4) & 1, axis=-1, bitorder="little").reshape(q.shape[0], -1)
+
+
+class Parts(NamedTuple):
+    """The arrays of the module docstring, in numpy."""
+
+    qs: np.ndarray
+    qh: np.ndarray | None
+    d: np.ndarray
+    m: np.ndarray
+    sc: np.ndarray | None
+    mn: np.ndarray | None
+
+
+def split_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> Parts:
+    """The file's blocks [N, row bytes] -> the arrays of the module docstring."""
+    form, size = K_TYPES[type_name]
+    unit = unit_inputs(form)
+    if k % unit:
+        raise ValueError(f"{type_name} needs the input dim ({k}) to be a multiple of {unit}")
+    nu = k // unit
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nu, size)
+    d = _f16(blocks[..., 0:2])
+    if form == "q5":
+        m = _f16(blocks[..., 2:4]) if type_name == "Q5_1" else -16.0 * d
+        off = 4 if type_name == "Q5_1" else 2
+        qs = blocks[..., off + 4 :].reshape(n, k // 2).copy()
+        return Parts(qs, blocks[..., off : off + 4].reshape(n, k // 8).copy(), d, m, None, None)
+    m = -_f16(blocks[..., 2:4])  # -dmin
+    sc, mn = scale_min_k4(blocks[..., 4:16])
+    # 4 chunks of 64 inputs, 32 bytes each: low nibbles sub-block 2c, high ones 2c + 1
+    ql = blocks[..., -128:].reshape(n, nu, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    q = (ql & 15).reshape(n, nu * 8, 32)
+    if form == "q5k":  # the fifth bit of sub-block t, input l: bit t of qh[l]
+        qh = blocks[..., 16:48].reshape(n, nu, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)
+        q = q | ((qh & 1) << 4).reshape(n, nu * 8, 32)
+    qh_out = _high_bits(q) if form == "q5k" else None
+    sub = (sc.reshape(n, nu * 8).copy(), mn.reshape(n, nu * 8).copy())
+    return Parts(_nibbles(q), qh_out, d, m, *sub)
+
+
+def values(qs: torch.Tensor, qh: torch.Tensor | None) -> torch.Tensor:
+    """qs [N, K/2] (+ qh [N, K/8]) -> q int32 [N, K/32, 32]."""
+    b = qs.reshape(qs.shape[0], -1, 16).to(torch.int32)
+    q = torch.cat([b & 15, b >> 4], dim=-1)
+    if qh is not None:
+        q = q | (_bits(qh).to(torch.int32) << 4)
+    return q
+
+
+def _bits(qh: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/8] -> uint8 [N, K/32, 32] of 0/1 (bit b of byte c: input 8c + b)."""
+    shifts = torch.arange(8, dtype=torch.uint8)
+    return ((qh.reshape(qh.shape[0], -1, 4, 1) >> shifts) & 1).reshape(qh.shape[0], -1, QK)
+
+
+def block_scales(
+    form: str, d: torch.Tensor, m: torch.Tensor, sc: torch.Tensor | None, mn: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dw, mw) float32 [N, K/32]: w = dw * q + mw per block (exact products)."""
+    if not _SUPER[form]:
+        return d, m
+    assert sc is not None and mn is not None
+    return (
+        d.repeat_interleave(8, dim=1) * sc.float(),
+        m.repeat_interleave(8, dim=1) * mn.float(),
+    )
+
+
+def packed_nbytes(form: str, n: int, k: int) -> int:
+    """Bytes of `pack`'s tensors for an [n, k] weight (rows padded to groups of 16)."""
+    groups, sbb = -(-n // GR), 320 if _HI[form] else 256
+    if _SUPER[form]:
+        return groups * (k // QK_K) * (256 + 8 * sbb + 2 * 2 * GR)
+    return groups * (k // QK) * (sbb + 2 * 2 * GR)
+
+
+def pack(
+    form: str,
+    qs: torch.Tensor,
+    qh: torch.Tensor | None,
+    d: torch.Tensor,
+    m: torch.Tensor,
+    sc: torch.Tensor | None,
+    mn: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' layout (qgemm_kquant.h): (qs uint8 [groups, bytes], d, m float16
+    [groups, units, 16])."""
+    n, nb = qs.shape[0], qs.shape[1] // 16
+    g = -(-n // GR)
+    pad = g * GR - n
+
+    def rows(t: torch.Tensor) -> torch.Tensor:  # padded to whole groups with zeros
+        return torch.cat([t, torch.zeros(pad, *t.shape[1:], dtype=t.dtype)])
+
+    # nibble plane: the 4-bit layout, register k byte 4r + j = row r's byte 4k + j
+    sub = rows(qs).view(g, GR, nb, 4, 4).permute(0, 2, 3, 1, 4).reshape(g, nb, 256)
+    if _HI[form]:
+        assert qh is not None
+        bits = _bits(rows(qh)).view(g * GR, nb, 2, 4, 4)  # [row, block, low/high half, k, j]
+        shift = (2 * torch.arange(4, dtype=torch.uint8)).view(4, 1)
+        plane = ((bits[:, :, 0] << shift) | (bits[:, :, 1] << (shift + 1))).sum(
+            2, dtype=torch.uint8
+        )
+        plane = plane.view(g, GR, nb, 4).permute(0, 2, 1, 3).reshape(g, nb, 64)
+        sub = torch.cat([sub, plane], dim=-1)
+    if _SUPER[form]:
+        assert sc is not None and mn is not None
+        nu = nb // 8
+
+        def sub_scales(t: torch.Tensor) -> torch.Tensor:
+            return rows(t).view(g, GR, nu, 8).permute(0, 2, 3, 1).reshape(g, nu, 128)
+
+        sub = torch.cat([sub_scales(sc), sub_scales(mn), sub.reshape(g, nu, -1)], dim=-1)
+    out = sub.reshape(g, -1).contiguous()
+
+    def scales(t: torch.Tensor) -> torch.Tensor:
+        half = t.half()
+        if not torch.equal(half.float(), t):
+            raise ValueError("block scales must be float16 values (the GGUF file's)")
+        return rows(half).view(g, GR, -1).transpose(1, 2).contiguous()
+
+    return out, scales(d), scales(m)

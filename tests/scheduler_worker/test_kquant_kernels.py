@@ -1,0 +1,199 @@
+"""The 5-bit and K-quant kernels (GGUF Q5_0, Q5_1, Q4_K, Q5_K; scheduler_worker/quant/
+kquants.py, kernels/csrc/qgemm_kquant*.{h,cpp}) against gguf-py: blocks of random bytes
+with sane float16 scales, dequantized by gguf-py's own code, multiplied in float64 by the
+activations quantized as the kernels quantize them (int8 per block of 32). Every ISA path
+this machine has plus the portable one; tails in N, K and the batch."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from scheduler_worker import kernels
+from scheduler_worker.quant.formats import (
+    FMT_CODES,
+    GGUF_BLOCK_TYPES,
+    BlockWeight,
+    cat_rows,
+    dequantize,
+    from_gguf,
+    pack_blocks,
+    quantize_activations,
+    reference_qlinear,
+)
+from scheduler_worker.quant.linear import QuantLinear
+
+TYPES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K"]
+ISAS = [
+    i
+    for i in kernels.ISAS
+    if kernels.load() and kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())
+]
+needs_kernels = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
+ops = torch.ops.zeroserve
+
+
+def _unit(type_name: str) -> int:
+    return 256 if type_name.endswith("_K") else 32
+
+
+def random_raw(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """[n, row bytes] of random blocks: every byte random but the float16 d (and m / dmin),
+    set to finite values of either sign across two decades."""
+    rng = np.random.default_rng(seed)
+    size, unit = GGUF_BLOCK_TYPES[type_name][1], _unit(type_name)
+    blocks = rng.integers(0, 256, (n, k // unit, size), dtype=np.uint8)
+    nf = 1 if type_name == "Q5_0" else 2
+    f = rng.uniform(0.5, 1.0, (n, k // unit, nf)) * 10.0 ** rng.uniform(-4, -2, (n, k // unit, nf))
+    f *= rng.choice([-1.0, 1.0], f.shape)
+    blocks[..., : 2 * nf] = f.astype(np.float16).view(np.uint8).reshape(n, k // unit, 2 * nf)
+    return blocks.reshape(n, -1)
+
+
+def gguf_oracle(x: torch.Tensor, raw: np.ndarray, type_name: str, n: int, k: int) -> torch.Tensor:
+    """gguf-py's dequantized weight times the kernels' quantized activations, in float64."""
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]).reshape(n, k)
+    q, d, _ = quantize_activations(x)
+    xq = q.double().reshape(x.shape[0], -1, 32) * d.double()[..., None]
+    return xq.reshape(x.shape) @ torch.from_numpy(w).double().T
+
+
+def _qlinear(x: torch.Tensor, bw: BlockWeight, isa: str) -> torch.Tensor:
+    return ops.qlinear(x, *pack_blocks(bw), FMT_CODES[bw.form], bw.shape[0], kernels.isa_index(isa))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_from_gguf_keeps_every_value(type_name):
+    n, k = 21, 2 * _unit(type_name) * 3
+    raw = random_raw(type_name, n, k, 1)
+    bw = from_gguf(raw, type_name, n, k)
+    assert bw.shape == (n, k) and bw.form == GGUF_BLOCK_TYPES[type_name][0]
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name])
+    assert torch.equal(dequantize(bw), torch.from_numpy(expected.reshape(n, k)))  # bit for bit
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_packed_bytes_within_1_1x_of_the_file(type_name):
+    for n, k in ((576, 1536), (1536, 576 if type_name in ("Q5_0", "Q5_1") else 512), (4096, 4096)):
+        raw = random_raw(type_name, n, k, 2)
+        bw = from_gguf(raw, type_name, n, k)
+        packed = pack_blocks(bw)
+        got = sum(t.numel() * t.element_size() for t in packed if t is not None)
+        assert got == bw.nbytes() <= 1.1 * raw.nbytes, (n, k, got, raw.nbytes)
+
+
+def test_k_types_refuse_a_row_not_a_multiple_of_256():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        from_gguf(np.zeros((2, 144), np.uint8), "Q4_K", 2, 224)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", TYPES)
+def test_qlinear_equals_the_gguf_oracle(isa, type_name):
+    # N: a single short group (5, 9, 13), padded (37, 40), whole (64, 80); K: one unit,
+    # odd unit counts, for Q5_0 / Q5_1 rows that are not a multiple of 256 (as the files'
+    # fallback tensors are); M 1..64: tiles of 2 (AVX2) / 4 (VNNI) rows and their tails
+    unit = _unit(type_name)
+    shapes = [(1, 5, 1), (2, 37, 3), (3, 64, 2), (7, 13, 5), (16, 40, 6), (64, 9, 1), (5, 80, 9)]
+    if unit == 32:
+        shapes += [(4, 24, 49), (33, 17, 18)]  # K = 1568, 576
+    for seed, (m, n, units) in enumerate(shapes):
+        k = units * unit
+        raw = random_raw(type_name, n, k, seed)
+        bw = from_gguf(raw, type_name, n, k)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+        ref = gguf_oracle(x, raw, type_name, n, k)
+        # (the block sums s = d * sum(q) are float32 there, as in the kernels)
+        scale = ref.abs().max().item()
+        torch.testing.assert_close(reference_qlinear(x, bw), ref, rtol=1e-6, atol=1e-6 * scale)
+        y = _qlinear(x, bw, isa)
+        assert y.dtype == torch.float32 and y.shape == (m, n)
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        yb = _qlinear(x.bfloat16(), bw, isa)
+        refb = gguf_oracle(x.bfloat16().float(), raw, type_name, n, k)
+        assert yb.dtype == torch.bfloat16
+        torch.testing.assert_close(
+            yb.double(), refb, rtol=1e-2, atol=1e-2 * refb.abs().max().item()
+        )
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", TYPES)
+def test_stacked_weights_and_quant_linear(type_name):
+    """q, k, v stacked (cat_rows) give the three outputs side by side; QuantLinear takes the
+    form's fmt code on the best path."""
+    k = 2 * _unit(type_name) if type_name.endswith("_K") else 96
+    parts = [
+        from_gguf(random_raw(type_name, n, k, s), type_name, n, k) for s, n in enumerate((24, 8, 8))
+    ]
+    x = torch.randn(3, k)
+    isa = kernels.best_isa()
+    joined = _qlinear(x, cat_rows(parts), isa)
+    torch.testing.assert_close(joined, torch.cat([_qlinear(x, p, isa) for p in parts], dim=1))
+    layer = QuantLinear(cat_rows(parts), None, torch.float32, isa)
+    torch.testing.assert_close(layer(x), joined)
+    assert layer.fmt == FMT_CODES[GGUF_BLOCK_TYPES[type_name][0]]
+
+
+@needs_kernels
+def test_qlinear_refuses_bad_k_quant_shapes():
+    bw = from_gguf(random_raw("Q4_K", 20, 512, 0), "Q4_K", 20, 512)
+    qs, d, m = pack_blocks(bw)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        ops.qlinear(torch.randn(2, 480), qs, d, m, 3, 20, 0)
+    with pytest.raises(RuntimeError, match="does not match"):
+        ops.qlinear(torch.randn(2, 768), qs, d, m, 3, 20, 0)
+    with pytest.raises(RuntimeError, match="needs m"):
+        ops.qlinear(torch.randn(2, 512), qs, d, None, 3, 20, 0)
+    with pytest.raises(RuntimeError, match="wrong shape"):
+        ops.qlinear(torch.randn(2, 512), qs, d, m, 4, 20, 0)  # a Q4_K layout called Q5_K
+    with pytest.raises(RuntimeError, match="unknown format"):
+        ops.qlinear(torch.randn(2, 512), qs, d, m, 9, 20, 0)
+
+
+@needs_kernels
+def test_decode_layers_in_one_call_take_the_new_formats(tiny_model_dirs):
+    """The one-call decode step (decode_layers) passes each linear's (fmt, n) to the same
+    qlinear: with Q5_0 / Q5_1 linears (the tiny model's rows, 64 and 128, are too short
+    for a K-quant) it must equal the module path bit for bit."""
+    from common.config import CacheConfig, EngineConfig, ModelConfig
+    from scheduler_worker.model_runner import ModelRunner, SeqInput
+
+    src = tiny_model_dirs["llama"]
+    config = EngineConfig(
+        model=ModelConfig(model=str(src), dtype="float32", device="cpu", quantization="int4"),
+        cache=CacheConfig(block_size=4, num_blocks=64),
+    )
+    runner = ModelRunner(config, src)
+    model = runner.model
+    swapped = 0
+    for name, old in list(model.named_modules()):
+        if not isinstance(old, QuantLinear) or not name.startswith("layers."):
+            continue
+        type_name = "Q5_0" if swapped % 2 == 0 else "Q5_1"
+        n, k = old.out_features, old.in_features
+        bw = from_gguf(random_raw(type_name, n, k, swapped), type_name, n, k)
+        new = QuantLinear(bw, old.bias, torch.float32, old.isa)
+        new.step_rows = old.step_rows
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, new)
+        swapped += 1
+    assert swapped == 8 and model.enable_decode_layers()
+    plan = model.decode_plan
+    lens = [5, 9, 1]
+    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(lens))]
+    for i, n in enumerate(lens):
+        runner.execute([SeqInput(list(range(10 + i, 10 + i + n)), 0, tables[i])])
+    caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    seqs = [SeqInput([7 + i], n, tables[i]) for i, n in enumerate(lens)]
+    meta = runner.prepare(seqs)[2]
+    runner.step_rows.set_step(meta.num_decode)
+    assert plan is not None and plan.takes(meta, len(seqs))
+    fused = runner.execute(seqs)
+    runner.kv_caches[:] = caches
+    model.decode_plan = None
+    modules = runner.execute(seqs)
+    assert torch.equal(fused, modules) and torch.isfinite(fused).all()
