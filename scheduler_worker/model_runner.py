@@ -112,7 +112,7 @@ class ModelRunner:
             elif enable is not None and self.weights.method != "none":
                 log.info(
                     "decode steps through the modules, not one C++ call: some decoder "
-                    "linear is not a single kernel-served QuantLinear (see the weights lines)"
+                    "linear (or part of one) has no kernel (see the weights lines)"
                 )
         log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size

@@ -23,6 +23,7 @@ from scheduler_worker.models.common import (
     rope_theta_of,
 )
 from scheduler_worker.quant.linear import QuantLinear
+from scheduler_worker.quant.stacked import kernel_parts
 from scheduler_worker.rope import RotaryEmbedding, rotate
 
 
@@ -210,13 +211,19 @@ class LlamaForCausalLM(CausalLM):
                 (None, mlp.down_proj),
             ]
             for norm, lin in group:
-                if not isinstance(lin, QuantLinear) or lin.isa is None:
+                parts = kernel_parts(lin)
+                if parts is None:
                     return False
                 if norm is not None:
                     weights.append(norm.weight.detach())
-                weights.extend(lin.kernel_tensors())
-                formats += [lin.fmt, lin.out_features]
-                linears.append(lin)
+                for part in parts:
+                    weights.extend(part.kernel_tensors()[:3])  # qs, d, m
+                bias = parts[0].kernel_tensors()[3] if len(parts) == 1 else lin.bias
+                weights.append(torch.empty(0) if bias is None else bias.detach())
+                formats.append(len(parts))
+                for part in parts:
+                    formats += [part.fmt, part.out_features]
+                linears += parts
         first = linears[0]
         same = {
             (lin.isa_index, lin.dense is None, lin.dense_above, id(lin.step_rows))

@@ -3,15 +3,19 @@ different GGUF types (common in Q4_K_M files: attn_v and ffn_down one step wider
 
 Each part keeps its own module (a QuantLinear on its kernel, or a DequantLinear where its
 type has none) and the outputs are concatenated, so no part falls back to float. The
-model's one-call decode step (csrc/decode_model.cpp) takes one kernel per projection; a
-model with a StackedLinear runs its decode steps through the modules instead (the model
-runner logs it).
+model's one-call decode step (csrc/decode_model.cpp) takes a projection as its parts
+(`kernel_parts`) and concatenates their outputs as `forward` does, as long as every part
+is kernel-served.
 """
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
+
+from scheduler_worker.quant.linear import QuantLinear
 
 
 class StackedLinear(nn.Module):
@@ -30,3 +34,15 @@ class StackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, parts {self.source}"
+
+
+def kernel_parts(lin: nn.Module) -> list[QuantLinear] | None:
+    """The integer-kernel linears that make up `lin` (itself, or a StackedLinear's parts), or
+    None when some part is not served by the kernels (the one-call decode step cannot
+    take it)."""
+    parts = list(lin.parts) if isinstance(lin, StackedLinear) else [lin]
+    if not all(isinstance(p, QuantLinear) and p.isa is not None for p in parts):
+        return None
+    if len(parts) > 1 and any(p.bias is not None for p in parts):
+        return None  # a stack carries one bias for the whole projection
+    return cast(list[QuantLinear], parts)
