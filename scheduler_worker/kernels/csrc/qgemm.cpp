@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "qgemm_q6k.h"
 #include "qgemm_vnni.h"
 
 namespace zs_qgemm {
@@ -131,6 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa) {
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
+  if (fmt == Q6K) return qlinear_q6k(x, qs, d, n, isa);
   TORCH_CHECK(fmt == Q4 || fmt == Q8, "qlinear: unknown format ", fmt);
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
   TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.is_contiguous() && d.scalar_type() == at::kHalf,
