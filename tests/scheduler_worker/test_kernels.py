@@ -4,6 +4,8 @@ whose tails are not a multiple of the block, the vector width or the tile."""
 
 from __future__ import annotations
 
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -20,12 +22,12 @@ from scheduler_worker.quant.formats import (
 )
 from scheduler_worker.rope import rotate
 
-pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
-ISAS = [
-    i
-    for i in kernels.ISAS
-    if kernels.load() and kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())
-]
+# skipped where the kernels cannot be built, except under CI, where they must be: there
+# every test here fails instead (test_kernel_build.py names the cause)
+pytestmark = pytest.mark.skipif(
+    not kernels.load() and not os.environ.get("CI"), reason="the C++ kernels are not built here"
+)
+ISAS = [i for i in kernels.ISAS if kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())]
 ops = torch.ops.zeroserve
 
 
