@@ -21,9 +21,12 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 from common.model_facts import read_hf_config
 
@@ -32,7 +35,7 @@ class GrammarError(ValueError):
     """A spec that does not compile: the message says why (schema, regex, grammar)."""
 
 
-def _json_options(whitespace_pattern: str | None) -> dict[str, Any]:
+def _json_options(whitespace_pattern: str | None) -> JsonCompileOptions:
     if whitespace_pattern is None:
         return {"whitespace_flexible": False}
     return {"whitespace_flexible": True, "whitespace_pattern": whitespace_pattern}
