@@ -22,6 +22,7 @@ matcher for a request whose matcher is lost or out of step.
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -53,10 +54,13 @@ class GrammarMatchers:
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
-        self._pool: ThreadPoolExecutor | None = None  # the mask thread, made on first use
+        # the mask thread; it first builds the llguidance tokenizer (~0.5 s), so the first
+        # constrained request does not stall the engine for it
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
         self._executor: llguidance.LLExecutor | None = None
-        self._tokenizer: llguidance.LLTokenizer | None = None
         self._bitmask = llg_torch.allocate_token_bitmask(1, vocab_size)
+        self.wait_time = 0.0  # seconds the engine waited for masks after its forward
 
     def __contains__(self, rid: str) -> bool:
         return rid in self.matchers
@@ -66,9 +70,7 @@ class GrammarMatchers:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = llg_tokenizer(str(self.model_dir), self.vocab_size)
-        return self._tokenizer
+        return self._tokenizer.result()
 
     def compiled(self, structured: dict[str, str]) -> llguidance.LLMatcher:
         """A fresh matcher for the spec, compiled once per process (copied for each use)."""
@@ -117,13 +119,15 @@ class GrammarMatchers:
         ]
         if not todo:
             return None
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         return self._pool.submit(self._masks, todo)
 
-    @staticmethod
-    def wait(pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
-        return {} if pending is None else pending.result()
+    def wait(self, pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
+        if pending is None:
+            return {}
+        t0 = time.perf_counter()
+        masks = pending.result()
+        self.wait_time += time.perf_counter() - t0
+        return masks
 
     def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
         if len(todo) == 1:
@@ -155,6 +159,4 @@ class GrammarMatchers:
         return m.is_stopped()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self._pool.shutdown(wait=True)
