@@ -173,3 +173,33 @@ def test_bad_specs_are_400s_naming_the_field(client, extra, param):
             model="smollm2", messages=_chat("Hi"), max_tokens=5, extra_body=extra
         )
     assert e.value.body["param"] == param, e.value.body  # type: ignore[index]
+
+
+def test_logprobs_and_stop_strings_with_a_grammar(client):
+    """Logprobs come with every constrained token (the model's, before the mask); a stop
+    string cuts the constrained text as it cuts any other."""
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("A phone number, please."),
+        max_tokens=20,
+        temperature=1.0,
+        seed=1,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}},
+    )
+    c = r.choices[0]
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", c.message.content)
+    lps = c.logprobs.content
+    assert "".join(t.token for t in lps) == c.message.content
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in lps)
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("A phone number, please."),
+        max_tokens=20,
+        temperature=1.0,
+        stop=["-"],
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}},
+    )
+    assert re.fullmatch("[0-9]{3}", r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
