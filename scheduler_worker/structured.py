@@ -70,7 +70,12 @@ class GrammarMatchers:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        return self._tokenizer.result()
+        try:
+            return self._tokenizer.result()
+        except Exception as e:  # e.g. a model directory without tokenizer.json
+            raise InvalidParameterError(
+                "structured", f"structured outputs are not available for this model: {e}"
+            ) from None
 
     def compiled(self, structured: dict[str, str]) -> llguidance.LLMatcher:
         """A fresh matcher for the spec, compiled once per process (copied for each use)."""

@@ -45,7 +45,13 @@ class GrammarCheck:
             error = self._seen[key]
         else:
             try:
-                check(grammar_text(structured), self._tokenizer.result())
+                tokenizer = self._tokenizer.result()
+            except Exception as e:  # a tokenizer llguidance cannot read: no grammar at all
+                raise GrammarError(
+                    f"structured outputs are not available for this model: {e}"
+                ) from None
+            try:
+                check(grammar_text(structured), tokenizer)
                 error = None
             except GrammarError as e:
                 error = str(e)

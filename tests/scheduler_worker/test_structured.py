@@ -240,3 +240,11 @@ def test_bad_spec_is_refused_by_the_engine(engine):
     with pytest.raises(InvalidParameterError):
         SamplingParams(structured={"kind": "json", "spec": "{}", "extra": "1"}).validate()
     assert not engine.has_unfinished()
+
+
+def test_a_model_without_a_tokenizer_refuses_constrained_requests(tiny_model_dirs):
+    engine = make_engine(tiny_model_dirs["qwen2"])  # saved without tokenizer files
+    with pytest.raises(InvalidParameterError) as e:
+        engine.add_request("c", [5], SamplingParams(structured=SPECS[1]))
+    assert e.value.param == "structured" and "not available" in str(e.value)
+    assert engine.generate([[5, 6]], SamplingParams(max_tokens=3)) != [[]]  # the rest serves
