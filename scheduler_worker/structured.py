@@ -119,6 +119,8 @@ class GrammarMatchers:
     def start(self, rows: list[Request]) -> Future[dict[int, torch.Tensor]] | None:
         """Begin the masks of the constrained ones among `rows` (the batch's sampling rows,
         in order); wait() gives {row index: bool [V] allowed}. None if none is constrained."""
+        if not self.matchers:  # no constrained request anywhere: nothing to do
+            return None
         todo = [
             (i, self.matchers[r.request_id]) for i, r in enumerate(rows) if r.request_id in self
         ]
