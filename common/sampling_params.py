@@ -13,6 +13,11 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64  # the hard cap; servers default to server.max_stop_strings (16)
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 64
+# structured outputs: {"kind": one of these, "spec": str, optional "whitespace_pattern": str};
+# spec is the JSON schema as JSON text (json), a JSON list of strings as text (choice), a
+# regex (regex), Lark text (grammar), "" (json_object). Compiled by tokenizer_worker.grammar.
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_STRUCTURED_SPEC_CHARS = 1 << 20
 
 
 INT64_MAX = 2**63 - 1
@@ -48,6 +53,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured: dict[str, str] | None = None  # constrained decoding (see STRUCTURED_KINDS)
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         def check(ok: bool, param: str, msg: str) -> None:
@@ -158,6 +164,8 @@ class SamplingParams:
                     name,
                     f"must be an integer in [0, {MAX_LOGPROBS}], got {v}",
                 )
+        if self.structured is not None:
+            check_structured(self.structured)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,3 +180,25 @@ class SamplingParams:
                 sorted(unknown)[0], f"unknown sampling parameter(s): {sorted(unknown)}"
             )
         return cls(**data)
+
+
+def check_structured(value: Any) -> None:
+    """The shape of SamplingParams.structured (its spec is compiled by the tokenizer pool)."""
+    ok = (
+        isinstance(value, dict)
+        and value.get("kind") in STRUCTURED_KINDS
+        and isinstance(value.get("spec"), str)
+        and set(value) <= {"kind", "spec", "whitespace_pattern"}
+        and isinstance(value.get("whitespace_pattern", ""), str)
+    )
+    if not ok:
+        raise InvalidParameterError(
+            "structured",
+            f"structured: must be {{'kind': one of {list(STRUCTURED_KINDS)}, 'spec': str}} "
+            "with an optional 'whitespace_pattern': str",
+        )
+    if len(value["spec"]) > MAX_STRUCTURED_SPEC_CHARS:
+        raise InvalidParameterError(
+            "structured",
+            f"structured: the spec may have at most {MAX_STRUCTURED_SPEC_CHARS} characters",
+        )

@@ -4,8 +4,9 @@ and their conversion to what the tokenizer workers take: a prompt and SamplingPa
 As OpenAI does, the schema is strict: a field of the wrong JSON type (`"max_tokens": "3"`,
 `"stream": "yes"`) and a field the API does not know (`Unrecognized request argument
 supplied`) are 400s. OpenAI fields this server does not implement are accepted only with
-a value that changes nothing (`logit_bias: {}`, `tools: []`, `response_format: {"type":
-"text"}`, ...); anything else is a 400 naming the field, never silently ignored.
+a value that changes nothing (`logit_bias: {}`, `tools: []`, ...); anything else is a 400
+naming the field, never silently ignored. `response_format` and vLLM's `structured_outputs`
+become SamplingParams.structured (frontend.structured).
 `null` means "the default". Parsing errors become 400s naming the field (see `parse`).
 
 A request that sets no max_tokens gets the endpoint's default (16 for completions, as
@@ -26,6 +27,7 @@ from common.limits import max_tokens_for
 from common.messages import WireError, pack_ids
 from common.sampling_params import InvalidParameterError, SamplingParams
 from frontend.errors import APIError, invalid, renamed
+from frontend.structured import structured_from_request
 
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's default for /v1/completions
 DEFAULT_MAX_NEW_TOKENS_GENERATE = 64
@@ -69,6 +71,9 @@ class _Sampling(BaseModel):
     return_timings: bool | None = False  # extension: per-stage times in the usage
     # extension (vLLM's): the scheduler replica to serve it; also X-Data-Parallel-Rank
     data_parallel_rank: int | None = None
+    # structured outputs (frontend.structured): OpenAI's, and vLLM's
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
     # OpenAI fields that change nothing here (or are refused by check_unsupported)
     logit_bias: dict[str, float] | None = None
     metadata: dict[str, str] | None = None
@@ -128,7 +133,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None  # wins over max_tokens (OpenAI's newer name)
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -156,7 +160,6 @@ def check_unsupported(req: _Sampling) -> None:
         "logit_bias": lambda v: not v,
         "suffix": lambda v: not v,
         "best_of": lambda v: v in (1, req.n),
-        "response_format": lambda v: v.get("type") == "text",
         "tools": lambda v: not v,
         "functions": lambda v: not v,
         "tool_choice": lambda v: v in ("none", "auto"),
@@ -342,6 +345,7 @@ def sampling_params(
             fields[name] = value
     if stop is not None:
         fields["stop"] = stop
+    fields["structured"] = structured_from_request(req)
     try:
         base = SamplingParams(**fields).validate().to_dict()
     except InvalidParameterError as e:

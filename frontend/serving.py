@@ -56,6 +56,7 @@ from frontend.protocol import (
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
 from frontend.responses import ChatFormat, Choice, CompletionFormat, GenerateFormat, ResponseFormat
 from frontend.routing import prefix_key
+from frontend.structured import structured_alias
 
 RANK_HEADER = "x-data-parallel-rank"
 
@@ -197,12 +198,14 @@ class Serving:
         # echo with max_tokens 0 scores the prompt without generating: as vLLM, one token
         # is generated (the prefill samples it anyway) and dropped (CompletionFormat.echo_only)
         echo_only = bool(req.echo) and req.max_tokens == 0
+        aliases = structured_alias(req)
         params = sampling_params(
             req,
             1 if echo_only else req.max_tokens,
             default,
             req.logprobs,
             self.config.server,
+            aliases,
             prompt_logprobs=req.logprobs if req.echo else None,
             num_prompts=len(prompts),
         )
@@ -229,6 +232,7 @@ class Serving:
             arrival,
             fmt,
             bool(req.stream),
+            aliases,
             return_timings=bool(req.return_timings),
             route=self._route(request, req, first_text, first_ids),
         )
@@ -254,7 +258,7 @@ class Serving:
         req, arrival, wall = await self._parse(request, ChatCompletionRequest)
         messages = chat_messages(req.messages)
         logprobs = chat_logprobs(req)
-        aliases = param_aliases(req)
+        aliases = {**param_aliases(req), **structured_alias(req)}
         default = self._default_max_tokens(None)
         params = sampling_params(
             req, chat_max_tokens(req), default, logprobs, self.config.server, aliases
@@ -285,7 +289,7 @@ class Serving:
 
     async def generate(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, GenerateRequest)
-        aliases = param_aliases(max_tokens="max_new_tokens")
+        aliases = {**param_aliases(max_tokens="max_new_tokens"), **structured_alias(req)}
         if req.n not in (None, 1):
             raise APIError(
                 400, "n: /generate returns one text; use /v1/completions for n > 1", param="n"

@@ -33,6 +33,7 @@ from scheduler_worker.sampling import (
     prompt_logprob_entries,
 )
 from scheduler_worker.scheduler import Scheduler
+from scheduler_worker.structured import GrammarMatchers
 
 log = get_logger("engine")
 
@@ -90,6 +91,7 @@ class LLMEngine:
             config.scheduler, config.cache, self.runner.num_blocks, self.eos_token_ids
         )
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
+        self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.limits = RequestLimits(
             self.runner.vocab_size,
             self.max_model_len,
@@ -148,6 +150,7 @@ class LLMEngine:
             req.arrival_time = arrival_time
         if params.seed is not None:
             req.generator = make_generator(params.seed, self.runner.device)
+        self.grammars.add(req)  # structured outputs: its matcher
         self.requests[request_id] = req
         self.scheduler.add(req)
 
@@ -157,6 +160,7 @@ class LLMEngine:
         if req is None:
             return False
         self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+        self.grammars.drop(request_id)
         self._aborted.append(req)
         return True
 
@@ -177,6 +181,8 @@ class LLMEngine:
             return outputs
         entries = list(batch.entries.values())
         sampling = batch.sampling()
+        # the grammar masks of this step's constrained rows, computed during the forward
+        masks = self.grammars.start([req for (req, _), s in zip(entries, sampling) if s])
         inputs = [
             SeqInput(
                 req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
@@ -198,14 +204,19 @@ class LLMEngine:
             for (req, _), sample in zip(entries, sampling)
             if sample
         ]
+        for i, allowed in self.grammars.wait(masks).items():
+            rows[i].token_mask = allowed
         result = self.sampler(logits, rows) if rows else None
         t3 = time.perf_counter()
         self.counters.prompt_tokens += batch.num_prefill_tokens
         sampled = self.scheduler.update(batch, result.token_ids if result is not None else [])
         for i, req in enumerate(sampled):
             assert result is not None  # rows were sampled
+            if self.grammars.advance(req, result.token_ids[i]) and not req.status.finished:
+                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
             if req.status.finished:
                 del self.requests[req.request_id]
+                self.grammars.drop(req.request_id)
             token, lp = result.token_ids[i], result.logprobs[i]
             out = self._output(req, [token], [lp] if lp is not None else None)
             if req.wants_prompt_logprobs:  # its prompt is done: they go with this token

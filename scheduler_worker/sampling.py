@@ -2,7 +2,8 @@
 
 Logit processing, each step vectorized over the rows that need it:
 
-    raw logits ─┬─▶ min_tokens mask (EOS + stop ids) ─▶ repetition penalty (prompt+output, HF)
+    raw logits ─┬─▶ grammar mask (constrained rows) ─▶ min_tokens mask (EOS + stop ids)
+                │   ─▶ repetition penalty (prompt+output, HF)
                 │   ─▶ presence/frequency penalties (output, OpenAI) ─┬─▶ argmax (greedy rows)
                 │                                                     │
                 │   ┌─────────────────────────────────────────────────┘ (other rows)
@@ -10,8 +11,10 @@ Logit processing, each step vectorized over the rows that need it:
                 │       ─▶ argmax(p / q), q ~ Exp(1)
                 └─▶ log_softmax ─▶ logprobs (sampled token + top-N)
 
-A batch of plain greedy rows (no penalties, logprobs or min_tokens still blocking) takes
-one argmax and nothing else. Temperatures below GREEDY_EPS count as greedy.
+A batch of plain greedy rows (no penalties, logprobs, grammar or min_tokens still
+blocking) takes one argmax and nothing else. Logprobs are the model's own, before the
+grammar mask (as before penalties and temperature): a token the grammar forbids keeps
+its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
 
 Seeds: argmax(p / q) with q ~ Exp(1) samples from p (the exponential race). A seeded row
 draws its V values of q from its own generator, one draw per step, so its samples do
@@ -39,6 +42,8 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: torch.Generator | None = None
+    # structured outputs: bool [vocab], the tokens its grammar allows (scheduler_worker.structured)
+    token_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -97,6 +102,17 @@ def mask_stop_tokens(
     logits = logits.clone()
     logits[row_idx, tok_idx] = float("-inf")
     return logits
+
+
+def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """-inf where a constrained row's grammar forbids the token; a new tensor if any."""
+    idx = [i for i, r in enumerate(rows) if r.token_mask is not None]
+    if not idx:
+        return logits
+    allowed = torch.stack([rows[i].token_mask for i in idx]).to(logits.device)  # type: ignore[misc]
+    out = logits.clone()
+    out[idx] = out[idx].masked_fill(~allowed[:, : out.shape[1]], float("-inf"))
+    return out
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -201,9 +217,12 @@ class Sampler:
         if all(is_greedy(p) and not has_penalty(p) and p.logprobs is None for p in params) and all(
             len(r.output_token_ids) >= r.params.min_tokens for r in rows
         ):
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+            return SamplerOutput(
+                apply_token_masks(logits, rows).argmax(dim=-1).tolist(), [None] * len(rows)
+            )
         raw = logits.float()
-        processed = apply_penalties(mask_stop_tokens(raw, rows, self.eos_token_ids), rows)
+        masked = apply_token_masks(raw, rows)
+        processed = apply_penalties(mask_stop_tokens(masked, rows, self.eos_token_ids), rows)
         rand = [i for i, p in enumerate(params) if not is_greedy(p)]
         if len(rand) == len(rows):
             tokens = self._sample(processed, rows)

@@ -46,6 +46,7 @@ from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
+from tokenizer_worker.grammar import GrammarCheck, GrammarError
 
 if TYPE_CHECKING:
     from tokenizer_worker.endpoints import TokenizerEndpoints
@@ -77,6 +78,7 @@ class Tokenization:
         self.chat_template = ChatTemplate.from_model_dir(model_dir)
         hf = read_hf_config(model_dir)
         self.limits = RequestLimits(int(hf["vocab_size"]), context_length(hf, max_model_len))
+        self.check_grammar = GrammarCheck(model_dir, self.vocab_size)  # structured outputs
 
     @property
     def vocab_size(self) -> int:
@@ -142,6 +144,11 @@ class Tokenization:
             raise Rejected(400, str(e), e.param) from None
         except (TypeError, ValueError) as e:
             raise Rejected(400, f"invalid sampling parameters: {e}") from None
+        if params.structured is not None:
+            try:
+                self.check_grammar(params.structured)
+            except GrammarError as e:
+                raise Rejected(400, f"structured: {e}", "structured") from None
         ids, where = self.prompt_ids(req)
         try:
             self.limits.check(ids, params, where, max_tokens_unset=unset)

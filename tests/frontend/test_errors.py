@@ -116,7 +116,6 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
         ("/v1/completions", {"logit_bias": {"50": 10}}, "logit_bias"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         (
             "/v1/chat/completions",
             {"tools": [{"type": "function", "function": {"name": "f"}}]},

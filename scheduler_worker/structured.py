@@ -1,0 +1,169 @@
+"""Constrained decoding in the engine: one llguidance matcher per constrained request.
+
+    add(req) ─▶ matcher (a copy of the spec's compiled one, cached by spec text)
+    step N:  start(rows) ──thread──▶ token bitmask of every constrained row ─┐
+             forward N (model) ...                                          │ (overlap)
+             wait() ◀──────────────────────────────────────────────────────┘
+             sampler: -inf where the mask forbids ─▶ advance(req, token)
+    finish / abort ─▶ drop(rid)
+
+The mask a row needs after forward N depends only on the tokens sampled up to step N-1,
+so it is computed in a thread while forward N runs (llguidance's mask computation and
+torch's ops both release the GIL): an unconstrained request in the batch waits for
+nothing. EOS (every id the engine stops on) is allowed exactly when the matcher
+accepts; a request whose matcher is stopped (nothing but EOS could follow) finishes
+there ("stop").
+
+Preemption by recompute keeps the request's output tokens, so its matcher (which has
+consumed exactly those tokens) stays valid as is; `rebuild` replays them into a fresh
+matcher for a request whose matcher is lost or out of step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import llguidance
+import llguidance.torch as llg_torch
+import torch
+
+from common.grammar import GrammarError, check, grammar_text, llg_tokenizer
+from common.log import get_logger
+from common.sampling_params import InvalidParameterError
+from scheduler_worker.request import Request
+
+log = get_logger("structured")
+
+MAX_CACHED_GRAMMARS = 256
+
+
+def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [rows, ceil(V/32)] (bit j of word w: token 32w+j allowed) -> bool [rows, V]."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.flatten(1)[:, :vocab_size].bool()
+
+
+class GrammarMatchers:
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.model_dir, self.vocab_size = model_dir, vocab_size
+        self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
+        self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
+        # the mask thread; it first builds the llguidance tokenizer (~0.5 s), so the first
+        # constrained request does not stall the engine for it
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
+        self._executor: llguidance.LLExecutor | None = None
+        self._bitmask = llg_torch.allocate_token_bitmask(1, vocab_size)
+        self.wait_time = 0.0  # seconds the engine waited for masks after its forward
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.matchers
+
+    def __len__(self) -> int:
+        return len(self.matchers)
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        try:
+            return self._tokenizer.result()
+        except Exception as e:  # e.g. a model directory without tokenizer.json
+            raise InvalidParameterError(
+                "structured", f"structured outputs are not available for this model: {e}"
+            ) from None
+
+    def compiled(self, structured: dict[str, str]) -> llguidance.LLMatcher:
+        """A fresh matcher for the spec, compiled once per process (copied for each use)."""
+        key = json.dumps(structured, sort_keys=True)
+        m = self._compiled.get(key)
+        if m is None:
+            try:
+                grammar = grammar_text(structured)
+                check(grammar, self.tokenizer)
+            except GrammarError as e:
+                raise InvalidParameterError("structured", f"structured: {e}") from None
+            m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+            if m.is_error():
+                raise InvalidParameterError("structured", f"structured: {m.get_error()}")
+            self._compiled[key] = m
+            if len(self._compiled) > MAX_CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(key)
+        return m.deep_copy()
+
+    def add(self, req: Request) -> None:
+        """A matcher for a constrained request (InvalidParameterError if its spec fails)."""
+        if req.params.structured is not None:
+            self.matchers[req.request_id] = self.compiled(req.params.structured)
+            if req.output_token_ids:
+                self.rebuild(req)
+
+    def rebuild(self, req: Request) -> None:
+        """A fresh matcher advanced by the request's output tokens (its state replayed)."""
+        assert req.params.structured is not None
+        m = self.matchers[req.request_id] = self.compiled(req.params.structured)
+        for t in req.output_token_ids:
+            if t in self.eos_token_ids or not m.consume_token(t):
+                break
+
+    def drop(self, rid: str) -> None:
+        self.matchers.pop(rid, None)
+
+    # ---- masks ----------------------------------------------------------------------------
+    def start(self, rows: list[Request]) -> Future[dict[int, torch.Tensor]] | None:
+        """Begin the masks of the constrained ones among `rows` (the batch's sampling rows,
+        in order); wait() gives {row index: bool [V] allowed}. None if none is constrained."""
+        if not self.matchers:  # no constrained request anywhere: nothing to do
+            return None
+        todo = [
+            (i, self.matchers[r.request_id]) for i, r in enumerate(rows) if r.request_id in self
+        ]
+        if not todo:
+            return None
+        return self._pool.submit(self._masks, todo)
+
+    def wait(self, pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
+        if pending is None:
+            return {}
+        t0 = time.perf_counter()
+        masks = pending.result()
+        self.wait_time += time.perf_counter() - t0
+        return masks
+
+    def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
+        if len(todo) == 1:
+            bitmask = self._bitmask
+            llg_torch.fill_next_token_bitmask(todo[0][1], bitmask, 0)
+        else:
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor()
+            bitmask = llg_torch.allocate_token_bitmask(len(todo), self.vocab_size)
+            llg_torch.fill_next_token_bitmask_par(
+                self._executor, [(m, j) for j, (_, m) in enumerate(todo)], bitmask
+            )
+        allowed = bitmask_to_allowed(bitmask, self.vocab_size)
+        accepting = torch.tensor([m.is_accepting() for _, m in todo])
+        if self.eos_token_ids:  # every EOS id the engine stops on, not only llguidance's
+            allowed[:, self.eos_token_ids] = accepting[:, None]
+        return {i: allowed[j] for j, (i, _) in enumerate(todo)}
+
+    # ---- after sampling -------------------------------------------------------------------
+    def advance(self, req: Request, token: int) -> bool:
+        """Consume the token sampled for req; True when the request must stop here: its
+        grammar is complete (only EOS could follow) or broken (logged)."""
+        m = self.matchers.get(req.request_id)
+        if m is None or token in self.eos_token_ids:
+            return False
+        if not m.consume_token(token):
+            log.warning("%s: grammar refused token %d: %s", req.request_id, token, m.get_error())
+            return True
+        return m.is_stopped()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

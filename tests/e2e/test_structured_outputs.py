@@ -1,0 +1,205 @@
+"""Structured outputs through the real server, with the official `openai` client."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "year": {"type": "integer", "minimum": 1000, "maximum": 2100},
+        "genres": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
+    },
+    "required": ["title", "year", "genres"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def test_parse_with_a_pydantic_model(client):
+    completion = client.chat.completions.parse(
+        model="smollm2",
+        messages=_chat("Describe a person (name, age, city) as JSON."),
+        response_format=Person,
+        max_tokens=120,
+        temperature=0,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, Person)
+
+
+def test_json_schema_n_and_seed(client):
+    rf = {"type": "json_schema", "json_schema": {"name": "movie", "schema": SCHEMA, "strict": True}}
+    kwargs = dict(
+        model="smollm2",
+        messages=_chat("A movie as JSON."),
+        response_format=rf,
+        max_tokens=120,
+        temperature=1.0,
+        seed=5,
+        n=3,
+    )
+    a = client.chat.completions.create(**kwargs)
+    b = client.chat.completions.create(**kwargs)
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    stopped = [c for c in a.choices if c.finish_reason == "stop"]
+    assert stopped
+    for c in stopped:
+        jsonschema.validate(json.loads(c.message.content), SCHEMA)
+
+
+def test_json_object(client):
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("Reply with a JSON object holding your favourite colour."),
+        response_format={"type": "json_object"},
+        max_tokens=80,
+        temperature=0,
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "stop"
+    assert isinstance(json.loads(c.message.content), dict)
+
+
+def test_regex_and_choice_via_structured_outputs(client):
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("Give me a phone number."),
+        max_tokens=20,
+        temperature=1.0,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}},
+    )
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
+    r = client.completions.create(
+        model="smollm2",
+        prompt="Is the sky blue? Answer:",
+        max_tokens=5,
+        temperature=1.0,
+        n=4,
+        extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}},
+    )
+    assert all(c.text in ("yes", "no", "maybe") and c.finish_reason == "stop" for c in r.choices)
+
+
+def test_generate_with_a_grammar(server):
+    body = {
+        "prompt": "A list of numbers:",
+        "max_new_tokens": 30,
+        "temperature": 1.0,
+        "stream": False,
+        "structured_outputs": {"grammar": 'start: "[" NUM ("," NUM)* "]"\nNUM: /[0-9]{1,2}/\n'},
+    }
+    r = httpx.post(server.url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    if out["finish_reason"] == "stop":  # the whole grammar
+        assert re.fullmatch(r"\[[0-9]{1,2}(,[0-9]{1,2})*\]", out["text"]), out
+    else:  # a prefix of it
+        assert re.fullmatch(r"\[([0-9]{1,2},)*[0-9]{0,2}", out["text"]), out
+
+
+def test_streamed_json(client):
+    rf = {"type": "json_schema", "json_schema": {"name": "movie", "schema": SCHEMA}}
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("A movie as JSON."),
+        response_format=rf,
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    )
+    parts, reasons = [], []
+    for chunk in stream:
+        for c in chunk.choices:
+            parts.append(c.delta.content or "")
+            reasons.append(c.finish_reason)
+    assert reasons[-1] == "stop" and len(parts) > 3
+    jsonschema.validate(json.loads("".join(parts)), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objectx"}},
+                }
+            },
+            "response_format",
+        ),
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs.regex"),
+        ({"structured_outputs": {"grammar": "start: nope"}}, "structured_outputs.grammar"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+        ({"structured_outputs": {"json": "{bad"}}, "structured_outputs.json"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        (
+            {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+            "structured_outputs",
+        ),
+    ],
+)
+def test_bad_specs_are_400s_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="smollm2", messages=_chat("Hi"), max_tokens=5, extra_body=extra
+        )
+    assert e.value.body["param"] == param, e.value.body  # type: ignore[index]
+
+
+def test_logprobs_and_stop_strings_with_a_grammar(client):
+    """Logprobs come with every constrained token (the model's, before the mask); a stop
+    string cuts the constrained text as it cuts any other."""
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("A phone number, please."),
+        max_tokens=20,
+        temperature=1.0,
+        seed=1,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}},
+    )
+    c = r.choices[0]
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", c.message.content)
+    lps = c.logprobs.content
+    assert "".join(t.token for t in lps) == c.message.content
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in lps)
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("A phone number, please."),
+        max_tokens=20,
+        temperature=1.0,
+        stop=["-"],
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}},
+    )
+    assert re.fullmatch("[0-9]{3}", r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
