@@ -36,7 +36,7 @@ class TokenizerCalls:
         try:
             await self._send(TokenizerCall(call_id, op, args))
             reply = await asyncio.wait_for(fut, self.timeout_s)
-        except asyncio.TimeoutError:  # TimeoutError itself from 3.11 on
+        except TimeoutError:  # TimeoutError itself from 3.11 on
             raise APIError(
                 504,
                 f"no tokenizer worker answered within {self.timeout_s:g} s",

@@ -62,6 +62,7 @@ class FakeBackend:
     def __init__(self, config: Config, ready: bool = True, step_s: float = 0.01) -> None:
         self.config = config
         self.step_s = step_s
+        self.output_replica = 0  # the replica its TextOutputs say stepped
         self.requests: list[TokenizeRequest] = []
         self.aborts: list[AbortRequest] = []
         self.calls: list[TokenizerCall] = []
@@ -280,7 +281,8 @@ class FakeBackend:
         if not entries:
             return
         entries.append(TextOutput("ghost-rid", "boo", None, 1, 1, pack_ids([1])))
-        out.put(pack_text_outputs(entries), timeout_ms=1000)
+        # replica 0, whose prefix cache has seen 100 tokens queried, 40 hit (its EngineStatus)
+        out.put(pack_text_outputs(entries, self.output_replica, [100, 40]), timeout_ms=1000)
         with self.lock:
             self.num_output_msgs += 1
             self.max_rids_per_msg = max(self.max_rids_per_msg, len(entries) - 1)
