@@ -19,8 +19,9 @@ from scheduler_worker.quant.formats import (
     reference_qlinear,
 )
 from scheduler_worker.rope import rotate
+from tests.conftest import kernels_built
 
-pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
+pytestmark = pytest.mark.skipif(not kernels_built(), reason="the C++ kernels are not built here")
 ISAS = [
     i
     for i in kernels.ISAS
