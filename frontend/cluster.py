@@ -8,10 +8,10 @@ feeds it from the inbox and the sockets' disconnect watches, and runs the watchd
 ```
  inbox ── EngineStatus, ComponentStatus ──▶ on_status ──▶ Joined / Failed
        ── TextOutputs ───────────────────▶ on_outputs (proves the detok and its replica)
-       ── TokenizeAck ───────────────────▶ on_ack (which tokenizer worker holds a rid)
  a replica's / the detok's connection closes ──▶ on_disconnect ──▶ Failed
  watchdog, every WATCHDOG_S ──▶ check ──▶ Failed (windows lapsed, tokenizer work lost)
- /health ◀── missing(), report()       submit ◀── choose() (routing.Router's policy)
+ /health ◀── missing(), report()       submit ◀── choose() (routing.Router's policy),
+                                               choose_tokenizer(), sent(), forget()
 ```
 
 The table, one row (`Member`) per component by name: "detok", "scheduler.K" per scheduler
@@ -22,7 +22,8 @@ while one worker is.
 Liveness: a member is alive when it spoke within `window_s` = max(3 s, 3 × heartbeat_s):
   scheduler.K    its EngineStatus ("ready" or "heartbeat"), or a TextOutputs of its step
   detok          ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
-  tokenizer.PID  ComponentStatus("tokenizer") from that pid
+  tokenizer.PID  ComponentStatus("tokenizer") from that pid, sent from its main loop (a
+                 hung worker falls silent too; tokenizing never takes seconds)
 A "stopping" status marks the sender down at once (a replica's comes through the detok,
 behind its last outputs), and so does a replica's or the detok's connection closing (the
 process died). One guard, GUARD_S, follows a disconnect: during it only a "ready" (from a
@@ -37,10 +38,13 @@ claiming a live replica's id at another inbox. The same id at the same inbox wit
 pid is that replica restarted: what the old process held fails; so for a detok with a new
 pid. A replica's ComponentStatus counts only from the pid that joined.
 
-Tokenizer hand-offs: ZeroMQ's PUSH pipe gives no word of which worker takes a request,
-so the workers say so (TokenizeAck): sent ──ack(pid)──▶ taken ──ack(done)──▶ forgotten.
-A request no worker took within ACK_GRACE_S (a hung worker still gets its share), or one
-a dead worker took, fails with 503 (`Failed("tokenizer", why, rids)`).
+Tokenizer hand-offs: the frontend picks the worker for each request (the live one
+holding the fewest, then the least recently picked) and sends it to that worker alone, so
+it knows who holds what without a word from the workers. A worker holds a request until
+its first output or error (or its abort). When a worker dies or hangs, what it holds fails
+with 503 (`Failed("tokenizer", why, rids)`): what it had not passed on, and also what it
+had passed on that has not produced a token yet (the client aborts those at their
+replica), the price of having no acknowledgements.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from typing import Any
 from common.auth import verify_replica
 from common.endpoints import check_endpoint
 from common.log import get_logger
-from common.messages import ComponentStatus, EngineStatus, TokenizeAck
+from common.messages import ComponentStatus, EngineStatus
 from frontend.errors import APIError, unavailable
 from frontend.routing import ReplicaLoad, Router
 
@@ -62,7 +66,6 @@ log = get_logger("frontend.cluster")
 
 COMPONENTS = ("scheduler", "tokenizer", "detok")
 GUARD_S = 1.0  # after a disconnect: only "ready" revives; a replica's requests fail after
-ACK_GRACE_S = 0.5  # a live tokenizer takes a request off its pipe well within this
 PRUNE_AFTER = 10  # forget a silent tokenizer worker after this many windows
 WATCHDOG_S = 0.2  # how often EngineClient runs check()
 
@@ -91,6 +94,7 @@ class Member:
     disconnected: bool = False  # its connection closed while it was up: failing waits
     up: bool = False  # as last acted on: a failure is reported when this turns False
     status: EngineStatus | None = None  # a replica's latest
+    picked: int = 0  # a tokenizer's: when it was last picked (a count of picks)
 
 
 class StartupStopped(RuntimeError):
@@ -125,8 +129,9 @@ class Cluster:
         self.router = Router(routing)
         self.members: dict[str, Member] = {"detok": Member()}
         self.engine: EngineStatus | None = None  # the latest of any replica, for /v1/models
-        self.unacked: dict[str, float] = {}  # rid -> when sent, until a tokenizer takes it
-        self.taken: dict[str, int] = {}  # rid -> pid of the tokenizer worker that took it
+        self.held: dict[str, int] = {}  # rid -> pid of the tokenizer worker it was sent to
+        self.num_held: dict[int, int] = {}  # pid -> its rids in `held`
+        self._num_picked = 0
         self._refused: set[tuple[int, int, str]] = set()  # (replica, pid, why) logged
 
     # -- reading the table ------------------------------------------------------------------
@@ -388,31 +393,40 @@ class Cluster:
         return events
 
     # -- tokenizer hand-offs ----------------------------------------------------------------
-    def sent(self, rid: str, now: float) -> None:
-        self.unacked[rid] = now
+    def choose_tokenizer(self, now: float, skip: set[int] | None = None) -> int | None:
+        """The pid of the tokenizer worker for the next request or call: the live one
+        holding the fewest, then the least recently picked; None when none is live
+        (but those in `skip`: their queues were full)."""
+        best: tuple[tuple[int, int], Member] | None = None
+        for name, m in self.members.items():
+            if not name.startswith("tokenizer.") or not self.alive(name, now):
+                continue
+            assert m.pid is not None
+            if skip and m.pid in skip:
+                continue
+            key = (self.num_held.get(m.pid, 0), m.picked)
+            if best is None or key < best[0]:
+                best = (key, m)
+        if best is None:
+            return None
+        self._num_picked += 1
+        best[1].picked = self._num_picked
+        return best[1].pid
+
+    def sent(self, rid: str, pid: int) -> None:
+        """rid went to tokenizer worker `pid`: it holds it until forget(rid)."""
+        self.held[rid] = pid
+        self.num_held[pid] = self.num_held.get(pid, 0) + 1
 
     def forget(self, rid: str) -> None:
         """rid is past the tokenizers (output, error or abort): nothing to watch."""
-        if self.unacked or self.taken:
-            self.unacked.pop(rid, None)
-            self.taken.pop(rid, None)
-
-    def on_ack(self, msg: TokenizeAck) -> None:
-        for rid in msg.rids:
-            if msg.done:
-                self.taken.pop(rid, None)
-            elif self.unacked.pop(rid, None) is not None:
-                self.taken[rid] = msg.pid
-
-    def _lost(self, now: float, dead: set[int] | frozenset[int], grace_s: float) -> list[str]:
-        """Forget and return the rids a dead or hung worker holds: those no worker took
-        within grace_s (in its pipe: a live worker takes its whole pipe at every loop) and
-        those a `dead` worker took but never passed on."""
-        rids = [rid for rid, t in self.unacked.items() if now - t > grace_s]
-        rids += [rid for rid, pid in self.taken.items() if pid in dead]
-        for rid in rids:
-            self.forget(rid)
-        return rids
+        pid = self.held.pop(rid, None)
+        if pid is not None:
+            left = self.num_held[pid] - 1
+            if left:
+                self.num_held[pid] = left
+            else:
+                del self.num_held[pid]
 
     # -- the watchdog -----------------------------------------------------------------------
     def check(self, now: float) -> list[Event]:
@@ -437,12 +451,8 @@ class Cluster:
                 continue  # not joined: nothing to report about
             m.up, m.disconnected = alive, False
         if dead:
-            rids = self._lost(now, dead, ACK_GRACE_S)
+            rids = [rid for rid, pid in self.held.items() if pid in dead]
+            for rid in rids:
+                self.forget(rid)
             events.append(Failed("tokenizer", f"tokenizer worker(s) {sorted(dead)} stopped", rids))
-        elif self.unacked:  # a worker that hangs but keeps its socket still gets its share
-            rids = self._lost(now, set(), self.window_s)  # of new requests: none may wait
-            if rids:  # out the request timeout
-                events.append(
-                    Failed("tokenizer", "a tokenizer worker is not taking requests", rids)
-                )
         return events

@@ -1,11 +1,11 @@
 """The frontend's side of the pipeline: send requests, route what comes back to them.
 
 ```
- route handler ──submit()──▶ routing.Router picks replica K ──▶ PUSH bind "tokenizer"
-                                                                 ──▶ tokenizer_worker × N
+ route handler ──submit()──▶ the cluster picks replica K and tokenizer worker W
+              ──▶ ROUTER bind "tokenizer" ──▶ W (its DEALER, identity = its pid)
  release() / interrupts ───▶ PUSH connect replica K's inbox (AbortRequest)
  inbox thread ◀── PULL bind "frontend" ◀── TextOutputs (detok), RequestError (any worker),
-      │                                    EngineStatus, ComponentStatus, TokenizeAck,
+      │                                    EngineStatus, ComponentStatus,
       │                                    TokenizerReply (frontend.tokenizer_calls)
       └─ call_soon_threadsafe(dispatch, batch) ─▶ event loop ─▶ RequestHandle.queue
                                                               └▶ Cluster (statuses)
@@ -46,14 +46,13 @@ from common.messages import (
     Message,
     RequestError,
     TextOutputs,
-    TokenizeAck,
     TokenizerCall,
     TokenizeRequest,
     TokenizerReply,
     WireError,
     unpack_text_outputs,
 )
-from common.zmq_queue import PeerWatch, PullQueue, PushQueue, QueueFull
+from common.zmq_queue import PeerWatch, PullQueue, PushQueue, QueueFull, RouterQueue
 from frontend.cluster import WATCHDOG_S, Cluster, Event, Joined, replica_key, replica_of
 from frontend.errors import APIError, invalid, renamed, unavailable
 from frontend.metrics import Metrics, shown_timings
@@ -84,7 +83,7 @@ class EngineClient:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._to_tokenizer: PushQueue | None = None
+        self._to_tokenizer: RouterQueue | None = None
         self._ctx: zmq.Context | None = None
         self._to_replicas: dict[int, PushQueue] = {}  # replica -> socket to its inbox
         self._old_sockets: list[PushQueue] = []  # a rejoined replica's old inbox
@@ -105,7 +104,7 @@ class EngineClient:
         ipc = self.config.ipc
         ctx: zmq.Context = zmq.Context.instance()
         self._ctx = ctx
-        self._to_tokenizer = PushQueue(ipc.endpoint("tokenizer"), bind=True, ctx=ctx)
+        self._to_tokenizer = RouterQueue(ipc.endpoint("tokenizer"), ctx=ctx)
         self._inbox = PullQueue(ipc.endpoint("frontend"), bind=True, ctx=ctx)
         self._detok_probe = PushQueue(ipc.endpoint("detok"), bind=False, ctx=ctx)
         self._watches = {"detok": PeerWatch(self._detok_probe.socket)}
@@ -215,8 +214,6 @@ class EngineClient:
                     if events is not None and isinstance(msg, EngineStatus):
                         self.metrics.on_engine_status(msg)
                     self._act(events or [])
-                elif isinstance(msg, TokenizeAck):
-                    self.cluster.on_ack(msg)
                 elif isinstance(msg, TokenizerReply):
                     self.tokenizer_calls.on_reply(msg)
                 else:
@@ -325,32 +322,37 @@ class EngineClient:
         handle.replica = replica
         try:
             for i, req in enumerate(reqs):
-                await self._send_to_tokenizer(replace(req, replica=replica, inbox=inbox))
+                worker = await self._send_to_tokenizer(replace(req, replica=replica, inbox=inbox))
                 self.routes[req.rid] = (handle, i)
                 self.num_open[replica] = self.num_open.get(replica, 0) + 1
-                self.cluster.sent(req.rid, time.monotonic())
+                self.cluster.sent(req.rid, worker)
         except BaseException:
             self.release(handle, "submit_failed")
             raise
         handle.watch(self._interrupt, receive)
         return handle
 
-    async def _send_to_tokenizer(self, req: TokenizeRequest | TokenizerCall) -> None:
-        """Non-blocking send; while no tokenizer takes it (none connected yet: a worker's
-        status can arrive before its PULL connects; or the queue is full) retry briefly."""
+    async def _send_to_tokenizer(self, req: TokenizeRequest | TokenizerCall) -> int:
+        """Send to the tokenizer worker the cluster picks, without blocking; the worker's
+        pid. While none takes it (not connected yet: a worker's status can arrive before
+        its DEALER connects; or every queue is full) retry briefly."""
         assert self._to_tokenizer is not None
         deadline = time.monotonic() + SEND_RETRY_S
+        full: set[int] = set()
         while True:
-            try:
-                self._to_tokenizer.put(req)
-                return
-            except WireError as e:
-                raise invalid(f"request cannot be encoded: {e}") from None
-            except QueueFull:
-                if time.monotonic() >= deadline:
-                    raise unavailable(
-                        "no tokenizer worker is accepting requests", "overloaded"
-                    ) from None
+            pid = self.cluster.choose_tokenizer(time.monotonic(), full)
+            if pid is not None:
+                try:
+                    self._to_tokenizer.put(str(pid).encode(), req)
+                    return pid
+                except WireError as e:
+                    raise invalid(f"request cannot be encoded: {e}") from None
+                except QueueFull:
+                    full.add(pid)  # another worker may take it now
+                    continue
+            if time.monotonic() >= deadline:
+                raise unavailable("no tokenizer worker is accepting requests", "overloaded")
+            full.clear()
             await asyncio.sleep(SEND_RETRY_SLEEP_S)
 
     def release(self, handle: RequestHandle, reason: str) -> None:

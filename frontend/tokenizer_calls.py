@@ -23,7 +23,9 @@ CALL_TIMEOUT_S = 30.0  # at most; server.request_timeout_s when shorter
 
 
 class TokenizerCalls:
-    def __init__(self, send: Callable[[TokenizerCall], Awaitable[None]], timeout_s: float) -> None:
+    def __init__(
+        self, send: Callable[[TokenizerCall], Awaitable[object]], timeout_s: float
+    ) -> None:
         self._send = send
         self.timeout_s = min(CALL_TIMEOUT_S, timeout_s)
         self.pending: dict[str, asyncio.Future[TokenizerReply]] = {}

@@ -8,9 +8,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from common.messages import ComponentStatus, EngineStatus, Message, TokenizeAck
-from frontend.cluster import ACK_GRACE_S, PRUNE_AFTER, Cluster, Event, Joined
+from common.messages import ComponentStatus, EngineStatus, Message
 from frontend.cluster import GUARD_S as DISCONNECT_SETTLE_S
+from frontend.cluster import PRUNE_AFTER, Cluster, Event, Joined
 
 
 class Monitor(Cluster):
@@ -54,45 +54,32 @@ class Monitor(Cluster):
         return []
 
 
-class TokenizerHandoffs(Cluster):
-    def __init__(self) -> None:
-        super().__init__(0.5)
-
-    def __bool__(self) -> bool:
-        return bool(self.unacked or self.taken)
-
-    def lost(
-        self, now: float, dead: frozenset[int] = frozenset(), grace_s: float = ACK_GRACE_S
-    ) -> list[str]:
-        return self._lost(now, dead, grace_s)
-
-
-def test_requests_move_from_unacked_to_taken_to_forgotten():
-    h = TokenizerHandoffs()
-    assert not h
-    for rid in ("a", "b", "c"):
-        h.sent(rid, now=0.0)
-    h.on_ack(TokenizeAck(11, ["a", "b"]))
-    h.on_ack(TokenizeAck(11, ["a"], done=True))  # a reached the scheduler
-    h.on_ack(TokenizeAck(12, ["zzz"]))  # never sent from here: ignored
-    assert h.unacked.keys() == {"c"} and h.taken == {"b": 11}
-    h.forget("c")  # e.g. its error came back
-    assert h.unacked == {} and h.taken == {"b": 11} and h
-
-
-def test_lost_are_the_stale_unacked_and_what_dead_workers_took():
-    h = TokenizerHandoffs()
-    h.sent("old", now=0.0)
-    h.sent("new", now=10.0)
-    h.sent("by11", now=0.0)
-    h.sent("by12", now=0.0)
-    h.on_ack(TokenizeAck(11, ["by11"]))
-    h.on_ack(TokenizeAck(12, ["by12"]))
-    now = 10.0 + ACK_GRACE_S / 2
-    assert sorted(h.lost(now, dead={11})) == ["by11", "old"]  # "new" is within its grace
-    assert h.unacked.keys() == {"new"} and h.taken == {"by12": 12}
-    assert h.lost(now, dead={11}) == []  # forgotten once reported
-    assert h.lost(now + 1.0) == ["new"]
+def test_the_frontend_picks_the_tokenizer_and_knows_what_each_holds():
+    """The live worker holding the fewest requests, then the least recently picked; none
+    while none is live; what a worker holds leaves with its first output, error or abort,
+    and what a dead one held is failed, once."""
+    lost: list[tuple[list[str], str]] = []
+    m = Monitor(0.5, lambda name, why: None, lambda rids, why: lost.append((rids, why)), None)
+    assert m.choose_tokenizer(0.0) is None
+    for pid in (11, 12):
+        m.on_component(ComponentStatus("tokenizer", pid, "ready", 0.0), 0.0)
+    picks = []
+    for rid in ("a", "b", "c", "d"):
+        pid = m.choose_tokenizer(0.1)
+        assert pid is not None
+        m.sent(rid, pid)
+        picks.append(pid)
+    assert sorted(picks) == [11, 11, 12, 12] and picks[0] != picks[1]
+    m.forget(next(r for r, p in zip("abcd", picks) if p == 11))  # its first output came
+    assert m.choose_tokenizer(0.2) == 11  # holds one now, 12 holds two
+    assert m.choose_tokenizer(0.2, skip={11}) == 12  # 11's queue was full
+    m.on_component(ComponentStatus("tokenizer", 12, "heartbeat", 0.0), 2.0)
+    m.check(3.5)  # 11 silent for more than the 3 s window
+    held_by_11 = [r for r, p in zip("abcd", picks) if p == 11][1:]
+    assert lost == [(held_by_11, "tokenizer worker(s) [11] stopped")]
+    assert m.choose_tokenizer(3.5) == 12
+    m.check(3.6)
+    assert len(lost) == 1
 
 
 def test_a_dead_worker_is_reported_once_until_liveness_forgets_it():
@@ -144,8 +131,7 @@ def test_monitor_reports_what_failed():
     m.on_component(ComponentStatus("detok", 11, "ready", 0.0), 0.1)
     assert failed == [("detok", "restarted (pid 10 -> 11)")]
     m.on_component(ComponentStatus("tokenizer", 7, "ready", 0.0), 0.1)
-    m.sent("r", 0.1)
-    m.on_ack(TokenizeAck(7, ["r"]))
+    m.sent("r", 7)
     m.check(1.0)
     assert len(failed) == 1 and lost == []
     m.check(3.5)  # both silent for more than the 3 s window
