@@ -8,66 +8,130 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from common.config import Config, ConfigError
+from common.config import DEVICES, DTYPES, KERNELS, QUANTIZATIONS, ROUTINGS, Config, ConfigError
 from common.endpoints import ensure_run_dir
 
-# flag -> (section path, field, type)
-_FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
-    "--model": (("engine", "model"), "model", str),
-    "--dtype": (("engine", "model"), "dtype", str),
-    "--device": (("engine", "model"), "device", str),
-    "--quantization": (("engine", "model"), "quantization", str),
-    "--kernels": (("engine", "model"), "kernels", str),
-    "--threads": (("engine", "model"), "num_threads", int),
-    "--max-model-len": (("engine", "model"), "max_model_len", int),
-    "--block-size": (("engine", "cache"), "block_size", int),
-    "--num-kv-blocks": (("engine", "cache"), "num_blocks", int),
-    "--kv-cache-memory-gb": (("engine", "cache"), "kv_cache_memory_gb", float),
-    "--max-num-seqs": (("engine", "scheduler"), "max_num_seqs", int),
-    "--max-num-batched-tokens": (("engine", "scheduler"), "max_num_batched_tokens", int),
-    "--max-decode-batch": (("engine", "scheduler"), "max_decode_batch", int),
-    "--host": (("server",), "host", str),
-    "--port": (("server",), "port", int),
-    "--api-key": (("server",), "api_key", str),
-    "--served-model-name": (("server",), "served_model_name", str),
-    "--max-queued-requests": (("server",), "max_queued_requests", int),
-    "--request-timeout": (("server",), "request_timeout_s", float),
-    "--drain-timeout": (("server",), "drain_timeout_s", float),
-    "--max-body-bytes": (("server",), "max_body_bytes", int),
-    "--max-n": (("server",), "max_n", int),
-    "--max-tokens-limit": (("server",), "max_tokens_limit", int),
-    "--max-stop-strings": (("server",), "max_stop_strings", int),
-    "--stream-interval": (("server",), "stream_interval", int),
-    "--routing": (("server",), "routing", str),
-    "--run-dir": (("ipc",), "run_dir", str),
-    "--tokenize-workers": ((), "tokenize_workers", int),
-    "--data-parallel-size": ((), "data_parallel_size", int),
-    "--replica-id": ((), "replica_id", int),
-    "--replica-inbox": (("ipc",), "replica_inbox", str),
-    "--replica-advertise": (("ipc",), "replica_advertise", str),
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    flag: str
+    path: tuple[str, ...]  # the config section the field lives in
+    name: str  # the field
+    type: type
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
+_M, _C, _S = ("engine", "model"), ("engine", "cache"), ("engine", "scheduler")
+# --help shows them in these groups, each with its default (from Config())
+GROUPS: dict[str, list[Flag]] = {
+    "model": [
+        Flag("--model", _M, "model", str, "model alias, path to a .gguf file, or HF model dir"),
+        Flag("--dtype", _M, "dtype", str, "weights and activations dtype", DTYPES),
+        Flag("--device", _M, "device", str, "where the model runs", DEVICES),
+        Flag("--quantization", _M, "quantization", str, "weight format", QUANTIZATIONS),
+        Flag("--kernels", _M, "kernels", str, "CPU kernel set", KERNELS),
+        Flag("--max-model-len", _M, "max_model_len", int, "context length; none: the model's"),
+    ],
+    "engine": [
+        Flag("--threads", _M, "num_threads", int, "torch threads per replica; none: torch's"),
+        Flag("--block-size", _C, "block_size", int, "tokens per KV cache block"),
+        Flag("--num-kv-blocks", _C, "num_blocks", int, "KV blocks; none: from the memory"),
+        Flag("--kv-cache-memory-gb", _C, "kv_cache_memory_gb", float, "KV cache memory"),
+        Flag("--max-num-seqs", _S, "max_num_seqs", int, "requests running at once"),
+        Flag("--max-num-batched-tokens", _S, "max_num_batched_tokens", int, "tokens per step"),
+        Flag("--max-decode-batch", _S, "max_decode_batch", int, "decode rows per step"),
+    ],
+    "server": [
+        Flag("--host", ("server",), "host", str, "HTTP listen address"),
+        Flag("--port", ("server",), "port", int, "HTTP port"),
+        Flag("--api-key", ("server",), "api_key", str, "bearer token every API route asks for"),
+        Flag("--served-model-name", ("server",), "served_model_name", str, "model name in the API"),
+        Flag(
+            "--stream-interval", ("server",), "stream_interval", int, "stream text every N tokens"
+        ),
+        Flag("--run-dir", ("ipc",), "run_dir", str, "dir of the ipc sockets; none: a private one"),
+    ],
+    "limits": [
+        Flag(
+            "--max-queued-requests", ("server",), "max_queued_requests", int, "in flight, then 503"
+        ),
+        Flag("--request-timeout", ("server",), "request_timeout_s", float, "seconds per request"),
+        Flag(
+            "--drain-timeout", ("server",), "drain_timeout_s", float, "seconds to drain on SIGTERM"
+        ),
+        Flag("--max-body-bytes", ("server",), "max_body_bytes", int, "request body size"),
+        Flag("--max-n", ("server",), "max_n", int, "choices per request (n)"),
+        Flag(
+            "--max-tokens-limit",
+            ("server",),
+            "max_tokens_limit",
+            int,
+            "max_tokens cap; none: the context",
+        ),
+        Flag(
+            "--max-stop-strings", ("server",), "max_stop_strings", int, "stop strings per request"
+        ),
+    ],
+    "cluster": [
+        Flag("--tokenize-workers", (), "tokenize_workers", int, "tokenizer worker processes"),
+        Flag("--data-parallel-size", (), "data_parallel_size", int, "scheduler replicas"),
+        Flag("--routing", ("server",), "routing", str, "how a replica is picked", ROUTINGS),
+        Flag("--replica-id", (), "replica_id", int, "which replica this scheduler process is"),
+        Flag("--replica-inbox", ("ipc",), "replica_inbox", str, "where this replica binds"),
+        Flag("--replica-advertise", ("ipc",), "replica_advertise", str, "the inbox it announces"),
+    ],
 }
+_FLAGS = [f for flags in GROUPS.values() for f in flags]
 _SHORT = {"--data-parallel-size": "--dp"}
+
+
+def _default(path: tuple[str, ...], name: str) -> object:
+    obj: object = Config()
+    for part in path:
+        obj = getattr(obj, part)
+    return getattr(obj, name)
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="JSON or TOML config file shared by all components")
-    for flag, (_, name, typ) in _FLAGS.items():
-        names = [flag, _SHORT[flag]] if flag in _SHORT else [flag]
-        parser.add_argument(*names, dest=name, type=typ, default=None)
-    parser.add_argument("--no-prefix-caching", action="store_true", default=None)
-    parser.add_argument(
-        "--no-ui", action="store_true", default=None, help="serve no web page at / (it answers 404)"
+    groups = {title: parser.add_argument_group(title) for title in GROUPS}
+    for title, flags in GROUPS.items():
+        for f in flags:
+            names = [f.flag, _SHORT[f.flag]] if f.flag in _SHORT else [f.flag]
+            default = _default(f.path, f.name)
+            shown = "none" if default is None else default
+            groups[title].add_argument(
+                *names,
+                dest=f.name,
+                type=f.type,
+                default=None,  # None: the config file's value, else the default shown
+                choices=f.choices,
+                metavar=f.name.upper() if f.choices is None else None,
+                help=f"{f.help} (default: {shown})",
+            )
+    groups["engine"].add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        default=None,
+        help="turn the prefix cache off (default: on)",
+    )
+    groups["server"].add_argument(
+        "--no-ui",
+        action="store_true",
+        default=None,
+        help="serve no web page at / (it answers 404) (default: served)",
     )
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
     cfg = Config.load(args.config) if args.config else Config()
-    for _flag, (path, name, _) in _FLAGS.items():
-        value = getattr(args, name, None)
+    for f in _FLAGS:
+        value = getattr(args, f.name, None)
         if value is not None:
-            cfg = _set(cfg, path, name, value)
+            cfg = _set(cfg, f.path, f.name, value)
     if getattr(args, "no_prefix_caching", None):
         cfg = _set(cfg, ("engine", "cache"), "enable_prefix_caching", False)
     if getattr(args, "no_ui", None):

@@ -1,4 +1,5 @@
-"""One typed ZeroMQ wrapper: PUSH/PULL queues carrying wire messages.
+"""One typed ZeroMQ wrapper: PUSH/PULL queues carrying wire messages, and a ROUTER/DEALER
+pair for a pool whose members the sender addresses one by one (the tokenizer workers).
 
 Receive pattern: block once (`get` / `get_batch`), then `drain` with a zero timeout. A
 malformed frame is logged and dropped; receiving never raises on bad input, so a peer
@@ -38,13 +39,16 @@ class _Queue:
         ctx: zmq.Context | None,
         hwm: int,
         linger_ms: int,
+        options: dict[int, int | bytes] | None = None,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
         self.socket = (ctx or zmq.Context.instance()).socket(kind)
         self.socket.setsockopt(zmq.LINGER, linger_ms)
-        self.socket.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, hwm)
-        if kind == zmq.PULL:
+        self.socket.setsockopt(zmq.SNDHWM if kind in (zmq.PUSH, zmq.ROUTER) else zmq.RCVHWM, hwm)
+        if kind in (zmq.PULL, zmq.DEALER):
             self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # peers sending more are cut
+        for option, value in (options or {}).items():
+            self.socket.setsockopt(option, value)
         try:
             if bind:
                 if self.endpoint.startswith("ipc://"):
@@ -104,7 +108,37 @@ class PushQueue(_Queue):
         raise QueueFull(f"{self.endpoint}: no room after {timeout_ms} ms")
 
 
+class RouterQueue(_Queue):
+    """Bound; sends each message to one connected DealerQueue, named by its identity.
+    Nothing is received on it."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        ctx: zmq.Context | None = None,
+        *,
+        hwm: int = DEFAULT_HWM,
+        linger_ms: int = DEFAULT_LINGER_MS,
+    ) -> None:
+        super().__init__(zmq.ROUTER, endpoint, True, ctx, hwm, linger_ms, {zmq.ROUTER_MANDATORY: 1})
+
+    def put(self, peer: bytes, msg: Message) -> None:
+        """Queue one message for `peer`, never blocking: QueueFull when that peer is not
+        connected (not yet, or gone) or its queue is full; WireError as PushQueue.put."""
+        frame = encode(msg)
+        try:
+            self.socket.send_multipart([peer, frame], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise QueueFull(f"{self.endpoint}: {peer!r}'s queue is full") from None
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            raise QueueFull(f"{self.endpoint}: {peer!r} is not connected") from None
+
+
 class PullQueue(_Queue):
+    KIND = zmq.PULL
+
     def __init__(
         self,
         endpoint: str,
@@ -114,8 +148,9 @@ class PullQueue(_Queue):
         hwm: int = DEFAULT_HWM,
         linger_ms: int = DEFAULT_LINGER_MS,
         decoder: Callable[[bytes], Message] = decode,
+        options: dict[int, int | bytes] | None = None,
     ) -> None:
-        super().__init__(zmq.PULL, endpoint, bind, ctx, hwm, linger_ms)
+        super().__init__(self.KIND, endpoint, bind, ctx, hwm, linger_ms, options)
         self._decode = decoder
         self.num_dropped = 0
 
@@ -167,6 +202,31 @@ class PullQueue(_Queue):
         """Block once for the first message (up to timeout_ms), then drain the rest."""
         first = self.get(timeout_ms)
         return [] if first is None else [first, *self.drain()]
+
+
+class DealerQueue(PullQueue):
+    """A PullQueue that connects to a RouterQueue under `identity`, so that the sender
+    picks which member of a pool gets each message."""
+
+    KIND = zmq.DEALER
+
+    def __init__(
+        self,
+        endpoint: str,
+        identity: bytes,
+        ctx: zmq.Context | None = None,
+        *,
+        hwm: int = DEFAULT_HWM,
+        linger_ms: int = DEFAULT_LINGER_MS,
+    ) -> None:
+        super().__init__(
+            endpoint,
+            bind=False,
+            ctx=ctx,
+            hwm=hwm,
+            linger_ms=linger_ms,
+            options={zmq.ROUTING_ID: identity},
+        )
 
 
 class PeerWatch:

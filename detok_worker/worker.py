@@ -95,7 +95,8 @@ class DetokWorker:
         texts = (self._detokenize(o, inbox) for o in outputs)
         if self.stream_interval > 1:
             texts = (self._coalesce(t) for t in texts if t is not None)
-        return pack_text_outputs([t for t in texts if t is not None], msg.replica)
+        kept = [t for t in texts if t is not None]
+        return pack_text_outputs(kept, msg.replica, msg.prefix_cache)
 
     def _coalesce(self, out: TextOutput) -> TextOutput | None:
         """Stream interval: out merged with what was held for its request, or None while

@@ -30,9 +30,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.config import Config
 from common.log import get_logger
+from frontend.cluster import StartupStopped
 from frontend.engine_client import EngineClient
 from frontend.errors import APIError, error_body, status_code_name, status_type
-from frontend.health import StartupStopped
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.serving import Serving
@@ -90,7 +90,7 @@ def create_app(config: Config) -> FastAPI:
         try:
             if config.server.listen_when_ready:
                 try:
-                    await client.health.wait_ready(
+                    await client.cluster.wait_ready(
                         config.server.startup_timeout_s, stopped=lambda: client.draining
                     )
                 except StartupStopped:  # a stop signal came first: uvicorn exits after startup
@@ -104,7 +104,7 @@ def create_app(config: Config) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url="/openapi.json",
+        openapi_url=None,  # served below, behind the API key like the routes it describes
     )
     app.state.client = client
     app.state.metrics = metrics
@@ -144,7 +144,7 @@ def create_app(config: Config) -> FastAPI:
         return await serving.generate(request)
 
     def model_card() -> dict:
-        engine = client.health.liveness.engine
+        engine = client.cluster.engine
         return {
             "id": config.model_name,
             "object": "model",
@@ -176,12 +176,19 @@ def create_app(config: Config) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
+    docs = APIRouter(dependencies=[Depends(_auth_dependency(config.server.api_key))])
+
+    @docs.get("/openapi.json", include_in_schema=False)
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(openapi())
+
+    app.include_router(docs)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         now = time.monotonic()
-        missing = client.health.liveness.missing(now)
-        components = client.health.liveness.report(now)
+        missing = client.cluster.missing(now)
+        components = client.cluster.report(now)
         if client.draining:
             return JSONResponse(
                 {"status": "draining", "missing": missing, "components": components},

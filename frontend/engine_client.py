@@ -1,18 +1,18 @@
 """The frontend's side of the pipeline: send requests, route what comes back to them.
 
 ```
- route handler ──submit()──▶ routing.Router picks replica K ──▶ PUSH bind "tokenizer"
-                                                                 ──▶ tokenizer_worker × N
+ route handler ──submit()──▶ the cluster picks replica K and tokenizer worker W
+              ──▶ ROUTER bind "tokenizer" ──▶ W (its DEALER, identity = its pid)
  release() / interrupts ───▶ PUSH connect replica K's inbox (AbortRequest)
  inbox thread ◀── PULL bind "frontend" ◀── TextOutputs (detok), RequestError (any worker),
-      │                                    EngineStatus, ComponentStatus, TokenizeAck,
+      │                                    EngineStatus, ComponentStatus,
       │                                    TokenizerReply (frontend.tokenizer_calls)
       └─ call_soon_threadsafe(dispatch, batch) ─▶ event loop ─▶ RequestHandle.queue
-                                                              └▶ HealthMonitor (statuses)
+                                                              └▶ Cluster (statuses)
 ```
 
 Data parallelism: one PUSH socket per scheduler replica, connected when the replica joins
-(HealthMonitor's replica table calls `_on_join`). The frontend picks the replica before
+(frontend.cluster's `Joined`), its connection watched (PeerWatch) for a sudden death. The frontend picks the replica before
 tokenizing (frontend.routing) and the TokenizeRequest names it, so the tokenizer worker
 sends it there; a request's aborts go to that replica (`RequestHandle.replica`).
 
@@ -22,13 +22,15 @@ ZeroMQ. The two PUSH sockets are used only from the loop, with non-blocking send
 `dispatch` runs on the loop and routes each entry of a TextOutputs (one message per
 engine step, many requests) through `routes: rid -> (handle, choice index)`. A rid
 leaves `routes` when it finishes, fails or is aborted; outputs for rids not in `routes`
-(unknown, finished, aborted) are dropped silently. Which components are alive, and what a
-dead one took with it, is frontend.health's; it asks this client to fail those requests.
+(unknown, finished, aborted) are dropped silently. Which components are alive, what a dead
+one took with it, and which replica takes a request, is frontend.cluster's: this client
+feeds it, runs its watchdog, and acts on the events it returns (connect, fail).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from dataclasses import replace
@@ -44,19 +46,17 @@ from common.messages import (
     Message,
     RequestError,
     TextOutputs,
-    TokenizeAck,
     TokenizerCall,
     TokenizeRequest,
     TokenizerReply,
     WireError,
     unpack_text_outputs,
 )
-from common.zmq_queue import PullQueue, PushQueue, QueueFull
+from common.zmq_queue import PeerWatch, PullQueue, PushQueue, QueueFull, RouterQueue
+from frontend.cluster import WATCHDOG_S, Cluster, Event, Joined, replica_key, replica_of
 from frontend.errors import APIError, invalid, renamed, unavailable
-from frontend.health import HealthMonitor, replica_key, replica_of
 from frontend.metrics import Metrics, shown_timings
 from frontend.request_handle import Delta, Receive, RequestHandle
-from frontend.routing import ReplicaLoad, Router
 from frontend.tokenizer_calls import TokenizerCalls
 
 log = get_logger("frontend.engine_client")
@@ -70,27 +70,28 @@ class EngineClient:
     def __init__(self, config: Config, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.health = HealthMonitor(
+        self.cluster = Cluster(
             config.heartbeat_s,
-            self.fail_all,
-            self.fail_lost,
-            self._send_scheduler,
             model_name=config.model_name,
             secret=config.ipc.secret,
-            on_join=self._on_join,
+            routing=config.server.routing,
+            data_parallel_size=config.data_parallel_size,
         )
-        self.router = Router(config.server.routing)
         self.routes: dict[str, tuple[RequestHandle, int]] = {}
         self.num_open: dict[int, int] = {}  # replica -> its sub-requests in `routes`
         self.draining = False  # set on SIGTERM: new requests get 503
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._to_tokenizer: PushQueue | None = None
+        self._to_tokenizer: RouterQueue | None = None
         self._ctx: zmq.Context | None = None
         self._to_replicas: dict[int, PushQueue] = {}  # replica -> socket to its inbox
         self._old_sockets: list[PushQueue] = []  # a rejoined replica's old inbox
         self._inbox: PullQueue | None = None
+        self._detok_probe: PushQueue | None = None  # connected only to watch the detok
+        self._watches: dict[str, PeerWatch] = {}  # read by the inbox thread only
+        self._old_watches: list[PeerWatch] = []
+        self._watchdog: asyncio.Task | None = None
         metrics.in_flight.set_function(lambda: len(self.routes))
         # /tokenize, /detokenize, /tokenizer_info: answered by a tokenizer worker
         self.tokenizer_calls = TokenizerCalls(
@@ -103,9 +104,11 @@ class EngineClient:
         ipc = self.config.ipc
         ctx: zmq.Context = zmq.Context.instance()
         self._ctx = ctx
-        self._to_tokenizer = PushQueue(ipc.endpoint("tokenizer"), bind=True, ctx=ctx)
+        self._to_tokenizer = RouterQueue(ipc.endpoint("tokenizer"), ctx=ctx)
         self._inbox = PullQueue(ipc.endpoint("frontend"), bind=True, ctx=ctx)
-        self.health.start(ipc.endpoint("detok"), ctx)
+        self._detok_probe = PushQueue(ipc.endpoint("detok"), bind=False, ctx=ctx)
+        self._watches = {"detok": PeerWatch(self._detok_probe.socket)}
+        self._watchdog = asyncio.ensure_future(self._watch())
         self._thread = threading.Thread(target=self._recv_loop, name="frontend-inbox", daemon=True)
         self._thread.start()
         log.info(
@@ -119,22 +122,62 @@ class EngineClient:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.fail_remaining()
-        self.health.close()
-        for q in (self._to_tokenizer, self._inbox, *self._to_replicas.values(), *self._old_sockets):
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        for watch in [*self._watches.values(), *self._old_watches]:
+            watch.close()  # after the inbox thread stopped: it reads them
+        sockets = (self._to_tokenizer, self._inbox, self._detok_probe, *self._to_replicas.values())
+        for q in (*sockets, *self._old_sockets):
             if q is not None:
                 q.close()
 
-    def _on_join(self, replica: int, inbox: str | None) -> None:
-        """A replica joined (or rejoined at another inbox): connect to its inbox."""
+    def _act(self, events: list[Event]) -> None:
+        """Do what the cluster view asks: connect to a replica that joined, fail what a
+        dead component held."""
+        for ev in events:
+            if isinstance(ev, Joined):
+                self._connect(ev.replica, ev.inbox)
+            elif ev.rids is not None:
+                self.fail_lost(ev.rids, ev.why)
+            else:
+                self.fail_all(ev.component, ev.why)
+
+    def _connect(self, replica: int, inbox: str | None) -> None:
+        """A replica joined (or rejoined at another inbox): connect to its inbox and watch
+        the connection. The inbox thread reads the watches: the table is replaced, never
+        changed in place."""
         ep = inbox or self.config.ipc.replica_endpoint(replica)
         old = self._to_replicas.get(replica)
         if old is not None and old.endpoint == ep:
             return
         q = PushQueue(ep, bind=False, ctx=self._ctx)
-        if old is not None:
-            self._old_sockets.append(old)  # its watch may still be read: closed at the end
+        key = f"scheduler.{replica}"
+        if old is not None:  # the inbox thread may still read its watch: closed at the end
+            self._old_sockets.append(old)
+            self._old_watches.append(self._watches[key])
         self._to_replicas[replica] = q
-        self.health.watch_replica(replica, q.socket)
+        self._watches = {**self._watches, key: PeerWatch(q.socket)}
+
+    def _on_disconnect(self, names: list[str]) -> None:
+        self._act(self.cluster.on_disconnect(names, time.monotonic()))
+
+    async def _watch(self) -> None:
+        """The cluster's watchdog: what a dead component took with it fails within one
+        liveness window (~3 s); and the frontend's heartbeat to the replicas (our pid: a new
+        one means the requests of a dead frontend are orphans)."""
+        last_beat = 0.0
+        while True:
+            await asyncio.sleep(WATCHDOG_S)
+            try:
+                now = time.monotonic()
+                if now - last_beat >= self.config.heartbeat_s:
+                    last_beat = now
+                    self._send_scheduler(
+                        ComponentStatus("frontend", os.getpid(), "heartbeat", time.time())
+                    )
+                self._act(self.cluster.check(now))
+            except Exception:  # the watchdog must outlive any surprise
+                log.exception("component watchdog failed")
 
     # -- the inbox thread -----------------------------------------------------------------
     def _recv_loop(self) -> None:
@@ -148,12 +191,12 @@ class EngineClient:
                 log.error("inbox receive failed: %s", e)
                 time.sleep(POLL_MS / 1000)
                 continue
-            gone = self.health.peers_gone()
+            gone = [name for name, watch in self._watches.items() if watch.gone()]
             try:
                 if msgs:
                     self._loop.call_soon_threadsafe(self.dispatch, msgs)
                 if gone:  # after the messages it sent before it died
-                    self._loop.call_soon_threadsafe(self.health.on_disconnect, gone)
+                    self._loop.call_soon_threadsafe(self._on_disconnect, gone)
             except RuntimeError:  # the loop is closed: shutting down
                 break
 
@@ -166,13 +209,11 @@ class EngineClient:
                     self._on_outputs(msg, now)
                 elif isinstance(msg, RequestError):
                     self._on_error(msg)
-                elif isinstance(msg, EngineStatus):
-                    if self.health.on_engine_status(msg, now):
+                elif isinstance(msg, (EngineStatus, ComponentStatus)):
+                    events = self.cluster.on_status(msg, now)
+                    if events is not None and isinstance(msg, EngineStatus):
                         self.metrics.on_engine_status(msg)
-                elif isinstance(msg, ComponentStatus):
-                    self.health.on_component(msg, now)
-                elif isinstance(msg, TokenizeAck):
-                    self.health.handoffs.on_ack(msg)
+                    self._act(events or [])
                 elif isinstance(msg, TokenizerReply):
                     self.tokenizer_calls.on_reply(msg)
                 else:
@@ -181,19 +222,20 @@ class EngineClient:
                 log.exception("dropping %s that failed to dispatch", type(msg).__name__)
 
     def _on_outputs(self, msg: TextOutputs, now: float) -> None:
-        self.health.liveness.on_outputs(now, msg.replica)
+        self.cluster.on_outputs(now, msg.replica)
         try:
             outputs = unpack_text_outputs(msg)
         except WireError as e:
             log.warning("dropping TextOutputs: %s", e)
             return
-        routes, handoffs = self.routes, self.health.handoffs
+        if msg.prefix_cache is not None and len(msg.prefix_cache) == 2:
+            self.metrics.on_prefix_cache(msg.replica, *msg.prefix_cache)
+        routes, cluster = self.routes, self.cluster
         for o in outputs:
             route = routes.get(o.rid)
             if route is None:
                 continue
-            if handoffs:
-                handoffs.forget(o.rid)
+            cluster.forget(o.rid)
             handle, index = route
             timings = o.timings if isinstance(o.timings, dict) else None
             if o.finish_reason is not None:
@@ -206,6 +248,7 @@ class EngineClient:
                 o.finish_reason,
                 timings,
                 now,
+                msg.replica,
             )
             handle.queue.put_nowait(
                 Delta(
@@ -231,7 +274,7 @@ class EngineClient:
         return route
 
     def _on_error(self, msg: RequestError) -> None:
-        self.health.handoffs.forget(msg.rid)
+        self.cluster.forget(msg.rid)
         route = self._forget(msg.rid)
         if route is None:
             return
@@ -259,7 +302,7 @@ class EngineClient:
         client only with `return_timings`."""
         if self.draining:
             raise unavailable("server is shutting down", "shutting_down")
-        missing = self.health.liveness.missing()
+        missing = self.cluster.missing()
         if missing:
             raise unavailable(f"server not ready: waiting for {', '.join(missing)}", "not_ready")
         limit = self.config.server.max_queued_requests
@@ -267,7 +310,7 @@ class EngineClient:
             raise unavailable(
                 f"too many requests in flight (limit {limit}); retry later", "overloaded"
             )
-        replica = self.pick_replica(pin, prefix_key)
+        replica = self.cluster.choose(pin, prefix_key, self.num_open)
         inbox = self._to_replicas[replica].endpoint if replica in self._to_replicas else None
         handle = RequestHandle(
             [r.rid for r in reqs],
@@ -279,63 +322,37 @@ class EngineClient:
         handle.replica = replica
         try:
             for i, req in enumerate(reqs):
-                await self._send_to_tokenizer(replace(req, replica=replica, inbox=inbox))
+                worker = await self._send_to_tokenizer(replace(req, replica=replica, inbox=inbox))
                 self.routes[req.rid] = (handle, i)
                 self.num_open[replica] = self.num_open.get(replica, 0) + 1
-                self.health.handoffs.sent(req.rid, time.monotonic())
+                self.cluster.sent(req.rid, worker)
         except BaseException:
             self.release(handle, "submit_failed")
             raise
         handle.watch(self._interrupt, receive)
         return handle
 
-    def pick_replica(self, pin: int | None, prefix_key: bytes | None) -> int:
-        """The replica for a new request: `pin` (400 when no such replica can exist, 503
-        when it is down), else the least loaded, with prefix affinity (routing.Router)."""
-        now = time.monotonic()
-        alive = self.health.liveness.alive_replicas(now)
-        if pin is not None:
-            known = set(self.health.liveness.engines) | set(range(self.config.data_parallel_size))
-            if pin < 0 or pin not in known:
-                raise APIError(
-                    400,
-                    f"data_parallel_rank {pin} is out of range: the replicas are {sorted(known)}",
-                    param="data_parallel_rank",
-                )
-            if pin not in alive:
-                raise unavailable(f"scheduler replica {pin} is down", "replica_unavailable")
-            return pin
-        engines = self.health.liveness.engines
-        loads = [
-            ReplicaLoad(
-                k,
-                engines[k].num_waiting,
-                engines[k].num_running,
-                engines[k].kv_usage,
-                self.num_open.get(k, 0),
-            )
-            for k in alive
-        ]
-        if not loads:  # admission checked that one is alive; a race with its death
-            raise unavailable("no scheduler replica is serving", "not_ready")
-        return self.router.pick(loads, prefix_key)
-
-    async def _send_to_tokenizer(self, req: TokenizeRequest | TokenizerCall) -> None:
-        """Non-blocking send; while no tokenizer takes it (none connected yet: a worker's
-        status can arrive before its PULL connects; or the queue is full) retry briefly."""
+    async def _send_to_tokenizer(self, req: TokenizeRequest | TokenizerCall) -> int:
+        """Send to the tokenizer worker the cluster picks, without blocking; the worker's
+        pid. While none takes it (not connected yet: a worker's status can arrive before
+        its DEALER connects; or every queue is full) retry briefly."""
         assert self._to_tokenizer is not None
         deadline = time.monotonic() + SEND_RETRY_S
+        full: set[int] = set()
         while True:
-            try:
-                self._to_tokenizer.put(req)
-                return
-            except WireError as e:
-                raise invalid(f"request cannot be encoded: {e}") from None
-            except QueueFull:
-                if time.monotonic() >= deadline:
-                    raise unavailable(
-                        "no tokenizer worker is accepting requests", "overloaded"
-                    ) from None
+            pid = self.cluster.choose_tokenizer(time.monotonic(), full)
+            if pid is not None:
+                try:
+                    self._to_tokenizer.put(str(pid).encode(), req)
+                    return pid
+                except WireError as e:
+                    raise invalid(f"request cannot be encoded: {e}") from None
+                except QueueFull:
+                    full.add(pid)  # another worker may take it now
+                    continue
+            if time.monotonic() >= deadline:
+                raise unavailable("no tokenizer worker is accepting requests", "overloaded")
+            full.clear()
             await asyncio.sleep(SEND_RETRY_SLEEP_S)
 
     def release(self, handle: RequestHandle, reason: str) -> None:
@@ -355,13 +372,13 @@ class EngineClient:
     def _abort_running(self, handle: RequestHandle, reason: str) -> int:
         num = 0
         for index, rid in enumerate(handle.rids):
-            self.health.handoffs.forget(rid)
+            self.cluster.forget(rid)
             if self._forget(rid) is None:
                 continue
             num += 1
             # what it computed counts, as for finished requests (the last step may be missed)
             self.metrics.on_aborted(
-                handle.num_prompt_tokens[index], handle.num_output_tokens[index]
+                handle.replica, handle.num_prompt_tokens[index], handle.num_output_tokens[index]
             )
             if not self._send_replica(handle.replica, AbortRequest(rid, reason)):
                 log.warning("abort of %s not sent: scheduler queue full", rid)

@@ -3,8 +3,11 @@
 Engine gauges are the sums over the scheduler replicas' latest EngineStatus (a replica that
 left counts no more), and each replica has its own series under `zeroserve:replica_*`
 with an `engine` label (its id, as vLLM's engine label): waiting, running, KV usage,
-prefix-cache hits, up. The prefix-cache counters advance by the difference between
-consecutive (cumulative) EngineStatus values of each replica. Latencies are measured
+prefix-cache hits, up. The prompt and generation token counters carry that label too
+(vLLM's `prompt_tokens_total{engine="0"}`): the replica that stepped, as the outputs say
+(TextOutputs.replica), not the frontend's routing. The prefix-cache counters advance by the
+difference between consecutive cumulative values of each replica, carried on its step
+outputs (TextOutputs.prefix_cache: in order, as they happen, not a heartbeat later). Latencies are measured
 here, from the HTTP request's arrival to the moment the frontend inbox received an
 output: TTFT, inter-token latency (per token: a step of k tokens gives k observations of
 dt/k; the first step only feeds TTFT), end-to-end. Stage times (tokenize, queue,
@@ -181,8 +184,12 @@ class Metrics:
         self.prefix_hits = Counter(
             P + "prefix_cache_hits", "Prefix-cache hits, in tokens.", registry=r
         )
-        self.prompt_tokens = Counter(P + "prompt_tokens", "Prefill tokens processed.", registry=r)
-        self.generation_tokens = Counter(P + "generation_tokens", "Tokens generated.", registry=r)
+        self.prompt_tokens = Counter(
+            P + "prompt_tokens", "Prefill tokens processed.", ["engine"], registry=r
+        )
+        self.generation_tokens = Counter(
+            P + "generation_tokens", "Tokens generated.", ["engine"], registry=r
+        )
         self.request_success = Counter(
             P + "request_success", "Finished requests.", ["finished_reason"], registry=r
         )
@@ -292,19 +299,25 @@ class Metrics:
         self.replica_prefix_hits.labels(engine=engine).set(msg.prefix_cache_hits)
         self.replica_up.labels(engine=engine).set(1)
         self.replica_weight_bytes.labels(engine=engine).set(msg.weight_bytes)
-        # cumulative in the scheduler; a smaller value means it restarted from zero
-        last_q, last_h = self._last_prefix.get(k, (0, 0))
-        dq = msg.prefix_cache_queries - last_q
-        dh = msg.prefix_cache_hits - last_h
-        self.prefix_queries.inc(dq if dq >= 0 else msg.prefix_cache_queries)
-        self.prefix_hits.inc(dh if dh >= 0 else msg.prefix_cache_hits)
-        self._last_prefix[k] = (msg.prefix_cache_queries, msg.prefix_cache_hits)
+        self.prompt_tokens.labels(engine=engine)  # a replica in shows its counters, at 0
+        self.generation_tokens.labels(engine=engine)
         for part, total in (msg.busy or {}).items():
             if not isinstance(total, (int, float)) or not 0 <= total < 1e12 or len(part) > 32:
                 continue
             d = total - self._last_busy.get((k, part), 0.0)
             self.busy.labels(part=part).inc(d if d >= 0 else total)  # restarted scheduler
             self._last_busy[(k, part)] = total
+
+    def on_prefix_cache(self, replica: int, queries: int, hits: int) -> None:
+        """A replica's cumulative prefix-cache counters, from its step outputs (in order);
+        a smaller value means it restarted from zero."""
+        last_q, last_h = self._last_prefix.get(replica, (0, 0))
+        if (queries, hits) == (last_q, last_h):
+            return
+        dq, dh = queries - last_q, hits - last_h
+        self.prefix_queries.inc(dq if dq >= 0 and dh >= 0 else queries)
+        self.prefix_hits.inc(dh if dq >= 0 and dh >= 0 else hits)
+        self._last_prefix[replica] = (queries, hits)
 
     def replica_down(self, replica: int) -> None:
         """A replica left: it counts in the totals no more (until its next status)."""
@@ -333,18 +346,16 @@ class Metrics:
         finish: str | None,
         timings: dict[str, Any] | None,
         now: float,
+        replica: int,
     ) -> None:
-        """An output of sub-request `index` of `handle` reached the frontend at `now`. The
-        handle keeps each sub-request's progress (first / last token time, token counts)
-        for these latencies, and for the tokens an abort counts (on_aborted)."""
+        """An output of sub-request `index` of `handle`, stepped by `replica`, reached the
+        frontend at `now`. The handle keeps each sub-request's progress (first / last token
+        time, token counts) for these latencies, and for the tokens an abort counts
+        (on_aborted)."""
         num_new = num_output_tokens - handle.num_output_tokens[index]
         if num_new > 0:
-            self.replica_tokens.setdefault(handle.replica, RateWindow(RATE_WINDOW_S)).add(
-                now, num_new
-            )
-            self.replica_tokens_total[handle.replica] = (
-                self.replica_tokens_total.get(handle.replica, 0) + num_new
-            )
+            self.replica_tokens.setdefault(replica, RateWindow(RATE_WINDOW_S)).add(now, num_new)
+            self.replica_tokens_total[replica] = self.replica_tokens_total.get(replica, 0) + num_new
             self.on_tokens(
                 now,
                 handle.arrival,
@@ -359,7 +370,7 @@ class Metrics:
         handle.num_prompt_tokens[index] = num_prompt_tokens
         if finish is not None:
             self.on_finished(
-                finish, now - handle.arrival, num_prompt_tokens, num_output_tokens, timings
+                finish, now - handle.arrival, num_prompt_tokens, num_output_tokens, timings, replica
             )
 
     def on_tokens(
@@ -381,11 +392,12 @@ class Metrics:
         num_prompt_tokens: int,
         num_output_tokens: int,
         timings: dict[str, Any] | None,
+        replica: int = 0,
     ) -> None:
         self.request_success.labels(finished_reason=reason).inc()
         self.e2e.observe(e2e_s)
-        self.prompt_tokens.inc(num_prompt_tokens)
-        self.generation_tokens.inc(num_output_tokens)
+        self.prompt_tokens.labels(engine=str(replica)).inc(num_prompt_tokens)
+        self.generation_tokens.labels(engine=str(replica)).inc(num_output_tokens)
         if timings:
             stages = stage_durations(timings)
             for name, hist in (
@@ -399,12 +411,15 @@ class Metrics:
                 if v is not None:
                     hist.observe(v)
 
-    def on_aborted(self, num_prompt_tokens: int = 0, num_output_tokens: int = 0) -> None:
-        """A sub-request the frontend aborted (disconnect, timeout, failed component): its
-        later outputs are dropped; the tokens it got so far count like a finished one's."""
+    def on_aborted(
+        self, replica: int, num_prompt_tokens: int = 0, num_output_tokens: int = 0
+    ) -> None:
+        """A sub-request the frontend aborted (disconnect, timeout, failed component) on
+        `replica`: its later outputs are dropped; the tokens it got so far count like a
+        finished one's."""
         self.request_success.labels(finished_reason="abort").inc()
-        self.prompt_tokens.inc(num_prompt_tokens)
-        self.generation_tokens.inc(num_output_tokens)
+        self.prompt_tokens.labels(engine=str(replica)).inc(num_prompt_tokens)
+        self.generation_tokens.labels(engine=str(replica)).inc(num_output_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -133,7 +133,7 @@ class Serving:
     def check_model(self, model: str | None) -> None:
         if model is None or model in self.aliases:
             return
-        engine = self.client.health.liveness.engine
+        engine = self.client.cluster.engine
         if engine is not None and model == engine.model:
             return
         raise APIError(

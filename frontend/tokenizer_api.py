@@ -75,7 +75,7 @@ def add_tokenizer_routes(
     async def call(op: str, args: dict[str, Any]) -> JSONResponse:
         if client.draining:
             raise unavailable("server is shutting down", "shutting_down")
-        if "tokenizer" in client.health.liveness.missing():
+        if "tokenizer" in client.cluster.missing():
             raise unavailable("server not ready: waiting for tokenizer", "not_ready")
         return JSONResponse(await client.tokenizer_calls.call(op, args))
 

@@ -23,7 +23,9 @@ CALL_TIMEOUT_S = 30.0  # at most; server.request_timeout_s when shorter
 
 
 class TokenizerCalls:
-    def __init__(self, send: Callable[[TokenizerCall], Awaitable[None]], timeout_s: float) -> None:
+    def __init__(
+        self, send: Callable[[TokenizerCall], Awaitable[object]], timeout_s: float
+    ) -> None:
         self._send = send
         self.timeout_s = min(CALL_TIMEOUT_S, timeout_s)
         self.pending: dict[str, asyncio.Future[TokenizerReply]] = {}
@@ -36,7 +38,7 @@ class TokenizerCalls:
         try:
             await self._send(TokenizerCall(call_id, op, args))
             reply = await asyncio.wait_for(fut, self.timeout_s)
-        except asyncio.TimeoutError:  # TimeoutError itself from 3.11 on
+        except TimeoutError:  # TimeoutError itself from 3.11 on
             raise APIError(
                 504,
                 f"no tokenizer worker answered within {self.timeout_s:g} s",

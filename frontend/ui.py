@@ -18,7 +18,7 @@ EngineStatus (sent with every heartbeat, about once a second) and the metrics re
      "totals": {the counts summed over replicas, "kv_cache_usage" and "prefix_cache_hit_rate"
                 over them all, "num_replicas", "num_replicas_alive"}}
 
-One entry per scheduler replica the frontend has admitted (frontend.health's table), by
+One entry per scheduler replica the frontend has admitted (frontend.cluster's table), by
 id; the in-flight and token counts are what the frontend routed there. Figures the
 frontend has not heard yet are null. `output_tokens_per_s` is over the last RATE_WINDOW_S;
 `prefix_cache_hit_rate` is hits / queries (in tokens) since the scheduler started.
@@ -61,14 +61,14 @@ def replica_stats(
     config: Config, client: EngineClient, metrics: Metrics, replica: int = 0
 ) -> dict[str, Any]:
     now = time.monotonic()
-    live = client.health.liveness
-    engine = live.engines.get(replica)
-    seen = live.last_seen.get(f"scheduler.{replica}")
+    cluster = client.cluster
+    engine = cluster.engines().get(replica)
+    seen = cluster.last_seen(f"scheduler.{replica}")
     rate = metrics.replica_tokens.get(replica)
     out: dict[str, Any] = {
         "id": str(replica),
         "model": config.model_name,
-        "alive": live.alive(f"scheduler.{replica}", now),
+        "alive": cluster.alive(f"scheduler.{replica}", now),
         "status_age_s": None if seen is None else round(now - seen, 3),
         "num_requests_in_flight": client.num_open.get(replica, 0),
         "output_tokens_per_s": round(rate.rate(now), 2) if rate is not None else 0.0,
@@ -123,7 +123,7 @@ def ui_router(config: Config, client: EngineClient, metrics: Metrics) -> APIRout
 
     @router.get("/stats")
     async def stats() -> JSONResponse:
-        ids = sorted(client.health.liveness.engines) or [0]
+        ids = sorted(client.cluster.engines()) or [0]
         replicas = [replica_stats(config, client, metrics, k) for k in ids]
         return JSONResponse({"time": time.time(), "replicas": replicas, "totals": totals(replicas)})
 

@@ -232,7 +232,11 @@ class SchedulerWorker:
                     o.prompt_logprobs,
                 )
             )
-        msg = pack_step_outputs(self.step_no, entries, new_requests, self.replica, self.inbox_ep)
+        bm = self.engine.block_manager
+        prefix = [bm.prefix_cache_queries, bm.prefix_cache_hits]
+        msg = pack_step_outputs(
+            self.step_no, entries, new_requests, self.replica, self.inbox_ep, prefix
+        )
         try:
             self.to_detok.put(msg, timeout_ms=None)
         except QueueFull:

@@ -7,6 +7,7 @@ text end to end.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -164,3 +165,18 @@ def run_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(dir="/tmp", prefix="zsg-"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+def kernels_built() -> bool:
+    """Whether the C++ kernels load here. Tests of them skip when not, except under CI
+    (CI=true), where a missing build fails the collection instead of skipping silently."""
+    from scheduler_worker import kernels
+
+    if kernels.load():
+        return True
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(
+            "the C++ kernels did not build or load (CI=true: their tests fail, not skip)",
+            pytrace=False,
+        )
+    return False

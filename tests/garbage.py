@@ -163,19 +163,32 @@ def make_config(run_dir: Path, model: str | Path = "unused") -> Config:
 
 
 class RawPush:
-    """A PUSH socket that sends bytes as they are: no encoding, no checks."""
+    """A PUSH socket that sends bytes as they are: no encoding, no checks. With `peer`, a
+    ROUTER sending to that one DEALER (the tokenizer workers' inbox)."""
 
-    def __init__(self, endpoint: str, bind: bool) -> None:
-        self.socket = zmq.Context.instance().socket(zmq.PUSH)
+    def __init__(self, endpoint: str, bind: bool, peer: bytes | None = None) -> None:
+        self.peer = peer
+        self.socket = zmq.Context.instance().socket(zmq.PUSH if peer is None else zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDTIMEO, 10_000)  # a bound PUSH waits for its peer
+        if peer is not None:
+            self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         (self.socket.bind if bind else self.socket.connect)(endpoint)
 
     def send(self, frame: bytes | list[bytes]) -> None:
-        if isinstance(frame, list):
-            self.socket.send_multipart(frame)
-        else:
-            self.socket.send(frame)
+        frames = frame if isinstance(frame, list) else [frame]
+        if self.peer is None:
+            self.socket.send_multipart(frames)
+            return
+        deadline = time.monotonic() + 10
+        while True:  # until the DEALER has connected
+            try:
+                self.socket.send_multipart([self.peer, *frames])
+                return
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EHOSTUNREACH or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def send_all(self, frames) -> None:
         for f in frames:

@@ -1,10 +1,12 @@
 """A tokenizer worker: raw requests in, token ids out. N of them share one endpoint.
 
-    inbox (PULL, connect "tokenizer") ◀── TokenizeRequest, TokenizerCall (frontend PUSH fans out)
+    inbox (DEALER, connect "tokenizer", identity = its pid) ◀── TokenizeRequest,
+                          TokenizerCall (the frontend's ROUTER: it picks the worker)
     ──▶ PUSH "scheduler.K": GenerateRequest (validated, tokenized), to the replica the
                            frontend chose (TokenizeRequest.replica / inbox)
-    ──▶ PUSH "frontend":  RequestError (bad request), ComponentStatus (ready, heartbeat),
-                          TokenizerReply (the answer to a TokenizerCall: tokenizer_worker.endpoints)
+    ──▶ PUSH "frontend":  RequestError (bad request), ComponentStatus (ready, heartbeat:
+                          from the main loop, so a hung worker falls silent), TokenizerReply
+                          (the answer to a TokenizerCall: tokenizer_worker.endpoints)
 
 Chat requests are rendered with the model's chat template first. Everything a request
 can get wrong is found here, before it costs the scheduler anything: parameters, an
@@ -26,14 +28,12 @@ import zmq
 from tokenizers import Tokenizer
 
 from common.config import Config
-from common.heartbeat import Heartbeat
 from common.limits import RequestLimits, max_tokens_for
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     ComponentStatus,
     GenerateRequest,
     RequestError,
-    TokenizeAck,
     TokenizerCall,
     TokenizeRequest,
     TokenizerReply,
@@ -44,7 +44,7 @@ from common.messages import (
 from common.model_facts import context_length, read_hf_config
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
-from common.zmq_queue import PullQueue, PushQueue, QueueFull
+from common.zmq_queue import DealerQueue, PushQueue, QueueFull
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
 from tokenizer_worker.grammar import GrammarCheck, GrammarError
 
@@ -168,7 +168,9 @@ class TokenizerWorker:
             tokenization = Tokenization(model_dir, mc.max_model_len)
         self.tokenization = tokenization
         ctx: zmq.Context = zmq.Context.instance()
-        self.inbox = PullQueue(config.ipc.endpoint("tokenizer"), bind=False, ctx=ctx)
+        self.inbox = DealerQueue(
+            config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode(), ctx=ctx
+        )
         self._ctx = ctx
         self._to_replicas: dict[str, PushQueue] = {}  # inbox endpoint -> a socket to it
         self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
@@ -251,11 +253,6 @@ class TokenizerWorker:
         except QueueFull:
             log.error("frontend unreachable; dropped error for %s", rid)
 
-    def _ack(self, rids: list[str], done: bool) -> None:
-        if rids:
-            with contextlib.suppress(QueueFull, WireError):
-                self.to_frontend.put(TokenizeAck(os.getpid(), rids, done))
-
     def heartbeat(self, kind: str = "heartbeat") -> None:
         with contextlib.suppress(QueueFull):
             self.to_frontend.put(ComponentStatus("tokenizer", os.getpid(), kind, time.time()))
@@ -263,18 +260,17 @@ class TokenizerWorker:
 
     def run(self) -> None:
         self.heartbeat("ready")
-        beacon = Heartbeat(self.config, "tokenizer").start()  # beats even while busy
         hb = self.config.heartbeat_s
         while True:
             msgs = self.inbox.get_batch(timeout_ms=int(hb * 1000) if self.running else 100)
             if not self.running and (not msgs or time.monotonic() >= self.drain_deadline):
                 break  # draining: the pipe ran dry (or the drain timed out)
-            rids = [m.rid for m in msgs if isinstance(m, TokenizeRequest)]
-            self._ack(rids, done=False)  # they left the pool queue (see TokenizeAck)
             for msg in msgs:
                 self.handle(msg)
-            self._ack(rids, done=True)  # and are with the scheduler, or failed back
-        beacon.stop()
+                if time.monotonic() - self.last_heartbeat >= hb:  # a long batch: still here
+                    self.heartbeat()
+            if time.monotonic() - self.last_heartbeat >= hb:
+                self.heartbeat()
         self.heartbeat("stopping")
         for q in (self.inbox, self.to_frontend, *self._to_replicas.values()):
             q.close()

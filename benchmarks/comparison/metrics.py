@@ -9,14 +9,20 @@ from typing import Any
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name{labels}: value} (comments skipped)."""
-    out = {}
+    """Prometheus text -> {name{labels}: value} (comments skipped); a labelled series is
+    also summed under its bare name when that has no sample of its own (the token counters
+    are per replica: `zeroserve:generation_tokens_total{engine="0"}`)."""
+    out: dict[str, float] = {}
+    sums: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             with contextlib.suppress(ValueError):
                 out[name] = float(value)
-    return out
+                if "{" in name:
+                    bare = name.partition("{")[0]
+                    sums[bare] = sums.get(bare, 0.0) + float(value)
+    return {**sums, **out}
 
 
 _BUSY_RE = re.compile(r'^zeroserve:scheduler_busy_seconds_total\{part="([^"]+)"\}$')

@@ -11,7 +11,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,7 @@ def run_comparison(args: argparse.Namespace, argv: list[str] | None = None) -> d
             else None
         )
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": _git_commit(),
         "machine": machine_info(),
         "argv": argv,

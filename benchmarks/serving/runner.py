@@ -9,7 +9,7 @@ import contextlib
 import math
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks.serving.client import _Request, fetch_model, send_request
@@ -93,7 +93,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "submit_interval_ms": args.submit_interval_ms,
         "max_concurrency": args.max_concurrency,
         "label": args.label,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     result["args"] = {**vars(args), "api_key": "***" if args.api_key else None}
     result["requests"] = records

@@ -53,7 +53,7 @@ from common.messages.scheduler_detok import (
 )
 from common.messages.scheduler_frontend import EngineStatus
 from common.messages.status import ComponentStatus
-from common.messages.tokenizer_frontend import TokenizeAck, TokenizerReply
+from common.messages.tokenizer_frontend import TokenizerReply
 from common.messages.tokenizer_scheduler import AbortRequest, GenerateRequest
 
 __all__ = [
@@ -77,7 +77,6 @@ __all__ = [
     "TextOutputs",
     "RequestError",
     "ComponentStatus",
-    "TokenizeAck",
     "TokenizerCall",
     "TokenizerReply",
     "StepOutput",
@@ -113,7 +112,6 @@ for _cls in (
     TextOutputs,
     RequestError,
     ComponentStatus,
-    TokenizeAck,
     TokenizerCall,
     TokenizerReply,
 ):

@@ -36,6 +36,7 @@ class TextOutputs(Message):
     # strs...]] (StepOutputs.prompt_logprobs, named by the detok)
     prompt_logprobs: list[list | None] | None = None
     replica: int = 0  # the scheduler replica that stepped (StepOutputs.replica)
+    prefix_cache: list[int] | None = None  # StepOutputs.prefix_cache
 
 
 @dataclass(slots=True)
@@ -54,7 +55,9 @@ class TextOutput:
     prompt_logprobs: list | None = None
 
 
-def pack_text_outputs(outputs: Sequence[TextOutput], replica: int = 0) -> TextOutputs:
+def pack_text_outputs(
+    outputs: Sequence[TextOutput], replica: int = 0, prefix_cache: list[int] | None = None
+) -> TextOutputs:
     return TextOutputs(
         rids=[o.rid for o in outputs],
         texts=[o.text for o in outputs],
@@ -68,6 +71,7 @@ def pack_text_outputs(outputs: Sequence[TextOutput], replica: int = 0) -> TextOu
         sent_time=time.time(),
         prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
         replica=replica,
+        prefix_cache=prefix_cache,
     )
 
 

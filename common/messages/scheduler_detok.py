@@ -45,6 +45,8 @@ class StepOutputs(Message):
     # which replica stepped, and its inbox: a stop-string abort goes back there
     replica: int = 0
     inbox: str | None = None
+    # the replica's cumulative prefix-cache [queries, hits] in tokens, as of this step
+    prefix_cache: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +70,7 @@ def pack_step_outputs(
     new_requests: list[NewRequest],
     replica: int = 0,
     inbox: str | None = None,
+    prefix_cache: list[int] | None = None,
 ) -> StepOutputs:
     return StepOutputs(
         step=step,
@@ -84,6 +87,7 @@ def pack_step_outputs(
         prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
         replica=replica,
         inbox=inbox,
+        prefix_cache=prefix_cache,
     )
 
 

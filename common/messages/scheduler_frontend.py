@@ -2,7 +2,7 @@
 
 With data parallelism every replica sends its own, naming itself (`replica`, `pid`) and
 the inbox it listens on; `proof` (common.auth.replica_proof) shows it holds the secret.
-The frontend's replica table (frontend.health) is built from these."""
+The frontend's replica table (frontend.cluster) is built from these."""
 
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.comparison.metrics import parse_metrics
+
 REPO = Path(__file__).resolve().parents[2]
 NUM_KV_BLOCKS = 1024  # 16K tokens: plenty for 64 short streams, quick to allocate
 
@@ -45,13 +47,8 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", timeout=5).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+        """{name{labels}: value}; a labelled family also summed under its bare name."""
+        return parse_metrics(httpx.get(self.url + "/metrics", timeout=5).text)
 
     def wait_idle(self, timeout_s: float = 10.0) -> dict[str, float]:
         """Wait until the engine reports no running request and every KV block free (the

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.compare import busy_delta, evaluate_checks, format_table, parse_args, parse_metrics
+from benchmarks.comparison.checks import FORWARD_TARGET, THROUGHPUT_TARGET, TTFT_SLACK_MS
 from tests.e2e.conftest import REPO
 
 pytestmark = pytest.mark.timeout(180)
@@ -307,7 +308,21 @@ def test_compare_every_row(tmp_path, default_model_dir):
         "forward_share",
         "ttft_overhead",
     ]
-    assert all(c["status"] in ("PASS", "FAIL") for c in res["checks"]), res["checks"]
+    # each verdict is the row's own figures against its target (recomputed here): a
+    # check that skipped, judged the wrong figure or the wrong way round fails
+    ratio = server["output_tok_s"] / rows["offline"]["output_tok_s"]
+    share, over = server["forward_share"], server["paired_ttft"]["median_overhead_ms"]
+    for check, (value, passed) in zip(
+        res["checks"],
+        [
+            (ratio, ratio >= THROUGHPUT_TARGET),
+            (share, share >= FORWARD_TARGET),
+            (over, over <= TTFT_SLACK_MS),
+        ],
+        strict=True,
+    ):
+        assert check["value"] == pytest.approx(value), check
+        assert check["status"] == ("PASS" if passed else "FAIL"), check
     assert res["machine"]["threads"] >= 1 and res["args"]["workers_list"] == "1"
     assert res["argv"][: len(TINY)] == TINY
     for line in (

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -72,8 +73,12 @@ def complete(url: str, prompt: str, rank: int | None = None, **kw) -> httpx.Resp
 
 
 def tokens_by_replica(url: str) -> dict[str, int]:
-    stats = httpx.get(url + "/stats", timeout=5).json()
-    return {r["id"]: r["output_tokens_total"] for r in stats["replicas"]}
+    """Tokens each replica generated, from /metrics' per-replica counters: labelled with
+    the replica that stepped, as its outputs say (TextOutputs.replica), not with where
+    the frontend routed the request."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    found = re.findall(r'^zeroserve:generation_tokens_total\{engine="(\d+)"\} (\S+)$', text, re.M)
+    return {k: int(float(v)) for k, v in found}
 
 
 def test_64_streams_spread_over_both_replicas_with_exact_counts(dp):

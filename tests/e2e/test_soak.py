@@ -196,7 +196,7 @@ async def run_all(url: str, specs: list[Spec], concurrency: int) -> list[Result]
                 t0 = time.monotonic()
                 try:
                     res = await asyncio.wait_for(run_one(client, url, spec), REQUEST_TIMEOUT_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     res = Result(spec, "failed", f"no answer within {REQUEST_TIMEOUT_S:g} s (hang)")
                 except httpx.HTTPError as e:
                     res = Result(spec, "failed", f"{type(e).__name__}: {e}")

@@ -1,14 +1,14 @@
 """A thread standing in for the tokenizer pool, the scheduler and the detok worker.
 
-It pulls TokenizeRequests (PULL connect "tokenizer"), records AbortRequests (PULL bind
+It takes TokenizeRequests as tokenizer worker os.getpid() (a DEALER on "tokenizer"; with
+`add_tokenizer()`, a second one, STRANDED_PID, too), records AbortRequests (PULL bind
 "scheduler") and pushes to the frontend inbox (PUSH connect "frontend"): component
 statuses, then one TextOutputs per step covering every active request, like the real
 detok. The prompt (or the last chat message) picks the behaviour:
 
     "bad"        RequestError 400 naming `prompt`
     "hold"       nothing, until aborted
-    "stranded"   taken by a tokenizer (pid STRANDED_PID) that then goes silent: no output
-    "unacked"    never acknowledged, as if stuck in a hung tokenizer's pipe
+    "stranded"   the tokenizer worker that got it falls silent (dead or hung): no output
     "slow"       "tok " every 50 ms, for 20 s
     "fail-late"  "Hello", then a RequestError 500
     anything     "Hello", " world", "!" one per step; "length" if max_tokens <= 3 else "stop"
@@ -32,7 +32,6 @@ from common.messages import (
     EngineStatus,
     RequestError,
     TextOutput,
-    TokenizeAck,
     TokenizerCall,
     TokenizeRequest,
     TokenizerReply,
@@ -40,7 +39,7 @@ from common.messages import (
     pack_text_outputs,
     unpack_ids,
 )
-from common.zmq_queue import PullQueue, PushQueue
+from common.zmq_queue import DealerQueue, PullQueue, PushQueue
 
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
@@ -63,6 +62,10 @@ class FakeBackend:
     def __init__(self, config: Config, ready: bool = True, step_s: float = 0.01) -> None:
         self.config = config
         self.step_s = step_s
+        self.output_replica = 0  # the replica its TextOutputs say stepped
+        # tokenizer worker pid -> its DEALER (None: the thread makes it); those fallen silent
+        self._tokenizers: dict[int, DealerQueue | None] = {os.getpid(): None}
+        self._silent: set[int] = set()
         self.requests: list[TokenizeRequest] = []
         self.aborts: list[AbortRequest] = []
         self.calls: list[TokenizerCall] = []
@@ -87,6 +90,11 @@ class FakeBackend:
     def announce(self) -> None:
         """Start sending ready statuses and heartbeats."""
         self._ready.set()
+
+    def add_tokenizer(self) -> None:
+        """A second tokenizer worker (pid STRANDED_PID) joins."""
+        with self.lock:
+            self._tokenizers.setdefault(STRANDED_PID, None)
 
     def pause_heartbeats(self, paused: bool = True) -> None:
         if paused:
@@ -119,7 +127,7 @@ class FakeBackend:
     # -- the thread -------------------------------------------------------------------------
     def _run(self) -> None:
         ipc = self.config.ipc
-        requests_in = PullQueue(ipc.endpoint("tokenizer"), bind=False)
+        tokenizers = self._tokenizers
         aborts_in = PullQueue(ipc.endpoint("scheduler"), bind=True)
         out = PushQueue(ipc.endpoint("frontend"), bind=False)
         last_beat = 0.0
@@ -127,14 +135,24 @@ class FakeBackend:
             while not self._stop.is_set():
                 now = time.monotonic()
                 beating = self._ready.is_set() and self._beating.is_set()
+                with self.lock:
+                    for pid, q in tokenizers.items():  # the thread's own sockets
+                        if q is None:
+                            tokenizers[pid] = DealerQueue(
+                                ipc.endpoint("tokenizer"), identity=str(pid).encode()
+                            )
+                            last_beat = 0.0  # announce it now
                 if beating and now - last_beat >= self.config.heartbeat_s:
                     self._heartbeat(out, "ready" if last_beat == 0.0 else "heartbeat")
                     last_beat = now
-                for msg in requests_in.drain():
-                    if isinstance(msg, TokenizerCall):
-                        self._answer(msg, out)
-                    else:
-                        self._admit(msg, out)
+                for pid, q in list(tokenizers.items()):
+                    if pid in self._silent or q is None:
+                        continue  # a dead or hung worker: what it got stays in its queue
+                    for msg in q.drain():
+                        if isinstance(msg, TokenizerCall):
+                            self._answer(msg, out)
+                        elif self._admit(msg, out):
+                            self._silent.add(pid)
                 for msg in aborts_in.drain():
                     if not isinstance(msg, AbortRequest):  # e.g. the frontend's heartbeat
                         continue
@@ -148,12 +166,15 @@ class FakeBackend:
                 self._step(out, now)
                 time.sleep(self.step_s)
         finally:
-            for q in (requests_in, aborts_in, out):
-                q.close()
+            for q in (*tokenizers.values(), aborts_in, out):
+                if q is not None:
+                    q.close()
 
     def _heartbeat(self, out: PushQueue, kind: str) -> None:
         t = time.time()
-        out.put(ComponentStatus("tokenizer", os.getpid(), kind, t), timeout_ms=1000)
+        for pid in self._tokenizers:
+            if pid not in self._silent:
+                out.put(ComponentStatus("tokenizer", pid, kind, t), timeout_ms=1000)
         out.put(ComponentStatus("detok", os.getpid(), kind, t), timeout_ms=1000)
         out.put(
             EngineStatus(
@@ -175,30 +196,23 @@ class FakeBackend:
             timeout_ms=1000,
         )
 
-    def _admit(self, req: TokenizeRequest, out: PushQueue) -> None:
+    def _admit(self, req: TokenizeRequest, out: PushQueue) -> bool:
+        """True when the tokenizer worker that got it falls silent ("stranded")."""
         with self.lock:
             self.requests.append(req)
         text = req.prompt
         if req.kind == "chat":
             text = req.messages[-1]["content"] if req.messages else ""
-        mode = (
-            text if text in ("bad", "hold", "slow", "fail-late", "stranded", "unacked") else "words"
-        )
-        if mode == "unacked":
-            return
+        mode = text if text in ("bad", "hold", "slow", "fail-late", "stranded") else "words"
         if mode == "stranded":
-            out.put(ComponentStatus("tokenizer", STRANDED_PID, "heartbeat", time.time()))
-            out.put(TokenizeAck(STRANDED_PID, [req.rid]))
-            return
-        # as a tokenizer worker: taken off the pipe, then passed on (or failed back)
-        out.put(TokenizeAck(os.getpid(), [req.rid]), timeout_ms=1000)
-        out.put(TokenizeAck(os.getpid(), [req.rid], done=True), timeout_ms=1000)
+            return True
         if mode == "bad":
             out.put(RequestError(req.rid, 400, "prompt is bad", "invalid_request_error", "prompt"))
         elif mode != "hold":
             ids = req.prompt_token_ids
             prompt_len = NUM_PROMPT_TOKENS if ids is None else len(unpack_ids(ids))
             self._active[req.rid] = _Active(req, mode, prompt_len)
+        return False
 
     def _answer(self, call: TokenizerCall, out: PushQueue) -> None:
         """The tokenizer endpoints with one token per character (its code point)."""
@@ -282,7 +296,8 @@ class FakeBackend:
         if not entries:
             return
         entries.append(TextOutput("ghost-rid", "boo", None, 1, 1, pack_ids([1])))
-        out.put(pack_text_outputs(entries), timeout_ms=1000)
+        # replica 0, whose prefix cache has seen 100 tokens queried, 40 hit (its EngineStatus)
+        out.put(pack_text_outputs(entries, self.output_replica, [100, 40]), timeout_ms=1000)
         with self.lock:
             self.num_output_msgs += 1
             self.max_rids_per_msg = max(self.max_rids_per_msg, len(entries) - 1)

@@ -283,6 +283,16 @@ def test_api_key():
         assert c.post("/v1/completions", json=body, headers=good).status_code == 200
         assert c.get("/v1/models", headers=good).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+        assert _error(c.get("/openapi.json"), 401)["code"] == "invalid_api_key"
+        assert c.get("/docs").status_code == 404  # no docs page: nothing to leak the schema
+        schema = c.get("/openapi.json", headers=good)
+        assert schema.status_code == 200 and "/v1/completions" in schema.json()["paths"]
+        assert "/openapi.json" not in schema.json()["paths"]
+
+
+def test_openapi_is_open_without_an_api_key(served, http):
+    schema = http.get("/openapi.json")
+    assert schema.status_code == 200 and "/v1/chat/completions" in schema.json()["paths"]
 
 
 def test_body_too_large_is_413():

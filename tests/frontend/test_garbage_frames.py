@@ -71,7 +71,7 @@ def test_frontend_inbox_survives_garbage(run_dir):
                 TextOutputs(["r1"], ["hi"], ["length"], [2], [1], [pack5], None, None, [None], now),
             ]
             push.send_all(encode(m) for m in good)
-            await client.health.wait_ready(WAIT_S, stopped=lambda: False)
+            await client.cluster.wait_ready(WAIT_S, stopped=lambda: False)
             first = await asyncio.wait_for(handle.queue.get(), WAIT_S)
             second = await asyncio.wait_for(handle.queue.get(), WAIT_S)
             assert client._thread is not None and client._thread.is_alive()

@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -74,14 +75,15 @@ def test_health_notices_a_stopping_component(served, http):
     wait_healthy(served.url, 3)
 
 
-@pytest.mark.parametrize("prompt", ["stranded", "unacked"])
-def test_requests_a_lost_tokenizer_held_fail_fast(prompt):
-    """A request a tokenizer took and then died with ("stranded"), or one stuck in the
-    pipe of a tokenizer that hangs ("unacked"), fails with 503 within a liveness window
-    (3 s here) instead of waiting out the request timeout; the others are served."""
+def test_requests_a_lost_tokenizer_held_fail_fast():
+    """A request sent to a tokenizer that then dies or hangs (falls silent: "stranded")
+    fails with 503 within a liveness window (3 s here) instead of waiting out the request
+    timeout; the other tokenizer serves the rest."""
     with serve() as s, s.client(timeout=30) as c:
+        s.backend.add_tokenizer()
+        wait_until(lambda: c.get("/health").json()["components"]["tokenizer"]["workers"] == 2, "2")
         t0 = time.monotonic()
-        r = c.post("/v1/completions", json={"prompt": prompt})
+        r = c.post("/v1/completions", json={"prompt": "stranded"})
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "component_failed"
         assert time.monotonic() - t0 < 10  # ~3 s; the request timeout is 600 s
@@ -185,8 +187,8 @@ def test_metrics(served, http):
         "kv_cache_usage_perc",
         "prefix_cache_queries_total",
         "prefix_cache_hits_total",
-        "prompt_tokens_total",
-        "generation_tokens_total",
+        'prompt_tokens_total{engine="0"}',
+        'generation_tokens_total{engine="0"}',
         "num_requests_in_flight",
     ):
         _metric(text, "zeroserve:" + name)
@@ -200,8 +202,8 @@ def test_metrics(served, http):
         return after.get("zeroserve:" + name, 0) - before.get("zeroserve:" + name, 0)
 
     # three requests of three one-token steps ("Hello", " world", "!"), 5 prompt tokens each
-    assert added("generation_tokens_total") == 9
-    assert added("prompt_tokens_total") == 15
+    assert added('generation_tokens_total{engine="0"}') == 9
+    assert added('prompt_tokens_total{engine="0"}') == 15
     assert added('request_success_total{finished_reason="stop"}') == 3
     assert added("time_to_first_token_seconds_count") == 3
     assert added("inter_token_latency_seconds_count") == 6  # tokens after the first
@@ -221,6 +223,40 @@ def test_aborted_requests_count_their_tokens():
         assert got >= 5
         assert s.backend.wait_for(lambda b: len(b.aborts) == 1)
         text = c.get("/metrics").text
-        assert _metric(text, "zeroserve:generation_tokens_total") >= got
-        assert _metric(text, "zeroserve:prompt_tokens_total") == 5  # NUM_PROMPT_TOKENS
+        assert _metric(text, 'zeroserve:generation_tokens_total{engine="0"}') >= got
+        assert _metric(text, 'zeroserve:prompt_tokens_total{engine="0"}') == 5  # NUM_PROMPT_TOKENS
         assert _metric(text, 'zeroserve:request_success_total{finished_reason="abort"}') == 1
+
+
+def test_token_counters_per_replica_and_prefix_counters_move_with_the_outputs():
+    """The prompt and generation token counters carry the replica that stepped, as its
+    outputs say (not the frontend's routing: replica 1 below was never routed to), and
+    the prefix-cache counters follow the cumulative values on the step outputs at once,
+    with no heartbeat in between (they are paused)."""
+    with serve() as s, s.client() as c:
+        assert c.post("/v1/completions", json={"prompt": "Hi"}).status_code == 200
+        text = c.get("/metrics").text
+        assert _metric(text, "zeroserve:prefix_cache_queries_total") == 100
+        s.backend.pause_heartbeats()
+        # an output of a request the frontend does not know still says what replica 1 did
+        outputs = TextOutputs(
+            ["zzz"], ["x"], [None], [1], [1], [pack_ids([1])], None, None, [None], time.time()
+        )
+        s.backend.send(replace(outputs, replica=1, prefix_cache=[130, 55]))
+        s.backend.send(replace(outputs, replica=0, prefix_cache=[160, 60]))
+
+        def moved() -> bool:
+            return _metric(c.get("/metrics").text, "zeroserve:prefix_cache_hits_total") == 115
+
+        wait_until(moved, "the prefix-cache counters to move")  # 40 + 55 + (60 - 40)
+        text = c.get("/metrics").text
+        assert _metric(text, "zeroserve:prefix_cache_queries_total") == 100 + 130 + 60
+        assert _metric(text, 'zeroserve:prompt_tokens_total{engine="0"}') == 5
+        assert 'prompt_tokens_total{engine="1"}' not in text  # unknown rids count nowhere
+        s.backend.pause_heartbeats(False)
+        s.backend.output_replica = 1  # what it stepped, replica 1 says, whatever the routing
+        assert c.post("/v1/completions", json={"prompt": "Hi"}).status_code == 200
+        text = c.get("/metrics").text
+        assert _metric(text, 'zeroserve:prompt_tokens_total{engine="1"}') == 5
+        assert _metric(text, 'zeroserve:generation_tokens_total{engine="1"}') == 3
+        assert _metric(text, 'zeroserve:prompt_tokens_total{engine="0"}') == 5

@@ -55,7 +55,9 @@ def test_default_model_greedy_equals_transformers(default_model_dir, prompts):
     )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     together = engine.generate(prompts, params)  # batched prefill, then batched decode
-    for i, (got, want) in enumerate(zip(together, expected)):
+    assert len(together) == len(expected) == len(CHATS)
+    for i, (got, want) in enumerate(zip(together, expected, strict=True)):
+        assert len(got) == len(want) == NEW_TOKENS, (i, len(got), len(want))
         assert got == want, (
             f"chat {i}: first difference at token "
             f"{next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)}"

@@ -12,14 +12,14 @@ import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from common.sampling_params import SamplingParams
-from scheduler_worker import kernels
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.model_runner import SeqInput
 from scheduler_worker.quant.linear import QuantLinear
 from tests.common.test_model_source import _tiny, tokenizer_fields, write_gguf  # noqa: F401
+from tests.conftest import kernels_built
 from tests.scheduler_worker.test_default_model import chat_prompts
 
-HAVE_KERNELS = kernels.load()
+HAVE_KERNELS = kernels_built()
 PROMPTS = [[1, 520, 9531, 198, 4093, 314], [42], list(range(300, 316))]
 REPO = Path(__file__).resolve().parents[2]
 

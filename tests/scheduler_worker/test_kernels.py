@@ -4,8 +4,6 @@ whose tails are not a multiple of the block, the vector width or the tile."""
 
 from __future__ import annotations
 
-import os
-
 import gguf
 import numpy as np
 import pytest
@@ -21,13 +19,14 @@ from scheduler_worker.quant.formats import (
     reference_qlinear,
 )
 from scheduler_worker.rope import rotate
+from tests.conftest import kernels_built
 
-# skipped where the kernels cannot be built, except under CI, where they must be: there
-# every test here fails instead (test_kernel_build.py names the cause)
-pytestmark = pytest.mark.skipif(
-    not kernels.load() and not os.environ.get("CI"), reason="the C++ kernels are not built here"
-)
-ISAS = [i for i in kernels.ISAS if kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())]
+pytestmark = pytest.mark.skipif(not kernels_built(), reason="the C++ kernels are not built here")
+ISAS = [
+    i
+    for i in kernels.ISAS
+    if kernels.load() and kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())
+]
 ops = torch.ops.zeroserve
 
 

@@ -23,10 +23,10 @@ from scheduler_worker.quant.formats import (
     reference_qlinear,
 )
 from scheduler_worker.quant.linear import QuantLinear, quantize_model
-from tests.conftest import hf_greedy
+from tests.conftest import hf_greedy, kernels_built
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 100, 200, 300], [42], list(range(20, 60))]
-BEST = kernels.best_isa() if kernels.load() else None
+BEST = kernels.best_isa() if kernels_built() else None
 
 
 def _linear(n: int, k: int, bias: bool, seed: int = 0) -> nn.Linear:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -35,7 +36,7 @@ def test_tokenizer_worker_survives_garbage(run_dir, default_model_dir):
     ipc = config.ipc
     frontend = PullQueue(ipc.endpoint("frontend"), bind=True)
     scheduler = PullQueue(ipc.endpoint("scheduler"), bind=True)
-    push = RawPush(ipc.endpoint("tokenizer"), bind=True)
+    push = RawPush(ipc.endpoint("tokenizer"), bind=True, peer=str(os.getpid()).encode())
     worker = TokenizerWorker(config, Tokenization(default_model_dir, max_model_len=64))
     now = time.time()
 

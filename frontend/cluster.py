@@ -1,0 +1,458 @@
+"""The frontend's view of its cluster: which components are in it, which are alive, what a
+dead one took with it, and which scheduler replica takes the next request. Pure
+bookkeeping on one table: callers pass `now` (the frontend's own monotonic receipt time,
+so clock skew between hosts does not matter) and act on the events returned (`Joined`:
+connect to the replica's inbox; `Failed`: fail what the component held). EngineClient
+feeds it from the inbox and the sockets' disconnect watches, and runs the watchdog.
+
+```
+ inbox ── EngineStatus, ComponentStatus ──▶ on_status ──▶ Joined / Failed
+       ── TextOutputs ───────────────────▶ on_outputs (proves the detok and its replica)
+ a replica's / the detok's connection closes ──▶ on_disconnect ──▶ Failed
+ watchdog, every WATCHDOG_S ──▶ check ──▶ Failed (windows lapsed, tokenizer work lost)
+ /health ◀── missing(), report()       submit ◀── choose() (routing.Router's policy),
+                                               choose_tokenizer(), sent(), forget()
+```
+
+The table, one row (`Member`) per component by name: "detok", "scheduler.K" per scheduler
+replica K ("scheduler", from an older sender, is replica 0), "tokenizer.PID" per
+tokenizer worker. "scheduler" as a whole is up while at least one replica is, "tokenizer"
+while one worker is.
+
+Liveness: a member is alive when it spoke within `window_s` = max(3 s, 3 × heartbeat_s):
+  scheduler.K    its EngineStatus ("ready" or "heartbeat"), or a TextOutputs of its step
+  detok          ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
+  tokenizer.PID  ComponentStatus("tokenizer") from that pid, sent from its main loop (a
+                 hung worker falls silent too; tokenizing never takes seconds)
+A "stopping" status marks the sender down at once (a replica's comes through the detok,
+behind its last outputs), and so does a replica's or the detok's connection closing (the
+process died). One guard, GUARD_S, follows a disconnect: during it only a "ready" (from a
+restarted successor) revives the member, not the dead process's last messages still on
+their way; and what a disconnected replica held fails only when it ends, so that its last
+outputs, still in the detok, land first (its clean "stopping" ends the wait at once).
+
+Joins: a replica joins with its EngineStatus (id, pid, inbox, model facts, KV pool;
+`proof` that it holds ipc.secret). Refused, with one log line each: another model (or
+other model facts than the replicas already in), a wrong secret, and a second process
+claiming a live replica's id at another inbox. The same id at the same inbox with a new
+pid is that replica restarted: what the old process held fails; so for a detok with a new
+pid. A replica's ComponentStatus counts only from the pid that joined.
+
+Tokenizer hand-offs: the frontend picks the worker for each request (the live one
+holding the fewest, then the least recently picked) and sends it to that worker alone, so
+it knows who holds what without a word from the workers. A worker holds a request until
+its first output or error (or its abort). When a worker dies or hangs, what it holds fails
+with 503 (`Failed("tokenizer", why, rids)`): what it had not passed on, and also what it
+had passed on that has not produced a token yet (the client aborts those at their
+replica), the price of having no acknowledgements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from common.auth import verify_replica
+from common.endpoints import check_endpoint
+from common.log import get_logger
+from common.messages import ComponentStatus, EngineStatus
+from frontend.errors import APIError, unavailable
+from frontend.routing import ReplicaLoad, Router
+
+log = get_logger("frontend.cluster")
+
+COMPONENTS = ("scheduler", "tokenizer", "detok")
+GUARD_S = 1.0  # after a disconnect: only "ready" revives; a replica's requests fail after
+PRUNE_AFTER = 10  # forget a silent tokenizer worker after this many windows
+WATCHDOG_S = 0.2  # how often EngineClient runs check()
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    replica: int
+    inbox: str | None  # None: the config's address (IPCConfig.replica_endpoint)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    component: str  # "detok", "scheduler.K", "tokenizer"
+    why: str
+    rids: list[str] | None = None  # a tokenizer's: the requests it held; else all it held
+
+
+Event = Joined | Failed
+
+
+@dataclass(slots=True)
+class Member:
+    pid: int | None = None
+    last_seen: float | None = None  # monotonic receipt time; None: down
+    guard_until: float = 0.0  # see GUARD_S
+    disconnected: bool = False  # its connection closed while it was up: failing waits
+    up: bool = False  # as last acted on: a failure is reported when this turns False
+    status: EngineStatus | None = None  # a replica's latest
+    picked: int = 0  # a tokenizer's: when it was last picked (a count of picks)
+
+
+class StartupStopped(RuntimeError):
+    """wait_ready gave up because the process is shutting down."""
+
+
+def replica_key(component: str) -> str | None:
+    """ "scheduler.K" for a scheduler replica's component name, else None."""
+    if component == "scheduler":
+        return "scheduler.0"
+    head, _, num = component.partition(".")
+    return component if head == "scheduler" and num.isdigit() else None
+
+
+def replica_of(key: str) -> int:
+    return int(key.partition(".")[2])
+
+
+class Cluster:
+    def __init__(
+        self,
+        heartbeat_s: float,
+        model_name: str | None = None,  # a replica serving another is refused
+        secret: str | None = None,  # a replica whose proof does not verify is refused
+        routing: str = "least_loaded",
+        data_parallel_size: int = 1,
+    ) -> None:
+        self.window_s = max(3.0, 3.0 * heartbeat_s)
+        self.model_name = model_name
+        self.secret = secret
+        self.data_parallel_size = data_parallel_size
+        self.router = Router(routing)
+        self.members: dict[str, Member] = {"detok": Member()}
+        self.engine: EngineStatus | None = None  # the latest of any replica, for /v1/models
+        self.held: dict[str, int] = {}  # rid -> pid of the tokenizer worker it was sent to
+        self.num_held: dict[int, int] = {}  # pid -> its rids in `held`
+        self._num_picked = 0
+        self._refused: set[tuple[int, int, str]] = set()  # (replica, pid, why) logged
+
+    # -- reading the table ------------------------------------------------------------------
+    def engines(self) -> dict[int, EngineStatus]:
+        """Each joined replica's latest status, by id."""
+        return {
+            replica_of(name): m.status
+            for name, m in sorted(self.members.items())
+            if m.status is not None
+        }
+
+    def alive(self, name: str, now: float) -> bool:
+        m = self.members.get(name)
+        return m is not None and m.last_seen is not None and now - m.last_seen <= self.window_s
+
+    def last_seen(self, name: str) -> float | None:
+        m = self.members.get(name)
+        return None if m is None else m.last_seen
+
+    def alive_replicas(self, now: float) -> list[int]:
+        return [k for k in sorted(self.engines()) if self.alive(f"scheduler.{k}", now)]
+
+    def _tokenizers(self) -> dict[str, Member]:
+        return {n: m for n, m in self.members.items() if n.startswith("tokenizer.")}
+
+    def missing(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        ok = {
+            "scheduler": bool(self.alive_replicas(now)),
+            "tokenizer": any(self.alive(n, now) for n in self._tokenizers()),
+            "detok": self.alive("detok", now),
+        }
+        return [name for name in COMPONENTS if not ok[name]]
+
+    def report(self, now: float | None = None) -> dict[str, Any]:
+        """/health's "components"."""
+        now = time.monotonic() if now is None else now
+        missing = self.missing(now)
+
+        def age(seen: float | None) -> float | None:
+            return None if seen is None or seen == float("-inf") else round(now - seen, 3)
+
+        replicas = {}
+        for k, e in self.engines().items():
+            replicas[str(k)] = {
+                "alive": self.alive(f"scheduler.{k}", now),
+                "last_seen_s": age(self.last_seen(f"scheduler.{k}")),
+                "pid": e.pid,
+                "inbox": e.inbox,
+                "num_requests_running": e.num_running,
+                "num_requests_waiting": e.num_waiting,
+                "kv_cache_usage": round(e.kv_usage, 4),
+            }
+        seen = [self.last_seen(f"scheduler.{k}") for k in replicas]
+        tokenizers = self._tokenizers()
+        return {
+            "scheduler": {
+                "alive": "scheduler" not in missing,
+                "last_seen_s": age(max((t for t in seen if t is not None), default=None)),
+                "replicas": replicas,
+            },
+            "tokenizer": {
+                "alive": "tokenizer" not in missing,
+                "last_seen_s": age(
+                    max(
+                        (t for m in tokenizers.values() if (t := m.last_seen) is not None),
+                        default=None,
+                    )
+                ),
+                "workers": sum(1 for n in tokenizers if self.alive(n, now)),
+            },
+            "detok": {"alive": "detok" not in missing, "last_seen_s": age(self.last_seen("detok"))},
+        }
+
+    async def wait_ready(self, timeout_s: float, stopped: Callable[[], bool]) -> None:
+        """Return once every component is alive (one replica at least); TimeoutError
+        after timeout_s, StartupStopped once `stopped()` (shutting down)."""
+        deadline = time.monotonic() + timeout_s
+        last_log = 0.0
+        while missing := self.missing():
+            if stopped():
+                raise StartupStopped("stopped while waiting for components")
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"components not ready after {timeout_s:.0f} s: {missing}")
+            if now - last_log >= 5.0:
+                log.info("waiting for %s", ", ".join(missing))
+                last_log = now
+            await asyncio.sleep(0.05)
+
+    # -- replica choice ---------------------------------------------------------------------
+    def choose(self, pin: int | None, prefix_key: bytes | None, num_open: dict[int, int]) -> int:
+        """The replica for a new request: `pin` (400 when no such replica can exist, 503
+        when it is down), else the least loaded, with prefix affinity (routing.Router);
+        `num_open`: the sub-requests the client routed to each and still waits on."""
+        engines = self.engines()
+        alive = self.alive_replicas(time.monotonic())
+        if pin is not None:
+            known = set(engines) | set(range(self.data_parallel_size))
+            if pin < 0 or pin not in known:
+                raise APIError(
+                    400,
+                    f"data_parallel_rank {pin} is out of range: the replicas are {sorted(known)}",
+                    param="data_parallel_rank",
+                )
+            if pin not in alive:
+                raise unavailable(f"scheduler replica {pin} is down", "replica_unavailable")
+            return pin
+        loads = [
+            ReplicaLoad(
+                k,
+                engines[k].num_waiting,
+                engines[k].num_running,
+                engines[k].kv_usage,
+                num_open.get(k, 0),
+            )
+            for k in alive
+        ]
+        if not loads:  # admission checked that one is alive; a race with its death
+            raise unavailable("no scheduler replica is serving", "not_ready")
+        return self.router.pick(loads, prefix_key)
+
+    # -- what the inbox heard ---------------------------------------------------------------
+    def _seen(self, name: str, now: float, ready: bool = False) -> None:
+        m = self.members.setdefault(name, Member())
+        if ready or now >= m.guard_until:
+            m.last_seen = now
+
+    def _down(self, name: str, why: str) -> list[Event]:
+        """`name` is down for good: what it held fails, once."""
+        m = self.members[name]
+        was_up, m.up, m.disconnected = m.up, False, False
+        return [Failed(name, why)] if was_up else []
+
+    def _refusal(self, msg: EngineStatus, now: float) -> str | None:
+        if self.model_name is not None and msg.model != self.model_name:
+            return f"it serves model {msg.model!r}, this frontend {self.model_name!r}"
+        if not verify_replica(self.secret, msg.replica, msg.pid, msg.proof):
+            return "it does not hold this frontend's secret (ipc.secret)"
+        try:
+            if msg.inbox is not None:
+                check_endpoint(msg.inbox)
+        except ValueError as bad:
+            return str(bad)
+        for k, other in self.engines().items():
+            theirs = (other.vocab_size, other.max_model_len)
+            if k != msg.replica and theirs != (msg.vocab_size, msg.max_model_len):
+                return (
+                    f"its model facts (vocab {msg.vocab_size}, context {msg.max_model_len}) "
+                    f"differ from replica {k}'s {theirs}"
+                )
+        old = self.members.get(f"scheduler.{msg.replica}")
+        if (
+            old is not None
+            and old.status is not None
+            and old.pid != msg.pid
+            and old.status.inbox != msg.inbox
+            and self.alive(f"scheduler.{msg.replica}", now)
+        ):
+            return f"replica {msg.replica} is already served by pid {old.pid} at {old.status.inbox}"
+        return None
+
+    def on_status(self, msg: EngineStatus | ComponentStatus, now: float) -> list[Event] | None:
+        """A component's status: what to do about it; None when a replica is refused (the
+        caller drops the message)."""
+        if isinstance(msg, EngineStatus):
+            return self._on_engine_status(msg, now)
+        return self._on_component(msg, now)
+
+    def _on_engine_status(self, msg: EngineStatus, now: float) -> list[Event] | None:
+        if why := self._refusal(msg, now):
+            if (msg.replica, msg.pid, why) not in self._refused:  # one line per refusal
+                self._refused.add((msg.replica, msg.pid, why))
+                log.error(
+                    "refused scheduler replica %d (pid %d, inbox %s): %s",
+                    msg.replica,
+                    msg.pid,
+                    msg.inbox,
+                    why,
+                )
+            return None
+        key = f"scheduler.{msg.replica}"
+        m = self.members.setdefault(key, Member())
+        events: list[Event] = []
+        if m.status is None or (m.pid, m.status.inbox) != (msg.pid, msg.inbox):
+            if m.status is not None and m.pid != msg.pid:  # what the old process held is gone
+                events += self._down(key, f"restarted (pid {m.pid} -> {msg.pid})")
+            m.pid = msg.pid
+            log.info(
+                "scheduler replica %d joined: pid %d, inbox %s, %d KV blocks",
+                msg.replica,
+                msg.pid,
+                msg.inbox,
+                msg.num_total_blocks,
+            )
+            events.append(Joined(msg.replica, msg.inbox))
+        self.engine = m.status = msg
+        if msg.kind in ("ready", "heartbeat"):
+            self._seen(key, now, msg.kind == "ready")
+        else:
+            m.last_seen = None
+        return events
+
+    def _on_component(self, msg: ComponentStatus, now: float) -> list[Event]:
+        stopping = msg.kind == "stopping"
+        if msg.component == "tokenizer":
+            name = f"tokenizer.{msg.pid}"
+            if not stopping:
+                self.members.setdefault(name, Member(msg.pid, up=True)).last_seen = now
+            elif name in self.members:  # marked silent (kept) so check() fails what it held
+                self.members[name].last_seen = float("-inf")
+            return []
+        key = "detok" if msg.component == "detok" else replica_key(msg.component)
+        if key is None:
+            return []
+        m = self.members.get(key)
+        events: list[Event] = []
+        if key != "detok":
+            if m is None or m.status is None or m.pid != msg.pid:
+                return []  # not (or no longer) the process in the table
+        else:
+            assert m is not None
+            old = m.pid
+            if stopping and old is not None and old != msg.pid:
+                return []  # a replaced process's last word, come late: not its successor's
+            m.pid = msg.pid
+            if old is not None and old != msg.pid:  # whatever its predecessor held is gone
+                events.append(Failed(key, f"restarted (pid {old} -> {msg.pid})"))
+        if stopping:
+            m.last_seen = None
+            # its outputs came before this: what is still open, it gave up (drain deadline)
+            events += self._down(key, "stopped")
+        else:
+            self._seen(key, now, msg.kind == "ready")
+        return events
+
+    def on_outputs(self, now: float, replica: int | None = None) -> None:
+        """A TextOutputs came (from the detok, of `replica`'s step)."""
+        self._seen("detok", now)
+        key = f"scheduler.{replica}"
+        if replica is not None and key in self.members and self.members[key].status is not None:
+            self._seen(key, now)
+
+    def on_disconnect(self, names: list[str], now: float) -> list[Event]:
+        """A replica's or the detok's connection closed: the process is gone. /health says
+        so now; what it held fails now (detok) or GUARD_S later (a replica: its last
+        outputs may be in the detok)."""
+        events: list[Event] = []
+        for name in names:
+            m = self.members.setdefault(name, Member())
+            m.last_seen = None
+            m.guard_until = now + GUARD_S
+            if not m.up:
+                continue
+            if name == "detok":  # the detok delivers outputs itself: nothing more can come
+                events += self._down(name, "disconnected")
+            else:
+                m.disconnected = True
+        return events
+
+    # -- tokenizer hand-offs ----------------------------------------------------------------
+    def choose_tokenizer(self, now: float, skip: set[int] | None = None) -> int | None:
+        """The pid of the tokenizer worker for the next request or call: the live one
+        holding the fewest, then the least recently picked; None when none is live
+        (but those in `skip`: their queues were full)."""
+        best: tuple[tuple[int, int], Member] | None = None
+        for name, m in self.members.items():
+            if not name.startswith("tokenizer.") or not self.alive(name, now):
+                continue
+            assert m.pid is not None
+            if skip and m.pid in skip:
+                continue
+            key = (self.num_held.get(m.pid, 0), m.picked)
+            if best is None or key < best[0]:
+                best = (key, m)
+        if best is None:
+            return None
+        self._num_picked += 1
+        best[1].picked = self._num_picked
+        return best[1].pid
+
+    def sent(self, rid: str, pid: int) -> None:
+        """rid went to tokenizer worker `pid`: it holds it until forget(rid)."""
+        self.held[rid] = pid
+        self.num_held[pid] = self.num_held.get(pid, 0) + 1
+
+    def forget(self, rid: str) -> None:
+        """rid is past the tokenizers (output, error or abort): nothing to watch."""
+        pid = self.held.pop(rid, None)
+        if pid is not None:
+            left = self.num_held[pid] - 1
+            if left:
+                self.num_held[pid] = left
+            else:
+                del self.num_held[pid]
+
+    # -- the watchdog -----------------------------------------------------------------------
+    def check(self, now: float) -> list[Event]:
+        """Lapsed windows and ended guards: what to fail, each once."""
+        events: list[Event] = []
+        dead: set[int] = set()
+        for name, m in list(self.members.items()):
+            alive = self.alive(name, now)
+            if name.startswith("tokenizer."):
+                if m.up and not alive:
+                    dead.add(int(name.partition(".")[2]))
+                if not alive and now - (m.last_seen or 0.0) > PRUNE_AFTER * self.window_s:
+                    del self.members[name]
+                    continue
+            elif m.up and not alive:
+                if m.disconnected and now < m.guard_until:
+                    continue  # its last outputs may still come through the detok
+                events += self._down(
+                    name, "disconnected" if m.disconnected else "stopped responding"
+                )
+            elif name != "detok" and m.status is None:
+                continue  # not joined: nothing to report about
+            m.up, m.disconnected = alive, False
+        if dead:
+            rids = [rid for rid, pid in self.held.items() if pid in dead]
+            for rid in rids:
+                self.forget(rid)
+            events.append(Failed("tokenizer", f"tokenizer worker(s) {sorted(dead)} stopped", rids))
+        return events
