@@ -41,6 +41,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, type]] = {
     "--max-stop-strings": (("server",), "max_stop_strings", int),
     "--stream-interval": (("server",), "stream_interval", int),
     "--routing": (("server",), "routing", str),
+    "--tool-call-parser": (("server",), "tool_call_parser", str),
     "--run-dir": (("ipc",), "run_dir", str),
     "--tokenize-workers": ((), "tokenize_workers", int),
     "--data-parallel-size": ((), "data_parallel_size", int),

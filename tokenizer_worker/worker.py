@@ -46,6 +46,7 @@ from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
+from tokenizer_worker.tool_prompt import default_tool_parser, render_with_tools
 
 if TYPE_CHECKING:
     from tokenizer_worker.endpoints import TokenizerEndpoints
@@ -71,12 +72,19 @@ class Rejected(Exception):
 class Tokenization:
     """The pure part: TokenizeRequest -> GenerateRequest, or Rejected. No sockets."""
 
-    def __init__(self, model_dir: str | Path, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        max_model_len: int | None = None,
+        tool_call_parser: str | None = None,
+    ) -> None:
         self.model_dir = model_dir = Path(model_dir)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.chat_template = ChatTemplate.from_model_dir(model_dir)
         hf = read_hf_config(model_dir)
         self.limits = RequestLimits(int(hf["vocab_size"]), context_length(hf, max_model_len))
+        # the format of tool calls: the prompt's (tool_prompt) and the frontend's parser
+        self.tool_call_parser = tool_call_parser or default_tool_parser(hf, self.chat_template)
 
     @property
     def vocab_size(self) -> int:
@@ -89,7 +97,7 @@ class Tokenization:
     def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
         """(token ids, name of the parameter that carried the prompt)."""
         if req.kind == "chat":
-            return self.chat_ids(req.messages), "messages"
+            return self.chat_ids(req.messages, tools=req.tools), "messages"
         if req.kind != "completion":
             raise Rejected(400, f"unknown request kind {req.kind!r}")
         if req.prompt_token_ids is not None:
@@ -106,7 +114,11 @@ class Tokenization:
         return self.tokenizer.encode(req.prompt, add_special_tokens=True).ids, "prompt"
 
     def chat_ids(
-        self, messages: Any, add_generation_prompt: bool = True, add_special_tokens: bool = False
+        self,
+        messages: Any,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+        tools: list | None = None,
     ) -> list[int]:
         if self.chat_template is None:
             raise Rejected(400, "this model has no chat template; use /v1/completions", "messages")
@@ -124,7 +136,16 @@ class Tokenization:
                     400, f"messages.{i} must have a string role and content", f"messages.{i}"
                 )
         try:
-            text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+            if tools:
+                text = render_with_tools(
+                    self.chat_template,
+                    messages,
+                    tools,
+                    self.tool_call_parser,
+                    add_generation_prompt,
+                )
+            else:
+                text = self.chat_template.render(messages, add_generation_prompt)
         except ChatTemplateError as e:
             raise Rejected(400, f"messages: {e}", "messages") from None
         # the template already holds every special token, as in apply_chat_template
@@ -158,7 +179,7 @@ class TokenizerWorker:
         if tokenization is None:
             mc = config.engine.model
             model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
-            tokenization = Tokenization(model_dir, mc.max_model_len)
+            tokenization = Tokenization(model_dir, mc.max_model_len, config.server.tool_call_parser)
         self.tokenization = tokenization
         ctx: zmq.Context = zmq.Context.instance()
         self.inbox = PullQueue(config.ipc.endpoint("tokenizer"), bind=False, ctx=ctx)
