@@ -268,7 +268,7 @@ class Serving:
         )
         tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
         parser = None
-        if tools is not None:  # frontend.tools: parsed, maybe forced by a grammar
+        if tools is not None and tools.parsed:  # frontend.tools: maybe forced by a grammar
             parser = get_parser(await self._tool_call_parser())
             apply_tools(params, tools, parser, req.skip_special_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"

@@ -4,7 +4,8 @@
 
     tools ─check_tools─▶ [{"type": "function", "function": {name, description, parameters}}]
     tool_choice ─▶ "none" | "auto" | "required" | a function's name
-      none: no tools in the prompt, no parsing (as vLLM's default)
+      none: tools in the prompt (as vLLM by default: the same prompt as auto, so the
+            history's calls render the same), the text not parsed
       auto: tools in the prompt; calls parsed from the text (frontend.tool_parsers)
       required / named: also forced by a grammar (frontend.tool_grammar)
 
@@ -28,9 +29,14 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule for function n
 @dataclass(frozen=True)
 class ToolRequest:
     tools: list[dict[str, Any]]  # normalised, as chat templates take them
-    choice: str  # "auto" | "required" | "named"
+    choice: str  # "none" | "auto" | "required" | "named"
     name: str | None  # the function tool_choice names
     parallel: bool  # parallel_tool_calls (default true)
+
+    @property
+    def parsed(self) -> bool:
+        """Whether calls are read from the text (all but "none")."""
+        return self.choice != "none"
 
     @property
     def forced(self) -> bool:
@@ -116,7 +122,7 @@ def check_schema(schema: dict[str, Any], where: str) -> None:
 def tool_request(
     tools: list[Any] | None, tool_choice: str | dict[str, Any] | None, parallel: bool | None
 ) -> ToolRequest | None:
-    """The request's tool settings, or None when it asks for no tool use."""
+    """The request's tool settings, or None when it has no tools."""
     checked = check_tools(tools) if tools else []
     names = {t["function"]["name"] for t in checked}
     name = None
@@ -149,7 +155,7 @@ def tool_request(
             f"tool_choice.function.name: no tool named {name!r} in tools",
             "tool_choice.function.name",
         )
-    if choice == "none":
+    if not checked:
         return None
     return ToolRequest(checked, choice, name, True if parallel is None else parallel)
 

@@ -2,7 +2,8 @@
 tool-use system prompt in the family's format (the fallback documented in the README).
 
     template source mentions `tools` ─▶ template.render(messages, tools=tools)
-    otherwise (SmolLM2's template, for one) ─▶ fallback:
+    otherwise (SmolLM2's template, for one) ─▶ fallback (also for a history with tool
+    calls or results in a request without tools, minus the system prompt):
       system prompt  += the tool instructions of the parser's format (below), with the
                         tools' JSON, in the first system message or a new one
       assistant tool_calls ─▶ its content + the calls written in that format
@@ -40,6 +41,12 @@ def default_tool_parser(hf: dict[str, Any], template: ChatTemplate | None) -> st
     if kind == "llama" and template is not None and "<|python_tag|>" in template.source:
         return "llama3_json"
     return _FAMILY.get(kind, "hermes")
+
+
+def has_tool_traces(messages: list[dict[str, Any]]) -> bool:
+    """Whether the history holds tool calls or results (rendered as tools are, even when
+    the request sends no tools)."""
+    return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
 
 
 def template_handles_tools(template: ChatTemplate) -> bool:
@@ -129,7 +136,6 @@ def fallback_messages(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]], parser: str
 ) -> list[dict[str, Any]]:
     """The conversation rewritten for a template that knows nothing of tools."""
-    instructions = tool_instructions(tools, parser)
     out: list[dict[str, Any]] = []
     for m in messages:
         role, content = m["role"], m.get("content") or ""
@@ -149,6 +155,9 @@ def fallback_messages(
             out.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
     for m in out:
         m.pop("_tool", None)
+    if not tools:  # only the history's traces to rewrite
+        return out
+    instructions = tool_instructions(tools, parser)
     if out and out[0]["role"] in ("system", "developer"):
         first = out[0]
         out[0] = {**first, "content": f"{first['content']}\n\n{instructions}".lstrip()}
@@ -165,5 +174,5 @@ def render_with_tools(
     add_generation_prompt: bool = True,
 ) -> str:
     if template_handles_tools(template):
-        return template.render(messages, add_generation_prompt, tools=tools)
+        return template.render(messages, add_generation_prompt, tools=tools or None)
     return template.render(fallback_messages(messages, tools, parser), add_generation_prompt)

@@ -46,7 +46,7 @@ from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
-from tokenizer_worker.tool_prompt import default_tool_parser, render_with_tools
+from tokenizer_worker.tool_prompt import default_tool_parser, has_tool_traces, render_with_tools
 
 if TYPE_CHECKING:
     from tokenizer_worker.endpoints import TokenizerEndpoints
@@ -136,7 +136,7 @@ class Tokenization:
                     400, f"messages.{i} must have a string role and content", f"messages.{i}"
                 )
         try:
-            if tools:
+            if tools or has_tool_traces(messages):
                 text = render_with_tools(
                     self.chat_template,
                     messages,

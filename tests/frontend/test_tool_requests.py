@@ -143,9 +143,11 @@ def test_tools_and_history_reach_the_tokenizer(http, served):
     }
 
 
-def test_tool_choice_none_sends_no_tools(http, served):
+def test_tool_choice_none_keeps_the_tools_in_the_prompt(http, served):
+    """As vLLM by default: the prompt is the one auto would get; nothing is parsed."""
     r = http.post(
         "/v1/chat/completions", json={"messages": CHAT, "tools": [WEATHER], "tool_choice": "none"}
     )
     assert r.status_code == 200, r.text
-    assert served.backend.requests[-1].tools is None
+    assert served.backend.requests[-1].tools == [WEATHER]
+    assert "tool_calls" not in r.json()["choices"][0]["message"]

@@ -148,6 +148,19 @@ def test_no_system_message_gets_one_and_tool_results_are_joined():
     assert len(out) == 4
 
 
+def test_history_without_tools_is_rewritten_without_the_tool_prompt(default_model_dir):
+    """A request without tools whose history holds a call and its result: the traces are
+    rendered as with tools (not dropped by a template that ignores tool_calls), with no
+    tool instructions."""
+    tok = Tokenization(default_model_dir)
+    rewritten = fallback_messages(HISTORY, [], "hermes")
+    assert rewritten[0] == HISTORY[0]  # the system message untouched
+    assert "<tool_call>" in rewritten[2]["content"]
+    text = tok.tokenizer.decode(tok.chat_ids(HISTORY), skip_special_tokens=False)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
+    assert "<tool_response>" in text and "# Tools" not in text
+
+
 @pytest.mark.parametrize("parser", sorted(PARSERS))
 def test_history_calls_are_written_as_the_parser_reads_them(parser):
     calls = [
