@@ -75,9 +75,8 @@ def client(server) -> openai.OpenAI:
 
 
 def _create(client: openai.OpenAI, messages: list, **kwargs):
-    return client.chat.completions.create(
-        model="smollm2", messages=messages, temperature=0, max_tokens=60, **kwargs
-    )
+    kwargs = {"temperature": 0, "max_tokens": 60, **kwargs}
+    return client.chat.completions.create(model="smollm2", messages=messages, **kwargs)
 
 
 def test_auto_calls_the_tool(client):
