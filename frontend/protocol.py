@@ -245,7 +245,7 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     chat templates take them (frontend.tools.history_tool_calls)."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if m.function_call:  # the deprecated functions API is not served
             raise invalid(

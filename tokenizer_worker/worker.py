@@ -140,7 +140,7 @@ class Tokenization:
                 text = render_with_tools(
                     self.chat_template,
                     messages,
-                    tools,
+                    tools or [],
                     self.tool_call_parser,
                     add_generation_prompt,
                 )
