@@ -52,6 +52,13 @@ GROUPS: dict[str, list[Flag]] = {
         Flag(
             "--stream-interval", ("server",), "stream_interval", int, "stream text every N tokens"
         ),
+        Flag(
+            "--tool-call-parser",
+            ("server",),
+            "tool_call_parser",
+            str,
+            "tool-call format (hermes, llama3_json, mistral, pythonic); none: the model's",
+        ),
         Flag("--run-dir", ("ipc",), "run_dir", str, "dir of the ipc sockets; none: a private one"),
     ],
     "limits": [

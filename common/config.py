@@ -25,6 +25,9 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "avx512", "avx2", "scalar", "torch")
 ROUTINGS = ("least_loaded", "round_robin")
+# how tool calls are read from a chat completion's text (frontend/tool_parsers/); None:
+# the model family's default (frontend.tool_parsers.default_parser)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 
 
 class ConfigError(ValueError):
@@ -178,6 +181,7 @@ class ServerConfig:
     # how the frontend picks a scheduler replica (frontend/routing.py): "least_loaded"
     # (with prefix affinity) or "round_robin" (for comparison in benchmarks/bench_dp.py)
     routing: str = "least_loaded"
+    tool_call_parser: str | None = None  # one of TOOL_CALL_PARSERS; None: per architecture
 
     def __post_init__(self) -> None:
         from common.sampling_params import MAX_STOP_STRINGS
@@ -198,6 +202,10 @@ class ServerConfig:
         _positive_seconds(self, "request_timeout_s", "startup_timeout_s")
         if self.routing not in ROUTINGS:
             raise ConfigError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(
+                f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}"
+            )
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 

@@ -4,9 +4,10 @@ and their conversion to what the tokenizer workers take: a prompt and SamplingPa
 As OpenAI does, the schema is strict: a field of the wrong JSON type (`"max_tokens": "3"`,
 `"stream": "yes"`) and a field the API does not know (`Unrecognized request argument
 supplied`) are 400s. OpenAI fields this server does not implement are accepted only with
-a value that changes nothing (`logit_bias: {}`, `tools: []`, ...); anything else is a 400
-naming the field, never silently ignored. `response_format` and vLLM's `structured_outputs`
-become SamplingParams.structured (frontend.structured).
+a value that changes nothing (`logit_bias: {}`, `functions: []`, ...); anything else is a
+400 naming the field, never silently ignored. `response_format` and vLLM's
+`structured_outputs` become SamplingParams.structured (frontend.structured); tools (`tools`,
+`tool_choice`, `parallel_tool_calls`) are checked in frontend.tools.
 `null` means "the default". Parsing errors become 400s naming the field (see `parse`).
 
 A request that sets no max_tokens gets the endpoint's default (16 for completions, as
@@ -28,6 +29,7 @@ from common.messages import WireError, pack_ids
 from common.sampling_params import InvalidParameterError, SamplingParams
 from frontend.errors import APIError, invalid, renamed
 from frontend.structured import structured_from_request
+from frontend.tools import history_tool_calls
 
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's default for /v1/completions
 DEFAULT_MAX_NEW_TOKENS_GENERATE = 64
@@ -160,9 +162,7 @@ def check_unsupported(req: _Sampling) -> None:
         "logit_bias": lambda v: not v,
         "suffix": lambda v: not v,
         "best_of": lambda v: v in (1, req.n),
-        "tools": lambda v: not v,
         "functions": lambda v: not v,
-        "tool_choice": lambda v: v in ("none", "auto"),
         "function_call": lambda v: v in ("none", "auto"),
         "modalities": lambda v: v == ["text"],
         "audio": lambda v: False,
@@ -243,16 +243,24 @@ def _ids_prompt(ids: list[int], param: str) -> Prompt:
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """[{"role", "content"[, "name"]}] with text parts joined; other parts are refused."""
+    """[{"role", "content"[, "name"][, "tool_calls"][, "tool_call_id"]}] with text parts
+    joined; other parts are refused. Assistant tool calls and tool results are kept as
+    chat templates take them (frontend.tools.history_tool_calls)."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
-        if m.tool_calls or m.function_call:  # tools are refused, so are their traces
+        if m.function_call:  # the deprecated functions API is not served
             raise invalid(
-                "tool and function calls are not supported by this server",
-                f"messages.{i}.{'tool_calls' if m.tool_calls else 'function_call'}",
+                "function_call is not supported by this server; use tool_calls",
+                f"messages.{i}.function_call",
             )
+        if m.tool_calls and m.role != "assistant":
+            where = f"messages.{i}.tool_calls"
+            raise invalid(f"{where}: only assistant messages have tool_calls", where)
+        if m.role == "tool" and not m.tool_call_id:
+            where = f"messages.{i}.tool_call_id"
+            raise invalid(f"{where}: a tool message needs its tool_call_id", where)
         if m.content is None or isinstance(m.content, str):
             content = m.content or ""
         else:
@@ -265,8 +273,23 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         msg: dict[str, Any] = {"role": m.role, "content": content}
         if m.name is not None:
             msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = history_tool_calls(m.tool_calls, f"messages.{i}.tool_calls")
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+            if "name" not in msg and (name := _called(out, m.tool_call_id)) is not None:
+                msg["name"] = name  # some templates show the function's name
         out.append(msg)
     return out
+
+
+def _called(history: list[dict[str, Any]], call_id: str | None) -> str | None:
+    """The name of the function an earlier assistant message called with this id."""
+    for msg in reversed(history):
+        for call in msg.get("tool_calls", ()):
+            if call.get("id") == call_id:
+                return call["function"]["name"]
+    return None
 
 
 def default_max_tokens(default: int | None, limit: int | None) -> int | None:

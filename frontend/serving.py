@@ -57,6 +57,10 @@ from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
 from frontend.responses import ChatFormat, Choice, CompletionFormat, GenerateFormat, ResponseFormat
 from frontend.routing import prefix_key
 from frontend.structured import structured_alias
+from frontend.tool_format import ToolChatFormat
+from frontend.tool_grammar import apply_tools
+from frontend.tool_parsers import get_parser
+from frontend.tools import tool_request
 
 RANK_HEADER = "x-data-parallel-rank"
 
@@ -127,6 +131,7 @@ class Serving:
         self.client = client
         self.model_name = config.model_name
         self.aliases = {config.model_name, config.engine.model.model}
+        self._parser_name: str | None = config.server.tool_call_parser
 
     pid = os.getpid()  # TokenizeRequest.origin
 
@@ -168,6 +173,7 @@ class Serving:
         prompt_token_ids: bytes | None = None,
         messages: list | None = None,
         prompts: list[Prompt] | None = None,
+        tools: list | None = None,
     ) -> list[TokenizeRequest]:
         """One TokenizeRequest per choice, the only place they are built; sub-request ids
         `<rid>-<i>`, signed for the scheduler (common.auth). With `prompts` (a batch), the
@@ -185,6 +191,7 @@ class Serving:
                 arrival_time=wall,
                 origin=self.pid,
                 max_tokens_default=max_tokens_default,
+                tools=tools,
             )
             for j, (text, packed, _) in enumerate(prompts)
             for i, p in enumerate(params)
@@ -263,17 +270,27 @@ class Serving:
         params = sampling_params(
             req, chat_max_tokens(req), default, logprobs, self.config.server, aliases
         )
+        tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+        parser = None
+        if tools is not None and tools.parsed:  # frontend.tools: maybe forced by a grammar
+            parser = get_parser(await self._tool_call_parser())
+            apply_tools(params, tools, parser, req.skip_special_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         reqs = self._tokenize_requests(
-            rid, params, req, wall, default, kind="chat", messages=messages
-        )
-        fmt = ChatFormat(
             rid,
-            self.model_name,
-            int(wall),
-            logprobs is not None,
-            req.include_usage,
-            req.continuous_usage,
+            params,
+            req,
+            wall,
+            default,
+            kind="chat",
+            messages=messages,
+            tools=tools.tools if tools is not None else None,
+        )
+        args = (rid, self.model_name, int(wall), logprobs is not None)
+        fmt = (
+            ChatFormat(*args, req.include_usage, req.continuous_usage)
+            if parser is None
+            else ToolChatFormat(*args, req.include_usage, req.continuous_usage, parser=parser)
         )
         text = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
         return await self._serve(
@@ -286,6 +303,15 @@ class Serving:
             bool(req.return_timings),
             self._route(request, req, text, None),
         )
+
+    async def _tool_call_parser(self) -> str:
+        """The format of tool calls: the tokenizer pool's answer (it renders the prompts in
+        that format; tokenizer_worker.tool_prompt), asked once."""
+        if self._parser_name is None:
+            info = await self.client.tokenizer_calls.call("tokenizer_info", {})
+            name = info.get("tool_call_parser")
+            self._parser_name = name if isinstance(name, str) else "hermes"
+        return self._parser_name
 
     async def generate(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, GenerateRequest)

@@ -86,12 +86,16 @@ class ChatTemplate:
         special = {k: s for k, v in cfg.items() if k.endswith("_token") and (s := _token_str(v))}
         return cls(source, special)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        """`extra`: more template variables (`tools`, as apply_chat_template passes them)."""
         try:
             return self.template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
+                **extra,
             )
         except ChatTemplateError:
             raise

@@ -5,7 +5,7 @@
                     -> {"count", "max_model_len", "tokens", "token_strs"}
     detokenize      {"tokens"} -> {"prompt"}
     tokenizer_info  {} -> tokenizer_config.json's fields, tokenizer_class, the chat template,
-                    model_max_length and the served max_model_len
+                    model_max_length, the served max_model_len and the tool_call_parser
 
 vLLM's shapes. The frontend checks the JSON types (frontend.tokenizer_api); what depends
 on the tokenizer is checked here: ids outside the vocabulary, a chat template that
@@ -88,5 +88,7 @@ class TokenizerEndpoints:
                 "max_model_len": self.t.max_model_len,
                 "vocab_size": self.t.vocab_size,
                 "chat_template": template.source if template is not None else None,
+                # the format of tool calls in prompts and outputs (tokenizer_worker.tool_prompt)
+                "tool_call_parser": self.t.tool_call_parser,
             }
         return self._info

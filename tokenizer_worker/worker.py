@@ -47,6 +47,7 @@ from common.sampling_params import InvalidParameterError, SamplingParams
 from common.zmq_queue import DealerQueue, PushQueue, QueueFull
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
 from tokenizer_worker.grammar import GrammarCheck, GrammarError
+from tokenizer_worker.tool_prompt import default_tool_parser, has_tool_traces, render_with_tools
 
 if TYPE_CHECKING:
     from tokenizer_worker.endpoints import TokenizerEndpoints
@@ -72,13 +73,20 @@ class Rejected(Exception):
 class Tokenization:
     """The pure part: TokenizeRequest -> GenerateRequest, or Rejected. No sockets."""
 
-    def __init__(self, model_dir: str | Path, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        max_model_len: int | None = None,
+        tool_call_parser: str | None = None,
+    ) -> None:
         self.model_dir = model_dir = Path(model_dir)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.chat_template = ChatTemplate.from_model_dir(model_dir)
         hf = read_hf_config(model_dir)
         self.limits = RequestLimits(int(hf["vocab_size"]), context_length(hf, max_model_len))
         self.check_grammar = GrammarCheck(model_dir, self.vocab_size)  # structured outputs
+        # the format of tool calls: the prompt's (tool_prompt) and the frontend's parser
+        self.tool_call_parser = tool_call_parser or default_tool_parser(hf, self.chat_template)
 
     @property
     def vocab_size(self) -> int:
@@ -91,7 +99,7 @@ class Tokenization:
     def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
         """(token ids, name of the parameter that carried the prompt)."""
         if req.kind == "chat":
-            return self.chat_ids(req.messages), "messages"
+            return self.chat_ids(req.messages, tools=req.tools), "messages"
         if req.kind != "completion":
             raise Rejected(400, f"unknown request kind {req.kind!r}")
         if req.prompt_token_ids is not None:
@@ -108,7 +116,11 @@ class Tokenization:
         return self.tokenizer.encode(req.prompt, add_special_tokens=True).ids, "prompt"
 
     def chat_ids(
-        self, messages: Any, add_generation_prompt: bool = True, add_special_tokens: bool = False
+        self,
+        messages: Any,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+        tools: list | None = None,
     ) -> list[int]:
         if self.chat_template is None:
             raise Rejected(400, "this model has no chat template; use /v1/completions", "messages")
@@ -126,7 +138,16 @@ class Tokenization:
                     400, f"messages.{i} must have a string role and content", f"messages.{i}"
                 )
         try:
-            text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+            if tools or has_tool_traces(messages):
+                text = render_with_tools(
+                    self.chat_template,
+                    messages,
+                    tools or [],
+                    self.tool_call_parser,
+                    add_generation_prompt,
+                )
+            else:
+                text = self.chat_template.render(messages, add_generation_prompt)
         except ChatTemplateError as e:
             raise Rejected(400, f"messages: {e}", "messages") from None
         # the template already holds every special token, as in apply_chat_template
@@ -165,7 +186,7 @@ class TokenizerWorker:
         if tokenization is None:
             mc = config.engine.model
             model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
-            tokenization = Tokenization(model_dir, mc.max_model_len)
+            tokenization = Tokenization(model_dir, mc.max_model_len, config.server.tool_call_parser)
         self.tokenization = tokenization
         ctx: zmq.Context = zmq.Context.instance()
         self.inbox = DealerQueue(

@@ -28,6 +28,8 @@ class TokenizeRequest(Message):
     # the config's address for that replica, IPCConfig.replica_endpoint)
     replica: int = 0
     inbox: str | None = None
+    # chat with tools (frontend.tools): the checked tool list the prompt shows, or None
+    tools: list | None = None
 
 
 @dataclass(frozen=True, slots=True)

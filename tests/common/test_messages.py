@@ -56,6 +56,16 @@ SAMPLES: list[Message] = [
         PARAMS,
         1e9,
     ),
+    TokenizeRequest(  # chat with tools (frontend.tools)
+        "r4",
+        "chat",
+        None,
+        None,
+        [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}],
+        PARAMS,
+        1.0,
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    ),
     GenerateRequest("r1", IDS, PARAMS, 1.0, 2.0, 4321),
     GenerateRequest("", b"", {}, 0.0, 0.0),
     AbortRequest("r1", "client_disconnect"),
@@ -334,7 +344,7 @@ def test_wrong_container_types():
             raw(
                 WIRE_VERSION,
                 TokenizeRequest.TAG,
-                *("r", "chat", None, None, deep, {}, 0.0, 0, None, 0, None),
+                *("r", "chat", None, None, deep, {}, 0.0, 0, None, 0, None, None),
             )
         )
 

@@ -8,6 +8,7 @@ of the page is left in test-artifacts/ (git-ignored) and its path printed.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -168,3 +169,41 @@ def test_the_engine_panel_lists_each_replica_when_there_are_several(browser, pag
         assert browser.save_screenshot(str(ARTIFACTS / "ui-replicas.png"))
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_the_json_schema_box_is_sent_as_response_format(page):
+    """Invalid JSON in the box: an error on the page and no request; a schema: the chat
+    request carries it as response_format json_schema (whether this build serves it is
+    the server's answer, not the page's)."""
+    page.execute_script(
+        "window.__sent = [];"
+        "const f = window.fetch;"
+        "window.fetch = (url, opts) => {"
+        "  if (opts && opts.method === 'POST') window.__sent.push([url, JSON.parse(opts.body)]);"
+        "  return f(url, opts); };"
+    )
+    if page.find_element("id", "ignore_eos").is_selected():
+        page.find_element("id", "ignore_eos").click()
+    _set(page, "max_tokens", "8")
+    _set(page, "json_schema", '{"type": "object",')
+    _wait(lambda: page.find_element("id", "json_schema_error").is_displayed(), 5, "the error")
+    assert "not valid JSON" in _text(page, "#json_schema_error")
+    _set(page, "prompt", "Hello")
+    page.find_element("id", "send").click()
+    time.sleep(0.5)
+    assert page.execute_script("return window.__sent.length") == 0
+    assert page.find_element("id", "prompt").get_attribute("value") == "Hello"  # kept
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+    _set(page, "json_schema", json.dumps(schema))
+    _wait(lambda: not page.find_element("id", "json_schema_error").is_displayed(), 5, "no error")
+    page.find_element("id", "send").click()
+    sent = _wait(lambda: page.execute_script("return window.__sent"), 10, "the request")
+    url, body = sent[0]
+    assert url == "/v1/chat/completions"
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "page_schema", "schema": schema, "strict": True},
+    }
+    _wait(lambda: not page.find_element("id", "stop").is_enabled(), 60, "the reply to end")
+    _set(page, "json_schema", "")  # later requests free again

@@ -116,12 +116,6 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
         ("/v1/completions", {"logit_bias": {"50": 10}}, "logit_bias"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
-        (
-            "/v1/chat/completions",
-            {"tools": [{"type": "function", "function": {"name": "f"}}]},
-            "tools",
-        ),
-        ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
         ("/v1/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
         (
@@ -129,10 +123,10 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
             {
                 "messages": [
                     {"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+                    {"role": "assistant", "content": None, "function_call": {"name": "f"}},
                 ]
             },
-            "messages.1.tool_calls",
+            "messages.1.function_call",
         ),
     ],
 )

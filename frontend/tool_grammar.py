@@ -1,0 +1,121 @@
+"""The grammar that forces a tool call, for tool_choice "required" or a named function:
+llguidance's Lark dialect, handed to constrained decoding as SamplingParams.structured
+{"kind": "grammar", "spec": <this text>}.
+
+The grammar writes the calls in the format of the request's tool-call parser, so the
+parser reads them back; each call's arguments are `%json{<the function's parameters
+schema>}`, so they validate against it. One call, or with parallel_tool_calls (the
+default) one or more, for "required" any of the tools, for a named choice that one:
+
+    hermes        <tool_call>\n{"name": "f", "arguments": ARGS}\n</tool_call>  (\n-separated)
+    llama3_json   {"name": "f", "parameters": ARGS}                              ("; ")
+    mistral       [TOOL_CALLS] [{"name": "f", "arguments": ARGS}, ...]           (the token
+                  spelt as text: a grammar cannot force a special token by its text)
+    pythonic      [f(k=V, k2=V2, ), g()]  the schema's properties in order, each
+                  `name=<JSON value>, ` (required ones always, the others optionally);
+                  the parser reads JSON's true/false/null as Python literals
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from frontend.errors import invalid
+from frontend.tool_parsers import ToolParser
+from frontend.tools import ToolRequest
+
+HEADER = "%llguidance {}\n"
+
+
+def _lit(text: str) -> str:
+    """A Lark string literal (JSON escapes are Lark's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _schema(schema: dict[str, Any]) -> str:
+    return "%json " + json.dumps(schema, ensure_ascii=False, sort_keys=True)
+
+
+def _json_call(fn: dict[str, Any], args_key: str, k: int) -> list[str]:
+    head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + f', "{args_key}": '
+    return [f"fn_{k}: {_lit(head)} args_{k} {_lit('}')}", f"args_{k}: {_schema(fn['parameters'])}"]
+
+
+def _pythonic_call(fn: dict[str, Any], k: int) -> list[str]:
+    params = fn["parameters"]
+    props: dict[str, Any] = params.get("properties") or {}
+    required = set(params.get("required") or ())
+    items, rules = [], []
+    for j, (key, sub) in enumerate(props.items()):
+        rules.append(f"v_{k}_{j}: {_schema(sub if isinstance(sub, dict) else {})}")
+        item = f"{_lit(key + '=')} v_{k}_{j} {_lit(', ')}"
+        items.append(item if key in required else f"({item})?")
+    body = " ".join(items)
+    return [f"fn_{k}: {_lit(fn['name'] + '(')} {body} {_lit(')')}", *rules]
+
+
+def tool_grammar(tools: ToolRequest, parser: str) -> str:
+    """The Lark grammar of a forced call for `parser`'s format; ValueError for a parser
+    with no grammar."""
+    fns = tools.allowed
+    rules: list[str] = []
+    for k, fn in enumerate(fns):
+        if parser == "hermes" or parser == "mistral":
+            rules += _json_call(fn, "arguments", k)
+        elif parser == "llama3_json":
+            rules += _json_call(fn, "parameters", k)
+        elif parser == "pythonic":
+            rules += _pythonic_call(fn, k)
+        else:
+            raise ValueError(f"no tool-call grammar for parser {parser!r}")
+    alternatives = " | ".join(f"fn_{k}" for k in range(len(fns)))
+    if parser == "hermes":
+        call = f"call: {_lit('<tool_call>' + chr(10))} ({alternatives}) {_lit(chr(10) + '</tool_call>')}"
+        sep = _lit("\n")
+        top = "start: call" + (f" ({sep} call)*" if tools.parallel else "")
+    else:
+        call = f"call: {alternatives}"
+        sep = _lit("; " if parser == "llama3_json" else ", ")
+        calls = "call" + (f" ({sep} call)*" if tools.parallel else "")
+        if parser == "llama3_json":
+            top = f"start: {calls}"
+        elif parser == "mistral":
+            top = f"start: {_lit('[TOOL_CALLS] [')} {calls} {_lit(']')}"
+        else:
+            top = f"start: {_lit('[')} {calls} {_lit(']')}"
+    return HEADER + "\n".join([top, call, *rules]) + "\n"
+
+
+def structured_supported() -> bool:
+    """Whether this build's SamplingParams carries a grammar (constrained decoding)."""
+    from dataclasses import fields
+
+    from common.sampling_params import SamplingParams
+
+    return any(f.name == "structured" for f in fields(SamplingParams))
+
+
+def apply_tools(
+    params: list[dict[str, Any]], tools: ToolRequest, parser: ToolParser, client_skip: bool | None
+) -> None:
+    """Set what tools change in each choice's SamplingParams: the forcing grammar for
+    "required" or a named function, and special tokens kept in the text when the format
+    has some (unless the client set skip_special_tokens). A constraint the client asked
+    for too (response_format / structured_outputs: `structured` already set) cannot be
+    combined with a forced call."""
+    for p in params:
+        if parser.needs_special_tokens and client_skip is None:
+            p["skip_special_tokens"] = False
+    if not tools.forced:
+        return
+    param = "tool_choice"
+    if any(p.get("structured") for p in params):
+        raise invalid(f"{param}: a forced tool call cannot be combined with response_format", param)
+    if not structured_supported():
+        raise invalid(
+            f"{param}: {tools.choice!r} needs constrained decoding, which this build lacks", param
+        )
+    spec = tool_grammar(tools, parser.name)
+    for p in params:
+        p["structured"] = {"kind": "grammar", "spec": spec}

@@ -1,0 +1,23 @@
+"""Tool-call parsers, one file per model family's format, chosen by name
+(`--tool-call-parser`) or by the model's architecture (`default_parser`)."""
+
+from __future__ import annotations
+
+from frontend.tool_parsers.base import ParsedCalls, PartialCall, ToolParser
+from frontend.tool_parsers.hermes import HermesParser
+from frontend.tool_parsers.llama3_json import Llama3JsonParser
+from frontend.tool_parsers.mistral import MistralParser
+from frontend.tool_parsers.pythonic import PythonicParser
+
+PARSERS: dict[str, type[ToolParser]] = {
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser)
+}
+
+__all__ = ["PARSERS", "ParsedCalls", "PartialCall", "ToolParser", "get_parser"]
+
+
+def get_parser(name: str) -> ToolParser:
+    try:
+        return PARSERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; one of {sorted(PARSERS)}") from None

@@ -1,0 +1,52 @@
+"""Llama 3.1/3.2's JSON tool calls (its chat template's own format):
+
+    {"name": "get_weather", "parameters": {"city": "Paris"}}
+    <|python_tag|>{"name": ..., "parameters": ...}; {"name": ..., "parameters": ...}
+
+The output is a call only when it begins with one (after optional whitespace or the
+<|python_tag|> token); several calls are separated by ";".
+"""
+
+from __future__ import annotations
+
+from frontend.tool_parsers.base import JsonCallsParser, PartialCall, scan_json, skip_ws
+
+TAG = "<|python_tag|>"
+
+
+class Llama3JsonParser(JsonCallsParser):
+    name = "llama3_json"
+    needs_special_tokens = True  # <|python_tag|>
+
+    def start(self, text: str) -> int | None:
+        i = skip_ws(text, 0)
+        if text.startswith(TAG, i):
+            return i
+        if text.startswith("{", i):
+            return i
+        return None
+
+    def hold_back(self, text: str) -> int:
+        i = skip_ws(text, 0)
+        rest = text[i:]
+        return len(text) if TAG.startswith(rest) else 0  # all-blank text included
+
+    def calls(self, region: str, final: bool) -> list[PartialCall]:
+        i = skip_ws(region, 0)
+        if region.startswith(TAG, i):
+            i = skip_ws(region, i + len(TAG))
+        out: list[PartialCall] = []
+        while i < len(region) and region[i] == "{":
+            end = scan_json(region, i)
+            call = self.object_call(
+                region[i:] if end is None else region[i:end], final or end is not None
+            )
+            if call is None:
+                break
+            out.append(call)
+            if end is None:
+                break
+            i = skip_ws(region, end)
+            if i < len(region) and region[i] == ";":
+                i = skip_ws(region, i + 1)
+        return out

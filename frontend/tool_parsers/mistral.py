@@ -1,0 +1,81 @@
+"""Mistral's tool calls: the [TOOL_CALLS] token followed by a JSON array of calls,
+
+    [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {...}]
+
+or (tokenizer v11 and later) one `name[ARGS]{...}` per call:
+
+    [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]other[ARGS]{}
+
+[TOOL_CALLS] is a special token, so requests with tools keep special tokens in the text.
+"""
+
+from __future__ import annotations
+
+from frontend.tool_parsers.base import (
+    JsonCallsParser,
+    PartialCall,
+    json_object,
+    marker_prefix_len,
+    scan_json,
+    skip_ws,
+)
+
+MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+
+class MistralParser(JsonCallsParser):
+    name = "mistral"
+    needs_special_tokens = True
+
+    def start(self, text: str) -> int | None:
+        at = text.find(MARK)
+        return None if at < 0 else at
+
+    def hold_back(self, text: str) -> int:
+        return marker_prefix_len(text, MARK)
+
+    def calls(self, region: str, final: bool) -> list[PartialCall]:
+        body = region[len(MARK) :]
+        i = skip_ws(body, 0)
+        if i < len(body) and body[i] == "[":
+            return self._array(body, i, final)
+        if i >= len(body):
+            return []
+        return self._named(region, final)
+
+    def _array(self, body: str, i: int, final: bool) -> list[PartialCall]:
+        out: list[PartialCall] = []
+        i = skip_ws(body, i + 1)
+        while i < len(body) and body[i] == "{":
+            end = scan_json(body, i)
+            obj = body[i:] if end is None else body[i:end]
+            call = self.object_call(obj, final or end is not None)
+            if call is None:
+                break
+            out.append(call)
+            if end is None:
+                break
+            i = skip_ws(body, end)
+            if i < len(body) and body[i] == ",":
+                i = skip_ws(body, i + 1)
+        return out
+
+    def _named(self, region: str, final: bool) -> list[PartialCall]:
+        out: list[PartialCall] = []
+        parts = region.split(MARK)[1:]
+        for k, part in enumerate(parts):
+            if ARGS not in part:
+                break  # the name is still being written
+            name, args = part.split(ARGS, 1)
+            name, args = name.strip(), args.strip()
+            end = scan_json(args, 0) if args else None
+            done = end is not None
+            if done:
+                args = args[:end]
+            if not done:
+                if not final and k == len(parts) - 1:
+                    out.append(PartialCall(name, args, False))
+                break
+            if json_object(args) is not None:
+                out.append(PartialCall(name, args, True))
+        return out

@@ -1,0 +1,150 @@
+"""Tool-call parsers on sample texts of each family, whole and streamed: fed in pieces
+(character by character and in random chunks), the deltas a client assembles must give
+the same content and calls as parsing the whole text."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from frontend.tool_parsers import PARSERS, get_parser
+from frontend.tool_stream import ToolStream
+
+W = '{"city": "Paris", "unit": "c"}'
+CASES = {
+    "hermes": [
+        (
+            f'Let me check.\n<tool_call>\n{{"name": "get_weather", "arguments": {W}}}\n</tool_call>',
+            "Let me check.",
+            [("get_weather", W)],
+        ),
+        (
+            '<tool_call>{"arguments": {"a": [1, "}"]}, "name": "f"}</tool_call>\n'
+            '<tool_call>\n{"name": "g", "parameters": {}}\n</tool_call>',
+            None,
+            [("f", '{"a": [1, "}"]}'), ("g", "{}")],
+        ),
+        ('<tool_call>\n{"name": "h"}\n</tool_call>', None, [("h", "{}")]),
+        ("no call here, just <tool text", "no call here, just <tool text", []),
+        (
+            '<tool_call>\n{"name": "f", "arguments": {"a": 1',
+            '<tool_call>\n{"name": "f", "arguments": {"a": 1',
+            [],
+        ),
+        ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    ],
+    "llama3_json": [
+        ('{"name": "get_weather", "parameters": ' + W + "}", None, [("get_weather", W)]),
+        (
+            '<|python_tag|>{"name": "f", "parameters": {"x": "a;b"}}; {"name": "g", "parameters": {}}',
+            None,
+            [("f", '{"x": "a;b"}'), ("g", "{}")],
+        ),
+        ("The answer is {not a call}", "The answer is {not a call}", []),
+        ("{just braces}", "{just braces}", []),
+    ],
+    "mistral": [
+        (
+            'Sure [TOOL_CALLS] [{"name": "get_weather", "arguments": '
+            + W
+            + '}, {"name": "g", "arguments": {}}]',
+            "Sure",
+            [("get_weather", W), ("g", "{}")],
+        ),
+        (
+            "[TOOL_CALLS]get_weather[ARGS]" + W + "[TOOL_CALLS]g[ARGS]{}",
+            None,
+            [("get_weather", W), ("g", "{}")],
+        ),
+        ("plain [TOOL text", "plain [TOOL text", []),
+    ],
+    "pythonic": [
+        (
+            "[get_weather(city=\"Paris\", unit='c'), add(a=1, b=[2, 3], ok=True, x=null, )]",
+            None,
+            [("get_weather", W), ("add", '{"a": 1, "b": [2, 3], "ok": true, "x": null}')],
+        ),
+        ('<|python_start|>[f(s="a)b")]<|python_end|>', None, [("f", '{"s": "a)b"}')]),
+        ("It is sunny.", "It is sunny.", []),
+        ("[1, 2, 3]", "[1, 2, 3]", []),
+    ],
+}
+# cut off inside a call (max_tokens): the whole response leaves it as content (as vLLM),
+# a stream has already sent the call's name and its arguments so far
+TRUNCATED = {'<tool_call>\n{"name": "f", "arguments": {"a": 1'}
+ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
+
+
+def test_every_parser_has_samples():
+    from common.config import TOOL_CALL_PARSERS
+
+    assert set(CASES) == set(PARSERS) == set(TOOL_CALL_PARSERS)
+
+
+@pytest.mark.parametrize("parser, text, content, calls", ALL)
+def test_parse_whole_text(parser, text, content, calls):
+    parsed = get_parser(parser).parse(text)
+    assert parsed.content == content
+    got = [(c.name, c.arguments) for c in parsed.calls]
+    assert got == calls
+    for _, args in got:
+        assert isinstance(json.loads(args), dict)
+
+
+def _assemble(parser: str, pieces: list[str]) -> tuple[str, list[tuple[str, str]], list[dict]]:
+    """What the openai client builds from the deltas: content, and per index the id, name
+    and concatenated argument fragments."""
+    ts = ToolStream(get_parser(parser))
+    content, calls, firsts = "", {}, []
+    for k, piece in enumerate(pieces):
+        text, deltas = ts.feed(piece, final=k == len(pieces) - 1)
+        content += text
+        for d in deltas:
+            if "id" in d:  # a new call: id, type and name first, before any fragment
+                assert d["index"] not in calls and d["type"] == "function"
+                assert d["id"].startswith("call_")
+                calls[d["index"]] = [d["function"]["name"], ""]
+                firsts.append(d)
+            calls[d["index"]][1] += d["function"].get("arguments", "")
+    return content, [tuple(calls[i]) for i in sorted(calls)], firsts
+
+
+@pytest.mark.parametrize("parser, text, content, calls", ALL)
+def test_streamed_deltas_assemble_to_the_whole_parse(parser, text, content, calls):
+    rng = random.Random(len(text))
+    splits = [list(text), [text]]
+    for _ in range(5):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 8))))
+        splits.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])])
+    for pieces in splits:
+        got_content, got_calls, _ = _assemble(parser, pieces)
+        if text in TRUNCATED:  # what went out before the cut stays sent: a prefix
+            assert all(name == "f" and '{"a": 1'.startswith(args) for name, args in got_calls)
+            continue
+        assert got_calls == calls, pieces
+        # streamed content: the text before the calls (not stripped), or all of it
+        if calls:
+            assert got_content.strip() == (content or ""), pieces
+        else:
+            assert got_content == text, pieces
+
+
+def test_stream_sends_the_name_before_the_arguments_end():
+    """The name goes out as soon as it is complete, and argument fragments as they come,
+    not once the whole call is written."""
+    ts = ToolStream(get_parser("hermes"))
+    assert ts.feed("Hi <tool", False) == ("Hi ", [])  # "<tool" held back: may be a tag
+    assert ts.feed('_call>\n{"name": "get_w', False) == ("", [])
+    _, deltas = ts.feed('eather", "arguments": {"ci', False)
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": '{"ci'}
+    _, deltas = ts.feed('ty": "Paris"}}\n</tool_call>', True)
+    assert deltas == [{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]
+
+
+def test_held_back_text_is_released_when_it_is_not_a_tag():
+    ts = ToolStream(get_parser("hermes"))
+    assert ts.feed("a <to", False) == ("a ", [])
+    assert ts.feed("y> b", False) == ("<toy> b", [])
+    assert ts.feed(" <", True) == (" <", [])
