@@ -41,6 +41,32 @@ def rope_scaling_of(hf: dict[str, Any]) -> dict[str, Any] | None:
     return None if kind == "default" else scaling
 
 
+def layer_windows_of(hf: dict[str, Any], architecture: str) -> tuple[int | None, ...]:
+    """The sliding window of every layer (None: global attention), as transformers reads
+    the config: `layer_types` where the config lists them (Gemma 3, Qwen2/3 in
+    transformers 5), else Mistral's `sliding_window` on every layer, and Qwen2's
+    `use_sliding_window` on the layers from `max_window_layers` on."""
+    num_layers = int(hf.get("num_hidden_layers", hf.get("n_layer", 0)))
+    window = hf.get("sliding_window")
+    if window is not None:
+        window = int(window)
+        if window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {window}")
+    types = hf.get("layer_types")
+    if types is not None:
+        if len(types) != num_layers:
+            raise ValueError(f"layer_types lists {len(types)} layers, the model has {num_layers}")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if window is None:
+        return (None,) * num_layers
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
+        return (window,) * num_layers
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf.get("use_sliding_window"):
+        first = int(hf.get("max_window_layers", num_layers))
+        return tuple(window if i >= first else None for i in range(num_layers))
+    return (None,) * num_layers
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     architecture: str
@@ -59,6 +85,15 @@ class ModelArgs:
     o_bias: bool
     mlp_bias: bool
     hf_config: dict[str, Any]
+    layer_windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = global
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window past which no layer reads a key, when every layer is windowed (KV
+        blocks wholly before it can be given back); None when any layer is global."""
+        if not self.layer_windows or any(w is None for w in self.layer_windows):
+            return None
+        return max(w for w in self.layer_windows if w is not None)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], architecture: str) -> ModelArgs:
@@ -104,6 +139,7 @@ class ModelArgs:
             o_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(hf.get("mlp_bias", False)),
             hf_config=hf,
+            layer_windows=layer_windows_of(hf, architecture),
         )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:

@@ -51,8 +51,10 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     fused = False  # ModelRunner sets it when the C++ kernels serve this model
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
+        windows = args.layer_windows
+        self.window = windows[layer_index] if windows else None  # None: global attention
         self.num_heads, self.num_kv_heads, self.head_dim = (
             args.num_heads,
             args.num_kv_heads,
@@ -82,7 +84,15 @@ class LlamaAttention(nn.Module):
             )
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
             o = paged_attention(
-                q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, kv_written=True
+                q,
+                k,
+                v,
+                kv_cache[0],
+                kv_cache[1],
+                meta,
+                self.scale,
+                kv_written=True,
+                window=self.window,
             )
             return self.o_proj(o.reshape(-1, self.q_size))
         cos_sin = rope
@@ -91,7 +101,7 @@ class LlamaAttention(nn.Module):
         qk = rotate(qk, *cos_sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
@@ -116,10 +126,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
-        self.self_attn = LlamaAttention(args)
+        self.self_attn = LlamaAttention(args, layer_index)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = LlamaMLP(args)
 
@@ -142,12 +152,15 @@ class DecodePlan:
     isa: int
     scale: float  # attention's 1/sqrt(head_dim)
     probe: QuantLinear  # any of the layers' linears: they route rows alike
+    window: int | None = None  # the smallest sliding window of any layer (None: none)
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:
-        """A decode-only step whose rows all go to the integer kernels."""
+        """A decode-only step whose rows all go to the integer kernels, and whose
+        contexts all fit every layer's window (the op has no window)."""
         return (
             meta.num_decode == rows
             and meta.decode_kernel == "paged"
+            and (self.window is None or 0 < meta.decode_max_context <= self.window)
             and self.probe.kernel_rows(rows) == rows
         )
 
@@ -162,7 +175,7 @@ class LlamaForCausalLM(CausalLM):
         self._rope_f32: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_plan: DecodePlan | None = None  # set by enable_decode_layers()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.post_init()
@@ -218,7 +231,10 @@ class LlamaForCausalLM(CausalLM):
         if len(same) != 1:
             return False
         scale = cast(LlamaDecoderLayer, self.layers[0]).self_attn.scale
-        self.decode_plan = DecodePlan(weights, formats, first.isa_index, scale, first)
+        windows = [w for w in self.args.layer_windows if w is not None]
+        self.decode_plan = DecodePlan(
+            weights, formats, first.isa_index, scale, first, min(windows) if windows else None
+        )
         return True
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
