@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from common.model_facts import read_hf_config
 from scheduler_worker.models.common import CausalLM, ModelArgs
+from scheduler_worker.models.gemma3 import Gemma3ForCausalLM
 from scheduler_worker.models.gpt2 import GPT2LMHeadModel
 from scheduler_worker.models.llama import LlamaForCausalLM
 
@@ -18,6 +19,7 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "GPT2LMHeadModel": GPT2LMHeadModel,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 

@@ -133,7 +133,7 @@ class ModelArgs:
             head_dim=hf.get("head_dim") or hidden // num_heads,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             norm_eps=hf.get("rms_norm_eps", 1e-6),
-            hidden_act=hf.get("hidden_act", "silu"),
+            hidden_act=hf.get("hidden_act") or hf.get("hidden_activation") or "silu",
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=attention_bias and not is_qwen2,
@@ -199,6 +199,47 @@ class WeightLoader:
             raise ValueError(
                 f"checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
             )
+
+
+# HF name piece -> (our stacked parameter piece, shard index)
+STACKED_PIECES = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def load_stacked_weights(
+    module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], args: ModelArgs
+) -> None:
+    """Load an HF decoder checkpoint into a module whose q/k/v and gate/up projections
+    are stacked (qkv_proj, gate_up_proj); checkpoints that already hold them fused
+    (Phi-3) load as they are. Names lose their `model.` prefix; a tied lm_head is skipped."""
+    loader = WeightLoader(module)
+    shard_sizes = {
+        "qkv_proj": [
+            args.num_heads * args.head_dim,
+            args.num_kv_heads * args.head_dim,
+            args.num_kv_heads * args.head_dim,
+        ],
+        "gate_up_proj": [args.intermediate_size, args.intermediate_size],
+    }
+    for name, tensor in weights:
+        if "rotary_emb.inv_freq" in name:
+            continue
+        name = name.removeprefix("model.")
+        if args.tie_word_embeddings and name.startswith("lm_head."):
+            continue
+        for piece, (fused, idx) in STACKED_PIECES.items():
+            if f".{piece}." in name:
+                sizes = shard_sizes[fused]
+                loader.load_shard(name.replace(piece, fused), tensor, sum(sizes[:idx]), sizes[idx])
+                break
+        else:
+            loader.load(name, tensor)
+    loader.finish()
 
 
 def num_params(module: nn.Module) -> int:

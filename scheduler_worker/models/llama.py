@@ -18,7 +18,7 @@ from scheduler_worker.models.common import (
     ACTIVATIONS,
     CausalLM,
     ModelArgs,
-    WeightLoader,
+    load_stacked_weights,
     rope_scaling_of,
     rope_theta_of,
 )
@@ -280,35 +280,4 @@ class LlamaForCausalLM(CausalLM):
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        loader = WeightLoader(self)
-        stacked = {  # HF name piece -> (our param piece, shard index)
-            "q_proj": ("qkv_proj", 0),
-            "k_proj": ("qkv_proj", 1),
-            "v_proj": ("qkv_proj", 2),
-            "gate_proj": ("gate_up_proj", 0),
-            "up_proj": ("gate_up_proj", 1),
-        }
-        a = self.args
-        shard_sizes = {
-            "qkv_proj": [
-                a.num_heads * a.head_dim,
-                a.num_kv_heads * a.head_dim,
-                a.num_kv_heads * a.head_dim,
-            ],
-            "gate_up_proj": [a.intermediate_size, a.intermediate_size],
-        }
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            name = name.removeprefix("model.")
-            if self.args.tie_word_embeddings and name.startswith("lm_head."):
-                continue
-            for piece, (fused, idx) in stacked.items():
-                if f".{piece}." in name:
-                    fused_name = name.replace(piece, fused)
-                    sizes = shard_sizes[fused]
-                    loader.load_shard(fused_name, tensor, sum(sizes[:idx]), sizes[idx])
-                    break
-            else:
-                loader.load(name, tensor)
-        loader.finish()
+        load_stacked_weights(self, weights, self.args)
