@@ -86,6 +86,7 @@ class ModelArgs:
     mlp_bias: bool
     hf_config: dict[str, Any]
     layer_windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = global
+    qk_norm: bool = False  # q and k RMS-normed per head before RoPE (Qwen 3)
 
     @property
     def kv_window(self) -> int | None:
@@ -120,6 +121,12 @@ class ModelArgs:
             )
         num_heads = hf["num_attention_heads"]
         hidden = hf["hidden_size"]
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+        if partial != 1.0:
+            raise ValueError(
+                f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported"
+            )
         is_qwen2 = architecture == "Qwen2ForCausalLM"
         attention_bias = bool(hf.get("attention_bias", False))
         return cls(
@@ -140,6 +147,7 @@ class ModelArgs:
             mlp_bias=bool(hf.get("mlp_bias", False)),
             hf_config=hf,
             layer_windows=layer_windows_of(hf, architecture),
+            qk_norm=architecture == "Qwen3ForCausalLM",
         )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:

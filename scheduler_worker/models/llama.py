@@ -1,4 +1,6 @@
-"""Llama family in plain torch: Llama, SmolLM2, Mistral, Qwen2 (q/k/v bias).
+"""Llama family in plain torch: Llama, SmolLM2, Mistral (sliding window), Qwen2 (q/k/v
+bias), Qwen 3 (QK-norm: q and k RMS-normed per head before RoPE), Phi-3 (checkpoints with
+qkv_proj and gate_up_proj already fused load as they are).
 
 Hugging Face weight names are mapped on load; q/k/v and gate/up projections are stacked
 into one matmul each (fewer, larger GEMMs per layer).
@@ -67,11 +69,27 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.scale = self.head_dim**-0.5
+        self.qk_norm = args.qk_norm
+        if args.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, args.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, args.norm_eps)
+
+    def _norm_qk(self, qkv: torch.Tensor) -> None:
+        """QK-norm in place on the q and k columns of qkv, so both rope paths follow."""
+        t = qkv.shape[0]
+        q = qkv[:, : self.q_size].reshape(t * self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(
+            t * self.num_kv_heads, self.head_dim
+        )
+        qkv[:, : self.q_size] = self.q_norm(q).view(t, self.q_size)
+        qkv[:, self.q_size : self.q_size + self.kv_size] = self.k_norm(k).view(t, self.kv_size)
 
     def forward(self, rope, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """rope: (positions, cos table, sin table) when fused, else (cos, sin) per token."""
         qkv = self.qkv_proj(x)
         t = qkv.shape[0]
+        if self.qk_norm:
+            self._norm_qk(qkv)
         if self.fused:  # rotate q, k and write k, v into the cache in one pass
             q, k = torch.ops.zeroserve.rope_write_kv(
                 qkv,
@@ -202,8 +220,8 @@ class LlamaForCausalLM(CausalLM):
         (torch.ops.zeroserve.decode_layers: the same ops as the modules, without the
         Python between them). Needs the fused kernels, SiLU, and every decoder linear a
         QuantLinear on one kernel path; returns whether the plan was made."""
-        if not self.fused or self.args.hidden_act not in ("silu", "swish"):
-            return False
+        if not self.fused or self.args.hidden_act not in ("silu", "swish") or self.args.qk_norm:
+            return False  # the op has no GELU and no QK-norm
         weights: list[torch.Tensor] = []
         formats: list[int] = []
         linears: list[QuantLinear] = []

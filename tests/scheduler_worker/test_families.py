@@ -49,7 +49,23 @@ def _gemma3():
     return Gemma3ForCausalLM(config)
 
 
-FAMILIES = {"gemma3": _gemma3}
+def _qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    # head_dim 32 != hidden / heads (16), as in the real Qwen 3 models
+    return Qwen3ForCausalLM(Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=32))
+
+
+def _phi3():
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    # Phi-3 mini's configs carry a sliding window (2047); a short one here
+    return Phi3ForCausalLM(
+        Phi3Config(**COMMON, num_hidden_layers=2, sliding_window=9, pad_token_id=0)
+    )
+
+
+FAMILIES = {"gemma3": _gemma3, "qwen3": _qwen3, "phi3": _phi3}
 
 
 @pytest.fixture(scope="module")
