@@ -30,6 +30,15 @@ _LAYER_PARTS = {
     "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
     "mlp.down_proj": ("ffn_down",),
 }
+# architectures laid out otherwise (llama, qwen2, qwen3, gemma3 take _LAYER_PARTS)
+_LAYER_PARTS_BY_ARCH = {
+    "phi3": {  # q/k/v and gate/up already fused in the file
+        "self_attn.qkv_proj": ("attn_qkv",),
+        "self_attn.o_proj": ("attn_output",),
+        "mlp.gate_up_proj": ("ffn_up",),
+        "mlp.down_proj": ("ffn_down",),
+    },
+}
 
 
 class GGUFBlocks:
@@ -78,7 +87,7 @@ def gguf_linears(blocks: GGUFBlocks, num_layers: int) -> tuple[dict[str, BlockWe
     plan = {
         f"layers.{i}.{ours}": tuple(f"blk.{i}.{p}.weight" for p in parts)
         for i in range(num_layers)
-        for ours, parts in _LAYER_PARTS.items()
+        for ours, parts in _LAYER_PARTS_BY_ARCH.get(blocks.arch, _LAYER_PARTS).items()
     }
     plan["lm_head"] = (
         ("output.weight",) if "output.weight" in blocks.tensors else ("token_embd.weight",)
