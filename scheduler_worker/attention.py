@@ -181,6 +181,21 @@ def paged_attention(
 
 
 DECODE_KERNELS = ("sdpa", "matmul", "paged")
+PAGED_MAX_GROUP = 8  # the C++ decode kernel: query heads per KV head, at most
+PAGED_MAX_HEAD_DIM = 256
+
+
+def paged_kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+    """Why the C++ paged decode kernel cannot take this attention shape (None: it can);
+    such a model decodes on the torch path instead of failing at its first step."""
+    if num_heads // num_kv_heads > PAGED_MAX_GROUP:
+        return (
+            f"{num_heads // num_kv_heads} query heads per KV head "
+            f"(the kernel takes at most {PAGED_MAX_GROUP})"
+        )
+    if head_dim > PAGED_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} (the kernel takes at most {PAGED_MAX_HEAD_DIM})"
+    return None
 
 
 def choose_decode_kernel(

@@ -18,7 +18,12 @@ from common.cpu import has_native_bf16
 from common.log import get_logger
 from common.model_source import check_quantization_source, gguf_source
 from scheduler_worker import kernels
-from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
+from scheduler_worker.attention import (
+    AttentionMetadata,
+    PrefillSlice,
+    choose_decode_kernel,
+    paged_kernel_refusal,
+)
 from scheduler_worker.models import load_model
 from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
 from scheduler_worker.quant.linear import (
@@ -162,7 +167,13 @@ class ModelRunner:
             if isinstance(mod, QuantLinear):
                 mod.step_rows = self.step_rows
         self.use_kernels = self._kernels_wanted()
-        self.decode_kernel = choose_decode_kernel(self.device, self.dtype, paged=self.use_kernels)
+        a = self.args
+        refusal = paged_kernel_refusal(a.num_heads, a.num_kv_heads, a.head_dim)
+        if self.use_kernels and refusal is not None:
+            log.info("decode attention: not the C++ kernel: %s", refusal)
+        self.decode_kernel = choose_decode_kernel(
+            self.device, self.dtype, paged=self.use_kernels and refusal is None
+        )
         if self.use_kernels:
             self.model.apply(lambda m: setattr(m, "fused", True) if hasattr(m, "fused") else None)
             enable = getattr(self.model, "enable_decode_layers", None)

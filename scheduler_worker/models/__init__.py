@@ -40,6 +40,24 @@ def architecture_of(hf: dict) -> str:
     )
 
 
+def check_servable(args: ModelArgs) -> None:
+    """Refuse, in one line at load, the shapes the attention cannot run (rather than a
+    worker that loads, reports healthy and fails at its first step)."""
+    problems = []
+    if args.num_kv_heads < 1 or args.num_heads % args.num_kv_heads:
+        problems.append(
+            f"{args.num_heads} query heads are not a multiple of {args.num_kv_heads} KV heads"
+        )
+    if args.head_dim < 2 or args.head_dim % 2:
+        problems.append(f"head_dim {args.head_dim} is not even (rotary embeddings need pairs)")
+    if any(w is not None and w < 1 for w in args.layer_windows):
+        problems.append(f"sliding windows {args.layer_windows} must be >= 1")
+    if problems:
+        raise UnsupportedModelError(
+            f"model {args.architecture} cannot be served: {'; '.join(problems)}"
+        )
+
+
 def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
@@ -58,7 +76,12 @@ def load_model(
 ) -> tuple[CausalLM, ModelArgs]:
     hf = read_hf_config(model_dir)
     arch = architecture_of(hf)
-    args = ModelArgs.from_hf(hf, arch)
+    try:
+        args = ModelArgs.from_hf(hf, arch)
+    except (KeyError, TypeError, ValueError) as e:
+        detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise UnsupportedModelError(f"model config of {arch} cannot be served: {detail}") from e
+    check_servable(args)
     with torch.device("meta"):
         model = MODEL_REGISTRY[arch](args)
     model = model.to_empty(device="cpu")

@@ -117,3 +117,36 @@ def test_engine_greedy_equals_transformers(kind, kernels, family_dirs):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     assert engine.generate(PROMPTS, params) == hf_greedy(model_dir, PROMPTS, 16)
     engine.block_manager.check_integrity()
+
+
+def test_sixteen_query_heads_per_kv_head_decode_on_the_torch_path(tmp_path):
+    """The C++ decode kernel takes at most 8 query heads per KV head: such a model loads,
+    says why it decodes on the torch path, and serves transformers' tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scheduler_worker.engine import LLMEngine
+
+    torch.manual_seed(3)
+    config = LlamaConfig(**{**COMMON, "num_key_value_heads": 1}, num_hidden_layers=2)
+    config.num_attention_heads = 16  # head_dim 4
+    LlamaForCausalLM(config).eval().save_pretrained(tmp_path)
+    engine = LLMEngine(_config(tmp_path), tmp_path)
+    assert engine.runner.decode_kernel != "paged"
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert engine.generate(PROMPTS, params) == hf_greedy(tmp_path, PROMPTS, 12)
+
+
+def test_unservable_attention_shape_is_refused_at_load_in_one_line(tmp_path, family_dirs):
+    import json
+    import shutil
+
+    from scheduler_worker.models import UnsupportedModelError
+
+    for f in family_dirs["qwen3"].iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["num_key_value_heads"] = 3  # 4 query heads cannot share 3 KV heads
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="cannot be served: 4 query heads") as e:
+        ModelRunner(_config(tmp_path), tmp_path)
+    assert "\n" not in str(e.value)
