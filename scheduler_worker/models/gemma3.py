@@ -19,7 +19,7 @@ names are HF's; q/k/v and gate/up are stacked on load as for Llama.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -146,7 +146,10 @@ class Gemma3ForCausalLM(CausalLM):
         emb = self.embed_tokens(input_ids)
         # transformers scales by sqrt(hidden) rounded to the weights' dtype
         h = emb * torch.tensor(self.args.hidden_size**0.5, dtype=emb.dtype)
-        cos_sin = {kind: rope.cos_sin(positions, h.dtype) for kind, rope in self.ropes.items()}
+        cos_sin = {
+            kind: cast(RotaryEmbedding, rope).cos_sin(positions, h.dtype)
+            for kind, rope in self.ropes.items()
+        }
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = layer(cos_sin["local" if layer.is_local else "global"], h, kv_cache, meta)
         return self.norm(h)
