@@ -35,9 +35,7 @@ import numpy as np
 
 from common.model_source import ModelSourceError
 
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
-_HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
-_LAYER_NAMES = {
+_LAYER_NAMES = {  # GGUF layer tensor -> HF module, the llama layout every arch starts from
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -48,6 +46,41 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# GGUF architecture -> (HF architectures name, model_type, layer tensor names). Every
+# listed layer tensor must be in the file.
+GGUF_ARCHS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "llama": ("LlamaForCausalLM", "llama", _LAYER_NAMES),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", _LAYER_NAMES),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", {**_LAYER_NAMES, **_QK_NORM_NAMES}),
+    # Phi-3 keeps HF's fused projections: attn_qkv, and ffn_up holding gate then up
+    "phi3": (
+        "Phi3ForCausalLM",
+        "phi3",
+        {
+            "attn_qkv": "self_attn.qkv_proj",
+            "attn_output": "self_attn.o_proj",
+            "ffn_up": "mlp.gate_up_proj",
+            "ffn_down": "mlp.down_proj",
+            "attn_norm": "input_layernorm",
+            "ffn_norm": "post_attention_layernorm",
+        },
+    ),
+    # Gemma 3: four norms per layer; llama.cpp stores Gemma's norm weights as 1 + w
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+        {
+            **_LAYER_NAMES,
+            **_QK_NORM_NAMES,
+            "ffn_norm": "pre_feedforward_layernorm",
+            "post_attention_norm": "post_attention_layernorm",
+            "post_ffw_norm": "post_feedforward_layernorm",
+        },
+    ),
+}
+SUPPORTED_GGUF_ARCHS = tuple(GGUF_ARCHS)
+_NORM_PLUS_ONE_ARCHS = ("gemma3",)  # norm weights stored as 1 + w
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -57,12 +90,13 @@ SHARD_BYTES = 2 << 30
 LLAMA3_ORIGINAL_CONTEXT = 8192  # llama.cpp stores llama3 rope as factors, not its parameters
 
 
-def hf_name(name: str) -> str | None:
+def hf_name(name: str, arch: str = "llama") -> str | None:
     if name in _TOP_NAMES:
         return _TOP_NAMES[name]
+    layer_names = GGUF_ARCHS[arch][2]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in layer_names:
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -126,7 +160,7 @@ def dequantized(reader, t) -> tuple[str | None, np.ndarray]:
     arch = _field(reader, "general.architecture")
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
     w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
-    name = hf_name(t.name)
+    name = hf_name(t.name, arch)
     if name is not None and arch == "llama" and (".q_proj." in name or ".k_proj." in name):
         n_head = int(_field(reader, f"{arch}.attention.head_count"))
         if ".k_proj." in name:
@@ -166,7 +200,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
             disable=not progress,
             file=sys.stderr,
         ):
-            name = hf_name(t.name)
+            name = hf_name(t.name, arch)
             if name == "model.embed_tokens.weight":
                 embed_shape = tuple(reversed([int(d) for d in t.shape]))
             if name is not None and not full and is_matrix(t):
@@ -180,6 +214,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
                 raise ModelSourceError(
                     f"GGUF file {gguf_path}: unexpected tensor {t.name} for architecture {arch!r}"
                 )
+            if arch in _NORM_PLUS_ONE_ARCHS and name.endswith("norm.weight"):
+                w = w - 1.0
             names.add(name)
             writer.add(name, np.ascontiguousarray(w))
     except (ValueError, IndexError, NotImplementedError, TypeError) as e:
@@ -188,8 +224,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
     missing = [
         f"blk.{i}.{k}.weight"
         for i in range(n_layers)
-        for k in _LAYER_NAMES
-        if hf_name(f"blk.{i}.{k}.weight") not in names
+        for k in GGUF_ARCHS[arch][2]
+        if hf_name(f"blk.{i}.{k}.weight", arch) not in names
     ]
     missing += [
         k for k in ("token_embd.weight", "output_norm.weight") if _TOP_NAMES[k] not in names
@@ -212,6 +248,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
         for k in ("bos_token_id", "eos_token_id", "pad_token_id")
         if config.get(k) is not None
     }
+    end_of_turn = _end_of_turn_id(reader, arch)
+    if end_of_turn is not None and "eos_token_id" in gen:
+        gen["eos_token_id"] = [gen["eos_token_id"], end_of_turn]
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
     _write_tokenizer(reader, gguf_path, out_dir, config["max_position_embeddings"])
 
@@ -319,8 +358,9 @@ def hf_config(
             )
         except ValueError as e:
             raise ModelSourceError(f"GGUF file: {e}") from e
-    hf_arch, model_type = _HF_ARCH[arch]
-    return {
+    hf_arch, model_type, _ = GGUF_ARCHS[arch]
+    window = _field(reader, p + "attention.sliding_window")
+    config = {
         "architectures": [hf_arch],
         "model_type": model_type,
         "vocab_size": vocab,
@@ -343,7 +383,60 @@ def hf_config(
         "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
         "dtype": "float32",
+        **({"sliding_window": int(window)} if window else {}),
     }
+    if arch == "gemma3":
+        config.update(_gemma3_config(reader, config, rope))
+    return config
+
+
+def _gemma3_config(reader, config: dict, rope: dict) -> dict:
+    """What llama.cpp's gemma3 graph fixes in code rather than in the file: every 6th
+    layer global, the rest sliding; local RoPE base 10k unscaled (the file's rope is the
+    global layers'); attention scale 1/sqrt(head_dim), or 1/sqrt(hidden / heads) for the
+    27B (62 layers); GELU-tanh."""
+    n_layers, n_head = config["num_hidden_layers"], config["num_attention_heads"]
+    scalar = config["head_dim"] if n_layers != 62 else config["hidden_size"] // n_head
+    softcap = _field(reader, "gemma3.final_logit_softcapping")
+    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n_layers)]
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": types if config.get("sliding_window") else ["full_attention"] * n_layers,
+        "query_pre_attn_scalar": scalar,
+        "final_logit_softcapping": _f32(softcap) if softcap else None,
+        "attn_logit_softcapping": None,
+        "rope_parameters": {
+            "full_attention": rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "rope_local_base_freq": 10000.0,
+    }
+
+
+# Gemma's turn format (the chat format of every Gemma 3 checkpoint, base ones included),
+# for gemma3 files published without a tokenizer.chat_template: a system message opens
+# the first user turn, the assistant is "model".
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first = messages[0]['content'] | trim + '\n\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set first = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' "
+    "+ (first if loop.first else '') + m['content'] | trim + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+GEMMA_END_OF_TURN = "<end_of_turn>"
+
+
+def _end_of_turn_id(reader, arch: str) -> int | None:
+    """Gemma ends a chat turn with <end_of_turn>, a stop token beside <eos>."""
+    if arch != "gemma3":
+        return None
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    return tokens.index(GEMMA_END_OF_TURN) if GEMMA_END_OF_TURN in tokens else None
 
 
 def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> None:
@@ -364,6 +457,8 @@ def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> No
         if token_id is not None and token_id < len(tokens):
             setattr(tok, attr, tokens[token_id])
     template = _field(reader, "tokenizer.chat_template") or getattr(tok, "chat_template", None)
+    if not template and _field(reader, "general.architecture") == "gemma3":
+        template = GEMMA_CHAT_TEMPLATE
     if template:
         tok.chat_template = template
     tok.model_max_length = max_len

@@ -14,6 +14,15 @@ reads it, so a prefill chunk sees its own tokens as well as everything computed 
 (prefix-cache hits, earlier chunks). Decode sequences are attended in one batched call
 over a padded gather of their blocks; each prefill sequence gets its own SDPA call.
 
+Sliding-window layers (`window` W, as Mistral's and Gemma 3's local layers): the query at
+position p attends keys p - W < j <= p, as transformers' sliding-window mask. The masks are
+built here from the metadata, once per step and window (`AttentionMetadata.window_masks`).
+The C++ decode kernel has no window: a windowed layer uses it while every decode context
+fits the window (`decode_max_context` <= W, where the window changes nothing), and the
+torch decode path with a window mask past that. Blocks wholly before every layer's window
+may have been given back by the scheduler (their table entries then name a placeholder
+block); the masks never attend them.
+
 This backend is the reference: a faster one must produce the same outputs from the same
 `AttentionMetadata`.
 """
@@ -51,6 +60,37 @@ class AttentionMetadata:
     logits_indices: torch.Tensor | None = None  # [num_seqs]: last token of each sequence
     decode_kernel: str = "sdpa"  # "sdpa" | "matmul" | "paged": see choose_decode_kernel()
     kernel_isa: int = 0  # the C++ kernels' path (index into kernels.ISAS) for "paged"
+    decode_max_context: int = 0  # the longest decode context this step (0: not known)
+    # (prefill index or -1 for the decodes, window) -> bool mask, built on first use
+    window_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def decode_window_mask(self, window: int, block_size: int) -> torch.Tensor:
+        """[num_decode, 1, 1, width * block_size]: key j < ctx and j >= ctx - window."""
+        key = (-1, window)
+        mask = self.window_masks.get(key)
+        if mask is None:
+            assert self.decode_block_tables is not None and self.decode_context_lens is not None
+            nd = self.num_decode
+            ctx = self.decode_context_lens[:nd, None]
+            cols = torch.arange(self.decode_block_tables.shape[1] * block_size, device=ctx.device)[
+                None, :
+            ]
+            mask = ((cols < ctx) & (cols >= ctx - window)).view(nd, 1, 1, -1)
+            self.window_masks[key] = mask
+        return mask
+
+    def prefill_window_mask(self, index: int, window: int) -> torch.Tensor:
+        """[q_len, num_context] for prefill slice `index`: causal and within the window."""
+        key = (index, window)
+        mask = self.window_masks.get(key)
+        if mask is None:
+            p = self.prefills[index]
+            dev = self.slot_mapping.device
+            q_pos = torch.arange(p.num_context - (p.end - p.start), p.num_context, device=dev)
+            k_pos = torch.arange(p.num_context, device=dev)[None, :]
+            mask = (k_pos <= q_pos[:, None]) & (k_pos > q_pos[:, None] - window)
+            self.window_masks[key] = mask
+        return mask
 
 
 def write_kv(
@@ -74,6 +114,7 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kv_written: bool = False,  # the caller wrote k, v into the cache already (rope_write_kv)
+    window: int | None = None,  # sliding window of this layer (None: global)
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     if not kv_written:
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
@@ -81,7 +122,8 @@ def paged_attention(
     num_kv_heads = k.shape[1]
     out = torch.empty_like(q)
     nd = meta.num_decode
-    if nd and meta.decode_kernel == "paged":
+    decode_windowed = window is not None and nd > 0 and not 0 < meta.decode_max_context <= window
+    if nd and meta.decode_kernel == "paged" and not decode_windowed:
         assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
         dec = torch.ops.zeroserve.paged_decode_attention(
             q[:nd],
@@ -96,21 +138,28 @@ def paged_attention(
             return dec  # a decode-only step
         out[:nd] = dec
     elif nd:
-        assert meta.decode_block_tables is not None and meta.decode_mask is not None
+        assert meta.decode_block_tables is not None
+        if decode_windowed:
+            assert window is not None
+            mask = meta.decode_window_mask(window, k_cache.shape[1])
+        else:
+            assert meta.decode_mask is not None
+            mask = meta.decode_mask
         out[:nd] = _decode_attention(
             q[:nd],
             k_cache,
             v_cache,
             meta.decode_block_tables,
-            meta.decode_mask,
+            mask,
             scale,
-            meta.decode_kernel,
+            "sdpa" if meta.decode_kernel == "paged" else meta.decode_kernel,
         )
-    for p in meta.prefills:
+    for i, p in enumerate(meta.prefills):
         qs = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+        windowed = window is not None and p.num_context > window
         if p.block_ids is None:
             ks, vs = k[p.start : p.end], v[p.start : p.end]
-            causal = True
+            causal = not windowed
         else:
             ks = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[
                 : p.num_context
@@ -123,7 +172,13 @@ def paged_attention(
             qs,
             ks.transpose(0, 1).unsqueeze(0),
             vs.transpose(0, 1).unsqueeze(0),
-            attn_mask=None if causal else p.mask,
+            attn_mask=(
+                None
+                if causal
+                else meta.prefill_window_mask(i, window)
+                if windowed and window is not None
+                else p.mask
+            ),
             is_causal=causal,
             scale=scale,
             enable_gqa=num_heads != num_kv_heads,

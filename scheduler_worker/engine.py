@@ -88,7 +88,11 @@ class LLMEngine:
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(
-            config.scheduler, config.cache, self.runner.num_blocks, self.eos_token_ids
+            config.scheduler,
+            config.cache,
+            self.runner.num_blocks,
+            self.eos_token_ids,
+            sliding_window=args.kv_window,
         )
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)

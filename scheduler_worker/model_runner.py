@@ -204,6 +204,7 @@ class ModelRunner:
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             ctx_t = torch.tensor(ctx, dtype=torch.long, device=dev)
             meta.decode_context_lens = ctx_t
+            meta.decode_max_context = max(ctx)
             if self.decode_kernel != "paged":
                 meta.decode_mask = (
                     torch.arange(max_blocks * bs, device=dev)[None, :] < ctx_t[:, None]
@@ -231,6 +232,7 @@ class ModelRunner:
             kernel_isa=self._isa_index,
             decode_block_tables=buf.tables[:m, :w],
             decode_context_lens=ctx_t,
+            decode_max_context=max(s.num_computed for s in seqs) + 1,
         )
         if self.decode_kernel != "paged":
             cols = w * self.block_size

@@ -4,7 +4,9 @@
     KV cache:   [ prefix-cache hit | computed by us   | not yet computed ]
                 0          num_cached_tokens   num_computed_tokens     num_tokens
     blocks:     block_table covers at least num_computed_tokens tokens; the first
-                num_hashed_blocks of them are registered in the prefix cache.
+                num_hashed_blocks of them are registered in the prefix cache; with a
+                sliding-window model, the first num_freed_blocks entries were given back
+                (the scheduler's placeholder block stands in their place).
 
 A request samples a token in a step whose chunk reaches num_tokens (the last prompt
 chunk, then every decode).
@@ -45,6 +47,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit at (latest) admission
     num_hashed_blocks: int = 0
+    num_freed_blocks: int = 0  # leading block_table entries given back (sliding window)
     num_preemptions: int = 0
     in_prefill_queue: bool = False
     generator: torch.Generator | None = None

@@ -52,8 +52,16 @@ class Scheduler:
         cache: CacheConfig,
         num_blocks: int,
         eos_token_ids: Sequence[int] = (),
+        sliding_window: int | None = None,
     ) -> None:
+        """sliding_window: set when every layer of the model attends at most this many
+        latest tokens; a request's blocks wholly before it are then given back as it
+        advances (_free_outside_window), their table entries replaced by
+        `placeholder_block` (num_blocks: the model runner's scratch block, never handed
+        out), which the attention masks never read."""
         self.config = sched
+        self.sliding_window = sliding_window
+        self.placeholder_block = num_blocks
         self.block_size = cache.block_size
         self.eos_token_ids = list(eos_token_ids)
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
@@ -165,9 +173,9 @@ class Scheduler:
         self.num_waiting += 1
 
     def _release(self, req: Request) -> None:
-        self.blocks.free(req.block_table)
+        self.blocks.free(req.block_table[req.num_freed_blocks :])
         req.block_table = []
-        req.num_computed_tokens = req.num_hashed_blocks = 0
+        req.num_computed_tokens = req.num_hashed_blocks = req.num_freed_blocks = 0
         req.queue_epoch += 1
         self.live.pop(req.request_id, None)
         if req.in_prefill_queue:
@@ -229,6 +237,27 @@ class Scheduler:
             req.num_hashed_blocks = self.blocks.cache_full_blocks(
                 req.block_table, req.token_ids[: req.num_computed_tokens], req.num_hashed_blocks
             )
+        if self.sliding_window is not None:
+            self._free_outside_window(req)
+
+    def _free_outside_window(self, req: Request) -> None:
+        """Give back the blocks no later query of req reads: the next query sits at
+        position p = num_computed_tokens and reads keys > p - window, so block i is done
+        with once (i + 1) * block_size <= p - window + 1. The last hashed block is kept:
+        the prefix-cache chain of the blocks after it starts from its hash. A freed block
+        keeps its hash on the free list (its KV is still that prefix's), so a later
+        request with the same prefix can take it back until it is evicted."""
+        assert self.sliding_window is not None
+        done = (req.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        upto = min(done, req.num_hashed_blocks - 1)
+        if upto <= req.num_freed_blocks:
+            return
+        table = req.block_table
+        self.blocks.free(table[req.num_freed_blocks : upto])
+        table[req.num_freed_blocks : upto] = [self.placeholder_block] * (
+            upto - req.num_freed_blocks
+        )
+        req.num_freed_blocks = upto
 
     def _requeue(self, req: Request) -> None:
         """A running request with its prompt done goes to the back of the active queue."""

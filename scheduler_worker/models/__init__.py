@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from common.model_facts import read_hf_config
 from scheduler_worker.models.common import CausalLM, ModelArgs
+from scheduler_worker.models.gemma3 import Gemma3ForCausalLM
 from scheduler_worker.models.gpt2 import GPT2LMHeadModel
 from scheduler_worker.models.llama import LlamaForCausalLM
 
@@ -17,7 +18,10 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": LlamaForCausalLM,
     "GPT2LMHeadModel": GPT2LMHeadModel,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 
@@ -34,6 +38,24 @@ def architecture_of(hf: dict) -> str:
         f"unsupported model architecture {archs or hf.get('model_type')!r}; "
         f"supported: {sorted(MODEL_REGISTRY)}"
     )
+
+
+def check_servable(args: ModelArgs) -> None:
+    """Refuse, in one line at load, the shapes the attention cannot run (rather than a
+    worker that loads, reports healthy and fails at its first step)."""
+    problems = []
+    if args.num_kv_heads < 1 or args.num_heads % args.num_kv_heads:
+        problems.append(
+            f"{args.num_heads} query heads are not a multiple of {args.num_kv_heads} KV heads"
+        )
+    if args.head_dim < 2 or args.head_dim % 2:
+        problems.append(f"head_dim {args.head_dim} is not even (rotary embeddings need pairs)")
+    if any(w is not None and w < 1 for w in args.layer_windows):
+        problems.append(f"sliding windows {args.layer_windows} must be >= 1")
+    if problems:
+        raise UnsupportedModelError(
+            f"model {args.architecture} cannot be served: {'; '.join(problems)}"
+        )
 
 
 def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -54,7 +76,12 @@ def load_model(
 ) -> tuple[CausalLM, ModelArgs]:
     hf = read_hf_config(model_dir)
     arch = architecture_of(hf)
-    args = ModelArgs.from_hf(hf, arch)
+    try:
+        args = ModelArgs.from_hf(hf, arch)
+    except (KeyError, TypeError, ValueError) as e:
+        detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise UnsupportedModelError(f"model config of {arch} cannot be served: {detail}") from e
+    check_servable(args)
     with torch.device("meta"):
         model = MODEL_REGISTRY[arch](args)
     model = model.to_empty(device="cpu")

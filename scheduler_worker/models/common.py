@@ -41,6 +41,32 @@ def rope_scaling_of(hf: dict[str, Any]) -> dict[str, Any] | None:
     return None if kind == "default" else scaling
 
 
+def layer_windows_of(hf: dict[str, Any], architecture: str) -> tuple[int | None, ...]:
+    """The sliding window of every layer (None: global attention), as transformers reads
+    the config: `layer_types` where the config lists them (Gemma 3, Qwen2/3 in
+    transformers 5), else Mistral's `sliding_window` on every layer, and Qwen2's
+    `use_sliding_window` on the layers from `max_window_layers` on."""
+    num_layers = int(hf.get("num_hidden_layers", hf.get("n_layer", 0)))
+    window = hf.get("sliding_window")
+    if window is not None:
+        window = int(window)
+        if window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {window}")
+    types = hf.get("layer_types")
+    if types is not None:
+        if len(types) != num_layers:
+            raise ValueError(f"layer_types lists {len(types)} layers, the model has {num_layers}")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if window is None:
+        return (None,) * num_layers
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
+        return (window,) * num_layers
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf.get("use_sliding_window"):
+        first = int(hf.get("max_window_layers", num_layers))
+        return tuple(window if i >= first else None for i in range(num_layers))
+    return (None,) * num_layers
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     architecture: str
@@ -59,6 +85,16 @@ class ModelArgs:
     o_bias: bool
     mlp_bias: bool
     hf_config: dict[str, Any]
+    layer_windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = global
+    qk_norm: bool = False  # q and k RMS-normed per head before RoPE (Qwen 3)
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window past which no layer reads a key, when every layer is windowed (KV
+        blocks wholly before it can be given back); None when any layer is global."""
+        if not self.layer_windows or any(w is None for w in self.layer_windows):
+            return None
+        return max(w for w in self.layer_windows if w is not None)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], architecture: str) -> ModelArgs:
@@ -85,6 +121,12 @@ class ModelArgs:
             )
         num_heads = hf["num_attention_heads"]
         hidden = hf["hidden_size"]
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+        if partial != 1.0:
+            raise ValueError(
+                f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported"
+            )
         is_qwen2 = architecture == "Qwen2ForCausalLM"
         attention_bias = bool(hf.get("attention_bias", False))
         return cls(
@@ -98,12 +140,14 @@ class ModelArgs:
             head_dim=hf.get("head_dim") or hidden // num_heads,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             norm_eps=hf.get("rms_norm_eps", 1e-6),
-            hidden_act=hf.get("hidden_act", "silu"),
+            hidden_act=hf.get("hidden_act") or hf.get("hidden_activation") or "silu",
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(hf.get("mlp_bias", False)),
             hf_config=hf,
+            layer_windows=layer_windows_of(hf, architecture),
+            qk_norm=architecture == "Qwen3ForCausalLM",
         )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
@@ -163,6 +207,47 @@ class WeightLoader:
             raise ValueError(
                 f"checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
             )
+
+
+# HF name piece -> (our stacked parameter piece, shard index)
+STACKED_PIECES = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def load_stacked_weights(
+    module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], args: ModelArgs
+) -> None:
+    """Load an HF decoder checkpoint into a module whose q/k/v and gate/up projections
+    are stacked (qkv_proj, gate_up_proj); checkpoints that already hold them fused
+    (Phi-3) load as they are. Names lose their `model.` prefix; a tied lm_head is skipped."""
+    loader = WeightLoader(module)
+    shard_sizes = {
+        "qkv_proj": [
+            args.num_heads * args.head_dim,
+            args.num_kv_heads * args.head_dim,
+            args.num_kv_heads * args.head_dim,
+        ],
+        "gate_up_proj": [args.intermediate_size, args.intermediate_size],
+    }
+    for name, tensor in weights:
+        if "rotary_emb.inv_freq" in name:
+            continue
+        name = name.removeprefix("model.")
+        if args.tie_word_embeddings and name.startswith("lm_head."):
+            continue
+        for piece, (fused, idx) in STACKED_PIECES.items():
+            if f".{piece}." in name:
+                sizes = shard_sizes[fused]
+                loader.load_shard(name.replace(piece, fused), tensor, sum(sizes[:idx]), sizes[idx])
+                break
+        else:
+            loader.load(name, tensor)
+    loader.finish()
 
 
 def num_params(module: nn.Module) -> int:

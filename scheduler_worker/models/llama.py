@@ -1,4 +1,6 @@
-"""Llama family in plain torch: Llama, SmolLM2, Mistral, Qwen2 (q/k/v bias).
+"""Llama family in plain torch: Llama, SmolLM2, Mistral (sliding window), Qwen2 (q/k/v
+bias), Qwen 3 (QK-norm: q and k RMS-normed per head before RoPE), Phi-3 (checkpoints with
+qkv_proj and gate_up_proj already fused load as they are).
 
 Hugging Face weight names are mapped on load; q/k/v and gate/up projections are stacked
 into one matmul each (fewer, larger GEMMs per layer).
@@ -18,7 +20,7 @@ from scheduler_worker.models.common import (
     ACTIVATIONS,
     CausalLM,
     ModelArgs,
-    WeightLoader,
+    load_stacked_weights,
     rope_scaling_of,
     rope_theta_of,
 )
@@ -54,8 +56,10 @@ class LlamaAttention(nn.Module):
     fused = False  # ModelRunner sets it when the C++ kernels serve this model
     isa = 0  # ... and the kernels' path (index into kernels.ISAS) every op takes
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
+        windows = args.layer_windows
+        self.window = windows[layer_index] if windows else None  # None: global attention
         self.num_heads, self.num_kv_heads, self.head_dim = (
             args.num_heads,
             args.num_kv_heads,
@@ -68,11 +72,27 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.scale = self.head_dim**-0.5
+        self.qk_norm = args.qk_norm
+        if args.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, args.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, args.norm_eps)
+
+    def _norm_qk(self, qkv: torch.Tensor) -> None:
+        """QK-norm in place on the q and k columns of qkv, so both rope paths follow."""
+        t = qkv.shape[0]
+        q = qkv[:, : self.q_size].reshape(t * self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(
+            t * self.num_kv_heads, self.head_dim
+        )
+        qkv[:, : self.q_size] = self.q_norm(q).view(t, self.q_size)
+        qkv[:, self.q_size : self.q_size + self.kv_size] = self.k_norm(k).view(t, self.kv_size)
 
     def forward(self, rope, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """rope: (positions, cos table, sin table) when fused, else (cos, sin) per token."""
         qkv = self.qkv_proj(x)
         t = qkv.shape[0]
+        if self.qk_norm:
+            self._norm_qk(qkv)
         if self.fused:  # rotate q, k and write k, v into the cache in one pass
             q, k = torch.ops.zeroserve.rope_write_kv(
                 qkv,
@@ -86,7 +106,15 @@ class LlamaAttention(nn.Module):
             )
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
             o = paged_attention(
-                q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, kv_written=True
+                q,
+                k,
+                v,
+                kv_cache[0],
+                kv_cache[1],
+                meta,
+                self.scale,
+                kv_written=True,
+                window=self.window,
             )
             return self.o_proj(o.reshape(-1, self.q_size))
         cos_sin = rope
@@ -95,7 +123,7 @@ class LlamaAttention(nn.Module):
         qk = rotate(qk, *cos_sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
@@ -121,10 +149,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
-        self.self_attn = LlamaAttention(args)
+        self.self_attn = LlamaAttention(args, layer_index)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = LlamaMLP(args)
 
@@ -147,12 +175,15 @@ class DecodePlan:
     isa: int
     scale: float  # attention's 1/sqrt(head_dim)
     probe: QuantLinear  # any of the layers' linears: they route rows alike
+    window: int | None = None  # the smallest sliding window of any layer (None: none)
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:
-        """A decode-only step whose rows all go to the integer kernels."""
+        """A decode-only step whose rows all go to the integer kernels, and whose
+        contexts all fit every layer's window (the op has no window)."""
         return (
             meta.num_decode == rows
             and meta.decode_kernel == "paged"
+            and (self.window is None or 0 < meta.decode_max_context <= self.window)
             and self.probe.kernel_rows(rows) == rows
         )
 
@@ -167,7 +198,7 @@ class LlamaForCausalLM(CausalLM):
         self._rope_f32: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_plan: DecodePlan | None = None  # set by enable_decode_layers()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.post_init()
@@ -197,8 +228,8 @@ class LlamaForCausalLM(CausalLM):
         (torch.ops.zeroserve.decode_layers: the same ops as the modules, without the
         Python between them). Needs the fused kernels, SiLU, and every decoder linear a
         QuantLinear on one kernel path; returns whether the plan was made."""
-        if not self.fused or self.args.hidden_act not in ("silu", "swish"):
-            return False
+        if not self.fused or self.args.hidden_act not in ("silu", "swish") or self.args.qk_norm:
+            return False  # the op has no GELU and no QK-norm
         weights: list[torch.Tensor] = []
         formats: list[int] = []
         linears: list[QuantLinear] = []
@@ -232,7 +263,10 @@ class LlamaForCausalLM(CausalLM):
         if len(same) != 1:
             return False
         scale = cast(LlamaDecoderLayer, self.layers[0]).self_attn.scale
-        self.decode_plan = DecodePlan(weights, formats, first.isa_index, scale, first)
+        windows = [w for w in self.args.layer_windows if w is not None]
+        self.decode_plan = DecodePlan(
+            weights, formats, first.isa_index, scale, first, min(windows) if windows else None
+        )
         return True
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
@@ -278,35 +312,4 @@ class LlamaForCausalLM(CausalLM):
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        loader = WeightLoader(self)
-        stacked = {  # HF name piece -> (our param piece, shard index)
-            "q_proj": ("qkv_proj", 0),
-            "k_proj": ("qkv_proj", 1),
-            "v_proj": ("qkv_proj", 2),
-            "gate_proj": ("gate_up_proj", 0),
-            "up_proj": ("gate_up_proj", 1),
-        }
-        a = self.args
-        shard_sizes = {
-            "qkv_proj": [
-                a.num_heads * a.head_dim,
-                a.num_kv_heads * a.head_dim,
-                a.num_kv_heads * a.head_dim,
-            ],
-            "gate_up_proj": [a.intermediate_size, a.intermediate_size],
-        }
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            name = name.removeprefix("model.")
-            if self.args.tie_word_embeddings and name.startswith("lm_head."):
-                continue
-            for piece, (fused, idx) in stacked.items():
-                if f".{piece}." in name:
-                    fused_name = name.replace(piece, fused)
-                    sizes = shard_sizes[fused]
-                    loader.load_shard(fused_name, tensor, sum(sizes[:idx]), sizes[idx])
-                    break
-            else:
-                loader.load(name, tensor)
-        loader.finish()
+        load_stacked_weights(self, weights, self.args)

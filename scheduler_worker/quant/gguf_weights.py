@@ -43,6 +43,18 @@ _LLAMA_LAYER = {
 GGUF_MODULES: dict[str, tuple[dict[str, tuple[str, ...]], str, str]] = {
     "llama": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
     "qwen2": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
+    "qwen3": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
+    "gemma3": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
+    "phi3": (  # q/k/v and gate/up already fused in the file
+        {
+            "self_attn.qkv_proj": ("attn_qkv",),
+            "self_attn.o_proj": ("attn_output",),
+            "mlp.gate_up_proj": ("ffn_up",),
+            "mlp.down_proj": ("ffn_down",),
+        },
+        "embed_tokens",
+        "lm_head",
+    ),
 }
 # GGUF architectures whose Q and K rows llama.cpp's converter permutes
 QK_PERMUTED = frozenset({"llama"})

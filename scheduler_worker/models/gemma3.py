@@ -1,0 +1,164 @@
+"""Gemma 3 text (Gemma3ForCausalLM, model_type gemma3_text) in plain torch.
+
+Where it differs from Llama:
+
+    embeddings * sqrt(hidden)
+    layer:  h += post_attention_norm(attn(input_norm(h)))
+            h += post_feedforward_norm(mlp(pre_feedforward_norm(h)))
+    attn:   q, k RMS-normed per head (QK-norm) before RoPE; scale query_pre_attn_scalar^-0.5;
+            local layers: sliding window, RoPE base rope_local_base_freq (10k);
+            global layers: full context, RoPE base rope_theta (1M) with its scaling
+    norms:  Gemma RMSNorm, x * (1 + w), computed in float32
+    mlp:    gelu_tanh(gate) * up (LlamaMLP with Gemma's activation)
+    logits: tanh(logits / cap) * cap when final_logit_softcapping is set
+
+The layer kinds come from the config's `layer_types` (ModelArgs.layer_windows). Weight
+names are HF's; q/k/v and gate/up are stacked on load as for Llama.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from scheduler_worker.attention import AttentionMetadata, paged_attention
+from scheduler_worker.models.common import CausalLM, ModelArgs, load_stacked_weights
+from scheduler_worker.models.llama import LlamaMLP
+from scheduler_worker.rope import RotaryEmbedding, rotate
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def _rope_settings(hf: dict[str, Any]) -> dict[str, tuple[float, dict[str, Any] | None]]:
+    """(theta, scaling) of the local and global layers, from transformers 5's nested
+    `rope_parameters` or the older `rope_theta` / `rope_local_base_freq` / `rope_scaling`."""
+    params = hf.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or hf.get("rope_scaling") or {})
+    local = dict(params.get("sliding_attention") or {})
+    full_theta = float(full.pop("rope_theta", hf.get("rope_theta", 1_000_000.0)))
+    local_theta = float(local.pop("rope_theta", hf.get("rope_local_base_freq", 10_000.0)))
+
+    def scaling(p: dict[str, Any]) -> dict[str, Any] | None:
+        kind = p.get("rope_type", p.get("type", "default"))
+        return None if kind == "default" else p
+
+    return {"local": (local_theta, scaling(local)), "global": (full_theta, scaling(full))}
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_index: int) -> None:
+        super().__init__()
+        hf = args.hf_config
+        if hf.get("attn_logit_softcapping") is not None:
+            raise ValueError("attention logit softcapping (Gemma 2) is not supported")
+        self.window = args.layer_windows[layer_index]
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+        )
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(
+            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+        self.q_norm = GemmaRMSNorm(self.head_dim, args.norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, args.norm_eps)
+        self.scale = float(hf.get("query_pre_attn_scalar") or self.head_dim) ** -0.5
+
+    def forward(self, cos_sin, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        t = qkv.shape[0]
+        q = self.q_norm(qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim))
+        k = self.k_norm(
+            qkv[:, self.q_size : self.q_size + self.kv_size].view(
+                t, self.num_kv_heads, self.head_dim
+            )
+        )
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        q, k = rotate(q, *cos_sin), rotate(k, *cos_sin)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window)
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_index: int) -> None:
+        super().__init__()
+        dim, eps = args.hidden_size, args.norm_eps
+        self.is_local = args.layer_windows[layer_index] is not None
+        self.input_layernorm = GemmaRMSNorm(dim, eps)
+        self.self_attn = Gemma3Attention(args, layer_index)
+        self.post_attention_layernorm = GemmaRMSNorm(dim, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(dim, eps)
+        self.mlp = LlamaMLP(args)
+        self.post_feedforward_layernorm = GemmaRMSNorm(dim, eps)
+
+    def forward(self, cos_sin, h, kv_cache, meta) -> torch.Tensor:
+        a = self.self_attn(cos_sin, self.input_layernorm(h), kv_cache, meta)
+        h = h + self.post_attention_layernorm(a)
+        m = self.mlp(self.pre_feedforward_layernorm(h))
+        return h + self.post_feedforward_layernorm(m)
+
+
+class Gemma3ForCausalLM(CausalLM):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        softcap = args.hf_config.get("final_logit_softcapping")
+        self.softcap = float(softcap) if softcap else None
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(args, i) for i in range(args.num_layers))
+        self.norm = GemmaRMSNorm(args.hidden_size, args.norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.ropes = self._make_ropes()
+        self.post_init()
+
+    def _make_ropes(self) -> nn.ModuleDict:
+        a = self.args
+        return nn.ModuleDict(
+            {
+                kind: RotaryEmbedding(a.head_dim, a.max_position_embeddings, theta, scaling)
+                for kind, (theta, scaling) in _rope_settings(a.hf_config).items()
+            }
+        )
+
+    def post_init(self) -> None:
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        if self.embed_tokens.weight.device.type != "meta":
+            self.ropes = self._make_ropes()
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        emb = self.embed_tokens(input_ids)
+        # transformers scales by sqrt(hidden) rounded to the weights' dtype
+        h = emb * torch.tensor(self.args.hidden_size**0.5, dtype=emb.dtype)
+        cos_sin = {
+            kind: cast(RotaryEmbedding, rope).cos_sin(positions, h.dtype)
+            for kind, rope in self.ropes.items()
+        }
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h = layer(cos_sin["local" if layer.is_local else "global"], h, kv_cache, meta)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_stacked_weights(self, weights, self.args)

@@ -1,0 +1,168 @@
+"""GGUF conversion of the qwen3 and phi3 architectures: tiny random transformers models
+written as llama.cpp lays them out (Qwen 3's per-head q/k norms; Phi-3's fused attn_qkv and
+ffn_up), converted, and served: logits equal the source model's; with Q8_0 linears, the
+file's own blocks map onto every linear."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from common.config import CacheConfig, EngineConfig, ModelConfig
+from common.model_source import default_gguf_path, resolve_model
+from scheduler_worker.model_runner import ModelRunner, SeqInput
+from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
+
+SHAPE = dict(
+    vocab_size=49152,  # the default model's tokenizer goes in the file
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+# HF module -> GGUF tensor, per architecture (llama.cpp's convert_hf_to_gguf names)
+NAMES = {
+    "qwen3": {
+        "q_proj": "attn_q",
+        "k_proj": "attn_k",
+        "v_proj": "attn_v",
+        "o_proj": "attn_output",
+        "q_norm": "attn_q_norm",
+        "k_norm": "attn_k_norm",
+        "gate_proj": "ffn_gate",
+        "up_proj": "ffn_up",
+        "down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    },
+    "phi3": {
+        "qkv_proj": "attn_qkv",
+        "o_proj": "attn_output",
+        "gate_up_proj": "ffn_up",
+        "down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    },
+}
+PROMPT = list(range(100, 140))
+
+
+def _tiny(arch: str):
+    from transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(5)
+    if arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=32, tie_word_embeddings=True, **SHAPE))
+    else:
+        model = Phi3ForCausalLM(
+            Phi3Config(sliding_window=24, tie_word_embeddings=False, pad_token_id=0, **SHAPE)
+        )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+    return model.eval()
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _write(model, arch: str, path: Path, qtype: gguf.GGMLQuantizationType | None) -> Path:
+    cfg = model.config
+    reader = gguf.GGUFReader(str(default_gguf_path()))
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(_head_dim(cfg))
+    w.add_value_length(_head_dim(cfg))
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    for key, add in (
+        ("tokens", w.add_token_list),
+        ("token_type", w.add_token_types),
+        ("merges", w.add_token_merges),
+    ):
+        add(reader.fields[f"tokenizer.ggml.{key}"].contents())
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    names = NAMES[arch]
+    for name, t in model.state_dict().items():
+        a = t.numpy().astype(np.float32)
+        parts = name.split(".")
+        if name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            gname = "output.weight"
+        elif name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        else:
+            gname = f"blk.{parts[2]}.{names[parts[-2]]}.{parts[-1]}"
+        if qtype is not None and a.ndim == 2 and gname != "token_embd.weight":
+            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+def test_gguf_converts_and_serves_like_the_source_model(arch, tmp_path):
+    model = _tiny(arch)
+    path = _write(model, arch, tmp_path / f"tiny-{arch}.gguf", None)
+    model_dir = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == [type(model).__name__]
+    assert config["head_dim"] == _head_dim(model.config)
+    assert config.get("sliding_window") == getattr(model.config, "sliding_window", None)
+    runner = ModelRunner(
+        EngineConfig(
+            model=ModelConfig(model=str(path), dtype="float32", quantization="none"),
+            cache=CacheConfig(block_size=4, num_blocks=64),
+        ),
+        model_dir,
+    )
+    with torch.no_grad():
+        expected = model(torch.tensor([PROMPT])).logits[0, -1]
+    got = runner.execute([SeqInput(PROMPT, 0, list(range(10)))])[0]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+def test_gguf_blocks_map_onto_every_linear(arch, tmp_path):
+    model = _tiny(arch)
+    path = _write(model, arch, tmp_path / f"q8-{arch}.gguf", gguf.GGMLQuantizationType.Q8_0)
+    found, skipped = gguf_linears(GGUFBlocks(path), model.config.num_hidden_layers)
+    tied = model.config.tie_word_embeddings  # the head is then the float32 embedding table
+    assert skipped == (["lm_head (F32)"] if tied else [])
+    n = model.config.num_hidden_layers
+    assert len(found) == 4 * n + (0 if tied else 1)  # qkv, o, gate_up, down; the head
+    a = model.config
+    qkv = found["layers.0.self_attn.qkv_proj"]
+    gate_up = found["layers.0.mlp.gate_up_proj"]
+    q_rows = (a.num_attention_heads + 2 * a.num_key_value_heads) * _head_dim(a)
+    assert qkv.shape == (q_rows, a.hidden_size)
+    assert gate_up.shape == (2 * a.intermediate_size, a.hidden_size)
