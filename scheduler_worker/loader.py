@@ -28,7 +28,12 @@ from common.cpu import has_native_bf16
 from common.gguf_convert import gguf_matrices
 from common.log import get_logger
 from common.model_source import check_quantization_source, gguf_source
-from scheduler_worker.models import MODEL_REGISTRY, architecture_of, iter_safetensors
+from scheduler_worker.models import (
+    MODEL_REGISTRY,
+    architecture_of,
+    iter_safetensors,
+    servable_args,
+)
 from scheduler_worker.models.common import CausalLM, ModelArgs
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
@@ -89,7 +94,7 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
     t0 = time.perf_counter()
     hf = _read_config(model_dir)
     arch = architecture_of(hf)
-    args = ModelArgs.from_hf(hf, arch)
+    args = servable_args(hf, arch)
     with torch.device("meta"):
         model = MODEL_REGISTRY[arch](args)
     blocks = GGUFBlocks(gguf) if gguf is not None else None

@@ -117,7 +117,10 @@ class ModelRunner:
         log.info("decode attention: %s", self.decode_kernel)
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
-        shape = (self.num_blocks, self.block_size, self.args.num_kv_heads, self.args.head_dim)
+        # one block more than the block manager hands out: the scratch block, the placeholder
+        # a sliding-window request's table holds for the blocks it gave back (never read:
+        # every windowed layer masks it out; scheduler.placeholder_block)
+        shape = (self.num_blocks + 1, self.block_size, self.args.num_kv_heads, self.args.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),

@@ -71,17 +71,24 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"cannot read weights file {file}: {e}") from e
 
 
-def load_model(
-    model_dir: Path, dtype: torch.dtype, device: torch.device
-) -> tuple[CausalLM, ModelArgs]:
-    hf = read_hf_config(model_dir)
-    arch = architecture_of(hf)
+def servable_args(hf: dict, arch: str) -> ModelArgs:
+    """The model's shapes from its HF config, or UnsupportedModelError in one line when the
+    engine cannot serve them (checked before any weight is read)."""
     try:
         args = ModelArgs.from_hf(hf, arch)
     except (KeyError, TypeError, ValueError) as e:
         detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
         raise UnsupportedModelError(f"model config of {arch} cannot be served: {detail}") from e
     check_servable(args)
+    return args
+
+
+def load_model(
+    model_dir: Path, dtype: torch.dtype, device: torch.device
+) -> tuple[CausalLM, ModelArgs]:
+    hf = read_hf_config(model_dir)
+    arch = architecture_of(hf)
+    args = servable_args(hf, arch)
     with torch.device("meta"):
         model = MODEL_REGISTRY[arch](args)
     model = model.to_empty(device="cpu")
