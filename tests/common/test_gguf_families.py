@@ -16,7 +16,7 @@ import torch
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from common.model_source import default_gguf_path, resolve_model
 from scheduler_worker.model_runner import ModelRunner, SeqInput
-from scheduler_worker.quant.gguf_weights import GGUFBlocks, gguf_linears
+from scheduler_worker.quant.linear import QuantLinear
 
 SHAPE = dict(
     vocab_size=49152,  # the default model's tokenizer goes in the file
@@ -153,16 +153,36 @@ def test_gguf_converts_and_serves_like_the_source_model(arch, tmp_path):
 
 @pytest.mark.parametrize("arch", ["qwen3", "phi3"])
 def test_gguf_blocks_map_onto_every_linear(arch, tmp_path):
+    """A Q8_0 file of each family is served from its own blocks: every decoder linear (and
+    an untied head) is a kernel QuantLinear of the model's shape, none falls back, and the
+    logits stay close to the dequantized float path's (8-bit activations: not exact)."""
     model = _tiny(arch)
     path = _write(model, arch, tmp_path / f"q8-{arch}.gguf", gguf.GGMLQuantizationType.Q8_0)
-    found, skipped = gguf_linears(GGUFBlocks(path), model.config.num_hidden_layers)
-    tied = model.config.tie_word_embeddings  # the head is then the float32 embedding table
-    assert skipped == (["lm_head (F32)"] if tied else [])
-    n = model.config.num_hidden_layers
-    assert len(found) == 4 * n + (0 if tied else 1)  # qkv, o, gate_up, down; the head
+    model_dir = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False)
+
+    def runner(quantization: str) -> ModelRunner:
+        return ModelRunner(
+            EngineConfig(
+                model=ModelConfig(model=str(path), dtype="float32", quantization=quantization),
+                cache=CacheConfig(block_size=4, num_blocks=64),
+            ),
+            model_dir,
+        )
+
+    served = runner("gguf")
     a = model.config
-    qkv = found["layers.0.self_attn.qkv_proj"]
-    gate_up = found["layers.0.mlp.gate_up_proj"]
     q_rows = (a.num_attention_heads + 2 * a.num_key_value_heads) * _head_dim(a)
-    assert qkv.shape == (q_rows, a.hidden_size)
-    assert gate_up.shape == (2 * a.intermediate_size, a.hidden_size)
+    for layer in served.model.layers:
+        qkv, gate_up = layer.self_attn.qkv_proj, layer.mlp.gate_up_proj
+        assert isinstance(qkv, QuantLinear) and isinstance(gate_up, QuantLinear)
+        assert isinstance(layer.self_attn.o_proj, QuantLinear)
+        assert isinstance(layer.mlp.down_proj, QuantLinear)
+        assert (qkv.out_features, qkv.in_features) == (q_rows, a.hidden_size)
+        assert gate_up.out_features == 2 * a.intermediate_size
+    if not a.tie_word_embeddings:
+        assert isinstance(served.model.lm_head, QuantLinear)
+    got = served.execute([SeqInput(PROMPT, 0, list(range(10)))])[0]
+    want = runner("none").execute([SeqInput(PROMPT, 0, list(range(10)))])[0]
+    # 8-bit activations against float: the same logits up to quantization noise
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.999
+    assert (got - want).abs().max() < 0.25 and int(got.argmax()) == int(want.argmax())
