@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -183,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+            if not args.log_dir:
+                shutil.rmtree(server.log_path.parent, ignore_errors=True)
     s = out["server"]
     print(
         f"server:           PPL = {s['ppl']:.4f} +/- {s['stderr']:.5f} ({s['num_chunks']} "
