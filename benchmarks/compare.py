@@ -43,6 +43,9 @@ after (a) shift; the JSON's `key` (offline, server_wN, hf, llama_server) does no
 --json FILE keeps every figure (bench_serving's full results with per-request records,
 the busy split, the offline engine's stage times), machine_info, argv and the args.
 
+Per GGUF file (K-quants, other families), zeroserve against llama-server at 1 / 8 / 32
+streams with a long-prompt TTFT, memory and start-up: benchmarks/compare_files.py.
+
 Run it on an idle machine: another process on the cores moves these figures a lot (the
 CPUs' busy share from other processes is sampled before and after the run and warned of).
 """

@@ -14,4 +14,11 @@ docstring that describes the rows, and `main` stay there):
     checks.py       the three targets: PASS / FAIL / SKIP
     table.py        the printed table
     util.py         log, median, mean
+
+and of benchmarks/compare_files.py (zeroserve vs llama-server per GGUF file):
+
+    per_file.py        one file: both servers, one after the other, on the same prompts
+    zeroserve_proc.py  launch.py as a subprocess, its start-up and scheduler memory
+    gguf_types.py      a file's tensor types, bytes and roles (gguf-py)
+    file_table.py      the per-file blocks and issue 21's table
 """
