@@ -27,13 +27,14 @@ def split_q6k(raw: np.ndarray | torch.Tensor, n: int, k: int) -> tuple[torch.Ten
     if k % QK_K:
         raise ValueError(f"Q6_K rows hold whole super-blocks of {QK_K}, got {k} inputs")
     nb = k // QK_K
-    t = torch.as_tensor(np.ascontiguousarray(raw)).view(torch.uint8)
-    if t.numel() != n * nb * BLOCK_BYTES:
-        raise ValueError(f"Q6_K [{n}, {k}] needs {n * nb * BLOCK_BYTES} bytes, got {t.numel()}")
-    blocks = t.reshape(n, nb, BLOCK_BYTES)
-    qs = blocks[:, :, :PLANE_BYTES].reshape(n, nb * PLANE_BYTES).contiguous()
-    d = blocks[:, :, PLANE_BYTES:].contiguous().view(torch.float16).reshape(n, nb)
-    return qs, d
+    a = raw.numpy() if isinstance(raw, torch.Tensor) else raw
+    a = np.ascontiguousarray(a).view(np.uint8)  # (a view of a file's memory map stays one)
+    if a.size != n * nb * BLOCK_BYTES:
+        raise ValueError(f"Q6_K [{n}, {k}] needs {n * nb * BLOCK_BYTES} bytes, got {a.size}")
+    blocks = a.reshape(n, nb, BLOCK_BYTES)
+    qs = np.ascontiguousarray(blocks[:, :, :PLANE_BYTES]).reshape(n, nb * PLANE_BYTES)
+    d = np.ascontiguousarray(blocks[:, :, PLANE_BYTES:]).view(np.float16).reshape(n, nb)
+    return torch.from_numpy(qs), torch.from_numpy(d)
 
 
 PIECE = 16  # inputs per int8 sub-scale
