@@ -1,7 +1,8 @@
 """The published Gemma 3 270M Q4_K_M file (Q5_0, Q8_0, Q4_K and Q6_K tensors) served with
 the default --quantization gguf: every linear on an integer kernel (none dequantized on
 the fly), and its greedy text equal to the --quantization none float path's (the file's
-weights dequantized to float32) on short prompts."""
+weights dequantized to float32) on short prompts, but where the float path's top two
+tokens are a near tie (the kernels quantize activations to 8 bits)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker import kernels
+from scheduler_worker.model_runner import SeqInput
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.gguf_weights import NO_KERNEL
 from scheduler_worker.quant.linear import QuantLinear
@@ -63,5 +65,15 @@ def test_gemma3_every_tensor_on_a_kernel_and_greedy_equals_float(
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
     got = engine.generate(prompts, params)
     del engine, model, q6
-    want = _engine(gemma_gguf, gemma_dir, "none").generate(prompts, params)
-    assert got == want, [tok.decode(t) for t in got + want]
+    ref = _engine(gemma_gguf, gemma_dir, "none")
+    want = ref.generate(prompts, params)
+    # 8-bit activations on the kernels: a greedy choice may flip where the float path's
+    # top two are a near tie; the texts must agree up to such a point and there only
+    for p, g, w in zip(prompts, got, want, strict=True):
+        if g == w:
+            continue
+        at = next(i for i, (a, b) in enumerate(zip(g, w)) if a != b)
+        ctx = p + w[:at]
+        logits = ref.runner.execute([SeqInput(ctx, 0, list(range(-(-len(ctx) // 16))))])[0]
+        margin = float(logits[w[at]] - logits[g[at]])
+        assert at >= 4 and 0 <= margin < 0.5, (at, margin, tok.decode(g), tok.decode(w))
