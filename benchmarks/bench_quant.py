@@ -13,7 +13,7 @@ with float32 activations ("q4/ISA") and bfloat16 ones ("q4/ISA/bf16"). Prints a 
 --gguf-types Q5_0,Q4_K,... adds rows "TYPE/ISA" (float32 activations) for GGUF block
 formats, every linear in that type made of random valid blocks (the values do not change
 the time); a K-quant on a row length that is not a multiple of 256 falls back as
-llama-quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1).
+llama-quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from scheduler_worker.models import load_model  # noqa: E402
 from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, BlockWeight, from_gguf  # noqa: E402
 from scheduler_worker.quant.linear import QuantLinear, quantize_weight  # noqa: E402
 
-K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1"}  # llama-quantize's, for rows not % 256
+K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama-quantize's, rows not % 256
 
 
 def random_gguf_weight(type_name: str, n: int, k: int, seed: int = 0) -> BlockWeight:
@@ -51,9 +51,10 @@ def random_gguf_weight(type_name: str, n: int, k: int, seed: int = 0) -> BlockWe
     size = GGUF_BLOCK_TYPES[type_name][1]
     units = k // (256 if type_name.endswith("_K") else 32)
     blocks = rng.integers(0, 256, (n, units, size), dtype=np.uint8)
-    nf = 1 if type_name in ("Q4_0", "Q5_0", "Q8_0") else 2
+    nf = 1 if type_name in ("Q4_0", "Q5_0", "Q8_0", "Q6_K") else 2
     f = rng.uniform(1e-3, 1e-2, (n, units, nf)).astype(np.float16)
-    blocks[..., : 2 * nf] = f.view(np.uint8).reshape(n, units, 2 * nf)
+    at = size - 2 if type_name == "Q6_K" else 0  # Q6_K keeps its d last
+    blocks[..., at : at + 2 * nf] = f.view(np.uint8).reshape(n, units, 2 * nf)
     return from_gguf(blocks.reshape(n, -1), type_name, n, k)
 
 

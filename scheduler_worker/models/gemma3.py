@@ -137,9 +137,11 @@ class Gemma3ForCausalLM(CausalLM):
         )
 
     def post_init(self) -> None:
-        if self.args.tie_word_embeddings:
+        # a GGUF model's lm_head / embedding are modules over the file's tensors (the loader)
+        tied = isinstance(self.lm_head, nn.Linear) and isinstance(self.embed_tokens, nn.Embedding)
+        if self.args.tie_word_embeddings and tied:
             self.lm_head.weight = self.embed_tokens.weight
-        if self.embed_tokens.weight.device.type != "meta":
+        if self.norm.weight.device.type != "meta":
             self.ropes = self._make_ropes()
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:

@@ -18,6 +18,9 @@ Q4_1's recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
 GGUF's Q5_0, Q5_1, Q4_K and Q5_K take the forms "q5", "q4k", "q5k" of kquants.py (their
 arrays, layout and math there); from_gguf, dequantize, pack_blocks, cat_rows and
 reference_qlinear serve every form, so a loader needs only GGUF_BLOCK_TYPES and these.
+GGUF's Q6_K takes the form "q6k" of q6k.py: the file's bytes as they are (qs: the 208
+bytes of planes and int8 sub-scales per 256 inputs, d: the super-scale), scaled per 16
+inputs rather than 32.
 """
 
 from __future__ import annotations
@@ -27,26 +30,32 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from scheduler_worker.quant import kquants
+from scheduler_worker.quant import kquants, q6k
 
 QK = 32  # inputs per block
-FORMS = ("q4", "q8", *kquants.K_FORMS)
-FMT_CODES = {"q4": 0, "q8": 1, **kquants.FMT_CODES}  # the qlinear op's fmt per form
+FORMS = ("q4", "q8", *kquants.K_FORMS, "q6k")
+FMT_CODES = {
+    "q4": 0,
+    "q8": 1,
+    **kquants.FMT_CODES,
+    "q6k": q6k.Q6K_FMT,
+}  # the qlinear op's fmt per form
 # GGUF type name -> (kernel form, bytes per block: of 32 inputs, of 256 for the K-quants)
 GGUF_BLOCK_TYPES = {
     "Q4_0": ("q4", 18),
     "Q4_1": ("q4", 20),
     "Q8_0": ("q8", 34),
     **kquants.K_TYPES,
+    "Q6_K": ("q6k", q6k.BLOCK_BYTES),
 }
 
 
 @dataclass
 class BlockWeight:
     form: str  # one of FORMS
-    qs: torch.Tensor  # q8: int8 [N, K]; the others uint8 [N, K/2]
-    d: torch.Tensor  # float32 [N, K/32] (K-quant forms: [N, K/256])
-    m: torch.Tensor | None  # like d; q8: None
+    qs: torch.Tensor  # q8: int8 [N, K]; q6k: uint8 [N, K/256 * 208]; the others uint8 [N, K/2]
+    d: torch.Tensor  # float32 [N, K/32] (K-quant forms and q6k: [N, K/256])
+    m: torch.Tensor | None  # like d; q8, q6k: None
     source: str  # what it was made from: "Q4_1", "Q8_0", "int4", ...
     qh: torch.Tensor | None = None  # 5-bit forms (kquants.py)
     sc: torch.Tensor | None = None  # K-quant forms: sub-block scales (kquants.py)
@@ -54,11 +63,15 @@ class BlockWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.form == "q6k":
+            return self.qs.shape[0], self.qs.shape[1] // q6k.PLANE_BYTES * q6k.QK_K
         return self.qs.shape[0], self.qs.shape[1] * (1 if self.form == "q8" else 2)
 
     def nbytes(self) -> int:
         """Bytes of the kernels' layout (pack_blocks), the memory a served weight takes."""
         n, k = self.shape
+        if self.form == "q6k":  # the file's rows, unpadded
+            return n * (k // q6k.QK_K) * q6k.BLOCK_BYTES
         if self.form in kquants.K_FORMS:
             return kquants.packed_nbytes(self.form, n, k)
         groups = -(-n // GROUP_ROWS)
@@ -74,6 +87,9 @@ def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
             f"GGUF type {type_name} has no kernel (supported: {', '.join(GGUF_BLOCK_TYPES)})"
         )
     form, size = GGUF_BLOCK_TYPES[type_name]
+    if form == "q6k":
+        planes, d6 = q6k.split_q6k(raw, n, k)
+        return BlockWeight(form, planes, d6.float(), None, type_name)
     if form in kquants.K_FORMS:
         p = kquants.split_gguf(raw, type_name, n, k)
 
@@ -163,8 +179,12 @@ def quantize_q8(w: torch.Tensor) -> BlockWeight:
 
 
 def block_values(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(q int32 [N, K/32, 32], dw [N, K/32], mw like dw or None): w = dw * q + mw per block."""
+    """(q int32 [N, K/P, P], dw [N, K/P], mw like dw or None): w = dw * q + mw per piece of
+    P inputs: P = 32 (a block), 16 for q6k (one sub-scale each)."""
     n = bw.shape[0]
+    if bw.form == "q6k":
+        q, dw = q6k.pieces(bw.qs, bw.d)
+        return q, dw, None
     if bw.form == "q8":
         return bw.qs.reshape(n, -1, QK).to(torch.int32), bw.d, None
     assert bw.m is not None
@@ -222,8 +242,10 @@ def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
     """The kernels' arithmetic in float64 torch (8-bit activations, integer block dots):
     what qlinear must return up to float32 rounding."""
     xq, xd, xs = quantize_activations(x)
-    xb = xq.reshape(x.shape[0], -1, QK).double()
     wq, dw, mw = block_values(bw)
+    piece = wq.shape[-1]  # 32, or 16: each activation block's d serves 32 // piece pieces
+    xb = xq.reshape(x.shape[0], -1, piece).double()
+    xd = xd.repeat_interleave(QK // piece, dim=1)
     dots = torch.einsum("mbk,nbk->mnb", xb, wq.double())  # integer-valued
     out = (dots * xd.double()[:, None, :] * dw.double()[None]).sum(-1)
     if mw is not None:
@@ -241,6 +263,8 @@ def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     float16 (every value is one: they come from GGUF's float16 fields or are rounded so by
     quantize_q4/q8). Returns (qs uint8 [groups, nb * bytes], d float16 [groups, nb, 16],
     m like d or None). The 5-bit and K-quant forms: kquants.pack (qgemm_kquant.h)."""
+    if w.form == "q6k":
+        return q6k.pack(w.qs, w.d)
     if w.form in kquants.K_FORMS:
         assert w.m is not None
         return kquants.pack(w.form, w.qs, w.qh, w.d, w.m, w.sc, w.mn)

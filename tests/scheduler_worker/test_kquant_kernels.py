@@ -1,5 +1,6 @@
 """The 5-bit and K-quant kernels (GGUF Q5_0, Q5_1, Q4_K, Q5_K; scheduler_worker/quant/
-kquants.py, kernels/csrc/qgemm_kquant*.{h,cpp}) against gguf-py: blocks of random bytes
+kquants.py, kernels/csrc/qgemm_kquant*.{h,cpp}; Q6_K: quant/q6k.py, csrc/qgemm_q6k.h)
+against gguf-py: blocks of random bytes
 with sane float16 scales, dequantized by gguf-py's own code, multiplied in float64 by the
 activations quantized as the kernels quantize them (int8 per block of 32). Every ISA path
 this machine has plus the portable one; tails in N, K and the batch."""
@@ -25,7 +26,7 @@ from scheduler_worker.quant.formats import (
 )
 from scheduler_worker.quant.linear import QuantLinear
 
-TYPES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K"]
+TYPES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 ISAS = [
     i
     for i in kernels.ISAS
@@ -41,14 +42,17 @@ def _unit(type_name: str) -> int:
 
 def random_raw(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
     """[n, row bytes] of random blocks: every byte random but the float16 d (and m / dmin),
-    set to finite values of either sign across two decades."""
+    set to finite values of either sign across two decades (Q6_K: its d, the last two
+    bytes; its int8 sub-scales stay random, of either sign)."""
     rng = np.random.default_rng(seed)
     size, unit = GGUF_BLOCK_TYPES[type_name][1], _unit(type_name)
     blocks = rng.integers(0, 256, (n, k // unit, size), dtype=np.uint8)
-    nf = 1 if type_name == "Q5_0" else 2
+    nf = 1 if type_name in ("Q5_0", "Q6_K") else 2
     f = rng.uniform(0.5, 1.0, (n, k // unit, nf)) * 10.0 ** rng.uniform(-4, -2, (n, k // unit, nf))
     f *= rng.choice([-1.0, 1.0], f.shape)
-    blocks[..., : 2 * nf] = f.astype(np.float16).view(np.uint8).reshape(n, k // unit, 2 * nf)
+    at = size - 2 if type_name == "Q6_K" else 0
+    f16 = f.astype(np.float16).view(np.uint8).reshape(n, k // unit, 2 * nf)
+    blocks[..., at : at + 2 * nf] = f16
     return blocks.reshape(n, -1)
 
 
@@ -82,11 +86,18 @@ def test_packed_bytes_within_1_1x_of_the_file(type_name):
         packed = pack_blocks(bw)
         got = sum(t.numel() * t.element_size() for t in packed if t is not None)
         assert got == bw.nbytes() <= 1.1 * raw.nbytes, (n, k, got, raw.nbytes)
+        if type_name == "Q6_K":  # the file's rows as they are: exactly its bytes
+            assert got == raw.nbytes
+            assert torch.equal(
+                packed[0].view(n, -1, 208), torch.from_numpy(raw.reshape(n, -1, 210)[..., :208])
+            )
 
 
 def test_k_types_refuse_a_row_not_a_multiple_of_256():
     with pytest.raises(ValueError, match="multiple of 256"):
         from_gguf(np.zeros((2, 144), np.uint8), "Q4_K", 2, 224)
+    with pytest.raises(ValueError, match="whole super-blocks of 256"):
+        from_gguf(np.zeros((2, 210), np.uint8), "Q6_K", 2, 224)
 
 
 @needs_kernels

@@ -7,8 +7,9 @@
 //   q = (4-bit: ql[64 h + l + 32 (r & 1)], its low nibble for r < 2, else its high one)
 //     | (2-bit: qh[32 h + l] >> 2 r & 3) << 4,          w = d * scales[k / 16] * (q - 32)
 // Per super-block the 256 six-bit values are unpacked once to int8 and reused for every
-// activation row; each 16-input piece's integer dot is scaled by d, its scale and the
-// activation block's d. One always-inline body, one variant per ISA path (zs_isa.h).
+// activation row; each 16-input piece's products are scaled by its scale and the activation
+// block's d, in 16 float lanes summed once per super-block, then by d. One always-inline
+// body, one variant per ISA path (zs_isa.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -56,13 +57,20 @@ ZS_INLINE void q6k_rows_impl(const Q6KArgs& a, int64_t n0, int64_t n1, float* ac
       for (int64_t i = 0; i < a.M; ++i) {
         const int8_t* x = a.xq + i * a.nb * QK_K + b * QK_K;
         const float* xd = a.xd + (i * a.nb + b) * (QK_K / 32);
-        float s = 0.f;
+        // 16 lanes, one per input of a piece: each piece's products (exact in float) scaled
+        // by its scale and the activation block's d, summed across lanes once per block
+        // (a horizontal sum per piece made the vector paths slower than the scalar one)
+        alignas(64) float lane[16] = {};
         for (int64_t j = 0; j < 16; ++j) {
-          int32_t dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t k = 0; k < 16; ++k) dot += static_cast<int32_t>(w[16 * j + k]) * x[16 * j + k];
-          s += static_cast<float>(sc[j]) * xd[j / 2] * static_cast<float>(dot);
+          const float f = static_cast<float>(sc[j]) * xd[j / 2];
+          const int8_t* wj = w + 16 * j;
+          const int8_t* xj = x + 16 * j;
+#pragma omp simd
+          for (int64_t k = 0; k < 16; ++k)
+            lane[k] += f * static_cast<float>(static_cast<int32_t>(wj[k]) * static_cast<int32_t>(xj[k]));
         }
+        float s = 0.f;
+        for (int64_t k = 0; k < 16; ++k) s += lane[k];
         acc[i] += db * s;
       }
     }
