@@ -34,7 +34,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python benchmarks/compare_files.py`
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, old)
         shutil.rmtree(tmp, ignore_errors=True)  # the logs too, unless --log-dir
     res = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": _git_commit(),
         "machine": machine_info(),
         "argv": argv,
