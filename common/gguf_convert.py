@@ -27,77 +27,22 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from common.gguf_names import (  # noqa: F401 (re-exported: the names' one table)
+    _NORM_PLUS_ONE_ARCHS,
+    _TOP_NAMES,
+    GGUF_ARCHS,
+    SUPPORTED_GGUF_ARCHS,
+    hf_name,
+)
 from common.model_source import ModelSourceError
 
-_LAYER_NAMES = {  # GGUF layer tensor -> HF module, the llama layout every arch starts from
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-# GGUF architecture -> (HF architectures name, model_type, layer tensor names). Every
-# listed layer tensor must be in the file.
-GGUF_ARCHS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "llama": ("LlamaForCausalLM", "llama", _LAYER_NAMES),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2", _LAYER_NAMES),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3", {**_LAYER_NAMES, **_QK_NORM_NAMES}),
-    # Phi-3 keeps HF's fused projections: attn_qkv, and ffn_up holding gate then up
-    "phi3": (
-        "Phi3ForCausalLM",
-        "phi3",
-        {
-            "attn_qkv": "self_attn.qkv_proj",
-            "attn_output": "self_attn.o_proj",
-            "ffn_up": "mlp.gate_up_proj",
-            "ffn_down": "mlp.down_proj",
-            "attn_norm": "input_layernorm",
-            "ffn_norm": "post_attention_layernorm",
-        },
-    ),
-    # Gemma 3: four norms per layer; llama.cpp stores Gemma's norm weights as 1 + w
-    "gemma3": (
-        "Gemma3ForCausalLM",
-        "gemma3_text",
-        {
-            **_LAYER_NAMES,
-            **_QK_NORM_NAMES,
-            "ffn_norm": "pre_feedforward_layernorm",
-            "post_attention_norm": "post_attention_layernorm",
-            "post_ffw_norm": "post_feedforward_layernorm",
-        },
-    ),
-}
-SUPPORTED_GGUF_ARCHS = tuple(GGUF_ARCHS)
-_NORM_PLUS_ONE_ARCHS = ("gemma3",)  # norm weights stored as 1 + w
-_TOP_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
 SHARD_BYTES = 2 << 30
 LLAMA3_ORIGINAL_CONTEXT = 8192  # llama.cpp stores llama3 rope as factors, not its parameters
-
-
-def hf_name(name: str, arch: str = "llama") -> str | None:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    layer_names = GGUF_ARCHS[arch][2]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in layer_names:
-        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
-    return None
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
