@@ -208,8 +208,8 @@ class LLMEngine:
             for (req, _), sample in zip(entries, sampling)
             if sample
         ]
-        for i, allowed in self.grammars.wait(masks).items():
-            rows[i].token_mask = allowed
+        for i, forbidden in self.grammars.wait(masks).items():
+            rows[i].token_forbidden = forbidden
         result = self.sampler(logits, rows) if rows else None
         t3 = time.perf_counter()
         self.counters.prompt_tokens += batch.num_prefill_tokens

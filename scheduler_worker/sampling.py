@@ -42,8 +42,9 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: torch.Generator | None = None
-    # structured outputs: bool [vocab], the tokens its grammar allows (scheduler_worker.structured)
-    token_mask: torch.Tensor | None = None
+    # structured outputs: bool [vocab], True where its grammar forbids the token
+    # (scheduler_worker.structured; computed in the mask thread, so nothing is inverted here)
+    token_forbidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -105,13 +106,16 @@ def mask_stop_tokens(
 
 
 def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """-inf where a constrained row's grammar forbids the token; a new tensor if any."""
-    idx = [i for i, r in enumerate(rows) if r.token_mask is not None]
-    if not idx:
+    """-inf where a constrained row's grammar forbids the token; a new tensor if any.
+    One clone and an in-place fill per constrained row (row views, no gather/scatter:
+    this runs on the decode critical path, between the forward and the sample)."""
+    if all(r.token_forbidden is None for r in rows):
         return logits
-    allowed = torch.stack([rows[i].token_mask for i in idx]).to(logits.device)  # type: ignore[misc]
     out = logits.clone()
-    out[idx] = out[idx].masked_fill(~allowed[:, : out.shape[1]], float("-inf"))
+    for i, r in enumerate(rows):
+        if r.token_forbidden is not None:
+            forbidden = r.token_forbidden.to(out.device)
+            out[i, : forbidden.shape[0]].masked_fill_(forbidden[: out.shape[1]], float("-inf"))
     return out
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import llguidance
 import llguidance.torch as llg_torch
+import numpy as np
 import torch
 
 from common.grammar import GrammarError, check, grammar_text, llg_tokenizer
@@ -42,10 +43,22 @@ MAX_CACHED_GRAMMARS = 256
 
 
 def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 [rows, ceil(V/32)] (bit j of word w: token 32w+j allowed) -> bool [rows, V]."""
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.flatten(1)[:, :vocab_size].bool()
+    """int32 [rows, ceil(V/32)] (bit j of word w: token 32w+j allowed) -> bool [rows, V].
+
+    The words are little-endian (x86), so byte 4w + j // 8 holds bit j % 8 of token 32w + j
+    and numpy's little-endian unpackbits gives the tokens in order (~3x faster than shifts
+    in torch; this runs in the mask thread, beside a forward on the same cores)."""
+    words = bitmask.numpy()
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+    return torch.from_numpy(bits).view(torch.bool)
+
+
+def bitmask_to_forbidden(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The complement of bitmask_to_allowed: True where the token is not allowed."""
+    words = bitmask.numpy()
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+    np.bitwise_xor(bits, 1, out=bits)
+    return torch.from_numpy(bits).view(torch.bool)
 
 
 class GrammarMatchers:
@@ -118,7 +131,8 @@ class GrammarMatchers:
     # ---- masks ----------------------------------------------------------------------------
     def start(self, rows: list[Request]) -> Future[dict[int, torch.Tensor]] | None:
         """Begin the masks of the constrained ones among `rows` (the batch's sampling rows,
-        in order); wait() gives {row index: bool [V] allowed}. None if none is constrained."""
+        in order); wait() gives {row index: bool [V], True where forbidden}. None if none is
+        constrained."""
         if not self.matchers:  # no constrained request anywhere: nothing to do
             return None
         todo = [
@@ -147,11 +161,11 @@ class GrammarMatchers:
             llg_torch.fill_next_token_bitmask_par(
                 self._executor, [(m, j) for j, (_, m) in enumerate(todo)], bitmask
             )
-        allowed = bitmask_to_allowed(bitmask, self.vocab_size)
-        accepting = torch.tensor([m.is_accepting() for _, m in todo])
+        forbidden = bitmask_to_forbidden(bitmask, self.vocab_size)
         if self.eos_token_ids:  # every EOS id the engine stops on, not only llguidance's
-            allowed[:, self.eos_token_ids] = accepting[:, None]
-        return {i: allowed[j] for j, (i, _) in enumerate(todo)}
+            ending = torch.tensor([not m.is_accepting() for _, m in todo])
+            forbidden[:, self.eos_token_ids] = ending[:, None]
+        return {i: forbidden[j] for j, (i, _) in enumerate(todo)}
 
     # ---- after sampling -------------------------------------------------------------------
     def advance(self, req: Request, token: int) -> bool:

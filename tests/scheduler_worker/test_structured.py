@@ -21,7 +21,7 @@ from common.grammar import grammar_text, llg_tokenizer
 from common.sampling_params import InvalidParameterError, SamplingParams
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.sampling import Sampler, SamplingRow
-from scheduler_worker.structured import bitmask_to_allowed
+from scheduler_worker.structured import bitmask_to_allowed, bitmask_to_forbidden
 
 SCHEMA = {
     "type": "object",
@@ -161,12 +161,12 @@ def test_free_rows_are_untouched_by_constrained_ones(engine):
 def test_sampler_masks_only_constrained_rows():
     torch.manual_seed(0)
     logits = torch.randn(4, 100)
-    allowed = torch.zeros(100, dtype=torch.bool)
-    allowed[[5, 17, 60]] = True
+    forbidden = torch.ones(100, dtype=torch.bool)
+    forbidden[[5, 17, 60]] = False
     sp = SamplingParams(temperature=1.0, logprobs=2)
     for _ in range(20):
         rows = [
-            SamplingRow(sp, [1], [], torch.Generator().manual_seed(i), allowed if i % 2 else None)
+            SamplingRow(sp, [1], [], torch.Generator().manual_seed(i), forbidden if i % 2 else None)
             for i in range(4)
         ]
         free = [SamplingRow(sp, [1], [], torch.Generator().manual_seed(i)) for i in range(4)]
@@ -176,7 +176,7 @@ def test_sampler_masks_only_constrained_rows():
         # logprobs are the model's, before the mask: the same top-N as unconstrained
         assert out.logprobs[1].top_ids == ref.logprobs[1].top_ids  # type: ignore[union-attr]
     greedy = SamplingParams(temperature=0.0)
-    rows = [SamplingRow(greedy, [1], [], None, allowed), SamplingRow(greedy, [1], [], None)]
+    rows = [SamplingRow(greedy, [1], [], None, forbidden), SamplingRow(greedy, [1], [], None)]
     out = Sampler(100, [2])(logits[:2], rows)
     assert out.token_ids[0] == int(torch.tensor([5, 17, 60])[logits[0, [5, 17, 60]].argmax()])
     assert out.token_ids[1] == int(logits[1].argmax())
@@ -248,3 +248,16 @@ def test_a_model_without_a_tokenizer_refuses_constrained_requests(tiny_model_dir
         engine.add_request("c", [5], SamplingParams(structured=SPECS[1]))
     assert e.value.param == "structured" and "not available" in str(e.value)
     assert engine.generate([[5, 6]], SamplingParams(max_tokens=3)) != [[]]  # the rest serves
+
+
+def test_bitmask_unpack_follows_the_bit_order():
+    """bit j of word w is token 32w + j; forbidden is its exact complement; a vocabulary
+    that is not a multiple of 32 is cut."""
+    gen = torch.Generator().manual_seed(3)
+    words = torch.randint(-(2**31), 2**31 - 1, (3, 40), dtype=torch.int32, generator=gen)
+    vocab = 40 * 32 - 7
+    want = torch.tensor(
+        [[(int(words[r, t // 32]) >> (t % 32)) & 1 == 1 for t in range(vocab)] for r in range(3)]
+    )
+    assert torch.equal(bitmask_to_allowed(words, vocab), want)
+    assert torch.equal(bitmask_to_forbidden(words, vocab), ~want)
