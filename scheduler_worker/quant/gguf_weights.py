@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.gguf_convert import inspect_gguf, unpermute
+from common.gguf_convert import gguf_blocks_header, unpermute
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
 from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, cat_rows, from_gguf
@@ -68,13 +68,11 @@ class GGUFBlocks:
         import gguf
 
         self.path = path
-        reader = inspect_gguf(path)
-        self.arch = str(reader.fields["general.architecture"].contents())
-        heads = reader.fields.get(f"{self.arch}.attention.head_count")
-        kv_heads = reader.fields.get(f"{self.arch}.attention.head_count_kv")
-        self.n_head = int(heads.contents()) if heads else 0
-        self.n_kv_head = int(kv_heads.contents()) if kv_heads else self.n_head
-        self.tensors = {t.name: t for t in reader.tensors}
+        header = gguf_blocks_header(path)  # the tensor table only, no vocabulary (fast)
+        self.arch = str(header.get("general.architecture"))
+        self.n_head = int(header.get(f"{self.arch}.attention.head_count", 0))
+        self.n_kv_head = int(header.get(f"{self.arch}.attention.head_count_kv", self.n_head))
+        self.tensors = {t.name: t for t in header.tensors}
         self._types = gguf.GGMLQuantizationType
 
     def type_name(self, name: str) -> str:
