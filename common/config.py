@@ -80,6 +80,10 @@ class ModelConfig:
     cache_dir: str | None = None  # where GGUF conversions live; None: default_cache_dir()
     quantization: str = "auto"  # see QUANTIZATIONS
     kernels: str = "auto"  # see KERNELS
+    # keep a bfloat16 copy of each quantized weight for prompt tokens on CPUs where a dense
+    # bf16 GEMM beats the integer kernels on long steps (AMX; AVX2 with native bf16): faster
+    # prefill there for ~3-4x the weight memory. Off: the weights stay the file's bytes.
+    prefill_dense_copy: bool = False
     # torch threads of each scheduler replica; None: torch's default with one replica,
     # launch.py gives each of N replicas cores // N (at least 1)
     num_threads: int | None = None

@@ -12,9 +12,10 @@ Large steps (prefill, big decode batches) are compute-bound. The AVX-512 VNNI ke
 (weights repacked 16 rows at a time) stays ahead of oneDNN's dense bf16 GEMM at every
 step size measured (1 to 512 rows, docs/benchmarks.md, bench_quant.py), but the AVX2
 kernel falls behind it past 8 rows on a CPU with native bfloat16 (AVX512-BF16). Where
-that happens, and on AMX CPUs (whose bf16 tile GEMMs were not measured here; kept as
-before), the layer keeps a bfloat16 copy of the dequantized weight (`dense_dtype`): the
-same weight values, bfloat16 activations.
+that happens, and on AMX CPUs (whose bf16 tile GEMMs were not measured here), the layer
+can keep a bfloat16 copy of the dequantized weight (`dense_dtype`): the same weight values,
+bfloat16 activations, ~3-4x the weight memory. The engine keeps it only when asked
+(`--prefill-dense-copy`, quant/plan.py): by default the weights are the file's bytes.
 
 Which rows take the dense copy is decided by what the tokens are, not by how many share
 the step, so that a request's numbers do not depend on its neighbours (a seeded sample

@@ -1,8 +1,9 @@
 """Which weights a model's linears get, and which kernel path serves them, with the reason
 the server logs.
 
-    --quantization auto ─▶ a GGUF model whose linears are Q4_0/Q4_1/Q8_0, on the CPU: "gguf"
-                           (the file's own blocks: the model the user downloaded)
+    --quantization auto ─▶ a GGUF model on the CPU: "gguf" (the file's own blocks: the
+                           model the user downloaded; formats without a kernel are
+                           dequantized row by row on the fly, never held as floats)
                          ─▶ anything else: "none" (float weights, exact)
     --kernels auto ──────▶ the best ISA path the CPU has (AVX-512 VNNI, AVX2, scalar C++),
                            or pure torch (dequantized weights) when the C++ kernels cannot
@@ -51,11 +52,15 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
     if method == "none":
         return WeightPlan("none", None, why)
     isa = kernel_path(cfg.kernels)
+    # the bf16 copy for prompt tokens is opt-in: by default the weights held are the file's
+    # bytes on every CPU kind (issue 21: within 1.1x), prompt tokens on the kernels' tiles
     dense = (
         dense_dtype_for(isa, has_native_bf16(), "amx_bf16" in cpu_flags())
-        if isa is not None
+        if isa is not None and cfg.prefill_dense_copy
         else None
     )
+    if cfg.prefill_dense_copy and dense is None:
+        why += "; --prefill-dense-copy: no copy kept (the integer kernels are faster on this CPU)"
     return WeightPlan(method, isa, why, dense)
 
 

@@ -85,3 +85,19 @@ def test_kernels_torch_runs_no_cpp_op(tiny_model_dirs):
     runner = ModelRunner(config, src)
     assert runner.kernel_isa is None and runner.decode_kernel != "paged"
     assert not any(getattr(m, "fused", False) for m in runner.model.modules())
+
+
+@pytest.mark.parametrize("flags", [{"amx_bf16"}, set()])
+def test_the_dense_prefill_copy_is_opt_in(monkeypatch, flags, tmp_path):
+    """On an AMX (or AVX2 + native bf16) CPU the bf16 copy for prompt tokens is kept only
+    with --prefill-dense-copy: by default the weights held are the file's bytes."""
+    from scheduler_worker.quant import plan
+
+    monkeypatch.setattr(plan, "has_native_bf16", lambda: True)
+    monkeypatch.setattr(plan, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(plan, "kernel_path", lambda choice: "avx2")
+    gguf = tmp_path / "m.gguf"
+    lean = plan.plan_weights(ModelConfig(), torch.device("cpu"), gguf)
+    assert (lean.method, lean.isa, lean.dense_dtype) == ("gguf", "avx2", None)
+    copy = plan.plan_weights(ModelConfig(prefill_dense_copy=True), torch.device("cpu"), gguf)
+    assert copy.dense_dtype == torch.bfloat16
