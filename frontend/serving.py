@@ -362,7 +362,11 @@ class Serving:
                     param="data_parallel_rank",
                 )
             pin = int(header)
-        return pin, prefix_key(text, ids, self.config.engine.cache.block_size)
+        # the replicas' KV block (their announced facts); none joined yet: no prefix key
+        facts = self.client.cluster.facts()
+        if facts is None or facts.block_size <= 0:
+            return pin, None
+        return pin, prefix_key(text, ids, facts.block_size)
 
     # -- the shared flow --------------------------------------------------------------------
     async def _serve(

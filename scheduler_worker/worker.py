@@ -300,6 +300,7 @@ class SchedulerWorker:
                     inbox=self.inbox_ep,
                     proof=self.proof,
                     weight_bytes=e.runner.weight_memory.held_bytes,
+                    block_size=e.scheduler.block_size,
                 )
             )
         self.last_heartbeat = time.monotonic()

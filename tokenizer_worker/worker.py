@@ -41,7 +41,7 @@ from common.messages import (
     pack_ids,
     unpack_ids,
 )
-from common.model_facts import context_length, read_hf_config
+from common.model_facts import ModelFacts, context_length, read_hf_config
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
 from common.zmq_queue import DealerQueue, PushQueue, QueueFull
@@ -188,6 +188,11 @@ class TokenizerWorker:
             model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
             tokenization = Tokenization(model_dir, mc.max_model_len, config.server.tool_call_parser)
         self.tokenization = tokenization
+        # announced in every status; the frontend sends nothing to a worker that disagrees
+        # with the replicas (block_size 0: no KV cache here)
+        self.facts = ModelFacts(
+            config.model_name, tokenization.vocab_size, tokenization.max_model_len, 0
+        ).to_wire()
         ctx: zmq.Context = zmq.Context.instance()
         self.inbox = DealerQueue(
             config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode(), ctx=ctx
@@ -276,7 +281,9 @@ class TokenizerWorker:
 
     def heartbeat(self, kind: str = "heartbeat") -> None:
         with contextlib.suppress(QueueFull):
-            self.to_frontend.put(ComponentStatus("tokenizer", os.getpid(), kind, time.time()))
+            self.to_frontend.put(
+                ComponentStatus("tokenizer", os.getpid(), kind, time.time(), self.facts)
+            )
         self.last_heartbeat = time.monotonic()
 
     def run(self) -> None:

@@ -115,6 +115,7 @@ SAMPLES: list[Message] = [
     RequestError("r9", 400, "max_tokens: must be >= 1", "invalid_request_error", "max_tokens"),
     RequestError("r9", 500, "", "internal_error", None),
     ComponentStatus("detok", 1234, "stopping", 3.0),
+    ComponentStatus("tokenizer", 77, "ready", 3.0, ("smollm2", 49152, 8192, 0)),
     TokenizerCall("c1", "tokenize", {"prompt": "Hé", "add_special_tokens": True}),
     TokenizerReply("c1", 200, {"count": 2, "tokens": [1, 2], "token_strs": None}),
     TokenizerReply("c2", 400, {"message": "tokens: bad", "param": "tokens"}),
@@ -158,7 +159,7 @@ def test_round_trip(msg):
 
 
 def test_float_field_accepts_int_and_decodes_as_float():
-    out = decode(raw(WIRE_VERSION, ComponentStatus.TAG, "x", 1, "ready", 7))
+    out = decode(raw(WIRE_VERSION, ComponentStatus.TAG, "x", 1, "ready", 7, None))
     assert out.time == 7.0 and type(out.time) is float
 
 

@@ -44,6 +44,7 @@ from common.zmq_queue import DealerQueue, PullQueue, PushQueue
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
 MAX_MODEL_LEN = 2048
+BLOCK_SIZE = 16
 WEIGHT_BYTES = 123_456_789  # what the fake replica reports (zeroserve:model_weight_bytes)
 STRANDED_PID = 2**31 - 2  # no such process
 
@@ -192,6 +193,7 @@ class FakeBackend:
                 t,
                 pid=os.getpid(),
                 weight_bytes=WEIGHT_BYTES,
+                block_size=BLOCK_SIZE,
             ),
             timeout_ms=1000,
         )
