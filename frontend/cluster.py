@@ -365,12 +365,12 @@ class Cluster:
         if msg.component == "tokenizer":
             name = f"tokenizer.{msg.pid}"
             if not stopping:
-                m = self.members.setdefault(name, Member(msg.pid, up=True))
-                m.last_seen = now
+                worker = self.members.setdefault(name, Member(msg.pid, up=True))
+                worker.last_seen = now
                 facts = None if msg.facts is None else ModelFacts.from_wire(msg.facts)
-                if facts != m.facts:
-                    m.facts = facts
-                    self._vet(name, m, self.facts())
+                if facts != worker.facts:
+                    worker.facts = facts
+                    self._vet(name, worker, self.facts())
             elif name in self.members:  # marked silent (kept) so check() fails what it held
                 self.members[name].last_seen = float("-inf")
             return []

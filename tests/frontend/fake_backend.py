@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 
 from common.config import Config
-from common.limits import max_tokens_for
 from common.messages import (
     AbortRequest,
     ComponentStatus,
@@ -253,10 +252,9 @@ class FakeBackend:
             else:
                 text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
                 finish = None
-                # unset max_tokens: resolved as the tokenizer does
-                max_tokens = max_tokens_for(
-                    params["max_tokens"], a.req.max_tokens_default, MAX_MODEL_LEN
-                )
+                max_tokens = params["max_tokens"]  # resolved at intake
+                if a.req.max_tokens_unset:  # cut to the prompt's room, as the tokenizer does
+                    max_tokens = min(max_tokens, MAX_MODEL_LEN - a.prompt_len)
                 if a.mode == "words" and a.num_out >= min(max_tokens, len(WORDS)):
                     finish = "length" if max_tokens <= len(WORDS) else "stop"
             lp = None
@@ -264,11 +262,9 @@ class FakeBackend:
                 top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]
                 lp = [[-0.5, top]]
             timings = None  # on the finishing output, as the scheduler's
-            if finish is not None:
-                timings = {
-                    "arrival_time": a.req.arrival_time,
-                    "first_scheduled_time": a.req.arrival_time + 0.002,
-                }
+            if finish is not None:  # the arrival stays in the frontend: it adds it
+                wall = time.time()
+                timings = {"scheduler_received_time": wall - 0.002, "first_scheduled_time": wall}
             plp = None  # prompt token p: logprob -p, tops "t<k>" at -0.25 * (k + 1)
             if a.num_out == 1 and params.get("prompt_logprobs") is not None:
                 k = params["prompt_logprobs"]
