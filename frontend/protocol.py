@@ -12,9 +12,10 @@ a value that changes nothing (`logit_bias: {}`, `functions: []`, ...); anything 
 
 A request that sets no max_tokens gets the endpoint's default (16 for completions, as
 OpenAI; 64 new tokens for /generate; for chat, the rest of the context), capped by the
-server's max_tokens limit and by the room the prompt leaves in the context: the
-frontend does not know the prompt length, so the tokenizer worker resolves it
-(`TokenizeRequest.max_tokens_default`, and common.limits).
+server's max_tokens limit and by the room the prompt leaves in the context: resolved
+here once (`sampling_params`, with the replicas' context length), and cut to the room by
+the tokenizer worker, which knows the prompt length (`TokenizeRequest.max_tokens_unset`,
+common.limits).
 """
 
 from __future__ import annotations

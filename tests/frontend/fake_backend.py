@@ -43,7 +43,7 @@ from common.zmq_queue import DealerQueue, PullQueue, PushQueue
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
 MAX_MODEL_LEN = 2048
-BLOCK_SIZE = 16
+BLOCK_SIZE = 4  # not the config's 16: routing must key on the announced one
 WEIGHT_BYTES = 123_456_789  # what the fake replica reports (zeroserve:model_weight_bytes)
 STRANDED_PID = 2**31 - 2  # no such process
 

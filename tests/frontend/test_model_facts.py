@@ -10,6 +10,8 @@ from common.messages import ComponentStatus, EngineStatus, decode, encode
 from common.model_facts import ModelFacts
 from frontend.cluster import Cluster
 from frontend.routing import prefix_key
+from tests.frontend.conftest import serve
+from tests.frontend.fake_backend import BLOCK_SIZE
 
 
 def replica(k: int = 0, pid: int = 20, vocab: int = 32, context: int = 64, block: int = 16):
@@ -118,3 +120,15 @@ def test_routing_uses_the_block_size_the_replicas_announced():
     assert key is not None and prefix_key(text, None, 16) is None
     home = c.choose(None, key, {})
     assert all(c.choose(None, key, {home: 1}) == home for _ in range(4))  # affinity holds
+
+
+def test_the_server_keys_its_routing_on_the_replicas_block_size():
+    """The fake replica announces 4-token blocks, the frontend's config says 16: a prompt
+    of one 4-token block of text (16 characters) gets a prefix key, so affinity is on."""
+    with serve() as s, s.client() as c:
+        assert s.config.engine.cache.block_size == 16 != BLOCK_SIZE
+        router = s.app.state.client.cluster.router  # type: ignore[attr-defined]
+        assert c.post("/v1/completions", json={"prompt": "y" * 15}).status_code == 200
+        assert len(router.last) == 0  # shorter than one announced block: no key
+        assert c.post("/v1/completions", json={"prompt": "x" * 16}).status_code == 200
+        assert list(router.last) == [prefix_key("x" * 16, None, BLOCK_SIZE)]
