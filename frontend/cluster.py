@@ -34,16 +34,16 @@ outputs, still in the detok, land first (its clean "stopping" ends the wait at o
 Joins: a replica joins with its EngineStatus (id, pid, inbox, model facts, KV pool;
 `proof` that it holds ipc.secret). Refused, with one log line each: another model (or
 other model facts than the replicas already in), a wrong secret, and a second process
-claiming a live replica's id at another inbox.
+claiming a live replica's id at another inbox. The same id at the same inbox with a new
+pid is that replica restarted: what the old process held fails; so for a detok with a new
+pid. A replica's ComponentStatus counts only from the pid that joined.
 
 Model facts (common.model_facts.ModelFacts: model, vocab_size, max_model_len,
 block_size) have one owner, the replicas, which announce what they loaded; `facts()` is
 theirs, and the frontend uses it (the routing key's block_size, the intake checks'
 vocabulary and context). A tokenizer worker states what it computed in every status; one
 that differs from the replicas is refused, with one log line: it counts as down and gets
-no request (checked again whenever a replica joins, since workers often come first). The same id at the same inbox with a new
-pid is that replica restarted: what the old process held fails; so for a detok with a new
-pid. A replica's ComponentStatus counts only from the pid that joined.
+no request (checked again whenever a replica joins, since workers often come first).
 
 Tokenizer hand-offs: the frontend picks the worker for each request (the live one
 holding the fewest, then the least recently picked) and sends it to that worker alone, so
