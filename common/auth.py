@@ -9,6 +9,10 @@ and cannot name (so abort or read) a request it did not create: ids carry 128 ra
 of uuid plus the tag. Without a secret, ids are unsigned and the private 0700 run dir is
 the only barrier (fine for ipc://; tcp:// across hosts needs a secret and a private
 network).
+
+A signed id is also the proof that a request came through the frontend's intake, where
+its parameters were validated once (`passed_intake`): the tokenizer workers and the
+engine check again only what nothing proves, requests with unsigned ids (no secret).
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ def verify_rid(secret: str | None, rid: str) -> bool:
         return True
     base, sep, tag = rid.rpartition(".")
     return bool(sep) and len(tag) == TAG_HEX and hmac.compare_digest(tag, _tag(secret, base))
+
+
+def passed_intake(secret: str | None, rid: str) -> bool:
+    """The frontend signed `rid`, so it validated the request's parameters: a receiver
+    need not check them again. Without a secret nothing proves it (False)."""
+    return bool(secret) and verify_rid(secret, rid)
 
 
 def replica_proof(secret: str | None, replica: int, pid: int) -> str | None:

@@ -1,16 +1,18 @@
 """What a request must fit, in one place: the vocabulary, the context length, the KV pool.
 
-Parameter ranges are SamplingParams.validate's; this module holds the rules that depend
-on the prompt and on the model. The tokenizer workers apply them before a request costs
-the scheduler anything; the engine applies them again on admission (its inbox is a
-process boundary, and the offline API has no tokenizer in front of it).
+Parameter ranges are SamplingParams.validate's (once, at the frontend's intake); this
+module holds the rules that depend on the prompt and on the model. The tokenizer workers
+apply them, once, before a request costs the scheduler anything; the engine applies them
+only in its offline API, or to a request nothing proves came through the intake
+(common.auth.passed_intake). A tokenizer worker's numbers are the replicas' (the frontend
+refuses one that announces others), and a replica's KV pool holds a whole context.
 
-A request that sets no max_tokens is resolved in steps, as each hop learns more:
+A request that sets no max_tokens is resolved once, then cut once:
 
-    frontend    max_tokens_for(None, default)           the endpoint's default (capped by
-                                                        the server's limit), else no bound
-    tokenizer   max_tokens_for(None, default, context)  ... else the context length;
-                RequestLimits.check(max_tokens_unset)   then cut to the room the prompt leaves
+    frontend    max_tokens_for(None, default, context)  the endpoint's default (capped by
+                                                        the server's limit), else the
+                                                        replicas' context length
+    tokenizer   RequestLimits.check(max_tokens_unset)   cut to the room the prompt leaves
 
 Torch-free: the tokenizer workers import it.
 """
@@ -31,9 +33,9 @@ def max_tokens_for(
     max_tokens: int | None, default: int | None, max_model_len: int | None = None
 ) -> int:
     """The max_tokens a request is validated with before its prompt length is known: the
-    client's, if set; else the endpoint's default; else the context length; else (the
-    frontend, which knows no context length) no bound. RequestLimits.check cuts an unset
-    one to what the prompt leaves of the context."""
+    client's, if set; else the endpoint's default; else the context length; else (no
+    replica announced one yet) no bound. RequestLimits.check cuts an unset one to what
+    the prompt leaves of the context."""
     if max_tokens is not None:
         return max_tokens
     return default or max_model_len or INT64_MAX

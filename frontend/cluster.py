@@ -38,6 +38,13 @@ claiming a live replica's id at another inbox. The same id at the same inbox wit
 pid is that replica restarted: what the old process held fails; so for a detok with a new
 pid. A replica's ComponentStatus counts only from the pid that joined.
 
+Model facts (common.model_facts.ModelFacts: model, vocab_size, max_model_len,
+block_size) have one owner, the replicas, which announce what they loaded; `facts()` is
+theirs, and the frontend uses it (the routing key's block_size, the intake checks'
+vocabulary and context). A tokenizer worker states what it computed in every status; one
+that differs from the replicas is refused, with one log line: it counts as down and gets
+no request (checked again whenever a replica joins, since workers often come first).
+
 Tokenizer hand-offs: the frontend picks the worker for each request (the live one
 holding the fewest, then the least recently picked) and sends it to that worker alone, so
 it knows who holds what without a word from the workers. A worker holds a request until
@@ -59,6 +66,7 @@ from common.auth import verify_replica
 from common.endpoints import check_endpoint
 from common.log import get_logger
 from common.messages import ComponentStatus, EngineStatus
+from common.model_facts import ModelFacts
 from frontend.errors import APIError, unavailable
 from frontend.routing import ReplicaLoad, Router
 
@@ -95,6 +103,8 @@ class Member:
     up: bool = False  # as last acted on: a failure is reported when this turns False
     status: EngineStatus | None = None  # a replica's latest
     picked: int = 0  # a tokenizer's: when it was last picked (a count of picks)
+    facts: ModelFacts | None = None  # a tokenizer's, as it announced them
+    refused: str | None = None  # a tokenizer's: why its facts are not the replicas'
 
 
 class StartupStopped(RuntimeError):
@@ -132,7 +142,7 @@ class Cluster:
         self.held: dict[str, int] = {}  # rid -> pid of the tokenizer worker it was sent to
         self.num_held: dict[int, int] = {}  # pid -> its rids in `held`
         self._num_picked = 0
-        self._refused: set[tuple[int, int, str]] = set()  # (replica, pid, why) logged
+        self._refused: set[tuple[str, int, str]] = set()  # (component, pid, why) logged
 
     # -- reading the table ------------------------------------------------------------------
     def engines(self) -> dict[int, EngineStatus]:
@@ -143,9 +153,21 @@ class Cluster:
             if m.status is not None
         }
 
+    def facts(self) -> ModelFacts | None:
+        """The model facts the replicas announced (they all agree: see _refusal); None
+        before one joined."""
+        for e in self.engines().values():
+            return engine_facts(e)
+        return None
+
     def alive(self, name: str, now: float) -> bool:
         m = self.members.get(name)
-        return m is not None and m.last_seen is not None and now - m.last_seen <= self.window_s
+        return (
+            m is not None
+            and m.refused is None
+            and m.last_seen is not None
+            and now - m.last_seen <= self.window_s
+        )
 
     def last_seen(self, name: str) -> float | None:
         m = self.members.get(name)
@@ -202,6 +224,11 @@ class Cluster:
                     )
                 ),
                 "workers": sum(1 for n in tokenizers if self.alive(n, now)),
+                **(
+                    {"refused": refused}
+                    if (refused := sum(1 for m in tokenizers.values() if m.refused))
+                    else {}
+                ),
             },
             "detok": {"alive": "detok" not in missing, "last_seen_s": age(self.last_seen("detok"))},
         }
@@ -277,12 +304,8 @@ class Cluster:
         except ValueError as bad:
             return str(bad)
         for k, other in self.engines().items():
-            theirs = (other.vocab_size, other.max_model_len)
-            if k != msg.replica and theirs != (msg.vocab_size, msg.max_model_len):
-                return (
-                    f"its model facts (vocab {msg.vocab_size}, context {msg.max_model_len}) "
-                    f"differ from replica {k}'s {theirs}"
-                )
+            if k != msg.replica and (diff := engine_facts(other).differences(engine_facts(msg))):
+                return f"its model facts differ from replica {k}'s: {diff}"
         old = self.members.get(f"scheduler.{msg.replica}")
         if (
             old is not None
@@ -303,8 +326,8 @@ class Cluster:
 
     def _on_engine_status(self, msg: EngineStatus, now: float) -> list[Event] | None:
         if why := self._refusal(msg, now):
-            if (msg.replica, msg.pid, why) not in self._refused:  # one line per refusal
-                self._refused.add((msg.replica, msg.pid, why))
+            if (f"scheduler.{msg.replica}", msg.pid, why) not in self._refused:  # one line each
+                self._refused.add((f"scheduler.{msg.replica}", msg.pid, why))
                 log.error(
                     "refused scheduler replica %d (pid %d, inbox %s): %s",
                     msg.replica,
@@ -328,6 +351,8 @@ class Cluster:
                 msg.num_total_blocks,
             )
             events.append(Joined(msg.replica, msg.inbox))
+            m.status = msg
+            self._vet_tokenizers()  # the facts they are held to may be new
         self.engine = m.status = msg
         if msg.kind in ("ready", "heartbeat"):
             self._seen(key, now, msg.kind == "ready")
@@ -340,7 +365,12 @@ class Cluster:
         if msg.component == "tokenizer":
             name = f"tokenizer.{msg.pid}"
             if not stopping:
-                self.members.setdefault(name, Member(msg.pid, up=True)).last_seen = now
+                worker = self.members.setdefault(name, Member(msg.pid, up=True))
+                worker.last_seen = now
+                facts = None if msg.facts is None else ModelFacts.from_wire(msg.facts)
+                if facts != worker.facts:
+                    worker.facts = facts
+                    self._vet(name, worker, self.facts())
             elif name in self.members:  # marked silent (kept) so check() fails what it held
                 self.members[name].last_seen = float("-inf")
             return []
@@ -391,6 +421,21 @@ class Cluster:
             else:
                 m.disconnected = True
         return events
+
+    def _vet_tokenizers(self) -> None:
+        facts = self.facts()
+        for name, m in self._tokenizers().items():
+            self._vet(name, m, facts)
+
+    def _vet(self, name: str, m: Member, facts: ModelFacts | None) -> None:
+        """Refuse tokenizer worker `name` while its facts differ from the replicas' (one
+        log line per reason); a worker that stated none, or before any replica joined,
+        is not refused."""
+        diff = None if facts is None or m.facts is None else facts.differences(m.facts)
+        m.refused = None if diff is None else f"its model facts differ from the replicas': {diff}"
+        if m.refused is not None and (name, m.pid or 0, m.refused) not in self._refused:
+            self._refused.add((name, m.pid or 0, m.refused))
+            log.error("refused tokenizer worker (pid %s): %s", m.pid, m.refused)
 
     # -- tokenizer hand-offs ----------------------------------------------------------------
     def choose_tokenizer(self, now: float, skip: set[int] | None = None) -> int | None:
@@ -456,3 +501,7 @@ class Cluster:
                 self.forget(rid)
             events.append(Failed("tokenizer", f"tokenizer worker(s) {sorted(dead)} stopped", rids))
         return events
+
+
+def engine_facts(msg: EngineStatus) -> ModelFacts:
+    return ModelFacts(msg.model, msg.vocab_size, msg.max_model_len, msg.block_size)

@@ -238,6 +238,8 @@ class EngineClient:
             cluster.forget(o.rid)
             handle, index = route
             timings = o.timings if isinstance(o.timings, dict) else None
+            if timings is not None:  # the stages start at the arrival, which stayed here
+                timings = {**timings, "arrival_time": handle.arrival_wall}
             if o.finish_reason is not None:
                 self._forget(o.rid)
             self.metrics.on_output(
@@ -293,6 +295,7 @@ class EngineClient:
         return_timings: bool = False,
         pin: int | None = None,
         prefix_key: bytes | None = None,
+        arrival_wall: float | None = None,
     ) -> RequestHandle:
         """Send one HTTP request's sub-requests to the tokenizer pool, for one scheduler
         replica: `pin`, else the router's choice (`prefix_key`: see routing). Raises
@@ -318,6 +321,7 @@ class EngineClient:
             self.config.server.request_timeout_s,
             aliases,
             return_timings,
+            arrival_wall,
         )
         handle.replica = replica
         try:

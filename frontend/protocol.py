@@ -12,9 +12,10 @@ a value that changes nothing (`logit_bias: {}`, `functions: []`, ...); anything 
 
 A request that sets no max_tokens gets the endpoint's default (16 for completions, as
 OpenAI; 64 new tokens for /generate; for chat, the rest of the context), capped by the
-server's max_tokens limit and by the room the prompt leaves in the context: the
-frontend does not know the prompt length, so the tokenizer worker resolves it
-(`TokenizeRequest.max_tokens_default`, and common.limits).
+server's max_tokens limit and by the room the prompt leaves in the context: resolved
+here once (`sampling_params`, with the replicas' context length), and cut to the room by
+the tokenizer worker, which knows the prompt length (`TokenizeRequest.max_tokens_unset`,
+common.limits).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from common.config import ServerConfig
 from common.limits import max_tokens_for
 from common.messages import WireError, pack_ids
+from common.model_facts import ModelFacts
 from common.sampling_params import InvalidParameterError, SamplingParams
 from frontend.errors import APIError, invalid, renamed
 from frontend.structured import structured_from_request
@@ -309,13 +311,16 @@ def sampling_params(
     aliases: dict[str, str] | None = None,
     prompt_logprobs: int | None = None,
     num_prompts: int = 1,
+    facts: ModelFacts | None = None,
 ) -> list[dict[str, Any]]:
     """One validated SamplingParams dict per choice (n); seeds seed+i when a seed is given.
     A batch of num_prompts prompts has num_prompts × n choices, within the server's
     max_queued_requests (each prompt gets these n dicts).
-    max_tokens None (the client set none) stays None in the dicts, for the tokenizer to
-    resolve from `cap` (default_max_tokens: the endpoint's default capped by the server's
-    limit; None: no cap) and the prompt length.
+    The one validation of the parameters (with the replicas' vocabulary, `facts`), and the
+    one resolution of max_tokens: max_tokens None (the client set none) becomes `cap`
+    (default_max_tokens: the endpoint's default capped by the server's limit), else the
+    replicas' context length (common.limits.max_tokens_for); the tokenizer worker cuts
+    such a default to the room the prompt leaves (TokenizeRequest.max_tokens_unset).
     `aliases` maps SamplingParams names to the request fields they came from (see
     param_aliases), so that an error names what the client sent."""
     aliases = aliases or {}
@@ -344,7 +349,7 @@ def sampling_params(
             "stop",
         )
     fields: dict[str, Any] = {
-        "max_tokens": max_tokens_for(max_tokens, cap),
+        "max_tokens": max_tokens_for(max_tokens, cap, facts.max_model_len if facts else None),
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
     }
@@ -370,10 +375,9 @@ def sampling_params(
         fields["stop"] = stop
     fields["structured"] = structured_from_request(req)
     try:
-        base = SamplingParams(**fields).validate().to_dict()
+        base = SamplingParams(**fields).validate(facts.vocab_size if facts else None).to_dict()
     except InvalidParameterError as e:
         raise renamed(APIError(400, str(e), "invalid_request_error", e.param), aliases) from None
-    base["max_tokens"] = max_tokens
     seed = base["seed"]
     if seed is None:
         return [dict(base) for _ in range(n)]

@@ -16,6 +16,7 @@ Everything here runs on the event loop thread.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,9 +56,15 @@ class RequestHandle:
         timeout_s: float,
         aliases: dict[str, str] | None = None,
         return_timings: bool = False,
+        arrival_wall: float | None = None,
     ) -> None:
         self.rids = rids
         self.arrival = arrival  # time.monotonic() when the HTTP request arrived
+        # the same moment by the wall clock, the start of the stage times (`timings`): the
+        # workers' stamps are wall-clock; the arrival stays here and is not sent out
+        self.arrival_wall = (
+            time.time() - (time.monotonic() - arrival) if arrival_wall is None else arrival_wall
+        )
         self.timeout_s = timeout_s
         self.return_timings = return_timings  # the client asked for its stage times
         self.queue: asyncio.Queue[Delta | Exception] = asyncio.Queue()

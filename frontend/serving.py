@@ -165,8 +165,7 @@ class Serving:
         rid: str,
         params: list[dict[str, Any]],
         req: Body,
-        wall: float,
-        max_tokens_default: int | None,
+        max_tokens_unset: bool,
         *,
         kind: str,
         prompt: str | None = None,
@@ -188,9 +187,8 @@ class Serving:
                 prompt_token_ids=packed,
                 messages=messages,
                 params=p,
-                arrival_time=wall,
                 origin=self.pid,
-                max_tokens_default=max_tokens_default,
+                max_tokens_unset=max_tokens_unset,
                 tools=tools,
             )
             for j, (text, packed, _) in enumerate(prompts)
@@ -206,19 +204,21 @@ class Serving:
         # is generated (the prefill samples it anyway) and dropped (CompletionFormat.echo_only)
         echo_only = bool(req.echo) and req.max_tokens == 0
         aliases = structured_alias(req)
+        max_tokens = 1 if echo_only else req.max_tokens
         params = sampling_params(
             req,
-            1 if echo_only else req.max_tokens,
+            max_tokens,
             default,
             req.logprobs,
             self.config.server,
             aliases,
             prompt_logprobs=req.logprobs if req.echo else None,
             num_prompts=len(prompts),
+            facts=self.client.cluster.facts(),
         )
         rid = f"cmpl-{uuid.uuid4().hex}"
         reqs = self._tokenize_requests(
-            rid, params, req, wall, default, kind="completion", prompts=prompts
+            rid, params, req, max_tokens is None, kind="completion", prompts=prompts
         )
         echo = await self._echo_texts(prompts) if req.echo else None
         fmt = CompletionFormat(
@@ -236,7 +236,7 @@ class Serving:
         return await self._serve(
             request,
             reqs,
-            arrival,
+            (arrival, wall),
             fmt,
             bool(req.stream),
             aliases,
@@ -267,8 +267,15 @@ class Serving:
         logprobs = chat_logprobs(req)
         aliases = {**param_aliases(req), **structured_alias(req)}
         default = self._default_max_tokens(None)
+        max_tokens = chat_max_tokens(req)
         params = sampling_params(
-            req, chat_max_tokens(req), default, logprobs, self.config.server, aliases
+            req,
+            max_tokens,
+            default,
+            logprobs,
+            self.config.server,
+            aliases,
+            facts=self.client.cluster.facts(),
         )
         tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
         parser = None
@@ -280,8 +287,7 @@ class Serving:
             rid,
             params,
             req,
-            wall,
-            default,
+            max_tokens is None,
             kind="chat",
             messages=messages,
             tools=tools.tools if tools is not None else None,
@@ -296,7 +302,7 @@ class Serving:
         return await self._serve(
             request,
             reqs,
-            arrival,
+            (arrival, wall),
             fmt,
             bool(req.stream),
             aliases,
@@ -322,21 +328,26 @@ class Serving:
             )
         default = self._default_max_tokens(DEFAULT_MAX_NEW_TOKENS_GENERATE)
         params = sampling_params(
-            req, req.max_new_tokens, default, None, self.config.server, aliases
+            req,
+            req.max_new_tokens,
+            default,
+            None,
+            self.config.server,
+            aliases,
+            facts=self.client.cluster.facts(),
         )
         reqs = self._tokenize_requests(
             f"gen-{uuid.uuid4().hex}",
             params,
             req,
-            wall,
-            default,
+            req.max_new_tokens is None,
             kind="completion",
             prompt=req.prompt,
         )
         return await self._serve(
             request,
             reqs,
-            arrival,
+            (arrival, wall),
             GenerateFormat(),
             req.stream is not False,
             aliases,
@@ -362,14 +373,18 @@ class Serving:
                     param="data_parallel_rank",
                 )
             pin = int(header)
-        return pin, prefix_key(text, ids, self.config.engine.cache.block_size)
+        # the replicas' KV block (their announced facts); none joined yet: no prefix key
+        facts = self.client.cluster.facts()
+        if facts is None or facts.block_size <= 0:
+            return pin, None
+        return pin, prefix_key(text, ids, facts.block_size)
 
     # -- the shared flow --------------------------------------------------------------------
     async def _serve(
         self,
         request: Request,
         reqs: list[TokenizeRequest],
-        arrival: float,
+        arrival: tuple[float, float],
         fmt: ResponseFormat | GenerateFormat,
         stream: bool,
         aliases: dict[str, str] | None = None,
@@ -378,9 +393,9 @@ class Serving:
     ) -> Response:
         """Submit, then one JSON response once every choice finished, or a stream that
         starts (headers sent) with the first output. `route`: (pinned replica, prefix
-        key), see frontend.routing."""
+        key), see frontend.routing; `arrival`: (monotonic, wall clock)."""
         handle = await self.client.submit(
-            reqs, arrival, request.receive, aliases, return_timings, *route
+            reqs, arrival[0], request.receive, aliases, return_timings, *route, arrival[1]
         )
         choices = [Choice(i, fmt.prompt_index(i)) for i in range(handle.n)]
         handed_over = False

@@ -1,6 +1,6 @@
 """The engine: scheduler + model runner + sampler behind a step-level API.
 
-    add_request(rid, prompt_token_ids, params)   validate, queue
+    add_request(rid, prompt_token_ids, params)   validate (unless checked upstream), queue
     step() -> list[RequestOutput]                one forward over the scheduled batch
     abort(rid)                                   any state; idempotent
     generate(prompts, params)                    offline loop on top of the above
@@ -134,7 +134,8 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """InvalidParameterError (RequestRejectedError: it can never fit) if the request
-        cannot be served: the tokenizers' checks, again at this process's door."""
+        cannot be served: the offline API's check, and the serving path's for a request
+        nothing proves came through the frontend's intake (common.auth.passed_intake)."""
         params.validate(self.vocab_size)
         self.limits.check_token_ids(prompt_token_ids)
         self.limits.check(prompt_token_ids, params)
@@ -144,14 +145,16 @@ class LLMEngine:
         request_id: str,
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
-        arrival_time: float | None = None,
+        checked: bool = False,
     ) -> None:
+        """Queue a request. `checked`: validated at intake, its limits checked by a
+        tokenizer worker whose model facts the frontend matched with this replica's, and
+        this KV pool holds a whole context (check_kv_pool): nothing to check again."""
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
-        self.validate(prompt_token_ids, params)
+        if not checked:
+            self.validate(prompt_token_ids, params)
         req = Request(request_id, list(prompt_token_ids), params)
-        if arrival_time is not None:
-            req.arrival_time = arrival_time
         if params.seed is not None:
             req.generator = make_generator(params.seed, self.runner.device)
         self.grammars.add(req)  # structured outputs: its matcher

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from common.auth import replica_proof, verify_rid
+from common.auth import passed_intake, replica_proof, verify_rid
 from common.config import Config, ConfigError
 from common.endpoints import advertised, ipc_in_use
 from common.heartbeat import Heartbeat
@@ -78,7 +78,6 @@ class RequestRecord:
     """What the worker knows of a request that the engine does not."""
 
     origin: int  # pid of the frontend that accepted it (a restarted one's are aborted)
-    arrival_time: float  # wall clock: the frontend received it
     tokenized_time: float  # wall clock: a tokenizer worker passed it on
     detok_settings: NewRequest  # for StepOutputs.new_requests (rid, stop, flags)
     announced: bool = False  # detok_settings went out, with the first output
@@ -165,8 +164,10 @@ class SchedulerWorker:
             return
         try:
             params = SamplingParams.from_dict(msg.params)
+            # a signed id: the frontend validated it, the tokenizer checked its limits
+            checked = passed_intake(self.config.ipc.secret, msg.rid)
             self.engine.add_request(
-                msg.rid, unpack_ids(msg.prompt_token_ids), params, arrival_time=None
+                msg.rid, unpack_ids(msg.prompt_token_ids), params, checked=checked
             )
         except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
             self._send_error(msg.rid, str(e), getattr(e, "param", None))
@@ -177,9 +178,7 @@ class SchedulerWorker:
             params.skip_special_tokens,
             params.include_stop_str_in_output,
         )
-        self.requests[msg.rid] = RequestRecord(
-            msg.origin, msg.arrival_time, msg.tokenized_time, detok
-        )
+        self.requests[msg.rid] = RequestRecord(msg.origin, msg.tokenized_time, detok)
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -248,11 +247,10 @@ class SchedulerWorker:
     @staticmethod
     def _timings(o: RequestOutput, rec: RequestRecord | None, to_wall: float) -> dict:
         """Wall-clock stage stamps of a finished request (seconds since the epoch; every
-        process on one host reads the same clock — across hosts, keep clocks in sync)."""
+        process on one host reads the same clock — across hosts, keep clocks in sync). The
+        arrival time is the frontend's own: it never left it."""
         st = o.stage_times or {}
-        out: dict = {"arrival_time": None, "tokenized_time": None}
-        if rec is not None:
-            out["arrival_time"], out["tokenized_time"] = rec.arrival_time, rec.tokenized_time
+        out: dict = {"tokenized_time": None if rec is None else rec.tokenized_time}
         for key in ("received", "first_scheduled", "first_token", "finished"):
             v = st.get(key)
             out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (
@@ -300,6 +298,7 @@ class SchedulerWorker:
                     inbox=self.inbox_ep,
                     proof=self.proof,
                     weight_bytes=e.runner.weight_memory.held_bytes,
+                    block_size=e.scheduler.block_size,
                 )
             )
         self.last_heartbeat = time.monotonic()

@@ -59,8 +59,8 @@ def _packb(x) -> bytes:
 def samples() -> dict[type[Message], Message]:
     now = time.time()
     return {
-        TokenizeRequest: TokenizeRequest("s-tok", "completion", "Hi", None, None, {}, now),
-        GenerateRequest: GenerateRequest("s-gen", pack_ids([1, 2]), {}, now, now),
+        TokenizeRequest: TokenizeRequest("s-tok", "completion", "Hi", None, None, {}),
+        GenerateRequest: GenerateRequest("s-gen", pack_ids([1, 2]), {}, now),
         AbortRequest: AbortRequest("s-abort", "test"),
         StepOutputs: StepOutputs(
             0, ["s-step"], [pack_ids([5])], [None], [2], [1], None, [], None, now

@@ -8,10 +8,12 @@
                           from the main loop, so a hung worker falls silent), TokenizerReply
                           (the answer to a TokenizerCall: tokenizer_worker.endpoints)
 
-Chat requests are rendered with the model's chat template first. Everything a request
-can get wrong is found here, before it costs the scheduler anything: parameters, an
-empty prompt, token ids outside the vocabulary, prompt + max_tokens beyond the context
-length (the last three are common.limits', which also resolves an unset max_tokens).
+Chat requests are rendered with the model's chat template first. What depends on the
+prompt is checked here, once, before it costs the scheduler anything: an empty prompt,
+token ids outside the vocabulary, prompt + max_tokens beyond the context length
+(common.limits, which also cuts an unset max_tokens to the prompt's room), a structured
+output's spec (compiled). The parameters were validated at the frontend's intake; they
+are checked again only when the request's id is not signed (common.auth.passed_intake).
 No torch: this process loads only `tokenizers` and the model's config.json.
 """
 
@@ -27,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from tokenizers import Tokenizer
 
+from common.auth import passed_intake
 from common.config import Config
-from common.limits import RequestLimits, max_tokens_for
+from common.limits import RequestLimits
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     ComponentStatus,
@@ -41,7 +44,7 @@ from common.messages import (
     pack_ids,
     unpack_ids,
 )
-from common.model_facts import context_length, read_hf_config
+from common.model_facts import ModelFacts, context_length, read_hf_config
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameterError, SamplingParams
 from common.zmq_queue import DealerQueue, PushQueue, QueueFull
@@ -104,13 +107,9 @@ class Tokenization:
             raise Rejected(400, f"unknown request kind {req.kind!r}")
         if req.prompt_token_ids is not None:
             try:
-                ids = unpack_ids(req.prompt_token_ids)
-                self.limits.check_token_ids(ids)
+                return unpack_ids(req.prompt_token_ids), "prompt"
             except WireError as e:
                 raise Rejected(400, f"prompt: {e}", "prompt") from None
-            except InvalidParameterError as e:
-                raise Rejected(400, str(e), e.param) from None
-            return ids, "prompt"
         if not req.prompt:
             raise Rejected(400, "prompt must not be empty", "prompt")
         return self.tokenizer.encode(req.prompt, add_special_tokens=True).ids, "prompt"
@@ -153,14 +152,13 @@ class Tokenization:
         # the template already holds every special token, as in apply_chat_template
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def __call__(self, req: TokenizeRequest) -> GenerateRequest:
-        raw = dict(req.params)
-        unset = raw.get("max_tokens") is None  # cut to the prompt's room by limits.check
-        raw["max_tokens"] = max_tokens_for(
-            raw.get("max_tokens"), req.max_tokens_default, self.max_model_len
-        )
+    def __call__(self, req: TokenizeRequest, checked: bool = False) -> GenerateRequest:
+        """`checked`: the frontend validated the parameters (its signed id says so);
+        else, a frame nothing vouches for, they are validated here."""
         try:
-            params = SamplingParams.from_dict(raw).validate(self.vocab_size)
+            params = SamplingParams.from_dict(req.params)
+            if not checked:
+                params.validate(self.vocab_size)
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
         except (TypeError, ValueError) as e:
@@ -172,12 +170,11 @@ class Tokenization:
                 raise Rejected(400, f"structured: {e}", "structured") from None
         ids, where = self.prompt_ids(req)
         try:
-            self.limits.check(ids, params, where, max_tokens_unset=unset)
+            self.limits.check_token_ids(ids, where)  # a client's ids, or text's past the model
+            self.limits.check(ids, params, where, max_tokens_unset=req.max_tokens_unset)
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
-        return GenerateRequest(
-            req.rid, pack_ids(ids), params.to_dict(), req.arrival_time, time.time(), req.origin
-        )
+        return GenerateRequest(req.rid, pack_ids(ids), params.to_dict(), time.time(), req.origin)
 
 
 class TokenizerWorker:
@@ -188,6 +185,11 @@ class TokenizerWorker:
             model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
             tokenization = Tokenization(model_dir, mc.max_model_len, config.server.tool_call_parser)
         self.tokenization = tokenization
+        # announced in every status; the frontend sends nothing to a worker that disagrees
+        # with the replicas (block_size 0: no KV cache here)
+        self.facts = ModelFacts(
+            config.model_name, tokenization.vocab_size, tokenization.max_model_len, 0
+        ).to_wire()
         ctx: zmq.Context = zmq.Context.instance()
         self.inbox = DealerQueue(
             config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode(), ctx=ctx
@@ -209,7 +211,7 @@ class TokenizerWorker:
             log.warning("dropping unexpected %s on the tokenizer inbox", type(msg).__name__)
             return
         try:
-            out = self.tokenization(msg)
+            out = self.tokenization(msg, passed_intake(self.config.ipc.secret, msg.rid))
         except Rejected as e:
             self._error(msg.rid, e)
             return
@@ -276,7 +278,9 @@ class TokenizerWorker:
 
     def heartbeat(self, kind: str = "heartbeat") -> None:
         with contextlib.suppress(QueueFull):
-            self.to_frontend.put(ComponentStatus("tokenizer", os.getpid(), kind, time.time()))
+            self.to_frontend.put(
+                ComponentStatus("tokenizer", os.getpid(), kind, time.time(), self.facts)
+            )
         self.last_heartbeat = time.monotonic()
 
     def run(self) -> None:

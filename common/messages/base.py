@@ -18,9 +18,10 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-WIRE_VERSION = 6  # 2: return_timings stays in the frontend; 3: prompt logprobs, tokenizer
+WIRE_VERSION = 7  # 2: return_timings stays in the frontend; 3: prompt logprobs, tokenizer
 # calls; 4: scheduler replicas; 5: EngineStatus.weight_bytes; 6: SamplingParams.structured,
-# TokenizeRequest.tools, prefix-cache counters on step outputs, no TokenizeAck
+# TokenizeRequest.tools, prefix-cache counters on step outputs, no TokenizeAck; 7: model
+# facts (EngineStatus.block_size, ComponentStatus.facts), no arrival_time on the requests
 MAX_FRAME_BYTES = 64 << 20  # a whole frame; strings and bytes inside are bounded by it
 MAX_LIST = 1 << 20  # elements of any array or map
 MAX_DEPTH = 32  # nesting of JSON-like values

@@ -18,12 +18,12 @@ class TokenizeRequest(Message):
     prompt: str | None  # completion with a text prompt
     prompt_token_ids: bytes | None  # completion with token ids (pack_ids)
     messages: list | None  # chat: list of {"role", "content"} dicts
-    params: dict[str, Any]  # SamplingParams.to_dict(), not yet validated
-    arrival_time: float  # time.time() when the HTTP request arrived
+    # SamplingParams.to_dict(), validated at intake, max_tokens resolved (common.limits)
+    params: dict[str, Any]
     origin: int = 0  # pid of the frontend that accepted it (restarts abort only its own)
-    # for params["max_tokens"] None (the client set none): the most it may get, or None
-    # for no cap but the room the prompt leaves in the context
-    max_tokens_default: int | None = None
+    # the client set no max_tokens: params["max_tokens"] is a default, which the tokenizer
+    # cuts to the room the prompt leaves in the context (RequestLimits.check)
+    max_tokens_unset: bool = False
     # the scheduler replica the frontend chose (frontend.routing) and its inbox (None:
     # the config's address for that replica, IPCConfig.replica_endpoint)
     replica: int = 0

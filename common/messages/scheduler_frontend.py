@@ -34,3 +34,4 @@ class EngineStatus(Message):
     inbox: str | None = None  # None: the config's address (IPCConfig.replica_endpoint)
     proof: str | None = None
     weight_bytes: int = 0  # the model's weights held by the replica (scheduler_worker.loader)
+    block_size: int = 0  # tokens per KV block (the routing key's length); 0: not stated

@@ -1,4 +1,6 @@
-"""any component → frontend inbox: liveness, so /health can say which component is up."""
+"""any component → frontend inbox: liveness, so /health can say which component is up;
+a tokenizer worker's also states its model facts (common.model_facts.ModelFacts.to_wire),
+which the frontend checks against the scheduler replicas' (frontend.cluster)."""
 
 from __future__ import annotations
 
@@ -15,3 +17,4 @@ class ComponentStatus(Message):
     pid: int
     kind: str  # "ready" | "heartbeat" | "stopping"
     time: float
+    facts: tuple[str, int, int, int] | None = None  # a tokenizer's: model, vocab, context, 0

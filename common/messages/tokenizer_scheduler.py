@@ -19,8 +19,7 @@ class GenerateRequest(Message):
     rid: str
     prompt_token_ids: bytes  # pack_ids
     params: dict[str, Any]  # validated SamplingParams.to_dict()
-    arrival_time: float
-    tokenized_time: float
+    tokenized_time: float  # wall clock (the arrival time stays in the frontend)
     origin: int = 0  # TokenizeRequest.origin, passed through
 
 

@@ -45,8 +45,8 @@ PARAMS = SamplingParams(max_tokens=8, stop=["\n"], seed=3).to_dict()
 IDS = pack_ids([0, 1, 49151, 2**31 - 1])
 
 SAMPLES: list[Message] = [
-    TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS, 1.5),
-    TokenizeRequest("r2", "completion", None, IDS, None, {}, 0, 4321),
+    TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS),
+    TokenizeRequest("r2", "completion", None, IDS, None, {}, 4321, True),
     TokenizeRequest(
         "r3",
         "chat",
@@ -54,7 +54,7 @@ SAMPLES: list[Message] = [
         None,
         [{"role": "user", "content": "hi"}, {"role": "system", "content": ""}],
         PARAMS,
-        1e9,
+        1,
     ),
     TokenizeRequest(  # chat with tools (frontend.tools)
         "r4",
@@ -63,11 +63,10 @@ SAMPLES: list[Message] = [
         None,
         [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}],
         PARAMS,
-        1.0,
         tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
     ),
-    GenerateRequest("r1", IDS, PARAMS, 1.0, 2.0, 4321),
-    GenerateRequest("", b"", {}, 0.0, 0.0),
+    GenerateRequest("r1", IDS, PARAMS, 2.0, 4321),
+    GenerateRequest("", b"", {}, 0.0),
     AbortRequest("r1", "client_disconnect"),
     StepOutputs(
         7,
@@ -115,6 +114,7 @@ SAMPLES: list[Message] = [
     RequestError("r9", 400, "max_tokens: must be >= 1", "invalid_request_error", "max_tokens"),
     RequestError("r9", 500, "", "internal_error", None),
     ComponentStatus("detok", 1234, "stopping", 3.0),
+    ComponentStatus("tokenizer", 77, "ready", 3.0, ("smollm2", 49152, 8192, 0)),
     TokenizerCall("c1", "tokenize", {"prompt": "Hé", "add_special_tokens": True}),
     TokenizerReply("c1", 200, {"count": 2, "tokens": [1, 2], "token_strs": None}),
     TokenizerReply("c2", 400, {"message": "tokens: bad", "param": "tokens"}),
@@ -157,8 +157,12 @@ def test_round_trip(msg):
     assert decode(memoryview(frame)) == msg
 
 
+def test_the_engine_fields_are_a_whole_engine_status():
+    assert decode(raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS)).block_size == 16
+
+
 def test_float_field_accepts_int_and_decodes_as_float():
-    out = decode(raw(WIRE_VERSION, ComponentStatus.TAG, "x", 1, "ready", 7))
+    out = decode(raw(WIRE_VERSION, ComponentStatus.TAG, "x", 1, "ready", 7, None))
     assert out.time == 7.0 and type(out.time) is float
 
 
@@ -182,11 +186,11 @@ def test_encode_refuses_schema_violations():
     with pytest.raises(WireError, match="AbortRequest.reason"):
         encode(AbortRequest("r", 5))
     with pytest.raises(WireError):
-        encode(GenerateRequest("r", [1, 2], {}, 0.0, 0.0))  # ids not packed
+        encode(GenerateRequest("r", [1, 2], {}, 0.0))  # ids not packed
 
 
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
-ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None]
+ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None, 0, 16]
 
 
 @pytest.mark.parametrize(
@@ -213,10 +217,10 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, Non
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0.0, 0),  # str where bytes
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0.0, True),  # bool where int
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0.0, 0),  # list where dict
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0.0, 0),
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0),  # str where bytes
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, True),  # bool where int
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0),  # list where dict
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0),
         raw(
             WIRE_VERSION,
             GenerateRequest.TAG,
@@ -224,10 +228,9 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, Non
             b"",
             {"x": {"y": {}}},
             0.0,
-            0.0,
             msgpack.ExtType(1, b"z"),
         ),
-        msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0.0, 0]),
+        msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0]),
         raw(
             WIRE_VERSION,
             TextOutputs.TAG,
@@ -344,7 +347,7 @@ def test_wrong_container_types():
             raw(
                 WIRE_VERSION,
                 TokenizeRequest.TAG,
-                *("r", "chat", None, None, deep, {}, 0.0, 0, None, 0, None, None),
+                *("r", "chat", None, None, deep, {}, 0, False, 0, None, None),
             )
         )
 
@@ -370,7 +373,7 @@ def test_oversize_frame_and_list():
     with pytest.raises(WireError):
         decode(big)
     with pytest.raises(WireError, match="exceeds"):
-        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, {}, 0.0, 0.0))
+        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, {}, 0.0))
 
 
 def test_pack_ids_round_trip_and_layout():

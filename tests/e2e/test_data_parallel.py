@@ -246,6 +246,59 @@ def test_replicas_started_by_hand_join_or_are_refused(dp):
                 p.wait()
 
 
+def test_components_with_other_model_facts_are_refused(dp):
+    """The replicas own the model facts: a replica with another KV block size, and a
+    tokenizer worker with another context length, are each refused with one log line and
+    serve nothing (a prompt longer than that worker's context would fail there: none do)."""
+    config = dp.run_dir / "config.json"
+    other_block = start_replica(config, 4, "--block-size", "32")
+    short_tokenizer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tokenizer_worker",
+            "--config",
+            str(config),
+            "--max-model-len",
+            "64",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not (
+            "refused scheduler replica 4" in dp.log() and "refused tokenizer worker" in dp.log()
+        ):
+            assert time.monotonic() < deadline, dp.log()[-2000:]
+            assert other_block.poll() is None and short_tokenizer.poll() is None
+            time.sleep(0.2)
+        log = dp.log()
+        line = next(x for x in log.splitlines() if "refused scheduler replica 4" in x)
+        assert "block_size 32 (not 16)" in line, line
+        line = next(x for x in log.splitlines() if "refused tokenizer worker" in x)
+        assert f"(pid {short_tokenizer.pid})" in line and "max_model_len 64" in line, line
+        long_prompt = "one two three four " * 30  # about 120 tokens: past 64
+        for _ in range(6):  # the pool would alternate between its two workers
+            r = complete(dp.url, long_prompt)
+            assert r.status_code == 200, r.text
+        time.sleep(1.0)  # their heartbeats go on: not logged again
+        log = dp.log()
+        assert log.count("refused scheduler replica 4") == 1
+        assert log.count("refused tokenizer worker") == 1
+        assert "4" not in replicas(dp.url)
+        health = httpx.get(dp.url + "/health", timeout=5).json()["components"]["tokenizer"]
+        assert health["refused"] == 1 and health["workers"] >= 1, health
+    finally:
+        for p in (other_block, short_tokenizer):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 # -- multi-host: every component on its own address, tcp only -------------------------------
 
 

@@ -50,8 +50,8 @@ def test_forged_and_garbage_frames_change_nothing(server):
     before = server.metrics()
     params = SamplingParams(max_tokens=500, ignore_eos=True).to_dict()
     forged = [
-        GenerateRequest("cmpl-forged-0", pack_ids([1, 2, 3]), params, time.time(), time.time()),
-        GenerateRequest("cmpl-forged-0." + "0" * 32, pack_ids([1, 2, 3]), params, 0.0, 0.0),
+        GenerateRequest("cmpl-forged-0", pack_ids([1, 2, 3]), params, time.time()),
+        GenerateRequest("cmpl-forged-0." + "0" * 32, pack_ids([1, 2, 3]), params, 0.0),
     ]
     garbage = [
         b"",

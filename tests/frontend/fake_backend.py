@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 
 from common.config import Config
-from common.limits import max_tokens_for
 from common.messages import (
     AbortRequest,
     ComponentStatus,
@@ -44,6 +43,7 @@ from common.zmq_queue import DealerQueue, PullQueue, PushQueue
 WORDS = ("Hello", " world", "!")
 NUM_PROMPT_TOKENS = 5
 MAX_MODEL_LEN = 2048
+BLOCK_SIZE = 4  # not the config's 16: routing must key on the announced one
 WEIGHT_BYTES = 123_456_789  # what the fake replica reports (zeroserve:model_weight_bytes)
 STRANDED_PID = 2**31 - 2  # no such process
 
@@ -192,6 +192,7 @@ class FakeBackend:
                 t,
                 pid=os.getpid(),
                 weight_bytes=WEIGHT_BYTES,
+                block_size=BLOCK_SIZE,
             ),
             timeout_ms=1000,
         )
@@ -251,10 +252,9 @@ class FakeBackend:
             else:
                 text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
                 finish = None
-                # unset max_tokens: resolved as the tokenizer does
-                max_tokens = max_tokens_for(
-                    params["max_tokens"], a.req.max_tokens_default, MAX_MODEL_LEN
-                )
+                max_tokens = params["max_tokens"]  # resolved at intake
+                if a.req.max_tokens_unset:  # cut to the prompt's room, as the tokenizer does
+                    max_tokens = min(max_tokens, MAX_MODEL_LEN - a.prompt_len)
                 if a.mode == "words" and a.num_out >= min(max_tokens, len(WORDS)):
                     finish = "length" if max_tokens <= len(WORDS) else "stop"
             lp = None
@@ -262,11 +262,9 @@ class FakeBackend:
                 top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]
                 lp = [[-0.5, top]]
             timings = None  # on the finishing output, as the scheduler's
-            if finish is not None:
-                timings = {
-                    "arrival_time": a.req.arrival_time,
-                    "first_scheduled_time": a.req.arrival_time + 0.002,
-                }
+            if finish is not None:  # the arrival stays in the frontend: it adds it
+                wall = time.time()
+                timings = {"scheduler_received_time": wall - 0.002, "first_scheduled_time": wall}
             plp = None  # prompt token p: logprob -p, tops "t<k>" at -0.25 * (k + 1)
             if a.num_out == 1 and params.get("prompt_logprobs") is not None:
                 k = params["prompt_logprobs"]

@@ -3,11 +3,14 @@ the official openai client against the real app (fake backend, see fake_backend.
 
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 
 from common.messages import unpack_ids
 from tests.frontend.conftest import serve
+from tests.frontend.fake_backend import MAX_MODEL_LEN
 from tests.frontend.sse import parse_sse
 
 pytestmark = pytest.mark.timeout(30)
@@ -39,7 +42,7 @@ def test_completion_non_streaming(served, http):
     (req,) = _requests_for(served, body["id"])
     assert req.kind == "completion" and req.prompt == "Hi" and req.prompt_token_ids is None
     # unset: OpenAI's default for completions, capped by the room in the context
-    assert req.params["max_tokens"] is None and req.max_tokens_default == 16
+    assert req.params["max_tokens"] == 16 and req.max_tokens_unset
     assert req.rid == body["id"] + "-0"
 
 
@@ -243,8 +246,14 @@ def test_streaming_without_usage_has_no_usage_chunk(served, http):
 def test_stage_timings_reach_only_the_client_that_asked(served, http):
     """The workers stamp every finished request (for /metrics); return_timings stays in the
     frontend and decides whether the client sees them."""
+    t0 = time.time()
     asked = http.post("/v1/completions", json={"prompt": "Hi", "return_timings": True}).json()
-    assert asked["usage"]["timings"] == {"queue_ms": 2.0}  # the fake's stamps, 2 ms apart
+    took_ms = (time.time() - t0) * 1e3
+    timings = asked["usage"]["timings"]
+    assert timings.keys() == {"queue_ms", "scheduler_queue_ms"}, timings
+    assert timings["scheduler_queue_ms"] == 2.0  # the fake's stamps, 2 ms apart
+    # from the arrival, which never left the frontend, to the fake's (wall-clock) stamp
+    assert 0 <= timings["queue_ms"] <= took_ms
     plain = http.post("/v1/completions", json={"prompt": "Hi"}).json()
     assert "timings" not in plain["usage"]
 
@@ -276,8 +285,8 @@ def test_chat_non_streaming(served, http):
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi there"},
     ]
-    # unset: the rest of the context (the tokenizer knows the prompt length)
-    assert req.params["max_tokens"] is None and req.max_tokens_default is None
+    # unset: the replica's context length, which the tokenizer cuts to the prompt's room
+    assert req.params["max_tokens"] == MAX_MODEL_LEN and req.max_tokens_unset
 
 
 def test_chat_max_completion_tokens_wins(served, http):
@@ -390,7 +399,7 @@ def test_generate_non_streaming(served, http):
         "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
     }
     reqs = [q for q in served.backend.requests if q.rid.startswith("gen-")]
-    assert reqs[-1].params["max_tokens"] is None and reqs[-1].max_tokens_default == 64
+    assert reqs[-1].params["max_tokens"] == 64 and reqs[-1].max_tokens_unset
     assert reqs[-1].params["temperature"] == 0
 
 

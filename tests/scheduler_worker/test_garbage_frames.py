@@ -47,7 +47,7 @@ def test_scheduler_worker_survives_garbage(run_dir, tiny_llama_dir):
 
     def gr(rid, ids=None, params=None):
         ids = pack_ids([1, 2, 3, 4, 5]) if ids is None else ids
-        return GenerateRequest(rid, ids, greedy if params is None else params, now, now)
+        return GenerateRequest(rid, ids, greedy if params is None else params, now)
 
     bad = [
         gr("bad-ids-bytes", ids=b"\x01\x02\x03"),

@@ -4,10 +4,12 @@ loop: the detokenizer's settings go out once, a restarted frontend's requests ar
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
+from common.auth import sign_rid
 from common.messages import ComponentStatus, GenerateRequest, StepOutputs, pack_ids
 from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue
@@ -28,7 +30,7 @@ def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, t
     with sockets(frontend, detok, worker.inbox, worker.to_detok, worker.to_frontend):
         worker.handle(ComponentStatus("frontend", 111, "heartbeat", time.time()))
         for rid, origin in (("old", 111), ("new", 222)):
-            worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params, 10.0, 11.0, origin))
+            worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params, 11.0, origin))
         worker.publish(worker.engine.step())
         num_steps = 1
         assert worker.requests["new"].announced and worker.requests["old"].announced
@@ -49,5 +51,34 @@ def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, t
     }
     assert finished.keys() == {"old", "new"}
     assert finished["old"][0] == "abort" and finished["new"][0] == "length"
-    for _, t in finished.values():  # the earlier stages' stamps, from the record
-        assert t is not None and (t["arrival_time"], t["tokenized_time"]) == (10.0, 11.0)
+    for _, t in finished.values():  # the tokenizer's stamp, from the record; the arrival
+        assert t is not None and t["tokenized_time"] == 11.0  # stayed in the frontend
+        assert "arrival_time" not in t
+
+
+def test_a_signed_request_is_not_validated_again_but_the_offline_api_validates(
+    run_dir, tiny_llama_dir, monkeypatch
+):
+    """With ipc.secret, a signed id proves the request came through the frontend's intake
+    (validated there, its limits checked by a tokenizer worker): the engine admits it
+    without checking again. The offline API (generate, add_request) checks every time."""
+    from scheduler_worker.engine import LLMEngine
+    from scheduler_worker.worker import SchedulerWorker
+
+    config = make_config(run_dir, tiny_llama_dir)
+    config = dataclasses.replace(config, ipc=dataclasses.replace(config.ipc, secret="s3cret"))
+    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
+    detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
+    engine = LLMEngine(config.engine, tiny_llama_dir)
+    worker = SchedulerWorker(config, engine)
+    checks: list[int] = []
+    real = engine.validate
+    monkeypatch.setattr(engine, "validate", lambda ids, p: (checks.append(len(ids)), real(ids, p)))
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    with sockets(frontend, detok, worker.inbox, worker.to_detok, worker.to_frontend):
+        rid = sign_rid("s3cret", "cmpl-1-0")
+        worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params.to_dict(), 0.0))
+        assert rid in engine.requests and checks == []
+        engine.abort(rid)
+    out = engine.generate([[1, 2, 3, 4]], params)
+    assert checks == [4] and len(out[0]) == 2

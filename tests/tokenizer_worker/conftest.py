@@ -3,10 +3,9 @@ Tokenization and its transformers tokenizer, and conversations to render."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+from common.limits import max_tokens_for
 from common.messages import TokenizeRequest, pack_ids
 from tokenizer_worker.worker import Rejected, Tokenization
 
@@ -41,13 +40,24 @@ def hf_chat_ids(hf_tok, messages: list[dict]) -> list[int]:
     return list(out)
 
 
+def intake(params: dict | None) -> tuple[dict, bool]:
+    """The params as the frontend's intake sends them: a max_tokens the client did not set
+    resolved (no replica facts here: no bound) and flagged, for the tokenizer to cut."""
+    params = dict(params or {})
+    unset = params.get("max_tokens") is None
+    params["max_tokens"] = max_tokens_for(params.get("max_tokens"), None)
+    return params, unset
+
+
 def chat(messages, params=None, rid="chat-1") -> TokenizeRequest:
-    return TokenizeRequest(rid, "chat", None, None, messages, params or {}, time.time())
+    p, unset = intake(params)
+    return TokenizeRequest(rid, "chat", None, None, messages, p, max_tokens_unset=unset)
 
 
 def completion(prompt=None, ids=None, params=None, rid="cmpl-1") -> TokenizeRequest:
     packed = pack_ids(ids) if isinstance(ids, list) else ids
-    return TokenizeRequest(rid, "completion", prompt, packed, None, params or {}, time.time())
+    p, unset = intake(params)
+    return TokenizeRequest(rid, "completion", prompt, packed, None, p, max_tokens_unset=unset)
 
 
 def rejected(tok: Tokenization, req: TokenizeRequest) -> Rejected:

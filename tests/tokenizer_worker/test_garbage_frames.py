@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -38,10 +37,9 @@ def test_tokenizer_worker_survives_garbage(run_dir, default_model_dir):
     scheduler = PullQueue(ipc.endpoint("scheduler"), bind=True)
     push = RawPush(ipc.endpoint("tokenizer"), bind=True, peer=str(os.getpid()).encode())
     worker = TokenizerWorker(config, Tokenization(default_model_dir, max_model_len=64))
-    now = time.time()
 
     def tr(rid, kind="completion", prompt="Hi", ids=None, messages=None, params=None):
-        return TokenizeRequest(rid, kind, prompt, ids, messages, params or {}, now)
+        return TokenizeRequest(rid, kind, prompt, ids, messages, params or {})
 
     bad = [
         tr("bad-kind", kind="bogus"),

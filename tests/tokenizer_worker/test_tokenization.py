@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from common.limits import max_tokens_for
 from common.messages import GenerateRequest, TokenizeRequest, decode, encode, pack_ids, unpack_ids
 from common.sampling_params import SamplingParams
 from tests.tokenizer_worker.conftest import CONVERSATIONS, chat, completion, hf_chat_ids, rejected
-from tokenizer_worker.worker import Tokenization
+from tokenizer_worker.worker import Rejected, Tokenization
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,11 +122,13 @@ def test_prompt_plus_max_tokens_over_context(default_model_dir):
 def test_unset_max_tokens_gets_the_default_capped_by_the_context(
     default_model_dir, default, expected
 ):
-    """max_tokens None: the frontend's default (None: the rest of the context), never more
-    than the room the prompt leaves; a client that set none never gets a length error."""
+    """max_tokens unset: what the frontend resolved it to (the endpoint's default, else the
+    context length), never more than the room the prompt leaves; a client that set none
+    never gets a length error."""
     tok = Tokenization(default_model_dir, max_model_len=16)
-    req = completion(ids=list(range(10, 20)), params={"max_tokens": None, "min_tokens": 2})
-    out = tok(dataclasses.replace(req, max_tokens_default=default))
+    resolved = max_tokens_for(None, default, tok.max_model_len)  # the frontend's, once
+    req = completion(ids=list(range(10, 20)), params={"max_tokens": resolved, "min_tokens": 2})
+    out = tok(dataclasses.replace(req, max_tokens_unset=True))
     assert out.params["max_tokens"] == expected
     e = rejected(tok, completion(ids=list(range(10, 20)), params={"min_tokens": 7}))
     assert e.param == "min_tokens" and "6 tokens" in e.message
@@ -169,6 +172,18 @@ def test_params_are_checked_before_the_prompt(tok):
     assert rejected(tok, completion("", params={"top_p": 0})).param == "top_p"
 
 
+def test_params_checked_at_intake_are_not_checked_again(tok):
+    """A signed request (checked: the frontend validated it) skips the parameter checks,
+    not the prompt's limits; an unsigned one is checked here."""
+    params = {"max_tokens": 3, "top_p": 0}  # out of range: intake would have refused it
+    assert tok(completion("Hi", params=params), checked=True).params["top_p"] == 0
+    assert rejected(tok, completion("Hi", params=params)).param == "top_p"
+    too_long = {"max_tokens": 10**6}
+    with pytest.raises(Rejected) as info:
+        tok(completion("Hi", params=too_long), checked=True)
+    assert info.value.param == "max_tokens"
+
+
 def test_chat_without_template_is_400(tiny_model_dirs, default_model_dir, tmp_path):
     """The tiny GPT-2 has no chat template (and GPT-2's n_positions as its context)."""
     d = tmp_path / "gpt2"
@@ -179,7 +194,9 @@ def test_chat_without_template_is_400(tiny_model_dirs, default_model_dir, tmp_pa
     assert tok.chat_template is None and tok.max_model_len == 512
     e = rejected(tok, chat(CONVERSATIONS["user-only"]))
     assert e.param == "messages" and "chat template" in e.message
-    assert unpack_ids(tok(completion("Hi")).prompt_token_ids)  # completions still work
+    assert unpack_ids(tok(completion(ids=[1, 2, 3])).prompt_token_ids)  # completions work
+    # this mixed directory's tokenizer makes ids past its model's 512: refused here, once
+    assert "outside the vocabulary (size 512)" in rejected(tok, completion("Hi")).message
 
 
 @pytest.mark.parametrize(
@@ -205,7 +222,7 @@ def test_malformed_messages_are_400(tok, messages, param):
 
 @pytest.mark.parametrize("kind", ["", "embedding", "Chat", "completions"])
 def test_unknown_kind_is_400(tok, kind):
-    req = TokenizeRequest("r", kind, "Hi", None, None, {}, time.time())
+    req = TokenizeRequest("r", kind, "Hi", None, None, {})
     assert rejected(tok, req).message.startswith("unknown request kind")
 
 
@@ -215,11 +232,11 @@ def test_unknown_kind_is_400(tok, kind):
 def test_generate_request_fields(tok):
     arrival = time.time()
     params = {"max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "stop": ["\n"], "seed": 3}
-    req = TokenizeRequest("rid-42", "completion", "Hello there", None, None, params, arrival, 7)
+    req = TokenizeRequest("rid-42", "completion", "Hello there", None, None, params, 7)
     out = tok(req)
     assert isinstance(out, GenerateRequest)
     assert out.rid == "rid-42"
-    assert out.arrival_time == arrival and out.tokenized_time >= arrival
+    assert out.tokenized_time >= arrival
     assert out.origin == 7  # the frontend's pid, passed through
     ids = unpack_ids(out.prompt_token_ids)
     assert ids == tok.tokenizer.encode("Hello there").ids
@@ -235,9 +252,9 @@ def test_generate_request_fields(tok):
 def test_generate_request_from_chat(tok, hf_tok):
     messages = CONVERSATIONS["multi-turn"]
     arrival = time.time()
-    out = tok(TokenizeRequest("c-1", "chat", None, None, messages, {}, arrival))
+    out = tok(chat(messages, rid="c-1"))
     assert out.rid == "c-1"
-    assert out.tokenized_time >= out.arrival_time == arrival
+    assert out.tokenized_time >= arrival
     ids = unpack_ids(out.prompt_token_ids)
     assert ids == hf_chat_ids(hf_tok, messages)
     # no max_tokens: the rest of the context
@@ -252,8 +269,7 @@ import tokenizer_worker.worker as tw
 import detok_worker.worker
 from common.messages import TokenizeRequest, unpack_ids
 tok = tw.Tokenization(sys.argv[1])
-out = tok(TokenizeRequest("r", "chat", None, None, [{"role": "user", "content": "hi"}], {},
-                          time.time()))
+out = tok(TokenizeRequest("r", "chat", None, None, [{"role": "user", "content": "hi"}], {}))
 assert unpack_ids(out.prompt_token_ids)
 bad = sorted(m for m in ("torch", "transformers") if m in sys.modules)
 assert not bad, f"imported {bad}"
