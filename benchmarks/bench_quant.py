@@ -113,9 +113,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--per-byte", default="", help="GGUF types to time per weight byte")
     ap.add_argument("--shapes", default="49152x512,576x1536", help="NxK shapes for --per-byte")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not kernels.load():
         sys.exit("the CPU kernels are not built: python -m scheduler_worker.kernels --require")
     best = kernels.ISAS.index(kernels.best_isa())
