@@ -42,9 +42,10 @@ float dot_q6_scalar(const Q6Act& x, const Q6Packed& w, int64_t i, int64_t n) {
 template <typename T>
 void gemm_q6(const Q6Act& x, const Q6Packed& w, int64_t M, T* out, int64_t g0, int64_t g1, int64_t isa) {
   if (isa == AVX512) {
-    int64_t g = g0;
-    for (; g + 2 <= g1; g += 2) rows_q6_vnni<4, 2>(x, w, M, out, g);
-    if (g < g1) rows_q6_vnni<4, 1>(x, w, M, out, g);
+    // one group at a time: two groups' interleaved weight streams (the RG = 2 tiles of the
+    // other formats) measured 2-3x slower per byte at 1 row once the weight left the L2
+    // cache (a 49152 x 512 weight, one thread, Zen 4), and no faster at 4-32 rows
+    for (int64_t g = g0; g < g1; ++g) rows_q6_vnni<4, 1>(x, w, M, out, g);
     return;
   }
   for (int64_t g = g0; g < g1; ++g) {
