@@ -14,6 +14,12 @@ with float32 activations ("q4/ISA") and bfloat16 ones ("q4/ISA/bf16"). Prints a 
 formats, every linear in that type made of random valid blocks (the values do not change
 the time); a K-quant on a row length that is not a multiple of 256 falls back as
 llama-quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
+
+--per-byte Q6_K,Q4_K times one qlinear per type, shape (--shapes NxK,...) and row count
+instead, as ns per byte of the file's weight (the kernels' efficiency per format; no model
+is loaded):
+
+    python benchmarks/bench_quant.py --per-byte Q6_K,Q4_K,Q8_0 --shapes 49152x512,576x1536 --rows 1,32
 """
 
 from __future__ import annotations
@@ -67,6 +73,30 @@ def time_ms(fn, reps: int) -> float:
     return (time.perf_counter() - t0) / reps * 1e3
 
 
+def per_byte(types: list[str], shapes: list[tuple[int, int]], rows: list[int], isas: list[str]):
+    """ns per byte of the file's weight for one qlinear call of each type, shape, row count
+    and kernel path: {"TYPE NxK M=rows ISA": ns}. Prints them."""
+    res = {}
+    for n, k in shapes:
+        for type_name in types:
+            bw = random_gguf_weight(type_name, n, k)
+            if bw.source != type_name:
+                sys.exit(f"{type_name} needs rows of whole super-blocks (K % 256), got {k}")
+            size, unit = GGUF_BLOCK_TYPES[type_name][1], 256 if type_name.endswith("_K") else 32
+            file_bytes = n * k // unit * size
+            for isa in isas:
+                ql = QuantLinear(bw, None, torch.float32, isa)
+                for m_rows in rows:
+                    x = torch.randn(m_rows, k)
+                    reps = max(5, int(3e8 / (file_bytes * max(1, m_rows // 4))))
+                    with torch.inference_mode():
+                        ms = time_ms(lambda ql=ql, x=x: ql(x), reps)
+                    key = f"{type_name} {n}x{k} M={m_rows} {isa}"
+                    res[key] = ms * 1e6 / file_bytes
+                    print(f"{key:32s} {res[key]:7.3f} ns/byte  ({ms:.3f} ms)", flush=True)
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -81,13 +111,23 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--gguf-types", default="", help="GGUF block types to time too, e.g. Q5_0,Q4_K,Q5_K"
     )
+    ap.add_argument("--per-byte", default="", help="GGUF types to time per weight byte")
+    ap.add_argument("--shapes", default="49152x512,576x1536", help="NxK shapes for --per-byte")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not kernels.load():
         sys.exit("the CPU kernels are not built: python -m scheduler_worker.kernels --require")
     best = kernels.ISAS.index(kernels.best_isa())
     isas = [i for i in args.isas.split(",") if i and kernels.isa_index(i) <= best]
+    rows = [int(r) for r in args.rows.split(",")]
+    if args.per_byte:
+        shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
+        ns = per_byte(args.per_byte.split(","), shapes, rows, isas)
+        return {"machine": machine_info(), "ns_per_byte": ns}
     model, margs = load_model(
         resolve_model(args.model, full_weights=True), torch.float32, torch.device("cpu")
     )
@@ -117,7 +157,6 @@ def main(argv: list[str] | None = None) -> dict:
             for isa in isas:
                 ql = QuantLinear(gw, lin.bias, torch.float32, isa)
                 variants.setdefault(f"{type_name}/{isa}", (torch.float32, {}))[1][key] = ql
-    rows = [int(r) for r in args.rows.split(",")]
     res: dict = {
         "machine": machine_info(),
         "model": args.model,

@@ -44,6 +44,7 @@ SOURCES = [
     for name in (
         "qgemm.cpp",
         "qgemm_kquant.cpp",
+        "qgemm_q6k.cpp",
         "decode_attention.cpp",
         "decode_ops.cpp",
         "decode_model.cpp",

@@ -20,7 +20,7 @@ arrays, layout and math there); from_gguf, dequantize, pack_blocks, cat_rows and
 reference_qlinear serve every form, so a loader needs only GGUF_BLOCK_TYPES and these.
 GGUF's Q6_K takes the form "q6k" of q6k.py: the file's bytes as they are (qs: the 208
 bytes of planes and int8 sub-scales per 256 inputs, d: the super-scale), scaled per 16
-inputs rather than 32.
+inputs rather than 32, repacked 16 rows at a time by q6k.pack.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class BlockWeight:
     def nbytes(self) -> int:
         """Bytes of the kernels' layout (pack_blocks), the memory a served weight takes."""
         n, k = self.shape
-        if self.form == "q6k":  # the file's rows, unpadded
-            return n * (k // q6k.QK_K) * q6k.BLOCK_BYTES
+        if self.form == "q6k":
+            return q6k.packed_nbytes(n, k)
         if self.form in kquants.K_FORMS:
             return kquants.packed_nbytes(self.form, n, k)
         groups = -(-n // GROUP_ROWS)
@@ -262,7 +262,8 @@ def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned); d and m as
     float16 (every value is one: they come from GGUF's float16 fields or are rounded so by
     quantize_q4/q8). Returns (qs uint8 [groups, nb * bytes], d float16 [groups, nb, 16],
-    m like d or None). The 5-bit and K-quant forms: kquants.pack (qgemm_kquant.h)."""
+    m like d or None). The 5-bit and K-quant forms: kquants.pack (qgemm_kquant.h); Q6_K:
+    q6k.pack (qgemm_q6k.h)."""
     if w.form == "q6k":
         return q6k.pack(w.qs, w.d)
     if w.form in kquants.K_FORMS:

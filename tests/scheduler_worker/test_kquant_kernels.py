@@ -86,11 +86,8 @@ def test_packed_bytes_within_1_1x_of_the_file(type_name):
         packed = pack_blocks(bw)
         got = sum(t.numel() * t.element_size() for t in packed if t is not None)
         assert got == bw.nbytes() <= 1.1 * raw.nbytes, (n, k, got, raw.nbytes)
-        if type_name == "Q6_K":  # the file's rows as they are: exactly its bytes
+        if type_name == "Q6_K":  # whole groups of 16 rows: exactly the file's bytes
             assert got == raw.nbytes
-            assert torch.equal(
-                packed[0].view(n, -1, 208), torch.from_numpy(raw.reshape(n, -1, 210)[..., :208])
-            )
 
 
 def test_k_types_refuse_a_row_not_a_multiple_of_256():
