@@ -8,7 +8,7 @@ import time
 import pytest
 
 from common.messages import TokenizeRequest, pack_ids
-from tokenizer_worker.worker import Rejected, Tokenization
+from tokenizer_worker.tokenization import Rejected, Tokenization
 
 CONVERSATIONS = {
     "system+user": [

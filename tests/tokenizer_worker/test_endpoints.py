@@ -8,7 +8,7 @@ import pytest
 from common.messages import TokenizerCall, TokenizerReply
 from tests.tokenizer_worker.conftest import CONVERSATIONS, hf_chat_ids
 from tokenizer_worker.endpoints import TokenizerEndpoints
-from tokenizer_worker.worker import Rejected
+from tokenizer_worker.tokenization import Rejected
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from common.messages import GenerateRequest, TokenizeRequest, decode, encode, pack_ids, unpack_ids
 from common.sampling_params import SamplingParams
 from tests.tokenizer_worker.conftest import CONVERSATIONS, chat, completion, hf_chat_ids, rejected
-from tokenizer_worker.worker import Tokenization
+from tokenizer_worker.tokenization import Tokenization
 
 pytestmark = pytest.mark.timeout(120)
 
