@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from typing import Any
-
-import zmq
 
 from common.config import Config
 from common.log import get_logger, install_stack_dump
@@ -34,6 +31,7 @@ from common.messages import (
     WireError,
 )
 from common.model_source import resolve_model
+from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import DealerQueue, PushQueue, QueueFull
 from tokenizer_worker.endpoints import TokenizerEndpoints
 from tokenizer_worker.tokenization import Rejected, Tokenization
@@ -53,16 +51,14 @@ class TokenizerWorker:
             model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
             tokenization = Tokenization(model_dir, mc.max_model_len, config.server.tool_call_parser)
         self.tokenization = tokenization
-        ctx: zmq.Context = zmq.Context.instance()
-        self.inbox = DealerQueue(
-            config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode(), ctx=ctx
+        inbox = DealerQueue(config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode())
+        # on SIGTERM: tokenize what is already in this worker's pipe (the frontend accepted
+        # it before it began to drain), stop once a poll finds the pipe empty; beats come
+        # from the loop, so a worker hung inside a request falls silent
+        self.shell = WorkerShell(
+            config, "tokenizer", inbox, self.heartbeat, beacon=False, quiet_s=DRAIN_POLL_MS / 1000
         )
-        self._ctx = ctx
-        self._to_replicas: dict[str, PushQueue] = {}  # inbox endpoint -> a socket to it
-        self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
-        self.running = True
-        self.drain_deadline = 0.0
-        self.last_heartbeat = 0.0
+        self.inbox, self.to_frontend = inbox, self.shell.to_frontend
         self.num_done = 0
         self.endpoints = TokenizerEndpoints(tokenization, tokenization.model_dir)
 
@@ -121,11 +117,7 @@ class TokenizerWorker:
     def to_replica(self, msg: TokenizeRequest) -> PushQueue:
         """The socket to the chosen replica's inbox, connected the first time it is named
         (a replica that joins later needs no restart here)."""
-        inbox = msg.inbox or self.config.ipc.replica_endpoint(msg.replica)
-        q = self._to_replicas.get(inbox)
-        if q is None:
-            q = self._to_replicas[inbox] = PushQueue(inbox, bind=False, ctx=self._ctx)
-        return q
+        return self.shell.replicas.get(msg.inbox or self.config.ipc.replica_endpoint(msg.replica))
 
     def _error(self, rid: str, e: Rejected) -> None:
         try:
@@ -138,41 +130,19 @@ class TokenizerWorker:
     def heartbeat(self, kind: str = "heartbeat") -> None:
         with contextlib.suppress(QueueFull):
             self.to_frontend.put(ComponentStatus("tokenizer", os.getpid(), kind, time.time()))
-        self.last_heartbeat = time.monotonic()
 
     def run(self) -> None:
-        self.heartbeat("ready")
-        hb = self.config.heartbeat_s
-        while True:
-            msgs = self.inbox.get_batch(timeout_ms=int(hb * 1000) if self.running else 100)
-            if not self.running and (not msgs or time.monotonic() >= self.drain_deadline):
-                break  # draining: the pipe ran dry (or the drain timed out)
-            for msg in msgs:
-                self.handle(msg)
-                if time.monotonic() - self.last_heartbeat >= hb:  # a long batch: still here
-                    self.heartbeat()
-            if time.monotonic() - self.last_heartbeat >= hb:
-                self.heartbeat()
-        self.heartbeat("stopping")
-        for q in (self.inbox, self.to_frontend, *self._to_replicas.values()):
-            q.close()
+        self.shell.run(self.handle)
 
     def stop(self, *_args: Any) -> None:
-        """SIGTERM: tokenize what is already in this worker's pipe (the frontend accepted
-        it before it began to drain), stop once the pipe is empty; a second signal stops
-        after the current batch."""
-        if not self.running:
-            self.drain_deadline = 0.0
-            return
-        self.running = False
-        self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
+        """SIGTERM: finish what is in the pipe, then stop; a second signal: after this batch."""
+        self.shell.stop()
 
 
 def run(config: Config) -> None:
     install_stack_dump()
     worker = TokenizerWorker(config)
-    signal.signal(signal.SIGTERM, worker.stop)
-    signal.signal(signal.SIGINT, worker.stop)
+    on_stop_signals(worker.stop)
     log.info(
         "tokenizer ready (pid %d): context %d, vocab %d",
         os.getpid(),

@@ -25,7 +25,8 @@ def worker(default_model_dir):
     peers = [PullQueue(config.ipc.endpoint(name), bind=True) for name in ("frontend", "scheduler")]
     w = DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
     yield w
-    for q in (w.inbox, w.to_frontend, *w._to_replicas.values(), *peers):
+    w.shell.close()
+    for q in peers:
         q.close()
     shutil.rmtree(run_dir, ignore_errors=True)
 
