@@ -16,7 +16,7 @@ no logprobs, timings or prompt logprobs), and reads back as None for every recor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
@@ -35,18 +35,33 @@ class Column:
 class Columnar(Generic[R]):
     """Pack records of one dataclass into a message's parallel lists, and back.
 
-    Invariant (checked when built): the columns name every field of `record`, in its
-    declaration order, so a row of the unpacked columns is the record's positional
-    arguments. The first column is the key (`rids`): the others must be as long."""
+    Every field of `record` is a column of `message`, under the same name or the one in
+    `rename`; those named in `optional` are optional columns. Checked when built: the
+    message has each column, and the first field (the key, `rids`) is not optional. The
+    columns keep the record's field order, so a row of them is the record's arguments."""
 
-    def __init__(self, record: type[R], columns: Sequence[Column]) -> None:
-        names = tuple(f.name for f in dataclasses.fields(record))  # type: ignore[arg-type]
-        if tuple(c.field for c in columns) != names:
-            raise TypeError(f"columns of {record.__name__} must be its fields in order: {names}")
+    def __init__(
+        self,
+        record: type[R],
+        message: type[Message],
+        *,
+        rename: Mapping[str, str] | None = None,
+        optional: Collection[str] = (),
+    ) -> None:
+        rename = dict(rename or {})
+        names = [f.name for f in dataclasses.fields(record)]  # type: ignore[arg-type]
+        unknown = (set(rename) | set(optional)) - set(names)
+        if unknown:
+            raise TypeError(f"{record.__name__} has no field {', '.join(sorted(unknown))}")
+        columns = tuple(Column(n, rename.get(n, n), n in optional) for n in names)
+        have = {f.name for f in dataclasses.fields(message)}  # type: ignore[arg-type]
+        missing = [c.column for c in columns if c.column not in have]
+        if missing:
+            raise TypeError(f"{message.__name__} has no column {', '.join(missing)}")
         if columns[0].optional:
             raise TypeError("the key column cannot be optional")
         self.record = record
-        self.columns = tuple(columns)
+        self.columns = columns
         self._getters = tuple((c.column, c.optional, attrgetter(c.field)) for c in columns)
 
     def pack(self, records: Sequence[R]) -> dict[str, list | None]:

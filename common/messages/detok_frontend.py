@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from common.messages.base import Message
-from common.messages.columnar import Column, Columnar
+from common.messages.columnar import Columnar
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +59,14 @@ class TextOutput:
 
 TEXT_COLUMNS: Columnar[TextOutput] = Columnar(
     TextOutput,
-    (
-        Column("rid", "rids"),
-        Column("text", "texts"),
-        Column("finish_reason", "finish_reasons"),
-        Column("num_prompt_tokens", "num_prompt_tokens"),
-        Column("num_output_tokens", "num_output_tokens"),
-        Column("token_ids", "token_ids"),
-        Column("logprobs", "logprobs", optional=True),
-        Column("timings", "timings", optional=True),
-        Column("stop_reason", "stop_reasons"),
-        Column("prompt_logprobs", "prompt_logprobs", optional=True),
-    ),
+    TextOutputs,
+    rename={
+        "rid": "rids",
+        "text": "texts",
+        "finish_reason": "finish_reasons",
+        "stop_reason": "stop_reasons",
+    },
+    optional=("logprobs", "timings", "prompt_logprobs"),
 )
 
 

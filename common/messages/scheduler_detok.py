@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from common.messages.base import Message
-from common.messages.columnar import Column, Columnar
+from common.messages.columnar import Columnar
 
 # (rid, stop strings, skip_special_tokens, include_stop_str_in_output)
 NewRequest = tuple[str, list[str], bool, bool]
@@ -68,17 +68,9 @@ class StepOutput:
 
 STEP_COLUMNS: Columnar[StepOutput] = Columnar(
     StepOutput,
-    (
-        Column("rid", "rids"),
-        Column("new_token_ids", "new_token_ids"),
-        Column("finish_reason", "finish_reasons"),
-        Column("num_prompt_tokens", "num_prompt_tokens"),
-        Column("num_output_tokens", "num_output_tokens"),
-        Column("logprobs", "logprobs", optional=True),
-        Column("timings", "timings", optional=True),
-        Column("stop_token_id", "stop_token_ids", optional=True),
-        Column("prompt_logprobs", "prompt_logprobs", optional=True),
-    ),
+    StepOutputs,
+    rename={"rid": "rids", "finish_reason": "finish_reasons", "stop_token_id": "stop_token_ids"},
+    optional=("logprobs", "timings", "stop_token_id", "prompt_logprobs"),
 )
 
 
