@@ -1,10 +1,10 @@
 """One codec for the batch messages that carry one entry per request as parallel lists.
 
-A step's outputs travel as columns (`rids[i]`, `texts[i]`, ... belong to request i), not
-as a list of per-request maps: msgpack then writes each field name zero times instead of
-once per request, and the receiver checks a column's type once. The code that builds and
-reads a batch works with records (one small dataclass per request); a `Columnar` declares
-once which record field goes to which message column, and does both directions:
+A step's outputs travel as columns (`rids[i]`, `texts[i]`, ... belong to request i): one
+msgpack array per field, whose type the receiver checks once, not one map per request.
+The code that builds and reads a batch works with records (one small dataclass per
+request); a `Columnar` declares once which record field goes to which message column,
+and does both directions:
 
     records ──pack──▶ {column: [value per record]} ──(message fields)──▶ wire
     wire ──▶ message ──unpack──▶ [record per rid]   (WireError if a column is short)
