@@ -174,15 +174,18 @@ class WorkerShell:
         """SIGTERM / SIGINT: drain (Drain.stop); a second signal stops now."""
         self.drain.stop()
 
-    def run(self, handle: Callable[[Message], None]) -> None:
+    def run(
+        self, handle: Callable[[Message], None], busy: Callable[[], bool] | None = None
+    ) -> None:
         """The inbox loop: block for a batch (heartbeat_s, or DRAIN_POLL_MS while
         draining), hand each message to `handle` (an exception costs that message, never
-        the worker), beat when due; after stop(), go on until the inbox stays quiet."""
+        the worker), beat when due; after stop(), go on while `busy()` or until the inbox
+        stays quiet (Drain)."""
         self.start()
         drain, beat_s = self.drain, self.beat_s
         loop_beats = not self.beacon
         beat_ms = int(beat_s * 1000)
-        while drain.running or drain.draining():
+        while drain.running or drain.draining(busy is not None and busy()):
             msgs = self.inbox.get_batch(timeout_ms=beat_ms if drain.running else DRAIN_POLL_MS)
             for msg in msgs:
                 try:

@@ -52,7 +52,8 @@ from detok_worker.incremental import RequestDetokenizer
 log = get_logger("detok")
 
 STOPPED_MEMORY = 100_000  # rids finished here by a stop string, to drop their late tokens
-DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long
+DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long, and no replica
+REPLICA_SILENT_S = 10.0  # still steps: none silent for less than this without a "stopping"
 
 
 class DetokWorker:
@@ -67,8 +68,8 @@ class DetokWorker:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         inbox = PullQueue(config.ipc.endpoint("detok"), bind=True)
         # on SIGTERM: keep detokenizing while the schedulers still send steps (they drain
-        # too), until DRAIN_QUIET_S without any; liveness from a thread, so a long batch
-        # is not mistaken for a death
+        # too: see busy()), until DRAIN_QUIET_S without any; liveness from a thread, so a
+        # long batch is not mistaken for a death
         self.shell = WorkerShell(
             config, "detok", inbox, self.heartbeat, beacon=True, quiet_s=DRAIN_QUIET_S
         )
@@ -79,6 +80,8 @@ class DetokWorker:
         self.stream_interval = config.server.stream_interval
         self.held: dict[str, TextOutput] = {}  # rid -> output not sent yet (stream interval)
         self.sent_at: dict[str, int] = {}  # rid -> its num_output_tokens when last sent
+        self.stepping: dict[int, float] = {}  # replica -> its last step (monotonic), until
+        # its "stopping"
 
     def process(self, msg: StepOutputs) -> TextOutputs:
         try:
@@ -210,10 +213,14 @@ class DetokWorker:
         if isinstance(msg, ComponentStatus) and msg.component.startswith("scheduler"):
             with contextlib.suppress(QueueFull):
                 self.to_frontend.put(msg)
+            if msg.kind == "stopping":
+                k = msg.component.partition(".")[2]
+                self.stepping.pop(int(k) if k.isdigit() else 0, None)
             return
         if not isinstance(msg, StepOutputs):
             log.warning("dropping unexpected %s on the detok inbox", type(msg).__name__)
             return
+        self.stepping[msg.replica] = time.monotonic()
         try:
             result = self.process(msg)
         except Exception:  # a bug must cost one step, never the worker
@@ -225,8 +232,15 @@ class DetokWorker:
             except QueueFull:
                 log.error("frontend queue full; dropped step %d", msg.step)
 
+    def busy(self) -> bool:
+        """Draining: a replica may still send steps (it stepped, and has not said
+        "stopping"). A step can stall for seconds on a loaded machine, longer than the
+        quiet period; a replica killed without a word counts for REPLICA_SILENT_S only."""
+        now = time.monotonic()
+        return any(now - t < REPLICA_SILENT_S for t in self.stepping.values())
+
     def run(self) -> None:
-        self.shell.run(self.handle)
+        self.shell.run(self.handle, self.busy)
 
     def stop(self, *_args: Any) -> None:
         """SIGTERM: drain until the schedulers fall quiet; a second signal stops now."""

@@ -40,7 +40,10 @@ class Harness:
         self.push = PushQueue(self.config.ipc.endpoint("detok"), bind=False)
         self.handled: list[str] = []
         self.fail_on = fail_on
-        self.thread = threading.Thread(target=self.shell.run, args=(self.handle,), daemon=True)
+        self.busy = False
+        self.thread = threading.Thread(
+            target=self.shell.run, args=(self.handle, lambda: self.busy), daemon=True
+        )
 
     def handle(self, msg) -> None:
         if msg.rid == self.fail_on:
@@ -168,3 +171,14 @@ def test_the_drain_deadline_ends_a_drain_that_never_falls_quiet(run_dir):
         h.thread.join(timeout=5)
         assert not h.thread.is_alive()
         assert 0.4 < time.monotonic() - t0 < 2.0
+
+
+def test_a_busy_worker_drains_past_the_quiet_period(run_dir):
+    with Harness(run_dir, quiet_s=0.1) as h:
+        h.busy = True  # e.g. the detok: a replica still steps
+        h.shell.stop()
+        time.sleep(0.5)
+        assert h.thread.is_alive()
+        h.busy = False
+        h.thread.join(timeout=5)
+        assert not h.thread.is_alive()
