@@ -52,8 +52,8 @@ from detok_worker.incremental import RequestDetokenizer
 log = get_logger("detok")
 
 STOPPED_MEMORY = 100_000  # rids finished here by a stop string, to drop their late tokens
-DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long, and no replica
-REPLICA_SILENT_S = 10.0  # still steps: none silent for less than this without a "stopping"
+DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long (and not busy())
+REPLICA_SILENT_S = 10.0  # busy(): a replica silent this long, with no "stopping", is gone
 
 
 class DetokWorker:
@@ -80,8 +80,7 @@ class DetokWorker:
         self.stream_interval = config.server.stream_interval
         self.held: dict[str, TextOutput] = {}  # rid -> output not sent yet (stream interval)
         self.sent_at: dict[str, int] = {}  # rid -> its num_output_tokens when last sent
-        self.stepping: dict[int, float] = {}  # replica -> its last step (monotonic), until
-        # its "stopping"
+        self.stepping: dict[int, float] = {}  # replica -> its last step, until its "stopping"
 
     def process(self, msg: StepOutputs) -> TextOutputs:
         try:
