@@ -338,8 +338,8 @@ class SchedulerWorker:
         shell.finish(self._last_word)
 
     def _last_word(self) -> None:
-        """ "stopping" through the detok, behind this process's last outputs: the frontend
-        fails what is still open only once everything sent before has reached it."""
+        """Say "stopping" through the detok, behind this process's last outputs: the
+        frontend fails what is still open only once everything sent before has reached it."""
         with contextlib.suppress(QueueFull):
             self.to_detok.put(ComponentStatus(self.component, os.getpid(), "stopping", time.time()))
 
