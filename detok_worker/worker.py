@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections import OrderedDict
+from typing import Any
 
-import zmq
 from tokenizers import Tokenizer
 
 from common.config import Config
-from common.heartbeat import Heartbeat
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
     ComponentStatus,
+    Message,
     StepOutput,
     StepOutputs,
     TextOutput,
@@ -46,13 +45,15 @@ from common.messages import (
     unpack_step_outputs,
 )
 from common.model_source import resolve_model
-from common.zmq_queue import PullQueue, PushQueue, QueueFull
+from common.worker_shell import WorkerShell, on_stop_signals
+from common.zmq_queue import PullQueue, QueueFull
 from detok_worker.incremental import RequestDetokenizer
 
 log = get_logger("detok")
 
 STOPPED_MEMORY = 100_000  # rids finished here by a stop string, to drop their late tokens
-DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long
+DRAIN_QUIET_S = 2.0  # on SIGTERM, stop once no step arrived for this long (and not busy())
+REPLICA_SILENT_S = 10.0  # busy(): a replica silent this long, with no "stopping", is gone
 
 
 class DetokWorker:
@@ -65,21 +66,21 @@ class DetokWorker:
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        ctx: zmq.Context = zmq.Context.instance()
-        self.inbox = PullQueue(config.ipc.endpoint("detok"), bind=True, ctx=ctx)
-        self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
-        self._ctx = ctx
-        self._to_replicas: dict[str, PushQueue] = {}  # inbox endpoint -> a socket to it
+        inbox = PullQueue(config.ipc.endpoint("detok"), bind=True)
+        # on SIGTERM: keep detokenizing while the schedulers still send steps (they drain
+        # too: see busy()), until DRAIN_QUIET_S without any; liveness from a thread, so a
+        # long batch is not mistaken for a death
+        self.shell = WorkerShell(
+            config, "detok", inbox, self.heartbeat, beacon=True, quiet_s=DRAIN_QUIET_S
+        )
+        self.inbox, self.to_frontend = inbox, self.shell.to_frontend
         self.requests: dict[str, RequestDetokenizer] = {}
         self.stopped: OrderedDict[str, None] = OrderedDict()
         self.detok_s: dict[str, float] = {}  # rid -> seconds spent detokenizing it so far
         self.stream_interval = config.server.stream_interval
         self.held: dict[str, TextOutput] = {}  # rid -> output not sent yet (stream interval)
         self.sent_at: dict[str, int] = {}  # rid -> its num_output_tokens when last sent
-        self.running = True
-        self.drain_deadline = 0.0
-        self.quiet_since = 0.0  # when the last step arrived (or the stop signal, if later)
-        self.last_heartbeat = 0.0
+        self.stepping: dict[int, float] = {}  # replica -> its last step, until its "stopping"
 
     def process(self, msg: StepOutputs) -> TextOutputs:
         try:
@@ -115,13 +116,6 @@ class DetokWorker:
         self.sent_at[rid] = out.num_output_tokens
         return out
 
-    def to_replica(self, inbox: str) -> PushQueue:
-        """The socket to a replica's inbox, connected the first time it is named."""
-        q = self._to_replicas.get(inbox)
-        if q is None:
-            q = self._to_replicas[inbox] = PushQueue(inbox, bind=False, ctx=self._ctx)
-        return q
-
     def _detokenize(self, o: StepOutput, inbox: str) -> TextOutput | None:
         """One request's text delta, or None when its step entry is dropped."""
         t0 = time.perf_counter()
@@ -151,7 +145,7 @@ class DetokWorker:
             self._remember_stopped(rid)
             if o.finish_reason is None:
                 with contextlib.suppress(QueueFull, ValueError):  # (a bad endpoint)
-                    self.to_replica(inbox).put(AbortRequest(rid, "stop_string"))
+                    self.shell.replicas.get(inbox).put(AbortRequest(rid, "stop_string"))
         elif reason is not None:
             text += det.finish()
             if det.stopped:
@@ -211,58 +205,51 @@ class DetokWorker:
     def heartbeat(self, kind: str = "heartbeat") -> None:
         with contextlib.suppress(QueueFull):
             self.to_frontend.put(ComponentStatus("detok", os.getpid(), kind, time.time()))
-        self.last_heartbeat = time.monotonic()
+
+    def handle(self, msg: Message) -> None:
+        """One inbox message: a step to detokenize (its text to the frontend), or a
+        scheduler's "stopping", passed on behind the outputs it sent before it."""
+        if isinstance(msg, ComponentStatus) and msg.component.startswith("scheduler"):
+            with contextlib.suppress(QueueFull):
+                self.to_frontend.put(msg)
+            if msg.kind == "stopping":
+                k = msg.component.partition(".")[2]
+                self.stepping.pop(int(k) if k.isdigit() else 0, None)
+            return
+        if not isinstance(msg, StepOutputs):
+            log.warning("dropping unexpected %s on the detok inbox", type(msg).__name__)
+            return
+        self.stepping[msg.replica] = time.monotonic()
+        try:
+            result = self.process(msg)
+        except Exception:  # a bug must cost one step, never the worker
+            log.exception("detokenizing step %d failed; dropped", msg.step)
+            return
+        if result.rids:
+            try:
+                self.to_frontend.put(result, timeout_ms=None)
+            except QueueFull:
+                log.error("frontend queue full; dropped step %d", msg.step)
+
+    def busy(self) -> bool:
+        """Draining: a replica may still send steps (it stepped, and has not said
+        "stopping"). A step can stall for seconds on a loaded machine, longer than the
+        quiet period; a replica killed without a word counts for REPLICA_SILENT_S only."""
+        now = time.monotonic()
+        return any(now - t < REPLICA_SILENT_S for t in self.stepping.values())
 
     def run(self) -> None:
-        self.heartbeat("ready")
-        beacon = Heartbeat(self.config, "detok").start()  # beats even while busy
-        hb = self.config.heartbeat_s
-        while self.running or (
-            time.monotonic() - self.quiet_since < DRAIN_QUIET_S
-            and time.monotonic() < self.drain_deadline
-        ):
-            msgs = self.inbox.get_batch(timeout_ms=int(hb * 1000 if self.running else 100))
-            if msgs:
-                self.quiet_since = time.monotonic()
-            for msg in msgs:
-                if isinstance(msg, ComponentStatus) and msg.component.startswith("scheduler"):
-                    with contextlib.suppress(QueueFull):  # its "stopping", after its outputs
-                        self.to_frontend.put(msg)
-                    continue
-                if not isinstance(msg, StepOutputs):
-                    log.warning("dropping unexpected %s on the detok inbox", type(msg).__name__)
-                    continue
-                try:
-                    result = self.process(msg)
-                except Exception:  # a bug must cost one step, never the worker
-                    log.exception("detokenizing step %d failed; dropped", msg.step)
-                    continue
-                if result.rids:
-                    try:
-                        self.to_frontend.put(result, timeout_ms=None)
-                    except QueueFull:
-                        log.error("frontend queue full; dropped step %d", msg.step)
-        beacon.stop()
-        self.heartbeat("stopping")
-        for q in (self.inbox, self.to_frontend, *self._to_replicas.values()):
-            q.close()
+        self.shell.run(self.handle, self.busy)
 
-    def stop(self, *_args) -> None:
-        """SIGTERM: keep detokenizing while the scheduler still sends steps (it drains too),
-        until DRAIN_QUIET_S without any, or drain_timeout_s; a second signal stops now."""
-        if not self.running:
-            self.drain_deadline = 0.0
-            return
-        self.running = False
-        self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
-        self.quiet_since = time.monotonic()  # the quiet period counts from the signal
+    def stop(self, *_args: Any) -> None:
+        """SIGTERM: drain until the schedulers fall quiet; a second signal stops now."""
+        self.shell.stop()
 
 
 def run(config: Config) -> None:
     install_stack_dump()
     worker = DetokWorker(config)
-    signal.signal(signal.SIGTERM, worker.stop)
-    signal.signal(signal.SIGINT, worker.stop)
+    on_stop_signals(worker.stop)
     log.info("detok ready (pid %d)", os.getpid())
     worker.run()
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import time
 from collections import OrderedDict
@@ -32,7 +31,6 @@ import zmq
 from common.auth import passed_intake, replica_proof, verify_rid
 from common.config import Config, ConfigError
 from common.endpoints import advertised, ipc_in_use
-from common.heartbeat import Heartbeat
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
@@ -48,6 +46,7 @@ from common.messages import (
     unpack_ids,
 )
 from common.sampling_params import SamplingParams
+from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
 
@@ -109,16 +108,17 @@ class SchedulerWorker:
             raise ConfigError(f"replica {self.replica}: cannot bind {bind}: {e}") from None
         self.inbox_ep = config.ipc.replica_advertise or advertised(bind)
         self.proof = replica_proof(config.ipc.secret, self.replica, os.getpid())
-        self.to_detok = PushQueue(config.ipc.endpoint("detok"), bind=False, ctx=self.ctx)
-        self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=self.ctx)
+        # liveness from a thread (a long prefill is not a death); on SIGTERM, drain: see stop()
+        self.shell = WorkerShell(
+            config, self.component, self.inbox, self.heartbeat, beacon=True, quiet_s=DRAIN_QUIET_S
+        )
+        self.drain = self.shell.drain  # touched by requests and aborts only, not by beats
+        self.to_frontend = self.shell.to_frontend
+        self.to_detok = self.shell.own(PushQueue(config.ipc.endpoint("detok"), bind=False))
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
         self.frontend_pid: int | None = None
         self.requests: dict[str, RequestRecord] = {}  # until the finishing output is sent
         self.step_no = 0
-        self.running = True
-        self.drain_deadline = 0.0  # after stop(), running requests keep stepping until then
-        self.last_request = 0.0  # when the last request or abort came in
-        self.last_heartbeat = 0.0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
 
     # ---- messages in --------------------------------------------------------
@@ -128,7 +128,7 @@ class SchedulerWorker:
         requests are orphans). What comes out of the engine goes in one StepOutputs
         per step (publish)."""
         if isinstance(msg, (GenerateRequest, AbortRequest)):
-            self.last_request = time.monotonic()
+            self.drain.touch()
         if isinstance(msg, GenerateRequest):
             self._add(msg)
         elif isinstance(msg, AbortRequest):
@@ -301,7 +301,6 @@ class SchedulerWorker:
                     block_size=e.scheduler.block_size,
                 )
             )
-        self.last_heartbeat = time.monotonic()
 
     # ---- loop ---------------------------------------------------------------
     def run(self) -> None:
@@ -313,15 +312,16 @@ class SchedulerWorker:
             self.engine.scheduler.block_size,
             self.engine.max_model_len,
         )
-        self.heartbeat("ready")
-        beacon = Heartbeat(self.config, self.component).start()
-        hb_ms = int(self.config.heartbeat_s * 1000)
-        while self.running or self._draining():
+        shell, drain = self.shell, self.drain
+        shell.start()  # "ready", and the heartbeat thread
+        beat_s = self.config.heartbeat_s
+        beat_ms = int(beat_s * 1000)
+        while drain.running or drain.draining(busy=self.engine.has_unfinished()):
             t0 = time.perf_counter()
             if self.engine.has_unfinished():
                 msgs = self.inbox.drain()
             else:
-                msgs = self.inbox.get_batch(timeout_ms=hb_ms if self.running else 100)
+                msgs = self.inbox.get_batch(timeout_ms=beat_ms if drain.running else DRAIN_POLL_MS)
                 t0 = time.perf_counter()  # waiting idle is not busy time
             for msg in msgs:
                 try:
@@ -332,35 +332,22 @@ class SchedulerWorker:
             if self.engine.has_unfinished():
                 self.publish(self.engine.step())
                 self.step_no += 1
-            if time.monotonic() - self.last_heartbeat >= self.config.heartbeat_s:
-                self.heartbeat()
-        beacon.stop()
-        # through the detok, behind this process's last outputs: the frontend fails what is
-        # still open only once everything sent before has reached it
+            if time.monotonic() - shell.last_beat >= beat_s:
+                shell.beat()
+        shell.finish(self._last_word)
+
+    def _last_word(self) -> None:
+        """Say "stopping" through the detok, behind this process's last outputs: the
+        frontend fails what is still open only once everything sent before has reached it."""
         with contextlib.suppress(QueueFull):
             self.to_detok.put(ComponentStatus(self.component, os.getpid(), "stopping", time.time()))
-        self.close()
-
-    def _draining(self) -> bool:
-        """After SIGTERM: go on while requests run, or while requests may still be on their
-        way (the last one came less than DRAIN_QUIET_S ago), up to the drain deadline."""
-        now = time.monotonic()
-        if now >= self.drain_deadline:
-            return False
-        return self.engine.has_unfinished() or now - self.last_request < DRAIN_QUIET_S
 
     def stop(self, *_args) -> None:
         """SIGTERM: finish the requests running, and those still on their way through the
         tokenizers, for up to drain_timeout_s. The frontend is the gate that refuses new
         work (503 while it drains); supervisord stops every program at the same moment, so
         what the frontend accepted just before may reach this inbox after the signal."""
-        if not self.running:  # a second signal: stop now
-            self.drain_deadline = 0.0
-            return
-        self.running = False
-        self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
-        self.last_request = max(self.last_request, time.monotonic())  # wait DRAIN_QUIET_S
-        if self.engine.has_unfinished():
+        if self.drain.stop() and self.engine.has_unfinished():  # False: a second signal
             log.info(
                 "draining %d request(s) for at most %.0f s",
                 self.engine.num_unfinished,
@@ -368,8 +355,7 @@ class SchedulerWorker:
             )
 
     def close(self) -> None:
-        for q in (self.inbox, self.to_detok, self.to_frontend):
-            q.close()
+        self.shell.close()
 
 
 def run(config: Config) -> None:
@@ -390,6 +376,5 @@ def run(config: Config) -> None:
     except ConfigError as e:
         log.error("%s", e)
         sys.exit(2)
-    signal.signal(signal.SIGTERM, worker.stop)
-    signal.signal(signal.SIGINT, worker.stop)
+    on_stop_signals(worker.stop)
     worker.run()

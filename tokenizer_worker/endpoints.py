@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.sampling_params import InvalidParameterError
-from tokenizer_worker.worker import Rejected, Tokenization
+from tokenizer_worker.tokenization import Rejected, Tokenization
 
 
 class TokenizerEndpoints:

@@ -8,12 +8,8 @@
                           from the main loop, so a hung worker falls silent), TokenizerReply
                           (the answer to a TokenizerCall: tokenizer_worker.endpoints)
 
-Chat requests are rendered with the model's chat template first. What depends on the
-prompt is checked here, once, before it costs the scheduler anything: an empty prompt,
-token ids outside the vocabulary, prompt + max_tokens beyond the context length
-(common.limits, which also cuts an unset max_tokens to the prompt's room), a structured
-output's spec (compiled). The parameters were validated at the frontend's intake; they
-are checked again only when the request's id is not signed (common.auth.passed_intake).
+What depends on the prompt is checked once, before it costs the scheduler anything
+(tokenizer_worker.tokenization, the pure part); this file carries its result.
 No torch: this process loads only `tokenizers` and the model's config.json.
 """
 
@@ -21,160 +17,32 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import zmq
-from tokenizers import Tokenizer
+from typing import Any
 
 from common.auth import passed_intake
 from common.config import Config
-from common.limits import RequestLimits
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     ComponentStatus,
-    GenerateRequest,
     RequestError,
     TokenizerCall,
     TokenizeRequest,
     TokenizerReply,
     WireError,
-    pack_ids,
-    unpack_ids,
 )
-from common.model_facts import ModelFacts, context_length, read_hf_config
+from common.model_facts import ModelFacts
 from common.model_source import resolve_model
-from common.sampling_params import InvalidParameterError, SamplingParams
+from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import DealerQueue, PushQueue, QueueFull
-from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
-from tokenizer_worker.grammar import GrammarCheck, GrammarError
-from tokenizer_worker.tool_prompt import default_tool_parser, has_tool_traces, render_with_tools
-
-if TYPE_CHECKING:
-    from tokenizer_worker.endpoints import TokenizerEndpoints
+from tokenizer_worker.endpoints import TokenizerEndpoints
+from tokenizer_worker.tokenization import Rejected, Tokenization
 
 log = get_logger("tokenizer")
 
 SEND_TIMEOUT_MS = 2000  # a scheduler that takes nothing this long: fail the request (503)
-MAX_MESSAGES = 4096
 
-
-class Rejected(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        type_: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type = status, message, param, type_
-
-
-class Tokenization:
-    """The pure part: TokenizeRequest -> GenerateRequest, or Rejected. No sockets."""
-
-    def __init__(
-        self,
-        model_dir: str | Path,
-        max_model_len: int | None = None,
-        tool_call_parser: str | None = None,
-    ) -> None:
-        self.model_dir = model_dir = Path(model_dir)
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.chat_template = ChatTemplate.from_model_dir(model_dir)
-        hf = read_hf_config(model_dir)
-        self.limits = RequestLimits(int(hf["vocab_size"]), context_length(hf, max_model_len))
-        self.check_grammar = GrammarCheck(model_dir, self.vocab_size)  # structured outputs
-        # the format of tool calls: the prompt's (tool_prompt) and the frontend's parser
-        self.tool_call_parser = tool_call_parser or default_tool_parser(hf, self.chat_template)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.limits.vocab_size
-
-    @property
-    def max_model_len(self) -> int:
-        return self.limits.max_model_len
-
-    def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
-        """(token ids, name of the parameter that carried the prompt)."""
-        if req.kind == "chat":
-            return self.chat_ids(req.messages, tools=req.tools), "messages"
-        if req.kind != "completion":
-            raise Rejected(400, f"unknown request kind {req.kind!r}")
-        if req.prompt_token_ids is not None:
-            try:
-                return unpack_ids(req.prompt_token_ids), "prompt"
-            except WireError as e:
-                raise Rejected(400, f"prompt: {e}", "prompt") from None
-        if not req.prompt:
-            raise Rejected(400, "prompt must not be empty", "prompt")
-        return self.tokenizer.encode(req.prompt, add_special_tokens=True).ids, "prompt"
-
-    def chat_ids(
-        self,
-        messages: Any,
-        add_generation_prompt: bool = True,
-        add_special_tokens: bool = False,
-        tools: list | None = None,
-    ) -> list[int]:
-        if self.chat_template is None:
-            raise Rejected(400, "this model has no chat template; use /v1/completions", "messages")
-        if not isinstance(messages, list) or not messages:
-            raise Rejected(400, "messages must be a non-empty list", "messages")
-        if len(messages) > MAX_MESSAGES:
-            raise Rejected(400, f"at most {MAX_MESSAGES} messages, got {len(messages)}", "messages")
-        for i, m in enumerate(messages):
-            if not (
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-            ):
-                raise Rejected(
-                    400, f"messages.{i} must have a string role and content", f"messages.{i}"
-                )
-        try:
-            if tools or has_tool_traces(messages):
-                text = render_with_tools(
-                    self.chat_template,
-                    messages,
-                    tools or [],
-                    self.tool_call_parser,
-                    add_generation_prompt,
-                )
-            else:
-                text = self.chat_template.render(messages, add_generation_prompt)
-        except ChatTemplateError as e:
-            raise Rejected(400, f"messages: {e}", "messages") from None
-        # the template already holds every special token, as in apply_chat_template
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def __call__(self, req: TokenizeRequest, checked: bool = False) -> GenerateRequest:
-        """`checked`: the frontend validated the parameters (its signed id says so);
-        else, a frame nothing vouches for, they are validated here."""
-        try:
-            params = SamplingParams.from_dict(req.params)
-            if not checked:
-                params.validate(self.vocab_size)
-        except InvalidParameterError as e:
-            raise Rejected(400, str(e), e.param) from None
-        except (TypeError, ValueError) as e:
-            raise Rejected(400, f"invalid sampling parameters: {e}") from None
-        if params.structured is not None:
-            try:
-                self.check_grammar(params.structured)
-            except GrammarError as e:
-                raise Rejected(400, f"structured: {e}", "structured") from None
-        ids, where = self.prompt_ids(req)
-        try:
-            self.limits.check_token_ids(ids, where)  # a client's ids, or text's past the model
-            self.limits.check(ids, params, where, max_tokens_unset=req.max_tokens_unset)
-        except InvalidParameterError as e:
-            raise Rejected(400, str(e), e.param) from None
-        return GenerateRequest(req.rid, pack_ids(ids), params.to_dict(), time.time(), req.origin)
+__all__ = ["Rejected", "Tokenization", "TokenizerWorker", "run"]  # the first two: .tokenization
 
 
 class TokenizerWorker:
@@ -190,18 +58,16 @@ class TokenizerWorker:
         self.facts = ModelFacts(
             config.model_name, tokenization.vocab_size, tokenization.max_model_len, 0
         ).to_wire()
-        ctx: zmq.Context = zmq.Context.instance()
-        self.inbox = DealerQueue(
-            config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode(), ctx=ctx
+        inbox = DealerQueue(config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode())
+        # on SIGTERM: tokenize what is already in this worker's pipe (the frontend accepted
+        # it before it began to drain), stop once a poll finds the pipe empty; beats come
+        # from the loop, so a worker hung inside a request falls silent
+        self.shell = WorkerShell(
+            config, "tokenizer", inbox, self.heartbeat, beacon=False, quiet_s=DRAIN_POLL_MS / 1000
         )
-        self._ctx = ctx
-        self._to_replicas: dict[str, PushQueue] = {}  # inbox endpoint -> a socket to it
-        self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=ctx)
-        self.running = True
-        self.drain_deadline = 0.0
-        self.last_heartbeat = 0.0
+        self.inbox, self.to_frontend = inbox, self.shell.to_frontend
         self.num_done = 0
-        self.endpoints: TokenizerEndpoints | None = None  # made on the first call
+        self.endpoints = TokenizerEndpoints(tokenization, tokenization.model_dir)
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, TokenizerCall):
@@ -239,10 +105,6 @@ class TokenizerWorker:
 
     def answer(self, call: TokenizerCall) -> None:
         """A /tokenize, /detokenize or /tokenizer_info call: the reply goes to the frontend."""
-        if self.endpoints is None:
-            from tokenizer_worker.endpoints import TokenizerEndpoints
-
-            self.endpoints = TokenizerEndpoints(self.tokenization, self.tokenization.model_dir)
         try:
             reply = TokenizerReply(call.call_id, 200, self.endpoints(call.op, call.args))
         except Rejected as e:
@@ -262,11 +124,7 @@ class TokenizerWorker:
     def to_replica(self, msg: TokenizeRequest) -> PushQueue:
         """The socket to the chosen replica's inbox, connected the first time it is named
         (a replica that joins later needs no restart here)."""
-        inbox = msg.inbox or self.config.ipc.replica_endpoint(msg.replica)
-        q = self._to_replicas.get(inbox)
-        if q is None:
-            q = self._to_replicas[inbox] = PushQueue(inbox, bind=False, ctx=self._ctx)
-        return q
+        return self.shell.replicas.get(msg.inbox or self.config.ipc.replica_endpoint(msg.replica))
 
     def _error(self, rid: str, e: Rejected) -> None:
         try:
@@ -281,41 +139,19 @@ class TokenizerWorker:
             self.to_frontend.put(
                 ComponentStatus("tokenizer", os.getpid(), kind, time.time(), self.facts)
             )
-        self.last_heartbeat = time.monotonic()
 
     def run(self) -> None:
-        self.heartbeat("ready")
-        hb = self.config.heartbeat_s
-        while True:
-            msgs = self.inbox.get_batch(timeout_ms=int(hb * 1000) if self.running else 100)
-            if not self.running and (not msgs or time.monotonic() >= self.drain_deadline):
-                break  # draining: the pipe ran dry (or the drain timed out)
-            for msg in msgs:
-                self.handle(msg)
-                if time.monotonic() - self.last_heartbeat >= hb:  # a long batch: still here
-                    self.heartbeat()
-            if time.monotonic() - self.last_heartbeat >= hb:
-                self.heartbeat()
-        self.heartbeat("stopping")
-        for q in (self.inbox, self.to_frontend, *self._to_replicas.values()):
-            q.close()
+        self.shell.run(self.handle)
 
     def stop(self, *_args: Any) -> None:
-        """SIGTERM: tokenize what is already in this worker's pipe (the frontend accepted
-        it before it began to drain), stop once the pipe is empty; a second signal stops
-        after the current batch."""
-        if not self.running:
-            self.drain_deadline = 0.0
-            return
-        self.running = False
-        self.drain_deadline = time.monotonic() + self.config.server.drain_timeout_s
+        """SIGTERM: finish what is in the pipe, then stop; a second signal: after this batch."""
+        self.shell.stop()
 
 
 def run(config: Config) -> None:
     install_stack_dump()
     worker = TokenizerWorker(config)
-    signal.signal(signal.SIGTERM, worker.stop)
-    signal.signal(signal.SIGINT, worker.stop)
+    on_stop_signals(worker.stop)
     log.info(
         "tokenizer ready (pid %d): context %d, vocab %d",
         os.getpid(),

@@ -15,7 +15,7 @@ import sys
 import types
 import typing
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 WIRE_VERSION = 7  # 2: return_timings stays in the frontend; 3: prompt logprobs, tokenizer
@@ -178,28 +178,6 @@ def compile_schema(cls: type) -> tuple[tuple[str, Checker], ...]:
         raise TypeError(f"{cls!r} is not a Message dataclass")
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
     return tuple((f.name, checker_for(hints[f.name])) for f in dataclasses.fields(cls))
-
-
-# -- per-request parallel lists ---------------------------------------------------------------
-
-
-def check_parallel(msg: Message, lists: Sequence[str], optional: Sequence[str] = ()) -> int:
-    """len(msg.rids), once each field named in `lists`, and each one in `optional` that is
-    not None, has as many entries: a batch message's per-request lists must line up.
-    WireError otherwise (the schema cannot say it; the batch's unpack helper does)."""
-    n = len(msg.rids)  # type: ignore[attr-defined]
-    short = [name for name in lists if len(getattr(msg, name)) != n]
-    short += [
-        name for name in optional if getattr(msg, name) is not None and len(getattr(msg, name)) != n
-    ]
-    if short:
-        raise WireError(f"{type(msg).__name__}: {', '.join(short)} not as long as rids ({n})")
-    return n
-
-
-def optional_list(values: list) -> list | None:
-    """An optional per-request list goes on the wire only when one of its entries is set."""
-    return values if any(v is not None for v in values) else None
 
 
 # -- token ids: little-endian int32, 4 bytes per id ------------------------------------------

@@ -2,8 +2,9 @@
 
 Parallel lists indexed like `rids`: build the message with `pack_text_outputs` from one
 TextOutput per request, read it with `unpack_text_outputs` (which refuses lists of
-unequal lengths). `texts[i]` is the new text safe to stream now (stop strings already
-cut); a request is done when `finish_reasons[i]` is not None.
+unequal lengths); both are `TEXT_COLUMNS` (messages.columnar). `texts[i]` is the new
+text safe to stream now (stop strings already cut); a request is done when
+`finish_reasons[i]` is not None.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from common.messages.base import Message, check_parallel, optional_list
+from common.messages.base import Message
+from common.messages.columnar import Columnar
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,53 +57,30 @@ class TextOutput:
     prompt_logprobs: list | None = None
 
 
+TEXT_COLUMNS: Columnar[TextOutput] = Columnar(
+    TextOutput,
+    TextOutputs,
+    rename={
+        "rid": "rids",
+        "text": "texts",
+        "finish_reason": "finish_reasons",
+        "stop_reason": "stop_reasons",
+    },
+    optional=("logprobs", "timings", "prompt_logprobs"),
+)
+
+
 def pack_text_outputs(
     outputs: Sequence[TextOutput], replica: int = 0, prefix_cache: list[int] | None = None
 ) -> TextOutputs:
     return TextOutputs(
-        rids=[o.rid for o in outputs],
-        texts=[o.text for o in outputs],
-        finish_reasons=[o.finish_reason for o in outputs],
-        num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
-        num_output_tokens=[o.num_output_tokens for o in outputs],
-        token_ids=[o.token_ids for o in outputs],
-        logprobs=optional_list([o.logprobs for o in outputs]),
-        timings=optional_list([o.timings for o in outputs]),
-        stop_reasons=[o.stop_reason for o in outputs],
         sent_time=time.time(),
-        prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
         replica=replica,
         prefix_cache=prefix_cache,
+        **TEXT_COLUMNS.pack(outputs),  # type: ignore[arg-type]
     )
 
 
 def unpack_text_outputs(msg: TextOutputs) -> list[TextOutput]:
     """One TextOutput per rid; WireError if the per-request lists do not line up."""
-    n = check_parallel(
-        msg,
-        (
-            "texts",
-            "finish_reasons",
-            "num_prompt_tokens",
-            "num_output_tokens",
-            "token_ids",
-            "stop_reasons",
-        ),
-        ("logprobs", "timings", "prompt_logprobs"),
-    )
-    none: list[Any] = [None] * n
-    return [
-        TextOutput(*row)
-        for row in zip(
-            msg.rids,
-            msg.texts,
-            msg.finish_reasons,
-            msg.num_prompt_tokens,
-            msg.num_output_tokens,
-            msg.token_ids,
-            msg.logprobs or none,
-            msg.timings or none,
-            msg.stop_reasons,
-            msg.prompt_logprobs or none,
-        )
-    ]
+    return TEXT_COLUMNS.unpack(msg)

@@ -2,8 +2,9 @@
 
 The per-request fields are parallel lists indexed like `rids`: build the message with
 `pack_step_outputs` from one StepOutput per request, read it with `unpack_step_outputs`
-(which refuses lists of unequal lengths). A request's detokenizer settings travel once,
-in `new_requests`, in the first StepOutputs that mentions it.
+(which refuses lists of unequal lengths); both are `STEP_COLUMNS` (messages.columnar).
+A request's detokenizer settings travel once, in `new_requests`, in the first StepOutputs
+that mentions it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from common.messages.base import Message, check_parallel, optional_list
+from common.messages.base import Message
+from common.messages.columnar import Columnar
 
 # (rid, stop strings, skip_special_tokens, include_stop_str_in_output)
 NewRequest = tuple[str, list[str], bool, bool]
@@ -64,6 +66,14 @@ class StepOutput:
     prompt_logprobs: list | None = None
 
 
+STEP_COLUMNS: Columnar[StepOutput] = Columnar(
+    StepOutput,
+    StepOutputs,
+    rename={"rid": "rids", "finish_reason": "finish_reasons", "stop_token_id": "stop_token_ids"},
+    optional=("logprobs", "timings", "stop_token_id", "prompt_logprobs"),
+)
+
+
 def pack_step_outputs(
     step: int,
     outputs: Sequence[StepOutput],
@@ -74,42 +84,15 @@ def pack_step_outputs(
 ) -> StepOutputs:
     return StepOutputs(
         step=step,
-        rids=[o.rid for o in outputs],
-        new_token_ids=[o.new_token_ids for o in outputs],
-        finish_reasons=[o.finish_reason for o in outputs],
-        num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
-        num_output_tokens=[o.num_output_tokens for o in outputs],
-        logprobs=optional_list([o.logprobs for o in outputs]),
         new_requests=new_requests,
-        timings=optional_list([o.timings for o in outputs]),
         sent_time=time.time(),
-        stop_token_ids=optional_list([o.stop_token_id for o in outputs]),
-        prompt_logprobs=optional_list([o.prompt_logprobs for o in outputs]),
         replica=replica,
         inbox=inbox,
         prefix_cache=prefix_cache,
+        **STEP_COLUMNS.pack(outputs),  # type: ignore[arg-type]
     )
 
 
 def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
     """One StepOutput per rid; WireError if the per-request lists do not line up."""
-    n = check_parallel(
-        msg,
-        ("new_token_ids", "finish_reasons", "num_prompt_tokens", "num_output_tokens"),
-        ("logprobs", "timings", "stop_token_ids", "prompt_logprobs"),
-    )
-    none: list[Any] = [None] * n
-    return [
-        StepOutput(*row)
-        for row in zip(
-            msg.rids,
-            msg.new_token_ids,
-            msg.finish_reasons,
-            msg.num_prompt_tokens,
-            msg.num_output_tokens,
-            msg.logprobs or none,
-            msg.timings or none,
-            msg.stop_token_ids or none,
-            msg.prompt_logprobs or none,
-        )
-    ]
+    return STEP_COLUMNS.unpack(msg)

@@ -25,7 +25,8 @@ def worker(default_model_dir):
     peers = [PullQueue(config.ipc.endpoint(name), bind=True) for name in ("frontend", "scheduler")]
     w = DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
     yield w
-    for q in (w.inbox, w.to_frontend, *w._to_replicas.values(), *peers):
+    w.shell.close()
+    for q in peers:
         q.close()
     shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -141,3 +142,47 @@ def test_stream_interval_sends_the_first_token_then_every_n(worker):
     # a request that finishes before its interval is up sends at the finish
     assert [i for i, rid, *_ in sent if rid == "s"] == [0, 1]
     assert not worker.held and not worker.sent_at
+
+
+def test_a_drain_waits_for_a_replica_that_still_steps_slowly(
+    run_dir, default_model_dir, monkeypatch
+):
+    """After SIGTERM the detok stays while a replica that stepped has not said "stopping",
+    even through a gap between steps longer than the quiet period (a stalled step on a
+    loaded machine); its "stopping" (or its silence for REPLICA_SILENT_S) ends the wait."""
+    import detok_worker.worker as dw
+    from common.messages import ComponentStatus
+    from tests.garbage import make_config, running, sockets
+
+    config = make_config(run_dir)
+    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
+    worker = dw.DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
+    worker.shell.drain.quiet_s = 0.2
+    push = PushQueue(config.ipc.endpoint("detok"), bind=False)
+
+    def step(i: int, replica: int) -> StepOutputs:
+        new = [(f"r{replica}", [], True, False)] if i == 0 else []
+        return StepOutputs(
+            i, [f"r{replica}"], [pack_ids([28])], [None], [1], [i + 1], None, new, None,
+            time.time(), replica=replica,
+        )  # fmt: skip
+
+    with sockets(frontend, push), running(worker) as thread:
+        push.put(step(0, 3))
+        deadline = time.monotonic() + 10
+        while not worker.stepping:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        worker.stop()
+        time.sleep(0.8)  # four quiet periods without a step: replica 3 still owes outputs
+        assert thread.is_alive()
+        push.put(step(1, 3))
+        push.put(ComponentStatus("scheduler.3", 4242, "stopping", time.time()))
+        thread.join(timeout=5)
+        assert not thread.is_alive()  # its last word came: quiet, then done
+        # a replica that falls silent without a word holds the drain REPLICA_SILENT_S only
+        monkeypatch.setattr(dw, "REPLICA_SILENT_S", 0.5)
+        worker.stepping = {7: time.monotonic()}
+        assert worker.busy()
+        time.sleep(0.6)
+        assert not worker.busy()

@@ -7,7 +7,7 @@ import pytest
 
 from common.limits import max_tokens_for
 from common.messages import TokenizeRequest, pack_ids
-from tokenizer_worker.worker import Rejected, Tokenization
+from tokenizer_worker.tokenization import Rejected, Tokenization
 
 CONVERSATIONS = {
     "system+user": [

@@ -13,7 +13,7 @@ import pytest
 from common.messages import unpack_ids
 from tests.tokenizer_worker.conftest import CONVERSATIONS, chat, hf_chat_ids, rejected
 from tokenizer_worker.chat_template import ChatTemplate
-from tokenizer_worker.worker import Tokenization
+from tokenizer_worker.tokenization import Tokenization
 
 pytestmark = pytest.mark.timeout(120)
 

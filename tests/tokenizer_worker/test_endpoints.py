@@ -8,7 +8,7 @@ import pytest
 from common.messages import TokenizerCall, TokenizerReply
 from tests.tokenizer_worker.conftest import CONVERSATIONS, hf_chat_ids
 from tokenizer_worker.endpoints import TokenizerEndpoints
-from tokenizer_worker.worker import Rejected
+from tokenizer_worker.tokenization import Rejected
 
 
 @pytest.fixture(scope="module")
@@ -69,5 +69,5 @@ def test_a_worker_answers_a_call(tok, run_dir):
         assert (bad.call_id, bad.status, bad.body["param"]) == ("c2", 400, "tokens")
         assert worker.num_done == 0  # calls are not requests: nothing went to the scheduler
     finally:
-        for q in (worker.inbox, *worker._to_replicas.values(), worker.to_frontend, inbox):
-            q.close()
+        worker.shell.close()
+        inbox.close()

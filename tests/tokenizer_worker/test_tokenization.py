@@ -20,7 +20,7 @@ from common.limits import max_tokens_for
 from common.messages import GenerateRequest, TokenizeRequest, decode, encode, pack_ids, unpack_ids
 from common.sampling_params import SamplingParams
 from tests.tokenizer_worker.conftest import CONVERSATIONS, chat, completion, hf_chat_ids, rejected
-from tokenizer_worker.worker import Rejected, Tokenization
+from tokenizer_worker.tokenization import Rejected, Tokenization
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,13 +14,13 @@ import pytest
 from frontend.tool_parsers import PARSERS, get_parser
 from tests.tokenizer_worker.conftest import hf_chat_ids
 from tokenizer_worker.chat_template import ChatTemplate
+from tokenizer_worker.tokenization import Tokenization
 from tokenizer_worker.tool_prompt import (
     default_tool_parser,
     fallback_messages,
     template_handles_tools,
     write_calls,
 )
-from tokenizer_worker.worker import Tokenization
 
 pytestmark = pytest.mark.timeout(120)
 
