@@ -298,3 +298,31 @@ def test_a_vanishing_repetition_penalty_samples_among_the_seen_tokens():
     ] * 100
     tokens = Sampler(5, [])(logits, rows).token_ids
     assert set(tokens[0::2]) == {0, 1} and set(tokens[1::2]) <= {0, 1}  # both are +inf
+
+
+def test_sample_from_draws_every_token_at_its_probability():
+    """The two-level inverse CDF over several blocks (the last one partial): frequencies
+    match p / sum(p) per group of tokens, zero-probability tokens are never drawn, and the
+    extreme draws land on the first and last tokens with mass."""
+    from scheduler_worker.sampling import SAMPLE_BLOCK, sample_from
+
+    vocab = 3 * SAMPLE_BLOCK + 100
+    gen = torch.Generator().manual_seed(5)
+    p = torch.rand(vocab, generator=gen) ** 3
+    p[::7] = 0.0  # holes, a whole empty block, and an empty tail
+    p[SAMPLE_BLOCK : 2 * SAMPLE_BLOCK] = 0.0
+    p[-30:] = 0.0
+    n = 200_000
+    u = torch.rand(n, 2, dtype=torch.float64, generator=gen)
+    tokens = sample_from(p.expand(n, -1), u)
+    assert p[tokens].min() > 0
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    groups = 40
+    want = (p / p.sum()).double().view(-1)[: vocab // groups * groups].view(groups, -1).sum(-1)
+    got = counts[: vocab // groups * groups].view(groups, -1).sum(-1) / n
+    assert torch.allclose(got, want, atol=4 * (want / n).sqrt().max().item()), (
+        (got - want).abs().max()
+    )
+    edges = sample_from(p.expand(2, -1), torch.tensor([[0.0, 0.0], [1 - 2**-53, 1 - 2**-53]]))
+    nonzero = p.nonzero()[:, 0]
+    assert edges.tolist() == [int(nonzero[0]), int(nonzero[-1])]
