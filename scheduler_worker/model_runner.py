@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from common.config import EngineConfig
+from common.config import CacheConfig, EngineConfig
 from common.log import get_logger
+from common.model_facts import context_length
 from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.kernels.shapes import decode_ops_refusal
@@ -75,6 +76,10 @@ class DecodeInputs:
             slots[i] = table[p // bs] * bs + p % bs
             tables[i, : len(table)] = table
         return w
+
+
+# the most the default KV budget grows to for one sequence of the model's context (GiB)
+KV_GROW_LIMIT_GB = 2.0
 
 
 @dataclass
@@ -150,11 +155,35 @@ class ModelRunner:
         return self.args.vocab_size
 
     def _num_blocks(self) -> int:
+        """The KV pool's blocks: --num-kv-blocks, else the memory budget. Under the default
+        budget a pool too small for one sequence of the model's own context (Gemma 3's
+        32,768 tokens need 1.2 GB in float32) grows to hold exactly one, up to
+        KV_GROW_LIMIT_GB, so a downloaded file serves with default flags; past that, or
+        with a budget or context the user set, the scheduler refuses to start and says
+        which flag to change (worker.check_kv_pool)."""
         cache = self.config.cache
         if cache.num_blocks is not None:
             return cache.num_blocks
         per_block = self.args.kv_bytes_per_token(self.dtype) * self.block_size
-        return max(1, int(cache.kv_cache_memory_gb * (1 << 30)) // per_block)
+        blocks = max(1, int(cache.kv_cache_memory_gb * (1 << 30)) // per_block)
+        context = context_length(self.args.hf_config, self.config.model.max_model_len)
+        need = -(-context // self.block_size)
+        default = CacheConfig.__dataclass_fields__["kv_cache_memory_gb"].default
+        if (
+            blocks < need
+            and cache.kv_cache_memory_gb == default
+            and self.config.model.max_model_len is None
+            and need * per_block <= KV_GROW_LIMIT_GB * (1 << 30)
+        ):
+            log.info(
+                "KV pool: %.2f GiB to hold one sequence of the model's context (%d tokens), "
+                "above the default %.1f GiB (--kv-cache-memory-gb or --max-model-len to change)",
+                need * per_block / (1 << 30),
+                context,
+                default,
+            )
+            return need
+        return blocks
 
     def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flatten the step's tokens (decodes first) and build the attention metadata.

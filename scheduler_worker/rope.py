@@ -1,7 +1,11 @@
 """Rotary position embeddings (the rotate-half layout Hugging Face Llama uses).
 
 Supported `rope_type`s: default, linear, llama3. cos/sin are precomputed once in
-float32 for every position up to the model's context length and indexed by position.
+float32 for every position up to the model's context length and indexed by position, or,
+with `table=False`, computed for each step's positions (the same float32 products): a
+model with a long context and wide heads would otherwise hold tables the size of a good
+part of its weights (Gemma 3 270M: two tables of 32,768 x 128 x 2 floats, 67 MB beside
+247 MB of weights).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class RotaryEmbedding(torch.nn.Module):
         max_positions: int,
         theta: float,
         scaling: dict[str, Any] | None = None,
+        table: bool = True,
     ) -> None:
         super().__init__()
         rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
@@ -52,20 +57,33 @@ class RotaryEmbedding(torch.nn.Module):
                 f"unsupported rope scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}"
             )
         inv_freq = _inv_freq(head_dim, theta)
-        positions = torch.arange(max_positions, dtype=torch.float32)
+        self.position_factor = 1.0  # linear scaling divides the positions by it
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling or {})
         elif rope_type == "linear":
-            positions = positions / float((scaling or {})["factor"])
-        freqs = torch.outer(positions, inv_freq)  # [max_positions, head_dim/2]
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+            self.position_factor = float((scaling or {})["factor"])
+        # float32 always: a plain attribute, so a model cast to bf16 does not round it
+        self.inv_freq: torch.Tensor = inv_freq
+        self.table = table
+        if table:
+            freqs = self._freqs(torch.arange(max_positions))  # [max_positions, head_dim/2]
+            self.register_buffer("cos", freqs.cos(), persistent=False)
+            self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def _freqs(self, positions: torch.Tensor) -> torch.Tensor:
+        p = positions.to(torch.float32)
+        if self.position_factor != 1.0:
+            p = p / self.position_factor
+        return torch.outer(p, self.inv_freq.to(p.device))
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for these positions, [T, 1, head_dim/2]: computed once per forward and
         shared by every layer."""
+        if not self.table:
+            freqs = self._freqs(positions)
+            return freqs.cos().unsqueeze(1).to(dtype), freqs.sin().unsqueeze(1).to(dtype)
         return (
             self.cos[positions].unsqueeze(1).to(dtype),
             self.sin[positions].unsqueeze(1).to(dtype),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import llguidance
@@ -67,13 +67,20 @@ class GrammarMatchers:
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
-        # the mask thread; it first builds the llguidance tokenizer (~0.5 s), so the first
-        # constrained request does not stall the engine for it
+        # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
+        # 2.3 s for Gemma 3's 262k), holding the GIL all along: the engine waits for it
+        # before it serves (wait_tokenizer), because a build during a request would starve
+        # the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
         self._executor: llguidance.LLExecutor | None = None
         self._bitmask = llg_torch.allocate_token_bitmask(1, vocab_size)
         self.wait_time = 0.0  # seconds the engine waited for masks after its forward
+
+    def wait_tokenizer(self) -> None:
+        """Block until the llguidance tokenizer is built (a failure is kept for the first
+        constrained request, which it refuses)."""
+        wait([self._tokenizer])
 
     def __contains__(self, rid: str) -> bool:
         return rid in self.matchers

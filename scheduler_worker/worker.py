@@ -101,6 +101,9 @@ class SchedulerWorker:
         bind = inbox_endpoint(config)  # before the model loads: a duplicate fails fast
         self.engine = engine or LLMEngine(config.engine)
         check_kv_pool(self.engine)
+        # before "ready": the build holds the GIL for seconds on a large vocabulary, which
+        # while serving would silence the heartbeat thread (GrammarMatchers)
+        self.engine.grammars.wait_tokenizer()
         self.ctx: zmq.Context = zmq.Context.instance()
         try:
             self.inbox = PullQueue(bind, bind=True, ctx=self.ctx)

@@ -131,7 +131,10 @@ class Gemma3ForCausalLM(CausalLM):
         a = self.args
         return nn.ModuleDict(
             {
-                kind: RotaryEmbedding(a.head_dim, a.max_position_embeddings, theta, scaling)
+                # no tables: 32k positions x two bases would be 67 MB beside the weights
+                kind: RotaryEmbedding(
+                    a.head_dim, a.max_position_embeddings, theta, scaling, table=False
+                )
                 for kind, (theta, scaling) in _rope_settings(a.hf_config).items()
             }
         )

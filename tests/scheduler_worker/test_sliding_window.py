@@ -103,3 +103,33 @@ def test_blocks_before_the_window_are_given_back_and_prefix_cache_hits(mistral_w
     hits = engine.block_manager.prefix_cache_hits
     assert engine.generate([PROMPTS[0]], params) == expected
     assert engine.block_manager.prefix_cache_hits - hits >= 28
+
+
+def test_the_default_kv_budget_grows_to_one_sequence_of_the_context():
+    """Gemma 3's 32,768-token context needs 1.2 GB of float32 KV, more than the default
+    1 GiB: the pool grows to hold one sequence (up to KV_GROW_LIMIT_GB), unless the user
+    set the budget or the context, or the model needs more than the limit."""
+    from types import SimpleNamespace
+
+    from scheduler_worker.model_runner import KV_GROW_LIMIT_GB, ModelRunner
+
+    def blocks(context: int, per_token: int, **cfg) -> int:
+        model = ModelConfig(max_model_len=cfg.pop("max_model_len", None))
+        fake = SimpleNamespace(
+            config=EngineConfig(model=model, cache=CacheConfig(block_size=16, **cfg)),
+            args=SimpleNamespace(
+                kv_bytes_per_token=lambda dtype: per_token,
+                hf_config={"max_position_embeddings": context},
+            ),
+            dtype=torch.float32,
+            block_size=16,
+        )
+        return ModelRunner._num_blocks(fake)  # type: ignore[arg-type]
+
+    gemma = 18 * 2 * 256 * 4  # bytes per token: layers x (k, v) x head_dim x float32
+    assert blocks(32768, gemma) == 32768 // 16  # grown: 1.13 GiB
+    assert blocks(4096, gemma) == (1 << 30) // (gemma * 16)  # fits: the budget as is
+    assert blocks(32768, gemma, kv_cache_memory_gb=0.5) == (1 << 29) // (gemma * 16)
+    assert blocks(32768, gemma, max_model_len=32768) == (1 << 30) // (gemma * 16)
+    huge = int(KV_GROW_LIMIT_GB * (1 << 30)) // 32768 + 1024  # one sequence past the limit
+    assert blocks(32768, huge) == (1 << 30) // (huge * 16)
