@@ -301,28 +301,39 @@ def test_a_vanishing_repetition_penalty_samples_among_the_seen_tokens():
 
 
 def test_sample_from_draws_every_token_at_its_probability():
-    """The two-level inverse CDF over several blocks (the last one partial): frequencies
-    match p / sum(p) per group of tokens, zero-probability tokens are never drawn, and the
-    extreme draws land on the first and last tokens with mass."""
-    from scheduler_worker.sampling import SAMPLE_BLOCK, sample_from
+    """The two-level race over several blocks (the last one partial): frequencies match
+    p / sum(p) per group of tokens, and zero-probability tokens (holes, a whole empty
+    block, an empty tail) are never drawn, even with uniforms of 0."""
+    from scheduler_worker.sampling import SAMPLE_BLOCK, num_uniforms, sample_from
 
     vocab = 3 * SAMPLE_BLOCK + 100
     gen = torch.Generator().manual_seed(5)
     p = torch.rand(vocab, generator=gen) ** 3
-    p[::7] = 0.0  # holes, a whole empty block, and an empty tail
+    p[::7] = 0.0
     p[SAMPLE_BLOCK : 2 * SAMPLE_BLOCK] = 0.0
     p[-30:] = 0.0
     n = 200_000
-    u = torch.rand(n, 2, dtype=torch.float64, generator=gen)
+    u = torch.rand(n, num_uniforms(vocab), generator=gen)
+    u[:100, ::3] = 0.0  # a uniform of 0 is an infinite q: that entry loses, nothing breaks
     tokens = sample_from(p.expand(n, -1), u)
     assert p[tokens].min() > 0
-    counts = torch.bincount(tokens, minlength=vocab).double()
+    counts = torch.bincount(tokens[100:], minlength=vocab).double()
     groups = 40
-    want = (p / p.sum()).double().view(-1)[: vocab // groups * groups].view(groups, -1).sum(-1)
-    got = counts[: vocab // groups * groups].view(groups, -1).sum(-1) / n
+    cut = vocab // groups * groups
+    want = (p / p.sum()).double()[:cut].view(groups, -1).sum(-1)
+    got = counts[:cut].view(groups, -1).sum(-1) / (n - 100)
     assert torch.allclose(got, want, atol=4 * (want / n).sqrt().max().item()), (
         (got - want).abs().max()
     )
-    edges = sample_from(p.expand(2, -1), torch.tensor([[0.0, 0.0], [1 - 2**-53, 1 - 2**-53]]))
-    nonzero = p.nonzero()[:, 0]
-    assert edges.tolist() == [int(nonzero[0]), int(nonzero[-1])]
+
+
+def test_a_seeded_sample_survives_an_ulp_of_noise():
+    """The race moves only at near-ties: logits nudged by float32 rounding (another
+    batch or a prefix-cache hit computes them in another order) keep nearly every seeded
+    sample, where an inverse CDF would shift every boundary by the sum of the rounding."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(2000, 49152, generator=gen) * 3
+    noisy = logits * (1 + 1e-6 * torch.randn(logits.shape, generator=gen))
+    a = Sampler(49152, [])(logits, [_row(seed=i) for i in range(2000)]).token_ids
+    b = Sampler(49152, [])(noisy, [_row(seed=i) for i in range(2000)]).token_ids
+    assert sum(x != y for x, y in zip(a, b)) <= 4
