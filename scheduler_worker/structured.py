@@ -42,21 +42,23 @@ log = get_logger("structured")
 MAX_CACHED_GRAMMARS = 256
 
 
-def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 [rows, ceil(V/32)] (bit j of word w: token 32w+j allowed) -> bool [rows, V].
-
-    The words are little-endian (x86), so byte 4w + j // 8 holds bit j % 8 of token 32w + j
-    and numpy's little-endian unpackbits gives the tokens in order (~3x faster than shifts
-    in torch; this runs in the mask thread, beside a forward on the same cores)."""
+def _unpacked(bitmask: torch.Tensor, vocab_size: int) -> np.ndarray:
+    """uint8 0/1 [rows, V], 1 where allowed. The words are little-endian (x86), so byte
+    4w + j // 8 holds bit j % 8 of token 32w + j and numpy's little-endian unpackbits gives
+    the tokens in order (~3x faster than shifts in torch; this runs in the mask thread,
+    beside a forward on the same cores)."""
     words = bitmask.numpy()
-    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
-    return torch.from_numpy(bits).view(torch.bool)
+    return np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+
+
+def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [rows, ceil(V/32)] (bit j of word w: token 32w+j allowed) -> bool [rows, V]."""
+    return torch.from_numpy(_unpacked(bitmask, vocab_size)).view(torch.bool)
 
 
 def bitmask_to_forbidden(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The complement of bitmask_to_allowed: True where the token is not allowed."""
-    words = bitmask.numpy()
-    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+    bits = _unpacked(bitmask, vocab_size)
     np.bitwise_xor(bits, 1, out=bits)
     return torch.from_numpy(bits).view(torch.bool)
 
