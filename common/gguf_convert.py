@@ -28,13 +28,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from common.gguf_header import GGUFHeader, GGUFHeaderError, read_header
+from common.gguf_header import check_metadata
 from common.gguf_names import (  # noqa: F401 (re-exported: the names' one table)
     _NORM_PLUS_ONE_ARCHS,
     _TOP_NAMES,
@@ -68,7 +66,7 @@ def _field(reader, key: str, default=None):
 def inspect_gguf(path: Path):
     """Open the header (no tensor reads); a GGUFReader for a well-formed, supported file.
     It builds the whole vocabulary (seconds): what the conversion needs. The engine, which
-    needs only the tensors, reads the file with `gguf_blocks_header`."""
+    needs only the tensors, reads the file with common.gguf_header.gguf_blocks_header."""
     import gguf
 
     try:
@@ -84,33 +82,6 @@ def inspect_gguf(path: Path):
             )
     check_metadata(path, lambda key: _field(reader, key))
     return reader
-
-
-def gguf_blocks_header(path: Path) -> GGUFHeader:
-    """The header and tensor table of a supported GGUF file, its vocabulary skipped
-    (common.gguf_header: ~50 ms where GGUFReader takes seconds)."""
-    try:
-        header = read_header(path)
-    except (GGUFHeaderError, OSError) as e:
-        raise ModelSourceError(f"GGUF file {path} is corrupt, truncated or not GGUF: {e}") from e
-    check_metadata(path, header.get)
-    return header
-
-
-def check_metadata(path: Path, get: Callable[[str], Any]) -> None:
-    """A supported architecture with the metadata the conversion and the engine need."""
-    arch = get("general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHS:
-        raise ModelSourceError(
-            f"GGUF file {path}: architecture {arch!r} is not supported; "
-            f"supported GGUF architectures: {', '.join(SUPPORTED_GGUF_ARCHS)}"
-        )
-    needed = ("block_count", "attention.head_count", "feed_forward_length")
-    missing = [f"{arch}.{k}" for k in needed if not isinstance(get(f"{arch}.{k}"), int)]
-    if missing:
-        raise ModelSourceError(
-            f"GGUF file {path} lacks (or has odd) metadata: {', '.join(missing)}"
-        )
 
 
 def is_matrix(t) -> bool:
