@@ -17,9 +17,8 @@ over a padded gather of their blocks; each prefill sequence gets its own SDPA ca
 Sliding-window layers (`window` W, as Mistral's and Gemma 3's local layers): the query at
 position p attends keys p - W < j <= p, as transformers' sliding-window mask. The masks are
 built here from the metadata, once per step and window (`AttentionMetadata.window_masks`).
-The C++ decode kernel has no window: a windowed layer uses it while every decode context
-fits the window (`decode_max_context` <= W, where the window changes nothing), and the
-torch decode path with a window mask past that. Blocks wholly before every layer's window
+The C++ decode kernel takes the window itself (it reads only the last W keys); the torch
+decode paths use a window mask once a decode context passes W. Blocks wholly before every layer's window
 may have been given back by the scheduler (their table entries then name a placeholder
 block); the masks never attend them.
 
@@ -122,8 +121,7 @@ def paged_attention(
     num_kv_heads = k.shape[1]
     out = torch.empty_like(q)
     nd = meta.num_decode
-    decode_windowed = window is not None and nd > 0 and not 0 < meta.decode_max_context <= window
-    if nd and meta.decode_kernel == "paged" and not decode_windowed:
+    if nd and meta.decode_kernel == "paged":
         assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
         dec = torch.ops.zeroserve.paged_decode_attention(
             q[:nd],
@@ -133,14 +131,14 @@ def paged_attention(
             meta.decode_context_lens,
             scale,
             meta.kernel_isa,
+            window or 0,
         )
         if nd == q.shape[0]:
             return dec  # a decode-only step
         out[:nd] = dec
     elif nd:
         assert meta.decode_block_tables is not None
-        if decode_windowed:
-            assert window is not None
+        if window is not None and not 0 < meta.decode_max_context <= window:
             mask = meta.decode_window_mask(window, k_cache.shape[1])
         else:
             assert meta.decode_mask is not None
@@ -152,7 +150,7 @@ def paged_attention(
             meta.decode_block_tables,
             mask,
             scale,
-            "sdpa" if meta.decode_kernel == "paged" else meta.decode_kernel,
+            meta.decode_kernel,
         )
     for i, p in enumerate(meta.prefills):
         qs = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]

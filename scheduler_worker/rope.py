@@ -66,11 +66,12 @@ class RotaryEmbedding(torch.nn.Module):
         self.inv_freq: torch.Tensor = inv_freq
         self.table = table
         if table:
-            freqs = self._freqs(torch.arange(max_positions))  # [max_positions, head_dim/2]
+            freqs = self.freqs(torch.arange(max_positions))  # [max_positions, head_dim/2]
             self.register_buffer("cos", freqs.cos(), persistent=False)
             self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def _freqs(self, positions: torch.Tensor) -> torch.Tensor:
+    def freqs(self, positions: torch.Tensor) -> torch.Tensor:
+        """position x inverse frequency, float32 [T, head_dim/2]: cos/sin of it rotate."""
         p = positions.to(torch.float32)
         if self.position_factor != 1.0:
             p = p / self.position_factor
@@ -82,7 +83,7 @@ class RotaryEmbedding(torch.nn.Module):
         """cos/sin for these positions, [T, 1, head_dim/2]: computed once per forward and
         shared by every layer."""
         if not self.table:
-            freqs = self._freqs(positions)
+            freqs = self.freqs(positions)
             return freqs.cos().unsqueeze(1).to(dtype), freqs.sin().unsqueeze(1).to(dtype)
         return (
             self.cos[positions].unsqueeze(1).to(dtype),

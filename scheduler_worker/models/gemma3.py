@@ -13,7 +13,10 @@ Where it differs from Llama:
     logits: tanh(logits / cap) * cap when final_logit_softcapping is set
 
 The layer kinds come from the config's `layer_types` (ModelArgs.layer_windows). Weight
-names are HF's; q/k/v and gate/up are stacked on load as for Llama.
+names are HF's; q/k/v and gate/up are stacked on load as for Llama. When every decoder
+linear takes the integer kernels, a decode step runs its layers as one C++ call
+(models/decode_plan.py, with the sandwich norms, QK-norm, GELU-tanh, both RoPE bases and
+each layer's window), the norms' (1 + w) weights computed once at load.
 """
 
 from __future__ import annotations
@@ -26,8 +29,17 @@ from torch import nn
 
 from scheduler_worker.attention import AttentionMetadata, paged_attention
 from scheduler_worker.models.common import CausalLM, ModelArgs, load_stacked_weights
+from scheduler_worker.models.decode_plan import (
+    GELU_TANH,
+    QK_NORM,
+    SANDWICH,
+    DecodePlan,
+    plan_decode_layers,
+)
 from scheduler_worker.models.llama import LlamaMLP
 from scheduler_worker.rope import RotaryEmbedding, rotate
+
+GELU_TANH_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 
 
 class GemmaRMSNorm(nn.Module):
@@ -115,9 +127,12 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3ForCausalLM(CausalLM):
+    fused = False  # ModelRunner sets it when the C++ kernels serve this model
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
+        self.decode_plan: DecodePlan | None = None  # set by enable_decode_layers()
         softcap = args.hf_config.get("final_logit_softcapping")
         self.softcap = float(softcap) if softcap else None
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
@@ -147,10 +162,44 @@ class Gemma3ForCausalLM(CausalLM):
         if self.norm.weight.device.type != "meta":
             self.ropes = self._make_ropes()
 
+    def enable_decode_layers(self) -> bool:
+        """Decode steps whose linears all take the integer kernels as one C++ call
+        (decode_plan.py); returns whether the plan was made."""
+        if not self.fused or self.args.hidden_act not in GELU_TANH_ACTS:
+            return False
+
+        def w(norm: nn.Module) -> torch.Tensor:  # Gemma's x * (1 + w), as a plain weight
+            weight = cast(GemmaRMSNorm, norm).weight.detach()
+            return (1.0 + weight.float()).to(weight.dtype)
+
+        items: list[torch.Tensor | nn.Module] = []
+        for layer in cast(list[Gemma3DecoderLayer], list(self.layers)):
+            attn, mlp = layer.self_attn, layer.mlp
+            items += [w(layer.input_layernorm), w(attn.q_norm), w(attn.k_norm)]
+            items += [attn.qkv_proj, attn.o_proj, w(layer.post_attention_layernorm)]
+            items += [w(layer.pre_feedforward_layernorm), mlp.gate_up_proj, mlp.down_proj]
+            items.append(w(layer.post_feedforward_layernorm))
+        scale = cast(Gemma3DecoderLayer, self.layers[0]).self_attn.scale
+        windows = list(self.args.layer_windows)
+        kinds = [1 if window is None else 0 for window in windows]  # rope pair: local, global
+        style = QK_NORM | SANDWICH | GELU_TANH
+        self.decode_plan = plan_decode_layers(items, scale, windows, kinds, style)
+        return self.decode_plan is not None
+
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         emb = self.embed_tokens(input_ids)
         # transformers scales by sqrt(hidden) rounded to the weights' dtype
         h = emb * torch.tensor(self.args.hidden_size**0.5, dtype=emb.dtype)
+        plan = self.decode_plan
+        if plan is not None and plan.takes(meta, input_ids.shape[0]):
+            rope: list[torch.Tensor] = []
+            for kind in ("local", "global"):  # float32 [T, head_dim / 2] for this step's rows
+                freqs = cast(RotaryEmbedding, self.ropes[kind]).freqs(positions)
+                rope += [freqs.cos(), freqs.sin()]
+            rows = torch.arange(input_ids.shape[0])  # row t of the tables is token t's
+            residual = h.contiguous()
+            out = plan.run(self.args, residual, rows, rope, kv_caches, meta, self.norm.eps)
+            return self.norm(residual.add_(out))
         cos_sin = {
             kind: cast(RotaryEmbedding, rope).cos_sin(positions, h.dtype)
             for kind, rope in self.ropes.items()

@@ -9,7 +9,6 @@ into one matmul each (fewer, larger GEMMs per layer).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -24,8 +23,7 @@ from scheduler_worker.models.common import (
     rope_scaling_of,
     rope_theta_of,
 )
-from scheduler_worker.quant.linear import QuantLinear
-from scheduler_worker.quant.stacked import kernel_parts
+from scheduler_worker.models.decode_plan import QK_NORM, DecodePlan, plan_decode_layers
 from scheduler_worker.rope import RotaryEmbedding, rotate
 
 
@@ -139,11 +137,14 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.act = ACTIVATIONS[args.hidden_act]
         self.silu = args.hidden_act in ("silu", "swish")
+        self.gelu_tanh = args.hidden_act in ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.fused and self.silu:
             return self.down_proj(torch.ops.zeroserve.silu_mul(gate_up, self.isa))
+        if self.fused and self.gelu_tanh:
+            return self.down_proj(torch.ops.zeroserve.gelu_tanh_mul(gate_up, self.isa))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
@@ -163,29 +164,6 @@ class LlamaDecoderLayer(nn.Module):
         normed = self.input_layernorm(residual) if x is None else self.input_layernorm(x, residual)
         h = self.self_attn(cos_sin, normed, kv_cache, meta)
         return self.mlp(self.post_attention_layernorm(h, residual))
-
-
-@dataclass
-class DecodePlan:
-    """Everything torch.ops.zeroserve.decode_layers needs that does not change between
-    steps: every layer's norm weights and block weights, flat, in the op's order."""
-
-    weights: list[torch.Tensor]
-    formats: list[int]  # (block format, out features) of every linear
-    isa: int
-    scale: float  # attention's 1/sqrt(head_dim)
-    probe: QuantLinear  # any of the layers' linears: they route rows alike
-    window: int | None = None  # the smallest sliding window of any layer (None: none)
-
-    def takes(self, meta: AttentionMetadata, rows: int) -> bool:
-        """A decode-only step whose rows all go to the integer kernels, and whose
-        contexts all fit every layer's window (the op has no window)."""
-        return (
-            meta.num_decode == rows
-            and meta.decode_kernel == "paged"
-            and (self.window is None or 0 < meta.decode_max_context <= self.window)
-            and self.probe.kernel_rows(rows) == rows
-        )
 
 
 class LlamaForCausalLM(CausalLM):
@@ -228,46 +206,22 @@ class LlamaForCausalLM(CausalLM):
         (torch.ops.zeroserve.decode_layers: the same ops as the modules, without the
         Python between them). Needs the fused kernels, SiLU, and every decoder linear a
         QuantLinear on one kernel path; returns whether the plan was made."""
-        if not self.fused or self.args.hidden_act not in ("silu", "swish") or self.args.qk_norm:
-            return False  # the op has no GELU and no QK-norm
-        weights: list[torch.Tensor] = []
-        formats: list[int] = []
-        linears: list[QuantLinear] = []
+        if not self.fused or self.args.hidden_act not in ("silu", "swish"):
+            return False  # the op's activations: SiLU here (GELU-tanh: Gemma 3)
+        items: list[torch.Tensor | nn.Module] = []
         for layer in cast(list[LlamaDecoderLayer], list(self.layers)):
             attn, mlp = layer.self_attn, layer.mlp
-            group = [
-                (layer.input_layernorm, attn.qkv_proj),
-                (None, attn.o_proj),
-                (layer.post_attention_layernorm, mlp.gate_up_proj),
-                (None, mlp.down_proj),
-            ]
-            for norm, lin in group:
-                parts = kernel_parts(lin)
-                if parts is None:
-                    return False
-                if norm is not None:
-                    weights.append(norm.weight.detach())
-                for part in parts:
-                    weights.extend(part.kernel_tensors()[:3])  # qs, d, m
-                bias = parts[0].kernel_tensors()[3] if len(parts) == 1 else lin.bias
-                weights.append(torch.empty(0) if bias is None else bias.detach())
-                formats.append(len(parts))
-                for part in parts:
-                    formats += [part.fmt, part.out_features]
-                linears += parts
-        first = linears[0]
-        same = {
-            (lin.isa_index, lin.dense is None, lin.dense_above, id(lin.step_rows))
-            for lin in linears
-        }
-        if len(same) != 1:
-            return False
+            items.append(layer.input_layernorm.weight)
+            if attn.qk_norm:
+                items += [attn.q_norm.weight, attn.k_norm.weight]
+            items += [attn.qkv_proj, attn.o_proj, layer.post_attention_layernorm.weight]
+            items += [mlp.gate_up_proj, mlp.down_proj]
         scale = cast(LlamaDecoderLayer, self.layers[0]).self_attn.scale
-        windows = [w for w in self.args.layer_windows if w is not None]
-        self.decode_plan = DecodePlan(
-            weights, formats, first.isa_index, scale, first, min(windows) if windows else None
-        )
-        return True
+        layers = len(self.layers)
+        windows: list[int | None] = list(self.args.layer_windows or [None] * layers)
+        style = QK_NORM if self.args.qk_norm else 0
+        self.decode_plan = plan_decode_layers(items, scale, windows, [0] * layers, style)
+        return self.decode_plan is not None
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         residual = self.embed_tokens(input_ids)
@@ -284,25 +238,9 @@ class LlamaForCausalLM(CausalLM):
         plan = self.decode_plan
         if plan is not None and plan.takes(meta, input_ids.shape[0]):
             assert self._rope_f32 is not None  # a plan needs the fused path
-            a = self.args
-            x = torch.ops.zeroserve.decode_layers(
-                residual,
-                plan.weights,
-                plan.formats,
-                [kv[0] for kv in kv_caches],
-                [kv[1] for kv in kv_caches],
-                positions,
-                *self._rope_f32,
-                meta.slot_mapping,
-                meta.decode_block_tables,
-                meta.decode_context_lens,
-                a.num_heads,
-                a.num_kv_heads,
-                self.norm.eps,
-                plan.scale,
-                plan.isa,
-            )
-            return self.norm(x, residual)
+            rope = list(self._rope_f32)
+            out = plan.run(self.args, residual, positions, rope, kv_caches, meta, self.norm.eps)
+            return self.norm(out, residual)
         x = None  # the previous layer's MLP output
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(cos_sin, x, residual, kv_cache, meta)

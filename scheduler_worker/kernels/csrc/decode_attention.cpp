@@ -1,8 +1,13 @@
 // Paged decode attention: one query token per sequence against its KV blocks, read in
 // place through the block table (no gather, no padding mask), float32 accumulation for
 // float32 and bfloat16 caches alike. Any number of query heads per KV head and any head
-// size; the common ones (head size 64 / 128, 1-8 query heads per KV head) get loops of
-// compile-time length. One variant per ISA path (zs_isa.h).
+// size; the common ones (head size 64 / 128 / 256, 1-8 query heads per KV head) get loops
+// of compile-time length. One variant per ISA path (zs_isa.h).
+//
+// A sliding window W (> 0; 0: none) limits a sequence of L tokens to its last W keys,
+// positions L - W .. L - 1, as transformers' sliding-window mask: the blocks before them
+// are never read (a windowed request's table holds the placeholder block there once it
+// gave them back).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -27,7 +32,11 @@ struct AttnArgs {
   T* out;                // [B, H, D]
   int64_t H, Hkv, D, block_size, max_blocks;
   float scale;
+  int64_t window;        // > 0: attend only the last `window` keys
 };
+
+// The first key position a sequence of L tokens attends.
+ZS_INLINE int64_t first_key(int64_t L, int64_t window) { return window > 0 && L > window ? L - window : 0; }
 
 struct Scratch {  // one thread's buffers, sized for the largest G, D and context
   float* scores;  // [G, max_len]
@@ -52,43 +61,44 @@ ZS_INLINE void attend_impl(const AttnArgs<T>& a, int64_t b, int64_t kvh, const S
   const int64_t* table = a.tables + b * a.max_blocks;
   const T* q = a.q + (b * a.H + kvh * G) * D;
   for (int64_t i = 0; i < G * D; ++i) qf[i] = f32(q[i]) * a.scale;
-  for (int64_t t0 = 0; t0 < L; t0 += bs) {
+  const int64_t s0 = first_key(L, a.window), n_keys = L - s0;  // scores[g * n_keys + t - s0]
+  for (int64_t t0 = s0 - s0 % bs; t0 < L; t0 += bs) {
     const T* kb = a.k_cache + table[t0 / bs] * bs * row + kvh * D;
     const int64_t n = std::min(bs, L - t0);
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = std::max<int64_t>(s0 - t0, 0); j < n; ++j) {
       const T* k = kb + j * row;
       for (int64_t g = 0; g < G; ++g) {
         const float* qg = qf + g * D;
         float sc = 0.f;
 #pragma omp simd reduction(+ : sc)
         for (int64_t i = 0; i < D; ++i) sc += qg[i] * f32(k[i]);
-        scores[g * L + t0 + j] = sc;
+        scores[g * n_keys + t0 + j - s0] = sc;
       }
     }
   }
   for (int64_t g = 0; g < G; ++g) {
-    float* sg = scores + g * L;
+    float* sg = scores + g * n_keys;
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-    for (int64_t t = 0; t < L; ++t) mx = std::max(mx, sg[t]);
+    for (int64_t t = 0; t < n_keys; ++t) mx = std::max(mx, sg[t]);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < L; ++t) {
+    for (int64_t t = 0; t < n_keys; ++t) {
       sg[t] = fast_exp(sg[t] - mx);
       sum += sg[t];
     }
     const float inv = 1.f / sum;
 #pragma omp simd
-    for (int64_t t = 0; t < L; ++t) sg[t] *= inv;
+    for (int64_t t = 0; t < n_keys; ++t) sg[t] *= inv;
   }
   std::fill(acc, acc + G * D, 0.f);
-  for (int64_t t0 = 0; t0 < L; t0 += bs) {
+  for (int64_t t0 = s0 - s0 % bs; t0 < L; t0 += bs) {
     const T* vb = a.v_cache + table[t0 / bs] * bs * row + kvh * D;
     const int64_t n = std::min(bs, L - t0);
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = std::max<int64_t>(s0 - t0, 0); j < n; ++j) {
       const T* v = vb + j * row;
       for (int64_t g = 0; g < G; ++g) {
-        const float p = scores[g * L + t0 + j];
+        const float p = scores[g * n_keys + t0 + j - s0];
         float* ag = acc + g * D;
 #pragma omp simd
         for (int64_t i = 0; i < D; ++i) ag[i] += p * f32(v[i]);
@@ -121,6 +131,7 @@ template <typename T>
 AttendFn<T> pick(int64_t D, int64_t G, int64_t isa) {
   if (D == 64) return pick_group<T, 64>(G, isa);
   if (D == 128) return pick_group<T, 128>(G, isa);
+  if (D == 256) return pick_group<T, 256>(G, isa);
   return ZS_PICK(attend, (<T, 0, 0>), isa);
 }
 
@@ -129,7 +140,7 @@ void attend_all(const AttnArgs<T>& a, int64_t B, int64_t isa) {
   const int64_t G = a.H / a.Hkv;
   const AttendFn<T> fn = pick<T>(a.D, G, isa);
   int64_t max_len = 0;
-  for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, a.lens[b]);
+  for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, a.lens[b] - first_key(a.lens[b], a.window));
   at::parallel_for(0, B * a.Hkv, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> buf(static_cast<size_t>(G * (max_len + 2 * a.D)));
     const Scratch s{buf.data(), buf.data() + G * max_len, buf.data() + G * (max_len + a.D)};
@@ -141,7 +152,7 @@ void attend_all(const AttnArgs<T>& a, int64_t B, int64_t isa) {
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
-                                  int64_t isa) {
+                                  int64_t isa, int64_t window) {
   TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "decode attention: bad shapes");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "decode attention: caches must be contiguous");
   TORCH_CHECK(q_in.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
@@ -156,10 +167,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
   const int64_t block_size = k_cache.size(1), max_blocks = tables.size(1), num_blocks = k_cache.size(0);
   const int64_t* lp = lens.data_ptr<int64_t>();
   const int64_t* tp = tables.data_ptr<int64_t>();
+  TORCH_CHECK(window >= 0, "decode attention: a negative window");
   for (int64_t b = 0; b < B; ++b) {  // every block id read below, once per sequence
     TORCH_CHECK(lp[b] >= 1 && lp[b] <= max_blocks * block_size, "decode attention: context length ", lp[b],
                 " outside its block table");
-    for (int64_t j = 0; j < (lp[b] + block_size - 1) / block_size; ++j) {
+    for (int64_t j = first_key(lp[b], window) / block_size; j < (lp[b] + block_size - 1) / block_size; ++j) {
       const int64_t id = tp[b * max_blocks + j];
       TORCH_CHECK(id >= 0 && id < num_blocks, "decode attention: block id ", id, " of sequence ", b,
                   " outside the cache's ", num_blocks, " blocks");
@@ -169,13 +181,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
   at::Tensor out = at::empty_like(q);
   if (q.scalar_type() == at::kFloat) {
     AttnArgs<float> a{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tp,
-                      lp, out.data_ptr<float>(), H, Hkv, D, block_size, max_blocks, static_cast<float>(scale)};
+                      lp, out.data_ptr<float>(), H, Hkv, D, block_size, max_blocks, static_cast<float>(scale), window};
     attend_all(a, B, isa);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "decode attention: float32 or bfloat16 only");
     using bf = c10::BFloat16;
     AttnArgs<bf> a{q.data_ptr<bf>(), k_cache.data_ptr<bf>(), v_cache.data_ptr<bf>(), tp,
-                   lp, out.data_ptr<bf>(), H, Hkv, D, block_size, max_blocks, static_cast<float>(scale)};
+                   lp, out.data_ptr<bf>(), H, Hkv, D, block_size, max_blocks, static_cast<float>(scale), window};
     attend_all(a, B, isa);
   }
   return out;
@@ -184,7 +196,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
 }  // namespace zs_ops
 
 TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
-  lib.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale, int isa) -> Tensor");
+  lib.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale, int isa, int window=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) { lib.impl("paged_decode_attention", &zs_ops::paged_decode_attention); }

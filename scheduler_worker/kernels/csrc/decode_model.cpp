@@ -1,19 +1,24 @@
-// A whole decode step's decoder layers in one call: for a Llama-family model whose
-// linears are all served by the integer kernels, the Python forward would make ~10 op
-// calls per layer, each through a module, the dispatcher and a few small tensor views;
-// at batch 1 that glue cost about as much as a quarter of the step (docs/benchmarks.md).
-// This op runs the same ops in the same order on the same inputs, so its output equals
-// the module path's bit for bit (tests/scheduler_worker/test_kernels.py checks it).
+// A whole decode step's decoder layers in one call: for a model whose linears are all
+// served by the integer kernels, the Python forward would make ~10-20 op calls per layer,
+// each through a module, the dispatcher and a few small tensor views; at batch 1 that glue
+// cost about as much as a quarter of the step (docs/benchmarks.md). This op runs the same
+// kernels in the same order on the same inputs, so for Llama-family models its output
+// equals the module path's bit for bit (tests/scheduler_worker/test_kernels.py checks it).
 //
 // Per layer, with x the previous layer's MLP output (none before the first layer) and
 // `residual` the running hidden state, updated in place:
 //
 //   h  = rms_norm(x, residual)                    (residual += x; the first layer: rms_norm(residual))
-//   q, k = rope_write_kv(qkv_proj(h))             (k, v written into the layer's paged cache)
-//   h  = o_proj(paged_decode_attention(q))
-//   x  = down(silu_mul(gate_up(rms_norm(h, residual))))
+//   qkv = qkv_proj(h)                             (QK_NORM: q and k heads RMS-normed in place)
+//   q, k = rope_write_kv(qkv)                     (the layer's cos/sin tables; k, v into its paged cache)
+//   h  = o_proj(paged_decode_attention(q))        (the layer's sliding window, 0: none)
+//   h  = rms_norm(h)                              (SANDWICH only: the post-attention norm)
+//   x  = down(act(gate_up(rms_norm(h, residual))))   (act: SiLU, or GELU-tanh with GELU_TANH)
+//   x  = rms_norm(x)                              (SANDWICH only: the post-feed-forward norm)
 //
-// Returns the last layer's x; the caller applies the final norm and the output head.
+// Llama / Mistral / Qwen 2: no flags; Qwen 3: QK_NORM; Gemma 3: all three, its norms'
+// (1 + w) weights precomputed by the caller. Returns the last layer's x; the caller
+// applies the final norm and the output head.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -24,8 +29,11 @@
 namespace zs_ops {
 namespace {
 
-// A layer's tensors, in this order, in the flat `weights` list: input norm weight, qkv,
-// o, post-attention norm weight, gate_up, down, where each linear is its P parts' (qs, d, m)
+enum Style : int64_t { QK_NORM = 1, SANDWICH = 2, GELU_TANH = 4 };
+
+// A layer's tensors, in this order, in the flat `weights` list: input norm weight,
+// (QK_NORM: q norm and k norm weights), qkv, o, (SANDWICH: post-attention norm weight),
+// pre-MLP norm weight, gate_up, down, (SANDWICH: post-MLP norm weight), where each linear is its P parts' (qs, d, m)
 // then one bias for the whole projection. An absent m (8-bit weights) or bias is an empty
 // tensor. `formats` holds, per linear, P and then each part's (block format, output
 // features); a projection of several parts (a file that stores q, k and v in different
@@ -51,10 +59,10 @@ at::Tensor linear(const at::Tensor& x, Cursor& c, int64_t isa) {
 }
 
 // The number of weight tensors `formats` describes for L layers (checked before any read).
-int64_t expected_tensors(at::IntArrayRef formats, int64_t L) {
+int64_t expected_tensors(at::IntArrayRef formats, int64_t L, int64_t style) {
   int64_t at = 0, tensors = 0;
   for (int64_t l = 0; l < L; ++l) {
-    tensors += 2;  // the two norms
+    tensors += 2 + (style & QK_NORM ? 2 : 0) + (style & SANDWICH ? 2 : 0);  // the norms
     for (int lin = 0; lin < 4; ++lin) {
       TORCH_CHECK(at < static_cast<int64_t>(formats.size()), "decode_layers: formats too short");
       const int64_t parts = formats[at];
@@ -72,14 +80,21 @@ int64_t expected_tensors(at::IntArrayRef formats, int64_t L) {
 
 at::Tensor decode_layers(at::Tensor residual, at::TensorList weights, at::IntArrayRef formats,
                          at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
-                         const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
-                         const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t H, int64_t Hkv,
-                         double eps, double scale, int64_t isa) {
+                         at::TensorList rope, at::IntArrayRef layer_rope, at::IntArrayRef layer_window,
+                         const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& context_lens,
+                         int64_t H, int64_t Hkv, double eps, double scale, int64_t style, int64_t isa) {
   const int64_t L = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(L >= 1 && static_cast<int64_t>(v_caches.size()) == L, "decode_layers: one K and one V cache per layer");
-  const int64_t expected = expected_tensors(formats, L);
+  TORCH_CHECK(style >= 0 && style <= (QK_NORM | SANDWICH | GELU_TANH), "decode_layers: unknown style ", style);
+  const int64_t expected = expected_tensors(formats, L, style);
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == expected, "decode_layers: expected ", expected,
               " weight tensors, got ", weights.size());
+  TORCH_CHECK(static_cast<int64_t>(layer_rope.size()) == L && static_cast<int64_t>(layer_window.size()) == L,
+              "decode_layers: one rope table pair and one window per layer");
+  TORCH_CHECK(!rope.empty() && rope.size() % 2 == 0, "decode_layers: rope holds (cos, sin) pairs");
+  for (int64_t l = 0; l < L; ++l)
+    TORCH_CHECK(layer_rope[l] >= 0 && 2 * layer_rope[l] < static_cast<int64_t>(rope.size()) && layer_window[l] >= 0,
+                "decode_layers: layer ", l, " names rope pair ", layer_rope[l], ", window ", layer_window[l]);
   TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous(), "decode_layers: residual must be a contiguous [T, hidden]");
   const int64_t T = residual.size(0), q_size = H * k_caches[0].size(3);
   at::Tensor x;  // the previous layer's MLP output
@@ -87,14 +102,22 @@ at::Tensor decode_layers(at::Tensor residual, at::TensorList weights, at::IntArr
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor& norm1 = *c.w++;
     at::Tensor h = x.defined() ? rms_norm(x, residual, norm1, eps, isa) : rms_norm(residual, c10::nullopt, norm1, eps, isa);
-    const at::Tensor qkv = linear(h, c, isa);
+    const at::Tensor* qk_norms = c.w;
+    if (style & QK_NORM) c.w += 2;
+    at::Tensor qkv = linear(h, c, isa);
+    if (style & QK_NORM) head_norm_(qkv, qk_norms[0], qk_norms[1], H, Hkv, eps, isa);
+    const at::Tensor& cos = rope[2 * layer_rope[l]];
+    const at::Tensor& sin = rope[2 * layer_rope[l] + 1];
     auto [q, k] = rope_write_kv(qkv, positions, cos, sin, k_caches[l], v_caches[l], slot_mapping, H, Hkv, isa);
-    const at::Tensor o = paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale, isa);
+    const at::Tensor o =
+        paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale, isa, layer_window[l]);
     h = linear(o.view({T, q_size}), c, isa);
+    if (style & SANDWICH) h = rms_norm(h, c10::nullopt, *c.w++, eps, isa);
     const at::Tensor& norm2 = *c.w++;
     h = rms_norm(h, residual, norm2, eps, isa);
     const at::Tensor gate_up = linear(h, c, isa);
-    x = linear(silu_mul(gate_up, isa), c, isa);
+    x = linear(style & GELU_TANH ? gelu_tanh_mul(gate_up, isa) : silu_mul(gate_up, isa), c, isa);
+    if (style & SANDWICH) x = rms_norm(x, c10::nullopt, *c.w++, eps, isa);
   }
   return x;
 }
@@ -103,8 +126,9 @@ at::Tensor decode_layers(at::Tensor residual, at::TensorList weights, at::IntArr
 
 TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
   lib.def("decode_layers(Tensor(a!) residual, Tensor[] weights, int[] formats, Tensor(b!)[] k_caches, "
-          "Tensor(c!)[] v_caches, Tensor positions, Tensor cos, Tensor sin, Tensor slot_mapping, "
-          "Tensor block_tables, Tensor context_lens, int H, int Hkv, float eps, float scale, int isa) -> Tensor");
+          "Tensor(c!)[] v_caches, Tensor positions, Tensor[] rope, int[] layer_rope, int[] layer_window, "
+          "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int H, int Hkv, float eps, float scale, "
+          "int style, int isa) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) { lib.impl("decode_layers", &zs_ops::decode_layers); }

@@ -3,6 +3,8 @@
 //
 //   rms_norm                y = w * x / rms(x), optionally adding a residual first (in place)
 //   silu_mul                silu(gate) * up from the stacked gate_up projection
+//   gelu_tanh_mul           gelu_tanh(gate) * up (Gemma's activation), likewise
+//   head_norm_              RMSNorm per head on qkv's q and k columns, in place (QK-norm)
 //   rope_write_kv           RoPE on q and k, and k, v written into the paged cache
 //
 // (paged decode attention: decode_attention.cpp.) Plain loops written for the vectorizer,
@@ -86,6 +88,55 @@ void silu_mul_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa)
   });
 }
 
+// ------------------------------------------------------------------ gelu_tanh(gate) * up
+
+// gelu_tanh(g) = g / 2 * (1 + tanh(u)), u = sqrt(2 / pi) * (g + 0.044715 g^3), as torch's
+// approximate="tanh", written g / (1 + exp(-2u)) (the same function, without the
+// cancellation of 1 + tanh(u) for negative u) on fast_exp: vectorizable, within a few
+// float ulps of torch's.
+template <typename T>
+ZS_INLINE void gelu_tanh_mul_row_impl(const T* __restrict gu, T* __restrict out, int64_t n) {
+  const T* __restrict up = gu + n;
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = f32(gu[i]);
+    const float u = kBeta * (g + kKappa * g * g * g);
+    const float act = g / (1.f + fast_exp(-2.f * u));  // rounded to T before the product, as torch does
+    out[i] = static_cast<T>(f32(static_cast<T>(act)) * f32(up[i]));
+  }
+}
+
+ZS_VARIANTS((template <typename T>), gelu_tanh_mul_row, (gelu_tanh_mul_row_impl<T>),
+            (const T* gu, T* out, int64_t n), (gu, out, n))
+
+template <typename T>
+void gelu_tanh_mul_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
+  const auto fn = ZS_PICK(gelu_tanh_mul_row, (<T>), isa);
+  const int64_t rows = x.numel() / std::max<int64_t>(2 * n, 1);
+  at::parallel_for(0, rows, 8, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) fn(x.data_ptr<T>() + i * 2 * n, out.data_ptr<T>() + i * n, n);
+  });
+}
+
+// ------------------------------------------------------------------ RMSNorm per head (QK-norm)
+
+// qkv [T, (H + 2 Hkv) D]: each of the H q heads normed with qw, each of the Hkv k heads
+// with kw, in place; v untouched.
+template <typename T>
+void head_norm_rows(at::Tensor& qkv, const at::Tensor& qw, const at::Tensor& kw, int64_t H, int64_t Hkv, int64_t D,
+                    float eps, int64_t isa) {
+  const auto fn = ZS_PICK(rms_row, (<T>), isa);
+  const int64_t width = (H + 2 * Hkv) * D;
+  at::parallel_for(0, qkv.size(0) * (H + Hkv), 16, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      const int64_t t = i / (H + Hkv), h = i % (H + Hkv);
+      T* x = qkv.data_ptr<T>() + t * width + h * D;
+      fn(x, nullptr, (h < H ? qw : kw).data_ptr<T>(), x, D, eps);
+    }
+  });
+}
+
 // ------------------------------------------------------------------ RoPE + KV-cache write
 
 // One token: rotate its q and k heads (rotate-half, as HF Llama) with the position's
@@ -165,6 +216,40 @@ at::Tensor silu_mul(const at::Tensor& x_in, int64_t isa) {
   return out;
 }
 
+// x [..., 2n] = [gate | up] -> [..., n]
+at::Tensor gelu_tanh_mul(const at::Tensor& x_in, int64_t isa) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t n2 = x.size(-1), n = n2 / 2;
+  TORCH_CHECK(n2 % 2 == 0, "gelu_tanh_mul: last dim must be even");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  isa = zs_qgemm::clamp_isa(isa);
+  at::Tensor out = at::empty(shape, x.options());
+  if (x.scalar_type() == at::kFloat) gelu_tanh_mul_rows<float>(x, out, n, isa);
+  else {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "gelu_tanh_mul: float32 or bfloat16 only");
+    gelu_tanh_mul_rows<c10::BFloat16>(x, out, n, isa);
+  }
+  return out;
+}
+
+// QK-norm in place: qkv [T, (H + 2 Hkv) D] contiguous, q_weight and k_weight [D].
+void head_norm_(at::Tensor qkv, const at::Tensor& q_weight, const at::Tensor& k_weight, int64_t H, int64_t Hkv,
+                double eps, int64_t isa) {
+  const int64_t D = q_weight.numel();
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && D > 0 && qkv.size(1) == (H + 2 * Hkv) * D,
+              "head_norm_: qkv must be a contiguous [T, (H + 2 Hkv) D]");
+  TORCH_CHECK(k_weight.numel() == D && q_weight.is_contiguous() && k_weight.is_contiguous() &&
+              q_weight.scalar_type() == qkv.scalar_type() && k_weight.scalar_type() == qkv.scalar_type(),
+              "head_norm_: the weights must be contiguous [head_dim] of qkv's dtype");
+  isa = zs_qgemm::clamp_isa(isa);
+  if (qkv.scalar_type() == at::kFloat) head_norm_rows<float>(qkv, q_weight, k_weight, H, Hkv, D, static_cast<float>(eps), isa);
+  else {
+    TORCH_CHECK(qkv.scalar_type() == at::kBFloat16, "head_norm_: float32 or bfloat16 only");
+    head_norm_rows<c10::BFloat16>(qkv, q_weight, k_weight, H, Hkv, D, static_cast<float>(eps), isa);
+  }
+}
+
 // qkv [T, (H + 2 Hkv) D] -> (q [T, H, D], k [T, Hkv, D]) rotated; k and v written to the
 // caches [num_blocks, block_size, Hkv, D] at slot_mapping [T]. cos/sin: float32 tables
 // [max_positions, D/2] indexed by positions [T].
@@ -205,11 +290,15 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const
 TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
   lib.def("rms_norm(Tensor x, Tensor(a!)? residual, Tensor weight, float eps, int isa) -> Tensor");
   lib.def("silu_mul(Tensor x, int isa) -> Tensor");
+  lib.def("gelu_tanh_mul(Tensor x, int isa) -> Tensor");
+  lib.def("head_norm_(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, int H, int Hkv, float eps, int isa) -> ()");
   lib.def("rope_write_kv(Tensor qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, int H, int Hkv, int isa) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) {
   lib.impl("rms_norm", &zs_ops::rms_norm);
   lib.impl("silu_mul", &zs_ops::silu_mul);
+  lib.impl("gelu_tanh_mul", &zs_ops::gelu_tanh_mul);
+  lib.impl("head_norm_", &zs_ops::head_norm_);
   lib.impl("rope_write_kv", &zs_ops::rope_write_kv);
 }

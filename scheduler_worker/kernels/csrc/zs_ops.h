@@ -14,10 +14,13 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 namespace zs_ops {
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
-                                  int64_t isa);
+                                  int64_t isa, int64_t window);
 at::Tensor rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
                     double eps, int64_t isa);
 at::Tensor silu_mul(const at::Tensor& x, int64_t isa);
+at::Tensor gelu_tanh_mul(const at::Tensor& x, int64_t isa);
+void head_norm_(at::Tensor qkv, const at::Tensor& q_weight, const at::Tensor& k_weight, int64_t H, int64_t Hkv,
+                double eps, int64_t isa);
 std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv, const at::Tensor& positions,
                                                  const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
                                                  at::Tensor v_cache, const at::Tensor& slot_mapping, int64_t H,
