@@ -23,6 +23,7 @@ from common.log import get_logger
 from common.model_facts import context_length
 from common.model_source import resolve_model
 from common.sampling_params import SamplingParams
+from scheduler_worker.heap import keep_step_buffers_in_heap
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import (
@@ -83,6 +84,7 @@ class LLMEngine:
             if model_dir
             else resolve_model(config.model.model, config.model.resolved_cache_dir)
         )
+        keep_step_buffers_in_heap()  # before the model: its step buffers reused, not re-faulted
         self.runner = ModelRunner(config, self.model_dir)
         args = self.runner.args
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
