@@ -171,10 +171,16 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
         kth = logits.topk(max(ks), dim=-1).values.gather(1, k - 1)
         kth.masked_fill_(k.new_tensor(ks)[:, None] == 0, float("-inf"))  # top-k off here
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    # an extreme penalty or temperature can push logits to +inf (a repetition_penalty of
-    # 1e-38 divides them by it): the largest finite value keeps softmax free of NaN
-    logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
     probs = logits.softmax(dim=-1)
+    # an extreme penalty or temperature can push logits to +inf (a repetition_penalty of
+    # 1e-38 divides them by it), and a +inf or NaN logit makes its whole row NaN: such
+    # rows again with the largest finite value for +inf (one pass over the rest is saved)
+    bad = probs[:, 0].isnan()
+    if bool(bad.any()):
+        fixed = torch.nan_to_num(
+            logits[bad], nan=float("-inf"), posinf=torch.finfo(logits.dtype).max
+        )
+        probs[bad] = fixed.softmax(dim=-1)
     thresh = probs.new_zeros(len(params), 1)  # the smallest probability each row keeps
     top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
     if top_p_rows:

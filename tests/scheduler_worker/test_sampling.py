@@ -300,6 +300,30 @@ def test_a_vanishing_repetition_penalty_samples_among_the_seen_tokens():
     assert set(tokens[0::2]) == {0, 1} and set(tokens[1::2]) <= {0, 1}  # both are +inf
 
 
+def test_rows_with_inf_or_nan_logits_are_repaired_alone():
+    """softmax turns a row holding +inf or NaN into NaN everywhere; only those rows go
+    through nan_to_num (+inf to the largest float, NaN to -inf): their draws come from the
+    +inf tokens, the finite rows' probabilities are untouched."""
+    from scheduler_worker.sampling import sampling_probs
+
+    torch.manual_seed(1)
+    logits = torch.randn(6, 300)
+    logits[1, 200] = logits[1, 250] = float("inf")
+    logits[3, 7] = float("nan")
+    logits[3, 150] = float("inf")
+    params = [SamplingParams(temperature=1.0)] * 6
+    probs = sampling_probs(logits, params)
+    assert not probs.isnan().any()
+    good = [0, 2, 4, 5]
+    assert torch.equal(probs[good], logits[good].softmax(-1))
+    assert set(probs[1].nonzero().flatten().tolist()) == {200, 250}
+    assert probs[3].nonzero().flatten().tolist() == [150]
+    rows = [_row(temperature=1.0, seed=i) for i in range(6)]
+    for _ in range(20):
+        tokens = Sampler(300, [])(logits, rows).token_ids
+        assert tokens[1] in (200, 250) and tokens[3] == 150
+
+
 def test_sample_from_draws_every_token_at_its_probability():
     """The two-level race over several blocks (the last one partial): frequencies match
     p / sum(p) per group of tokens, and zero-probability tokens (holes, a whole empty
