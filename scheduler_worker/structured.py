@@ -76,9 +76,10 @@ class GrammarMatchers:
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
         # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
-        # 2.3 s for Gemma 3's 262k), holding the GIL all along: the engine waits for it
-        # before it serves (wait_tokenizer), because a build during a request would starve
-        # the heartbeat thread too, and the frontend would take the replica for dead
+        # 2.3 s for Gemma 3's 262k; 1 s from the token table cached in cache_dir after a
+        # first start, common.llg_vocab), holding the GIL all along: the engine waits for
+        # it before it serves (wait_tokenizer), because a build during a request would
+        # starve the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         cache = str(cache_dir) if cache_dir is not None else None
         self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size, cache)
