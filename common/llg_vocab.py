@@ -91,6 +91,7 @@ class TokenTable:
                     special=self.special,
                     eos=np.array([self.eos]),
                 )
+            os.chmod(tmp, 0o644)  # as the cache's other files (mkstemp makes it 0600)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
