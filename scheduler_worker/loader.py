@@ -94,7 +94,8 @@ def on_meta() -> Iterator[None]:
     """Build modules on the meta device without their random initialization. A meta
     tensor holds no data, so the init changes nothing; but nn.Embedding's normal_ on meta
     runs through a Python decomposition whose first call imports torch._dynamo (1.5-2.5 s
-    of a scheduler's start on a 2-core machine)."""
+    of a scheduler's start on a 2-core machine). The initializers are swapped process-wide
+    while it lasts: the loader builds before any other thread uses torch.nn."""
     saved = {name: getattr(nn.init, name) for name in _INITS}
     try:
         for name in _INITS:

