@@ -6,31 +6,34 @@
          │                                   ▼        Gemma 3's 262k)
          │                           TokenTable.of(tokenizer): each id's bytes, the special
          │                                   │          ids, EOS ─▶ cache_dir/llg-vocab/KEY.npz
-         └── later starts: KEY.npz ──LLTokenizer(TableTokenizer)──▶ the same tokenizer in
-                                               about 40% of the time (the trie and its
-                                               slices; no json, no BPE model)
+         └── later starts: KEY.npz ──LLTokenizer(TableTokenizer)──▶ the same tokenizer
+                                               (the trie and its slices, 1 s for 262k
+                                               tokens, and the HF tokenizer it tokenizes
+                                               text with, 1 s: against 2.3-2.6 s from
+                                               the json)
 
 The table holds what llguidance itself made of tokenizer.json, read back through its own
 API (decode_bytes, is_special_token), so the tokenizer built from it has the same token
 trie, hence the same masks (tests/common/test_llg_vocab.py compares them). KEY hashes
 tokenizer.json, the logits' width, the EOS id asked for and llguidance's version: a changed
-file or library builds from the json again. Text tokenization (llguidance tokenizes only to
-force tokens or heal a prompt, which the engine does not use) is answered by a json-built
-tokenizer, made on the first such call.
+file or library builds from the json again. Text tokenization (llguidance tokenizes the
+bytes a grammar forces, during mask computations) goes to the HF `tokenizers` model of the
+same file, loaded with the table, as llguidance's json build does (hf_tokenizer).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
-import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import llguidance
 import numpy as np
+import tokenizers
 from llguidance._tokenizer import TokenizerWrapper
 
 from common.log import get_logger
@@ -116,34 +119,49 @@ class TokenTable:
         return cls(blob, offsets, special, eos)
 
 
+def hf_tokenizer(raw_json: bytes) -> tokenizers.Tokenizer:
+    """The HF tokenizer llguidance tokenizes text with when it builds from the json: the
+    same file, minus any Prepend inside a Sequence normalizer (llguidance drops those)."""
+    if b'"Prepend"' not in raw_json:
+        return tokenizers.Tokenizer.from_str(raw_json.decode())
+    data = json.loads(raw_json)
+    norm = data.get("normalizer")
+    if isinstance(norm, dict) and norm.get("type") == "Sequence":
+        norm["normalizers"] = [n for n in norm["normalizers"] if n.get("type") != "Prepend"]
+    return tokenizers.Tokenizer.from_str(json.dumps(data))
+
+
 class TableTokenizer(TokenizerWrapper):
     """What LLTokenizer takes in place of a tokenizer.json (a TokenizerWrapper): the token
     bytes, the special ids (their marker added by llguidance), EOS, and a call that
-    tokenizes text. TokenizerWrapper's own __init__ is not run: it calls the tokenizer once
-    to probe it, which here would build from the json."""
+    tokenizes text. TokenizerWrapper's own __init__ is not run (it probes the call).
 
-    def __init__(self, table: TokenTable, tokenizer_json: Path, n_vocab: int, eos: int | None):
+    The call is made during mask computations (llguidance tokenizes the bytes a grammar
+    forces, e.g. a JSON key, to force their canonical tokens), so its HF tokenizer is
+    loaded here, before anything is served: loaded at the first constrained request, it
+    would hold the GIL for a second (Gemma 3) and silence the heartbeat thread."""
+
+    def __init__(self, table: TokenTable, raw_json: bytes):
         self.is_tokenizer_wrapper = True  # what llguidance checks
         self.tokens = table.tokens()
         self.special_token_ids = table.special.tolist()
         self.eos_token_id = table.eos
         self.bos_token_id = None  # llguidance keeps it but does not use it
-        self._source = (tokenizer_json, n_vocab, eos)
-        self._json_built: llguidance.LLTokenizer | None = None
-        self._lock = threading.Lock()
+        self._hf = hf_tokenizer(raw_json)
 
     def __call__(self, text: str | bytes) -> list[int]:
-        """Token ids of valid UTF-8 text, as the json-built tokenizer's own model gives them
-        (it is handed only the valid part and tokenizes it whole, as the HF model would)."""
-        with self._lock:
-            if self._json_built is None:
-                self._json_built = from_json(*self._source)
-        data = text.encode() if isinstance(text, str) else text
-        return self._json_built.tokenize_bytes(data)
+        """Token ids of valid UTF-8 text (llguidance hands over only the valid part), as
+        its json build's tokenizer gives them: encode(text, add_special_tokens=False)."""
+        s = text.decode() if isinstance(text, bytes) else text
+        return self._hf.encode(s, add_special_tokens=False).ids
 
 
 def table_path(cache_dir: Path, tokenizer_json: Path, n_vocab: int, eos: int | None) -> Path:
-    h = hashlib.sha256(tokenizer_json.read_bytes())
+    return _table_path(cache_dir, tokenizer_json.read_bytes(), n_vocab, eos)
+
+
+def _table_path(cache_dir: Path, raw_json: bytes, n_vocab: int, eos: int | None) -> Path:
+    h = hashlib.sha256(raw_json)
     h.update(f"|{n_vocab}|{eos}|{llguidance.__version__}|{TABLE_FORMAT}".encode())
     return cache_dir / "llg-vocab" / f"{h.hexdigest()[:32]}.npz"
 
@@ -156,7 +174,8 @@ def build(
     skipped). cache_dir None: always from the json."""
     if cache_dir is None:
         return from_json(tokenizer_json, n_vocab, eos)
-    path = table_path(cache_dir, tokenizer_json, n_vocab, eos)
+    raw_json = tokenizer_json.read_bytes()
+    path = _table_path(cache_dir, raw_json, n_vocab, eos)
     try:
         table = TokenTable.load(path)
     except FileNotFoundError:
@@ -165,7 +184,7 @@ def build(
         log.warning("llguidance token table %s unreadable (%s): built from the json", path, e)
         table = None
     if table is not None:
-        return llguidance.LLTokenizer(TableTokenizer(table, tokenizer_json, n_vocab, eos))
+        return llguidance.LLTokenizer(TableTokenizer(table, raw_json))
     tok = from_json(tokenizer_json, n_vocab, eos)
     try:
         TokenTable.of(tok).save(path)

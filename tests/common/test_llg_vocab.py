@@ -82,25 +82,42 @@ def test_table_build_equals_the_json_build(tokenizer_json, tmp_path, extra):
 
 
 def test_a_second_build_reads_the_table_not_the_json(tokenizer_json, tmp_path, monkeypatch):
-    llg_vocab.build(tokenizer_json, 49152, 2, tmp_path)
-    calls = []
+    want = llg_vocab.build(tokenizer_json, 49152, 2, tmp_path)  # json, table saved
     real = llg_vocab.from_json
 
-    def counted(*args):
-        calls.append(args)
-        return real(*args)
+    def refused(*_args):
+        raise AssertionError("built from the json")
 
-    monkeypatch.setattr(llg_vocab, "from_json", counted)
+    monkeypatch.setattr(llg_vocab, "from_json", refused)
     tok = llg_vocab.build(tokenizer_json, 49152, 2, tmp_path)
-    assert calls == [] and tok.eos_token == 2
+    assert tok.eos_token == 2
+    # masks and text tokenization (a required key's forced bytes are tokenized during the
+    # mask computation) need no json build either
+    assert_same_tokenizer(want, tok)
     # other keys are other tables: a different EOS or width builds from the json again
+    monkeypatch.setattr(llg_vocab, "from_json", real)
     llg_vocab.build(tokenizer_json, 49152, 0, tmp_path)
-    assert len(calls) == 1 and len(list((tmp_path / "llg-vocab").iterdir())) == 2
-    # text tokenization from a table-built tokenizer goes to a json build, made on demand
-    assert tok.tokenize_str("hello world") == real(tokenizer_json, 49152, 2).tokenize_str(
-        "hello world"
-    )
-    assert len(calls) == 2
+    assert len(list((tmp_path / "llg-vocab").iterdir())) == 2
+
+
+def test_a_prepend_normalizer_is_dropped_as_llguidance_does(tokenizer_json, tmp_path):
+    """llguidance's json build drops a Prepend from a Sequence normalizer (the "▁" of
+    SentencePiece-style tokenizers) before it tokenizes text; the table's tokenizer must
+    tokenize the same way."""
+    d = tmp_path / "model"
+    d.mkdir()
+    data = json.loads(tokenizer_json.read_text())
+    data["normalizer"] = {
+        "type": "Sequence",
+        "normalizers": [{"type": "Prepend", "prepend": "Ġ"}, {"type": "NFC"}],
+    }
+    (d / "tokenizer.json").write_text(json.dumps(data))
+    want = llg_vocab.from_json(d / "tokenizer.json", 49152, None)
+    llg_vocab.build(d / "tokenizer.json", 49152, None, tmp_path)
+    got = llg_vocab.build(d / "tokenizer.json", 49152, None, tmp_path)
+    for text in ("hello", "x = 1", '{"a":'):
+        assert got.tokenize_str(text) == want.tokenize_str(text)
+    assert_same_tokenizer(want, got)
 
 
 def test_a_changed_tokenizer_json_is_not_served_an_old_table(tokenizer_json, tmp_path):
