@@ -18,6 +18,7 @@ from common.model_facts import context_length
 from scheduler_worker import kernels
 from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
 from scheduler_worker.kernels.shapes import decode_ops_refusal
+from scheduler_worker.kv_pool import allocate_kv_pool
 from scheduler_worker.loader import _DTYPES, load, resolve_device, resolve_dtype
 from scheduler_worker.quant.linear import QuantLinear, StepRows
 from scheduler_worker.quant.plan import kernel_path
@@ -126,13 +127,7 @@ class ModelRunner:
         # a sliding-window request's table holds for the blocks it gave back (never read:
         # every windowed layer masks it out; scheduler.placeholder_block)
         shape = (self.num_blocks + 1, self.block_size, self.args.num_kv_heads, self.args.head_dim)
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(self.args.num_layers)
-        ]
+        self.kv_caches = allocate_kv_pool(self.args.num_layers, shape, self.dtype, self.device)
         # decode-only steps from kept buffers (their numpy views need the CPU)
         self.decode_inputs = DecodeInputs(self.block_size) if self.device.type == "cpu" else None
 

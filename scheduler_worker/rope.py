@@ -19,7 +19,11 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """On the CPU even while a model is built on the meta device (a few floats): on meta,
+    this division runs through a Python decomposition whose first call imports
+    torch._dynamo, a second or two of the scheduler's start."""
+    exps = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    return 1.0 / (theta**exps)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -65,7 +69,13 @@ class RotaryEmbedding(torch.nn.Module):
         # float32 always: a plain attribute, so a model cast to bf16 does not round it
         self.inv_freq: torch.Tensor = inv_freq
         self.table = table
-        if table:
+        if table and torch.get_default_device().type == "meta":
+            # a model built on the meta device remakes its rope after (post_init); computing
+            # on meta would run Python decompositions that import torch._dynamo
+            shape = (max_positions, inv_freq.shape[0])
+            self.register_buffer("cos", torch.empty(shape), persistent=False)
+            self.register_buffer("sin", torch.empty(shape), persistent=False)
+        elif table:
             freqs = self.freqs(torch.arange(max_positions))  # [max_positions, head_dim/2]
             self.register_buffer("cos", freqs.cos(), persistent=False)
             self.register_buffer("sin", freqs.sin(), persistent=False)

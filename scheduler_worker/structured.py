@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import llguidance
-import llguidance.torch as llg_torch
+import llguidance.numpy as llg_np
 import numpy as np
 import torch
 
@@ -42,21 +42,21 @@ log = get_logger("structured")
 MAX_CACHED_GRAMMARS = 256
 
 
-def _unpacked(bitmask: torch.Tensor, vocab_size: int) -> np.ndarray:
+def _unpacked(bitmask: torch.Tensor | np.ndarray, vocab_size: int) -> np.ndarray:
     """uint8 0/1 [rows, V], 1 where allowed. The words are little-endian (x86), so byte
     4w + j // 8 holds bit j % 8 of token 32w + j and numpy's little-endian unpackbits gives
     the tokens in order (~3x faster than shifts in torch; this runs in the mask thread,
     beside a forward on the same cores)."""
-    words = bitmask.numpy()
+    words = bitmask.numpy() if isinstance(bitmask, torch.Tensor) else bitmask
     return np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
 
 
-def bitmask_to_allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def bitmask_to_allowed(bitmask: torch.Tensor | np.ndarray, vocab_size: int) -> torch.Tensor:
     """int32 [rows, ceil(V/32)] (bit j of word w: token 32w+j allowed) -> bool [rows, V]."""
     return torch.from_numpy(_unpacked(bitmask, vocab_size)).view(torch.bool)
 
 
-def bitmask_to_forbidden(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def bitmask_to_forbidden(bitmask: torch.Tensor | np.ndarray, vocab_size: int) -> torch.Tensor:
     """The complement of bitmask_to_allowed: True where the token is not allowed."""
     bits = _unpacked(bitmask, vocab_size)
     np.bitwise_xor(bits, 1, out=bits)
@@ -64,19 +64,27 @@ def bitmask_to_forbidden(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor
 
 
 class GrammarMatchers:
-    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        cache_dir: Path | None = None,
+    ) -> None:
         self.model_dir, self.vocab_size = model_dir, vocab_size
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
         # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
-        # 2.3 s for Gemma 3's 262k), holding the GIL all along: the engine waits for it
-        # before it serves (wait_tokenizer), because a build during a request would starve
-        # the heartbeat thread too, and the frontend would take the replica for dead
+        # 2.3 s for Gemma 3's 262k; 1 s from the token table cached in cache_dir after a
+        # first start, common.llg_vocab), holding the GIL all along: the engine waits for
+        # it before it serves (wait_tokenizer), because a build during a request would
+        # starve the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
+        cache = str(cache_dir) if cache_dir is not None else None
+        self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size, cache)
         self._executor: llguidance.LLExecutor | None = None
-        self._bitmask = llg_torch.allocate_token_bitmask(1, vocab_size)
+        self._bitmask = llg_np.allocate_token_bitmask(1, vocab_size)
         self.wait_time = 0.0  # seconds the engine waited for masks after its forward
         self.prefetch_hits = 0  # masks taken from a prefetch (the rest computed in the step)
         # the masks begun by prefetch(): {rid: (its matcher, forbidden)} when done
@@ -208,12 +216,12 @@ class GrammarMatchers:
     def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
         if len(todo) == 1:
             bitmask = self._bitmask
-            llg_torch.fill_next_token_bitmask(todo[0][1], bitmask, 0)
+            llg_np.fill_next_token_bitmask(todo[0][1], bitmask, 0)
         else:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor()
-            bitmask = llg_torch.allocate_token_bitmask(len(todo), self.vocab_size)
-            llg_torch.fill_next_token_bitmask_par(
+            bitmask = llg_np.allocate_token_bitmask(len(todo), self.vocab_size)
+            llg_np.fill_next_token_bitmask_par(
                 self._executor, [(m, j) for j, (_, m) in enumerate(todo)], bitmask
             )
         forbidden = bitmask_to_forbidden(bitmask, self.vocab_size)

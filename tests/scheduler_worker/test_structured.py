@@ -228,15 +228,15 @@ def test_rebuild_replays_the_output(engine, tok):
 def test_prefetched_masks_are_used_only_while_current(engine, tok):
     """The engine begins a constrained request's next mask right after sampling
     (prefetch); the step uses it only while the matcher has not moved since."""
-    import llguidance.torch as llg_torch
+    import llguidance.numpy as llg_np
 
     g = engine.grammars
     engine.add_request("pf", [5, 6, 7], SamplingParams(max_tokens=8, structured=SPECS[0]))
     req = engine.requests["pf"]
 
     def library_mask() -> torch.Tensor:
-        bitmask = llg_torch.allocate_token_bitmask(1, g.vocab_size)
-        llg_torch.fill_next_token_bitmask(g.matchers["pf"], bitmask, 0)
+        bitmask = llg_np.allocate_token_bitmask(1, g.vocab_size)
+        llg_np.fill_next_token_bitmask(g.matchers["pf"], bitmask, 0)
         return bitmask_to_forbidden(bitmask, g.vocab_size)[0]
 
     eos = g.eos_token_ids
