@@ -28,7 +28,6 @@ import llguidance
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-from common import llg_vocab
 from common.model_facts import read_hf_config
 
 
@@ -88,19 +87,16 @@ def check(grammar: str, tokenizer: llguidance.LLTokenizer) -> None:
 
 
 @lru_cache(maxsize=4)
-def llg_tokenizer(
-    model_dir: str, vocab_size: int | None = None, cache_dir: str | None = None
-) -> llguidance.LLTokenizer:
-    """The model's tokenizer as llguidance sees it (0.5 s to build for 49k tokens, 2.3 s for
-    262k: once per process). vocab_size: the logits' width (the model's; tokenizer.json may
-    hold fewer tokens). cache_dir: where its token table is kept for the next start, which
-    then builds it in about 40% of the time (common.llg_vocab); None: no table."""
+def llg_tokenizer(model_dir: str, vocab_size: int | None = None) -> llguidance.LLTokenizer:
+    """The model's tokenizer as llguidance sees it (about 0.5 s to build: once per process).
+    vocab_size: the logits' width (the model's; tokenizer.json may hold fewer tokens)."""
     path = Path(model_dir)
     hf = read_hf_config(path)
     n_vocab = vocab_size or int(hf["vocab_size"])
     eos = _eos_ids(path, hf)
-    cache = Path(cache_dir) if cache_dir is not None else None
-    return llg_vocab.build(path / "tokenizer.json", n_vocab, eos[0] if eos else None, cache)
+    return llguidance.LLTokenizer(
+        (path / "tokenizer.json").read_text(), n_vocab=n_vocab, eos_token=eos[0] if eos else None
+    )
 
 
 def _eos_ids(path: Path, hf: dict[str, Any]) -> list[int]:

@@ -97,9 +97,7 @@ class LLMEngine:
             sliding_window=args.kv_window,
         )
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
-        self.grammars = GrammarMatchers(
-            self.model_dir, args.vocab_size, self.eos_token_ids, config.model.resolved_cache_dir
-        )
+        self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.limits = RequestLimits(
             self.runner.vocab_size,
             self.max_model_len,

@@ -64,25 +64,17 @@ def bitmask_to_forbidden(bitmask: torch.Tensor | np.ndarray, vocab_size: int) ->
 
 
 class GrammarMatchers:
-    def __init__(
-        self,
-        model_dir: Path,
-        vocab_size: int,
-        eos_token_ids: list[int],
-        cache_dir: Path | None = None,
-    ) -> None:
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.model_dir, self.vocab_size = model_dir, vocab_size
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
         # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
-        # 2.3 s for Gemma 3's 262k; 1 s from the token table cached in cache_dir after a
-        # first start, common.llg_vocab), holding the GIL all along: the engine waits for
-        # it before it serves (wait_tokenizer), because a build during a request would
-        # starve the heartbeat thread too, and the frontend would take the replica for dead
+        # 2.3 s for Gemma 3's 262k), holding the GIL all along: the engine waits for it
+        # before it serves (wait_tokenizer), because a build during a request would starve
+        # the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        cache = str(cache_dir) if cache_dir is not None else None
-        self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size, cache)
+        self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
         self._executor: llguidance.LLExecutor | None = None
         self._bitmask = llg_np.allocate_token_bitmask(1, vocab_size)
         self.wait_time = 0.0  # seconds the engine waited for masks after its forward

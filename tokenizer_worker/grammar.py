@@ -10,8 +10,7 @@ A schema, regex or grammar that does not compile is a 400 here, naming `structur
 structured_outputs.json, ...). The schedulers build their matchers from the same spec
 (scheduler_worker.structured); what passed here compiles there.
 
-The llguidance tokenizer takes 0.5 s to build (2.3 s for a 262k vocabulary; less from the
-token table common.llg_vocab keeps in the cache dir): a thread starts it with the worker,
+The llguidance tokenizer takes about 0.5 s to build: a thread starts it with the worker,
 so the first constrained request rarely waits for it.
 """
 
@@ -30,11 +29,10 @@ MAX_CACHED = 1024
 
 
 class GrammarCheck:
-    def __init__(self, model_dir: Path, vocab_size: int, cache_dir: Path | None = None) -> None:
+    def __init__(self, model_dir: Path, vocab_size: int) -> None:
         pool = ThreadPoolExecutor(1, thread_name_prefix="llg-tokenizer")
-        cache = str(cache_dir) if cache_dir is not None else None
         self._tokenizer: Future[llguidance.LLTokenizer] = pool.submit(
-            llg_tokenizer, str(model_dir), vocab_size, cache
+            llg_tokenizer, str(model_dir), vocab_size
         )
         pool.shutdown(wait=False)
         self._seen: OrderedDict[str, str | None] = OrderedDict()  # spec -> error or None

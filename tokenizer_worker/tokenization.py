@@ -55,14 +55,13 @@ class Tokenization:
         model_dir: str | Path,
         max_model_len: int | None = None,
         tool_call_parser: str | None = None,
-        cache_dir: Path | None = None,  # llguidance's token table (common.llg_vocab)
     ) -> None:
         self.model_dir = model_dir = Path(model_dir)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.chat_template = ChatTemplate.from_model_dir(model_dir)
         hf = read_hf_config(model_dir)
         self.limits = RequestLimits(int(hf["vocab_size"]), context_length(hf, max_model_len))
-        self.check_grammar = GrammarCheck(model_dir, self.vocab_size, cache_dir)  # structured
+        self.check_grammar = GrammarCheck(model_dir, self.vocab_size)  # structured outputs
         # the format of tool calls: the prompt's (tool_prompt) and the frontend's parser
         self.tool_call_parser = tool_call_parser or default_tool_parser(hf, self.chat_template)
 

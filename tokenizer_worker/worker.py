@@ -51,12 +51,7 @@ class TokenizerWorker:
         if tokenization is None:
             mc = config.engine.model
             model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
-            tokenization = Tokenization(
-                model_dir,
-                mc.max_model_len,
-                config.server.tool_call_parser,
-                cache_dir=mc.resolved_cache_dir,
-            )
+            tokenization = Tokenization(model_dir, mc.max_model_len, config.server.tool_call_parser)
         self.tokenization = tokenization
         # announced in every status; the frontend sends nothing to a worker that disagrees
         # with the replicas (block_size 0: no KV cache here)
