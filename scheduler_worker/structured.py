@@ -163,12 +163,6 @@ class GrammarMatchers:
         ahead, self._ahead = self._ahead, None
         if not todo:
             return None
-        if ahead is not None and ahead.done():  # no hand-off to the mask thread if it has all
-            got = ahead.result()
-            if all(rid in got and got[rid][0] is m for _, rid, m in todo):
-                done: Future[dict[int, torch.Tensor]] = Future()
-                done.set_result(self._step_masks(todo, ahead))
-                return done
         return self._pool.submit(self._step_masks, todo, ahead)
 
     def wait(self, pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
