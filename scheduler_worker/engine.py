@@ -219,14 +219,10 @@ class LLMEngine:
         t3 = time.perf_counter()
         self.counters.prompt_tokens += batch.num_prefill_tokens
         sampled = self.scheduler.update(batch, result.token_ids if result is not None else [])
-        if self.grammars and sampled:  # constrained requests: advance their matchers, then begin
-            assert result is not None  # their next masks while the outputs are made (prefetch)
-            for i, req in enumerate(sampled):
-                if self.grammars.advance(req, result.token_ids[i]) and not req.status.finished:
-                    self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # complete
-            self.grammars.prefetch([req for req in sampled if not req.status.finished])
         for i, req in enumerate(sampled):
             assert result is not None  # rows were sampled
+            if self.grammars.advance(req, result.token_ids[i]) and not req.status.finished:
+                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
             if req.status.finished:
                 del self.requests[req.request_id]
                 self.grammars.drop(req.request_id)

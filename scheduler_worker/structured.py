@@ -78,9 +78,6 @@ class GrammarMatchers:
         self._executor: llguidance.LLExecutor | None = None
         self._bitmask = llg_np.allocate_token_bitmask(1, vocab_size)
         self.wait_time = 0.0  # seconds the engine waited for masks after its forward
-        self.prefetch_hits = 0  # masks taken from a prefetch (the rest computed in the step)
-        # the masks begun by prefetch(): {rid: (its matcher, forbidden)} when done
-        self._ahead: Future[dict[str, tuple[llguidance.LLMatcher, torch.Tensor]]] | None = None
 
     def wait_tokenizer(self) -> None:
         """Block until the llguidance tokenizer is built (a failure is kept for the first
@@ -141,29 +138,18 @@ class GrammarMatchers:
         self.matchers.pop(rid, None)
 
     # ---- masks ----------------------------------------------------------------------------
-    def prefetch(self, reqs: list[Request]) -> None:
-        """Begin, right after a step's sampling, the next masks of the constrained ones among
-        `reqs` (the requests it advanced): they are computed while the engine does the
-        step's single-threaded bookkeeping, instead of during the next forward, where the
-        mask thread would take a core from the kernels' threads. start() uses them."""
-        todo = [(r.request_id, self.matchers[r.request_id]) for r in reqs if r.request_id in self]
-        self._ahead = self._pool.submit(self._masks_by_rid, todo) if todo else None
-
     def start(self, rows: list[Request]) -> Future[dict[int, torch.Tensor]] | None:
         """Begin the masks of the constrained ones among `rows` (the batch's sampling rows,
         in order); wait() gives {row index: bool [V], True where forbidden}. None if none is
-        constrained. A prefetched mask is used where it was made from the same matcher."""
+        constrained."""
         if not self.matchers:  # no constrained request anywhere: nothing to do
             return None
         todo = [
-            (i, r.request_id, self.matchers[r.request_id])
-            for i, r in enumerate(rows)
-            if r.request_id in self
+            (i, self.matchers[r.request_id]) for i, r in enumerate(rows) if r.request_id in self
         ]
-        ahead, self._ahead = self._ahead, None
         if not todo:
             return None
-        return self._pool.submit(self._step_masks, todo, ahead)
+        return self._pool.submit(self._masks, todo)
 
     def wait(self, pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
         if pending is None:
@@ -172,32 +158,6 @@ class GrammarMatchers:
         masks = pending.result()
         self.wait_time += time.perf_counter() - t0
         return masks
-
-    def _step_masks(
-        self,
-        todo: list[tuple[int, str, llguidance.LLMatcher]],
-        ahead: Future[dict[str, tuple[llguidance.LLMatcher, torch.Tensor]]] | None,
-    ) -> dict[int, torch.Tensor]:
-        # one mask thread, first in first out: a prefetch submitted earlier is done
-        got = ahead.result() if ahead is not None else {}
-        out: dict[int, torch.Tensor] = {}
-        rest: list[tuple[int, llguidance.LLMatcher]] = []
-        for i, rid, m in todo:
-            hit = got.get(rid)
-            if hit is not None and hit[0] is m:
-                out[i] = hit[1]
-                self.prefetch_hits += 1
-            else:
-                rest.append((i, m))
-        if rest:
-            out.update(self._masks(rest))
-        return out
-
-    def _masks_by_rid(
-        self, todo: list[tuple[str, llguidance.LLMatcher]]
-    ) -> dict[str, tuple[llguidance.LLMatcher, torch.Tensor]]:
-        masks = self._masks(list(enumerate(m for _, m in todo)))
-        return {rid: (m, masks[j]) for j, (rid, m) in enumerate(todo)}
 
     def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
         if len(todo) == 1:
@@ -223,7 +183,6 @@ class GrammarMatchers:
         m = self.matchers.get(req.request_id)
         if m is None or token in self.eos_token_ids:
             return False
-        self._ahead = None  # made before this token: the next prefetch() replaces it
         if not m.consume_token(token):
             log.warning("%s: grammar refused token %d: %s", req.request_id, token, m.get_error())
             return True

@@ -225,51 +225,6 @@ def test_rebuild_replays_the_output(engine, tok):
     assert "rb" not in engine.grammars
 
 
-def test_prefetched_masks_are_used_only_while_current(engine, tok):
-    """The engine begins a constrained request's next mask right after sampling
-    (prefetch); the step uses it only while the matcher has not moved since."""
-    import llguidance.numpy as llg_np
-
-    g = engine.grammars
-    engine.add_request("pf", [5, 6, 7], SamplingParams(max_tokens=8, structured=SPECS[0]))
-    req = engine.requests["pf"]
-
-    def library_mask() -> torch.Tensor:
-        bitmask = llg_np.allocate_token_bitmask(1, g.vocab_size)
-        llg_np.fill_next_token_bitmask(g.matchers["pf"], bitmask, 0)
-        return bitmask_to_forbidden(bitmask, g.vocab_size)[0]
-
-    eos = g.eos_token_ids
-    hits = g.prefetch_hits
-    g.prefetch([req])
-    first = g.wait(g.start([req]))[0]
-    assert g.prefetch_hits == hits + 1
-    expected = library_mask()
-    expected[eos] = True  # the grammar cannot end before its first token
-    assert torch.equal(first, expected)
-    g.prefetch([req])
-    token = int((~first).nonzero()[0])
-    assert not g.advance(req, token)  # the matcher moves: the prefetched mask is stale
-    second = g.wait(g.start([req]))[0]
-    assert g.prefetch_hits == hits + 1
-    keep = torch.ones(g.vocab_size, dtype=torch.bool)
-    keep[eos] = False
-    assert torch.equal(second[keep], library_mask()[keep])
-    assert not torch.equal(second, first)
-    # a rebuilt matcher (preemption) is another object: its mask is computed afresh
-    g.prefetch([req])
-    g.rebuild(req)
-    assert torch.equal(g.wait(g.start([req]))[0][keep], library_mask()[keep])
-    assert g.prefetch_hits == hits + 1
-    engine.abort("pf")
-    engine.step()
-    assert "pf" not in g
-    # and in a real run the decode steps take their masks from the prefetch
-    before = g.prefetch_hits
-    run(engine, _prompts(1, 5), [SamplingParams(max_tokens=12, seed=1, structured=SPECS[1])])
-    assert g.prefetch_hits > before
-
-
 def test_bad_spec_is_refused_by_the_engine(engine):
     for spec in (
         {"kind": "regex", "spec": "[a-"},
