@@ -63,60 +63,56 @@ void rms_rows(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
   });
 }
 
-// ------------------------------------------------------------------ SiLU(gate) * up
+// ------------------------------------------------------------------ act(gate) * up
 
-template <typename T>
-ZS_INLINE void silu_mul_row_impl(const T* __restrict gu, T* __restrict out, int64_t n) {
-  const T* __restrict up = gu + n;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = f32(gu[i]);
-    const float act = g / (1.f + fast_exp(-g));  // rounded to T before the product, as torch does
-    out[i] = static_cast<T>(f32(static_cast<T>(act)) * f32(up[i]));
-  }
-}
-
-ZS_VARIANTS((template <typename T>), silu_mul_row, (silu_mul_row_impl<T>), (const T* gu, T* out, int64_t n),
-            (gu, out, n))
-
-template <typename T>
-void silu_mul_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
-  const auto fn = ZS_PICK(silu_mul_row, (<T>), isa);
-  const int64_t rows = x.numel() / std::max<int64_t>(2 * n, 1);
-  at::parallel_for(0, rows, 8, [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; ++i) fn(x.data_ptr<T>() + i * 2 * n, out.data_ptr<T>() + i * n, n);
-  });
-}
-
-// ------------------------------------------------------------------ gelu_tanh(gate) * up
-
+// The gated MLP's activation: SiLU (Llama and most), or GELU-tanh (Gemma), where
 // gelu_tanh(g) = g / 2 * (1 + tanh(u)), u = sqrt(2 / pi) * (g + 0.044715 g^3), as torch's
-// approximate="tanh", written g / (1 + exp(-2u)) (the same function, without the
-// cancellation of 1 + tanh(u) for negative u) on fast_exp: vectorizable, within a few
-// float ulps of torch's.
-template <typename T>
-ZS_INLINE void gelu_tanh_mul_row_impl(const T* __restrict gu, T* __restrict out, int64_t n) {
+// approximate="tanh", is written g / (1 + exp(-2u)) (the same function, without the
+// cancellation of 1 + tanh(u) for negative u). Both on fast_exp: vectorizable, within a
+// few float ulps of torch's.
+enum Gate : int { SILU = 0, GELU_TANH = 1 };  // the activation of gated_mul
+
+template <typename T, int ACT>
+ZS_INLINE void gated_row_impl(const T* __restrict gu, T* __restrict out, int64_t n) {
   const T* __restrict up = gu + n;
   constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float g = f32(gu[i]);
-    const float u = kBeta * (g + kKappa * g * g * g);
-    const float act = g / (1.f + fast_exp(-2.f * u));  // rounded to T before the product, as torch does
+    const float z = ACT == SILU ? g : kBeta * 2.f * (g + kKappa * g * g * g);
+    const float act = g / (1.f + fast_exp(-z));  // rounded to T before the product, as torch does
     out[i] = static_cast<T>(f32(static_cast<T>(act)) * f32(up[i]));
   }
 }
 
-ZS_VARIANTS((template <typename T>), gelu_tanh_mul_row, (gelu_tanh_mul_row_impl<T>),
-            (const T* gu, T* out, int64_t n), (gu, out, n))
+ZS_VARIANTS((template <typename T, int ACT>), gated_row, (gated_row_impl<T, ACT>), (const T* gu, T* out, int64_t n),
+            (gu, out, n))
 
-template <typename T>
-void gelu_tanh_mul_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
-  const auto fn = ZS_PICK(gelu_tanh_mul_row, (<T>), isa);
+template <typename T, int ACT>
+void gated_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
+  const auto fn = ZS_PICK(gated_row, (<T, ACT>), isa);
   const int64_t rows = x.numel() / std::max<int64_t>(2 * n, 1);
   at::parallel_for(0, rows, 8, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) fn(x.data_ptr<T>() + i * 2 * n, out.data_ptr<T>() + i * n, n);
   });
+}
+
+// x [..., 2n] = [gate | up] -> act(gate) * up [..., n]
+template <int ACT>
+at::Tensor gated_mul(const at::Tensor& x_in, int64_t isa, const char* name) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t n2 = x.size(-1), n = n2 / 2;
+  TORCH_CHECK(n2 % 2 == 0, name, ": last dim must be even");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  isa = zs_qgemm::clamp_isa(isa);
+  at::Tensor out = at::empty(shape, x.options());
+  if (x.scalar_type() == at::kFloat) gated_rows<float, ACT>(x, out, n, isa);
+  else {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, name, ": float32 or bfloat16 only");
+    gated_rows<c10::BFloat16, ACT>(x, out, n, isa);
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------ RMSNorm per head (QK-norm)
@@ -199,39 +195,9 @@ at::Tensor rms_norm(const at::Tensor& x_in, const c10::optional<at::Tensor>& res
   return y;
 }
 
-// x [..., 2n] = [gate | up] -> [..., n]
-at::Tensor silu_mul(const at::Tensor& x_in, int64_t isa) {
-  const at::Tensor x = x_in.contiguous();
-  const int64_t n2 = x.size(-1), n = n2 / 2;
-  TORCH_CHECK(n2 % 2 == 0, "silu_mul: last dim must be even");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  isa = zs_qgemm::clamp_isa(isa);
-  at::Tensor out = at::empty(shape, x.options());
-  if (x.scalar_type() == at::kFloat) silu_mul_rows<float>(x, out, n, isa);
-  else {
-    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "silu_mul: float32 or bfloat16 only");
-    silu_mul_rows<c10::BFloat16>(x, out, n, isa);
-  }
-  return out;
-}
+at::Tensor silu_mul(const at::Tensor& x, int64_t isa) { return gated_mul<SILU>(x, isa, "silu_mul"); }
 
-// x [..., 2n] = [gate | up] -> [..., n]
-at::Tensor gelu_tanh_mul(const at::Tensor& x_in, int64_t isa) {
-  const at::Tensor x = x_in.contiguous();
-  const int64_t n2 = x.size(-1), n = n2 / 2;
-  TORCH_CHECK(n2 % 2 == 0, "gelu_tanh_mul: last dim must be even");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  isa = zs_qgemm::clamp_isa(isa);
-  at::Tensor out = at::empty(shape, x.options());
-  if (x.scalar_type() == at::kFloat) gelu_tanh_mul_rows<float>(x, out, n, isa);
-  else {
-    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "gelu_tanh_mul: float32 or bfloat16 only");
-    gelu_tanh_mul_rows<c10::BFloat16>(x, out, n, isa);
-  }
-  return out;
-}
+at::Tensor gelu_tanh_mul(const at::Tensor& x, int64_t isa) { return gated_mul<GELU_TANH>(x, isa, "gelu_tanh_mul"); }
 
 // QK-norm in place: qkv [T, (H + 2 Hkv) D] contiguous, q_weight and k_weight [D].
 void head_norm_(at::Tensor qkv, const at::Tensor& q_weight, const at::Tensor& k_weight, int64_t H, int64_t Hkv,
