@@ -18,9 +18,9 @@ Sliding-window layers (`window` W, as Mistral's and Gemma 3's local layers): the
 position p attends keys p - W < j <= p, as transformers' sliding-window mask. The masks are
 built here from the metadata, once per step and window (`AttentionMetadata.window_masks`).
 The C++ decode kernel takes the window itself (it reads only the last W keys); the torch
-decode paths use a window mask once a decode context passes W. Blocks wholly before every layer's window
-may have been given back by the scheduler (their table entries then name a placeholder
-block); the masks never attend them.
+decode paths use a window mask once a decode context passes W. Blocks wholly before every
+layer's window may have been given back by the scheduler (their table entries then name a
+placeholder block); neither the kernel nor the masks read them.
 
 This backend is the reference: a faster one must produce the same outputs from the same
 `AttentionMetadata`.

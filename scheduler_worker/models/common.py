@@ -16,6 +16,9 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+# the names configs give GELU's tanh approximation (the C++ kernel: gelu_tanh_mul)
+GELU_TANH_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "swish": F.silu,

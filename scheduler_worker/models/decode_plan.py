@@ -55,7 +55,6 @@ class DecodePlan:
     ) -> torch.Tensor:
         """The decoder layers in one call; returns the last layer's MLP output (residual
         is updated in place)."""
-        a = args
         x: torch.Tensor = torch.ops.zeroserve.decode_layers(
             residual,
             self.weights,
@@ -69,8 +68,8 @@ class DecodePlan:
             meta.slot_mapping,
             meta.decode_block_tables,
             meta.decode_context_lens,
-            a.num_heads,
-            a.num_kv_heads,
+            args.num_heads,
+            args.num_kv_heads,
             eps,
             self.scale,
             self.style,

@@ -28,7 +28,12 @@ import torch
 from torch import nn
 
 from scheduler_worker.attention import AttentionMetadata, paged_attention
-from scheduler_worker.models.common import CausalLM, ModelArgs, load_stacked_weights
+from scheduler_worker.models.common import (
+    GELU_TANH_ACTS,
+    CausalLM,
+    ModelArgs,
+    load_stacked_weights,
+)
 from scheduler_worker.models.decode_plan import (
     GELU_TANH,
     QK_NORM,
@@ -38,8 +43,6 @@ from scheduler_worker.models.decode_plan import (
 )
 from scheduler_worker.models.llama import LlamaMLP
 from scheduler_worker.rope import RotaryEmbedding, rotate
-
-GELU_TANH_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 
 
 class GemmaRMSNorm(nn.Module):

@@ -17,6 +17,7 @@ from torch import nn
 from scheduler_worker.attention import AttentionMetadata, paged_attention
 from scheduler_worker.models.common import (
     ACTIVATIONS,
+    GELU_TANH_ACTS,
     CausalLM,
     ModelArgs,
     load_stacked_weights,
@@ -137,7 +138,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.act = ACTIVATIONS[args.hidden_act]
         self.silu = args.hidden_act in ("silu", "swish")
-        self.gelu_tanh = args.hidden_act in ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+        self.gelu_tanh = args.hidden_act in GELU_TANH_ACTS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
