@@ -10,7 +10,16 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
-from common.config import DEVICES, DTYPES, KERNELS, QUANTIZATIONS, ROUTINGS, Config, ConfigError
+from common.config import (
+    DEVICES,
+    DTYPES,
+    KERNELS,
+    KV_DTYPES,
+    QUANTIZATIONS,
+    ROUTINGS,
+    Config,
+    ConfigError,
+)
 from common.endpoints import ensure_run_dir
 
 
@@ -40,6 +49,7 @@ GROUPS: dict[str, list[Flag]] = {
         Flag("--block-size", _C, "block_size", int, "tokens per KV cache block"),
         Flag("--num-kv-blocks", _C, "num_blocks", int, "KV blocks; none: from the memory"),
         Flag("--kv-cache-memory-gb", _C, "kv_cache_memory_gb", float, "KV cache memory"),
+        Flag("--kv-cache-dtype", _C, "kv_cache_dtype", str, "K/V element type", KV_DTYPES),
         Flag("--max-num-seqs", _S, "max_num_seqs", int, "requests running at once"),
         Flag("--max-num-batched-tokens", _S, "max_num_batched_tokens", int, "tokens per step"),
         Flag("--max-decode-batch", _S, "max_decode_batch", int, "decode rows per step"),

@@ -17,6 +17,7 @@ from common.env import default_cache_dir, env
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+KV_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # weight formats of the linears (CPU; scheduler_worker/quant): auto picks gguf for a GGUF
 # model whose linears the kernels serve, else none; gguf serves the file's own blocks;
 # int8/int4 quantize float weights into Q8_0/Q4_1-style blocks
@@ -123,6 +124,9 @@ class CacheConfig:
     num_blocks: int | None = None
     kv_cache_memory_gb: float = 1.0
     enable_prefix_caching: bool = True
+    # K/V element type; auto: float16 under a float32 model on the CPU's paged kernel (as
+    # llama.cpp keeps its cache), else the model's dtype (scheduler_worker/model_runner.py)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:
@@ -131,6 +135,10 @@ class CacheConfig:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if not (math.isfinite(self.kv_cache_memory_gb) and self.kv_cache_memory_gb > 0):
             raise ConfigError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
+        if self.kv_cache_dtype not in KV_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
 
 
 @dataclass(frozen=True)

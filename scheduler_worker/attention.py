@@ -100,8 +100,8 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     num_kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def paged_attention(
@@ -159,12 +159,17 @@ def paged_attention(
             ks, vs = k[p.start : p.end], v[p.start : p.end]
             causal = not windowed
         else:
-            ks = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[
-                : p.num_context
-            ]
-            vs = v_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[
-                : p.num_context
-            ]
+            # the cached context in the model's dtype (a float16 cache under float32)
+            ks = (
+                k_cache.index_select(0, p.block_ids)
+                .view(-1, num_kv_heads, head_dim)[: p.num_context]
+                .to(q.dtype)
+            )
+            vs = (
+                v_cache.index_select(0, p.block_ids)
+                .view(-1, num_kv_heads, head_dim)[: p.num_context]
+                .to(q.dtype)
+            )
             causal = False
         o = F.scaled_dot_product_attention(
             qs,

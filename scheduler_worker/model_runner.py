@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import CacheConfig, EngineConfig
+from common.config import CacheConfig, ConfigError, EngineConfig
 from common.log import get_logger
 from common.model_facts import context_length
 from scheduler_worker import kernels
@@ -121,15 +121,39 @@ class ModelRunner:
                     "linear (or part of one) has no kernel (see the weights lines)"
                 )
         log.info("decode attention: %s", self.decode_kernel)
+        self.kv_dtype = self._kv_dtype()
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
         # one block more than the block manager hands out: the scratch block, the placeholder
         # a sliding-window request's table holds for the blocks it gave back (never read:
         # every windowed layer masks it out; scheduler.placeholder_block)
         shape = (self.num_blocks + 1, self.block_size, self.args.num_kv_heads, self.args.head_dim)
-        self.kv_caches = allocate_kv_pool(self.args.num_layers, shape, self.dtype, self.device)
+        self.kv_caches = allocate_kv_pool(self.args.num_layers, shape, self.kv_dtype, self.device)
         # decode-only steps from kept buffers (their numpy views need the CPU)
         self.decode_inputs = DecodeInputs(self.block_size) if self.device.type == "cpu" else None
+
+    def _kv_dtype(self) -> torch.dtype:
+        """The KV cache's element type (--kv-cache-dtype). auto: float16 under a float32
+        model whose decode attention is the C++ paged kernel, as llama.cpp keeps its cache:
+        at 32 streams that kernel reads every cached K/V row of every layer each step, from
+        memory, and half the bytes is most of its time (docs/benchmarks.md); float16's
+        11-bit mantissa keeps the scores within ~1e-3. Else the model's dtype. A type other
+        than the model's needs the paged kernel (the torch paths read the cache as is)."""
+        want = self.config.cache.kv_cache_dtype
+        paged_f32 = self.decode_kernel == "paged" and self.dtype == torch.float32
+        if want == "auto":
+            dtype = torch.float16 if paged_f32 else self.dtype
+        else:
+            dtype = _DTYPES[want]
+            if dtype != self.dtype and not (dtype == torch.float16 and paged_f32):
+                raise ConfigError(
+                    f"--kv-cache-dtype {want} with a {str(self.dtype).removeprefix('torch.')} "
+                    f"model needs the C++ paged decode kernel and a float32 model (float16 "
+                    f"cache); this model decodes with '{self.decode_kernel}': use "
+                    "--kv-cache-dtype auto"
+                )
+        log.info("KV cache: %s", str(dtype).removeprefix("torch."))
+        return dtype
 
     def _kernel_isa(self) -> str | None:
         """The C++ decode ops (attention, norms, activation) serve float32/bfloat16 CPU
@@ -159,7 +183,7 @@ class ModelRunner:
         cache = self.config.cache
         if cache.num_blocks is not None:
             return cache.num_blocks
-        per_block = self.args.kv_bytes_per_token(self.dtype) * self.block_size
+        per_block = self.args.kv_bytes_per_token(self.kv_dtype) * self.block_size
         blocks = max(1, int(cache.kv_cache_memory_gb * (1 << 30)) // per_block)
         context = context_length(self.args.hf_config, self.config.model.max_model_len)
         need = -(-context // self.block_size)

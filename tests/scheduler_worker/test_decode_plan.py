@@ -74,9 +74,10 @@ def test_decode_steps_in_one_call_equal_the_modules(kind, family_dirs):  # noqa:
         else:
             assert torch.equal(fused, modules)
         for (k1, v1), (k2, v2) in zip(fused_caches, runner.kv_caches):
-            if kind == "gemma3":
-                torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-4)
-                torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-4)
+            if kind == "gemma3":  # within one unit of the cache's last place (float16)
+                tol = 1e-4 if k1.dtype == torch.float32 else 1e-3
+                torch.testing.assert_close(k1, k2, rtol=tol, atol=tol)
+                torch.testing.assert_close(v1, v2, rtol=tol, atol=tol)
             else:
                 assert torch.equal(k1, k2) and torch.equal(v1, v2)
 

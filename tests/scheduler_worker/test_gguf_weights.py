@@ -35,7 +35,9 @@ def _engine(model: str | Path, quantization: str, kernels_: str = "auto", **mode
                 kernels=kernels_,
                 **model_kw,
             ),
-            cache=CacheConfig(num_blocks=128),
+            # float32 K/V: the float path and the torch oracle agree to 1e-4 (the kernel
+            # engine's float16 cache would differ from the oracle's float32 one)
+            cache=CacheConfig(num_blocks=128, kv_cache_dtype="float32"),
         )
     )
 

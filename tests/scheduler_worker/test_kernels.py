@@ -154,6 +154,11 @@ def _paged(batch: int, lens: list[int], bs: int, h: int, hkv: int, d: int, dtype
 def test_paged_decode_attention_equals_the_gathered_torch_path(dtype, case, isa):
     batch, lens, bs, h, hkv, d = case
     q, kc, vc, tables = _paged(batch, lens, bs, h, hkv, d, dtype, seed=len(lens))
+    _check_paged_attention(q, kc, vc, tables, lens, isa)
+
+
+def _check_paged_attention(q, kc, vc, tables, lens, isa) -> None:
+    batch, bs, d, dtype = q.shape[0], kc.shape[1], q.shape[2], q.dtype
     ctx = torch.tensor(lens)
     mask = (torch.arange(tables.shape[1] * bs)[None, :] < ctx[:, None]).view(batch, 1, 1, -1)
     ref = _decode_attention(q.float(), kc.float(), vc.float(), tables, mask, d**-0.5, "sdpa")
@@ -161,6 +166,29 @@ def test_paged_decode_attention_equals_the_gathered_torch_path(dtype, case, isa)
     assert out.dtype == dtype and out.shape == q.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        (3, [17, 40, 5], 16, 9, 3, 64),
+        (8, [1, 5, 16, 17, 33, 64, 100, 200], 16, 9, 3, 64),  # tasks of whole sequences
+        (2, [300, 1], 16, 8, 1, 128),
+        (2, [37, 70], 8, 4, 2, 256),
+        (2, [9, 4], 4, 3, 3, 6),
+    ],
+)
+def test_paged_decode_attention_reads_float16_caches_under_float32(case, isa):
+    """The float16 KV cache of float32 models (--kv-cache-dtype auto): the kernel widens
+    each cached value exactly, so it equals the float32 path over the same rounded values;
+    q and the output stay float32."""
+    batch, lens, bs, h, hkv, d = case
+    q, kc, vc, tables = _paged(batch, lens, bs, h, hkv, d, torch.float32, seed=len(lens))
+    kc, vc = kc.to(torch.float16), vc.to(torch.float16)
+    _check_paged_attention(q, kc, vc, tables, lens, isa)
+    with pytest.raises(RuntimeError, match="float16 caches"):
+        ops.paged_decode_attention(q.bfloat16(), kc, vc, tables, torch.tensor(lens), 0.1, 0)
 
 
 def test_paged_decode_attention_refuses_a_length_past_its_table():
@@ -222,8 +250,17 @@ def test_silu_mul(dtype, isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_write_kv_equals_rotate_and_write(dtype, isa):
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float16),
+    ],
+)
+def test_rope_write_kv_equals_rotate_and_write(dtype, cache_dtype, isa):
+    """q and k rotated as torch does; k and v written as write_kv writes them (a float16
+    cache under float32: each value rounded once, as torch's .to(float16))."""
     i = kernels.isa_index(isa)
     h, hkv, d, bs, t = 9, 3, 64, 16, 11
     qkv = torch.randn(t, (h + 2 * hkv) * d).to(dtype)
@@ -233,7 +270,8 @@ def test_rope_write_kv_equals_rotate_and_write(dtype, isa):
     )
     cos, sin = freqs.cos(), freqs.sin()
     slots = torch.randperm(8 * bs)[:t]
-    kc, vc = torch.zeros(8, bs, hkv, d, dtype=dtype), torch.zeros(8, bs, hkv, d, dtype=dtype)
+    kc = torch.zeros(8, bs, hkv, d, dtype=cache_dtype)
+    vc = torch.zeros(8, bs, hkv, d, dtype=cache_dtype)
     q, k = ops.rope_write_kv(qkv, positions, cos, sin, kc, vc, slots, h, hkv, i)
     qk = qkv[:, : (h + hkv) * d].float().view(t, h + hkv, d)
     rot = rotate(qk, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
@@ -243,5 +281,6 @@ def test_rope_write_kv_equals_rotate_and_write(dtype, isa):
     kr, vr = torch.zeros_like(kc), torch.zeros_like(vc)
     write_kv(kr, vr, k, qkv[:, (h + hkv) * d :].view(t, hkv, d), slots)
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    assert kc.abs().sum() > 0  # written
     with pytest.raises(RuntimeError, match="out of range"):
         ops.rope_write_kv(qkv, positions + 100, cos, sin, kc, vc, slots, h, hkv, i)

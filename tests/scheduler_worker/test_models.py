@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from common.config import CacheConfig, EngineConfig, ModelConfig
+from common.config import CacheConfig, ConfigError, EngineConfig, ModelConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.models import UnsupportedModelError
-from tests.conftest import TINY_KINDS, hf_greedy
+from tests.conftest import TINY_KINDS, hf_greedy, kernels_built
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 100, 200, 300], [7] * 13, [42], list(range(20, 60))]
 
@@ -75,20 +75,46 @@ def test_batch_of_different_lengths_equals_each_alone(tiny_model_dirs):
     assert together == alone
 
 
-def test_prefix_in_cache_then_tail_prefill_equals_full_prefill(tiny_model_dirs):
-    runner = _runner(tiny_model_dirs["llama3"])
+def test_kv_cache_dtype_auto_and_a_type_the_decode_path_cannot_read(tiny_model_dirs):
+    """auto: float16 K/V under a float32 model on the paged kernel, else the model's
+    dtype; a float16 cache asked of the pure-torch path is refused at start, naming the
+    flag, rather than served wrong."""
+    model_dir = tiny_model_dirs["llama3"]
+
+    def runner(kernels: str, kv: str) -> ModelRunner:
+        model = ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels)
+        cache = CacheConfig(block_size=4, num_blocks=16, kv_cache_dtype=kv)
+        return ModelRunner(EngineConfig(model=model, cache=cache), model_dir)
+
+    assert runner("torch", "auto").kv_caches[0][0].dtype == torch.float32
+    with pytest.raises(ConfigError, match="--kv-cache-dtype float16"):
+        runner("torch", "float16")
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of"):
+        CacheConfig(kv_cache_dtype="int8")
+    if kernels_built():
+        r = runner("auto", "auto")
+        assert r.decode_kernel == "paged" and r.kv_caches[0][0].dtype == torch.float16
+        assert runner("auto", "float32").kv_caches[0][1].dtype == torch.float32
+
+
+@pytest.mark.parametrize("kv_dtype,tol", [("float32", 1e-4), ("auto", 5e-3)])
+def test_prefix_in_cache_then_tail_prefill_equals_full_prefill(tiny_model_dirs, kv_dtype, tol):
+    """A tail prefilled over a cached prefix (and chunked prefill) gives the logits of the
+    whole prompt at once: to float rounding with a float32 cache; within float16's
+    rounding of the cached K/V with the default cache (float16 where the paged kernel runs)."""
+    runner = _runner(tiny_model_dirs["llama3"], kv_cache_dtype=kv_dtype)
     prompt = list(range(30, 67))  # 37 tokens: 9 full blocks of 4 + 1
     full = runner.execute([SeqInput(prompt, 0, list(range(10)))])
     # a second sequence shares the first 8 blocks (32 tokens) and computes only the tail
     table = list(range(8)) + [20, 21]
     tail = runner.execute([SeqInput(prompt[32:], 32, table)])
-    torch.testing.assert_close(tail, full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tail, full, rtol=tol, atol=tol)
     # chunked: the same prompt in 3 chunks of a fresh table, mixed with a decode of another seq
     table2 = list(range(40, 50))
     runner.execute([SeqInput(prompt[:13], 0, table2, sample=False)])
     runner.execute([SeqInput(prompt[13:30], 13, table2, sample=False)])
     mixed = runner.execute([SeqInput([prompt[0]], 0, [60]), SeqInput(prompt[30:], 30, table2)])
-    torch.testing.assert_close(mixed[1:], full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(mixed[1:], full, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "auto"])

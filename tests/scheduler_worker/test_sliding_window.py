@@ -122,6 +122,7 @@ def test_the_default_kv_budget_grows_to_one_sequence_of_the_context():
                 hf_config={"max_position_embeddings": context},
             ),
             dtype=torch.float32,
+            kv_dtype=torch.float32,
             block_size=16,
         )
         return ModelRunner._num_blocks(fake)  # type: ignore[arg-type]

@@ -1,8 +1,14 @@
 // Paged decode attention: one query token per sequence against its KV blocks, read in
 // place through the block table (no gather, no padding mask), float32 accumulation for
-// float32 and bfloat16 caches alike. Any number of query heads per KV head and any head
-// size; the common ones (head size 64 / 128 / 256, 1-8 query heads per KV head) get loops
-// of compile-time length. One variant per ISA path (zs_isa.h).
+// every cache type: float32 q over float32 or float16 caches (the float16 cache of float32
+// models, --kv-cache-dtype auto), bfloat16 over bfloat16. Any number of query heads per KV
+// head and any head size; the common ones (head size 64 / 128 / 256, 1-8 query heads per
+// KV head) get loops of compile-time length. One variant per ISA path (zs_isa.h).
+//
+// At many streams decode attention is bound by memory, not arithmetic: every step reads
+// each sequence's whole cache of every layer (32 streams of ~200 tokens of SmolLM2: 283 MB
+// a step in float32), from DRAM. Hence float16 caches, tasks of whole sequences (a block
+// read as one span), and software prefetch of the next block.
 //
 // A sliding window W (> 0; 0: none) limits a sequence of L tokens to its last W keys,
 // positions L - W .. L - 1, as transformers' sliding-window mask: the blocks before them
@@ -15,18 +21,22 @@
 #include "zs_isa.h"
 #include "zs_ops.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <bit>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace zs_ops {
 namespace {
 
-template <typename T>
+template <typename T, typename C>
 struct AttnArgs {
   const T* q;            // [B, H, D]
-  const T* k_cache;      // [num_blocks, block_size, Hkv, D]
-  const T* v_cache;
+  const C* k_cache;      // [num_blocks, block_size, Hkv, D]
+  const C* v_cache;
   const int64_t* tables; // [B, max_blocks]
   const int64_t* lens;   // [B]: tokens to attend (cached context incl. this step's token)
   T* out;                // [B, H, D]
@@ -38,45 +48,158 @@ struct AttnArgs {
 // The first key position a sequence of L tokens attends.
 ZS_INLINE int64_t first_key(int64_t L, int64_t window) { return window > 0 && L > window ? L - window : 0; }
 
-struct Scratch {  // one thread's buffers, sized for the largest G, D and context
-  float* scores;  // [G, max_len]
-  float* acc;     // [G, D]
-  float* qf;      // [G, D]
+struct Scratch {  // one thread's buffers, sized for one task's heads, D and longest context
+  float* scores;  // [heads, max_len]
+  float* acc;     // [heads, D]
+  float* qf;      // [heads, D]
 };
 
-// One (sequence, KV head) pair: its G query heads share every K/V row they read. The
-// block table is walked block by block; a block holds block_size tokens, each token's
-// heads side by side (row = Hkv * D elements).
+// ---- AVX-512 scores: 16 keys of one block at a time. Each key's dot with a query head
+// is 16 lanes of partial sums (DIM / 16 FMAs); the 16 keys' partials are then summed
+// across lanes together, 15 adds and 30 shuffles for 16 scores, where a reduction per key
+// costs ~8 dependent steps.
+
+template <typename C>
+ZS_TARGET_AVX512 inline __m512 load16_f32(const C* p) {
+  if constexpr (std::is_same_v<C, float>) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (std::is_same_v<C, c10::Half>) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  } else {  // bfloat16: the upper half of a float32
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Lane l of the result is the sum of the 16 lanes of v[kSlot[l]]: store key j's partials
+// in v[kSlot[j]] (kSlot is its own inverse) and lane j holds key j's score.
+constexpr int kSlot[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+
+ZS_TARGET_AVX512 inline __m512 sum_lanes16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // 256-bit halves: v[i] in the low half, v[i + 8] in the high
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
+  for (int i = 0; i < 4; ++i)  // 128-bit quarters
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[i], t[i + 4], 0x88), _mm512_shuffle_f32x4(t[i], t[i + 4], 0xDD));
+  for (int i = 0; i < 2; ++i)  // pairs within each quarter
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[i], u[i + 2], 0x44), _mm512_shuffle_ps(u[i], u[i + 2], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+// 16 lanes of partial sums of q . k (DIM floats each)
+template <typename C, int DIM>
+ZS_TARGET_AVX512 inline __m512 key_dot(const float* q, const C* k) {
+  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), load16_f32(k));
+  for (int c = 1; c < DIM / 16; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), load16_f32(k + 16 * c), acc);
+  return acc;
+}
+
+// Scores of keys [j0, j1) of one block (key j at kb + j * row) for the G query heads qf
+// (float32, pre-scaled, DIM each): sc[g * n_keys + j].
+template <typename C, int DIM, int GRP>
+ZS_TARGET_AVX512 __attribute__((noinline)) void block_scores_avx512(const float* qf, const C* kb, int64_t row,
+                                                                     int64_t j0, int64_t j1, float* sc,
+                                                                     int64_t n_keys) {
+  static_assert(DIM % 16 == 0 && GRP > 0);
+  for (int64_t j = j0; j < j1; j += 16) {
+    const int64_t cnt = std::min<int64_t>(16, j1 - j);
+    const C* k = kb + j * row;
+    for (int g = 0; g < GRP; ++g) {
+      const float* qg = qf + g * DIM;
+      __m512 p[16];
+      if (cnt == 16) {  // unrolled: the slots are constants and p stays in registers
+#pragma GCC unroll 16
+        for (int jj = 0; jj < 16; ++jj) p[kSlot[jj]] = key_dot<C, DIM>(qg, k + jj * row);
+      } else {
+        for (int jj = 0; jj < 16; ++jj) p[kSlot[jj]] = jj < cnt ? key_dot<C, DIM>(qg, k + jj * row) : _mm512_setzero_ps();
+      }
+      _mm512_mask_storeu_ps(sc + g * n_keys + j, static_cast<__mmask16>((1u << cnt) - 1), sum_lanes16(p));
+    }
+  }
+}
+
+// acc[g] += sum_j p[g, j] v_j over keys [j0, j1) of one block (p: sc[g * n_keys + j]).
+// The accumulators stay in registers over the block: at most 16 of them, so a large group
+// or head runs in passes over DIM in chunks of CH (a power of two, as DIM is).
+template <typename C, int DIM, int GRP>
+ZS_TARGET_AVX512 __attribute__((noinline)) void block_values_avx512(const float* sc, const C* vb, int64_t row,
+                                                                     int64_t j0, int64_t j1, int64_t n_keys,
+                                                                     float* acc_mem) {
+  constexpr int CH = std::min(DIM, std::max(16, static_cast<int>(std::bit_floor(256u / GRP))));  // per pass
+  static_assert(DIM % CH == 0);
+  constexpr int R = CH / 16;
+  for (int c0 = 0; c0 < DIM; c0 += CH) {
+    __m512 acc[GRP][R];
+    for (int g = 0; g < GRP; ++g)
+      for (int r = 0; r < R; ++r) acc[g][r] = _mm512_loadu_ps(acc_mem + g * DIM + c0 + 16 * r);
+    for (int64_t j = j0; j < j1; ++j) {
+      __m512 v[R];
+      for (int r = 0; r < R; ++r) v[r] = load16_f32(vb + j * row + c0 + 16 * r);
+      for (int g = 0; g < GRP; ++g) {
+        const __m512 p = _mm512_set1_ps(sc[g * n_keys + j]);
+        for (int r = 0; r < R; ++r) acc[g][r] = _mm512_fmadd_ps(p, v[r], acc[g][r]);
+      }
+    }
+    for (int g = 0; g < GRP; ++g)
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc_mem + g * DIM + c0 + 16 * r, acc[g][r]);
+  }
+}
+
+// Asks for n rows of `width` values, `row` values apart (a block's tokens, the task's
+// heads of each), ahead of their use: the blocks lie scattered in the pool, where the
+// hardware prefetchers do not follow.
+template <typename C>
+ZS_INLINE void prefetch_rows(const C* p, int64_t row, int64_t n, int64_t width) {
+  const int64_t bytes = width * static_cast<int64_t>(sizeof(C));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(p + j * row) + off);
+}
+
+// KV heads [h0, h1) of sequence b: each KV head's G query heads share every K/V row they
+// read. The block table is walked block by block; a block holds block_size tokens, each
+// token's heads side by side (row = Hkv * D elements), so a task of every KV head reads
+// each block as one span of memory.
 // DIM, GRP: the head size and the query heads per KV head when they are compile-time
-// constants (fixed-length loops the compiler unrolls, the G accumulators kept in
-// registers), else 0 and a.D, a.H / a.Hkv are used.
-template <typename T, int DIM, int GRP>
-ZS_INLINE void attend_impl(const AttnArgs<T>& a, int64_t b, int64_t kvh, const Scratch& s) {
+// constants (fixed-length loops the compiler unrolls), else 0 and a.D, a.H / a.Hkv are
+// used. V512: the AVX-512 build, whose fixed head sizes (a multiple of 16) and groups run
+// block_scores_avx512 / block_values_avx512.
+template <typename T, typename C, int DIM, int GRP, bool V512>
+ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64_t h1, const Scratch& s) {
+  constexpr bool vec = V512 && DIM > 0 && DIM % 16 == 0 && GRP > 0;
   const int64_t G = GRP > 0 ? GRP : a.H / a.Hkv, D = DIM > 0 ? DIM : a.D, L = a.lens[b], bs = a.block_size;
-  alignas(64) float acc_fixed[GRP > 0 && DIM > 0 ? GRP * DIM : 1];
-  float* acc = GRP > 0 && DIM > 0 ? acc_fixed : s.acc;
-  float* scores = s.scores;
-  float* qf = s.qf;  // this pair's query heads in float32, pre-scaled
-  const int64_t row = a.Hkv * D;
+  const int64_t nh = h1 - h0, row = a.Hkv * D;
+  float* scores = s.scores;  // [nh * G, n_keys]: scores[(h * G + g) * n_keys + t - s0]
+  float* qf = s.qf;          // the task's query heads in float32, pre-scaled
+  float* acc = s.acc;
   const int64_t* table = a.tables + b * a.max_blocks;
-  const T* q = a.q + (b * a.H + kvh * G) * D;
-  for (int64_t i = 0; i < G * D; ++i) qf[i] = f32(q[i]) * a.scale;
-  const int64_t s0 = first_key(L, a.window), n_keys = L - s0;  // scores[g * n_keys + t - s0]
-  for (int64_t t0 = s0 - s0 % bs; t0 < L; t0 += bs) {
-    const T* kb = a.k_cache + table[t0 / bs] * bs * row + kvh * D;
-    const int64_t n = std::min(bs, L - t0);
-    for (int64_t j = std::max<int64_t>(s0 - t0, 0); j < n; ++j) {
-      const T* k = kb + j * row;
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qg = qf + g * D;
-        float sc = 0.f;
-#pragma omp simd reduction(+ : sc)
-        for (int64_t i = 0; i < D; ++i) sc += qg[i] * f32(k[i]);
-        scores[g * n_keys + t0 + j - s0] = sc;
+  const T* q = a.q + (b * a.H + h0 * G) * D;
+  for (int64_t i = 0; i < nh * G * D; ++i) qf[i] = f32(q[i]) * a.scale;
+  const int64_t s0 = first_key(L, a.window), n_keys = L - s0, first = s0 - s0 % bs;
+  auto block = [&](const C* cache, int64_t t0) { return cache + table[t0 / bs] * bs * row + h0 * D; };
+  prefetch_rows(block(a.k_cache, first), row, std::min(bs, L - first), nh * D);
+  for (int64_t t0 = first; t0 < L; t0 += bs) {
+    const int64_t n = std::min(bs, L - t0), j0 = std::max<int64_t>(s0 - t0, 0);
+    if (t0 + bs < L) prefetch_rows(block(a.k_cache, t0 + bs), row, std::min(bs, L - t0 - bs), nh * D);
+    const C* kb = block(a.k_cache, t0);
+    for (int64_t h = 0; h < nh; ++h) {
+      float* sc = scores + h * G * n_keys + t0 - s0;
+      if constexpr (vec) {
+        block_scores_avx512<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys);
+      } else {
+        for (int64_t j = j0; j < n; ++j) {
+          const C* k = kb + j * row + h * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qg = qf + (h * G + g) * D;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < D; ++i) dot += qg[i] * f32(k[i]);
+            sc[g * n_keys + j] = dot;
+          }
+        }
       }
     }
   }
-  for (int64_t g = 0; g < G; ++g) {
+  for (int64_t g = 0; g < nh * G; ++g) {
     float* sg = scores + g * n_keys;
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
@@ -91,60 +214,83 @@ ZS_INLINE void attend_impl(const AttnArgs<T>& a, int64_t b, int64_t kvh, const S
 #pragma omp simd
     for (int64_t t = 0; t < n_keys; ++t) sg[t] *= inv;
   }
-  std::fill(acc, acc + G * D, 0.f);
-  for (int64_t t0 = s0 - s0 % bs; t0 < L; t0 += bs) {
-    const T* vb = a.v_cache + table[t0 / bs] * bs * row + kvh * D;
-    const int64_t n = std::min(bs, L - t0);
-    for (int64_t j = std::max<int64_t>(s0 - t0, 0); j < n; ++j) {
-      const T* v = vb + j * row;
-      for (int64_t g = 0; g < G; ++g) {
-        const float p = scores[g * n_keys + t0 + j - s0];
-        float* ag = acc + g * D;
+  std::fill(acc, acc + nh * G * D, 0.f);
+  prefetch_rows(block(a.v_cache, first), row, std::min(bs, L - first), nh * D);
+  for (int64_t t0 = first; t0 < L; t0 += bs) {
+    const int64_t n = std::min(bs, L - t0), j0 = std::max<int64_t>(s0 - t0, 0);
+    if (t0 + bs < L) prefetch_rows(block(a.v_cache, t0 + bs), row, std::min(bs, L - t0 - bs), nh * D);
+    const C* vb = block(a.v_cache, t0);
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* sc = scores + h * G * n_keys + t0 - s0;
+      float* ah = acc + h * G * D;
+      if constexpr (vec) {
+        block_values_avx512<C, DIM, GRP>(sc, vb + h * D, row, j0, n, n_keys, ah);
+      } else {
+        for (int64_t j = j0; j < n; ++j) {
+          const C* v = vb + j * row + h * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const float p = sc[g * n_keys + j];
+            float* ag = ah + g * D;
 #pragma omp simd
-        for (int64_t i = 0; i < D; ++i) ag[i] += p * f32(v[i]);
+            for (int64_t i = 0; i < D; ++i) ag[i] += p * f32(v[i]);
+          }
+        }
       }
     }
   }
-  T* o = a.out + (b * a.H + kvh * G) * D;
-  for (int64_t i = 0; i < G * D; ++i) o[i] = static_cast<T>(acc[i]);
+  T* o = a.out + (b * a.H + h0 * G) * D;
+  for (int64_t i = 0; i < nh * G * D; ++i) o[i] = static_cast<T>(acc[i]);
 }
 
-ZS_VARIANTS((template <typename T, int DIM, int GRP>), attend, (attend_impl<T, DIM, GRP>),
-            (const AttnArgs<T>& a, int64_t b, int64_t kvh, const Scratch& s), (a, b, kvh, s))
+// The three paths of ZS_VARIANTS by hand: only the AVX-512 one takes the vector blocks.
+#define ZS_ATTEND_PARAMS const AttnArgs<T, C>&a, int64_t b, int64_t h0, int64_t h1, const Scratch &s
+template <typename T, typename C, int DIM, int GRP>
+void attend_0(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, false>(a, b, h0, h1, s); }
+template <typename T, typename C, int DIM, int GRP>
+ZS_TARGET_AVX2 void attend_1(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, false>(a, b, h0, h1, s); }
+template <typename T, typename C, int DIM, int GRP>
+ZS_TARGET_AVX512 void attend_2(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, true>(a, b, h0, h1, s); }
 
-template <typename T>
-using AttendFn = void (*)(const AttnArgs<T>&, int64_t, int64_t, const Scratch&);
+template <typename T, typename C>
+using AttendFn = void (*)(const AttnArgs<T, C>&, int64_t, int64_t, int64_t, const Scratch&);
 
-template <typename T, int DIM>
-AttendFn<T> pick_group(int64_t G, int64_t isa) {
+template <typename T, typename C, int DIM>
+AttendFn<T, C> pick_group(int64_t G, int64_t isa) {
   switch (G) {
-    case 1: return ZS_PICK(attend, (<T, DIM, 1>), isa);
-    case 2: return ZS_PICK(attend, (<T, DIM, 2>), isa);
-    case 3: return ZS_PICK(attend, (<T, DIM, 3>), isa);
-    case 4: return ZS_PICK(attend, (<T, DIM, 4>), isa);
-    case 8: return ZS_PICK(attend, (<T, DIM, 8>), isa);
-    default: return ZS_PICK(attend, (<T, DIM, 0>), isa);
+    case 1: return ZS_PICK(attend, (<T, C, DIM, 1>), isa);
+    case 2: return ZS_PICK(attend, (<T, C, DIM, 2>), isa);
+    case 3: return ZS_PICK(attend, (<T, C, DIM, 3>), isa);
+    case 4: return ZS_PICK(attend, (<T, C, DIM, 4>), isa);
+    case 8: return ZS_PICK(attend, (<T, C, DIM, 8>), isa);
+    default: return ZS_PICK(attend, (<T, C, DIM, 0>), isa);
   }
 }
 
-template <typename T>
-AttendFn<T> pick(int64_t D, int64_t G, int64_t isa) {
-  if (D == 64) return pick_group<T, 64>(G, isa);
-  if (D == 128) return pick_group<T, 128>(G, isa);
-  if (D == 256) return pick_group<T, 256>(G, isa);
-  return ZS_PICK(attend, (<T, 0, 0>), isa);
+template <typename T, typename C>
+AttendFn<T, C> pick(int64_t D, int64_t G, int64_t isa) {
+  if (D == 64) return pick_group<T, C, 64>(G, isa);
+  if (D == 128) return pick_group<T, C, 128>(G, isa);
+  if (D == 256) return pick_group<T, C, 256>(G, isa);
+  return ZS_PICK(attend, (<T, C, 0, 0>), isa);
 }
 
-template <typename T>
-void attend_all(const AttnArgs<T>& a, int64_t B, int64_t isa) {
+// Tasks of whole sequences (every KV head: each block read as one span) when there are
+// enough sequences to keep every thread busy, else of one KV head each.
+template <typename T, typename C>
+void attend_all(const AttnArgs<T, C>& a, int64_t B, int64_t isa) {
   const int64_t G = a.H / a.Hkv;
-  const AttendFn<T> fn = pick<T>(a.D, G, isa);
+  const AttendFn<T, C> fn = pick<T, C>(a.D, G, isa);
   int64_t max_len = 0;
   for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, a.lens[b] - first_key(a.lens[b], a.window));
-  at::parallel_for(0, B * a.Hkv, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> buf(static_cast<size_t>(G * (max_len + 2 * a.D)));
-    const Scratch s{buf.data(), buf.data() + G * max_len, buf.data() + G * (max_len + a.D)};
-    for (int64_t w = w0; w < w1; ++w) fn(a, w / a.Hkv, w % a.Hkv, s);
+  const int64_t per_task = B >= 2 * at::get_num_threads() ? a.Hkv : 1, tasks_per_seq = a.Hkv / per_task;
+  const int64_t heads = per_task * G;
+  at::parallel_for(0, B * tasks_per_seq, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> buf(static_cast<size_t>(heads * (max_len + 2 * a.D)));
+    const Scratch s{buf.data(), buf.data() + heads * max_len, buf.data() + heads * (max_len + a.D)};
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t h0 = (w % tasks_per_seq) * per_task;
+      fn(a, w / tasks_per_seq, h0, h0 + per_task, s);
+    }
   });
 }
 
@@ -155,8 +301,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
                                   int64_t isa, int64_t window) {
   TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "decode attention: bad shapes");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "decode attention: caches must be contiguous");
-  TORCH_CHECK(q_in.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
-              "decode attention: q and the caches must share a dtype");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "decode attention: the caches must share a dtype");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "decode attention: block tables and lengths must be int64");
   const at::Tensor q = q_in.contiguous();
@@ -179,17 +324,19 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
   }
   isa = zs_qgemm::clamp_isa(isa);
   at::Tensor out = at::empty_like(q);
-  if (q.scalar_type() == at::kFloat) {
-    AttnArgs<float> a{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tp,
-                      lp, out.data_ptr<float>(), H, Hkv, D, block_size, max_blocks, static_cast<float>(scale), window};
+  auto run = [&](auto* qp, auto* cp) {
+    using T = std::remove_pointer_t<decltype(qp)>;
+    using C = std::remove_pointer_t<decltype(cp)>;
+    const AttnArgs<T, C> a{qp, k_cache.data_ptr<C>(), v_cache.data_ptr<C>(), tp, lp, out.data_ptr<T>(),
+                           H, Hkv, D, block_size, max_blocks, static_cast<float>(scale), window};
     attend_all(a, B, isa);
-  } else {
-    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "decode attention: float32 or bfloat16 only");
-    using bf = c10::BFloat16;
-    AttnArgs<bf> a{q.data_ptr<bf>(), k_cache.data_ptr<bf>(), v_cache.data_ptr<bf>(), tp,
-                   lp, out.data_ptr<bf>(), H, Hkv, D, block_size, max_blocks, static_cast<float>(scale), window};
-    attend_all(a, B, isa);
-  }
+  };
+  const auto qt = q.scalar_type(), ct = k_cache.scalar_type();
+  if (qt == at::kFloat && ct == at::kFloat) run(q.data_ptr<float>(), static_cast<float*>(nullptr));
+  else if (qt == at::kFloat && ct == at::kHalf) run(q.data_ptr<float>(), static_cast<c10::Half*>(nullptr));
+  else if (qt == at::kBFloat16 && ct == at::kBFloat16) run(q.data_ptr<c10::BFloat16>(), static_cast<c10::BFloat16*>(nullptr));
+  else TORCH_CHECK(false, "decode attention: q and caches of ", qt, " and ", ct,
+                   " (float32 with float32 or float16 caches, bfloat16 with bfloat16)");
   return out;
 }
 

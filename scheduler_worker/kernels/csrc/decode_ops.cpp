@@ -136,10 +136,11 @@ void head_norm_rows(at::Tensor& qkv, const at::Tensor& qw, const at::Tensor& kw,
 // ------------------------------------------------------------------ RoPE + KV-cache write
 
 // One token: rotate its q and k heads (rotate-half, as HF Llama) with the position's
-// cos/sin, write q and k to their outputs, and k and v into the cache slot.
-template <typename T>
-ZS_INLINE void rope_token_impl(const T* qkv, const float* cos, const float* sin, T* q_out, T* k_out, T* k_slot,
-                               T* v_slot, int64_t H, int64_t Hkv, int64_t D) {
+// cos/sin, write q and k to their outputs, and k and v into the cache slot (of the cache's
+// type C: T, or float16 under float32).
+template <typename T, typename C>
+ZS_INLINE void rope_token_impl(const T* qkv, const float* cos, const float* sin, T* q_out, T* k_out, C* k_slot,
+                               C* v_slot, int64_t H, int64_t Hkv, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t h = 0; h < H + Hkv; ++h) {
     const T* x = qkv + h * D;
@@ -151,26 +152,29 @@ ZS_INLINE void rope_token_impl(const T* qkv, const float* cos, const float* sin,
       o[i + half] = static_cast<T>(x2 * cos[i] + x1 * sin[i]);
     }
   }
-  std::copy(k_out, k_out + Hkv * D, k_slot);
-  std::copy(qkv + (H + Hkv) * D, qkv + (H + 2 * Hkv) * D, v_slot);
+  const T* v = qkv + (H + Hkv) * D;
+  for (int64_t i = 0; i < Hkv * D; ++i) {
+    k_slot[i] = static_cast<C>(f32(k_out[i]));
+    v_slot[i] = static_cast<C>(f32(v[i]));
+  }
 }
 
-ZS_VARIANTS((template <typename T>), rope_token, (rope_token_impl<T>),
-            (const T* qkv, const float* cos, const float* sin, T* q_out, T* k_out, T* k_slot, T* v_slot, int64_t H,
+ZS_VARIANTS((template <typename T, typename C>), rope_token, (rope_token_impl<T, C>),
+            (const T* qkv, const float* cos, const float* sin, T* q_out, T* k_out, C* k_slot, C* v_slot, int64_t H,
              int64_t Hkv, int64_t D),
             (qkv, cos, sin, q_out, k_out, k_slot, v_slot, H, Hkv, D))
 
-template <typename T>
+template <typename T, typename C>
 void rope_tokens(const at::Tensor& qkv, const int64_t* pp, const int64_t* sp, const at::Tensor& cos,
                  const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, at::Tensor& q, at::Tensor& k,
                  int64_t H, int64_t Hkv, int64_t D, int64_t isa) {
-  const auto fn = ZS_PICK(rope_token, (<T>), isa);
+  const auto fn = ZS_PICK(rope_token, (<T, C>), isa);
   const int64_t row = Hkv * D, half = D / 2;
   at::parallel_for(0, qkv.size(0), 8, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t)
       fn(qkv.data_ptr<T>() + t * (H + 2 * Hkv) * D, cos.data_ptr<float>() + pp[t] * half,
          sin.data_ptr<float>() + pp[t] * half, q.data_ptr<T>() + t * H * D, k.data_ptr<T>() + t * row,
-         k_cache.data_ptr<T>() + sp[t] * row, v_cache.data_ptr<T>() + sp[t] * row, H, Hkv, D);
+         k_cache.data_ptr<C>() + sp[t] * row, v_cache.data_ptr<C>() + sp[t] * row, H, Hkv, D);
   });
 }
 
@@ -229,9 +233,10 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const
   TORCH_CHECK(D % 2 == 0 && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
               sin.is_contiguous() && cos.size(1) == D / 2 && sin.sizes() == cos.sizes(),
               "rope_write_kv: cos/sin must be float32 [P, D/2]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == qkv.scalar_type() &&
-              v_cache.scalar_type() == qkv.scalar_type() && v_cache.sizes() == k_cache.sizes(),
-              "rope_write_kv: caches must be contiguous, of qkv's dtype");
+  const bool half_cache = qkv.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+              v_cache.scalar_type() == k_cache.scalar_type() && (k_cache.scalar_type() == qkv.scalar_type() || half_cache),
+              "rope_write_kv: caches must be contiguous, of qkv's dtype (or float16 under float32)");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong &&
               positions.numel() == T_ && slot_mapping.numel() == T_, "rope_write_kv: one int64 position and slot per token");
   const at::Tensor pos = positions.contiguous(), slots = slot_mapping.contiguous();
@@ -243,10 +248,11 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const
   isa = zs_qgemm::clamp_isa(isa);
   at::Tensor q = at::empty({T_, H, D}, qkv.options());
   at::Tensor k = at::empty({T_, Hkv, D}, qkv.options());
-  if (qkv.scalar_type() == at::kFloat) rope_tokens<float>(qkv, pp, sp, cos, sin, k_cache, v_cache, q, k, H, Hkv, D, isa);
+  if (half_cache) rope_tokens<float, c10::Half>(qkv, pp, sp, cos, sin, k_cache, v_cache, q, k, H, Hkv, D, isa);
+  else if (qkv.scalar_type() == at::kFloat) rope_tokens<float, float>(qkv, pp, sp, cos, sin, k_cache, v_cache, q, k, H, Hkv, D, isa);
   else {
     TORCH_CHECK(qkv.scalar_type() == at::kBFloat16, "rope_write_kv: float32 or bfloat16 only");
-    rope_tokens<c10::BFloat16>(qkv, pp, sp, cos, sin, k_cache, v_cache, q, k, H, Hkv, D, isa);
+    rope_tokens<c10::BFloat16, c10::BFloat16>(qkv, pp, sp, cos, sin, k_cache, v_cache, q, k, H, Hkv, D, isa);
   }
   return {q, k};
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <bit>
 #include <cstdint>
@@ -28,6 +29,7 @@ namespace zs_ops {
 
 ZS_INLINE float f32(float x) { return x; }
 ZS_INLINE float f32(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
+ZS_INLINE float f32(c10::Half x) { return static_cast<float>(x); }
 
 // exp(x), vectorizable: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6 Taylor
 // polynomial (relative error < 2e-7); x clamped to [-87, 88] (float's normal range). n is
