@@ -157,6 +157,9 @@ def paged_attention(
         windowed = window is not None and p.num_context > window
         if p.block_ids is None:
             ks, vs = k[p.start : p.end], v[p.start : p.end]
+            if k_cache.dtype != q.dtype:  # as the cache holds them (float16 under float32):
+                # a prompt then computes the same whether its prefix came from the cache
+                ks, vs = ks.to(k_cache.dtype).to(q.dtype), vs.to(v_cache.dtype).to(q.dtype)
             causal = not windowed
         else:
             # the cached context in the model's dtype (a float16 cache under float32)
