@@ -136,9 +136,12 @@ def server(default_model_dir):
 
 @pytest.fixture(scope="session")
 def float_server(default_model_dir):
-    """A second server: dequantized float32 weights (what transformers loads, so prompt
-    logprobs compare with it) and --stream-interval 8."""
-    s = start_server("--quantization", "none", "--stream-interval", "8", workers=1)
+    """A second server: dequantized float32 weights and a float32 KV cache (what
+    transformers computes with, so prompt logprobs compare with it at 1e-3) and
+    --stream-interval 8."""
+    s = start_server(
+        "--quantization", "none", "--kv-cache-dtype", "float32", "--stream-interval", "8", workers=1
+    )
     yield s
     code = s.stop()
     assert code == 0, s.log()[-4000:]

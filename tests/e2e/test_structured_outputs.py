@@ -81,13 +81,15 @@ def test_json_schema_n_and_seed(client):
 def test_json_object(client):
     r = client.chat.completions.create(
         model="smollm2",
-        messages=_chat("Reply with a JSON object holding your favourite colour."),
+        messages=_chat(
+            'Reply with a JSON object: the key "colour", your favourite colour as its value.'
+        ),
         response_format={"type": "json_object"},
         max_tokens=80,
         temperature=0,
     )
     c = r.choices[0]
-    assert c.finish_reason == "stop"
+    assert c.finish_reason == "stop", c.message.content
     assert isinstance(json.loads(c.message.content), dict)
 
 

@@ -53,7 +53,9 @@ def test_gemma3_gguf_equals_transformers_gguf_loader(gemma_gguf, gemma_dir):
     engine = LLMEngine(
         EngineConfig(
             model=ModelConfig(model=str(gemma_gguf), dtype="float32", quantization="none"),
-            cache=CacheConfig(block_size=16, num_blocks=128),
+            # float32 K/V, as transformers keeps them (the default float16 cache moves
+            # logits by ~1e-3)
+            cache=CacheConfig(block_size=16, num_blocks=128, kv_cache_dtype="float32"),
         ),
         gemma_dir,
     )
