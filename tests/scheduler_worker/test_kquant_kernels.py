@@ -103,9 +103,11 @@ def test_k_types_refuse_a_row_not_a_multiple_of_256():
 def test_qlinear_equals_the_gguf_oracle(isa, type_name):
     # N: a single short group (5, 9, 13), padded (37, 40), whole (64, 80); K: one unit,
     # odd unit counts, for Q5_0 / Q5_1 rows that are not a multiple of 256 (as the files'
-    # fallback tensors are); M 1..64: tiles of 2 (AVX2) / 4 (VNNI) rows and their tails
+    # fallback tensors are); M 1..64: tiles of 2 (AVX2) / 4 (VNNI, under 8 rows) / 8 (VNNI)
+    # rows and their tails (13 = 8 + 4 + 1, 15 = 8 + 4 + 3)
     unit = _unit(type_name)
     shapes = [(1, 5, 1), (2, 37, 3), (3, 64, 2), (7, 13, 5), (16, 40, 6), (64, 9, 1), (5, 80, 9)]
+    shapes += [(13, 37, 3), (15, 24, 2)]
     if unit == 32:
         shapes += [(4, 24, 49), (33, 17, 18)]  # K = 1568, 576
     for seed, (m, n, units) in enumerate(shapes):

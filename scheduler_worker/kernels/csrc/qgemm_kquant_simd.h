@@ -214,6 +214,12 @@ template <int FMT, int RM, int RG, typename T>
 ZS_AVX512 void rows_kq_vnni(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0) {
   int64_t i = 0;
   for (; i + RM <= M; i += RM) tile_kq_vnni<FMT, RM, RG>(x, w, out, i, g0);
+  if constexpr (RM > 4) {
+    if (M - i >= 4) {
+      tile_kq_vnni<FMT, 4, RG>(x, w, out, i, g0);
+      i += 4;
+    }
+  }
   const int64_t left = M - i;
   if (left == 3) tile_kq_vnni<FMT, 3, RG>(x, w, out, i, g0);
   else if (left == 2) tile_kq_vnni<FMT, 2, RG>(x, w, out, i, g0);
