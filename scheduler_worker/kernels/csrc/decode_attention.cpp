@@ -175,12 +175,19 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   const T* q = a.q + (b * a.H + h0 * G) * D;
   for (int64_t i = 0; i < nh * G * D; ++i) qf[i] = f32(q[i]) * a.scale;
   const int64_t s0 = first_key(L, a.window), n_keys = L - s0, first = s0 - s0 % bs;
-  auto block = [&](const C* cache, int64_t t0) { return cache + table[t0 / bs] * bs * row + h0 * D; };
-  prefetch_rows(block(a.k_cache, first), row, std::min(bs, L - first), nh * D);
-  for (int64_t t0 = first; t0 < L; t0 += bs) {
-    const int64_t n = std::min(bs, L - t0), j0 = std::max<int64_t>(s0 - t0, 0);
-    if (t0 + bs < L) prefetch_rows(block(a.k_cache, t0 + bs), row, std::min(bs, L - t0 - bs), nh * D);
-    const C* kb = block(a.k_cache, t0);
+  // (the lambdas always inline: each path's copy of this function then compiles them for
+  // its own ISA)
+  auto block = [&](const C* cache, int64_t t0) __attribute__((always_inline)) { return cache + table[t0 / bs] * bs * row + h0 * D; };
+  // fn(block's first row of the task's heads, t0, keys [j0, n) of the block) over the
+  // blocks that hold keys s0 .. L - 1, each block's successor asked for ahead of its use
+  auto each_block = [&](const C* cache, auto&& fn) __attribute__((always_inline)) {
+    prefetch_rows(block(cache, first), row, std::min(bs, L - first), nh * D);
+    for (int64_t t0 = first; t0 < L; t0 += bs) {
+      if (t0 + bs < L) prefetch_rows(block(cache, t0 + bs), row, std::min(bs, L - t0 - bs), nh * D);
+      fn(block(cache, t0), t0, std::max<int64_t>(s0 - t0, 0), std::min(bs, L - t0));
+    }
+  };
+  each_block(a.k_cache, [&](const C* kb, int64_t t0, int64_t j0, int64_t n) __attribute__((always_inline)) {
     for (int64_t h = 0; h < nh; ++h) {
       float* sc = scores + h * G * n_keys + t0 - s0;
       if constexpr (vec) {
@@ -198,7 +205,7 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
         }
       }
     }
-  }
+  });
   for (int64_t g = 0; g < nh * G; ++g) {
     float* sg = scores + g * n_keys;
     float mx = -std::numeric_limits<float>::infinity();
@@ -215,11 +222,7 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
     for (int64_t t = 0; t < n_keys; ++t) sg[t] *= inv;
   }
   std::fill(acc, acc + nh * G * D, 0.f);
-  prefetch_rows(block(a.v_cache, first), row, std::min(bs, L - first), nh * D);
-  for (int64_t t0 = first; t0 < L; t0 += bs) {
-    const int64_t n = std::min(bs, L - t0), j0 = std::max<int64_t>(s0 - t0, 0);
-    if (t0 + bs < L) prefetch_rows(block(a.v_cache, t0 + bs), row, std::min(bs, L - t0 - bs), nh * D);
-    const C* vb = block(a.v_cache, t0);
+  each_block(a.v_cache, [&](const C* vb, int64_t t0, int64_t j0, int64_t n) __attribute__((always_inline)) {
     for (int64_t h = 0; h < nh; ++h) {
       const float* sc = scores + h * G * n_keys + t0 - s0;
       float* ah = acc + h * G * D;
@@ -237,7 +240,7 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
         }
       }
     }
-  }
+  });
   T* o = a.out + (b * a.H + h0 * G) * D;
   for (int64_t i = 0; i < nh * G * D; ++i) o[i] = static_cast<T>(acc[i]);
 }
