@@ -17,7 +17,7 @@ from common.env import default_cache_dir, env
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-KV_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_DTYPES = DTYPES  # of the KV cache: CacheConfig.kv_cache_dtype
 # weight formats of the linears (CPU; scheduler_worker/quant): auto picks gguf for a GGUF
 # model whose linears the kernels serve, else none; gguf serves the file's own blocks;
 # int8/int4 quantize float weights into Q8_0/Q4_1-style blocks
