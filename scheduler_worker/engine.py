@@ -96,7 +96,11 @@ class LLMEngine:
             self.eos_token_ids,
             sliding_window=args.kv_window,
         )
-        self.sampler = Sampler(args.vocab_size, self.eos_token_ids)
+        self.sampler = Sampler(
+            args.vocab_size,
+            self.eos_token_ids,
+            self.runner.isa_index if self.runner.use_kernels else None,
+        )
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.limits = RequestLimits(
             self.runner.vocab_size,
@@ -190,7 +194,8 @@ class LLMEngine:
             return outputs
         entries = list(batch.entries.values())
         sampling = batch.sampling()
-        # the grammar masks of this step's constrained rows, computed during the forward
+        # the grammar masks of this step's constrained rows (during the forward where a
+        # core is spare, else now: scheduler_worker/structured.py)
         masks = self.grammars.start([req for (req, _), s in zip(entries, sampling) if s])
         inputs = [
             SeqInput(
@@ -213,9 +218,9 @@ class LLMEngine:
             for (req, _), sample in zip(entries, sampling)
             if sample
         ]
-        for i, forbidden in self.grammars.wait(masks).items():
-            rows[i].token_forbidden = forbidden
-        result = self.sampler(logits, rows) if rows else None
+        for i, words in self.grammars.wait(masks).items():
+            rows[i].token_bitmask = words
+        result = self.sampler(logits, rows, writable=True) if rows else None
         t3 = time.perf_counter()
         self.counters.prompt_tokens += batch.num_prefill_tokens
         sampled = self.scheduler.update(batch, result.token_ids if result is not None else [])

@@ -105,13 +105,13 @@ class ModelRunner:
                 mod.step_rows = self.step_rows
         self.kernel_isa = self._kernel_isa()  # the one path every C++ op takes; None: torch
         self.use_kernels = self.kernel_isa is not None
-        self._isa_index = 0 if self.kernel_isa is None else kernels.isa_index(self.kernel_isa)
+        self.isa_index = 0 if self.kernel_isa is None else kernels.isa_index(self.kernel_isa)
         self.decode_kernel = choose_decode_kernel(self.device, self.dtype, paged=self.use_kernels)
         if self.use_kernels:
             for mod in self.model.modules():
                 if hasattr(mod, "fused"):
                     setattr(mod, "fused", True)  # noqa: B010 (a plain attribute, not a tensor)
-                    setattr(mod, "isa", self._isa_index)  # noqa: B010
+                    setattr(mod, "isa", self.isa_index)  # noqa: B010
             enable = getattr(self.model, "enable_decode_layers", None)
             if enable is not None and enable():
                 log.info("decode steps on the integer kernels: all layers in one C++ call")
@@ -242,7 +242,7 @@ class ModelRunner:
                 [i for i in last_index if i >= 0], dtype=torch.long, device=dev
             ),
             decode_kernel=self.decode_kernel,
-            kernel_isa=self._isa_index,
+            kernel_isa=self.isa_index,
         )
         if num_decode:
             dec = [seqs[i] for i in order[:num_decode]]
@@ -280,7 +280,7 @@ class ModelRunner:
             num_decode=m,
             logits_indices=logits_indices,
             decode_kernel=self.decode_kernel,
-            kernel_isa=self._isa_index,
+            kernel_isa=self.isa_index,
             decode_block_tables=buf.tables[:m, :w],
             decode_context_lens=ctx_t,
             decode_max_context=max(s.num_computed for s in seqs) + 1,

@@ -1,18 +1,23 @@
 """Constrained decoding in the engine: one llguidance matcher per constrained request.
 
     add(req) ─▶ matcher (a copy of the spec's compiled one, cached by spec text)
-    step N:  start(rows) ──thread──▶ token bitmask of every constrained row ─┐
-             forward N (model) ...                                          │ (overlap)
-             wait() ◀──────────────────────────────────────────────────────┘
-             sampler: -inf where the mask forbids ─▶ advance(req, token)
+    step N:  start(rows) ─▶ packed token bitmask of every constrained row ─┐
+             forward N (model) ...                                        │
+             wait() ◀─────────────────────────────────────────────────────┘
+             sampler: -inf where the bitmask forbids ─▶ advance(req, token)
     finish / abort ─▶ drop(rid)
 
-The mask a row needs after forward N depends only on the tokens sampled up to step N-1,
-so it is computed in a thread while forward N runs (llguidance's mask computation and
-torch's ops both release the GIL): an unconstrained request in the batch waits for
-nothing. EOS (every id the engine stops on) is allowed exactly when the matcher
-accepts; a request whose matcher is stopped (nothing but EOS could follow) finishes
-there ("stop").
+The mask a row needs after forward N depends only on the tokens sampled up to step N-1.
+Where a core is left over beside torch's threads, it is computed in a thread while forward
+N runs (llguidance's mask computation and torch's ops both release the GIL). Where torch
+has every core (the default), start() computes it at once instead: a thread would take a
+core from one of the forward's threads in the middle of a parallel region, and the other
+would wait at its barrier, which cost twice the mask's own time (measured: 16 masks took
+3.2 ms overlapped against 0.9 ms before the forward; 1-stream TPOT 1.06-1.09x against
+1.00-1.03x; docs/benchmarks.md). The masks stay llguidance's packed words (int32, bit j
+of word w = token 32 w + j allowed) all the way to the sampler, whose C++ op reads them
+directly. EOS (every id the engine stops on) is allowed exactly when the matcher accepts;
+a request whose matcher is stopped (nothing but EOS could follow) finishes there ("stop").
 
 Preemption by recompute keeps the request's output tokens, so its matcher (which has
 consumed exactly those tokens) stays valid as is; `rebuild` replays them into a fresh
@@ -22,6 +27,7 @@ matcher for a request whose matcher is lost or out of step.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -42,30 +48,23 @@ log = get_logger("structured")
 MAX_CACHED_GRAMMARS = 256
 
 
-def _unpacked(bitmask: torch.Tensor | np.ndarray, vocab_size: int) -> np.ndarray:
-    """uint8 0/1 [rows, V], 1 where allowed. The words are little-endian (x86), so byte
-    4w + j // 8 holds bit j % 8 of token 32w + j and numpy's little-endian unpackbits gives
-    the tokens in order (~3x faster than shifts in torch; this runs in the mask thread,
-    beside a forward on the same cores)."""
-    words = bitmask.numpy() if isinstance(bitmask, torch.Tensor) else bitmask
-    return np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
-
-
-def bitmask_to_allowed(bitmask: torch.Tensor | np.ndarray, vocab_size: int) -> torch.Tensor:
-    """int32 [rows, ceil(V/32)] (bit j of word w: token 32w+j allowed) -> bool [rows, V]."""
-    return torch.from_numpy(_unpacked(bitmask, vocab_size)).view(torch.bool)
-
-
-def bitmask_to_forbidden(bitmask: torch.Tensor | np.ndarray, vocab_size: int) -> torch.Tensor:
-    """The complement of bitmask_to_allowed: True where the token is not allowed."""
-    bits = _unpacked(bitmask, vocab_size)
-    np.bitwise_xor(bits, 1, out=bits)
-    return torch.from_numpy(bits).view(torch.bool)
+def spare_core() -> bool:
+    """Whether this process may run on more cores than torch's threads use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) > torch.get_num_threads()
 
 
 class GrammarMatchers:
-    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        overlap: bool | None = None,
+    ) -> None:
         self.model_dir, self.vocab_size = model_dir, vocab_size
+        # masks in the thread during the forward (a spare core), or at once (None: decide)
+        self.overlap = spare_core() if overlap is None else overlap
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
@@ -75,8 +74,6 @@ class GrammarMatchers:
         # the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
-        self._executor: llguidance.LLExecutor | None = None
-        self._bitmask = llg_np.allocate_token_bitmask(1, vocab_size)
         self.wait_time = 0.0  # seconds the engine waited for masks after its forward
 
     def wait_tokenizer(self) -> None:
@@ -140,7 +137,7 @@ class GrammarMatchers:
     # ---- masks ----------------------------------------------------------------------------
     def start(self, rows: list[Request]) -> Future[dict[int, torch.Tensor]] | None:
         """Begin the masks of the constrained ones among `rows` (the batch's sampling rows,
-        in order); wait() gives {row index: bool [V], True where forbidden}. None if none is
+        in order); wait() gives {row index: int32 [W] packed bitmask}. None if none is
         constrained."""
         if not self.matchers:  # no constrained request anywhere: nothing to do
             return None
@@ -149,7 +146,11 @@ class GrammarMatchers:
         ]
         if not todo:
             return None
-        return self._pool.submit(self._masks, todo)
+        if self.overlap:
+            return self._pool.submit(self._masks, todo)
+        done: Future[dict[int, torch.Tensor]] = Future()
+        done.set_result(self._masks(todo))
+        return done
 
     def wait(self, pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
         if pending is None:
@@ -160,21 +161,20 @@ class GrammarMatchers:
         return masks
 
     def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
-        if len(todo) == 1:
-            bitmask = self._bitmask
-            llg_np.fill_next_token_bitmask(todo[0][1], bitmask, 0)
-        else:
-            if self._executor is None:
-                self._executor = llguidance.LLExecutor()
-            bitmask = llg_np.allocate_token_bitmask(len(todo), self.vocab_size)
-            llg_np.fill_next_token_bitmask_par(
-                self._executor, [(m, j) for j, (_, m) in enumerate(todo)], bitmask
-            )
-        forbidden = bitmask_to_forbidden(bitmask, self.vocab_size)
-        if self.eos_token_ids:  # every EOS id the engine stops on, not only llguidance's
-            ending = torch.tensor([not m.is_accepting() for _, m in todo])
-            forbidden[:, self.eos_token_ids] = ending[:, None]
-        return {i: forbidden[j] for j, (i, _) in enumerate(todo)}
+        # one row after the other on this thread: llguidance's parallel fill (a pool of a
+        # thread per core) fought torch's threads for the cores; 16 masks made the
+        # 32-stream step's forward 1.7-3.5 ms longer with it, 0.15-0.6 ms without
+        bitmask = llg_np.allocate_token_bitmask(len(todo), self.vocab_size)
+        for j, (_, m) in enumerate(todo):
+            llg_np.fill_next_token_bitmask(m, bitmask, j)
+        # every EOS id the engine stops on, not only llguidance's: allowed iff accepting
+        words = bitmask.view(np.uint32)
+        accepting = np.array([m.is_accepting() for _, m in todo])
+        for t in self.eos_token_ids:
+            w, bit = t >> 5, np.uint32(1 << (t & 31))
+            words[:, w] = np.where(accepting, words[:, w] | bit, words[:, w] & ~bit)
+        packed = torch.from_numpy(bitmask)
+        return {i: packed[j] for j, (i, _) in enumerate(todo)}
 
     # ---- after sampling -------------------------------------------------------------------
     def advance(self, req: Request, token: int) -> bool:

@@ -19,9 +19,9 @@ import torch
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.grammar import grammar_text, llg_tokenizer
 from common.sampling_params import InvalidParameterError, SamplingParams
+from scheduler_worker import kernels
 from scheduler_worker.engine import LLMEngine
-from scheduler_worker.sampling import Sampler, SamplingRow
-from scheduler_worker.structured import bitmask_to_allowed, bitmask_to_forbidden
+from scheduler_worker.sampling import Sampler, SamplingRow, apply_token_masks
 
 SCHEMA = {
     "type": "object",
@@ -62,6 +62,21 @@ def tok(tiny_llama_dir) -> llguidance.LLTokenizer:
     return llg_tokenizer(str(tiny_llama_dir), 49152)
 
 
+def unpack(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 [rows, W] packed bitmask -> bool [rows, vocab], token by token (the reference)."""
+    return torch.tensor(
+        [[(int(row[t // 32]) >> (t % 32)) & 1 == 1 for t in range(vocab)] for row in words]
+    )
+
+
+def pack(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [V] -> int32 [ceil(V / 32)]: bit j of word w = allowed[32 w + j]."""
+    bits = torch.zeros((allowed.numel() + 31) // 32 * 32, dtype=torch.int64)
+    bits[: allowed.numel()] = allowed.long()
+    words = (bits.view(-1, 32) << torch.arange(32)).sum(1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
 def _prompts(n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, 49152) for _ in range(rng.randrange(1, 20))] for _ in range(n)]
@@ -86,13 +101,12 @@ def check_against_library(tok, spec, tokens: list[int], reason: str | None) -> N
     library's own mask; a "stop" ends where the grammar may end."""
     m = llguidance.LLMatcher(tok, grammar_text(spec))
     for i, t in enumerate(tokens):
-        mask = bitmask_to_allowed(
-            torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.int32)[None], 49152
-        )[0]
+        words = torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.int32)
+        mask = {32 * w + j for w, x in enumerate(words.tolist()) for j in range(32) if x >> j & 1}
         if t == 2:  # EOS: the last token, allowed only where the grammar accepts
-            assert i == len(tokens) - 1 and m.is_accepting() and mask[2]
+            assert i == len(tokens) - 1 and m.is_accepting() and 2 in mask
             break
-        assert mask[t], f"token {t} at {i} outside the library's mask"
+        assert t in mask, f"token {t} at {i} outside the library's mask"
         assert m.consume_token(t), m.get_error()
     if reason == "stop":
         assert m.is_accepting()
@@ -161,12 +175,13 @@ def test_free_rows_are_untouched_by_constrained_ones(engine):
 def test_sampler_masks_only_constrained_rows():
     torch.manual_seed(0)
     logits = torch.randn(4, 100)
-    forbidden = torch.ones(100, dtype=torch.bool)
-    forbidden[[5, 17, 60]] = False
+    allowed = torch.zeros(100, dtype=torch.bool)
+    allowed[[5, 17, 60]] = True
+    words = pack(allowed)
     sp = SamplingParams(temperature=1.0, logprobs=2)
     for _ in range(20):
         rows = [
-            SamplingRow(sp, [1], [], torch.Generator().manual_seed(i), forbidden if i % 2 else None)
+            SamplingRow(sp, [1], [], torch.Generator().manual_seed(i), words if i % 2 else None)
             for i in range(4)
         ]
         free = [SamplingRow(sp, [1], [], torch.Generator().manual_seed(i)) for i in range(4)]
@@ -176,7 +191,7 @@ def test_sampler_masks_only_constrained_rows():
         # logprobs are the model's, before the mask: the same top-N as unconstrained
         assert out.logprobs[1].top_ids == ref.logprobs[1].top_ids  # type: ignore[union-attr]
     greedy = SamplingParams(temperature=0.0)
-    rows = [SamplingRow(greedy, [1], [], None, forbidden), SamplingRow(greedy, [1], [], None)]
+    rows = [SamplingRow(greedy, [1], [], None, words), SamplingRow(greedy, [1], [], None)]
     out = Sampler(100, [2])(logits[:2], rows)
     assert out.token_ids[0] == int(torch.tensor([5, 17, 60])[logits[0, [5, 17, 60]].argmax()])
     assert out.token_ids[1] == int(logits[1].argmax())
@@ -205,6 +220,25 @@ def test_greedy_constrained_outputs_survive_preemption_and_chunking(
         assert small.scheduler.num_preemptions > 0
     for p, (tokens, reason) in zip(params, got):
         check_against_library(tok, p.structured, tokens, reason)
+
+
+def test_masks_in_the_thread_equal_masks_at_once(engine):
+    """The mask thread (used where a core is spare beside torch's threads) gives the
+    outputs the at-once path gives; this machine's default is printed by the assertion."""
+    prompts = _prompts(6, 9)
+    params = [
+        SamplingParams(max_tokens=16, temperature=1.0, seed=i, structured=SPECS[i % 3])
+        for i in range(6)
+    ]
+    default = engine.grammars.overlap
+    try:
+        got = {}
+        for overlap in (True, False):
+            engine.grammars.overlap = overlap
+            got[overlap] = run(engine, prompts, params)
+    finally:
+        engine.grammars.overlap = default
+    assert got[True] == got[False], f"default overlap here: {default}"
 
 
 def test_rebuild_replays_the_output(engine, tok):
@@ -250,14 +284,30 @@ def test_a_model_without_a_tokenizer_refuses_constrained_requests(tiny_model_dir
     assert engine.generate([[5, 6]], SamplingParams(max_tokens=3)) != [[]]  # the rest serves
 
 
-def test_bitmask_unpack_follows_the_bit_order():
-    """bit j of word w is token 32w + j; forbidden is its exact complement; a vocabulary
-    that is not a multiple of 32 is cut."""
+def test_token_masks_follow_the_bit_order():
+    """bit j of word w is token 32w + j, on every path (the C++ op on each ISA this CPU
+    has, and torch's for other dtypes or without the kernels); tokens past the words' 32 W
+    are forbidden; rows without a bitmask are untouched."""
     gen = torch.Generator().manual_seed(3)
     words = torch.randint(-(2**31), 2**31 - 1, (3, 40), dtype=torch.int32, generator=gen)
-    vocab = 40 * 32 - 7
-    want = torch.tensor(
-        [[(int(words[r, t // 32]) >> (t % 32)) & 1 == 1 for t in range(vocab)] for r in range(3)]
-    )
-    assert torch.equal(bitmask_to_allowed(words, vocab), want)
-    assert torch.equal(bitmask_to_forbidden(words, vocab), ~want)
+    words[:, ::3], words[:, 1::5] = 0, -1  # whole words forbidden / allowed, as grammars have
+    sp = SamplingParams()
+    for vocab in (40 * 32 - 7, 40 * 32 + 9):
+        logits = torch.randn(4, vocab, generator=gen)
+        rows = [SamplingRow(sp, [1], [], None, w) for w in words] + [SamplingRow(sp, [1], [])]
+        want = logits.clone()
+        allowed = unpack(words, min(vocab, 40 * 32))
+        for r in range(3):
+            want[r, : allowed.shape[1]][~allowed[r]] = float("-inf")
+            want[r, allowed.shape[1] :] = float("-inf")
+        isas = [None]
+        if kernels.load():
+            isas += [
+                kernels.isa_index(n)
+                for n in kernels.ISAS[: kernels.isa_index(kernels.best_isa()) + 1]
+            ]
+        for isa in isas:
+            assert torch.equal(apply_token_masks(logits, rows, isa), want), (vocab, isa)
+        got = apply_token_masks(logits.bfloat16(), rows, isas[-1])  # torch's path
+        assert torch.equal(got.isinf(), want.isinf())
+        assert torch.equal(pack(unpack(words[:1], 40 * 32)[0]), words[0])  # the helpers agree
