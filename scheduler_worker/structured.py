@@ -74,7 +74,9 @@ class GrammarMatchers:
         # the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
-        self.wait_time = 0.0  # seconds the engine waited for masks after its forward
+        # seconds the engine's steps spent on masks: making them (at once), or waiting for
+        # the thread after the forward (overlap)
+        self.step_time = 0.0
 
     def wait_tokenizer(self) -> None:
         """Block until the llguidance tokenizer is built (a failure is kept for the first
@@ -148,8 +150,10 @@ class GrammarMatchers:
             return None
         if self.overlap:
             return self._pool.submit(self._masks, todo)
+        t0 = time.perf_counter()
         done: Future[dict[int, torch.Tensor]] = Future()
         done.set_result(self._masks(todo))
+        self.step_time += time.perf_counter() - t0
         return done
 
     def wait(self, pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
@@ -157,7 +161,7 @@ class GrammarMatchers:
             return {}
         t0 = time.perf_counter()
         masks = pending.result()
-        self.wait_time += time.perf_counter() - t0
+        self.step_time += time.perf_counter() - t0
         return masks
 
     def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
