@@ -48,10 +48,11 @@ log = get_logger("structured")
 MAX_CACHED_GRAMMARS = 256
 
 
-def spare_core() -> bool:
-    """Whether this process may run on more cores than torch's threads use."""
+def spare_core(replicas: int = 1) -> bool:
+    """Whether a core is left over beside torch's threads, with `replicas` engines (each
+    with as many threads) on this process's cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cores or 1) > torch.get_num_threads()
+    return (cores or 1) > replicas * torch.get_num_threads()
 
 
 class GrammarMatchers:

@@ -49,6 +49,7 @@ from common.sampling_params import SamplingParams
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
+from scheduler_worker.structured import spare_core
 
 log = get_logger("scheduler")
 
@@ -104,6 +105,8 @@ class SchedulerWorker:
         # before "ready": the build holds the GIL for seconds on a large vocabulary, which
         # while serving would silence the heartbeat thread (GrammarMatchers)
         self.engine.grammars.wait_tokenizer()
+        # replicas share the cores: a mask thread overlaps the forward only on a spare one
+        self.engine.grammars.overlap = spare_core(config.data_parallel_size)
         self.ctx: zmq.Context = zmq.Context.instance()
         try:
             self.inbox = PullQueue(bind, bind=True, ctx=self.ctx)

@@ -8,6 +8,7 @@ the mask had to force.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 
@@ -22,6 +23,7 @@ from common.sampling_params import InvalidParameterError, SamplingParams
 from scheduler_worker import kernels
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.sampling import Sampler, SamplingRow, apply_token_masks
+from scheduler_worker.structured import spare_core
 
 SCHEMA = {
     "type": "object",
@@ -239,6 +241,15 @@ def test_masks_in_the_thread_equal_masks_at_once(engine):
     finally:
         engine.grammars.overlap = default
     assert got[True] == got[False], f"default overlap here: {default}"
+
+
+def test_a_mask_thread_needs_a_core_no_replica_uses(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert spare_core(1) == (cores > 1)
+    assert not spare_core(cores)  # as many single-thread replicas as cores: none spare
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    assert not spare_core(1)  # torch's default: every core
 
 
 def test_rebuild_replays_the_output(engine, tok):
