@@ -15,7 +15,7 @@ to float16, interleaved with the nibbles 16 rows at a time. Float checkpoints ar
 quantized into the same forms, scales rounded to float16 as GGUF's are (`quantize_q4`:
 Q4_1's recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
 
-GGUF's Q5_0, Q5_1, Q4_K and Q5_K take the forms "q5", "q4k", "q5k" of kquants.py (their
+GGUF's Q5_0, Q5_1, Q4_K and Q5_K take the forms "q50", "q5", "q4k", "q5k" of kquants.py (their
 arrays, layout and math there); from_gguf, dequantize, pack_blocks, cat_rows and
 reference_qlinear serve every form, so a loader needs only GGUF_BLOCK_TYPES and these.
 GGUF's Q6_K takes the form "q6k" of q6k.py: the file's bytes as they are (qs: the 208

@@ -5,8 +5,9 @@ from the file's blocks, stood for as float (the oracle), and repacked for the ke
 Every format is, per block of 32 inputs (a K-quant "sub-block"), w = dw * q + mw with q an
 unsigned integer; only bits are moved, no value changes:
 
-    form "q5"  (Q5_0, Q5_1; fmt 2): q in 0..31, dw = d, mw = m float16 per block
-               (Q5_0 stores q - 16: m = -16 d, exact in float16)
+    form "q5"  (Q5_1; fmt 2): q in 0..31, dw = d, mw = m float16 per block
+    form "q50" (Q5_0; fmt 6): Q5_1's layout, m = -16 d (Q5_0 stores q - 16; exact in
+               float16): the kernels store no m and subtract 16 s in one FMA
     form "q4k" (Q4_K; fmt 3):  q in 0..15 \\  super-blocks of 256 inputs: d, dmin float16,
     form "q5k" (Q5_K; fmt 4):  q in 0..31 /  and per sub-block 6-bit scale sc and min mn;
                dw = d * sc, mw = -dmin * mn (formed in float32 by the kernel: exact)
@@ -16,7 +17,7 @@ The arrays of a BlockWeight of these forms (rows in the file's order):
                           the low nibble, input 16 + j in the high one)
     qh  uint8 [N, K/8]    5-bit forms: the fifth bits, bit i of a block's 4 bytes
                           (little-endian) = input i (Q5_0's own qh)
-    d, m float32          q5: [N, K/32] (d, m); K forms: [N, K/256] (d, -dmin); float16 values
+    d, m float32          q5, q50: [N, K/32] (d, m); K forms: [N, K/256] (d, -dmin); float16
     sc, mn uint8 [N, K/32] K forms: the 6-bit sub-block scales and mins
 """
 
@@ -29,11 +30,12 @@ import torch
 
 QK, QK_K, GR = 32, 256, 16
 # GGUF type -> (form, bytes per block of the file: 32 inputs, or 256 for the K-quants)
-K_TYPES = {"Q5_0": ("q5", 22), "Q5_1": ("q5", 24), "Q4_K": ("q4k", 144), "Q5_K": ("q5k", 176)}
-K_FORMS = ("q5", "q4k", "q5k")
-FMT_CODES = {"q5": 2, "q4k": 3, "q5k": 4}  # the qlinear op's fmt
-_HI = {"q5": True, "q4k": False, "q5k": True}  # has the fifth bit
-_SUPER = {"q5": False, "q4k": True, "q5k": True}  # K-quant super-blocks
+K_TYPES = {"Q5_0": ("q50", 22), "Q5_1": ("q5", 24), "Q4_K": ("q4k", 144), "Q5_K": ("q5k", 176)}
+K_FORMS = ("q5", "q50", "q4k", "q5k")
+FMT_CODES = {"q5": 2, "q4k": 3, "q5k": 4, "q50": 6}  # the qlinear op's fmt (5: Q6_K)
+_HI = {"q5": True, "q50": True, "q4k": False, "q5k": True}  # has the fifth bit
+_SUPER = {"q5": False, "q50": False, "q4k": True, "q5k": True}  # K-quant super-blocks
+_M = {"q5": True, "q50": False, "q4k": True, "q5k": True}  # m kept for the kernels
 
 
 def unit_inputs(form: str) -> int:
@@ -86,7 +88,7 @@ def split_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> Parts:
     nu = k // unit
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nu, size)
     d = _f16(blocks[..., 0:2])
-    if form == "q5":
+    if not _SUPER[form]:
         m = _f16(blocks[..., 2:4]) if type_name == "Q5_1" else -16.0 * d
         off = 4 if type_name == "Q5_1" else 2
         qs = blocks[..., off + 4 :].reshape(n, k // 2).copy()
@@ -135,9 +137,10 @@ def block_scales(
 def packed_nbytes(form: str, n: int, k: int) -> int:
     """Bytes of `pack`'s tensors for an [n, k] weight (rows padded to groups of 16)."""
     groups, sbb = -(-n // GR), 320 if _HI[form] else 256
+    scales = (2 if _M[form] else 1) * 2 * GR  # d (and m), float16 per row
     if _SUPER[form]:
-        return groups * (k // QK_K) * (256 + 8 * sbb + 2 * 2 * GR)
-    return groups * (k // QK) * (sbb + 2 * 2 * GR)
+        return groups * (k // QK_K) * (256 + 8 * sbb + scales)
+    return groups * (k // QK) * (sbb + scales)
 
 
 def pack(
@@ -148,9 +151,9 @@ def pack(
     m: torch.Tensor,
     sc: torch.Tensor | None,
     mn: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The kernels' layout (qgemm_kquant.h): (qs uint8 [groups, bytes], d, m float16
-    [groups, units, 16])."""
+    [groups, units, 16]; m None for q50, whose m is -16 d)."""
     n, nb = qs.shape[0], qs.shape[1] // 16
     g = -(-n // GR)
     pad = g * GR - n
@@ -185,4 +188,4 @@ def pack(
             raise ValueError("block scales must be float16 values (the GGUF file's)")
         return rows(half).view(g, GR, -1).transpose(1, 2).contiguous()
 
-    return out, scales(d), scales(m)
+    return out, scales(d), scales(m) if _M[form] else None

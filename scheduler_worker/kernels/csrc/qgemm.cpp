@@ -129,11 +129,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
 
 // out [M, n] (dtype of x) = x @ dequant(w).T, the weight packed (qgemm_common.h): qs
 // [groups, nb * (256 | 512)] uint8, d (and m for 4-bit) [groups, nb, 16] float16, with
-// groups = ceil(n / 16); fmt 0 = 4-bit, 1 = 8-bit; 2-4 (5-bit, Q4_K, Q5_K): qgemm_kquant.h;
+// groups = ceil(n / 16); fmt 0 = 4-bit, 1 = 8-bit; 2-4, 6 (5-bit, Q4_K, Q5_K, Q5_0): qgemm_kquant.h;
 // 5 (Q6_K): qgemm_q6k.h (qgemm_q6k.cpp).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa) {
-  if (is_kquant_fmt(fmt)) return qlinear_kquant(x, qs, d, m, fmt, n, isa);  // 2-4: qgemm_kquant.h
+  if (is_kquant_fmt(fmt)) return qlinear_kquant(x, qs, d, m, fmt, n, isa);  // 2-4, 6: qgemm_kquant.h
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
   if (fmt == Q6K) return qlinear_q6k(x, qs, d, n, isa);
   TORCH_CHECK(fmt == Q4 || fmt == Q8, "qlinear: unknown format ", fmt);

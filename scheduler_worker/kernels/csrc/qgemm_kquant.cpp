@@ -1,4 +1,4 @@
-// qlinear for the 5-bit and K-quant formats (fmt 2 q5, 3 q4k, 4 q5k; layouts and math in
+// qlinear for the 5-bit and K-quant formats (fmt 2 q5, 6 q50, 3 q4k, 4 q5k; layouts and math in
 // qgemm_kquant.h): the portable scalar reference, and the dispatch over the AVX2 and
 // AVX-512 VNNI tiles of qgemm_kquant_simd.h. qgemm.cpp's qlinear forwards these formats
 // here; activations are quantized by its quantize_act, as for the 4- and 8-bit formats.
@@ -41,7 +41,7 @@ float dot_kq_scalar(const Act& x, const KPacked& w, int64_t i, int64_t n) {
       mw = static_cast<float>(w.m[u]) * static_cast<float>(sc[128 + r]);
     } else {
       dw = static_cast<float>(w.d[(g * w.nb + b) * GR + r]);
-      mw = static_cast<float>(w.m[(g * w.nb + b) * GR + r]);
+      mw = L::M ? static_cast<float>(w.m[(g * w.nb + b) * GR + r]) : -16.f * dw;
     }
     acc += dw * x.d[i * w.nb + b] * static_cast<float>(sum);
     acc += mw * x.s[i * w.nb + b];
@@ -84,7 +84,8 @@ at::Tensor qlinear_kquant(const at::Tensor& x, const at::Tensor& qs, const at::T
   TORCH_CHECK(is_kquant_fmt(fmt), "qlinear: unknown format ", fmt);
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
-  const int64_t per_unit = fmt == Q5 ? QK : 8 * QK;  // inputs per unit of d and m
+  const bool block_units = fmt == Q5 || fmt == Q50;
+  const int64_t per_unit = block_units ? QK : 8 * QK;  // inputs per unit of d and m
   TORCH_CHECK(K % per_unit == 0, "qlinear: K=", K, " must be a multiple of ", per_unit, " for format ", fmt);
   TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.is_contiguous() && d.scalar_type() == at::kHalf,
               "qlinear: d must be float16 [groups, units, 16]");
@@ -92,9 +93,10 @@ at::Tensor qlinear_kquant(const at::Tensor& x, const at::Tensor& qs, const at::T
   TORCH_CHECK(d.size(1) == units, "qlinear: K=", K, " does not match the weight's ", d.size(1), " units of ",
               per_unit);
   TORCH_CHECK(n > (groups - 1) * GR && n <= groups * GR, "qlinear: ", n, " outputs do not fit ", groups, " groups");
-  TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kHalf,
+  TORCH_CHECK(fmt == Q50 || (m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() &&
+                              m->scalar_type() == at::kHalf),
               "qlinear: format ", fmt, " needs m shaped like d");
-  const int64_t ub = fmt == Q5 ? unit_bytes<Q5>() : fmt == Q4K ? unit_bytes<Q4K>() : unit_bytes<Q5K>();
+  const int64_t ub = block_units ? unit_bytes<Q5>() : fmt == Q4K ? unit_bytes<Q4K>() : unit_bytes<Q5K>();
   TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.numel() == groups * units * ub,
               "qlinear: packed weight has the wrong shape");
   isa = clamp_isa(isa);
@@ -102,13 +104,15 @@ at::Tensor qlinear_kquant(const at::Tensor& x, const at::Tensor& qs, const at::T
   at::Tensor out = at::empty({M, n}, x.options());
   if (M == 0) return out;
   const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()};
-  const KPacked w{qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), m->data_ptr<c10::Half>(), nb, n};
+  const KPacked w{qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), fmt == Q50 ? nullptr : m->data_ptr<c10::Half>(),
+                  nb, n};
   const int64_t pairs = (groups + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, 2 * GR * M * nb / 4));
   auto run = [&](auto* o) {
     at::parallel_for(0, pairs, grain, [&](int64_t p0, int64_t p1) {
       const int64_t g0 = 2 * p0, g1 = std::min(groups, 2 * p1);
-      if (fmt == Q5) gemm_kq<Q5>(a, w, M, o, g0, g1, isa);
+      if (fmt == Q50) gemm_kq<Q50>(a, w, M, o, g0, g1, isa);
+      else if (fmt == Q5) gemm_kq<Q5>(a, w, M, o, g0, g1, isa);
       else if (fmt == Q4K) gemm_kq<Q4K>(a, w, M, o, g0, g1, isa);
       else gemm_kq<Q5K>(a, w, M, o, g0, g1, isa);
     });

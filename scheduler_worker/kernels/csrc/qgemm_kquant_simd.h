@@ -13,7 +13,8 @@ namespace zs_qgemm {
 template <int FMT>
 struct KLayout {
   static constexpr bool HI = FMT != Q4K;            // 5-bit: a high-bit plane per sub-block
-  static constexpr bool SUPER = FMT != Q5;          // super-blocks of 8 sub-blocks
+  static constexpr bool SUPER = FMT == Q4K || FMT == Q5K;  // super-blocks of 8 sub-blocks
+  static constexpr bool M = FMT != Q50;             // a stored m (Q5_0's is -16 d)
   static constexpr int64_t SBB = HI ? 320 : 256;    // bytes per group and sub-block
   static constexpr int64_t UK = SUPER ? 8 : 1;      // sub-blocks per unit
   static constexpr int64_t UB = SUPER ? 256 + 8 * SBB : SBB;  // bytes per group and unit
@@ -22,7 +23,7 @@ struct KLayout {
 struct KPacked {
   const uint8_t* q;    // [groups, units, UB]
   const c10::Half* d;  // [groups, units, 16]
-  const c10::Half* m;  // [groups, units, 16]
+  const c10::Half* m;  // [groups, units, 16]; null for q50
   int64_t nb;          // blocks of 32 per row (K / 32)
   int64_t N;           // output rows
 };
@@ -102,19 +103,24 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, in
         mu[h] = load8_f16(w.m + u);
       }
     for (int h = 0; h < 2; ++h) {
-      __m256 dw, mw;
+      __m256 dw, mw = _mm256_setzero_ps();
       if constexpr (L::SUPER) {
         const uint8_t* sc = kq_sc<FMT>(w, g, b) + 8 * h;
         dw = _mm256_mul_ps(du[h], u8x8_to_ps(sc));
         mw = _mm256_mul_ps(mu[h], u8x8_to_ps(sc + 128));
       } else {
         dw = load8_f16(w.d + (g * nb + b) * GR + 8 * h);
-        mw = load8_f16(w.m + (g * nb + b) * GR + 8 * h);
+        if constexpr (L::M) mw = load8_f16(w.m + (g * nb + b) * GR + 8 * h);
       }
       for (int i = 0; i < RM; ++i) {
-        const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), _mm256_set1_ps(x.d[(i0 + i) * nb + b]));
-        facc[i][h] = _mm256_fmadd_ps(dw, dot, facc[i][h]);
-        facc[i][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][h]);
+        const __m256 dx = _mm256_set1_ps(x.d[(i0 + i) * nb + b]);
+        if constexpr (L::M) {
+          facc[i][h] = _mm256_fmadd_ps(dw, _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx), facc[i][h]);
+          facc[i][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][h]);
+        } else {  // d (dx dot - 16 s)
+          const __m256 u = _mm256_fmsub_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx, _mm256_set1_ps(16.f * x.s[(i0 + i) * nb + b]));
+          facc[i][h] = _mm256_fmadd_ps(dw, u, facc[i][h]);
+        }
       }
     }
   }
@@ -174,7 +180,7 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
       }
     }
     for (int g = 0; g < RG; ++g) {
-      __m512 dw, mw;
+      __m512 dw, mw = _mm512_setzero_ps();
       if constexpr (L::SUPER) {
         if (b % 8 == 0) {
           const int64_t u = kq_unit<FMT>(w, g0 + g, b) * GR;
@@ -186,12 +192,17 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
         mw = _mm512_mul_ps(mu[g], u8x16_to_ps(sc + 128));
       } else {
         dw = load16_f16(w.d + ((g0 + g) * nb + b) * GR);
-        mw = load16_f16(w.m + ((g0 + g) * nb + b) * GR);
+        if constexpr (L::M) mw = load16_f16(w.m + ((g0 + g) * nb + b) * GR);
       }
       for (int i = 0; i < RM; ++i) {
-        const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[i][g]), _mm512_set1_ps(x.d[(i0 + i) * nb + b]));
-        facc[i][g] = _mm512_fmadd_ps(dw, dot, facc[i][g]);
-        facc[i][g] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][g]);
+        const __m512 dx = _mm512_set1_ps(x.d[(i0 + i) * nb + b]);
+        if constexpr (L::M) {
+          facc[i][g] = _mm512_fmadd_ps(dw, _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[i][g]), dx), facc[i][g]);
+          facc[i][g] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][g]);
+        } else {  // d (dx dot - 16 s)
+          const __m512 u = _mm512_fmsub_ps(_mm512_cvtepi32_ps(iacc[i][g]), dx, _mm512_set1_ps(16.f * x.s[(i0 + i) * nb + b]));
+          facc[i][g] = _mm512_fmadd_ps(dw, u, facc[i][g]);
+        }
       }
     }
   }
