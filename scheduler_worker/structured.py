@@ -56,16 +56,11 @@ def spare_core(replicas: int = 1) -> bool:
 
 
 class GrammarMatchers:
-    def __init__(
-        self,
-        model_dir: Path,
-        vocab_size: int,
-        eos_token_ids: list[int],
-        overlap: bool | None = None,
-    ) -> None:
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.model_dir, self.vocab_size = model_dir, vocab_size
-        # masks in the thread during the forward (a spare core), or at once (None: decide)
-        self.overlap = spare_core() if overlap is None else overlap
+        # masks in the thread during the forward (a spare core), or at once; the scheduler
+        # worker sets it again knowing how many replicas share the cores
+        self.overlap = spare_core()
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
