@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from scheduler_worker.quant import kquants, q6k
+from scheduler_worker.quant.groups import GROUP_ROWS, groups, pack_scales, words
 
 QK = 32  # inputs per block
 FORMS = ("q4", "q8", *kquants.K_FORMS, "q6k")
@@ -74,9 +75,8 @@ class BlockWeight:
             return q6k.packed_nbytes(n, k)
         if self.form in kquants.K_FORMS:
             return kquants.packed_nbytes(self.form, n, k)
-        groups = -(-n // GROUP_ROWS)
         per_block = 512 + 2 * GROUP_ROWS if self.form == "q8" else 256 + 4 * GROUP_ROWS
-        return groups * (k // QK) * per_block
+        return groups(n) * (k // QK) * per_block
 
 
 def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
@@ -105,26 +105,16 @@ def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
     nb = k // QK
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nb, size)
     d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb).astype(np.float32)
+    if type_name == "Q8_0":  # one copy of the values (a reshape of the strided view is one)
+        q = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(n, k)
+        return BlockWeight("q8", torch.from_numpy(q), torch.from_numpy(d), None, type_name)
     if type_name == "Q4_1":
         m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb).astype(np.float32)
-        qs = blocks[:, :, 4:].reshape(n, nb * 16)
-    elif type_name == "Q4_0":
+    else:  # Q4_0
         m = -8.0 * d
-        qs = blocks[:, :, 2:].reshape(n, nb * 16)
-    else:
-        return BlockWeight(
-            "q8",
-            torch.from_numpy(blocks[:, :, 2:].reshape(n, k).view(np.int8).copy()),
-            torch.from_numpy(d),
-            None,
-            type_name,
-        )
+    qs = np.ascontiguousarray(blocks[:, :, size - 16 :]).reshape(n, nb * 16)
     return BlockWeight(
-        form,
-        torch.from_numpy(np.ascontiguousarray(qs)),
-        torch.from_numpy(d),
-        torch.from_numpy(np.ascontiguousarray(m)),
-        type_name,
+        form, torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m), type_name
     )
 
 
@@ -253,9 +243,6 @@ def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
     return out
 
 
-GROUP_ROWS = 16  # output rows per group of the kernels' layout
-
-
 def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The C++ kernels' layout (scheduler_worker/kernels/csrc/qgemm_common.h): rows in
     groups of 16 (the last one padded with zero weights), each group's blocks with the 16
@@ -270,23 +257,13 @@ def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
         assert w.m is not None
         return kquants.pack(w.form, w.qs, w.qh, w.d, w.m, w.sc, w.mn)
     n, k = w.shape
-    nb, g = k // QK, -(-n // GROUP_ROWS)
-    pad = g * GROUP_ROWS - n
+    nb, g = k // QK, groups(n)
+    # q8's + 128 as one XOR over the packed words (the zero rows of padding: 0x80 too)
+    qs = words(w.qs, g * GROUP_ROWS).view(g, GROUP_ROWS, nb, -1).permute(0, 2, 3, 1).contiguous()
     if w.form == "q8":
-        q = w.qs.view(torch.uint8) ^ 0x80  # v + 128 for v in -128..127
-        q = torch.cat([q, torch.full((pad, k), 0x80, dtype=torch.uint8)])  # zero weights
-        q = q.view(g, GROUP_ROWS, nb, 8, 4)
-    else:
-        q = torch.cat([w.qs, torch.zeros(pad, k // 2, dtype=torch.uint8)]).view(
-            g, GROUP_ROWS, nb, 4, 4
-        )
-    qs = q.permute(0, 2, 3, 1, 4).reshape(g, -1).contiguous()
+        qs ^= _BIAS_WORD
+    m = None if w.m is None else pack_scales(w.m)
+    return qs.view(torch.uint8).view(g, -1), pack_scales(w.d), m
 
-    def scales(t: torch.Tensor) -> torch.Tensor:
-        half = t.half()
-        if not torch.equal(half.float(), t):
-            raise ValueError("block scales must be float16 values (GGUF's, or quantize_q4/q8's)")
-        half = torch.cat([half, torch.zeros(pad, nb, dtype=torch.float16)])
-        return half.view(g, GROUP_ROWS, nb).transpose(1, 2).contiguous()
 
-    return qs, scales(w.d), None if w.m is None else scales(w.m)
+_BIAS_WORD = int(np.array([0x80808080], np.uint32).view(np.int32)[0])  # 128 in every byte

@@ -28,7 +28,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-QK, QK_K, GR = 32, 256, 16
+from scheduler_worker.quant.groups import GROUP_ROWS as GR
+from scheduler_worker.quant.groups import groups, pack_scales, pad_rows, words
+
+QK, QK_K = 32, 256
 # GGUF type -> (form, bytes per block of the file: 32 inputs, or 256 for the K-quants)
 K_TYPES = {"Q5_0": ("q50", 22), "Q5_1": ("q5", 24), "Q4_K": ("q4k", 144), "Q5_K": ("q5k", 176)}
 K_FORMS = ("q5", "q50", "q4k", "q5k")
@@ -36,6 +39,7 @@ FMT_CODES = {"q5": 2, "q4k": 3, "q5k": 4, "q50": 6}  # the qlinear op's fmt (5: 
 _HI = {"q5": True, "q50": True, "q4k": False, "q5k": True}  # has the fifth bit
 _SUPER = {"q5": False, "q50": False, "q4k": True, "q5k": True}  # K-quant super-blocks
 _M = {"q5": True, "q50": False, "q4k": True, "q5k": True}  # m kept for the kernels
+SUB_BYTES_HI = 320  # per group and sub-block of the 5-bit forms: nibbles 256, fifth bits 64
 
 
 def unit_inputs(form: str) -> int:
@@ -91,8 +95,9 @@ def split_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> Parts:
     if not _SUPER[form]:
         m = _f16(blocks[..., 2:4]) if type_name == "Q5_1" else -16.0 * d
         off = 4 if type_name == "Q5_1" else 2
-        qs = blocks[..., off + 4 :].reshape(n, k // 2).copy()
-        return Parts(qs, blocks[..., off : off + 4].reshape(n, k // 8).copy(), d, m, None, None)
+        qs = np.ascontiguousarray(blocks[..., off + 4 :]).reshape(n, k // 2)
+        qh = np.ascontiguousarray(blocks[..., off : off + 4]).reshape(n, k // 8)
+        return Parts(qs, qh, d, m, None, None)
     m = -_f16(blocks[..., 2:4])  # -dmin
     sc, mn = scale_min_k4(blocks[..., 4:16])
     # 4 chunks of 64 inputs, 32 bytes each: low nibbles sub-block 2c, high ones 2c + 1
@@ -136,11 +141,11 @@ def block_scales(
 
 def packed_nbytes(form: str, n: int, k: int) -> int:
     """Bytes of `pack`'s tensors for an [n, k] weight (rows padded to groups of 16)."""
-    groups, sbb = -(-n // GR), 320 if _HI[form] else 256
+    sbb = SUB_BYTES_HI if _HI[form] else 256
     scales = (2 if _M[form] else 1) * 2 * GR  # d (and m), float16 per row
     if _SUPER[form]:
-        return groups * (k // QK_K) * (256 + 8 * sbb + scales)
-    return groups * (k // QK) * (sbb + scales)
+        return groups(n) * (k // QK_K) * (256 + 8 * sbb + scales)
+    return groups(n) * (k // QK) * (sbb + scales)
 
 
 def pack(
@@ -153,39 +158,45 @@ def pack(
     mn: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The kernels' layout (qgemm_kquant.h): (qs uint8 [groups, bytes], d, m float16
-    [groups, units, 16]; m None for q50, whose m is -16 d)."""
+    [groups, units, 16]; m None for q50, whose m is -16 d). Built as int32 words: every
+    piece of the layout is 4 bytes of one row."""
     n, nb = qs.shape[0], qs.shape[1] // 16
-    g = -(-n // GR)
-    pad = g * GR - n
-
-    def rows(t: torch.Tensor) -> torch.Tensor:  # padded to whole groups with zeros
-        return torch.cat([t, torch.zeros(pad, *t.shape[1:], dtype=t.dtype)])
-
-    # nibble plane: the 4-bit layout, register k byte 4r + j = row r's byte 4k + j
-    sub = rows(qs).view(g, GR, nb, 4, 4).permute(0, 2, 3, 1, 4).reshape(g, nb, 256)
+    g = groups(n)
+    sbw = (SUB_BYTES_HI if _HI[form] else 256) // 4  # words per group and sub-block
+    # register k of a sub-block, word r = row r's nibble bytes 4k..4k+3
+    nib = words(qs, g * GR).view(g, GR, nb, 4).permute(0, 2, 3, 1)
+    hi = None
     if _HI[form]:
         assert qh is not None
-        bits = _bits(rows(qh)).view(g * GR, nb, 2, 4, 4)  # [row, block, low/high half, k, j]
-        shift = (2 * torch.arange(4, dtype=torch.uint8)).view(4, 1)
-        plane = ((bits[:, :, 0] << shift) | (bits[:, :, 1] << (shift + 1))).sum(
-            2, dtype=torch.uint8
-        )
-        plane = plane.view(g, GR, nb, 4).permute(0, 2, 1, 3).reshape(g, nb, 64)
-        sub = torch.cat([sub, plane], dim=-1)
+        hi = _fifth_bit_words(words(qh, g * GR)).view(g, GR, nb).permute(0, 2, 1)
     if _SUPER[form]:
         assert sc is not None and mn is not None
         nu = nb // 8
+        out = torch.empty(g, nu, 64 + 8 * sbw, dtype=torch.int32)
+        head = out[..., :64].view(torch.uint8).view(g, nu, 2, 8, GR)  # sub-scales, sub-min
+        for i, t in enumerate((sc, mn)):
+            head[:, :, i].copy_(pad_rows(t, g * GR).view(g, GR, nu, 8).permute(0, 2, 3, 1))
+        subs = out[..., 64:].view(g, nu, 8, sbw)
+    else:
+        out = torch.empty(g, nb, sbw, dtype=torch.int32)
+        subs = out.view(g, nb, 1, sbw)
+    subs[..., :64].view(subs.shape[:3] + (4, GR)).copy_(nib.view(subs.shape[:3] + (4, GR)))
+    if hi is not None:
+        subs[..., 64:].copy_(hi.view(subs.shape[:3] + (GR,)))
+    return out.view(torch.uint8).view(g, -1), pack_scales(d), pack_scales(m) if _M[form] else None
 
-        def sub_scales(t: torch.Tensor) -> torch.Tensor:
-            return rows(t).view(g, GR, nu, 8).permute(0, 2, 3, 1).reshape(g, nu, 128)
 
-        sub = torch.cat([sub_scales(sc), sub_scales(mn), sub.reshape(g, nu, -1)], dim=-1)
-    out = sub.reshape(g, -1).contiguous()
-
-    def scales(t: torch.Tensor) -> torch.Tensor:
-        half = t.half()
-        if not torch.equal(half.float(), t):
-            raise ValueError("block scales must be float16 values (the GGUF file's)")
-        return rows(half).view(g, GR, -1).transpose(1, 2).contiguous()
-
-    return out, scales(d), scales(m) if _M[form] else None
+def _fifth_bit_words(h: torch.Tensor) -> torch.Tensor:
+    """int32 [R, nb]: bit i = input i's fifth bit (the file's qh) -> the kernels' word:
+    byte j holds, at bit 2k, input 4k + j's and at bit 2k + 1 input 16 + 4k + j's (the
+    masks the VNNI tile tests for register k)."""
+    h = h.to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros_like(h)
+    for j in range(4):
+        x = h >> j  # input 4c + j at bit 4c, c < 8: c < 4 the low half's k = c, else 16 + ...
+        for half in range(2):
+            t = (x >> (16 * half)) & 0x1111  # bits 0, 4, 8, 12
+            t = (t | (t >> 2)) & 0x0505  # -> 0, 2, 8, 10
+            t = (t | (t >> 4)) & 0x55  # -> 0, 2, 4, 6
+            out |= t << (8 * j + half)
+    return out.to(torch.int32)

@@ -17,6 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from scheduler_worker.quant.groups import GROUP_ROWS as GR
+from scheduler_worker.quant.groups import groups, pack_scales, words
+
 Q6K_FMT = 5  # qlinear's format code
 QK_K = 256
 BLOCK_BYTES = 210  # ql 128 | qh 64 | scales 16 | d 2
@@ -68,41 +71,41 @@ def pieces(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return q.reshape(n, -1, PIECE), dw
 
 
-GR = 16  # output rows per group of the kernels' layout
 SUB_BYTES = 384  # per group and sub-block of 32 inputs: nibble plane 256, top bits 2 x 64
+SUB_WORDS = SUB_BYTES // 4
 GROUP_BYTES = 256 + 8 * SUB_BYTES  # per group and super-block: sub-scales, 8 sub-blocks
 
 
 def packed_nbytes(n: int, k: int) -> int:
     """Bytes of `pack`'s tensors for an [n, k] weight: 210 per 16 rows and 256 inputs."""
-    return -(-n // GR) * (k // QK_K) * (GROUP_BYTES + 2 * GR)
+    return groups(n) * (k // QK_K) * (GROUP_BYTES + 2 * GR)
 
 
 def pack(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
     """The kernels' layout (csrc/qgemm_q6k.h): (qs uint8 [groups, K/256 * 3328], d float16
-    [groups, K/256, 16], no m)."""
-    half = d.half()
-    if not torch.equal(half.float(), d.float()):
-        raise ValueError("Q6_K super-scales must be float16 values (the GGUF file's)")
+    [groups, K/256, 16], no m). Sub-block 4 h + r of a super-block (inputs 128 h + 32 r +
+    l) holds, 16 rows side by side per word: register k = the low 4 bits of inputs 4k + j
+    (low nibble) and 16 + 4k + j (high) for j < 4, the ql bytes' nibble r >= 2; then per
+    piece p of 16 inputs, bits 2k..2k+1 of byte j = the top 2 bits of input 16 p + 4 k + j,
+    bits 2r..2r+1 of qh. Made from int32 words of the file's rows, without unpacking."""
     n, nsb = d.shape
-    g = -(-n // GR)
-    pad = g * GR - n
-
-    def rows(t: torch.Tensor) -> torch.Tensor:  # padded to whole groups with zeros
-        return torch.cat([t, torch.zeros(pad, *t.shape[1:], dtype=t.dtype)])
-
-    q = rows(values(qs)).view(g, GR, nsb * 8, 2, 4, 4)  # [.., sub-block, piece, k, j]
-    lo = q & 15
-    nib = lo[:, :, :, 0] | (lo[:, :, :, 1] << 4)  # [g, row, sub-block, k, j]
-    nib = nib.permute(0, 2, 3, 1, 4).reshape(g, nsb * 8, 256)
-    shift = (2 * torch.arange(4, dtype=torch.uint8)).view(4, 1)
-    top = ((q >> 4) << shift).sum(4, dtype=torch.uint8)  # [g, row, sub-block, piece, j]
-    top = top.permute(0, 2, 3, 1, 4).reshape(g, nsb * 8, 128)
-    sub = torch.cat([nib, top], dim=-1).view(g, nsb, 8 * SUB_BYTES)
-    sc = rows(qs.reshape(n, nsb, PLANE_BYTES)[..., 192:])  # [row, super-block, piece]
-    sc = sc.view(g, GR, nsb, 16).permute(0, 2, 3, 1).reshape(g, nsb, 256)
-    packed = torch.cat([sc, sub], dim=-1).reshape(g, -1).contiguous()
-    return packed, rows(half).view(g, GR, nsb).transpose(1, 2).contiguous(), None
+    g = groups(n)
+    w = words(qs, g * GR).view(g, GR, nsb, PLANE_BYTES // 4)
+    ql = w[..., :32].view(g, GR, nsb, 2, 2, 8)  # [.., h, r & 1, word of l]
+    qh = w[..., 32:48].view(g, GR, nsb, 2, 2, 4)  # [.., h, piece, k]
+    out = torch.empty(g, nsb, 64 + 8 * SUB_WORDS, dtype=torch.int32)
+    head = out[..., :64].view(torch.uint8).view(g, nsb, 16, GR)  # [piece scale, row]
+    head.copy_(w[..., 48:].view(torch.uint8).view(g, GR, nsb, 16).permute(0, 2, 3, 1))
+    subs = out[..., 64:].view(g, nsb, 2, 4, SUB_WORDS)  # [.., h, r, word]
+    for r in range(4):
+        x = (ql[..., r & 1, :] >> (4 * (r // 2))) & 0x0F0F0F0F  # [g, row, nsb, h, 8]
+        nib = x[..., :4] | (x[..., 4:] << 4)  # [g, row, nsb, h, k]
+        subs[:, :, :, r, :64].view(g, nsb, 2, 4, GR).copy_(nib.permute(0, 2, 3, 4, 1))
+        t = (qh >> (2 * r)) & 0x03030303  # [g, row, nsb, h, piece, k]
+        top = t[..., 0] | (t[..., 1] << 2) | (t[..., 2] << 4) | (t[..., 3] << 6)
+        subs[:, :, :, r, 64:].view(g, nsb, 2, 2, GR).copy_(top.permute(0, 2, 3, 4, 1))
+    packed = out.view(torch.uint8).view(g, -1)
+    return packed, pack_scales(d, "Q6_K super-scales"), None
 
 
 def q6k_linear(
