@@ -74,3 +74,47 @@ def test_each_spec_is_compiled_once(tok, monkeypatch):
     for _ in range(2):
         assert rejected(tok, completion("Hi", params={"structured": bad})).param == "structured"
     assert calls == [spec, bad]
+
+
+@pytest.mark.parametrize(
+    "spec, ok",
+    [
+        ("start: <|im_end|>", True),  # SmolLM2's end-of-turn token
+        ('start: "a" <[7]>', True),
+        ("start: <|no_such_token|>", False),
+        ("start: <[999999]>", False),  # past the vocabulary
+    ],
+)
+def test_grammars_that_name_tokens_are_checked_against_the_tokenizer(tok, spec, ok):
+    req = completion(
+        "Hi", params={"max_tokens": 4, "structured": {"kind": "grammar", "spec": spec}}
+    )
+    if ok:
+        assert tok(req).params["structured"]["spec"] == spec
+    else:
+        e = rejected(tok, req)
+        assert e.status == 400 and e.param == "structured" and "token" in e.message.lower()
+
+
+def test_the_tokenizer_is_built_only_for_grammars_that_name_tokens(default_model_dir, monkeypatch):
+    from tokenizer_worker.tokenization import Tokenization
+
+    built = []
+    real = grammar.llg_tokenizer
+    monkeypatch.setattr(grammar, "llg_tokenizer", lambda *a: built.append(a) or real(*a))
+    t = Tokenization(default_model_dir)
+    for spec in GOOD:
+        t(completion("Hi", params={"max_tokens": 4, "structured": spec}))
+    for spec in BAD:
+        rejected(t, completion("Hi", params={"structured": spec}))
+    assert built == []  # JSON schemas, regexes, choices, Lark without token names, 400s
+    t(
+        completion(
+            "Hi",
+            params={
+                "max_tokens": 4,
+                "structured": {"kind": "grammar", "spec": "start: <|im_end|>"},
+            },
+        )
+    )
+    assert len(built) == 1
