@@ -52,6 +52,21 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
+// Software prefetch of a tile's weights PF_BLOCKS blocks on (past a group's last block: the
+// next group's first, which the same thread reads next), by the first tile of rows of a
+// group only: the later ones find the group's weights in cache. In the model a linear's
+// weights come from DRAM, and with a few activation rows the tiles alternate between
+// waiting on them and computing: prefetched, the two overlap (SmolLM2 Q4_K_M decode step in process,
+// avx512: 8 rows 11.7-14.5 -> 10.2-10.6 ms, 32 rows 33.8-35.0 -> 26.5-27.2 ms).
+constexpr int64_t PF_BLOCKS = 8;
+
+template <int64_t BYTES>
+inline void prefetch_block_ahead(const uint8_t* block) {
+  if constexpr (PF_BLOCKS > 0)
+    for (int64_t off = 0; off < BYTES; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(block + PF_BLOCKS * BYTES + off), _MM_HINT_T0);
+}
+
 template <typename T>
 inline void store(T* out, float v) {
   *out = static_cast<T>(v);

@@ -67,6 +67,7 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, in
   __m256 du[2], mu[2];
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = kq_sub<FMT>(w, g, b);
+    if (i0 == 0) prefetch_block_ahead<L::SBB>(wb);
     const int8_t* xb[RM];
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
     __m256i iacc[RM][2];
@@ -141,6 +142,11 @@ ZS_AVX512 inline __m512 u8x16_to_ps(const uint8_t* p) {
 }
 
 // RM activation rows x RG groups, as tile_vnni: one dpbusd per 4 inputs, 16 rows at once.
+#ifndef ZS_KQ_PF
+#define ZS_KQ_PF 8
+#endif
+constexpr int64_t PF = ZS_KQ_PF;
+
 template <int FMT, int RM, int RG, typename T>
 ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, int64_t g0) {
   using L = KLayout<FMT>;
@@ -161,6 +167,7 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
     for (int g = 0; g < RG; ++g) {
       wb[g] = kq_sub<FMT>(w, g0 + g, b);
       if constexpr (L::HI) hb[g] = _mm512_loadu_si512(wb[g] + 256);
+      if (i0 == 0) prefetch_block_ahead<L::SBB>(wb[g]);
     }
     for (int k = 0; k < 4; ++k) {
       __m512i lo[RG], hi[RG];
