@@ -153,7 +153,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   auto [xq, xd, xs] = quantize_act(x, isa);
   at::Tensor out = at::empty({M, n}, x.options());
   if (M == 0) return out;
-  const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()};
+  const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), prefetch_weights(M)};
   const Packed w{qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), fmt == Q4 ? m->data_ptr<c10::Half>() : nullptr, nb, n};
   // tasks of whole group pairs, each above ~2k block dots, so a 576-row GEMV still splits
   const int64_t pairs = (groups + 1) / 2;

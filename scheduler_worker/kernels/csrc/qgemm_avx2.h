@@ -69,7 +69,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
   for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = wq + (g * nb + b) * BB;
-    if (i0 == 0) prefetch_block_ahead<BB>(wb);
+    if (x.prefetch && i0 == 0) prefetch_block_ahead<BB>(wb);
     __m256i iacc[RM][2];
     for (int i = 0; i < RM; ++i) iacc[i][0] = iacc[i][1] = _mm256_setzero_si256();
     const int8_t* xb[RM];

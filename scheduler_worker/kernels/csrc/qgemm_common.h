@@ -23,6 +23,7 @@ struct Act {  // activations quantized per block of 32
   const int8_t* q;  // [M, K]
   const float* d;   // [M, nb]
   const float* s;   // [M, nb]: d * sum(q)
+  bool prefetch;    // prefetch_weights(M): the first row tile of a group prefetches
 };
 
 // Weights in the kernels' layout (scheduler_worker/quant/formats.py: pack_blocks): output
@@ -55,10 +56,14 @@ inline int32_t load_i32(const int8_t* p) {
 // Software prefetch of a tile's weights PF_BLOCKS blocks on (past a group's last block: the
 // next group's first, which the same thread reads next), by the first tile of rows of a
 // group only: the later ones find the group's weights in cache. In the model a linear's
-// weights come from DRAM, and with a few activation rows the tiles alternate between
-// waiting on them and computing: prefetched, the two overlap (SmolLM2 Q4_K_M decode step in process,
-// avx512: 8 rows 11.7-14.5 -> 10.2-10.6 ms, 32 rows 33.8-35.0 -> 26.5-27.2 ms).
+// weights come from DRAM, and from a few activation rows on the tiles alternate between
+// waiting on them and computing: prefetched, the two overlap (SmolLM2 Q4_K_M decode step in
+// process, avx512: 8 rows 11.7-14.5 -> 9.8-10.6 ms, 32 rows 33.8-35.0 -> 26.5-27.2 ms).
+// Below 4 rows a tile streams the weights with little work between loads, the hardware
+// prefetcher keeps up, and the prefetch instructions only cost (Gemma 3's 262k-row Q8_0
+// output head at 1 row: 12.1-13.8 ms a step without, 12.1-15.4 with).
 constexpr int64_t PF_BLOCKS = 8;
+inline bool prefetch_weights(int64_t M) { return M >= 4; }
 
 template <int64_t BYTES>
 inline void prefetch_block_ahead(const uint8_t* block) {

@@ -103,7 +103,7 @@ at::Tensor qlinear_kquant(const at::Tensor& x, const at::Tensor& qs, const at::T
   auto [xq, xd, xs] = quantize_act(x, isa);
   at::Tensor out = at::empty({M, n}, x.options());
   if (M == 0) return out;
-  const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>()};
+  const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), prefetch_weights(M)};
   const KPacked w{qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), fmt == Q50 ? nullptr : m->data_ptr<c10::Half>(),
                   nb, n};
   const int64_t pairs = (groups + 1) / 2;

@@ -67,7 +67,7 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, in
   __m256 du[2], mu[2];
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = kq_sub<FMT>(w, g, b);
-    if (i0 == 0) prefetch_block_ahead<L::SBB>(wb);
+    if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb);
     const int8_t* xb[RM];
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
     __m256i iacc[RM][2];
@@ -167,7 +167,7 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
     for (int g = 0; g < RG; ++g) {
       wb[g] = kq_sub<FMT>(w, g0 + g, b);
       if constexpr (L::HI) hb[g] = _mm512_loadu_si512(wb[g] + 256);
-      if (i0 == 0) prefetch_block_ahead<L::SBB>(wb[g]);
+      if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb[g]);
     }
     for (int k = 0; k < 4; ++k) {
       __m512i lo[RG], hi[RG];

@@ -93,7 +93,7 @@ at::Tensor qlinear_q6k(const at::Tensor& x, const at::Tensor& qs, const at::Tens
   at::Tensor out = at::empty({M, n}, x.options());
   if (M == 0) return out;
   const at::Tensor off = piece_offsets(xq);
-  const Q6Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), off.data_ptr<int32_t>()};
+  const Q6Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), off.data_ptr<int32_t>(), prefetch_weights(M)};
   const Q6Packed w{qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), nsb, n};
   // tasks of whole group pairs, each above ~2k sub-block dots (as the other formats)
   const int64_t pairs = (groups + 1) / 2;

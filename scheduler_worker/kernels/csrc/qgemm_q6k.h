@@ -47,6 +47,7 @@ struct Q6Act {         // activations quantized per block of 32 (quantize_act)
   const int8_t* q;     // [M, K]
   const float* d;      // [M, K / 32]
   const int32_t* off;  // [M, K / 16]: -32 * the sum of each piece of 16 q
+  bool prefetch;       // as Act's
 };
 
 // Sub-block b (of 32 inputs, counted along the row) of group g, and its two pieces' int8

@@ -30,7 +30,7 @@ ZS_AVX2 void tile_q6_avx2(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0,
   __m256 dv[2];
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = q6_sub(w, g, b);
-    if (i0 == 0) prefetch_block_ahead<Q6_SB>(wb);
+    if (x.prefetch && i0 == 0) prefetch_block_ahead<Q6_SB>(wb);
     const int8_t* sc = q6_sc(w, g, b);
     if (b % 8 == 0)
       for (int h = 0; h < 2; ++h) dv[h] = load8_f16(q6_d(w, g, b) + 8 * h);
@@ -103,7 +103,7 @@ ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i
     for (int g = 0; g < RG; ++g) {
       wb[g] = q6_sub(w, g0 + g, b);
       if (b % 8 == 0) dv[g] = load16_f16(q6_d(w, g0 + g, b));
-      if (i0 == 0) prefetch_block_ahead<Q6_SB>(wb[g]);
+      if (x.prefetch && i0 == 0) prefetch_block_ahead<Q6_SB>(wb[g]);
     }
     const int8_t* xb[RM];
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;

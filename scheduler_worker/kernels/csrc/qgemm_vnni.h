@@ -31,7 +31,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
       for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_setzero_si512();
     const int8_t* xb[RM];
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
-    if (i0 == 0)
+    if (x.prefetch && i0 == 0)
       for (int g = 0; g < RG; ++g) prefetch_block_ahead<BB>(w.q + ((g0 + g) * nb + b) * BB);
     if constexpr (FMT == Q8) {
       for (int k = 0; k < 8; ++k) {
