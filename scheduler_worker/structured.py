@@ -101,7 +101,7 @@ class GrammarMatchers:
         if m is None:
             try:
                 grammar = grammar_text(structured)
-                check(grammar, self.tokenizer)
+                check(grammar, lambda: self.tokenizer)
             except GrammarError as e:
                 raise InvalidParameterError("structured", f"structured: {e}") from None
             m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)

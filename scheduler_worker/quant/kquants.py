@@ -193,7 +193,8 @@ def _fifth_bit_words(h: torch.Tensor) -> torch.Tensor:
     h = h.to(torch.int64) & 0xFFFFFFFF
     out = torch.zeros_like(h)
     for j in range(4):
-        x = h >> j  # input 4c + j at bit 4c, c < 8: c < 4 the low half's k = c, else 16 + ...
+        x = h >> j  # input 4c + j now at bit 4c: the low half's register k = c for c < 4,
+        # the high half's (input 16 + 4k + j) for c = 4 + k
         for half in range(2):
             t = (x >> (16 * half)) & 0x1111  # bits 0, 4, 8, 12
             t = (t | (t >> 2)) & 0x0505  # -> 0, 2, 8, 10

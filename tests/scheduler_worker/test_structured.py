@@ -287,6 +287,21 @@ def test_bad_spec_is_refused_by_the_engine(engine):
     assert not engine.has_unfinished()
 
 
+def test_grammars_that_name_tokens_compile_in_the_engine(engine):
+    # checked against the tokenizer only when the grammar names tokens (common.grammar.check)
+    spec = {"kind": "grammar", "spec": "start: <[1000]> <[2000]>"}
+    ((tokens, reason),) = run(engine, [[5, 6, 7]], [SamplingParams(max_tokens=8, structured=spec)])
+    assert tokens[:2] == [1000, 2000] and reason == "stop"
+    with pytest.raises(InvalidParameterError) as e:
+        engine.add_request(
+            "t",
+            [5],
+            SamplingParams(structured={"kind": "grammar", "spec": "start: <|no_such_token|>"}),
+        )
+    assert e.value.param == "structured"
+    assert not engine.has_unfinished()
+
+
 def test_a_model_without_a_tokenizer_refuses_constrained_requests(tiny_model_dirs):
     engine = make_engine(tiny_model_dirs["qwen2"])  # saved without tokenizer files
     with pytest.raises(InvalidParameterError) as e:

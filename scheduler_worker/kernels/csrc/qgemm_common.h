@@ -67,8 +67,7 @@ inline bool prefetch_weights(int64_t M) { return M >= 4; }
 
 template <int64_t BYTES>
 inline void prefetch_block_ahead(const uint8_t* block) {
-  if constexpr (PF_BLOCKS > 0)
-    for (int64_t off = 0; off < BYTES; off += 64)
+  for (int64_t off = 0; off < BYTES; off += 64)
     _mm_prefetch(reinterpret_cast<const char*>(block + PF_BLOCKS * BYTES + off), _MM_HINT_T0);
 }
 

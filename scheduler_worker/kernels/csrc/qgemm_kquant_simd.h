@@ -142,11 +142,6 @@ ZS_AVX512 inline __m512 u8x16_to_ps(const uint8_t* p) {
 }
 
 // RM activation rows x RG groups, as tile_vnni: one dpbusd per 4 inputs, 16 rows at once.
-#ifndef ZS_KQ_PF
-#define ZS_KQ_PF 8
-#endif
-constexpr int64_t PF = ZS_KQ_PF;
-
 template <int FMT, int RM, int RG, typename T>
 ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, int64_t g0) {
   using L = KLayout<FMT>;
