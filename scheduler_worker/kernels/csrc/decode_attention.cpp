@@ -190,17 +190,25 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   auto first_block = [&](const C* cache) __attribute__((always_inline)) {
     prefetch_rows(block(cache, first), row, std::min(bs, L - first), nh * D);
   };
-  // fn(block's first row of the task's heads, t0, keys [j0, n) of the block) over the
-  // blocks that hold keys s0 .. L - 1, each block's successor asked for ahead of its use
+  // fn(block's first row of the task's heads, t0, keys [j0, n) of the block, the next
+  // block's first row and its key count) over the blocks that hold keys s0 .. L - 1. fn
+  // asks for the next block one KV head at a time, before it computes that head of this
+  // block: a whole block asked for at once (~100 lines) waits on the miss buffers while the
+  // loads of the block in hand wait behind it. SmolLM2's shape, 32 sequences of 192
+  // tokens, avx512 (Zen 4, 2 threads): 10.0-11.4 -> 6.8-7.7 ms a step (from L3 alone:
+  // ~6 ms); the engine's decode step at 32 rows, alternate steps: 35.6 -> 32.9 ms.
   auto each_block = [&](const C* cache, auto&& fn) __attribute__((always_inline)) {
     for (int64_t t0 = first; t0 < L; t0 += bs) {
-      if (t0 + bs < L) prefetch_rows(block(cache, t0 + bs), row, std::min(bs, L - t0 - bs), nh * D);
-      fn(block(cache, t0), t0, std::max<int64_t>(s0 - t0, 0), std::min(bs, L - t0));
+      const bool more = t0 + bs < L;
+      fn(block(cache, t0), t0, std::max<int64_t>(s0 - t0, 0), std::min(bs, L - t0),
+         more ? block(cache, t0 + bs) : nullptr, more ? std::min(bs, L - t0 - bs) : 0);
     }
   };
   first_block(a.k_cache);
-  each_block(a.k_cache, [&](const C* kb, int64_t t0, int64_t j0, int64_t n) __attribute__((always_inline)) {
+  each_block(a.k_cache, [&](const C* kb, int64_t t0, int64_t j0, int64_t n, const C* next, int64_t n_next)
+                                 __attribute__((always_inline)) {
     for (int64_t h = 0; h < nh; ++h) {
+      if (next) prefetch_rows(next + h * D, row, n_next, D);
       float* sc = scores + h * G * n_keys + t0 - s0;
       if constexpr (vec) {
         block_scores_avx512<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys);
@@ -235,8 +243,10 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
     for (int64_t t = 0; t < n_keys; ++t) sg[t] *= inv;
   }
   std::fill(acc, acc + nh * G * D, 0.f);
-  each_block(a.v_cache, [&](const C* vb, int64_t t0, int64_t j0, int64_t n) __attribute__((always_inline)) {
+  each_block(a.v_cache, [&](const C* vb, int64_t t0, int64_t j0, int64_t n, const C* next, int64_t n_next)
+                                 __attribute__((always_inline)) {
     for (int64_t h = 0; h < nh; ++h) {
+      if (next) prefetch_rows(next + h * D, row, n_next, D);
       const float* sc = scores + h * G * n_keys + t0 - s0;
       float* ah = acc + h * G * D;
       if constexpr (vec) {
