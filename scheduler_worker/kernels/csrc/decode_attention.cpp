@@ -54,6 +54,23 @@ struct Scratch {  // one thread's buffers, sized for one task's heads, D and lon
   float* qf;      // [heads, D]
 };
 
+// Asks for n rows of `width` values, `row` values apart (a block's tokens, the task's
+// heads of each), ahead of their use: the blocks lie scattered in the pool, where the
+// hardware prefetchers do not follow. Into L2 (prefetcht1), not L1: a block is ~100 lines
+// (SmolLM2: 16 tokens x 3 KV heads x 64 float16 = 6 KB), more than L1's miss buffers
+// hold, and prefetches into L1 that wait for one stall the loads of the block in hand.
+// SmolLM2's shape, 32 sequences of 192 tokens, float16 caches from DRAM, avx512 (AMD
+// EPYC Zen 4, 2 threads): 13.7-14.3 ms a step with prefetcht0, 10.3-11.0 with prefetcht1;
+// 15.0 without any prefetch. The engine's whole decode step (SmolLM2 Q4_K_M, contexts of
+// 128-256, old and new on alternate steps): 32 rows 42.6 -> 37.5 ms, 8 rows 14.2 -> 13.2,
+// 1 row unchanged.
+template <typename C>
+ZS_INLINE void prefetch_rows(const C* p, int64_t row, int64_t n, int64_t width) {
+  const int64_t bytes = width * static_cast<int64_t>(sizeof(C));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(p + j * row) + off, 0, 2);
+}
+
 // ---- AVX-512 scores: 16 keys of one block at a time. Each key's dot with a query head
 // is 16 lanes of partial sums (DIM / 16 FMAs); the 16 keys' partials are then summed
 // across lanes together, 15 adds and 30 shuffles for 16 scores, where a reduction per key
@@ -99,12 +116,16 @@ ZS_TARGET_AVX512 inline __m512 key_dot(const float* q, const C* k) {
 template <typename C, int DIM, int GRP>
 ZS_TARGET_AVX512 __attribute__((noinline)) void block_scores_avx512(const float* qf, const C* kb, int64_t row,
                                                                      int64_t j0, int64_t j1, float* sc,
-                                                                     int64_t n_keys) {
+                                                                     int64_t n_keys, const C* next, int64_t n_next) {
   static_assert(DIM % 16 == 0 && GRP > 0);
   for (int64_t j = j0; j < j1; j += 16) {
     const int64_t cnt = std::min<int64_t>(16, j1 - j);
     const C* k = kb + j * row;
     for (int g = 0; g < GRP; ++g) {
+      if (next && j == j0) {  // the next block's keys, a share per query head
+        const int64_t a0 = n_next * g / GRP, a1 = n_next * (g + 1) / GRP;
+        prefetch_rows(next + a0 * row, row, a1 - a0, DIM);
+      }
       const float* qg = qf + g * DIM;
       __m512 p[16];
       if (cnt == 16) {  // unrolled: the slots are constants and p stays in registers
@@ -124,7 +145,7 @@ ZS_TARGET_AVX512 __attribute__((noinline)) void block_scores_avx512(const float*
 template <typename C, int DIM, int GRP>
 ZS_TARGET_AVX512 __attribute__((noinline)) void block_values_avx512(const float* sc, const C* vb, int64_t row,
                                                                      int64_t j0, int64_t j1, int64_t n_keys,
-                                                                     float* acc_mem) {
+                                                                     float* acc_mem, const C* next, int64_t n_next) {
   constexpr int CH = std::min(DIM, std::max(16, static_cast<int>(std::bit_floor(256u / GRP))));  // per pass
   static_assert(DIM % CH == 0);
   constexpr int R = CH / 16;
@@ -133,6 +154,10 @@ ZS_TARGET_AVX512 __attribute__((noinline)) void block_values_avx512(const float*
     for (int g = 0; g < GRP; ++g)
       for (int r = 0; r < R; ++r) acc[g][r] = _mm512_loadu_ps(acc_mem + g * DIM + c0 + 16 * r);
     for (int64_t j = j0; j < j1; ++j) {
+      if (next && c0 == 0) {  // the next block's keys, one per key here (the rest at the last)
+        const int64_t i = j - j0, m = j == j1 - 1 ? n_next - i : 1;
+        if (i < n_next) prefetch_rows(next + i * row, row, m, DIM);
+      }
       __m512 v[R];
       for (int r = 0; r < R; ++r) v[r] = load16_f32(vb + j * row + c0 + 16 * r);
       for (int g = 0; g < GRP; ++g) {
@@ -143,23 +168,6 @@ ZS_TARGET_AVX512 __attribute__((noinline)) void block_values_avx512(const float*
     for (int g = 0; g < GRP; ++g)
       for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc_mem + g * DIM + c0 + 16 * r, acc[g][r]);
   }
-}
-
-// Asks for n rows of `width` values, `row` values apart (a block's tokens, the task's
-// heads of each), ahead of their use: the blocks lie scattered in the pool, where the
-// hardware prefetchers do not follow. Into L2 (prefetcht1), not L1: a block is ~100 lines
-// (SmolLM2: 16 tokens x 3 KV heads x 64 float16 = 6 KB), more than L1's miss buffers
-// hold, and prefetches into L1 that wait for one stall the loads of the block in hand.
-// SmolLM2's shape, 32 sequences of 192 tokens, float16 caches from DRAM, avx512 (AMD
-// EPYC Zen 4, 2 threads): 13.7-14.3 ms a step with prefetcht0, 10.3-11.0 with prefetcht1;
-// 15.0 without any prefetch. The engine's whole decode step (SmolLM2 Q4_K_M, contexts of
-// 128-256, old and new on alternate steps): 32 rows 42.6 -> 37.5 ms, 8 rows 14.2 -> 13.2,
-// 1 row unchanged.
-template <typename C>
-ZS_INLINE void prefetch_rows(const C* p, int64_t row, int64_t n, int64_t width) {
-  const int64_t bytes = width * static_cast<int64_t>(sizeof(C));
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(p + j * row) + off, 0, 2);
 }
 
 // KV heads [h0, h1) of sequence b: each KV head's G query heads share every K/V row they
@@ -192,11 +200,15 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   };
   // fn(block's first row of the task's heads, t0, keys [j0, n) of the block, the next
   // block's first row and its key count) over the blocks that hold keys s0 .. L - 1. fn
-  // asks for the next block one KV head at a time, before it computes that head of this
-  // block: a whole block asked for at once (~100 lines) waits on the miss buffers while the
-  // loads of the block in hand wait behind it. SmolLM2's shape, 32 sequences of 192
-  // tokens, avx512 (Zen 4, 2 threads): 10.0-11.4 -> 6.8-7.7 ms a step (from L3 alone:
-  // ~6 ms); the engine's decode step at 32 rows, alternate steps: 35.6 -> 32.9 ms.
+  // asks for the next block a share at a time while it computes this one: per KV head,
+  // and in the AVX-512 blocks per query head (scores) or per key (values). A whole block
+  // asked for at once (~100 lines) waits on the miss buffers, and the loads of the block
+  // in hand wait behind it: compute and memory then run one after the other. 32
+  // sequences of 192 tokens, avx512 (Zen 4, 2 threads), whole block -> per KV head ->
+  // per query head / key: SmolLM2's shape 10.0-11.4 -> 7.2-7.6 -> 6.3-7.0 ms a step (from
+  // L3 alone: ~6 ms); Gemma 3's (one KV head of 256) 7.8-8.0 (per KV head) -> 6.5 ms.
+  // The engine's decode step at 32 rows, alternate steps: SmolLM2 Q4_K_M 35.6 -> 32.9 ->
+  // 32.7 ms, Gemma 3 61.9 -> 60.6 ms (its 262k-row output head is half of that step).
   auto each_block = [&](const C* cache, auto&& fn) __attribute__((always_inline)) {
     for (int64_t t0 = first; t0 < L; t0 += bs) {
       const bool more = t0 + bs < L;
@@ -208,11 +220,12 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   each_block(a.k_cache, [&](const C* kb, int64_t t0, int64_t j0, int64_t n, const C* next, int64_t n_next)
                                  __attribute__((always_inline)) {
     for (int64_t h = 0; h < nh; ++h) {
-      if (next) prefetch_rows(next + h * D, row, n_next, D);
+      const C* next_h = next ? next + h * D : nullptr;
       float* sc = scores + h * G * n_keys + t0 - s0;
       if constexpr (vec) {
-        block_scores_avx512<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys);
+        block_scores_avx512<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys, next_h, n_next);
       } else {
+        if (next_h) prefetch_rows(next_h, row, n_next, D);
         for (int64_t j = j0; j < n; ++j) {
           const C* k = kb + j * row + h * D;
           for (int64_t g = 0; g < G; ++g) {
@@ -246,12 +259,13 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   each_block(a.v_cache, [&](const C* vb, int64_t t0, int64_t j0, int64_t n, const C* next, int64_t n_next)
                                  __attribute__((always_inline)) {
     for (int64_t h = 0; h < nh; ++h) {
-      if (next) prefetch_rows(next + h * D, row, n_next, D);
+      const C* next_h = next ? next + h * D : nullptr;
       const float* sc = scores + h * G * n_keys + t0 - s0;
       float* ah = acc + h * G * D;
       if constexpr (vec) {
-        block_values_avx512<C, DIM, GRP>(sc, vb + h * D, row, j0, n, n_keys, ah);
+        block_values_avx512<C, DIM, GRP>(sc, vb + h * D, row, j0, n, n_keys, ah, next_h, n_next);
       } else {
+        if (next_h) prefetch_rows(next_h, row, n_next, D);
         for (int64_t j = j0; j < n; ++j) {
           const C* v = vb + j * row + h * D;
           for (int64_t g = 0; g < G; ++g) {
