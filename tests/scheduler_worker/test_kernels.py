@@ -191,6 +191,32 @@ def test_paged_decode_attention_reads_float16_caches_under_float32(case, isa):
         ops.paged_decode_attention(q.bfloat16(), kc, vc, tables, torch.tensor(lens), 0.1, 0)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        (4, [70, 33, 200, 9], 16, 9, 3, 64, 40),  # windows that start inside a block
+        (2, [300, 129], 16, 4, 1, 256, 128),  # Gemma 3's head: one KV head of 256
+        (3, [50, 17, 90], 8, 8, 4, 128, 23),
+    ],
+)
+def test_paged_decode_attention_keeps_to_the_sliding_window(case, isa):
+    """A window of W keys: only positions L - W .. L - 1 are attended (the first block's
+    earlier keys skipped), on float16 caches under float32 as the models run them."""
+    batch, lens, bs, h, hkv, d, window = case
+    q, kc, vc, tables = _paged(batch, lens, bs, h, hkv, d, torch.float32, seed=window)
+    kc, vc = kc.to(torch.float16), vc.to(torch.float16)
+    ctx = torch.tensor(lens)
+    pos = torch.arange(tables.shape[1] * bs)[None, :]
+    mask = ((pos < ctx[:, None]) & (pos >= ctx[:, None] - window)).view(batch, 1, 1, -1)
+    ref = _decode_attention(q, kc.float(), vc.float(), tables, mask, d**-0.5, "sdpa")
+    i = kernels.isa_index(isa)
+    out = ops.paged_decode_attention(q, kc, vc, tables, ctx, d**-0.5, i, window)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    full = ops.paged_decode_attention(q, kc, vc, tables, ctx, d**-0.5, i, 0)
+    assert not torch.allclose(out[2 if batch > 2 else 0], full[2 if batch > 2 else 0])
+
+
 def test_paged_decode_attention_refuses_a_length_past_its_table():
     q, kc, vc, tables = _paged(1, [20], 16, 4, 2, 32, torch.float32, 0)
     with pytest.raises(RuntimeError, match="outside its block table"):

@@ -170,17 +170,107 @@ ZS_TARGET_AVX512 __attribute__((noinline)) void block_values_avx512(const float*
   }
 }
 
+// ---- AVX2 blocks: the same work on 8 lanes (F16C widens float16). Without them the
+// portable loops widened each float16 value on its own: the float16 cache of a float32
+// model (the default) made the AVX2 path's attention 5x slower than a float32 cache
+// (SmolLM2's shape, 32 x 192 tokens, on a Zen 4 forced to the AVX2 path: 114 vs 21 ms a
+// step; with these blocks 10.0 and 13.6 ms). The default model's whole decode step at 32
+// rows on that forced AVX2 path (ZEROSERVE_CPU_KIND=avx2; not an AVX2-only CPU): 157-161
+// -> 50-52 ms.
+
+template <typename C>
+ZS_TARGET_AVX2 inline __m256 load8_f32(const C* p) {
+  if constexpr (std::is_same_v<C, float>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<C, c10::Half>) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {  // bfloat16: the upper half of a float32
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Lane j of the result is the sum of the 8 lanes of v[j].
+ZS_TARGET_AVX2 inline __m256 sum_lanes8(const __m256* v) {
+  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+template <typename C, int DIM>
+ZS_TARGET_AVX2 inline __m256 key_dot8(const float* q, const C* k) {
+  __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), load8_f32(k));
+  for (int c = 1; c < DIM / 8; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), load8_f32(k + 8 * c), acc);
+  return acc;
+}
+
+// As block_scores_avx512, 8 keys at a time.
+template <typename C, int DIM, int GRP>
+ZS_TARGET_AVX2 __attribute__((noinline)) void block_scores_avx2(const float* qf, const C* kb, int64_t row, int64_t j0,
+                                                                 int64_t j1, float* sc, int64_t n_keys, const C* next,
+                                                                 int64_t n_next) {
+  static_assert(DIM % 8 == 0 && GRP > 0);
+  for (int64_t j = j0; j < j1; j += 8) {
+    const int64_t cnt = std::min<int64_t>(8, j1 - j);
+    const C* k = kb + j * row;
+    for (int g = 0; g < GRP; ++g) {
+      if (next && j == j0) {  // the next block's keys, a share per query head
+        const int64_t a0 = n_next * g / GRP, a1 = n_next * (g + 1) / GRP;
+        prefetch_rows(next + a0 * row, row, a1 - a0, DIM);
+      }
+      const float* qg = qf + g * DIM;
+      __m256 p[8];
+      for (int jj = 0; jj < 8; ++jj) p[jj] = jj < cnt ? key_dot8<C, DIM>(qg, k + jj * row) : _mm256_setzero_ps();
+      alignas(32) float out[8];
+      _mm256_store_ps(out, sum_lanes8(p));
+      for (int64_t jj = 0; jj < cnt; ++jj) sc[g * n_keys + j + jj] = out[jj];
+    }
+  }
+}
+
+// As block_values_avx512 on 8 lanes: GRP x R accumulators, the R value vectors and the
+// weight within AVX2's 16 registers.
+template <typename C, int DIM, int GRP>
+ZS_TARGET_AVX2 __attribute__((noinline)) void block_values_avx2(const float* sc, const C* vb, int64_t row, int64_t j0,
+                                                                 int64_t j1, int64_t n_keys, float* acc_mem,
+                                                                 const C* next, int64_t n_next) {
+  constexpr int CH = std::min(DIM, 8 * std::max(1, static_cast<int>(std::bit_floor(15u / (GRP + 1)))));  // per pass
+  static_assert(DIM % CH == 0);
+  constexpr int R = CH / 8;
+  for (int c0 = 0; c0 < DIM; c0 += CH) {
+    __m256 acc[GRP][R];
+    for (int g = 0; g < GRP; ++g)
+      for (int r = 0; r < R; ++r) acc[g][r] = _mm256_loadu_ps(acc_mem + g * DIM + c0 + 8 * r);
+    for (int64_t j = j0; j < j1; ++j) {
+      if (next && c0 == 0) {  // the next block's keys, one per key here (the rest at the last)
+        const int64_t i = j - j0, m = j == j1 - 1 ? n_next - i : 1;
+        if (i < n_next) prefetch_rows(next + i * row, row, m, DIM);
+      }
+      __m256 v[R];
+      for (int r = 0; r < R; ++r) v[r] = load8_f32(vb + j * row + c0 + 8 * r);
+      for (int g = 0; g < GRP; ++g) {
+        const __m256 p = _mm256_set1_ps(sc[g * n_keys + j]);
+        for (int r = 0; r < R; ++r) acc[g][r] = _mm256_fmadd_ps(p, v[r], acc[g][r]);
+      }
+    }
+    for (int g = 0; g < GRP; ++g)
+      for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc_mem + g * DIM + c0 + 8 * r, acc[g][r]);
+  }
+}
+
 // KV heads [h0, h1) of sequence b: each KV head's G query heads share every K/V row they
 // read. The block table is walked block by block; a block holds block_size tokens, each
 // token's heads side by side (row = Hkv * D elements), so a task of every KV head reads
 // each block as one span of memory.
 // DIM, GRP: the head size and the query heads per KV head when they are compile-time
 // constants (fixed-length loops the compiler unrolls), else 0 and a.D, a.H / a.Hkv are
-// used. V512: the AVX-512 build, whose fixed head sizes (a multiple of 16) and groups run
-// block_scores_avx512 / block_values_avx512.
-template <typename T, typename C, int DIM, int GRP, bool V512>
+// used. VEC: the vector blocks of this build (1: AVX2, 2: AVX-512; 0: none), which serve
+// the fixed head sizes (a multiple of 8 or 16) and groups.
+template <typename T, typename C, int DIM, int GRP, int VEC>
 ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64_t h1, const Scratch& s) {
-  constexpr bool vec = V512 && DIM > 0 && DIM % 16 == 0 && GRP > 0;
+  constexpr bool v512 = VEC == 2 && DIM > 0 && DIM % 16 == 0 && GRP > 0;
+  constexpr bool v256 = VEC == 1 && DIM > 0 && DIM % 8 == 0 && GRP > 0;
   const int64_t G = GRP > 0 ? GRP : a.H / a.Hkv, D = DIM > 0 ? DIM : a.D, L = a.lens[b], bs = a.block_size;
   const int64_t nh = h1 - h0, row = a.Hkv * D;
   float* scores = s.scores;  // [nh * G, n_keys]: scores[(h * G + g) * n_keys + t - s0]
@@ -222,8 +312,10 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
     for (int64_t h = 0; h < nh; ++h) {
       const C* next_h = next ? next + h * D : nullptr;
       float* sc = scores + h * G * n_keys + t0 - s0;
-      if constexpr (vec) {
+      if constexpr (v512) {
         block_scores_avx512<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys, next_h, n_next);
+      } else if constexpr (v256) {
+        block_scores_avx2<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys, next_h, n_next);
       } else {
         if (next_h) prefetch_rows(next_h, row, n_next, D);
         for (int64_t j = j0; j < n; ++j) {
@@ -262,8 +354,10 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
       const C* next_h = next ? next + h * D : nullptr;
       const float* sc = scores + h * G * n_keys + t0 - s0;
       float* ah = acc + h * G * D;
-      if constexpr (vec) {
+      if constexpr (v512) {
         block_values_avx512<C, DIM, GRP>(sc, vb + h * D, row, j0, n, n_keys, ah, next_h, n_next);
+      } else if constexpr (v256) {
+        block_values_avx2<C, DIM, GRP>(sc, vb + h * D, row, j0, n, n_keys, ah, next_h, n_next);
       } else {
         if (next_h) prefetch_rows(next_h, row, n_next, D);
         for (int64_t j = j0; j < n; ++j) {
@@ -282,14 +376,14 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   for (int64_t i = 0; i < nh * G * D; ++i) o[i] = static_cast<T>(acc[i]);
 }
 
-// The three paths of ZS_VARIANTS by hand: only the AVX-512 one takes the vector blocks.
+// The three paths of ZS_VARIANTS by hand, each with its own vector blocks (none portable).
 #define ZS_ATTEND_PARAMS const AttnArgs<T, C>&a, int64_t b, int64_t h0, int64_t h1, const Scratch &s
 template <typename T, typename C, int DIM, int GRP>
-void attend_0(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, false>(a, b, h0, h1, s); }
+void attend_0(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 0>(a, b, h0, h1, s); }
 template <typename T, typename C, int DIM, int GRP>
-ZS_TARGET_AVX2 void attend_1(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, false>(a, b, h0, h1, s); }
+ZS_TARGET_AVX2 void attend_1(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 1>(a, b, h0, h1, s); }
 template <typename T, typename C, int DIM, int GRP>
-ZS_TARGET_AVX512 void attend_2(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, true>(a, b, h0, h1, s); }
+ZS_TARGET_AVX512 void attend_2(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 2>(a, b, h0, h1, s); }
 
 template <typename T, typename C>
 using AttendFn = void (*)(const AttnArgs<T, C>&, int64_t, int64_t, int64_t, const Scratch&);
