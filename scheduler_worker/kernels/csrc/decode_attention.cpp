@@ -71,6 +71,19 @@ ZS_INLINE void prefetch_rows(const C* p, int64_t row, int64_t n, int64_t width) 
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(p + j * row) + off, 0, 2);
 }
 
+// The vector blocks ask for the next block while they compute this one, a share at a
+// time (see each_block in attend_impl): its keys [n_next g / G, n_next (g + 1) / G) at
+// query head g of the scores, key i at key i of the values (the rest at the last).
+template <typename C>
+ZS_INLINE void prefetch_share(const C* next, int64_t row, int64_t n_next, int64_t g, int64_t G, int64_t width) {
+  const int64_t a0 = n_next * g / G, a1 = n_next * (g + 1) / G;
+  prefetch_rows(next + a0 * row, row, a1 - a0, width);
+}
+template <typename C>
+ZS_INLINE void prefetch_key(const C* next, int64_t row, int64_t n_next, int64_t i, bool last, int64_t width) {
+  if (i < n_next) prefetch_rows(next + i * row, row, last ? n_next - i : 1, width);
+}
+
 // ---- AVX-512 scores: 16 keys of one block at a time. Each key's dot with a query head
 // is 16 lanes of partial sums (DIM / 16 FMAs); the 16 keys' partials are then summed
 // across lanes together, 15 adds and 30 shuffles for 16 scores, where a reduction per key
@@ -122,10 +135,7 @@ ZS_TARGET_AVX512 __attribute__((noinline)) void block_scores_avx512(const float*
     const int64_t cnt = std::min<int64_t>(16, j1 - j);
     const C* k = kb + j * row;
     for (int g = 0; g < GRP; ++g) {
-      if (next && j == j0) {  // the next block's keys, a share per query head
-        const int64_t a0 = n_next * g / GRP, a1 = n_next * (g + 1) / GRP;
-        prefetch_rows(next + a0 * row, row, a1 - a0, DIM);
-      }
+      if (next && j == j0) prefetch_share(next, row, n_next, g, GRP, DIM);
       const float* qg = qf + g * DIM;
       __m512 p[16];
       if (cnt == 16) {  // unrolled: the slots are constants and p stays in registers
@@ -154,10 +164,7 @@ ZS_TARGET_AVX512 __attribute__((noinline)) void block_values_avx512(const float*
     for (int g = 0; g < GRP; ++g)
       for (int r = 0; r < R; ++r) acc[g][r] = _mm512_loadu_ps(acc_mem + g * DIM + c0 + 16 * r);
     for (int64_t j = j0; j < j1; ++j) {
-      if (next && c0 == 0) {  // the next block's keys, one per key here (the rest at the last)
-        const int64_t i = j - j0, m = j == j1 - 1 ? n_next - i : 1;
-        if (i < n_next) prefetch_rows(next + i * row, row, m, DIM);
-      }
+      if (next && c0 == 0) prefetch_key(next, row, n_next, j - j0, j == j1 - 1, DIM);
       __m512 v[R];
       for (int r = 0; r < R; ++r) v[r] = load16_f32(vb + j * row + c0 + 16 * r);
       for (int g = 0; g < GRP; ++g) {
@@ -215,10 +222,7 @@ ZS_TARGET_AVX2 __attribute__((noinline)) void block_scores_avx2(const float* qf,
     const int64_t cnt = std::min<int64_t>(8, j1 - j);
     const C* k = kb + j * row;
     for (int g = 0; g < GRP; ++g) {
-      if (next && j == j0) {  // the next block's keys, a share per query head
-        const int64_t a0 = n_next * g / GRP, a1 = n_next * (g + 1) / GRP;
-        prefetch_rows(next + a0 * row, row, a1 - a0, DIM);
-      }
+      if (next && j == j0) prefetch_share(next, row, n_next, g, GRP, DIM);
       const float* qg = qf + g * DIM;
       __m256 p[8];
       for (int jj = 0; jj < 8; ++jj) p[jj] = jj < cnt ? key_dot8<C, DIM>(qg, k + jj * row) : _mm256_setzero_ps();
@@ -243,10 +247,7 @@ ZS_TARGET_AVX2 __attribute__((noinline)) void block_values_avx2(const float* sc,
     for (int g = 0; g < GRP; ++g)
       for (int r = 0; r < R; ++r) acc[g][r] = _mm256_loadu_ps(acc_mem + g * DIM + c0 + 8 * r);
     for (int64_t j = j0; j < j1; ++j) {
-      if (next && c0 == 0) {  // the next block's keys, one per key here (the rest at the last)
-        const int64_t i = j - j0, m = j == j1 - 1 ? n_next - i : 1;
-        if (i < n_next) prefetch_rows(next + i * row, row, m, DIM);
-      }
+      if (next && c0 == 0) prefetch_key(next, row, n_next, j - j0, j == j1 - 1, DIM);
       __m256 v[R];
       for (int r = 0; r < R; ++r) v[r] = load8_f32(vb + j * row + c0 + 8 * r);
       for (int g = 0; g < GRP; ++g) {
