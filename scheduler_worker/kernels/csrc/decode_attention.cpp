@@ -292,7 +292,7 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   // fn(block's first row of the task's heads, t0, keys [j0, n) of the block, the next
   // block's first row and its key count) over the blocks that hold keys s0 .. L - 1. fn
   // asks for the next block a share at a time while it computes this one: per KV head,
-  // and in the AVX-512 blocks per query head (scores) or per key (values). A whole block
+  // and in the vector blocks per query head (scores) or per key (values). A whole block
   // asked for at once (~100 lines) waits on the miss buffers, and the loads of the block
   // in hand wait behind it: compute and memory then run one after the other. 32
   // sequences of 192 tokens, avx512 (Zen 4, 2 threads), whole block -> per KV head ->
