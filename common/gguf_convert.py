@@ -5,6 +5,7 @@
                                          model*.safetensors (float32: norms and biases;
                                                              every tensor with `full`)
                                          tokenizer.json  tokenizer_config.json (+ chat_template)
+                                         decode_tokenizer.json (BPE: no merges, for detok)
 
 The engine reads the matrices (linears, embedding) from the GGUF file itself
 (scheduler_worker.loader): the cache keeps only the 1-D tensors, so it costs a few MB, not
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.decode_tokenizer import write_decode_tokenizer
 from common.gguf_header import check_metadata
 from common.gguf_names import (  # noqa: F401 (re-exported: the names' one table)
     _NORM_PLUS_ONE_ARCHS,
@@ -409,6 +411,7 @@ def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> No
     if template:
         cfg["chat_template"] = template
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+    write_decode_tokenizer(out_dir)  # the detokenizer's (common.decode_tokenizer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from common.config import Config
+from common.decode_tokenizer import load_decode_tokenizer
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
@@ -63,7 +64,7 @@ class DetokWorker:
             model_dir = resolve_model(
                 config.engine.model.model, config.engine.model.resolved_cache_dir
             )
-            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+            tokenizer = load_decode_tokenizer(model_dir)  # no merges: a faster start
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         inbox = PullQueue(config.ipc.endpoint("detok"), bind=True)

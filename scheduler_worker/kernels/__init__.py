@@ -150,8 +150,6 @@ def build(verbose: bool = False, force: bool = False) -> Path:
     """The library of these sources: one already there, else compiled now; returns its
     path. A failed build is remembered (failure_marker) and not retried unless `force`,
     which also recompiles a library that exists."""
-    from torch.utils import cpp_extension
-
     lib = library_path()
     if force:
         failure_marker(lib).unlink(missing_ok=True)
@@ -160,6 +158,8 @@ def build(verbose: bool = False, force: bool = False) -> Path:
         if found is not None:
             return found
         _check_no_failure(lib)
+    from torch.utils import cpp_extension  # 0.1 s at each start: only to compile
+
     cxx = _compiler()
     if cxx is None:
         raise KernelBuildError(
