@@ -30,7 +30,6 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from common.config import Config
-from common.decode_tokenizer import load_decode_tokenizer
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
@@ -46,6 +45,7 @@ from common.messages import (
     unpack_step_outputs,
 )
 from common.model_source import resolve_model
+from common.tokenizer_files import load_decode_tokenizer
 from common.worker_shell import WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, QueueFull
 from detok_worker.incremental import RequestDetokenizer
