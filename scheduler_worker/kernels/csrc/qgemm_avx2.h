@@ -59,7 +59,7 @@ ZS_AVX2 void quantize_row_avx2(const T* x, int64_t nb, int8_t* q, float* d, floa
 // 4-bit weights are the unsigned operand as they are; 8-bit ones (stored + 128) are made
 // signed again and their signs moved onto x, so no int16 pair can saturate.
 template <int FMT, int RM, typename T>
-ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g) {
+ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
   constexpr int64_t BB = group_block_bytes<FMT>();
   const int64_t nb = w.nb, N = w.N;
   const uint8_t* wq = w.q;
@@ -70,6 +70,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = wq + (g * nb + b) * BB;
     if (x.prefetch && i0 == 0) prefetch_block_ahead<BB>(wb);
+    ahead.fetch(b);
     __m256i iacc[RM][2];
     for (int i = 0; i < RM; ++i) iacc[i][0] = iacc[i][1] = _mm256_setzero_si256();
     const int8_t* xb[RM];

@@ -52,23 +52,30 @@ float dot_kq_scalar(const Act& x, const KPacked& w, int64_t i, int64_t n) {
 // Groups [g0, g1) of every activation row, on path `isa`.
 template <int FMT, typename T>
 void gemm_kq(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0, int64_t g1, int64_t isa) {
+  // groups [g, g + n) asked for ahead (Ahead: qgemm_common.h) where a tile of `rm` rows
+  // leaves more than one tile per group
+  const int64_t gb = w.nb / KLayout<FMT>::UK * KLayout<FMT>::UB;
+  auto next = [&](int64_t g, int64_t n, int64_t rm) {
+    return x.prefetch && M > rm ? ahead_of(w.q, gb, g, std::min(n, g1 - g), w.nb) : Ahead{};
+  };
   if (isa == AVX512) {
     if (M >= 8) {  // one group, 8 rows a tile: each register of unpacked weights (the
       // nibbles ORed with their fifth bits) feeds 8 rows, not 4: 20-25% less time at 128
       // rows of Q5_0 (bench_quant.py --per-byte); the 4- and 8-bit tiles gained nothing
-      for (int64_t g = g0; g < g1; ++g) rows_kq_vnni<FMT, 8, 1>(x, w, M, out, g);
+      for (int64_t g = g0; g < g1; ++g) rows_kq_vnni<FMT, 8, 1>(x, w, M, out, g, next(g + 1, 1, 8));
       return;
     }
     int64_t g = g0;
-    for (; g + 2 <= g1; g += 2) rows_kq_vnni<FMT, 4, 2>(x, w, M, out, g);
-    if (g < g1) rows_kq_vnni<FMT, 4, 1>(x, w, M, out, g);
+    for (; g + 2 <= g1; g += 2) rows_kq_vnni<FMT, 4, 2>(x, w, M, out, g, next(g + 2, 2, 4));
+    if (g < g1) rows_kq_vnni<FMT, 4, 1>(x, w, M, out, g, Ahead{});
     return;
   }
   for (int64_t g = g0; g < g1; ++g) {
     if (isa == AVX2) {
+      const Ahead ahead = next(g + 1, 1, 2);
       int64_t i = 0;
-      for (; i + 2 <= M; i += 2) tile_kq_avx2<FMT, 2>(x, w, out, i, g);
-      if (i < M) tile_kq_avx2<FMT, 1>(x, w, out, i, g);
+      for (; i + 2 <= M; i += 2) tile_kq_avx2<FMT, 2>(x, w, out, i, g, i + 2 == M ? ahead : Ahead{});
+      if (i < M) tile_kq_avx2<FMT, 1>(x, w, out, i, g, ahead);
       continue;
     }
     for (int64_t n = g * GR; n < std::min(w.N, (g + 1) * GR); ++n)

@@ -58,7 +58,7 @@ ZS_AVX2 inline __m256i hbit_avx2(__m256i h, int from, __m256i bit4) {
 
 // RM activation rows x one group of 16 output rows, as tile_avx2 (two halves of 8 rows).
 template <int FMT, int RM, typename T>
-ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, int64_t g) {
+ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
   using L = KLayout<FMT>;
   const int64_t nb = w.nb, N = w.N;
   const __m256i nib = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
@@ -68,6 +68,7 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, in
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = kq_sub<FMT>(w, g, b);
     if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb);
+    ahead.fetch(b);
     const int8_t* xb[RM];
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
     __m256i iacc[RM][2];
@@ -143,7 +144,7 @@ ZS_AVX512 inline __m512 u8x16_to_ps(const uint8_t* p) {
 
 // RM activation rows x RG groups, as tile_vnni: one dpbusd per 4 inputs, 16 rows at once.
 template <int FMT, int RM, int RG, typename T>
-ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, int64_t g0) {
+ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, int64_t g0, const Ahead& ahead = {}) {
   using L = KLayout<FMT>;
   const int64_t nb = w.nb, N = w.N;
   const __m512i nib = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
@@ -164,6 +165,7 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
       if constexpr (L::HI) hb[g] = _mm512_loadu_si512(wb[g] + 256);
       if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb[g]);
     }
+    ahead.fetch(b);
     for (int k = 0; k < 4; ++k) {
       __m512i lo[RG], hi[RG];
       for (int g = 0; g < RG; ++g) {
@@ -224,19 +226,20 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
 }
 
 template <int FMT, int RM, int RG, typename T>
-ZS_AVX512 void rows_kq_vnni(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0) {
+ZS_AVX512 void rows_kq_vnni(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0, const Ahead& ahead) {
+  auto last = [&](int64_t end) { return end == M ? ahead : Ahead{}; };  // the last tile asks
   int64_t i = 0;
-  for (; i + RM <= M; i += RM) tile_kq_vnni<FMT, RM, RG>(x, w, out, i, g0);
+  for (; i + RM <= M; i += RM) tile_kq_vnni<FMT, RM, RG>(x, w, out, i, g0, last(i + RM));
   if constexpr (RM > 4) {
     if (M - i >= 4) {
-      tile_kq_vnni<FMT, 4, RG>(x, w, out, i, g0);
+      tile_kq_vnni<FMT, 4, RG>(x, w, out, i, g0, last(i + 4));
       i += 4;
     }
   }
   const int64_t left = M - i;
-  if (left == 3) tile_kq_vnni<FMT, 3, RG>(x, w, out, i, g0);
-  else if (left == 2) tile_kq_vnni<FMT, 2, RG>(x, w, out, i, g0);
-  else if (left == 1) tile_kq_vnni<FMT, 1, RG>(x, w, out, i, g0);
+  if (left == 3) tile_kq_vnni<FMT, 3, RG>(x, w, out, i, g0, ahead);
+  else if (left == 2) tile_kq_vnni<FMT, 2, RG>(x, w, out, i, g0, ahead);
+  else if (left == 1) tile_kq_vnni<FMT, 1, RG>(x, w, out, i, g0, ahead);
 }
 
 }  // namespace zs_qgemm

@@ -41,18 +41,24 @@ float dot_q6_scalar(const Q6Act& x, const Q6Packed& w, int64_t i, int64_t n) {
 // Groups [g0, g1) of every activation row, on path `isa`.
 template <typename T>
 void gemm_q6(const Q6Act& x, const Q6Packed& w, int64_t M, T* out, int64_t g0, int64_t g1, int64_t isa) {
+  // the next group asked for ahead (Ahead: qgemm_common.h) where a tile of `rm` rows
+  // leaves more than one tile per group
+  auto next = [&](int64_t g, int64_t rm) {
+    return x.prefetch && M > rm ? ahead_of(w.q, w.nsb * Q6_UB, g + 1, std::min<int64_t>(1, g1 - g - 1), w.nsb * 8) : Ahead{};
+  };
   if (isa == AVX512) {
     // one group at a time: two groups' interleaved weight streams (the RG = 2 tiles of the
     // other formats) measured 2-3x slower per byte at 1 row once the weight left the L2
     // cache (a 49152 x 512 weight, one thread, Zen 4), and no faster at 4-32 rows
-    for (int64_t g = g0; g < g1; ++g) rows_q6_vnni<4, 1>(x, w, M, out, g);
+    for (int64_t g = g0; g < g1; ++g) rows_q6_vnni<4, 1>(x, w, M, out, g, next(g, 4));
     return;
   }
   for (int64_t g = g0; g < g1; ++g) {
     if (isa == AVX2) {
+      const Ahead ahead = next(g, 2);
       int64_t i = 0;
-      for (; i + 2 <= M; i += 2) tile_q6_avx2<2>(x, w, out, i, g);
-      if (i < M) tile_q6_avx2<1>(x, w, out, i, g);
+      for (; i + 2 <= M; i += 2) tile_q6_avx2<2>(x, w, out, i, g, i + 2 == M ? ahead : Ahead{});
+      if (i < M) tile_q6_avx2<1>(x, w, out, i, g, ahead);
       continue;
     }
     for (int64_t n = g * GR; n < std::min(w.N, (g + 1) * GR); ++n)

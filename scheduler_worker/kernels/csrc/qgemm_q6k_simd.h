@@ -22,7 +22,7 @@ ZS_AVX2 inline __m256 i8x8_to_ps(const int8_t* p) {
 
 // RM activation rows x one group of 16 output rows, as tile_kq_avx2 (two halves of 8 rows).
 template <int RM, typename T>
-ZS_AVX2 void tile_q6_avx2(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0, int64_t g) {
+ZS_AVX2 void tile_q6_avx2(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
   const int64_t nb = w.nsb * 8, N = w.N;
   const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
   __m256 facc[RM][2];
@@ -31,6 +31,7 @@ ZS_AVX2 void tile_q6_avx2(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0,
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = q6_sub(w, g, b);
     if (x.prefetch && i0 == 0) prefetch_block_ahead<Q6_SB>(wb);
+    ahead.fetch(b);
     const int8_t* sc = q6_sc(w, g, b);
     if (b % 8 == 0)
       for (int h = 0; h < 2; ++h) dv[h] = load8_f16(q6_d(w, g, b) + 8 * h);
@@ -91,7 +92,7 @@ ZS_AVX512 inline __m512 i8x16_to_ps(const int8_t* p) {
 
 // RM activation rows x RG groups, as tile_kq_vnni: one dpbusd per 4 inputs, 16 rows at once.
 template <int RM, int RG, typename T>
-ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0, int64_t g0) {
+ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0, int64_t g0, const Ahead& ahead = {}) {
   const int64_t nb = w.nsb * 8, N = w.N;
   const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   __m512 facc[RM][RG];
@@ -105,6 +106,7 @@ ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i
       if (b % 8 == 0) dv[g] = load16_f16(q6_d(w, g0 + g, b));
       if (x.prefetch && i0 == 0) prefetch_block_ahead<Q6_SB>(wb[g]);
     }
+    ahead.fetch(b);
     const int8_t* xb[RM];
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
     __m512 t[RM][RG];
@@ -160,13 +162,13 @@ ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i
 // Activation rows in tiles of RM (the bulk, then the remainder) for RG groups: the groups'
 // weights stay in cache across the row tiles.
 template <int RM, int RG, typename T>
-ZS_AVX512 void rows_q6_vnni(const Q6Act& x, const Q6Packed& w, int64_t M, T* out, int64_t g0) {
+ZS_AVX512 void rows_q6_vnni(const Q6Act& x, const Q6Packed& w, int64_t M, T* out, int64_t g0, const Ahead& ahead) {
   int64_t i = 0;
-  for (; i + RM <= M; i += RM) tile_q6_vnni<RM, RG>(x, w, out, i, g0);
+  for (; i + RM <= M; i += RM) tile_q6_vnni<RM, RG>(x, w, out, i, g0, i + RM == M ? ahead : Ahead{});
   const int64_t left = M - i;
-  if (left == 3) tile_q6_vnni<3, RG>(x, w, out, i, g0);
-  else if (left == 2) tile_q6_vnni<2, RG>(x, w, out, i, g0);
-  else if (left == 1) tile_q6_vnni<1, RG>(x, w, out, i, g0);
+  if (left == 3) tile_q6_vnni<3, RG>(x, w, out, i, g0, ahead);
+  else if (left == 2) tile_q6_vnni<2, RG>(x, w, out, i, g0, ahead);
+  else if (left == 1) tile_q6_vnni<1, RG>(x, w, out, i, g0, ahead);
 }
 
 }  // namespace zs_qgemm

@@ -18,7 +18,7 @@ ZS_AVX512 inline __m512 load16_f16(const c10::Half* p) {
 
 // RM activation rows [i0, i0 + RM) x RG groups [g0, g0 + RG) of 16 output rows.
 template <int FMT, int RM, int RG, typename T>
-ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g0) {
+ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g0, const Ahead& ahead = {}) {
   constexpr int64_t BB = group_block_bytes<FMT>();
   const int64_t nb = w.nb, N = w.N;
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -33,6 +33,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
     if (x.prefetch && i0 == 0)
       for (int g = 0; g < RG; ++g) prefetch_block_ahead<BB>(w.q + ((g0 + g) * nb + b) * BB);
+    ahead.fetch(b);
     if constexpr (FMT == Q8) {
       for (int k = 0; k < 8; ++k) {
         __m512i wv[RG];
@@ -90,21 +91,28 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
 
 // Activation rows in tiles of up to RM (the bulk, then the remainder), for RG groups.
 template <int FMT, int RM, int RG, typename T>
-ZS_AVX512 void rows_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0) {
+ZS_AVX512 void rows_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, const Ahead& ahead) {
   int64_t i = 0;
-  for (; i + RM <= M; i += RM) tile_vnni<FMT, RM, RG>(x, w, out, i, g0);
+  for (; i + RM <= M; i += RM) tile_vnni<FMT, RM, RG>(x, w, out, i, g0, i + RM == M ? ahead : Ahead{});
   const int64_t left = M - i;
-  if (left == 3) tile_vnni<FMT, 3, RG>(x, w, out, i, g0);
-  else if (left == 2) tile_vnni<FMT, 2, RG>(x, w, out, i, g0);
-  else if (left == 1) tile_vnni<FMT, 1, RG>(x, w, out, i, g0);
+  if (left == 3) tile_vnni<FMT, 3, RG>(x, w, out, i, g0, ahead);
+  else if (left == 2) tile_vnni<FMT, 2, RG>(x, w, out, i, g0, ahead);
+  else if (left == 1) tile_vnni<FMT, 1, RG>(x, w, out, i, g0, ahead);
 }
 
 // Groups [t0, t1) of every activation row: pairs of groups, then a single one.
 template <int FMT, typename T>
 ZS_AVX512 void gemm_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t g1) {
+  constexpr int64_t BB = group_block_bytes<FMT>();
+  const int64_t gb = w.nb * BB;
+  // the next pair asked for ahead (Ahead: qgemm_common.h) where a group takes more than one
+  // tile of 4 rows
+  auto next = [&](int64_t g) {
+    return x.prefetch && M > 4 ? ahead_of(w.q, gb, g, std::min<int64_t>(2, g1 - g), w.nb) : Ahead{};
+  };
   int64_t g = g0;
-  for (; g + 2 <= g1; g += 2) rows_vnni<FMT, 4, 2>(x, w, M, out, g);
-  if (g < g1) rows_vnni<FMT, 4, 1>(x, w, M, out, g);
+  for (; g + 2 <= g1; g += 2) rows_vnni<FMT, 4, 2>(x, w, M, out, g, next(g + 2));
+  if (g < g1) rows_vnni<FMT, 4, 1>(x, w, M, out, g, Ahead{});
 }
 
 }  // namespace zs_qgemm
