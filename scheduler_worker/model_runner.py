@@ -16,7 +16,12 @@ from common.config import CacheConfig, ConfigError, EngineConfig
 from common.log import get_logger
 from common.model_facts import context_length
 from scheduler_worker import kernels
-from scheduler_worker.attention import AttentionMetadata, PrefillSlice, choose_decode_kernel
+from scheduler_worker.attention import (
+    PAGED_PREFILL_MAX_CONTEXT,
+    AttentionMetadata,
+    PrefillSlice,
+    choose_decode_kernel,
+)
 from scheduler_worker.kernels.shapes import decode_ops_refusal
 from scheduler_worker.kv_pool import allocate_kv_pool
 from scheduler_worker.loader import _DTYPES, load, resolve_device, resolve_dtype
@@ -262,6 +267,8 @@ class ModelRunner:
                 ).view(num_decode, 1, 1, -1)
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        if self.decode_kernel == "paged":
+            _paged_rows(meta, [seqs[i] for i in order], bs, pos)
         return ids, pos, meta
 
     def _prepare_decode(
@@ -333,3 +340,33 @@ class ModelRunner:
 def _order(seqs: list[SeqInput]) -> list[int]:
     """The order of the sequences' tokens in a step: decodes (one token) first."""
     return sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)
+
+
+def _paged_rows(meta: AttentionMetadata, seqs: list[SeqInput], bs: int, pos: torch.Tensor) -> None:
+    """Marks the step's short prefills (attention.PAGED_PREFILL_MAX_CONTEXT) `paged` and sets
+    the kernel's rows (`AttentionMetadata.row_*`): theirs and the decodes'. `seqs` in the
+    step's token order, `pos` the tokens' positions."""
+    short = [p for p in meta.prefills if p.num_context <= PAGED_PREFILL_MAX_CONTEXT]
+    if not short:
+        return
+    for p in short:
+        p.paged = True
+    tables: list[torch.Tensor] = []
+    index: list[torch.Tensor] = []
+    offset = 0
+    width = max((s.num_computed + len(s.token_ids) + bs - 1) // bs for s in seqs)
+    for s in seqs:
+        n = len(s.token_ids)
+        if n == 1 or s.num_computed + n <= PAGED_PREFILL_MAX_CONTEXT:
+            table = s.block_table[:width]
+            row = torch.tensor(table + [0] * (width - len(table)), dtype=torch.long)
+            tables.append(row.expand(n, width))
+            index.append(torch.arange(offset, offset + n))
+        offset += n
+    rows = torch.cat(index)
+    meta.row_block_tables = torch.cat(tables).to(pos.device)
+    if rows.numel() == pos.numel():
+        meta.row_context_lens = pos + 1
+    else:
+        meta.row_index = rows.to(pos.device)
+        meta.row_context_lens = pos.index_select(0, meta.row_index) + 1
