@@ -131,6 +131,24 @@ def test_qlinear_equals_the_gguf_oracle(isa, type_name):
 
 
 @needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_row_computes_the_same_whatever_the_batch(isa, type_name):
+    # every tile shape and path (row tiles of 1-8 rows; on AVX-512 the 5-bit formats' panel
+    # from 32 rows, qgemm_panel.h) gives each row bit for bit what it gives alone, so a
+    # request's numbers do not depend on how many rows share its step; N 37 and 50 end in
+    # a lone group (3 and 4 groups), K 576 is not a multiple of 256 (Q5_0 / Q5_1 only)
+    k = 512 if type_name.endswith("_K") else 576
+    for seed, n in enumerate((37, 50)):
+        raw = random_raw(type_name, n, k, seed)
+        bw = from_gguf(raw, type_name, n, k)
+        x = torch.randn(100, k, generator=torch.Generator().manual_seed(seed))
+        alone = torch.cat([_qlinear(x[i : i + 1], bw, isa) for i in range(100)])
+        for m in (2, 8, 13, 31, 32, 33, 64, 100):
+            assert torch.equal(_qlinear(x[:m], bw, isa), alone[:m]), (m, n)
+
+
+@needs_kernels
 @pytest.mark.parametrize("type_name", TYPES)
 def test_stacked_weights_and_quant_linear(type_name):
     """q, k, v stacked (cat_rows) give the three outputs side by side; QuantLinear takes the
