@@ -145,13 +145,7 @@ ZS_AVX512 void tile_panel(const Act& x, const Panel& p, int64_t N, T* out, int64
     if (take <= 0) continue;
     for (int i = 0; i < RM; ++i) {
       T* o = out + (i0 + i) * N + n;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_mask_storeu_ps(o, static_cast<__mmask16>((1u << take) - 1), facc[i][g]);
-      } else {
-        alignas(64) float tmp[GR];
-        _mm512_store_ps(tmp, facc[i][g]);
-        for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
-      }
+      store16(o, facc[i][g], take);
     }
   }
 }

@@ -148,13 +148,7 @@ ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i
     const int64_t n0 = (g0 + g) * GR, take = std::min<int64_t>(GR, N - n0);
     for (int i = 0; i < RM; ++i) {
       T* o = out + (i0 + i) * N + n0;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_mask_storeu_ps(o, static_cast<__mmask16>((1u << take) - 1), facc[i][g]);
-      } else {
-        alignas(64) float tmp[GR];
-        _mm512_store_ps(tmp, facc[i][g]);
-        for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
-      }
+      store16(o, facc[i][g], take);
     }
   }
 }

@@ -16,6 +16,18 @@ ZS_AVX512 inline __m512 load16_f16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// The first `take` of a row's 16 outputs from their float32 accumulator.
+template <typename T>
+ZS_AVX512 inline void store16(T* o, __m512 v, int64_t take) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_mask_storeu_ps(o, static_cast<__mmask16>((1u << take) - 1), v);
+  } else {
+    alignas(64) float tmp[GR];
+    _mm512_store_ps(tmp, v);
+    for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
+  }
+}
+
 // RM activation rows [i0, i0 + RM) x RG groups [g0, g0 + RG) of 16 output rows.
 template <int FMT, int RM, int RG, typename T>
 ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g0, const Ahead& ahead = {}) {
@@ -78,13 +90,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
     const int64_t n0 = (g0 + g) * GR, take = std::min<int64_t>(GR, N - n0);
     for (int i = 0; i < RM; ++i) {
       T* o = out + (i0 + i) * N + n0;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_mask_storeu_ps(o, static_cast<__mmask16>((1u << take) - 1), facc[i][g]);
-      } else {
-        alignas(64) float tmp[GR];
-        _mm512_store_ps(tmp, facc[i][g]);
-        for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
-      }
+      store16(o, facc[i][g], take);
     }
   }
 }
