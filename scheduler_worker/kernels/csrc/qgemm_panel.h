@@ -118,14 +118,9 @@ ZS_AVX512 void tile_panel(const Act& x, const Panel& p, int64_t N, T* out, int64
     const int8_t* xb[RM];
     for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
     ahead.fetch(b);
-    for (int k = 0; k < 8; ++k) {
-      __m512i wv[RG];
-      for (int g = 0; g < RG; ++g) wv[g] = _mm512_load_si512(p.q + (g * nb + b) * 512 + k * 64);
-      for (int i = 0; i < RM; ++i) {
-        const __m512i xv = _mm512_set1_epi32(load_i32(xb[i] + 4 * k));
-        for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_dpbusd_epi32(iacc[i][g], wv[g], xv);
-      }
-    }
+    const uint8_t* wb[RG];
+    for (int g = 0; g < RG; ++g) wb[g] = p.q + (g * nb + b) * 512;
+    dot_block8<RM, RG>(iacc, wb, xb);
     for (int g = 0; g < RG; ++g) {
       const __m512 dw = _mm512_load_ps(p.dw + (g * nb + b) * GR);
       for (int i = 0; i < RM; ++i) {  // as tile_kq_vnni's epilogue

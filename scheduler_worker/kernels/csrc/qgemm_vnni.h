@@ -28,6 +28,22 @@ ZS_AVX512 inline void store16(T* o, __m512 v, int64_t take) {
   }
 }
 
+// iacc[i][g] += the dot of activation block xb[i] (32 int8) with the block of bytes at
+// wb[g] in the 8-bit layout (8 registers of 4 inputs x 16 rows): one dpbusd per register,
+// row and group. The 8-bit tile's block, and the 5-bit panel's (qgemm_panel.h).
+template <int RM, int RG>
+ZS_AVX512 ZS_INLINE void dot_block8(__m512i (&iacc)[RM][RG], const uint8_t* const (&wb)[RG],
+                                    const int8_t* const (&xb)[RM]) {
+  for (int k = 0; k < 8; ++k) {
+    __m512i wv[RG];
+    for (int g = 0; g < RG; ++g) wv[g] = _mm512_loadu_si512(wb[g] + k * 64);
+    for (int i = 0; i < RM; ++i) {
+      const __m512i xv = _mm512_set1_epi32(load_i32(xb[i] + 4 * k));
+      for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_dpbusd_epi32(iacc[i][g], wv[g], xv);
+    }
+  }
+}
+
 // RM activation rows [i0, i0 + RM) x RG groups [g0, g0 + RG) of 16 output rows.
 template <int FMT, int RM, int RG, typename T>
 ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g0, const Ahead& ahead = {}) {
@@ -47,14 +63,9 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
       for (int g = 0; g < RG; ++g) prefetch_block_ahead<BB>(w.q + ((g0 + g) * nb + b) * BB);
     ahead.fetch(b);
     if constexpr (FMT == Q8) {
-      for (int k = 0; k < 8; ++k) {
-        __m512i wv[RG];
-        for (int g = 0; g < RG; ++g) wv[g] = _mm512_loadu_si512(w.q + ((g0 + g) * nb + b) * BB + k * 64);
-        for (int i = 0; i < RM; ++i) {
-          const __m512i xv = _mm512_set1_epi32(load_i32(xb[i] + 4 * k));
-          for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_dpbusd_epi32(iacc[i][g], wv[g], xv);
-        }
-      }
+      const uint8_t* wb[RG];
+      for (int g = 0; g < RG; ++g) wb[g] = w.q + ((g0 + g) * nb + b) * BB;
+      dot_block8<RM, RG>(iacc, wb, xb);
     } else {
       for (int k = 0; k < 4; ++k) {
         __m512i lo[RG], hi[RG];
