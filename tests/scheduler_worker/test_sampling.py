@@ -54,6 +54,24 @@ def test_greedy_is_argmax_and_takes_the_fast_path(monkeypatch):
     assert out.token_ids == logits.bfloat16().argmax(-1).tolist()
 
 
+def test_greedy_tokens_pick_what_argmax_picks_on_ties_infinities_and_nan():
+    """greedy_tokens (max's indices) against torch's argmax, the reference: the first of
+    tied maxima, +inf over everything, a row masked to -inf but one token, NaN wherever
+    it is, over vocabularies past a vector's width and at Gemma 3's size."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (5, 100, 49152, 262144):
+        x = torch.randint(-3, 3, (9, vocab), generator=gen).float()  # many tied maxima
+        x[1] = float("-inf")
+        x[1, vocab - 1] = 0.0
+        x[2, vocab // 2] = float("inf")
+        x[3, vocab // 3] = float("nan")
+        x[4, :] = 7.0  # every token tied: the first
+        for logits in (x, x.bfloat16()):
+            got = sampling.greedy_tokens(logits)
+            assert torch.equal(got, logits.argmax(dim=-1)), (vocab, logits.dtype)
+        assert sampling.greedy_tokens(x)[4] == 0 and sampling.greedy_tokens(x)[1] == vocab - 1
+
+
 def test_greedy_rows_in_a_mixed_batch_use_penalized_logits():
     logits = torch.tensor([[5.0, 4.0, 0.0, 0.0], [5.0, 4.0, 0.0, 0.0]])
     rows = [
