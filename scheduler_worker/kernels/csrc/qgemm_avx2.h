@@ -74,7 +74,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
     __m256i iacc[RM][2];
     for (int i = 0; i < RM; ++i) iacc[i][0] = iacc[i][1] = _mm256_setzero_si256();
     const int8_t* xb[RM];
-    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    act_blocks(xb, x, i0, nb, b);
     if constexpr (FMT == Q8) {
       for (int k = 0; k < 8; ++k)
         for (int h = 0; h < 2; ++h) {

@@ -96,6 +96,13 @@ inline Ahead ahead_of(const uint8_t* q, int64_t group_bytes, int64_t next, int64
   return {q + next * group_bytes, ((n * group_bytes + nb - 1) / nb + 63) / 64 * 64};
 }
 
+// xb[i]: activation row i0 + i's block b (32 int8), for the RM rows of a tile (A: Act, or
+// any activations with the same int8 rows `q`).
+template <int RM, typename A>
+inline void act_blocks(const int8_t* (&xb)[RM], const A& x, int64_t i0, int64_t nb, int64_t b) {
+  for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+}
+
 template <typename T>
 inline void store(T* out, float v) {
   *out = static_cast<T>(v);

@@ -70,7 +70,7 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, in
     if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb);
     ahead.fetch(b);
     const int8_t* xb[RM];
-    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    act_blocks(xb, x, i0, nb, b);
     __m256i iacc[RM][2];
     for (int h = 0; h < 2; ++h) {
       __m256i hb = _mm256_setzero_si256();
@@ -149,15 +149,13 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
   const int64_t nb = w.nb, N = w.N;
   const __m512i nib = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   __m512 facc[RM][RG];
-  for (int i = 0; i < RM; ++i)
-    for (int g = 0; g < RG; ++g) facc[i][g] = _mm512_setzero_ps();
+  zero_tile(facc);
   __m512 du[RG], mu[RG];
   for (int64_t b = 0; b < nb; ++b) {
     __m512i iacc[RM][RG];
-    for (int i = 0; i < RM; ++i)
-      for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_setzero_si512();
+    zero_tile(iacc);
     const int8_t* xb[RM];
-    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    act_blocks(xb, x, i0, nb, b);
     const uint8_t* wb[RG];
     __m512i hb[RG];
     for (int g = 0; g < RG; ++g) {

@@ -109,14 +109,12 @@ template <bool HAS_M, int RM, int RG, typename T>
 ZS_AVX512 void tile_panel(const Act& x, const Panel& p, int64_t N, T* out, int64_t i0, int64_t n0, const Ahead& ahead = {}) {
   const int64_t nb = p.nb;
   __m512 facc[RM][RG];
-  for (int i = 0; i < RM; ++i)
-    for (int g = 0; g < RG; ++g) facc[i][g] = _mm512_setzero_ps();
+  zero_tile(facc);
   for (int64_t b = 0; b < nb; ++b) {
     __m512i iacc[RM][RG];
-    for (int i = 0; i < RM; ++i)
-      for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_setzero_si512();
+    zero_tile(iacc);
     const int8_t* xb[RM];
-    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    act_blocks(xb, x, i0, nb, b);
     ahead.fetch(b);
     const uint8_t* wb[RG];
     for (int g = 0; g < RG; ++g) wb[g] = p.q + (g * nb + b) * 512;

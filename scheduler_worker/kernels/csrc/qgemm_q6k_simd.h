@@ -36,7 +36,7 @@ ZS_AVX2 void tile_q6_avx2(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0,
     if (b % 8 == 0)
       for (int h = 0; h < 2; ++h) dv[h] = load8_f16(q6_d(w, g, b) + 8 * h);
     const int8_t* xb[RM];
-    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    act_blocks(xb, x, i0, nb, b);
     for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7
       __m256 t[RM];
       for (int p = 0; p < 2; ++p) {  // the sub-block's two pieces
@@ -96,8 +96,7 @@ ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i
   const int64_t nb = w.nsb * 8, N = w.N;
   const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   __m512 facc[RM][RG];
-  for (int i = 0; i < RM; ++i)
-    for (int g = 0; g < RG; ++g) facc[i][g] = _mm512_setzero_ps();
+  zero_tile(facc);
   __m512 dv[RG];
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb[RG];
@@ -108,7 +107,7 @@ ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i
     }
     ahead.fetch(b);
     const int8_t* xb[RM];
-    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    act_blocks(xb, x, i0, nb, b);
     __m512 t[RM][RG];
     for (int p = 0; p < 2; ++p) {  // the sub-block's two pieces
       __m512i iacc[RM][RG], hb[RG];

@@ -28,6 +28,18 @@ ZS_AVX512 inline void store16(T* o, __m512 v, int64_t take) {
   }
 }
 
+// Every accumulator of a tile (float or integer) set to zero.
+template <int RM, int RG>
+ZS_AVX512 ZS_INLINE void zero_tile(__m512 (&acc)[RM][RG]) {
+  for (int i = 0; i < RM; ++i)
+    for (int g = 0; g < RG; ++g) acc[i][g] = _mm512_setzero_ps();
+}
+template <int RM, int RG>
+ZS_AVX512 ZS_INLINE void zero_tile(__m512i (&acc)[RM][RG]) {
+  for (int i = 0; i < RM; ++i)
+    for (int g = 0; g < RG; ++g) acc[i][g] = _mm512_setzero_si512();
+}
+
 // iacc[i][g] += the dot of activation block xb[i] (32 int8) with the block of bytes at
 // wb[g] in the 8-bit layout (8 registers of 4 inputs x 16 rows): one dpbusd per register,
 // row and group. The 8-bit tile's block, and the 5-bit panel's (qgemm_panel.h).
@@ -51,14 +63,12 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
   const int64_t nb = w.nb, N = w.N;
   const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 facc[RM][RG];
-  for (int i = 0; i < RM; ++i)
-    for (int g = 0; g < RG; ++g) facc[i][g] = _mm512_setzero_ps();
+  zero_tile(facc);
   for (int64_t b = 0; b < nb; ++b) {
     __m512i iacc[RM][RG];
-    for (int i = 0; i < RM; ++i)
-      for (int g = 0; g < RG; ++g) iacc[i][g] = _mm512_setzero_si512();
+    zero_tile(iacc);
     const int8_t* xb[RM];
-    for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
+    act_blocks(xb, x, i0, nb, b);
     if (x.prefetch && i0 == 0)
       for (int g = 0; g < RG; ++g) prefetch_block_ahead<BB>(w.q + ((g0 + g) * nb + b) * BB);
     ahead.fetch(b);
