@@ -24,7 +24,7 @@ KV_DTYPES = DTYPES  # of the KV cache: CacheConfig.kv_cache_dtype
 QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
-KERNELS = ("auto", "avx512", "avx2", "scalar", "torch")
+KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
 ROUTINGS = ("least_loaded", "round_robin")
 # how tool calls are read from a chat completion's text (frontend/tool_parsers/); None:
 # the model family's default (frontend.tool_parsers.default_parser)

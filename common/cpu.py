@@ -80,14 +80,17 @@ def cpu_kind_label() -> str:
     return f"{kind} (emulated on {_kind_of(frozenset(_first('flags').split()))})"
 
 
-KERNEL_ISAS = ("scalar", "avx2", "avx512")  # scheduler_worker.kernels' paths, slowest first
+# scheduler_worker.kernels' paths, slowest first; "amx" is "avx512" with some linears on the
+# tile unit (csrc/qgemm_amx.h)
+KERNEL_ISAS = ("scalar", "avx2", "avx512", "amx")
 
 
 def best_kernel_isa() -> str:
-    """The fastest path of zeroserve's C++ kernels this CPU runs (the C++ side re-checks)."""
+    """The fastest path of zeroserve's C++ kernels this CPU runs, by its flags (the C++
+    side re-checks, and for AMX asks the OS: scheduler_worker.kernels.best_isa)."""
     flags = cpu_flags()
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
-        return "avx512"
+        return "amx" if {"amx_tile", "amx_int8"} <= flags else "avx512"
     if {"avx2", "fma", "f16c"} <= flags:
         return "avx2"
     return "scalar"

@@ -225,8 +225,12 @@ def load() -> bool:
 
 
 def best_isa() -> str:
-    """The fastest kernel path this CPU runs (from its flags; the C++ side re-checks)."""
-    return best_kernel_isa()
+    """The fastest kernel path this CPU runs: by its flags, and once the library is
+    loaded, no faster than the C++ side finds (AMX needs the OS's permission too)."""
+    flagged = best_kernel_isa()
+    if not load():
+        return flagged
+    return ISAS[min(ISAS.index(flagged), int(torch.ops.zeroserve.cpu_isa()))]
 
 
 def isa_index(name: str) -> int:

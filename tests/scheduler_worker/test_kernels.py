@@ -62,6 +62,8 @@ def test_qlinear_equals_the_oracle(isa, type_name):
         (16, 40, 1536),
         (64, 9, 64),
         (5, 80, 64),
+        (37, 40, 544),  # AMX: two slabs of 16 rows (17 blocks, odd) and 5 rows on VNNI
+        (48, 33, 96),  # three slabs, 3 groups: a pair and a lone one
     ]
     for seed, (m, n, k) in enumerate(shapes):
         bw = _gguf_weight(type_name, n, k, seed)
@@ -76,6 +78,32 @@ def test_qlinear_equals_the_oracle(isa, type_name):
         torch.testing.assert_close(
             yb.double(), refb, rtol=1e-2, atol=1e-2 * refb.abs().max().item()
         )
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_a_row_computes_the_same_whatever_the_batch(isa, type_name):
+    # every tile shape and path (VNNI row tiles of 1-4 rows; on AMX the 8-bit format's
+    # slabs of 16 rows from 16 rows on, the rest on VNNI) gives each row bit for bit what it
+    # gives alone; N 37 and 50 end in a lone group, K 544 has an odd block count
+    for seed, n in enumerate((37, 50)):
+        bw = _gguf_weight(type_name, n, 544, seed)
+        x = torch.randn(100, 544, generator=torch.Generator().manual_seed(seed))
+        alone = torch.cat([_qlinear(x[i : i + 1], bw, isa) for i in range(100)])
+        for m in (2, 15, 16, 17, 31, 32, 37, 64, 100):
+            assert torch.equal(_qlinear(x[:m], bw, isa), alone[:m]), (m, n)
+
+
+@pytest.mark.skipif("amx" not in ISAS, reason="no AMX (or no OS permission for it) here")
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_amx_path_gives_the_vnni_outputs_bit_for_bit(type_name, dtype):
+    # the 8-bit format's AMX slabs keep the VNNI tiles' epilogue operation for operation
+    # (csrc/qgemm_amx.h); the 4-bit one has no AMX path and must be untouched by the kind
+    for seed, (m, n, k) in enumerate([(16, 40, 1536), (33, 37, 96), (64, 200, 576), (100, 9, 32)]):
+        bw = _gguf_weight(type_name, n, k, seed)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        assert torch.equal(_qlinear(x, bw, "amx"), _qlinear(x, bw, "avx512")), (m, n, k)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -148,6 +148,20 @@ def test_a_row_computes_the_same_whatever_the_batch(isa, type_name):
             assert torch.equal(_qlinear(x[:m], bw, isa), alone[:m]), (m, n)
 
 
+@pytest.mark.skipif("amx" not in ISAS, reason="no AMX (or no OS permission for it) here")
+@pytest.mark.parametrize("type_name", TYPES)
+def test_amx_panel_gives_the_vnni_outputs_bit_for_bit(type_name):
+    # from 32 rows the 5-bit formats' panel runs its slabs of 16 rows on the tile unit
+    # (csrc/qgemm_amx.h) and the rest on the VNNI tiles; Q4_K and Q6_K keep their tiles
+    unit = _unit(type_name)
+    for seed, (m, n, units) in enumerate([(32, 40, 2), (47, 37, 3), (64, 50, 1), (100, 17, 5)]):
+        k = units * unit
+        bw = from_gguf(random_raw(type_name, n, k, seed), type_name, n, k)
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+            assert torch.equal(_qlinear(x, bw, "amx"), _qlinear(x, bw, "avx512")), (m, n, k)
+
+
 @needs_kernels
 @pytest.mark.parametrize("type_name", TYPES)
 def test_stacked_weights_and_quant_linear(type_name):

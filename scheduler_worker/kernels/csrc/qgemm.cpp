@@ -14,15 +14,21 @@
 //
 // Three code paths over that one layout, picked by the caller and clamped to what the CPU
 // has: scalar (portable, the reference the others are tested against), AVX2 (maddubs +
-// madd) and AVX-512 VNNI (dpbusd). Work splits over groups of output rows with
+// madd) and AVX-512 VNNI (dpbusd); on AMX the 8-bit format's steps of 16 rows and more
+// take the tile unit (qgemm_amx.h). Work splits over groups of output rows with
 // at::parallel_for (torch's OpenMP pool); within a thread a tile of activation rows x
 // groups keeps the weights in registers across the rows of the batch.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cpuid.h>
+
+#include "qgemm_amx.h"
 #include "qgemm_kquant.h"
 #include "qgemm_q6k.h"
-#include "qgemm_vnni.h"
 
 namespace zs_qgemm {
 // ---------------------------------------------------------------- scalar (reference)
@@ -71,7 +77,9 @@ float dot_scalar(const Act& x, const Packed& w, int64_t i, int64_t n) {
 // Groups [g0, g1) of every activation row, on path `isa`.
 template <int FMT, typename T>
 void gemm(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t g1, int64_t isa) {
-  if (isa == AVX512) return gemm_vnni<FMT>(x, w, M, out, g0, g1);
+  if constexpr (FMT == Q8)
+    if (isa == AMX && M >= AMX_MIN_ROWS) return gemm_amx_q8(x, w, M, out, g0, g1);
+  if (isa >= AVX512) return gemm_vnni<FMT>(x, w, M, out, g0, g1);
   for (int64_t g = g0; g < g1; ++g) {
     if (isa == AVX2) {
       // the next group asked for ahead (Ahead: qgemm_common.h) past one tile of 2 rows
@@ -88,15 +96,29 @@ void gemm(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t 
   }
 }
 
-int64_t best_isa() {
+// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and Linux's permission to
+// use the tile data: asked once for the whole process (arch_prctl ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA; Linux 5.16+), refused on older kernels or where a VM hides it.
+static bool amx_usable() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return false;
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+static int64_t detect_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
-    return AVX512;
+    return amx_usable() ? AMX : AVX512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return AVX2;
   return SCALAR;
+}
+
+int64_t best_isa() {
+  static const int64_t best = detect_isa();  // every op clamps its isa: one syscall, at the first
+  return best;
 }
 
 int64_t clamp_isa(int64_t isa) { return std::min(std::max<int64_t>(isa, SCALAR), best_isa()); }

@@ -58,10 +58,10 @@ void gemm_kq(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0, int6
   auto next = [&](int64_t g, int64_t n, int64_t rm) {
     return x.prefetch && M > rm ? ahead_of(w.q, gb, g, std::min(n, g1 - g), w.nb) : Ahead{};
   };
-  if (isa == AVX512) {
+  if (isa >= AVX512) {
     // the 5-bit formats on the panel path from PANEL_MIN_ROWS rows (qgemm_panel.h)
     if constexpr (KLayout<FMT>::HI)
-      if (M >= PANEL_MIN_ROWS) return gemm_kq_panel<FMT>(x, w, M, out, g0, g1);
+      if (M >= PANEL_MIN_ROWS) return gemm_kq_panel<FMT>(x, w, M, out, g0, g1, isa == AMX && w.N <= PANEL_AMX_MAX_N);
     if (M >= 8) {  // one group, 8 rows a tile: each register of unpacked weights (the
       // nibbles ORed with their fifth bits) feeds 8 rows, not 4: 20-25% less time at 128
       // rows of Q5_0 (bench_quant.py --per-byte); the 4- and 8-bit tiles gained nothing

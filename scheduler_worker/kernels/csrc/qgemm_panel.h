@@ -31,12 +31,21 @@
 
 #include <memory>
 
+#include "qgemm_amx.h"
 #include "qgemm_kquant_simd.h"
 
 namespace zs_qgemm {
 
 // Activation rows from which a step takes the panel path (even with the tiles at 16).
 constexpr int64_t PANEL_MIN_ROWS = 32;
+
+// Outputs up to which the AMX kind runs the panel's rows on the tile unit (qgemm_amx.h).
+// One Q5_0 linear, 2 threads, amx kind (Intel Xeon), tile unit against the VNNI tiles over
+// the same panel, medians of 7 alternating rounds: the models' shapes (4096 / 1536 x 640,
+// 3072 / 1536 x 576) 1.03-1.21x at 32-512 rows; 8192 and 16384 x 640 1.13-1.16x; but
+// 32768 x 640 0.90-1.02x and 65536 x 640 0.62-1.05x at 64-128 rows (no model has a 5-bit
+// weight that wide: the output heads are Q8_0 or Q6_K).
+constexpr int64_t PANEL_AMX_MAX_N = 16384;
 
 struct Panel {  // a thread's panel of RG groups
   uint8_t* q;   // [RG][nb][512]
@@ -144,12 +153,16 @@ ZS_AVX512 void tile_panel(const Act& x, const Panel& p, int64_t N, T* out, int64
 }
 
 // Groups [g0, g1) of every activation row (M >= PANEL_MIN_ROWS): a pair of groups at a
-// time unpacked into the panel, then every row over it in tiles of 4 (and the rest).
+// time unpacked into the panel, then every row over it in tiles of 4 (and the rest); with
+// `amx`, the rows in slabs of 16 on the tile unit first (qgemm_amx.h: the panel is its
+// B tile layout; the same outputs bit for bit).
 template <int FMT, typename T>
-ZS_AVX512 void gemm_kq_panel(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0, int64_t g1) {
+ZS_AVX512 void gemm_kq_panel(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0, int64_t g1, bool amx) {
   constexpr bool HAS_M = KLayout<FMT>::M;
   const int64_t gb = w.nb / KLayout<FMT>::UK * KLayout<FMT>::UB;
   const Panel p = panel_storage(2, w.nb);
+  const int64_t M16 = amx ? M / 16 * 16 : 0;
+  if (amx) amx_begin();
   for (int64_t g = g0; g < g1; g += 2) {
     unpack_kq_panel<FMT>(x, w, g, p, 0);
     const bool pair = g + 1 < g1;
@@ -158,7 +171,10 @@ ZS_AVX512 void gemm_kq_panel(const Act& x, const KPacked& w, int64_t M, T* out, 
     const Ahead next = x.prefetch ? ahead_of(w.q, gb, g + 2, std::min<int64_t>(2, g1 - g - 2), w.nb) : Ahead{};
     auto rows = [&](auto rg) {
       constexpr int RG = decltype(rg)::value;
-      int64_t i = 0;
+      const PanelScales sc{p.dw, p.mw};
+      for (int64_t i = 0; i < M16; i += 16)
+        slab_amx<HAS_M ? WITH_M : OFF16, RG>(x, p.nb, p.q, sc, 0, out, w.N, i, g * GR, i == 0 ? next : Ahead{});
+      int64_t i = M16;
       for (; i + 4 <= M; i += 4) tile_panel<HAS_M, 4, RG>(x, p, w.N, out, i, g * GR, i == 0 ? next : Ahead{});
       const int64_t left = M - i;
       if (left == 3) tile_panel<HAS_M, 3, RG>(x, p, w.N, out, i, g * GR);
@@ -168,6 +184,7 @@ ZS_AVX512 void gemm_kq_panel(const Act& x, const KPacked& w, int64_t M, T* out, 
     if (pair) rows(std::integral_constant<int, 2>{});
     else rows(std::integral_constant<int, 1>{});
   }
+  if (amx) amx_end();
 }
 
 }  // namespace zs_qgemm

@@ -46,7 +46,7 @@ void gemm_q6(const Q6Act& x, const Q6Packed& w, int64_t M, T* out, int64_t g0, i
   auto next = [&](int64_t g, int64_t rm) {
     return x.prefetch && M > rm ? ahead_of(w.q, w.nsb * Q6_UB, g + 1, std::min<int64_t>(1, g1 - g - 1), w.nsb * 8) : Ahead{};
   };
-  if (isa == AVX512) {
+  if (isa >= AVX512) {
     // one group at a time: two groups' interleaved weight streams (the RG = 2 tiles of the
     // other formats) measured 2-3x slower per byte at 1 row once the weight left the L2
     // cache (a 49152 x 512 weight, one thread, Zen 4), and no faster at 4-32 rows

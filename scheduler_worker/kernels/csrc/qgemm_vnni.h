@@ -116,10 +116,10 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
   }
 }
 
-// Activation rows in tiles of up to RM (the bulk, then the remainder), for RG groups.
+// Activation rows [from, M) in tiles of up to RM (the bulk, then the remainder), for RG groups.
 template <int FMT, int RM, int RG, typename T>
-ZS_AVX512 void rows_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, const Ahead& ahead) {
-  int64_t i = 0;
+ZS_AVX512 void rows_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, const Ahead& ahead, int64_t from = 0) {
+  int64_t i = from;
   for (; i + RM <= M; i += RM) tile_vnni<FMT, RM, RG>(x, w, out, i, g0, i + RM == M ? ahead : Ahead{});
   const int64_t left = M - i;
   if (left == 3) tile_vnni<FMT, 3, RG>(x, w, out, i, g0, ahead);

@@ -1,7 +1,9 @@
 // The one kernel dispatch of every op (qgemm.cpp's GEMMs, decode_attention.cpp,
 // decode_ops.cpp, decode_model.cpp): an explicit `isa` argument, chosen once in Python
 // (--kernels, ZEROSERVE_CPU_KIND: scheduler_worker/kernels) and clamped here to what the
-// CPU has, so asking for AVX2 on an AVX-512 machine runs every op's AVX2 code.
+// CPU has, so asking for AVX2 on an AVX-512 machine runs every op's AVX2 code. AMX is
+// AVX-512 VNNI plus the tile unit (qgemm_amx.h): only some quantized linears differ on it,
+// every other op runs its AVX-512 code.
 //
 // The float ops (attention, norms, activation, RoPE) are plain loops written for the
 // vectorizer: each hot loop is an always-inline template compiled three times, into a
@@ -16,8 +18,8 @@
 #include <cstdint>
 
 namespace zs_qgemm {
-enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
-int64_t best_isa();                // the fastest path this CPU runs (CPUID)
+enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AMX = 3 };
+int64_t best_isa();                // the fastest path this CPU (and the OS, for AMX) runs
 int64_t clamp_isa(int64_t isa);    // isa limited to [SCALAR, best_isa()]
 }  // namespace zs_qgemm
 
@@ -47,11 +49,12 @@ ZS_INLINE float fast_exp(float x) {
 
 // Three wrappers NAME<ISA>(...) around the always-inline IMPL, one per path, and a pick:
 //   ZS_VARIANTS((template <typename T>), rms_row, rms_row_impl<T>, (const T* x, int64_t n), (x, n))
-// defines rms_row_0/_1/_2 (portable, AVX2, AVX-512); ZS_PICK(rms_row<T>, isa) selects one.
+// defines rms_row_0/_1/_2 (portable, AVX2, AVX-512); ZS_PICK(rms_row<T>, isa) selects one
+// (AMX takes the AVX-512 one).
 #define ZS_UNPAREN(...) __VA_ARGS__
 #define ZS_VARIANTS(TEMPLATE, NAME, IMPL, PARAMS, ARGS)                       \
   ZS_UNPAREN TEMPLATE void NAME##_0 PARAMS { IMPL ARGS; }                     \
   ZS_UNPAREN TEMPLATE ZS_TARGET_AVX2 void NAME##_1 PARAMS { IMPL ARGS; }      \
   ZS_UNPAREN TEMPLATE ZS_TARGET_AVX512 void NAME##_2 PARAMS { IMPL ARGS; }
 #define ZS_PICK(NAME, TARGS, ISA) \
-  ((ISA) == 2 ? &NAME##_2 ZS_UNPAREN TARGS : (ISA) == 1 ? &NAME##_1 ZS_UNPAREN TARGS : &NAME##_0 ZS_UNPAREN TARGS)
+  ((ISA) >= 2 ? &NAME##_2 ZS_UNPAREN TARGS : (ISA) == 1 ? &NAME##_1 ZS_UNPAREN TARGS : &NAME##_0 ZS_UNPAREN TARGS)
