@@ -41,6 +41,21 @@ FMT_CODES = {
     **kquants.FMT_CODES,
     "q6k": q6k.Q6K_FMT,
 }  # the qlinear op's fmt per form
+# forms whose steps the "amx" kernel path runs on the tile unit (csrc/qgemm_amx.h: the 8-bit
+# format from 16 rows, the 5-bit ones from 32); the others run their AVX-512 VNNI tiles there
+AMX_FORMS = ("q8", "q5", "q50", "q5k")
+
+
+def kernel_label(form: str, isa: str) -> str:
+    """What serves a weight of `form` on kernel path `isa`, for the load log."""
+    label = f"qlinear {form} {isa}"
+    return (
+        label
+        if isa != "amx" or form in AMX_FORMS
+        else f"{label} (VNNI tiles: no AMX path for {form})"
+    )
+
+
 # GGUF type name -> (kernel form, bytes per block: of 32 inputs, of 256 for the K-quants)
 GGUF_BLOCK_TYPES = {
     "Q4_0": ("q4", 18),

@@ -29,7 +29,7 @@ from common.gguf_convert import unpermute
 from common.gguf_header import gguf_blocks_header
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
-from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, cat_rows, from_gguf
+from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, cat_rows, from_gguf, kernel_label
 from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.quant.stacked import StackedLinear
 
@@ -128,7 +128,7 @@ def _one(
         parts = [from_gguf(blocks.rows(n), t, blocks.shape(n)[0], k) for n, t in zip(names, types)]
         if len({p.form for p in parts}) == 1:
             q = QuantLinear(cat_rows(parts), bias, dtype, isa, dense_dtype)
-            how = f"qlinear {parts[0].form} {isa}" if isa else "pure torch (dequantized float)"
+            how = kernel_label(parts[0].form, isa) if isa else "pure torch (dequantized float)"
             return q, [Served(n, t, how) for n, t in zip(names, types)]
     if len(set(types)) == 1 and types[0] not in GGUF_BLOCK_TYPES:
         raw = np.concatenate([blocks.rows(n) for n in names]) if len(names) > 1 else None

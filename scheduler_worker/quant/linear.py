@@ -83,7 +83,7 @@ class QuantLinear(nn.Module):
         dense_dtype: torch.dtype | None = None,
         dense_above: int = DENSE_ABOVE_ROWS,
     ) -> None:
-        """`isa`: the kernel path ("avx512", "avx2", "scalar"); None computes in pure torch.
+        """`isa`: the kernel path ("amx", "avx512", "avx2", "scalar"); None computes in pure torch.
         `dense_dtype`: keep a dense copy in this dtype for steps of > `dense_above` rows."""
         super().__init__()
         self.out_features, self.in_features = weight.shape

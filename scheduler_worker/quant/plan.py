@@ -5,7 +5,7 @@ the server logs.
                            model the user downloaded; formats without a kernel are
                            dequantized row by row on the fly, never held as floats)
                          ─▶ anything else: "none" (float weights, exact)
-    --kernels auto ──────▶ the best ISA path the CPU has (AVX-512 VNNI, AVX2, scalar C++),
+    --kernels auto ──────▶ the best ISA path the CPU has (AMX, AVX-512 VNNI, AVX2, scalar C++),
                            or pure torch (dequantized weights) when the C++ kernels cannot
                            be built here
 """
