@@ -41,10 +41,11 @@ constexpr int64_t PANEL_MIN_ROWS = 32;
 
 // Outputs up to which the AMX kind runs the panel's rows on the tile unit (qgemm_amx.h).
 // One Q5_0 linear, 2 threads, amx kind (Intel Xeon), tile unit against the VNNI tiles over
-// the same panel, medians of 7 alternating rounds: the models' shapes (4096 / 1536 x 640,
-// 3072 / 1536 x 576) 1.03-1.21x at 32-512 rows; 8192 and 16384 x 640 1.13-1.16x; but
-// 32768 x 640 0.90-1.02x and 65536 x 640 0.62-1.05x at 64-128 rows (no model has a 5-bit
-// weight that wide: the output heads are Q8_0 or Q6_K).
+// the same panel, medians of 7 alternating rounds, the step buffers in the heap as the
+// engine keeps them (scheduler_worker/heap.py): the models' shapes (4096 / 1536 x 640,
+// 3072 / 1536 x 576) 1.03-1.26x at 32-512 rows; 16384 x 640 1.14-1.15x at 64-128 rows
+// (0.92x at 512); but 32768 x 640 0.69-0.95x and 65536 x 640 0.66-0.98x at 64-512 rows (no
+// model has a 5-bit weight that wide: the output heads are Q8_0 or Q6_K).
 constexpr int64_t PANEL_AMX_MAX_N = 16384;
 
 struct Panel {  // a thread's panel of RG groups
