@@ -17,9 +17,9 @@
 // tiles of block b + 1 are issued before block b's epilogue runs (C tiles 0-1 and 2-3
 // alternate), so the tile unit works while the vector unit does.
 //
-// Measured (amx kind: Intel Xeon, KVM; one thread, weights in cache; prototype with the
-// same loop): 1.40x the VNNI tiles at 16 rows, 1.31x at 32, 1.31x at 64. In the server:
-// docs/benchmarks.md ("Tenth round").
+// Measured (amx kind: Intel Xeon, KVM; one linear, 2 threads, against the VNNI tiles on
+// the same weight): Q8_0 1.21-1.50x at 16-32 rows, 0.99-1.33x at 64-512; the 5-bit panel
+// 1.03-1.26x on the models' shapes. Served: docs/benchmarks.md ("Tenth round").
 //
 // The tile configuration lives in static storage: built on the stack, GCC may drop the
 // stores before `ldtilecfg` reads them (llama.cpp's AMX path crashes so, its issue
