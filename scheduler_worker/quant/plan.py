@@ -77,5 +77,11 @@ def kernel_path(choice: str) -> str | None:
         return None
     if choice == "auto":
         return kernels.best_isa()
-    check_kernel_choice(choice)
+    check_kernel_choice(choice)  # by the CPU's flags
+    best = kernels.best_isa()  # by the C++ side: AMX needs the OS's permission too
+    if kernels.isa_index(choice) > kernels.isa_index(best):
+        raise ConfigError(
+            f"--kernels {choice}: the kernels run {best} at best here (the OS refused "
+            "the AMX tile permission: Linux 5.16 or later grants it)"
+        )
     return choice
