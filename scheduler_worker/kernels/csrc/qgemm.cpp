@@ -110,7 +110,7 @@ static int64_t detect_isa() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
-    return amx_usable() ? AMX : AVX512;
+    return ZS_HAVE_AMX && amx_usable() ? AMX : AVX512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return AVX2;
   return SCALAR;

@@ -32,8 +32,23 @@
 
 namespace zs_qgemm {
 
+// The tile intrinsics came with GCC 11 and clang 12: an older compiler builds everything
+// else, and best_isa (qgemm.cpp) never answers AMX from its library (-DZS_HAVE_AMX=0 builds
+// that way on any compiler).
+#ifndef ZS_HAVE_AMX
+#if defined(__clang__) ? __clang_major__ >= 12 : (defined(__GNUC__) && __GNUC__ >= 11)
+#define ZS_HAVE_AMX 1
+#else
+#define ZS_HAVE_AMX 0
+#endif
+#endif
+
+#if ZS_HAVE_AMX
 #define ZS_AMX \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
+#else
+#define ZS_AMX ZS_AVX512
+#endif
 
 // Activation rows from which the 8-bit format takes the AMX slabs (rows past the last
 // whole 16 take the VNNI tiles).
@@ -89,17 +104,20 @@ struct PanelScales {  // the panel's float32 dw and mw
   }
 template <int SET, int RG>
 ZS_AMX ZS_INLINE void amx_issue(const int8_t* xa, int64_t stride, const uint8_t* q, int64_t nb, int64_t b) {
+#if ZS_HAVE_AMX
   if constexpr (SET == 0) {
     ZS_AMX_DOTS(0, 1, 4)
   } else {
     ZS_AMX_DOTS(2, 3, 5)
   }
+#endif
 }
 #undef ZS_AMX_DOTS
 
 // Set SET's dots out to memory, one 16 x 16 int32 block per group.
 template <int SET, int RG>
 ZS_AMX ZS_INLINE void amx_store(int32_t (&dots)[RG][256]) {
+#if ZS_HAVE_AMX
   if constexpr (SET == 0) {
     _tile_stored(0, dots[0], 64);
     if constexpr (RG == 2) _tile_stored(1, dots[1], 64);
@@ -107,6 +125,7 @@ ZS_AMX ZS_INLINE void amx_store(int32_t (&dots)[RG][256]) {
     _tile_stored(2, dots[0], 64);
     if constexpr (RG == 2) _tile_stored(3, dots[1], 64);
   }
+#endif
 }
 
 template <int EPI, int RG, class S>
@@ -176,8 +195,13 @@ ZS_AMX void slab_amx(const Act& x, int64_t nb, const uint8_t* q, const S& sc, in
   }
 }
 
+#if ZS_HAVE_AMX
 ZS_AMX inline void amx_begin() { _tile_loadconfig(amx_config()); }
 ZS_AMX inline void amx_end() { _tile_release(); }
+#else  // unreachable: best_isa never answers AMX from such a library
+inline void amx_begin() {}
+inline void amx_end() {}
+#endif
 
 // Groups [g0, g1) of every activation row of the 8-bit format (M >= AMX_MIN_ROWS): pairs of
 // groups, each in slabs of 16 rows, the rows past the last slab on the VNNI tiles.
