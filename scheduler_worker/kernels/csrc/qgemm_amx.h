@@ -163,30 +163,19 @@ ZS_AMX void slab_amx(const Act& x, int64_t nb, const uint8_t* q, const S& sc, in
   alignas(64) int32_t dots[RG][256];
   const int8_t* xa = x.q + i0 * nb * QK;
   const int64_t stride = nb * QK;
+  // even blocks in tile set 0, odd ones in set 1: block b + 1 is issued before b's
+  // epilogue runs
   amx_issue<0, RG>(xa, stride, q, nb, 0);
-  int64_t b = 1;
-  for (; b + 1 < nb; b += 2) {
-    ahead.fetch(b - 1);
-    amx_issue<1, RG>(xa, stride, q, nb, b);
-    amx_store<0, RG>(dots);
-    amx_epilogue<EPI, RG>(facc, dots, x, nb, sc, at, i0, b - 1);
+  for (int64_t b = 0; b < nb; b += 2) {
     ahead.fetch(b);
-    amx_issue<0, RG>(xa, stride, q, nb, b + 1);
-    amx_store<1, RG>(dots);
-    amx_epilogue<EPI, RG>(facc, dots, x, nb, sc, at, i0, b);
-  }
-  if (b < nb) {  // an even number of blocks: the last two
-    ahead.fetch(b - 1);
-    amx_issue<1, RG>(xa, stride, q, nb, b);
+    if (b + 1 < nb) amx_issue<1, RG>(xa, stride, q, nb, b + 1);
     amx_store<0, RG>(dots);
-    amx_epilogue<EPI, RG>(facc, dots, x, nb, sc, at, i0, b - 1);
-    ahead.fetch(b);
-    amx_store<1, RG>(dots);
     amx_epilogue<EPI, RG>(facc, dots, x, nb, sc, at, i0, b);
-  } else {
-    ahead.fetch(b - 1);
-    amx_store<0, RG>(dots);
-    amx_epilogue<EPI, RG>(facc, dots, x, nb, sc, at, i0, b - 1);
+    if (b + 1 == nb) break;
+    ahead.fetch(b + 1);
+    if (b + 2 < nb) amx_issue<0, RG>(xa, stride, q, nb, b + 2);
+    amx_store<1, RG>(dots);
+    amx_epilogue<EPI, RG>(facc, dots, x, nb, sc, at, i0, b + 1);
   }
   for (int g = 0; g < RG; ++g) {
     const int64_t n = n0 + g * GR, take = std::min<int64_t>(GR, N - n);
