@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from common.config import EngineConfig
 from common.limits import RequestLimits
 from common.log import get_logger
@@ -28,6 +30,7 @@ from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import (
     Sampler,
+    SamplerOutput,
     SamplingRow,
     TokenLogprobs,
     make_generator,
@@ -207,20 +210,26 @@ class LLMEngine:
             )
             for (req, n), sample in zip(entries, sampling)
         ]
-        if any(s.prompt_logits for s in inputs):
-            logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
-            self._keep_prompt_logprobs(entries, prompt_logits)
-        else:
-            logits = self.runner.execute(inputs)
-        t2 = time.perf_counter()
         rows = [
             SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
             for (req, _), sample in zip(entries, sampling)
             if sample
         ]
+        # a greedy step without grammar masks needs only each row's argmax: the model's
+        # head may take it without writing the logits (ModelRunner.execute)
+        argmax = bool(rows) and masks is None and self.sampler.plain_greedy(rows)
+        if any(s.prompt_logits for s in inputs):
+            logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
+            self._keep_prompt_logprobs(entries, prompt_logits)
+        else:
+            logits = self.runner.execute(inputs, self.sampler.vocab_size if argmax else None)
+        t2 = time.perf_counter()
         for i, words in self.grammars.wait(masks).items():
             rows[i].token_bitmask = words
-        result = self.sampler(logits, rows, writable=True) if rows else None
+        if logits.dtype == torch.long:  # the tokens themselves
+            result: SamplerOutput | None = SamplerOutput(logits.tolist(), [None] * len(rows))
+        else:
+            result = self.sampler(logits, rows, writable=True) if rows else None
         t3 = time.perf_counter()
         self.counters.prompt_tokens += batch.num_prefill_tokens
         sampled = self.scheduler.update(batch, result.token_ids if result is not None else [])

@@ -12,7 +12,9 @@ Logit processing, each step vectorized over the rows that need it:
                 └─▶ log_softmax ─▶ logprobs (sampled token + top-N)
 
 A batch of plain greedy rows (no penalties, logprobs, grammar or min_tokens still
-blocking) takes one argmax and nothing else. Logprobs are the model's own, before the
+blocking) takes one argmax and nothing else; without grammar masks the engine asks the
+model for the argmax itself (ModelRunner.execute), and a quantized head computes it
+without writing the logits, so such a step never reaches the sampler. Logprobs are the model's own, before the
 grammar mask (as before penalties and temperature): a token the grammar forbids keeps
 its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
 
@@ -293,9 +295,7 @@ class Sampler:
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         params = [r.params for r in rows]
-        if all(is_greedy(p) and not has_penalty(p) and p.logprobs is None for p in params) and all(
-            len(r.output_token_ids) >= r.params.min_tokens for r in rows
-        ):
+        if self.plain_greedy(rows):
             masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
             return SamplerOutput(greedy_tokens(masked).tolist(), [None] * len(rows))
         raw = logits.float()
@@ -310,6 +310,18 @@ class Sampler:
             if rand:
                 tokens[rand] = self._sample(processed[rand], [rows[i] for i in rand])
         return SamplerOutput(tokens.tolist(), self._logprobs(raw, tokens, params))
+
+    @staticmethod
+    def plain_greedy(rows: list[SamplingRow]) -> bool:
+        """Every row takes the argmax of its raw logits (after any grammar mask): greedy,
+        with no penalty, no logprobs and no min_tokens still blocking EOS."""
+        return all(
+            is_greedy(r.params)
+            and not has_penalty(r.params)
+            and r.params.logprobs is None
+            and len(r.output_token_ids) >= r.params.min_tokens
+            for r in rows
+        )
 
     @staticmethod
     def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scheduler_worker.quant.linear import QuantLinear
+
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
@@ -168,8 +170,20 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def greedy_tokens(self, hidden: torch.Tensor, vocab: int) -> torch.Tensor | None:
+        """int64 [rows]: compute_logits(hidden)[:, :vocab].max(dim=-1).indices, where the
+        output head takes the argmax itself without writing the logits out (a model whose
+        logits are its head's outputs, the head a QuantLinear that QuantLinear.argmax
+        serves). None where it cannot: the caller computes the logits."""
+        return None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError
+
+
+def head_argmax(head: nn.Module, hidden: torch.Tensor, vocab: int) -> torch.Tensor | None:
+    """CausalLM.greedy_tokens of a model whose logits are `head`(hidden)."""
+    return head.argmax(hidden, vocab) if isinstance(head, QuantLinear) else None
 
 
 class WeightLoader:

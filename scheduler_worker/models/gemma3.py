@@ -32,6 +32,7 @@ from scheduler_worker.models.common import (
     GELU_TANH_ACTS,
     CausalLM,
     ModelArgs,
+    head_argmax,
     load_stacked_weights,
 )
 from scheduler_worker.models.decode_plan import (
@@ -216,6 +217,10 @@ class Gemma3ForCausalLM(CausalLM):
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    def greedy_tokens(self, hidden: torch.Tensor, vocab: int) -> torch.Tensor | None:
+        # the softcap's tanh can round distinct logits to one value: no argmax of the raw ones
+        return None if self.softcap is not None else head_argmax(self.lm_head, hidden, vocab)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_stacked_weights(self, weights, self.args)

@@ -20,6 +20,7 @@ from scheduler_worker.models.common import (
     GELU_TANH_ACTS,
     CausalLM,
     ModelArgs,
+    head_argmax,
     load_stacked_weights,
     rope_scaling_of,
     rope_theta_of,
@@ -249,6 +250,9 @@ class LlamaForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def greedy_tokens(self, hidden: torch.Tensor, vocab: int) -> torch.Tensor | None:
+        return head_argmax(self.lm_head, hidden, vocab)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_stacked_weights(self, weights, self.args)

@@ -3,13 +3,15 @@ engine over the paged KV cache equal transformers, token for token and in logits
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
-from tests.conftest import hf_greedy
+from tests.conftest import hf_greedy, kernels_built
 
 # one prompt past the Gemma window (6) from the start, the others crossing it while decoding
 PROMPTS = [list(range(20, 45)), [3, 4, 100, 200, 300], [7] * 9, [42]]
@@ -151,3 +153,20 @@ def test_unservable_attention_shape_is_refused_at_load_in_one_line(tmp_path, fam
     with pytest.raises(UnsupportedModelError, match="cannot be served: 4 query heads") as e:
         ModelRunner(_config(tmp_path), tmp_path)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(not kernels_built(), reason="the C++ kernels are not built here")
+def test_a_softcapped_head_leaves_the_argmax_to_the_logits(family_dirs):
+    """Gemma's final softcap (tanh) can round distinct logits to one value, so its model
+    never takes the argmax of the raw head outputs (CausalLM.greedy_tokens: None); without
+    the cap the int8 head takes it, equal to the logits' argmax."""
+    model_dir = family_dirs["gemma3"]
+    cfg = _config(model_dir)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, quantization="int8"))
+    runner = ModelRunner(cfg, model_dir)
+    seq = [SeqInput(PROMPTS[0], 0, list(range(10)))]
+    assert runner.model.softcap is not None
+    assert runner.execute(seq, argmax_vocab=10**6).dtype == torch.float32
+    runner.model.softcap = None
+    tokens = runner.execute(seq, argmax_vocab=10**6)
+    assert tokens.dtype == torch.int64 and torch.equal(tokens, runner.execute(seq).argmax(-1))

@@ -107,6 +107,42 @@ def test_amx_path_gives_the_vnni_outputs_bit_for_bit(type_name, dtype):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_qlinear_argmax_is_the_index_max_gives_on_qlinears_outputs(isa, type_name):
+    # the fused head argmax (chunks of 1,024 outputs: 2,500 make two and a short one)
+    # against max(dim=-1) of qlinear's own outputs, float32 and bfloat16, rows on every
+    # tile shape; n cut inside a group or at a chunk's end; ties (duplicated weight rows:
+    # the first index wins, also across chunks); +-inf and NaN (float16 scales of inf)
+    n_out, k = 2500, 96
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(n_out, k, generator=torch.Generator().manual_seed(2)) * 0.05
+    w[[100, 1900, 2100]] = x[0] * 0.5  # row 0: a three-way tie, won by 100
+    w[[1500, 2400]] = x[1] * 0.5  # row 1: a tie across chunks, won by 1500
+    raw = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[type_name])
+    qs, d, m = pack_blocks(from_gguf(raw, type_name, n_out, k))
+    fmt, i = 0 if type_name != "Q8_0" else 1, kernels.isa_index(isa)
+    clean = d.clone()
+    d[[40, 150], :2, [3, 7]] = float("inf")  # outputs 643 and 2407: +-inf, or NaN (inf - inf)
+    d[20, :, 5] = float("inf")  # output 325
+    seen_nan = seen_inf = False
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows in (1, 2, 5, 16, 17, 37, 64):
+            xs = x[:rows].to(dtype)
+            y = ops.qlinear(xs, qs, d, m, fmt, n_out, i)
+            for n in (n_out, 2487, 1024, 17):
+                got = ops.qlinear_argmax(xs, qs, d, m, fmt, n, i)
+                assert got.dtype == torch.int64
+                assert torch.equal(got, y[:, :n].max(dim=-1).indices), (dtype, rows, n)
+            seen_nan |= bool(y.isnan().any(dim=-1).any())
+            seen_inf |= bool((y.max(dim=-1).values == float("inf")).any())
+    assert seen_nan and seen_inf  # the cases the test means to cover did occur
+    got = ops.qlinear_argmax(x[:2], qs, clean, m, fmt, n_out, i)
+    assert got.tolist() == [100, 1500]
+    with pytest.raises(RuntimeError, match="outputs asked"):
+        ops.qlinear_argmax(x[:2], qs, d, m, fmt, 2513, i)  # 157 groups: 2,512 outputs
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_activation_quantization_equals_the_oracle(isa):
     x = torch.randn(5, 160) * torch.logspace(-3, 2, 160)  # very different block ranges
     x[1, 32:64] = 0.0  # an all-zero block: d = 0, q = 0

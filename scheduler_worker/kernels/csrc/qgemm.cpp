@@ -26,6 +26,9 @@
 
 #include <cpuid.h>
 
+#include <type_traits>
+#include <vector>
+
 #include "qgemm_amx.h"
 #include "qgemm_kquant.h"
 #include "qgemm_q6k.h"
@@ -153,6 +156,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
   return {q, d, s};
 }
 
+// The checks of a Q4_0/Q4_1/Q8_0 weight in the kernels' layout for x [M, K] and n outputs;
+// its groups (ceil(n / 16) or more).
+static int64_t check_packed(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+                            const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, const char* op) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D");
+  TORCH_CHECK(fmt == Q4 || fmt == Q8, op, ": unknown format ", fmt);
+  const int64_t K = x.size(1), nb = K / QK;
+  TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.is_contiguous() && d.scalar_type() == at::kHalf,
+              op, ": d must be float16 [groups, K/32, 16]");
+  const int64_t groups = d.size(0);
+  TORCH_CHECK(K % QK == 0 && d.size(1) == nb, op, ": K=", K, " does not match the weight's ", d.size(1), " blocks");
+  const int64_t bb = fmt == Q4 ? group_block_bytes<Q4>() : group_block_bytes<Q8>();
+  TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.numel() == groups * nb * bb,
+              op, ": packed weight has the wrong shape");
+  if (fmt == Q4)
+    TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kHalf,
+                op, ": a 4-bit weight needs m shaped like d");
+  return groups;
+}
+
 // out [M, n] (dtype of x) = x @ dequant(w).T, the weight packed (qgemm_common.h): qs
 // [groups, nb * (256 | 512)] uint8, d (and m for 4-bit) [groups, nb, 16] float16, with
 // groups = ceil(n / 16); fmt 0 = 4-bit, 1 = 8-bit; 2-4, 6 (5-bit, Q4_K, Q5_K, Q5_0): qgemm_kquant.h;
@@ -162,19 +185,9 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   if (is_kquant_fmt(fmt)) return qlinear_kquant(x, qs, d, m, fmt, n, isa);  // 2-4, 6: qgemm_kquant.h
   TORCH_CHECK(x.dim() == 2, "qlinear: x must be 2-D");
   if (fmt == Q6K) return qlinear_q6k(x, qs, d, n, isa);
-  TORCH_CHECK(fmt == Q4 || fmt == Q8, "qlinear: unknown format ", fmt);
-  const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
-  TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.is_contiguous() && d.scalar_type() == at::kHalf,
-              "qlinear: d must be float16 [groups, K/32, 16]");
-  const int64_t groups = d.size(0);
-  TORCH_CHECK(K % QK == 0 && d.size(1) == nb, "qlinear: K=", K, " does not match the weight's ", d.size(1), " blocks");
+  const int64_t groups = check_packed(x, qs, d, m, fmt, n, "qlinear");
   TORCH_CHECK(n > (groups - 1) * GR && n <= groups * GR, "qlinear: ", n, " outputs do not fit ", groups, " groups");
-  const int64_t bb = fmt == Q4 ? group_block_bytes<Q4>() : group_block_bytes<Q8>();
-  TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.numel() == groups * nb * bb,
-              "qlinear: packed weight has the wrong shape");
-  if (fmt == Q4)
-    TORCH_CHECK(m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() && m->scalar_type() == at::kHalf,
-                "qlinear: a 4-bit weight needs m shaped like d");
+  const int64_t M = x.size(0), nb = x.size(1) / QK;
   isa = clamp_isa(isa);
   auto [xq, xd, xs] = quantize_act(x, isa);
   at::Tensor out = at::empty({M, n}, x.options());
@@ -196,6 +209,121 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   return out;
 }
 
+// ---------------------------------------------------------------- argmax of the outputs
+// qlinear_argmax: per activation row, the index of its largest output among the first n,
+// the outputs never written out. A greedy step's output head (Gemma 3's 262,144 x 640 at 32
+// rows: 33.5 MB of logits) otherwise stores every logit and reads it back for the argmax.
+// Each task computes chunks of ARGMAX_GROUPS groups into a buffer that stays in cache,
+// with the same kernels and the same rounding to x's dtype as qlinear, and scans it: the
+// index is the one torch's max(dim) gives on qlinear's outputs (the first of the largest;
+// a NaN counts as the largest, the first NaN wins), bit for bit.
+constexpr int64_t ARGMAX_GROUPS = 64;  // 1,024 outputs: 128 KB of float32 at 32 rows
+
+struct RowBest {  // the best output of one row so far, over increasing indices
+  float v = 0.f;
+  int64_t i = -1;  // none yet
+  bool nan = false;
+  bool beaten_by(float cv, bool cnan) const { return i < 0 || (cnan && !nan) || (!cnan && !nan && cv > v); }
+};
+
+// The largest of x[0, n) (n a multiple of 16) and whether one is NaN. maxps(v, m) is
+// `v > m ? v : m`, lane by lane (GCC will not vectorize that loop without -ffast-math).
+static float max16_sse(const float* x, int64_t n, bool& nan) {
+  __m128 m[4], u = _mm_setzero_ps();
+  for (auto& r : m) r = _mm_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16)
+    for (int k = 0; k < 4; ++k) {
+      const __m128 v = _mm_loadu_ps(x + j + 4 * k);
+      m[k] = _mm_max_ps(v, m[k]);
+      u = _mm_or_ps(u, _mm_cmpunord_ps(v, v));
+    }
+  alignas(16) float l[4];
+  _mm_store_ps(l, _mm_max_ps(_mm_max_ps(m[0], m[1]), _mm_max_ps(m[2], m[3])));
+  nan = _mm_movemask_ps(u) != 0;
+  return std::max(std::max(l[0], l[1]), std::max(l[2], l[3]));
+}
+
+ZS_AVX512 static float max16_avx512(const float* x, int64_t n, bool& nan) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  __mmask16 u = 0;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    m = _mm512_max_ps(v, m);
+    u |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  }
+  nan = u != 0;
+  return _mm512_reduce_max_ps(m);
+}
+
+// Offers each row of out [M, cols] (columns col0...) to best[M].
+template <typename T>
+static void offer_rows(const T* out, int64_t M, int64_t cols, int64_t col0, int64_t isa, RowBest* best, float* tmp) {
+  const int64_t n16 = cols / 16 * 16;
+  for (int64_t i = 0; i < M; ++i) {
+    const float* r = tmp;
+    if constexpr (std::is_same_v<T, float>) r = out + i * cols;
+    else
+      for (int64_t j = 0; j < cols; ++j) tmp[j] = static_cast<float>(out[i * cols + j]);
+    bool nan;
+    float m = isa >= AVX512 ? max16_avx512(r, n16, nan) : max16_sse(r, n16, nan);
+    for (int64_t j = n16; j < cols; ++j) {
+      m = r[j] > m ? r[j] : m;
+      nan |= r[j] != r[j];
+    }
+    if (!best[i].beaten_by(m, nan)) continue;
+    int64_t j = 0;
+    while (nan ? r[j] == r[j] : r[j] != m) ++j;
+    best[i] = {r[j], col0 + j, nan};
+  }
+}
+
+// int64 [M]: argmax over the first n of qlinear(x, qs, d, m, fmt, ...)'s outputs, for the
+// 4- and 8-bit formats (n <= the weight's groups x 16).
+at::Tensor qlinear_argmax(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+                          const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa) {
+  const int64_t groups = check_packed(x, qs, d, m, fmt, n, "qlinear_argmax");
+  TORCH_CHECK(n > 0 && n <= groups * GR, "qlinear_argmax: ", n, " outputs asked of a weight of ", groups * GR);
+  const int64_t M = x.size(0), nb = x.size(1) / QK, used = (n + GR - 1) / GR;
+  isa = clamp_isa(isa);
+  at::Tensor idx = at::empty({M}, x.options().dtype(at::kLong));
+  if (M == 0) return idx;
+  auto [xq, xd, xs] = quantize_act(x, isa);
+  const Act a{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), prefetch_weights(M)};
+  const int64_t bb = fmt == Q4 ? group_block_bytes<Q4>() : group_block_bytes<Q8>();
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const c10::Half* dp = d.data_ptr<c10::Half>();
+  const c10::Half* mp = fmt == Q4 ? m->data_ptr<c10::Half>() : nullptr;
+  const int64_t chunks = (used + ARGMAX_GROUPS - 1) / ARGMAX_GROUPS;
+  std::vector<RowBest> part(chunks * M);  // a task's rows at its first chunk's slot
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      std::vector<T> out(M * ARGMAX_GROUPS * GR);
+      std::vector<float> tmp(std::is_same_v<T, float> ? 0 : ARGMAX_GROUPS * GR);
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t g0 = c * ARGMAX_GROUPS, g1 = std::min(used, g0 + ARGMAX_GROUPS);
+        const int64_t cols = std::min(n, g1 * GR) - g0 * GR;
+        const Packed w{q + g0 * nb * bb, dp + g0 * nb * GR, mp ? mp + g0 * nb * GR : nullptr, nb, cols};
+        if (fmt == Q4) gemm<Q4>(a, w, M, out.data(), 0, g1 - g0, isa);
+        else gemm<Q8>(a, w, M, out.data(), 0, g1 - g0, isa);
+        offer_rows(out.data(), M, cols, g0 * GR, isa, &part[c0 * M], tmp.data());
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat) run(static_cast<float*>(nullptr));
+  else run(static_cast<c10::BFloat16*>(nullptr));
+  int64_t* o = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < M; ++i) {
+    RowBest b;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const RowBest& p = part[c * M + i];
+      if (p.i >= 0 && b.beaten_by(p.v, p.nan)) b = p;
+    }
+    o[i] = b.i;
+  }
+  return idx;
+}
+
 int64_t cpu_isa() { return best_isa(); }
 
 }  // namespace zs_qgemm
@@ -204,11 +332,13 @@ using namespace zs_qgemm;
 
 TORCH_LIBRARY(zeroserve, lib) {
   lib.def("qlinear(Tensor x, Tensor qs, Tensor d, Tensor? m, int fmt, int n, int isa) -> Tensor");
+  lib.def("qlinear_argmax(Tensor x, Tensor qs, Tensor d, Tensor? m, int fmt, int n, int isa) -> Tensor");
   lib.def("quantize_act(Tensor x, int isa) -> (Tensor, Tensor, Tensor)");
   lib.def("cpu_isa() -> int", &cpu_isa);
 }
 
 TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) {
   lib.impl("qlinear", &qlinear);
+  lib.impl("qlinear_argmax", &qlinear_argmax);
   lib.impl("quantize_act", &quantize_act);
 }
