@@ -20,6 +20,8 @@ instead, as ns per byte of the file's weight (the kernels' efficiency per format
 is loaded):
 
     python benchmarks/bench_quant.py --per-byte Q6_K,Q4_K,Q8_0 --shapes 49152x512,576x1536 --rows 1,32
+
+Large outputs come from the heap, as in the engine (scheduler_worker/heap.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ if __package__ in (None, ""):
 from benchmarks.bench_engine import machine_info  # noqa: E402
 from common.model_source import resolve_model  # noqa: E402
 from scheduler_worker import kernels  # noqa: E402
+from scheduler_worker.heap import keep_step_buffers_in_heap  # noqa: E402
 from scheduler_worker.models import load_model  # noqa: E402
 from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, BlockWeight, from_gguf  # noqa: E402
 from scheduler_worker.quant.linear import QuantLinear, quantize_weight  # noqa: E402
@@ -119,6 +122,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    # outputs from the heap, as the engine has them: else each call's output above glibc's
+    # mmap threshold (Gemma 3's head: 33.5 MB at 32 rows) is a fresh map, zero-filled page
+    # by page, and a wide weight times that (25 ms against 15 at 32 rows)
+    keep_step_buffers_in_heap()
     if not kernels.load():
         sys.exit("the CPU kernels are not built: python -m scheduler_worker.kernels --require")
     best = kernels.ISAS.index(kernels.best_isa())
