@@ -42,10 +42,8 @@ from scheduler_worker.quant.formats import (
 )
 
 QUANT_METHODS = ("none", "int8", "int4", "gguf")
-ARGMAX_FMTS = (
-    FMT_CODES["q4"],
-    FMT_CODES["q8"],
-)  # the formats torch.ops.zeroserve.qlinear_argmax takes
+# the formats torch.ops.zeroserve.qlinear_argmax takes (QuantLinear.argmax)
+ARGMAX_FMTS = (FMT_CODES["q4"], FMT_CODES["q8"])
 # rows per step above which a layer with a dense bf16 copy uses it: measured with the AVX2
 # kernel on an AVX512-BF16 EPYC (bench_quant.py), where the crossover sat between 8 and 16
 DENSE_ABOVE_ROWS = 8
