@@ -12,11 +12,11 @@ Logit processing, each step vectorized over the rows that need it:
                 └─▶ log_softmax ─▶ logprobs (sampled token + top-N)
 
 A batch of plain greedy rows (no penalties, logprobs, grammar or min_tokens still
-blocking) takes one argmax and nothing else; without grammar masks the engine asks the
-model for the argmax itself (ModelRunner.execute), and a quantized head computes it
-without writing the logits, so such a step never reaches the sampler. Logprobs are the model's own, before the
-grammar mask (as before penalties and temperature): a token the grammar forbids keeps
-its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
+blocking) takes one argmax and nothing else; without grammar masks the engine first asks
+the model for the argmax itself (ModelRunner.execute), and where a quantized head takes it
+without writing the logits the step never reaches the sampler. Logprobs are the model's
+own, before the grammar mask (as before penalties and temperature): a token the grammar
+forbids keeps its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
 
 Drawing (`sample_from`): an exponential race (argmax p / q, q ~ Exp(1)) among blocks of
 SAMPLE_BLOCK tokens by their sums, then among the tokens of the block that won: the
