@@ -12,10 +12,15 @@
 // many rows share its step.
 //
 // The scales change every 32 inputs, so each `tdpbsud` runs at half its depth (K = 32 of
-// 64) and the epilogue (a tile store, then per row a load, a conversion and two FMAs per
-// 16 outputs) bounds the speed, not the tile multiply. A slab is 16 rows x 2 groups; the
-// tiles of block b + 1 are issued before block b's epilogue runs (C tiles 0-1 and 2-3
-// alternate), so the tile unit works while the vector unit does.
+// 64), and every block's dots go out as a tile store before the float epilogue (per row a
+// load, a conversion and two FMAs per 16 outputs). A slab is 16 rows x 2 groups; the tiles
+// of block b + 1 are issued before block b's epilogue runs (C tiles 0-1 and 2-3
+// alternate), so the tile unit works while the vector unit does. What bounds it is the
+// tile side, not the epilogue (docs/benchmarks.md, twelfth round): the epilogue's 32
+// accumulators spill here, yet with them in registers (a slab's dots made 16 blocks at a
+// time, then a row at a time) Gemma 3's head at 32 rows got no faster (19.0 -> 19.2 ms),
+// and in that version two thirds of the slab's perf samples sat on the tile loads,
+// `tdpbsud` and stores.
 //
 // Measured (amx kind: Intel Xeon, KVM; one linear, 2 threads, against the VNNI tiles on
 // the same weight): Q8_0 1.21-1.50x at 16-32 rows, 0.99-1.33x at 64-512; the 5-bit panel
