@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from common.config import (
+    ASYNC_SCHEDULING,
     DEVICES,
     DTYPES,
     KERNELS,
@@ -50,8 +51,35 @@ GROUPS: dict[str, list[Flag]] = {
         Flag("--num-kv-blocks", _C, "num_blocks", int, "KV blocks; none: from the memory"),
         Flag("--kv-cache-memory-gb", _C, "kv_cache_memory_gb", float, "KV cache memory"),
         Flag("--kv-cache-dtype", _C, "kv_cache_dtype", str, "K/V element type", KV_DTYPES),
-        Flag("--max-num-seqs", _S, "max_num_seqs", int, "requests running at once"),
-        Flag("--max-num-batched-tokens", _S, "max_num_batched_tokens", int, "tokens per step"),
+        Flag(
+            "--max-num-seqs",
+            _S,
+            "max_num_seqs",
+            int,
+            "requests running at once; none: CPU 64, GPU 256",
+        ),
+        Flag(
+            "--max-num-batched-tokens",
+            _S,
+            "max_num_batched_tokens",
+            int,
+            "tokens per step; none: CPU 512, GPU 8192",
+        ),
+        Flag(
+            "--async-scheduling",
+            _S,
+            "async_scheduling",
+            str,
+            "prepare step N+1 while the device runs step N; auto: on a GPU",
+            ASYNC_SCHEDULING,
+        ),
+        Flag(
+            "--gpu-memory-utilization",
+            _C,
+            "gpu_memory_utilization",
+            float,
+            "CUDA: share of the GPU's memory to use; the KV pool takes what the rest leaves",
+        ),
         Flag("--max-decode-batch", _S, "max_decode_batch", int, "decode rows per step"),
     ],
     "server": [
@@ -135,6 +163,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="turn the prefix cache off (default: on)",
     )
+    groups["engine"].add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=None,
+        help="CUDA: capture no graphs, run every step eagerly (default: graphs for decode steps)",
+    )
     groups["model"].add_argument(
         "--prefill-dense-copy",
         action="store_true",
@@ -158,6 +192,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
             cfg = _set(cfg, f.path, f.name, value)
     if getattr(args, "no_prefix_caching", None):
         cfg = _set(cfg, ("engine", "cache"), "enable_prefix_caching", False)
+    if getattr(args, "enforce_eager", None):
+        cfg = _set(cfg, ("engine", "model"), "enforce_eager", True)
     if getattr(args, "prefill_dense_copy", None):
         cfg = _set(cfg, ("engine", "model"), "prefill_dense_copy", True)
     if getattr(args, "no_ui", None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from common.endpoints import default_run_dir, endpoint
@@ -88,6 +88,8 @@ class ModelConfig:
     # torch threads of each scheduler replica; None: torch's default with one replica,
     # launch.py gives each of N replicas cores // N (at least 1)
     num_threads: int | None = None
+    # CUDA: no graph capture, every step eager (start-up faster, decode slower)
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.num_threads is not None:
@@ -127,8 +129,15 @@ class CacheConfig:
     # K/V element type; auto: float16 under a float32 model on the CPU's paged kernel (as
     # llama.cpp keeps its cache), else the model's dtype (scheduler_worker/model_runner.py)
     kv_cache_dtype: str = "auto"
+    # CUDA: the share of the GPU's memory the scheduler may hold (weights, a largest step's
+    # activations, graphs, and the KV pool, which takes the rest), as vLLM's flag
+    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
+        if not (0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.block_size < 1 or self.block_size > 1024:
             raise ConfigError(f"block_size must be in [1, 1024], got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
@@ -141,25 +150,57 @@ class CacheConfig:
             )
 
 
+# (max_num_seqs, max_num_batched_tokens) where the config leaves them unset: a CPU's step
+# time grows with its rows; a GPU's barely does up to hundreds (vLLM's 256 sequences)
+DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
+ASYNC_SCHEDULING = ("auto", "on", "off")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64  # requests running (holding KV) at once
-    max_num_batched_tokens: int = 512  # tokens per engine step (prefill chunks + decodes)
+    max_num_seqs: int | None = None  # requests running (holding KV) at once; None: by device
+    # tokens per engine step (prefill chunks + decodes); None: by device (DEVICE_DEFAULTS)
+    max_num_batched_tokens: int | None = None
     max_decode_batch: int | None = None  # decode rows per step; None: max_num_seqs
+    # overlapped scheduling: prepare step N+1 while the device runs step N; auto: where
+    # the device runs apart from the host (a GPU)
+    async_scheduling: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ConfigError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
         if self.max_decode_batch is not None and self.max_decode_batch < 1:
             raise ConfigError(f"max_decode_batch must be >= 1, got {self.max_decode_batch}")
+        if self.async_scheduling not in ASYNC_SCHEDULING:
+            raise ConfigError(
+                f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}"
+            )
+
+    def resolved(self, device_type: str) -> SchedulerConfig:
+        """The limits left unset, filled with the device's defaults (DEVICE_DEFAULTS)."""
+        seqs, tokens = DEVICE_DEFAULTS.get(device_type, DEVICE_DEFAULTS["cpu"])
+        return replace(
+            self,
+            max_num_seqs=self.max_num_seqs or seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or tokens,
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        """max_num_seqs, or the CPU's default where unset (resolved() sets it by device)."""
+        return self.max_num_seqs or DEVICE_DEFAULTS["cpu"][0]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.max_num_batched_tokens or DEVICE_DEFAULTS["cpu"][1]
 
     @property
     def decode_batch(self) -> int:
-        return min(self.max_decode_batch or self.max_num_seqs, self.max_num_seqs)
+        return min(self.max_decode_batch or self.num_seqs, self.num_seqs)
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,15 @@ from scheduler_worker.heap import keep_step_buffers_in_heap
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import (
+    DeviceSample,
     Sampler,
-    SamplerOutput,
     SamplingRow,
     TokenLogprobs,
+    has_penalty,
     make_generator,
     prompt_logprob_entries,
 )
-from scheduler_worker.scheduler import Scheduler
+from scheduler_worker.scheduler import ScheduledBatch, Scheduler
 from scheduler_worker.structured import GrammarMatchers
 
 log = get_logger("engine")
@@ -56,6 +57,15 @@ class RequestOutput:
     stage_times: dict[str, float | None] | None = None  # None: a stage it never reached
     # params.prompt_logprobs, with the first token only: Request.prompt_logprobs
     prompt_logprobs: list[list | None] | None = None
+
+
+@dataclass
+class InFlight:
+    """A launched step whose tokens the host has not read yet."""
+
+    sampled: list[tuple[Request, int]]  # (request, its placeholder's index), in row order
+    sample: DeviceSample | None  # the tokens (and logprobs) on the device, being copied
+    rows: dict[str, int]  # request id -> its row in `sample` (the next step's prev_row)
 
 
 @dataclass
@@ -93,7 +103,7 @@ class LLMEngine:
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(
-            config.scheduler,
+            config.scheduler.resolved(self.runner.device.type),
             config.cache,
             self.runner.num_blocks,
             self.eos_token_ids,
@@ -115,6 +125,10 @@ class LLMEngine:
         self._aborted: list[Request] = []  # finished by abort() since the last step
         self.counters = EngineCounters()
         self.last_step = StepStats()
+        want = config.scheduler.async_scheduling
+        self.overlap = want == "on" or (want == "auto" and self.runner.backend.overlap)
+        self._in_flight: InFlight | None = None  # overlapped: the step launched last
+        log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
 
     # ---- read-only accessors -------------------------------------------------
     @property
@@ -126,7 +140,7 @@ class LLMEngine:
         return len(self.requests)
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests) or bool(self._aborted)
+        return bool(self.requests) or bool(self._aborted) or self._in_flight is not None
 
     @property
     def num_running(self) -> int:
@@ -182,24 +196,59 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Schedule, launch and (overlapped: the previous step's) resolve; returns the
+        outputs of the step whose tokens reached the host.
+
+        Overlapped (a GPU): step N+1 is scheduled and launched before step N's tokens
+        are read, its decode rows taking step N's tokens on the device (SeqInput.prev_row).
+        A step whose rows need the tokens on the host first (grammar masks, penalties,
+        min_tokens, prompt logprobs) resolves the step in flight before it launches."""
         outputs = [self._output(r, []) for r in self._aborted]
         self._aborted.clear()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
-        stats = StepStats(
-            schedule=t1 - t0,
-            num_decode=batch.num_decode,
-            num_prefill_tokens=batch.num_prefill_tokens,
+        stats = StepStats(schedule=t1 - t0)
+        pending = self._in_flight
+        if pending is not None and (not self.overlap or self._needs_history(batch)):
+            outputs += self._resolve(pending, stats)
+            pending = self._in_flight = None
+            for rid in [rid for rid, (r, _) in batch.entries.items() if r.status.finished]:
+                del batch.entries[rid]  # finished by the tokens just read
+        launched = self._launch(batch, stats) if batch.entries else None
+        if pending is not None:
+            outputs += self._resolve(pending, stats)
+        self._in_flight = launched
+        if launched is not None and not self.overlap:
+            outputs += self._resolve(launched, stats)
+            self._in_flight = None
+        for key in ("schedule", "forward", "sample"):
+            self.counters.busy_time[key] += getattr(stats, key)
+        self.last_step = stats
+        return outputs
+
+    def _needs_history(self, batch: ScheduledBatch) -> bool:
+        """Some row of the batch reads its output tokens' values before it samples
+        (grammar, penalties) or asks for prompt logprobs. (min_tokens counts them: a
+        placeholder counts as well as its token.)"""
+        return any(
+            req.params.structured is not None
+            or has_penalty(req.params)
+            or req.wants_prompt_logprobs
+            for req, _ in batch.entries.values()
         )
-        if not batch.entries:
-            self.last_step = stats
-            return outputs
+
+    def _launch(self, batch: ScheduledBatch, stats: StepStats) -> InFlight:
+        """Run the step's forward and sampling on the device and start copying its tokens
+        to the host; the requests advance (Scheduler.advance), their tokens placeholders."""
+        t1 = time.perf_counter()
         entries = list(batch.entries.values())
         sampling = batch.sampling()
+        stats.num_decode, stats.num_prefill_tokens = batch.num_decode, batch.num_prefill_tokens
         # the grammar masks of this step's constrained rows (during the forward where a
         # core is spare, else now: scheduler_worker/structured.py)
         masks = self.grammars.start([req for (req, _), s in zip(entries, sampling) if s])
+        prev = self._in_flight.rows if self._in_flight is not None else {}
         inputs = [
             SeqInput(
                 req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
@@ -207,6 +256,7 @@ class LLMEngine:
                 req.block_table,
                 sample,
                 _prompt_logits(req, n),
+                prev.get(req.request_id, -1) if req.num_pending else -1,
             )
             for (req, n), sample in zip(entries, sampling)
         ]
@@ -218,6 +268,9 @@ class LLMEngine:
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
         argmax = bool(rows) and masks is None and self.sampler.plain_greedy(rows)
+        self.runner.backend.prev_tokens = (
+            self._in_flight.sample.token_ids if self._in_flight is not None else None
+        )
         if any(s.prompt_logits for s in inputs):
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
             self._keep_prompt_logprobs(entries, prompt_logits)
@@ -227,20 +280,37 @@ class LLMEngine:
         for i, words in self.grammars.wait(masks).items():
             rows[i].token_bitmask = words
         if logits.dtype == torch.long:  # the tokens themselves
-            result: SamplerOutput | None = SamplerOutput(logits.tolist(), [None] * len(rows))
+            sample = DeviceSample(logits)
         else:
-            result = self.sampler(logits, rows, writable=True) if rows else None
-        t3 = time.perf_counter()
+            sample = self.sampler.sample(logits, rows, writable=True) if rows else None
+        if sample is not None:
+            sample.start_copy()
+        stats.forward += t2 - t1
+        stats.sample += time.perf_counter() - t2
         self.counters.prompt_tokens += batch.num_prefill_tokens
-        sampled = self.scheduler.update(batch, result.token_ids if result is not None else [])
-        for i, req in enumerate(sampled):
+        sampled = self.scheduler.advance(batch)
+        return InFlight(sampled, sample, {req.request_id: i for i, (req, _) in enumerate(sampled)})
+
+    def _resolve(self, step: InFlight, stats: StepStats) -> list[RequestOutput]:
+        """Step's tokens on the host (waiting for the device if need be) into its requests:
+        each finishes or goes on; one output per request still running or just finished."""
+        t0 = time.perf_counter()
+        result = step.sample.result() if step.sample is not None else None
+        stats.sample += time.perf_counter() - t0
+        outputs: list[RequestOutput] = []
+        for i, (req, index) in enumerate(step.sampled):
             assert result is not None  # rows were sampled
-            if self.grammars.advance(req, result.token_ids[i]) and not req.status.finished:
+            was_finished = req.status.finished
+            token = result.token_ids[i]
+            self.scheduler.resolve(req, index, token)
+            if was_finished:
+                continue  # aborted, or stopped at its previous token: nothing more to send
+            if self.grammars.advance(req, token) and not req.status.finished:
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
             if req.status.finished:
                 del self.requests[req.request_id]
                 self.grammars.drop(req.request_id)
-            token, lp = result.token_ids[i], result.logprobs[i]
+            lp = result.logprobs[i]
             out = self._output(req, [token], [lp] if lp is not None else None)
             if req.wants_prompt_logprobs:  # its prompt is done: they go with this token
                 first: list = [req.prompt_token_ids[0], None, []]  # a 1-token prompt: this
@@ -249,11 +319,7 @@ class LLMEngine:
                 req.prompt_logprobs_sent = True
             outputs.append(out)
         self.counters.num_steps += 1
-        self.counters.generation_tokens += len(sampled)
-        stats.forward, stats.sample = t2 - t1, t3 - t2
-        for key in ("schedule", "forward", "sample"):
-            self.counters.busy_time[key] += getattr(stats, key)
-        self.last_step = stats
+        self.counters.generation_tokens += len(outputs)
         return outputs
 
     def _keep_prompt_logprobs(

@@ -175,7 +175,13 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
             plan.reason,
         )
     else:
-        model = model.to_empty(device="cpu")
+        # a GPU: the parameters made in the model's dtype on the device, and each tensor of
+        # the checkpoint (a GGUF matrix dequantized one at a time) copied in and converted
+        # there, so no float32 copy of the model is ever held on the host
+        target = "cpu" if device.type == "cpu" else device
+        if device.type != "cpu":
+            model = model.to(dtype=dtype)
+        model = model.to_empty(device=target)
         model.post_init()  # re-tie weights and rebuild rope tables lost on the meta device
         weights = iter_safetensors(model_dir)
         if gguf is not None:  # the lean cache has the norms; the matrices are in the file

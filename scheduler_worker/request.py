@@ -22,6 +22,9 @@ import torch
 
 from common.sampling_params import SamplingParams
 
+# a token still being sampled on the device (overlapped scheduling: Scheduler.advance)
+PLACEHOLDER = -1
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued (new, or preempted back) and holding no blocks
@@ -50,6 +53,7 @@ class Request:
     num_freed_blocks: int = 0  # leading block_table entries given back (sliding window)
     num_preemptions: int = 0
     in_prefill_queue: bool = False
+    num_pending: int = 0  # placeholder tokens at the end of token_ids (Scheduler.advance)
     generator: torch.Generator | None = None
     # bumped whenever the request leaves the active queue (finish, abort, preemption), so
     # stale queue entries are recognised and dropped lazily instead of searched for

@@ -68,6 +68,7 @@ class RotaryEmbedding(torch.nn.Module):
             self.position_factor = float((scaling or {})["factor"])
         # float32 always: a plain attribute, so a model cast to bf16 does not round it
         self.inv_freq: torch.Tensor = inv_freq
+        self._tables_f32: tuple[torch.Tensor, torch.Tensor] | None = None
         self.table = table
         if table and torch.get_default_device().type == "meta":
             # a model built on the meta device remakes its rope after (post_init); computing
@@ -79,6 +80,16 @@ class RotaryEmbedding(torch.nn.Module):
             freqs = self.freqs(torch.arange(max_positions))  # [max_positions, head_dim/2]
             self.register_buffer("cos", freqs.cos(), persistent=False)
             self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def tables_f32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos / sin tables in float32, contiguous (what the C++ and Triton RoPE ops
+        read, whatever the model's dtype): made once, on the tables' device."""
+        if (
+            getattr(self, "_tables_f32", None) is None
+            or self._tables_f32[0].device != self.cos.device
+        ):
+            self._tables_f32 = (self.cos.float().contiguous(), self.sin.float().contiguous())
+        return self._tables_f32
 
     def freqs(self, positions: torch.Tensor) -> torch.Tensor:
         """position x inverse frequency, float32 [T, head_dim/2]: cos/sin of it rotate."""

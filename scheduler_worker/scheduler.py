@@ -12,7 +12,19 @@ entries of the active queue, the prefilling requests it schedules, the waiting r
 it admits, and each dead entry once.
 
 A step is `schedule()`, the forward and sampling (the engine), then `update()`: the
-tokens go into the requests, and each one finishes or goes back to its queue.
+tokens go into the requests, and each one finishes or goes back to its queue. With
+overlapped scheduling update() is two halves, so that step N+1 can be scheduled before step
+N's tokens reach the host:
+
+    advance(batch)          right after the launch: every entry's tokens count as computed;
+                            a request that samples gets a placeholder token (-1, its
+                            `num_pending`) and goes back to the active queue, unless
+                            max_tokens ends it whatever the token is
+    resolve(req, i, token)  when the token is on the host: placeholder i becomes the token,
+                            and the request finishes (stop token, max_tokens) or goes on
+
+A request with a placeholder is not re-admitted (after a preemption) before its token
+is resolved: its prompt to recompute would hold an unknown token.
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ from dataclasses import dataclass, field
 
 from common.config import CacheConfig, SchedulerConfig
 from scheduler_worker.block_manager import BlockManager
-from scheduler_worker.request import Request, RequestStatus
+from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 
 
 @dataclass
@@ -86,7 +98,7 @@ class Scheduler:
         prompt chunks of prefilling requests, then new admissions, all within the step's
         token budget. A request is admitted when a running slot is free and the blocks for
         its first chunk are; a decode that finds no free block preempts the newest request."""
-        batch, budget = ScheduledBatch(), self.config.max_num_batched_tokens
+        batch, budget = ScheduledBatch(), self.config.num_batched_tokens
         while self.active and batch.num_decode < self.config.decode_batch and budget > 0:
             req, epoch = self.active.popleft()
             self.num_visited += 1
@@ -108,13 +120,13 @@ class Scheduler:
             batch.entries[req.request_id] = (req, n)
             batch.num_prefill_tokens += n
             budget -= n
-        while self.waiting and budget > 0 and len(self.live) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.live) < self.config.num_seqs:
             req = self.waiting[0]
             self.num_visited += 1
             if req.status is not RequestStatus.WAITING:
                 self.waiting.popleft()
                 continue
-            n = self._admit(req, budget)
+            n = 0 if req.num_pending else self._admit(req, budget)
             if n == 0:
                 break
             self.waiting.popleft()
@@ -198,29 +210,62 @@ class Scheduler:
 
         The context length needs no rule here: admission (common.limits) holds prompt +
         max_tokens within it, so max_tokens always ends a request first."""
-        entries = list(batch.entries.values())
-        sampled = [req for (req, _), sample in zip(entries, batch.sampling()) if sample]
+        sampled = self.advance(batch)
         if len(token_ids) != len(sampled):
             raise ValueError(f"{len(token_ids)} sampled tokens for {len(sampled)} requests")
-        for req, n in entries:
-            self._advance(req, n)
-        now = time.monotonic()
-        for req, token in zip(sampled, token_ids):
-            req.append_token(token)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            status = self._finish_status(req, token)
-            if status is None:
-                self._requeue(req)
-            else:
-                self.finish(req, status)
-        return sampled
+        for (req, index), token in zip(sampled, token_ids):
+            self.resolve(req, index, token)
+        return [req for req, _ in sampled]
 
-    def _finish_status(self, req: Request, token: int) -> RequestStatus | None:
+    def advance(self, batch: ScheduledBatch) -> list[tuple[Request, int]]:
+        """The first half of update(), run once the step is launched: the entries' tokens
+        count as computed, and each request that samples gets a placeholder token and
+        its place back in the active queue (not when max_tokens ends it whatever the
+        token). Returns (request, index of its placeholder in token_ids), in entry order."""
+        entries = list(batch.entries.values())
+        sampling = batch.sampling()
+        out: list[tuple[Request, int]] = []
+        for (req, n), sample in zip(entries, sampling):
+            self._advance(req, n)
+            if not sample:
+                continue
+            out.append((req, req.num_tokens))
+            req.append_token(PLACEHOLDER)
+            req.num_pending += 1
+            if req.num_output_tokens < req.params.max_tokens:
+                self._requeue(req)
+            elif req.in_prefill_queue:  # its last token: done when resolved
+                self._leave_prefill_queue(req)
+        return out
+
+    def resolve(self, req: Request, index: int, token: int) -> RequestStatus | None:
+        """The second half: placeholder `index` of req's token_ids is `token`. The request
+        finishes when the token ends it (its status, blocks freed); else None. A request
+        that finished meanwhile (an abort; a stop at an earlier placeholder) only drops
+        its placeholders: nothing more goes to its client."""
+        req.num_pending -= 1
+        if req.status.finished:
+            del req.token_ids[index:]
+            del req.output_token_ids[index - req.num_prompt_tokens :]
+            return None
+        req.token_ids[index] = token
+        req.output_token_ids[index - req.num_prompt_tokens] = token
+        if req.status is RequestStatus.RUNNING:
+            self._hash_blocks(req)
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        status = self._finish_status(req, token, index - req.num_prompt_tokens + 1)
+        if status is not None:
+            # a placeholder after this one (the step in flight) is no token of its output
+            del req.token_ids[index + 1 :]
+            del req.output_token_ids[index + 1 - req.num_prompt_tokens :]
+            self.finish(req, status)
+        return status
+
+    def _finish_status(self, req: Request, token: int, n_out: int) -> RequestStatus | None:
         """A stop token (an EOS unless ignore_eos, or one of stop_token_ids) once min_tokens
-        are out; else max_tokens."""
+        are out (n_out: the outputs up to and with this token); else max_tokens."""
         p = req.params
-        n_out = req.num_output_tokens
         is_stop = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
         if is_stop and n_out >= p.min_tokens:
             if token in p.stop_token_ids:  # vLLM's stop_reason (an EOS stop has none)
@@ -233,12 +278,18 @@ class Scheduler:
     def _advance(self, req: Request, n: int) -> None:
         """After the forward: n more tokens of req are in the KV cache."""
         req.num_computed_tokens += n
-        if req.num_computed_tokens // self.block_size > req.num_hashed_blocks:  # a block filled
-            req.num_hashed_blocks = self.blocks.cache_full_blocks(
-                req.block_table, req.token_ids[: req.num_computed_tokens], req.num_hashed_blocks
-            )
+        self._hash_blocks(req)
         if self.sliding_window is not None:
             self._free_outside_window(req)
+
+    def _hash_blocks(self, req: Request) -> None:
+        """Register req's blocks that filled in the prefix cache: those whose tokens are
+        all known (a placeholder's block waits for resolve())."""
+        known = min(req.num_computed_tokens, req.num_tokens - req.num_pending)
+        if known // self.block_size > req.num_hashed_blocks:  # a block filled
+            req.num_hashed_blocks = self.blocks.cache_full_blocks(
+                req.block_table, req.token_ids[:known], req.num_hashed_blocks
+            )
 
     def _free_outside_window(self, req: Request) -> None:
         """Give back the blocks no later query of req reads: the next query sits at
@@ -262,9 +313,12 @@ class Scheduler:
     def _requeue(self, req: Request) -> None:
         """A running request with its prompt done goes to the back of the active queue."""
         if req.in_prefill_queue:
-            if self.prefilling[0] is req:
-                self.prefilling.popleft()
-            else:
-                self.prefilling.remove(req)
-            req.in_prefill_queue = False
+            self._leave_prefill_queue(req)
         self.active.append((req, req.queue_epoch))
+
+    def _leave_prefill_queue(self, req: Request) -> None:
+        if self.prefilling[0] is req:
+            self.prefilling.popleft()
+        else:
+            self.prefilling.remove(req)
+        req.in_prefill_queue = False

@@ -11,7 +11,7 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     """The engine flags given to every server and, parsed the same way, to the offline engine."""
     from common.config import SchedulerConfig
 
-    seqs = max(args.concurrency, SchedulerConfig().max_num_seqs)
+    seqs = max(args.concurrency, SchedulerConfig().num_seqs)
     return [
         "--model",
         args.model,

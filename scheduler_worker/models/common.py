@@ -1,35 +1,16 @@
-"""What every model shares: normalized config, activations, a checked weight loader."""
+"""What every model shares: normalized config, a checked weight loader."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from scheduler_worker.quant.linear import QuantLinear
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# the names configs give GELU's tanh approximation (the C++ kernel: gelu_tanh_mul)
-GELU_TANH_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "swish": F.silu,
-    "gelu": F.gelu,
-    "gelu_new": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "gelu_fast": _gelu_tanh,
-    "relu": F.relu,
-}
 
 
 def rope_theta_of(hf: dict[str, Any]) -> float:

@@ -27,9 +27,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from scheduler_worker.attention import AttentionMetadata, paged_attention
+from scheduler_worker.activations import GELU_TANH_ACTS
+from scheduler_worker.attention import AttentionMetadata
+from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.models.common import (
-    GELU_TANH_ACTS,
     CausalLM,
     ModelArgs,
     head_argmax,
@@ -47,15 +48,15 @@ from scheduler_worker.rope import RotaryEmbedding, rotate
 
 
 class GemmaRMSNorm(nn.Module):
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
+        return self.ops.rms_norm(x, None, self.weight, self.eps, weight_offset=1.0)
 
 
 def _rope_settings(hf: dict[str, Any]) -> dict[str, tuple[float, dict[str, Any] | None]]:
@@ -75,6 +76,8 @@ def _rope_settings(hf: dict[str, Any]) -> dict[str, tuple[float, dict[str, Any] 
 
 
 class Gemma3Attention(nn.Module):
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
+
     def __init__(self, args: ModelArgs, layer_index: int) -> None:
         super().__init__()
         hf = args.hf_config
@@ -107,7 +110,8 @@ class Gemma3Attention(nn.Module):
         )
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         q, k = rotate(q, *cos_sin), rotate(k, *cos_sin)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window)
+        self.ops.write_kv(k, v, kv_cache, meta)
+        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
@@ -131,7 +135,7 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3ForCausalLM(CausalLM):
-    fused = False  # ModelRunner sets it when the C++ kernels serve this model
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -169,7 +173,7 @@ class Gemma3ForCausalLM(CausalLM):
     def enable_decode_layers(self) -> bool:
         """Decode steps whose linears all take the integer kernels as one C++ call
         (decode_plan.py); returns whether the plan was made."""
-        if not self.fused or self.args.hidden_act not in GELU_TANH_ACTS:
+        if self.ops.kernel_isa is None or self.args.hidden_act not in GELU_TANH_ACTS:
             return False
 
         def w(norm: nn.Module) -> torch.Tensor:  # Gemma's x * (1 + w), as a plain weight

@@ -10,14 +10,18 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from scheduler_worker.attention import AttentionMetadata, paged_attention
-from scheduler_worker.models.common import ACTIVATIONS, CausalLM, ModelArgs, WeightLoader
+from scheduler_worker.activations import ACTIVATIONS
+from scheduler_worker.attention import AttentionMetadata
+from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
+from scheduler_worker.models.common import CausalLM, ModelArgs, WeightLoader
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _IGNORED = ({"attn", "bias"}, {"attn", "masked_bias"})  # causal-mask buffers in old checkpoints
 
 
 class GPT2Block(nn.Module):
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         h = args.hidden_size
@@ -34,15 +38,9 @@ class GPT2Block(nn.Module):
     def forward(self, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=-1)
         shape = (-1, self.num_heads, self.head_dim)
-        o = paged_attention(
-            q.reshape(shape),
-            k.reshape(shape),
-            v.reshape(shape),
-            kv_cache[0],
-            kv_cache[1],
-            meta,
-            self.scale,
-        )
+        q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
+        self.ops.write_kv(k, v, kv_cache, meta)
+        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale)
         x = x + self.attn_proj(o.reshape(x.shape))
         return x + self.mlp_proj(self.act(self.c_fc(self.ln_2(x))))
 

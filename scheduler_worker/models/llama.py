@@ -14,10 +14,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from scheduler_worker.attention import AttentionMetadata, paged_attention
+from scheduler_worker.attention import AttentionMetadata
+from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.models.common import (
-    ACTIVATIONS,
-    GELU_TANH_ACTS,
     CausalLM,
     ModelArgs,
     head_argmax,
@@ -26,15 +25,14 @@ from scheduler_worker.models.common import (
     rope_theta_of,
 )
 from scheduler_worker.models.decode_plan import QK_NORM, DecodePlan, plan_decode_layers
-from scheduler_worker.rope import RotaryEmbedding, rotate
+from scheduler_worker.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
     """`norm(x)`, or with a residual stream `norm(x, residual)`: residual += x (in place)
     and the sum is normalized, so the add and the norm are one pass in the fused kernel."""
 
-    fused = False  # ModelRunner sets it when the C++ kernels serve this model
-    isa = 0  # ... and the kernels' path (index into kernels.ISAS) every op takes
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -42,19 +40,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.fused:
-            return torch.ops.zeroserve.rms_norm(x, residual, self.weight, self.eps, self.isa)
-        if residual is not None:
-            x = residual.add_(x)
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.ops.rms_norm(x, residual, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
-    fused = False  # ModelRunner sets it when the C++ kernels serve this model
-    isa = 0  # ... and the kernels' path (index into kernels.ISAS) every op takes
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
 
     def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
@@ -88,48 +78,20 @@ class LlamaAttention(nn.Module):
         qkv[:, self.q_size : self.q_size + self.kv_size] = self.k_norm(k).view(t, self.kv_size)
 
     def forward(self, rope, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """rope: (positions, cos table, sin table) when fused, else (cos, sin) per token."""
+        """rope: what the op set's rope_inputs() made for this step (once for all layers)."""
         qkv = self.qkv_proj(x)
-        t = qkv.shape[0]
         if self.qk_norm:
             self._norm_qk(qkv)
-        if self.fused:  # rotate q, k and write k, v into the cache in one pass
-            q, k = torch.ops.zeroserve.rope_write_kv(
-                qkv,
-                *rope,
-                kv_cache[0],
-                kv_cache[1],
-                meta.slot_mapping,
-                self.num_heads,
-                self.num_kv_heads,
-                self.isa,
-            )
-            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-            o = paged_attention(
-                q,
-                k,
-                v,
-                kv_cache[0],
-                kv_cache[1],
-                meta,
-                self.scale,
-                kv_written=True,
-                window=self.window,
-            )
-            return self.o_proj(o.reshape(-1, self.q_size))
-        cos_sin = rope
-        # q and k heads side by side, rotated in one go: [T, H + Hkv, D]
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-        qk = rotate(qk, *cos_sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window)
+        # rotate q, k and write k, v into the cache (one pass where the op set fuses it)
+        q, k, v = self.ops.rope_write_kv(
+            qkv, rope, kv_cache, meta, self.num_heads, self.num_kv_heads
+        )
+        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
 class LlamaMLP(nn.Module):
-    fused = False  # ModelRunner sets it when the C++ kernels serve this model
-    isa = 0  # ... and the kernels' path (index into kernels.ISAS) every op takes
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -137,18 +99,10 @@ class LlamaMLP(nn.Module):
             args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias
         )
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
-        self.act = ACTIVATIONS[args.hidden_act]
-        self.silu = args.hidden_act in ("silu", "swish")
-        self.gelu_tanh = args.hidden_act in GELU_TANH_ACTS
+        self.act = args.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if self.fused and self.silu:
-            return self.down_proj(torch.ops.zeroserve.silu_mul(gate_up, self.isa))
-        if self.fused and self.gelu_tanh:
-            return self.down_proj(torch.ops.zeroserve.gelu_tanh_mul(gate_up, self.isa))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.ops.act_mul(self.gate_up_proj(x), self.act))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -169,13 +123,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    fused = False  # ModelRunner sets it (with its layers') when the C++ kernels serve it
+    ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
         self.rope = self._make_rope()  # cos/sin computed once per forward, for every layer
-        self._rope_f32: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_plan: DecodePlan | None = None  # set by enable_decode_layers()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(args, i) for i in range(args.num_layers))
@@ -201,14 +154,13 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head.weight = self.embed_tokens.weight
         if self.norm.weight.device.type != "meta":
             self.rope = self._make_rope()
-            self._rope_f32 = None
 
     def enable_decode_layers(self) -> bool:
         """Run decode steps whose linears all take the integer kernels as one C++ call
         (torch.ops.zeroserve.decode_layers: the same ops as the modules, without the
-        Python between them). Needs the fused kernels, SiLU, and every decoder linear a
+        Python between them). Needs the C++ op set, SiLU, and every decoder linear a
         QuantLinear on one kernel path; returns whether the plan was made."""
-        if not self.fused or self.args.hidden_act not in ("silu", "swish"):
+        if self.ops.kernel_isa is None or self.args.hidden_act not in ("silu", "swish"):
             return False  # the op's activations: SiLU here (GELU-tanh: Gemma 3)
         items: list[torch.Tensor | nn.Module] = []
         for layer in cast(list[LlamaDecoderLayer], list(self.layers)):
@@ -227,25 +179,15 @@ class LlamaForCausalLM(CausalLM):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         residual = self.embed_tokens(input_ids)
-        cos_sin: tuple[torch.Tensor, ...]
-        if self.fused:
-            if self._rope_f32 is None:  # the kernel reads float32 tables (same values)
-                self._rope_f32 = (
-                    self.rope.cos.float().contiguous(),
-                    self.rope.sin.float().contiguous(),
-                )
-            cos_sin = (positions, *self._rope_f32)
-        else:
-            cos_sin = self.rope.cos_sin(positions, residual.dtype)
+        rope = self.ops.rope_inputs(self.rope, positions, residual.dtype)
         plan = self.decode_plan
         if plan is not None and plan.takes(meta, input_ids.shape[0]):
-            assert self._rope_f32 is not None  # a plan needs the fused path
-            rope = list(self._rope_f32)
-            out = plan.run(self.args, residual, positions, rope, kv_caches, meta, self.norm.eps)
+            tables = list(self.rope.tables_f32())
+            out = plan.run(self.args, residual, positions, tables, kv_caches, meta, self.norm.eps)
             return self.norm(out, residual)
         x = None  # the previous layer's MLP output
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(cos_sin, x, residual, kv_cache, meta)
+            x = layer(rope, x, residual, kv_cache, meta)
         return self.norm(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,321 @@
+"""The CUDA backend: Triton kernels for the layer ops and paged attention, decode steps
+replayed from CUDA graphs, the KV pool sized from --gpu-memory-utilization.
+
+    start:  profile a largest step (max_num_batched_tokens prompt tokens, and the logits of
+            max_num_seqs rows) ──▶ KV blocks = total * utilization - weights - that peak
+            - a graph reserve ──▶ capture one decode graph per bucket (backends/graphs.py),
+            largest first, into one memory pool; capture time and memory logged
+    a step: decode-only, n <= the largest bucket  ──▶ stage inputs, replay, logits [:n]
+            anything else (prompt chunks)          ──▶ eager: varlen metadata, the Triton
+                                                       prefill kernel over the paged cache
+
+Nothing here waits for the device: the engine reads a step's tokens while the next runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from common.log import get_logger
+from scheduler_worker.activations import GELU_TANH_ACTS
+from scheduler_worker.attention import AttentionMetadata
+from scheduler_worker.backends import triton_attention, triton_ops
+from scheduler_worker.backends.base import Backend, KVCache, SeqInput, step_order
+from scheduler_worker.backends.graphs import (
+    DecodeGraphs,
+    StaticDecodeInputs,
+    capture_sizes,
+)
+from scheduler_worker.backends.ops import TorchOps
+
+log = get_logger("cuda")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MAX_SPLITS = 8  # decode attention: programs per row and KV head, at most
+GRAPH_RESERVE = 256 << 20  # kept back from the KV pool for the graphs' own memory
+
+
+class TritonOps(TorchOps):
+    """The layer ops on a GPU: one Triton kernel each (backends/triton_ops.py), attention
+    straight from the paged cache (backends/triton_attention.py)."""
+
+    name = "triton"
+
+    def rms_norm(self, x, residual, weight, eps, weight_offset=0.0):
+        return triton_ops.rms_norm(x, residual, weight, eps, weight_offset)
+
+    def act_mul(self, gate_up, act):
+        if act in ("silu", "swish"):
+            return triton_ops.act_mul(gate_up, "silu")
+        if act in GELU_TANH_ACTS:
+            return triton_ops.act_mul(gate_up, "gelu_tanh")
+        return super().act_mul(gate_up, act)
+
+    def rope_inputs(self, rope, positions, dtype):
+        if not rope.table:  # computed per step (Gemma 3's long context): the torch path
+            return super().rope_inputs(rope, positions, dtype)
+        return (positions, *rope.tables_f32())
+
+    def rope_write_kv(self, qkv, rope, kv_cache, meta, num_heads, num_kv_heads):
+        if len(rope) == 2:
+            return super().rope_write_kv(qkv, rope, kv_cache, meta, num_heads, num_kv_heads)
+        positions, cos, sin = rope
+        q, k = triton_ops.rope_write_kv(
+            qkv, positions, cos, sin, kv_cache[0], kv_cache[1], meta.slot_mapping,
+            num_heads, num_kv_heads,
+        )  # fmt: skip
+        t, head_dim = qkv.shape[0], kv_cache[0].shape[-1]
+        v = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(t, num_kv_heads, head_dim)
+        return q, k, v
+
+    def attention(self, q, k, v, kv_cache, meta, scale, window=None):
+        if meta.decode_block_tables is not None and meta.num_decode == q.shape[0]:
+            assert meta.decode_context_lens is not None
+            return triton_attention.paged_decode_attention(
+                q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens,
+                scale, window or 0, num_splits=meta.num_splits,
+            )  # fmt: skip
+        assert meta.query_start_loc is not None and meta.seq_lens is not None
+        assert meta.block_tables is not None
+        return triton_attention.paged_prefill_attention(
+            q, kv_cache[0], kv_cache[1], meta.block_tables, meta.query_start_loc, meta.seq_lens,
+            scale, window or 0, max_query_len=meta.max_query_len,
+        )  # fmt: skip
+
+
+def num_splits(rows: int, num_kv_heads: int, num_sms: int) -> int:
+    """Decode attention's context splits: enough programs to fill the GPU at small batches."""
+    return max(1, min(MAX_SPLITS, num_sms // max(1, rows * num_kv_heads)))
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    overlap = True
+
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        block_size: int,
+        *,
+        num_kv_heads: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        enforce_eager: bool,
+    ) -> None:
+        super().__init__(torch.device("cuda"), dtype, block_size)
+        self.ops = TritonOps()
+        self.num_kv_heads = num_kv_heads
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.utilization, self.enforce_eager = gpu_memory_utilization, enforce_eager
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.graphs: DecodeGraphs | None = None
+        self.scratch_block = 0  # set with the pool: the block past the manager's
+        self.facts: dict[str, float] = {}  # logged and exported: memory, capture
+
+    # ---- the KV pool ----------------------------------------------------------
+    def kv_cache_dtype(self, want: str) -> torch.dtype:
+        """auto: the model's dtype. The kernels read any of float32 / bfloat16 / float16."""
+        return self.dtype if want == "auto" else DTYPES[want]
+
+    def allocate_kv_pool(
+        self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> list[KVCache]:
+        self.scratch_block = shape[0] - 1
+        return [
+            (
+                torch.zeros(shape, dtype=dtype, device=self.device),
+                torch.zeros(shape, dtype=dtype, device=self.device),
+            )
+            for _ in range(num_layers)
+        ]
+
+    def profile_kv_blocks(
+        self, model: torch.nn.Module, kv_shape_tail: tuple[int, ...], kv_dtype: torch.dtype,
+        num_layers: int, vocab: int,
+    ) -> int:  # fmt: skip
+        """vLLM's --gpu-memory-utilization: run a largest step (a prompt of
+        max_num_batched_tokens tokens, then the logits of max_num_seqs rows) on a pool of
+        just its blocks, measure the peak, and give the rest of total * utilization to KV
+        blocks (less GRAPH_RESERVE for the graphs when they are captured)."""
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        free0, total = torch.cuda.mem_get_info(dev)
+        held0 = torch.cuda.memory_allocated(dev)
+        bs, tokens = self.block_size, self.max_num_batched_tokens
+        nblocks = -(-tokens // bs) + 1
+        pool = self.allocate_kv_pool(num_layers, (nblocks, bs, *kv_shape_tail), kv_dtype)
+        pool_bytes = torch.cuda.memory_allocated(dev) - held0
+        seq = SeqInput([1] * tokens, 0, list(range(nblocks - 1)))
+        with torch.inference_mode():
+            ids, pos, meta = self.prepare([seq])
+            hidden = model(ids, pos, pool, meta)
+            rows = hidden[-1:].expand(self.max_num_seqs, -1).contiguous()
+            logits = model.compute_logits(rows).float()  # type: ignore[operator]
+            # the sampler's float32 temporaries on those logits: a sort, a softmax, masks
+            work = [logits.softmax(-1), logits.sort(dim=-1).values]
+            del work, logits, rows, hidden
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - held0 - pool_bytes
+        del pool
+        torch.cuda.empty_cache()
+        per_block = (
+            2
+            * num_layers
+            * bs
+            * int(torch.tensor(kv_shape_tail).prod())
+            * (torch.empty((), dtype=kv_dtype).element_size())
+        )
+        # what the process holds besides torch's allocator (CUDA context, cuBLAS) counts too
+        used_by_others = total - free0 - held0
+        budget = total * self.utilization - held0 - peak - used_by_others
+        if not self.enforce_eager:
+            budget -= GRAPH_RESERVE
+        blocks = int(budget // per_block)
+        gib = 1 << 30
+        self.facts.update(
+            gpu_total_bytes=total, weights_bytes=held0, activation_peak_bytes=peak,
+            kv_pool_bytes=max(0, blocks) * per_block, utilization=self.utilization,
+        )  # fmt: skip
+        log.info(
+            "GPU memory: %.1f GiB total x %.2f utilization: weights %.2f GiB, largest step "
+            "%.2f GiB (%d prompt tokens, logits of %d rows), others %.2f GiB -> KV pool "
+            "%.2f GiB, %d blocks of %d tokens (%d tokens)",
+            total / gib, self.utilization, held0 / gib, peak / gib, tokens, self.max_num_seqs,
+            used_by_others / gib, max(0, blocks) * per_block / gib, blocks, bs, blocks * bs,
+        )  # fmt: skip
+        return blocks
+
+    # ---- graphs ---------------------------------------------------------------
+    def start(self, model: torch.nn.Module, kv_caches: list[KVCache], vocab: int) -> None:
+        """Capture the decode graphs, largest first, into one pool. Out of memory: fewer
+        sizes (the ones captured so far), or eager if none; said in the log."""
+        if self.enforce_eager:
+            log.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
+            return
+        sizes = capture_sizes(self.max_num_seqs)
+        max_blocks = -(-self.max_model_len // self.block_size)
+        inputs = StaticDecodeInputs(
+            max(sizes), max_blocks, self.device, True, self.scratch_block, self.block_size
+        )
+
+        def make_meta(b: int) -> AttentionMetadata:
+            return inputs.meta(b, "triton", 0, num_splits(b, self.num_kv_heads, self.num_sms))
+
+        graphs = DecodeGraphs(inputs, sizes, make_meta)
+        torch.cuda.synchronize(self.device)
+        free0 = torch.cuda.mem_get_info(self.device)[0]
+        t0 = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        try:
+            with torch.inference_mode():
+                for b in reversed(sizes):
+                    fn = graphs.step_fn(model, kv_caches, b)
+                    side.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(side):
+                        fn()  # warm-up: Triton's compile, cuBLAS' plans
+                    torch.cuda.current_stream(self.device).wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        out = fn()
+                    graphs.add(b, graph, out)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.synchronize(self.device)
+            if graphs.graphs:
+                log.warning(
+                    "out of GPU memory capturing decode graphs: kept %d sizes up to %d rows; "
+                    "larger decode steps run eagerly",
+                    len(graphs.graphs),
+                    graphs.max_rows,
+                )
+            else:
+                log.warning("out of GPU memory capturing decode graphs: every step runs eagerly")
+                return
+        torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        graph_bytes = free0 - torch.cuda.mem_get_info(self.device)[0]
+        self.facts.update(graph_capture_seconds=seconds, graph_bytes=graph_bytes)
+        log.info(
+            "CUDA graphs: %d decode sizes (%s) captured in %.1f s, %.0f MiB",
+            len(graphs.graphs),
+            ",".join(str(s) for s in sorted(graphs.graphs)),
+            seconds,
+            graph_bytes / (1 << 20),
+        )
+        self.graphs = graphs
+
+    # ---- a step ---------------------------------------------------------------
+    def execute(self, model, kv_caches, seqs, argmax_vocab=None):
+        g = self.graphs
+        if (
+            g is not None
+            and len(seqs) <= g.max_rows
+            and all(len(s.token_ids) == 1 and s.sample for s in seqs)
+        ):
+            with torch.inference_mode():
+                return g.replay(seqs, self.prev_tokens)
+        return super().execute(model, kv_caches, seqs, argmax_vocab)
+
+    def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Varlen metadata for the Triton kernels: per sequence, in the step's order, its
+        query rows, its context after the step and its block table; a decode-only step
+        also gets the decode kernel's (eager: past the largest graph, --enforce-eager)."""
+        bs, dev = self.block_size, self.device
+        order = step_order(seqs)
+        num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        last_index = [0] * len(seqs)
+        prev: list[tuple[int, int]] = []
+        width = max(-(-(s.num_computed + len(s.token_ids)) // bs) for s in seqs)
+        tables: list[list[int]] = []
+        for i in order:
+            s = seqs[i]
+            start, n = s.num_computed, len(s.token_ids)
+            table = s.block_table
+            if len(table) * bs < start + n:
+                raise ValueError(f"block table covers {len(table) * bs} tokens, need {start + n}")
+            offset = len(ids)
+            if s.prev_row >= 0:
+                prev.append((s.prev_row, offset))
+            ids.extend(max(t, 0) for t in s.token_ids)
+            positions.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            last_index[i] = offset + n - 1 if s.sample else -1
+            starts.append(offset + n)
+            seq_lens.append(start + n)
+            row = table[:width]
+            tables.append(row + [self.scratch_block] * (width - len(row)))
+
+        def put(values, dtype=torch.long) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        lens_t = put(seq_lens, torch.int32)
+        tables_t = put(tables, torch.int32)
+        meta = AttentionMetadata(
+            slot_mapping=put(slots),
+            num_decode=num_decode,
+            logits_indices=put([i for i in last_index if i >= 0]),
+            decode_kernel="triton",
+            query_start_loc=put(starts, torch.int32),
+            seq_lens=lens_t,
+            block_tables=tables_t,
+            max_query_len=max(len(s.token_ids) for s in seqs),
+        )
+        if num_decode == len(ids):
+            meta.decode_block_tables, meta.decode_context_lens = tables_t, lens_t
+            meta.num_splits = num_splits(num_decode, self.num_kv_heads, self.num_sms)
+        ids_t = put(ids)
+        if prev:
+            self.resolve_prev(ids_t, [p for p, _ in prev], [r for _, r in prev])
+        return ids_t, put(positions), meta

@@ -1,0 +1,200 @@
+"""Decode steps replayed from captured graphs, one per batch-size bucket.
+
+    sizes:   1, 2, 4, 8, 16, 24, ... up to max_num_seqs (rounded up to 8), as vLLM
+    a step of n decodes ──▶ bucket b = the smallest size >= n
+         host: ids, positions, slots, context lens, block tables of the n rows
+               ──▶ a pinned staging buffer (one of two, in turn) ──one copy──▶ the device
+         device: staged rows ──▶ the graph's static inputs [:b]; rows n..b-1 are padding:
+               token 0 at position 0, its K/V written to the scratch slot (a block the
+               block manager never hands out), context length 1 (attends that slot)
+         replay graph b ──▶ logits [b, vocab] (static output) ──▶ rows [:n]
+
+Everything the captured kernels read lives at a fixed address (StaticDecodeInputs), so a
+replay is one launch for the whole model. The staging buffers alternate because the host
+prepares step N+1 while the device may still be copying step N's inputs (overlapped
+scheduling): a buffer is written again only two steps later, after its copy ran.
+
+The graph type is injected: CUDA graphs on a GPU, and in tests a stand-in that records
+the captured callable and calls it again on replay (CPU), so that bucketing, padding and
+the static buffers are tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from scheduler_worker.attention import AttentionMetadata
+from scheduler_worker.backends.base import KVCache, SeqInput
+
+COLS = 4  # staged per row before its block table: token, position, slot, context length
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8, up to max_num_seqs rounded up to a multiple of 8."""
+    top = max(1, max_num_seqs)
+    top8 = -(-top // 8) * 8 if top > 8 else top
+    small = [s for s in (1, 2, 4, 8) if s < top8]
+    return small + list(range(16, top8 + 1, 8)) + ([top8] if top8 <= 8 else [])
+
+
+def bucket_for(n: int, sizes: list[int]) -> int | None:
+    """The smallest captured size holding n rows; None past the largest."""
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+
+class StandInGraph:
+    """A graph for tests on a CPU: "capture" runs the step once and keeps its output
+    tensor; replay runs it again into that same tensor, as a CUDA graph's static output."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+        self.fn = fn
+        self.output = fn()
+
+    def replay(self) -> None:
+        self.output.copy_(self.fn())
+
+
+class StaticDecodeInputs:
+    """The graphs' inputs at fixed addresses, sized for the largest bucket."""
+
+    def __init__(
+        self,
+        max_rows: int,
+        max_blocks: int,
+        device: torch.device,
+        pin: bool,
+        scratch_block: int,
+        block_size: int,
+    ) -> None:
+        self.max_rows, self.max_blocks, self.device = max_rows, max_blocks, device
+        self.scratch_block, self.block_size = scratch_block, block_size
+        width = COLS + max_blocks
+        self.staged = torch.zeros(max_rows * width, dtype=torch.long, device=device)
+        self.host = [torch.zeros(max_rows * width, dtype=torch.long, pin_memory=pin) for _ in "ab"]
+        self.turn = 0
+        self.ids = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.pos = torch.zeros(max_rows, dtype=torch.long, device=device)
+        # every row a padding row until filled (the capture's warm-up runs on these)
+        self.slots = torch.full((max_rows,), scratch_block * block_size, device=device)
+        self.ctx = torch.ones(max_rows, dtype=torch.long, device=device)
+        self.tables = torch.full(
+            (max_rows, max_blocks), scratch_block, dtype=torch.long, device=device
+        )
+
+    def fill(self, seqs: list[SeqInput], b: int) -> list[tuple[int, int]]:
+        """Stage the n rows of `seqs` (decodes) and the padding up to b, copy them to the
+        static inputs; returns the (in-flight step's row, row) pairs of placeholder tokens."""
+        n, bs = len(seqs), self.block_size
+        w = max(-(-(s.num_computed + 1) // bs) for s in seqs)
+        if w > self.max_blocks:
+            raise ValueError(f"a decode of {w} blocks, past the graphs' {self.max_blocks}")
+        width = COLS + w
+        host = self.host[self.turn]
+        self.turn ^= 1
+        rows = host[: b * width].view(b, width)
+        a = rows.numpy()
+        a[:, :] = 0
+        a[n:, 2] = self.scratch_block * bs  # padding: K/V into the scratch slot, and
+        a[n:, 3] = 1  # attends it alone
+        a[n:, COLS:] = self.scratch_block
+        prev: list[tuple[int, int]] = []
+        for i, s in enumerate(seqs):
+            p = s.num_computed
+            table = s.block_table[:w]
+            if len(s.block_table) * bs <= p:
+                raise ValueError(
+                    f"block table covers {len(s.block_table) * bs} tokens, need {p + 1}"
+                )
+            a[i, 0], a[i, 1], a[i, 3] = max(s.token_ids[0], 0), p, p + 1
+            a[i, 2] = table[p // bs] * bs + p % bs
+            a[i, COLS : COLS + len(table)] = table
+            if s.prev_row >= 0:
+                prev.append((s.prev_row, i))
+        staged = self.staged[: b * width].view(b, width)
+        staged.copy_(rows, non_blocking=True)
+        self.ids[:b].copy_(staged[:, 0])
+        self.pos[:b].copy_(staged[:, 1])
+        self.slots[:b].copy_(staged[:, 2])
+        self.ctx[:b].copy_(staged[:, 3])
+        self.tables[:b, :w].copy_(staged[:, COLS:])
+        return prev
+
+    def meta(
+        self, b: int, decode_kernel: str, kernel_isa: int, num_splits: int
+    ) -> AttentionMetadata:
+        """The metadata of a b-row decode step, views of the static inputs. Tables span
+        every block a context may have: a kernel reads a row's blocks up to its length."""
+        return AttentionMetadata(
+            slot_mapping=self.slots[:b],
+            num_decode=b,
+            logits_indices=None,
+            decode_kernel=decode_kernel,
+            kernel_isa=kernel_isa,
+            decode_block_tables=self.tables[:b],
+            decode_context_lens=self.ctx[:b],
+            num_splits=num_splits,
+        )
+
+
+class DecodeGraphs:
+    """One captured decode step per bucket; replay(seqs) runs a decode-only step."""
+
+    def __init__(
+        self,
+        inputs: StaticDecodeInputs,
+        sizes: list[int],
+        make_meta: Callable[[int], AttentionMetadata],
+    ) -> None:
+        self.inputs, self.sizes = inputs, sizes
+        self.make_meta = make_meta
+        self.graphs: dict[int, Graph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def step_fn(
+        self, model: torch.nn.Module, kv_caches: list[KVCache], b: int
+    ) -> Callable[[], torch.Tensor]:
+        """What a graph of b rows runs: the forward and the logits, from the static inputs."""
+        inp, meta = self.inputs, self.make_meta(b)
+
+        def run() -> torch.Tensor:
+            hidden = model(inp.ids[:b], inp.pos[:b], kv_caches, meta)
+            return model.compute_logits(hidden).float()  # type: ignore[operator]
+
+        return run
+
+    def add(self, b: int, graph: Graph, output: torch.Tensor) -> None:
+        self.graphs[b] = graph
+        self.outputs[b] = output
+
+    @property
+    def max_rows(self) -> int:
+        return max(self.graphs) if self.graphs else 0
+
+    def bucket(self, n: int) -> int | None:
+        return bucket_for(n, sorted(self.graphs))
+
+    def replay(self, seqs: list[SeqInput], prev_tokens: torch.Tensor | None) -> torch.Tensor:
+        """Logits [n, vocab] of a decode-only step of n <= max_rows rows (a view of the
+        graph's output: valid until the next replay of that graph)."""
+        n = len(seqs)
+        b = self.bucket(n)
+        assert b is not None, f"{n} rows past the largest graph ({self.max_rows})"
+        prev = self.inputs.fill(seqs, b)
+        if prev:
+            assert prev_tokens is not None, "a placeholder token with no step in flight"
+            ids = self.inputs.ids
+            src = torch.tensor([p for p, _ in prev], dtype=torch.long)
+            dst = torch.tensor([r for _, r in prev], dtype=torch.long)
+            src, dst = (t.to(ids.device, non_blocking=True) for t in (src, dst))
+            ids.index_copy_(0, dst, prev_tokens.index_select(0, src))
+        self.graphs[b].replay()
+        return self.outputs[b][:n]

@@ -1,0 +1,121 @@
+"""Overlapped scheduling (engine.step with async_scheduling on), run on the CPU as the GPU
+runs it: step N+1 is scheduled and launched before step N's tokens are read, its decode
+rows taking step N's tokens on the device. Whatever the overlap, every request must get
+exactly the tokens the synchronous engine gives it, nothing after its finish, and the
+block manager must end clean."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.sampling_params import SamplingParams
+from scheduler_worker.request import PLACEHOLDER
+from tests.scheduler_worker.test_engine import _prompts, make_engine, run_staggered
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_dirs):
+    return tiny_model_dirs["llama"]
+
+
+def both(model_dir, **kw):
+    return make_engine(model_dir, async_scheduling="off", **kw), make_engine(
+        model_dir, async_scheduling="on", **kw
+    )
+
+
+def test_overlap_is_on_only_where_asked_or_on_a_gpu(llama):
+    sync, overlap = both(llama)
+    assert not sync.overlap and overlap.overlap
+    assert not make_engine(llama).overlap  # auto on a CPU: off
+
+
+def test_overlapped_greedy_equals_synchronous(llama):
+    prompts = _prompts(10, seed=5)
+    sync, overlap = both(llama)
+    want = run_staggered(sync, prompts, GREEDY)
+    backend = overlap.runner.backend
+    read_on_device = []
+    resolve_prev = backend.resolve_prev
+    backend.resolve_prev = lambda ids, prev, rows: (  # type: ignore[method-assign]
+        read_on_device.append(len(rows)),
+        resolve_prev(ids, prev, rows),
+    )
+    got = run_staggered(overlap, prompts, GREEDY)
+    assert got == want
+    assert all(len(o) == GREEDY.max_tokens for o in got)
+    # most decode tokens came from the step in flight, not from the host
+    assert sum(read_on_device) > len(prompts) * (GREEDY.max_tokens - 2) // 2
+    assert overlap.num_running == 0 and not overlap.has_unfinished()
+
+
+def test_overlap_with_preemption_and_chunked_prefill(llama):
+    """Few blocks (preemption by recompute of a request whose token is in flight) and a
+    small step budget (prompts in chunks)."""
+    prompts = _prompts(8, seed=11)
+    kw = {"num_blocks": 40, "max_num_batched_tokens": 16}
+    sync, overlap = both(llama, **kw)
+    want = run_staggered(sync, prompts, GREEDY, every=1)
+    got = run_staggered(overlap, prompts, GREEDY, every=1)
+    assert got == want
+    assert overlap.scheduler.num_preemptions > 0
+
+
+def test_a_stop_token_sends_nothing_after_it(llama):
+    """The step after a stop token is already launched when the stop is read: its token
+    for that request must never reach the client, nor stay in the request."""
+    sync = make_engine(llama, async_scheduling="off")
+    free = sync.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=10, temperature=0.0))[0]
+    stop = free[3]  # the 4th token becomes a stop token
+    params = SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[stop])
+    for engine in both(llama):
+        engine.add_request("r", [5, 6, 7, 8], params)
+        outs = []
+        while engine.has_unfinished():
+            outs += [o for o in engine.step() if o.request_id == "r"]
+        tokens = [t for o in outs for t in o.new_token_ids]
+        assert tokens == free[: free.index(stop) + 1]
+        assert [o.finish_reason for o in outs][-1] == "stop"
+        assert sum(o.finish_reason is not None for o in outs) == 1
+        engine.block_manager.check_integrity()
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_abort_while_a_token_is_in_flight(llama):
+    engine = make_engine(llama, async_scheduling="on")
+    engine.add_request("a", [5, 6, 7], GREEDY)
+    engine.add_request("b", [8, 9, 10], GREEDY)
+    got: dict[str, list] = {"a": [], "b": []}
+    for _ in range(4):
+        for o in engine.step():
+            got[o.request_id].append(o)
+    assert engine._in_flight is not None  # a step's tokens are on their way
+    assert engine.abort("a")
+    while engine.has_unfinished():
+        for o in engine.step():
+            got[o.request_id].append(o)
+    reasons_a = [o.finish_reason for o in got["a"] if o.finish_reason]
+    assert reasons_a == ["abort"] and got["a"][-1].finish_reason == "abort"
+    assert sum(len(o.new_token_ids) for o in got["b"]) == GREEDY.max_tokens
+    engine.block_manager.check_integrity()
+
+
+def test_rows_that_need_their_tokens_fall_back_to_synchronous(llama):
+    """Penalties read the output tokens' values: such a step resolves the step in flight
+    first; the result equals the synchronous engine's, with no placeholder left."""
+    params = SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3)
+    prompts = [[5, 6, 7], [9, 8, 7, 6]]
+    sync, overlap = both(llama)
+    want = sync.generate(prompts, [params, GREEDY])
+    got = overlap.generate(prompts, [params, GREEDY])
+    assert got == want
+    assert all(PLACEHOLDER not in o for o in got)
+
+
+def test_seeded_sampling_is_the_same_overlapped(llama):
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    sync, overlap = both(llama)
+    prompts = [[5, 6, 7], [1, 2], [3, 4, 5, 6]]
+    assert overlap.generate(prompts, seeded) == sync.generate(prompts, seeded)
