@@ -278,6 +278,13 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.replica_memory = Gauge(
+            P + "device_memory_bytes",
+            "A GPU replica's memory plan: gpu_total, weights, activation_peak (a largest "
+            "step), kv_pool, graphs; the KV pool is what --gpu-memory-utilization leaves.",
+            ["engine", "part"],
+            registry=r,
+        )
         self.replica_up = Gauge(
             P + "replica_up", "1 while a scheduler replica serves.", ["engine"], registry=r
         )
@@ -299,6 +306,11 @@ class Metrics:
         self.replica_prefix_hits.labels(engine=engine).set(msg.prefix_cache_hits)
         self.replica_up.labels(engine=engine).set(1)
         self.replica_weight_bytes.labels(engine=engine).set(msg.weight_bytes)
+        for part, value in (msg.memory or {}).items():
+            if part.endswith("_bytes") and isinstance(value, (int, float)) and len(part) <= 40:
+                self.replica_memory.labels(engine=engine, part=part.removesuffix("_bytes")).set(
+                    value
+                )
         self.prompt_tokens.labels(engine=engine)  # a replica in shows its counters, at 0
         self.generation_tokens.labels(engine=engine)
         for part, total in (msg.busy or {}).items():

@@ -128,6 +128,7 @@ class LLMEngine:
         want = config.scheduler.async_scheduling
         self.overlap = want == "on" or (want == "auto" and self.runner.backend.overlap)
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
+        self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
 
     # ---- read-only accessors -------------------------------------------------
@@ -215,7 +216,12 @@ class LLMEngine:
             pending = self._in_flight = None
             for rid in [rid for rid, (r, _) in batch.entries.items() if r.status.finished]:
                 del batch.entries[rid]  # finished by the tokens just read
-        launched = self._launch(batch, stats) if batch.entries else None
+        launched = None
+        if batch.entries:
+            try:
+                launched = self._launch(batch, stats)
+            except torch.OutOfMemoryError as e:
+                self._fail_step(batch, e)
         if pending is not None:
             outputs += self._resolve(pending, stats)
         self._in_flight = launched
@@ -226,6 +232,27 @@ class LLMEngine:
             self.counters.busy_time[key] += getattr(stats, key)
         self.last_step = stats
         return outputs
+
+    def _fail_step(self, batch: ScheduledBatch, error: Exception) -> None:
+        """The device ran out of memory in this step: its requests fail (the worker sends
+        each an error, `take_failed`), their blocks go back, and the engine serves on."""
+        log.error(
+            "out of device memory in a step of %d request(s): they fail: %s",
+            len(batch.entries),
+            str(error).splitlines()[0][:200],
+        )
+        for req, _ in list(batch.entries.values()):
+            if self.requests.pop(req.request_id, None) is not None:
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                self.grammars.drop(req.request_id)
+                self.failed.append(req.request_id)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def take_failed(self) -> list[str]:
+        """The requests failed since the last call (out of device memory)."""
+        failed, self.failed = self.failed, []
+        return failed
 
     def _needs_history(self, batch: ScheduledBatch) -> bool:
         """Some row of the batch reads its output tokens' values before it samples
@@ -268,9 +295,8 @@ class LLMEngine:
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
         argmax = bool(rows) and masks is None and self.sampler.plain_greedy(rows)
-        self.runner.backend.prev_tokens = (
-            self._in_flight.sample.token_ids if self._in_flight is not None else None
-        )
+        in_flight = self._in_flight.sample if self._in_flight is not None else None
+        self.runner.backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
         if any(s.prompt_logits for s in inputs):
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
             self._keep_prompt_logprobs(entries, prompt_logits)
@@ -279,6 +305,7 @@ class LLMEngine:
         t2 = time.perf_counter()
         for i, words in self.grammars.wait(masks).items():
             rows[i].token_bitmask = words
+        sample: DeviceSample | None
         if logits.dtype == torch.long:  # the tokens themselves
             sample = DeviceSample(logits)
         else:

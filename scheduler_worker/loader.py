@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.config import EngineConfig
+from common.config import ConfigError, EngineConfig
 from common.cpu import has_native_bf16
 from common.gguf_convert import gguf_matrices
 from common.log import get_logger
@@ -54,7 +54,15 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+        why = (
+            "this torch is a CPU build"
+            if torch.version.cuda is None
+            else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU"
+        )
+        raise ConfigError(
+            f"--device cuda: {why}; install a CUDA build of torch on a GPU machine, "
+            "or serve with --device cpu"
+        )
     return torch.device(name)
 
 

@@ -84,19 +84,22 @@ class RotaryEmbedding(torch.nn.Module):
     def tables_f32(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The cos / sin tables in float32, contiguous (what the C++ and Triton RoPE ops
         read, whatever the model's dtype): made once, on the tables' device."""
-        if (
-            getattr(self, "_tables_f32", None) is None
-            or self._tables_f32[0].device != self.cos.device
-        ):
-            self._tables_f32 = (self.cos.float().contiguous(), self.sin.float().contiguous())
-        return self._tables_f32
+        tables = getattr(self, "_tables_f32", None)
+        if tables is None or tables[0].device != self.cos.device:
+            tables = self._tables_f32 = (
+                self.cos.float().contiguous(),
+                self.sin.float().contiguous(),
+            )
+        return tables
 
     def freqs(self, positions: torch.Tensor) -> torch.Tensor:
         """position x inverse frequency, float32 [T, head_dim/2]: cos/sin of it rotate."""
         p = positions.to(torch.float32)
         if self.position_factor != 1.0:
             p = p / self.position_factor
-        return torch.outer(p, self.inv_freq.to(p.device))
+        if self.inv_freq.device != p.device:  # once: a copy inside a CUDA graph is an error
+            self.inv_freq = self.inv_freq.to(p.device)
+        return torch.outer(p, self.inv_freq)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype

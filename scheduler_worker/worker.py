@@ -305,6 +305,7 @@ class SchedulerWorker:
                     proof=self.proof,
                     weight_bytes=e.runner.weight_memory.held_bytes,
                     block_size=e.scheduler.block_size,
+                    memory=dict(getattr(e.runner.backend, "facts", {})),
                 )
             )
 
@@ -338,6 +339,9 @@ class SchedulerWorker:
             if self.engine.has_unfinished():
                 self.publish(self.engine.step())
                 self.step_no += 1
+                for rid in self.engine.take_failed():
+                    self.requests.pop(rid, None)
+                    self._send_error(rid, "out of device memory in this request's step", None, 503)
             if time.monotonic() - shell.last_beat >= beat_s:
                 shell.beat()
         shell.finish(self._last_word)

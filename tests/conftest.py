@@ -16,6 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# The GPU backend's Triton kernels run on the CPU in Triton's interpreter where torch has
+# no CUDA: Triton reads this when their modules are imported, so before any test does
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

@@ -35,3 +35,6 @@ class EngineStatus(Message):
     proof: str | None = None
     weight_bytes: int = 0  # the model's weights held by the replica (scheduler_worker.loader)
     block_size: int = 0  # tokens per KV block (the routing key's length); 0: not stated
+    # a GPU replica's memory plan, bytes (backends/cuda.py): gpu_total, weights,
+    # activation_peak, kv_pool, graphs; utilization (the flag) and graph_capture_seconds
+    memory: dict[str, float] = field(default_factory=dict)

@@ -15,6 +15,7 @@ Nothing here waits for the device: the engine reads a step's tokens while the ne
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -25,6 +26,7 @@ from scheduler_worker.backends import triton_attention, triton_ops
 from scheduler_worker.backends.base import Backend, KVCache, SeqInput, step_order
 from scheduler_worker.backends.graphs import (
     DecodeGraphs,
+    Graph,
     StaticDecodeInputs,
     capture_sizes,
 )
@@ -33,7 +35,7 @@ from scheduler_worker.backends.ops import TorchOps
 log = get_logger("cuda")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MAX_SPLITS = 8  # decode attention: programs per row and KV head, at most
+SPLIT_CHOICES = (1, 4, 16)  # decode attention's context splits (see splits())
 GRAPH_RESERVE = 256 << 20  # kept back from the KV pool for the graphs' own memory
 
 
@@ -85,11 +87,6 @@ class TritonOps(TorchOps):
         )  # fmt: skip
 
 
-def num_splits(rows: int, num_kv_heads: int, num_sms: int) -> int:
-    """Decode attention's context splits: enough programs to fill the GPU at small batches."""
-    return max(1, min(MAX_SPLITS, num_sms // max(1, rows * num_kv_heads)))
-
-
 class CudaBackend(Backend):
     name = "cuda"
     overlap = True
@@ -105,14 +102,22 @@ class CudaBackend(Backend):
         max_model_len: int,
         gpu_memory_utilization: float,
         enforce_eager: bool,
+        head_dim: int = 64,
+        device: torch.device | None = None,
     ) -> None:
-        super().__init__(torch.device("cuda"), dtype, block_size)
+        """`device`: a GPU; tests run the same code on the CPU under the Triton
+        interpreter (TRITON_INTERPRET=1), with stand-in graphs (capture())."""
+        device = device or torch.device("cuda")
+        super().__init__(device, dtype, block_size)
         self.ops = TritonOps()
-        self.num_kv_heads = num_kv_heads
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.max_model_len = max_model_len
         self.utilization, self.enforce_eager = gpu_memory_utilization, enforce_eager
-        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        on_gpu = device.type == "cuda"
+        self.num_sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count if on_gpu else 8
+        )
         self.graphs: DecodeGraphs | None = None
         self.scratch_block = 0  # set with the pool: the block past the manager's
         self.facts: dict[str, float] = {}  # logged and exported: memory, capture
@@ -193,55 +198,45 @@ class CudaBackend(Backend):
         return blocks
 
     # ---- graphs ---------------------------------------------------------------
+    def splits(self, rows: int, max_context: int | None = None) -> int:
+        """Decode attention's context splits for a step of `rows` rows (graphs: for the
+        longest context a row may have)."""
+        longest = max_context or self.max_model_len
+        want = triton_attention.num_decode_splits(
+            rows, self.num_kv_heads, longest, self.num_sms, self.head_dim
+        )
+        # a few values only: each is a kernel of its own to compile (NUM_SPLITS constexpr)
+        return max(s for s in SPLIT_CHOICES if s <= want)
+
     def start(self, model: torch.nn.Module, kv_caches: list[KVCache], vocab: int) -> None:
         """Capture the decode graphs, largest first, into one pool. Out of memory: fewer
         sizes (the ones captured so far), or eager if none; said in the log."""
         if self.enforce_eager:
             log.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
             return
-        sizes = capture_sizes(self.max_num_seqs)
-        max_blocks = -(-self.max_model_len // self.block_size)
-        inputs = StaticDecodeInputs(
-            max(sizes), max_blocks, self.device, True, self.scratch_block, self.block_size
-        )
-
-        def make_meta(b: int) -> AttentionMetadata:
-            return inputs.meta(b, "triton", 0, num_splits(b, self.num_kv_heads, self.num_sms))
-
-        graphs = DecodeGraphs(inputs, sizes, make_meta)
         torch.cuda.synchronize(self.device)
         free0 = torch.cuda.mem_get_info(self.device)[0]
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(self.device)
-        try:
-            with torch.inference_mode():
-                for b in reversed(sizes):
-                    fn = graphs.step_fn(model, kv_caches, b)
-                    side.wait_stream(torch.cuda.current_stream(self.device))
-                    with torch.cuda.stream(side):
-                        fn()  # warm-up: Triton's compile, cuBLAS' plans
-                    torch.cuda.current_stream(self.device).wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        out = fn()
-                    graphs.add(b, graph, out)
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.synchronize(self.device)
-            if graphs.graphs:
-                log.warning(
-                    "out of GPU memory capturing decode graphs: kept %d sizes up to %d rows; "
-                    "larger decode steps run eagerly",
-                    len(graphs.graphs),
-                    graphs.max_rows,
-                )
-            else:
-                log.warning("out of GPU memory capturing decode graphs: every step runs eagerly")
-                return
+
+        def cuda_graph(fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                fn()  # warm-up: Triton's compile, cuBLAS' plans
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = fn()
+            return graph, out
+
+        graphs = self.capture(model, kv_caches, cuda_graph)
+        if graphs is None:
+            return
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
         graph_bytes = free0 - torch.cuda.mem_get_info(self.device)[0]
-        self.facts.update(graph_capture_seconds=seconds, graph_bytes=graph_bytes)
+        self.facts.update(graph_capture_seconds=seconds, graphs_bytes=float(graph_bytes))
         log.info(
             "CUDA graphs: %d decode sizes (%s) captured in %.1f s, %.0f MiB",
             len(graphs.graphs),
@@ -249,7 +244,44 @@ class CudaBackend(Backend):
             seconds,
             graph_bytes / (1 << 20),
         )
+
+    def capture(
+        self,
+        model: torch.nn.Module,
+        kv_caches: list[KVCache],
+        make_graph: Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]],
+    ) -> DecodeGraphs | None:
+        """One graph per bucket (make_graph: capture a step, return the graph and its
+        output), largest first. Out of memory: the sizes captured so far, or None."""
+        sizes = capture_sizes(self.max_num_seqs)
+        max_blocks = -(-self.max_model_len // self.block_size)
+        inputs = StaticDecodeInputs(
+            max(sizes), max_blocks, self.device, self.device.type == "cuda",
+            self.scratch_block, self.block_size,
+        )  # fmt: skip
+
+        def make_meta(b: int) -> AttentionMetadata:
+            return inputs.meta(b, "triton", 0, self.splits(b))
+
+        graphs = DecodeGraphs(inputs, sizes, make_meta)
+        try:
+            with torch.inference_mode():
+                for b in reversed(sizes):
+                    graphs.add(b, *make_graph(graphs.step_fn(model, kv_caches, b)))
+        except torch.OutOfMemoryError:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            if not graphs.graphs:
+                log.warning("out of GPU memory capturing decode graphs: every step runs eagerly")
+                return None
+            log.warning(
+                "out of GPU memory capturing decode graphs: kept %d sizes up to %d rows; "
+                "larger decode steps run eagerly",
+                len(graphs.graphs),
+                graphs.max_rows,
+            )
         self.graphs = graphs
+        return graphs
 
     # ---- a step ---------------------------------------------------------------
     def execute(self, model, kv_caches, seqs, argmax_vocab=None):
@@ -314,7 +346,7 @@ class CudaBackend(Backend):
         )
         if num_decode == len(ids):
             meta.decode_block_tables, meta.decode_context_lens = tables_t, lens_t
-            meta.num_splits = num_splits(num_decode, self.num_kv_heads, self.num_sms)
+            meta.num_splits = self.splits(num_decode, max(seq_lens))
         ids_t = put(ids)
         if prev:
             self.resolve_prev(ids_t, [p for p, _ in prev], [r for _, r in prev])

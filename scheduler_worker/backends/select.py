@@ -32,6 +32,7 @@ def make_backend(
             max_model_len=max_model_len,
             gpu_memory_utilization=config.cache.gpu_memory_utilization,
             enforce_eager=config.model.enforce_eager,
+            head_dim=loaded.args.head_dim,
         )
     return CpuBackend(
         loaded.dtype, config.cache.block_size, cpu_kernel_isa(config, loaded), step_rows

@@ -51,9 +51,7 @@ def make_graphs(runner: ModelRunner, sizes: list[int]) -> DecodeGraphs:
     b = runner.backend
     cpu = torch.device("cpu")
     inputs = StaticDecodeInputs(max(sizes), 16, cpu, False, runner.num_blocks, runner.block_size)
-    graphs = DecodeGraphs(
-        inputs, sizes, lambda n: inputs.meta(n, b.decode_kernel, b.isa_index, 1)
-    )
+    graphs = DecodeGraphs(inputs, sizes, lambda n: inputs.meta(n, b.decode_kernel, b.isa_index, 1))
     with torch.inference_mode():
         for size in reversed(sizes):
             g = StandInGraph(graphs.step_fn(runner.model, runner.kv_caches, size))

@@ -69,8 +69,8 @@ def test_an_emulated_avx2_cpu_runs_every_op_on_the_avx2_path(
         cpu.cpu_flags.cache_clear()
     avx2 = kernels.isa_index("avx2")
     assert runner.kernel_isa == "avx2"
-    fused = [m for m in runner.model.modules() if hasattr(m, "fused")]
-    assert fused and all(m.fused and m.isa == avx2 for m in fused)
+    layers = [m for m in runner.model.modules() if hasattr(m, "ops")]
+    assert layers and all(m.ops.kernel_isa == avx2 for m in layers)
     linears = [m for m in runner.model.modules() if hasattr(m, "isa_index")]
     assert all(m.isa_index == avx2 for m in linears) and (quantization == "none") != bool(linears)
     plan = runner.model.decode_plan
@@ -87,7 +87,7 @@ def test_kernels_torch_runs_no_cpp_op(tiny_model_dirs):
     )
     runner = ModelRunner(config, src)
     assert runner.kernel_isa is None and runner.decode_kernel != "paged"
-    assert not any(getattr(m, "fused", False) for m in runner.model.modules())
+    assert all(m.ops.kernel_isa is None for m in runner.model.modules() if hasattr(m, "ops"))
 
 
 @pytest.mark.parametrize("flags", [{"amx_bf16"}, set()])

@@ -1,0 +1,111 @@
+"""The CUDA backend's code on the CPU: its op set (Triton kernels in the interpreter), its
+varlen step inputs and its decode graphs (stand-ins) run a real model, against the CPU
+engine's float32 logits. What only a GPU has (graph capture, memory sizing, the device
+copies) is tested by test_cuda_backend.py there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from common.config import CacheConfig, EngineConfig, ModelConfig  # noqa: E402
+from scheduler_worker.backends.cuda import CudaBackend  # noqa: E402
+from scheduler_worker.backends.graphs import StandInGraph  # noqa: E402
+from scheduler_worker.model_runner import ModelRunner, SeqInput  # noqa: E402
+
+if torch.cuda.is_available():
+    pytest.skip("the GPU runs test_cuda_backend.py", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with head_dim 64: 6 query heads over 2 KV heads."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=384, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.05, eos_token_id=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("triton_tiny") / "llama"
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(out)
+    return out
+
+
+def cpu_runner(model_dir: Path) -> ModelRunner:
+    cfg = EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype="float32", kernels="torch"),
+        cache=CacheConfig(block_size=16, num_blocks=24, kv_cache_dtype="float32"),
+    )
+    return ModelRunner(cfg, model_dir)
+
+
+def triton_runner(model_dir: Path) -> ModelRunner:
+    """A CPU runner whose backend is the CUDA backend on the CPU (interpreted kernels)."""
+    runner = cpu_runner(model_dir)
+    backend = CudaBackend(
+        torch.float32, 16, num_kv_heads=2, max_num_seqs=4, max_num_batched_tokens=256,
+        max_model_len=256, gpu_memory_utilization=0.9, enforce_eager=False, head_dim=64,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    backend.scratch_block = runner.num_blocks
+    for mod in runner.model.modules():
+        if hasattr(mod, "ops"):
+            mod.ops = backend.ops
+    runner.backend = backend
+    return runner
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], list(range(20, 60)), [7] * 33]
+TABLES = [[0, 1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11, 12, 13]]
+
+
+def run_steps(runner: ModelRunner, decode_steps: int = 2) -> list[torch.Tensor]:
+    """Prefill PROMPTS (the third in two chunks, the second over a cached prefix), then
+    decode steps of all four: each step's logits."""
+    with torch.inference_mode():
+        first = [SeqInput(p, 0, t) for p, t in zip(PROMPTS, TABLES)]
+        first[2] = SeqInput(PROMPTS[2][:24], 0, TABLES[2], sample=False)
+        out = [runner.execute(first).clone()]
+        out.append(runner.execute([SeqInput(PROMPTS[2][24:], 24, TABLES[2])]).clone())
+        for k in range(decode_steps):
+            seqs = [SeqInput([100 + k], len(p) + k, t) for p, t in zip(PROMPTS, TABLES)]
+            out.append(runner.execute(seqs).clone())
+    return out
+
+
+def test_triton_backend_eager_steps_equal_the_cpu_engine(model_dir):
+    want = run_steps(cpu_runner(model_dir))
+    got = run_steps(triton_runner(model_dir))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_triton_backend_graph_replays_equal_the_cpu_engine(model_dir):
+    """Decode steps through the backend's own capture() (stand-in graphs): 4 rows, then 3
+    rows padded to the bucket of 4, with a window of splits over the context."""
+    want = run_steps(cpu_runner(model_dir), decode_steps=3)
+    runner = triton_runner(model_dir)
+    backend = runner.backend
+    assert isinstance(backend, CudaBackend)
+
+    def stand_in(fn):
+        g = StandInGraph(fn)
+        return g, g.output
+
+    graphs = backend.capture(runner.model, runner.kv_caches, stand_in)
+    assert graphs is not None and sorted(graphs.graphs) == [1, 2, 4]
+    assert backend.splits(1) > 1  # the one-row graph splits each context
+    got = run_steps(runner, decode_steps=2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # a third decode step of three rows only: padded to the 4-row graph
+    three = [SeqInput([102], len(p) + 2, t) for p, t in zip(PROMPTS[:3], TABLES[:3])]
+    with torch.inference_mode():
+        rows = runner.execute(three)
+    torch.testing.assert_close(rows, want[-1][:3], rtol=1e-4, atol=1e-4)
