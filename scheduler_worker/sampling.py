@@ -10,6 +10,8 @@ Logit processing, each step vectorized over the rows that need it:
                 │   └─▶ / temperature ─▶ top-k ─▶ softmax ─▶ top-p ─▶ min-p
                 │       ─▶ exponential race: a block of 256 tokens, then a token in it
                 └─▶ log_softmax ─▶ logprobs (sampled token + top-N)
+                                      │
+        DeviceSample (device tensors) ┴─▶ start_copy() ─▶ pinned host ─▶ result(): lists
 
 A batch of plain greedy rows (no penalties, logprobs, grammar or min_tokens still
 blocking) takes one argmax and nothing else; without grammar masks the engine first asks
@@ -18,6 +20,14 @@ without writing the logits the step never reaches the sampler. Logprobs are the 
 own, before the grammar mask (as before penalties and temperature): a token the grammar
 forbids keeps its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
 
+No host sync on a GPU: `Sampler.sample` only enqueues work and returns a DeviceSample (its
+`start_copy` copies the tokens into pinned memory behind an event, `result()` waits for
+that event alone), so the engine can launch the next step first. Host lists reach the
+device through pinned memory, non-blocking (`_to`); rows move by index_select /
+index_copy_ / index_fill_, never a bool mask; nothing branches on the data: one full sort
+for top-p and the +inf/NaN repair on every row, where a CPU (`_async_device`) tries the
+TOP_P_CANDIDATES first and repairs only the rows that need it, for the same tokens.
+
 Drawing (`sample_from`): an exponential race (argmax p / q, q ~ Exp(1)) among blocks of
 SAMPLE_BLOCK tokens by their sums, then among the tokens of the block that won: the
 tokens come out with probability p / sum(p), from ~450 random numbers per row where a
@@ -25,15 +35,15 @@ race over the whole vocabulary draws a random number and a log per token (~10 ms
 ~35 ms step at 32 rows on 2 cores, against ~1 ms). A race keeps what the one over the
 vocabulary had: a logit that moves by an ulp changes the winner only at a near-tie (an
 inverse CDF would add the rounding up over the vocabulary). Seeds: a seeded row draws its
-uniforms from its own generator, so its samples do not depend on what else is in the
-batch; unseeded rows share the default generator.
+uniforms from its own generator (on the logits' device), so its samples do not depend on
+what else is in the batch; unseeded rows share the default generator.
 Top-k and top-p cut by value: tokens tied with the last one kept are kept too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 
 import torch
@@ -50,7 +60,7 @@ class SamplingRow:
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
-    generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # on the logits' device (make_generator)
     # structured outputs: the grammar's packed bitmask, int32 [ceil(vocab / 32)], bit j of
     # word w set where token 32 w + j is allowed (scheduler_worker.structured)
     token_bitmask: torch.Tensor | None = None
@@ -70,6 +80,47 @@ class SamplerOutput:
     logprobs: list[TokenLogprobs | None]
 
 
+@dataclass
+class DeviceSample:
+    """A step's sample on the logits' device: token_ids [n] int64; for the k rows
+    `logprob_rows` that asked for logprobs, the sampled token's logprob [k] float32 and the
+    top-N ids [k, N] int64 / logprobs [k, N] float32 (None if N = max(num_top) is 0)."""
+
+    token_ids: torch.Tensor
+    logprob_rows: list[int] = field(default_factory=list)
+    num_top: list[int] = field(default_factory=list)
+    sampled_logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+    _host: list[torch.Tensor | None] | None = field(default=None, init=False, repr=False)
+    _copied: torch.cuda.Event | None = field(default=None, init=False, repr=False)
+
+    def start_copy(self) -> DeviceSample:
+        """Enqueue the copies to the host (pinned, non-blocking, then an event): no wait.
+        On a CPU the tensors are kept as they are. Idempotent."""
+        if self._host is None:
+            tensors = [self.token_ids, self.sampled_logprobs, self.top_ids, self.top_logprobs]
+            gpu = self.token_ids.device.type == "cuda"
+            self._host = [_pinned_copy(t) if gpu and t is not None else t for t in tensors]
+            if gpu:
+                self._copied = torch.cuda.Event()
+                self._copied.record(torch.cuda.current_stream(self.token_ids.device))
+        return self
+
+    def result(self) -> SamplerOutput:
+        """The host lists, once the copies are done (start_copy first if not yet)."""
+        self.start_copy()
+        if self._copied is not None:
+            self._copied.synchronize()
+        assert self._host is not None
+        tokens, sampled, ids, lps = (t.tolist() if t is not None else [] for t in self._host)
+        out: list[TokenLogprobs | None] = [None] * len(tokens)
+        for j, (i, k) in enumerate(zip(self.logprob_rows, self.num_top)):
+            top_ids, top_lps = (ids[j][:k], lps[j][:k]) if ids else ([], [])
+            out[i] = TokenLogprobs(tokens[i], sampled[j], top_ids, top_lps)
+        return SamplerOutput(tokens, out)
+
+
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed % (1 << 64))  # validated seeds may be negative
@@ -84,15 +135,36 @@ def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _flat_index(
-    seqs: list[Sequence[int]], vocab: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, token id) index pairs for every token (< vocab) of every sequence."""
+def _async_device(device: torch.device) -> bool:
+    """Work there is only enqueued: any data-dependent branch would wait for it."""
+    return device.type != "cpu"
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor onto `device`: to a GPU through pinned memory, non-blocking (a
+    pageable copy waits for the stream, which holds the forward)."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+
+def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):
+    return _to(torch.tensor(values, dtype=dtype), device)
+
+
+def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """row * vocab + token id for every token (< vocab) of every sequence."""
     lens = torch.tensor([len(s) for s in seqs])
     rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
     ids = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.long)
     keep = ids < vocab
-    return rows[keep].to(device), ids[keep].to(device)
+    return _to(rows[keep] * vocab + ids[keep], device)
 
 
 def mask_stop_tokens(
@@ -100,17 +172,15 @@ def mask_stop_tokens(
 ) -> torch.Tensor:
     """EOS and stop ids get -inf in rows that have fewer than min_tokens outputs."""
     vocab = logits.shape[1]
-    row_idx: list[int] = []
-    tok_idx: list[int] = []
+    flat: list[int] = []
     for i, r in enumerate(rows):
         if len(r.output_token_ids) < r.params.min_tokens:
-            stop = [t for t in chain(eos_token_ids, r.params.stop_token_ids) if t < vocab]
-            row_idx += [i] * len(stop)
-            tok_idx += stop
-    if not row_idx:
+            stop = chain(eos_token_ids, r.params.stop_token_ids)
+            flat += [i * vocab + t for t in stop if t < vocab]
+    if not flat:
         return logits
-    logits = logits.clone()
-    logits[row_idx, tok_idx] = float("-inf")
+    logits = logits.clone(memory_format=torch.contiguous_format)
+    logits.view(-1).index_fill_(0, _tensor(flat, logits.device), float("-inf"))
     return logits
 
 
@@ -121,7 +191,7 @@ def apply_token_masks(
     in_place (and they are contiguous), else into a copy. With the C++ kernels (`isa`:
     their path) a float32 CPU batch takes one op straight from the packed words (this runs
     on the decode critical path, between the forward and the sample); else the words are
-    expanded to bools in torch."""
+    expanded to bools in torch, on the logits' device."""
     idx = [i for i, r in enumerate(rows) if r.token_bitmask is not None]
     if not idx:
         return logits
@@ -129,17 +199,19 @@ def apply_token_masks(
         out = logits  # a copy of [32, 49152] float32 cost ~0.5 ms a step, from DRAM
     else:
         out = logits.clone(memory_format=torch.contiguous_format)
-    words = [rows[i].token_bitmask.to(out.device) for i in idx]  # type: ignore[union-attr]
+    words = [r.token_bitmask for r in rows if r.token_bitmask is not None]
     if isa is not None and out.device.type == "cpu" and out.dtype == torch.float32:
-        torch.ops.zeroserve.token_bitmask_(out, idx, words, isa)
+        torch.ops.zeroserve.token_bitmask_(out, idx, [w.cpu() for w in words], isa)
         return out
     vocab = out.shape[1]
+    packed = _to(torch.stack(words), out.device)
     shifts = torch.arange(32, dtype=torch.int32, device=out.device)
-    bits = ((torch.stack(words).unsqueeze(-1) >> shifts) & 1).view(len(idx), -1)[:, :vocab]
-    allowed = torch.zeros(len(idx), vocab, dtype=torch.bool, device=out.device)
-    allowed[:, : bits.shape[1]] = bits.bool()  # tokens beyond the words' 32 W: forbidden
-    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
-    return out
+    bits = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(idx), -1)[:, :vocab]
+    if bits.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden
+        bits = torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]))
+    rows_t = _tensor(idx, out.device)
+    masked = out.index_select(0, rows_t).masked_fill_(bits == 0, float("-inf"))
+    return out.index_copy_(0, rows_t, masked)
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -151,28 +223,28 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         return logits
     dev = logits.device
     params = [rows[i].params for i in idx]
-    sub = logits[idx]  # a copy
-    rep = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None]
+    rows_t = _tensor(idx, dev)
+    sub = logits.index_select(0, rows_t)  # a contiguous copy
+    vocab = sub.shape[1]
     if any(p.repetition_penalty != 1.0 for p in params):
+        rep = _tensor([p.repetition_penalty for p in params], dev)[:, None]
         seqs = [
-            chain(rows[i].prompt_token_ids, rows[i].output_token_ids)
+            list(chain(rows[i].prompt_token_ids, rows[i].output_token_ids))
             if p.repetition_penalty != 1.0
-            else ()
+            else []
             for i, p in zip(idx, params)
         ]
         seen = torch.zeros_like(sub, dtype=torch.bool)
-        seen[_flat_index([list(s) for s in seqs], sub.shape[1], dev)] = True
+        seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
-    freq = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
     if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+        pres = _tensor([p.presence_penalty for p in params], dev)[:, None]
+        freq = _tensor([p.frequency_penalty for p in params], dev)[:, None]
         counts = torch.zeros_like(sub)
-        r, t = _flat_index([rows[i].output_token_ids for i in idx], sub.shape[1], dev)
-        counts.index_put_((r, t), torch.ones_like(t, dtype=sub.dtype), accumulate=True)
+        flat = _flat_index([rows[i].output_token_ids for i in idx], vocab, dev)
+        counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
         sub = sub - pres * (counts > 0).to(sub.dtype) - freq * counts
-    out = logits.clone()
-    out[idx] = sub
-    return out
+    return logits.clone().index_copy_(0, rows_t, sub)
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -180,30 +252,32 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     left): unnormalized probabilities with the filtered tokens at 0."""
     dev, vocab = logits.device, logits.shape[1]
     if any(p.temperature != 1.0 for p in params):
-        logits = logits / torch.tensor([p.temperature for p in params], device=dev)[:, None]
+        logits = logits / _tensor([p.temperature for p in params], dev)[:, None]
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(ks):
-        k = torch.tensor([k or 1 for k in ks], device=dev)[:, None]
+        k = _tensor([k or 1 for k in ks], dev)[:, None]
         kth = logits.topk(max(ks), dim=-1).values.gather(1, k - 1)
-        kth.masked_fill_(k.new_tensor(ks)[:, None] == 0, float("-inf"))  # top-k off here
+        kth.masked_fill_(_tensor([n == 0 for n in ks], dev)[:, None], float("-inf"))  # off
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = logits.softmax(dim=-1)
     # an extreme penalty or temperature can push logits to +inf (a repetition_penalty of
     # 1e-38 divides them by it), and a +inf or NaN logit makes its whole row NaN: such
-    # rows again with the largest finite value for +inf (one pass over the rest is saved)
-    bad = probs[:, 0].isnan()
-    if bool(bad.any()):
-        fixed = torch.nan_to_num(
-            logits[bad], nan=float("-inf"), posinf=torch.finfo(logits.dtype).max
-        )
-        probs[bad] = fixed.softmax(dim=-1)
+    # rows again with the largest finite value for +inf. On a CPU only the rows that need
+    # it (one pass over the rest is saved); on a GPU every row (no branch on the data)
+    if _async_device(dev):
+        logits = _finite(logits)  # the same on rows without +inf/NaN
+    probs = logits.softmax(dim=-1)
+    if not _async_device(dev):
+        bad = probs[:, 0].isnan()
+        if bool(bad.any()):
+            probs[bad] = _finite(logits[bad]).softmax(dim=-1)
     thresh = probs.new_zeros(len(params), 1)  # the smallest probability each row keeps
     top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
     if top_p_rows:
-        top_p = torch.tensor([params[i].top_p for i in top_p_rows], device=dev)[:, None]
-        thresh[top_p_rows] = _top_p_threshold(probs[top_p_rows], top_p)
+        top_p = _tensor([params[i].top_p for i in top_p_rows], dev)[:, None]
+        sel = _tensor(top_p_rows, dev)
+        thresh.index_copy_(0, sel, _top_p_threshold(probs.index_select(0, sel), top_p))
     if any(p.min_p > 0.0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=dev)[:, None]
+        min_p = _tensor([p.min_p for p in params], dev)[:, None]
         thresh = torch.maximum(thresh, probs.amax(dim=-1, keepdim=True) * min_p)
     if top_p_rows or any(p.min_p > 0.0 for p in params):
         probs.masked_fill_(probs < thresh, 0.0)
@@ -241,16 +315,22 @@ def _race(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (p / u.log()).argmin(dim=-1)
 
 
+def _finite(logits: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+
+
 def _top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Per row, the probability of the last token of the smallest set (by descending
-    probability) holding top_p of the mass. Sorting the whole vocabulary is slow on a
-    CPU, so there the most likely TOP_P_CANDIDATES[0] tokens are tried first, and only
-    the rows where they hold less than top_p go on to the next size, up to a full sort."""
+    probability) holding top_p of the mass. On a GPU one full sort (no branch on the
+    data). Sorting the whole vocabulary is slow on a CPU, so there the most likely
+    TOP_P_CANDIDATES[0] tokens are tried first, and only the rows where they hold less
+    than top_p go on to the next size, up to a full sort (the same cut: a prefix of it)."""
     vocab = probs.shape[1]
-    on_cpu = probs.device.type == "cpu"
-    sizes = [n for n in TOP_P_CANDIDATES if n < vocab and on_cpu] + [vocab]
+    if _async_device(probs.device):
+        return _cut(probs.sort(dim=-1, descending=True).values, top_p)
+    sizes = [n for n in TOP_P_CANDIDATES if n < vocab] + [vocab]
     thresh = torch.empty_like(top_p)
-    todo = torch.arange(probs.shape[0], device=probs.device)
+    todo = torch.arange(probs.shape[0])
     for num in sizes:
         sub = probs[todo]
         top = sub.sort(dim=-1, descending=True).values if num == vocab else sub.topk(num).values
@@ -289,15 +369,22 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow], writable: bool = False
     ) -> SamplerOutput:
-        """One token per row. `writable`: the caller hands `logits` over (the engine, a
-        step's own): grammar masks go into them in place unless a row asks for logprobs
-        (which are the raw logits')."""
+        """One token per row, on the host: `sample(...).result()`."""
+        return self.sample(logits, rows, writable).result()
+
+    def sample(
+        self, logits: torch.Tensor, rows: list[SamplingRow], writable: bool = False
+    ) -> DeviceSample:
+        """One token per row, left on the logits' device: on a GPU this only enqueues work
+        (no host sync). `writable`: the caller hands `logits` over (the engine, a step's
+        own): grammar masks go into them in place unless a row asks for logprobs (which
+        are the raw logits')."""
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         params = [r.params for r in rows]
         if self.plain_greedy(rows):
             masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
-            return SamplerOutput(greedy_tokens(masked).tolist(), [None] * len(rows))
+            return DeviceSample(greedy_tokens(masked))
         raw = logits.float()
         in_place = writable and all(p.logprobs is None for p in params)
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
@@ -308,8 +395,10 @@ class Sampler:
         else:
             tokens = greedy_tokens(processed)  # greedy rows: the penalized logits' argmax
             if rand:
-                tokens[rand] = self._sample(processed[rand], [rows[i] for i in rand])
-        return SamplerOutput(tokens.tolist(), self._logprobs(raw, tokens, params))
+                sel = _tensor(rand, tokens.device)
+                drawn = self._sample(processed.index_select(0, sel), [rows[i] for i in rand])
+                tokens.index_copy_(0, sel, drawn)
+        return self._logprobs(raw, tokens, params)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:
@@ -332,7 +421,7 @@ class Sampler:
         if len(shared) == len(rows):
             u.uniform_()
         elif shared:
-            u[shared] = torch.rand(len(shared), n, device=u.device)
+            u.index_copy_(0, _tensor(shared, u.device), torch.rand(len(shared), n, device=u.device))
         for i, r in enumerate(rows):
             if r.generator is not None:
                 u[i].uniform_(generator=r.generator)
@@ -341,24 +430,18 @@ class Sampler:
     @staticmethod
     def _logprobs(
         raw: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
-    ) -> list[TokenLogprobs | None]:
-        out: list[TokenLogprobs | None] = [None] * len(params)
+    ) -> DeviceSample:
         idx = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not idx:
-            return out
-        lp = raw[idx].log_softmax(dim=-1)
-        sampled = tokens[idx]
-        sampled_lp = lp.gather(1, sampled[:, None])[:, 0].tolist()
-        n = max(params[i].logprobs or 0 for i in idx)
-        top_lp: list[list[float]] = [[] for _ in idx]
-        top_ids: list[list[int]] = [[] for _ in idx]
-        if n > 0:
-            values, indices = lp.topk(n, dim=-1)
-            top_lp, top_ids = values.tolist(), indices.tolist()
-        for j, (i, tok) in enumerate(zip(idx, sampled.tolist())):
-            k = params[i].logprobs or 0
-            out[i] = TokenLogprobs(tok, sampled_lp[j], top_ids[j][:k], top_lp[j][:k])
-        return out
+            return DeviceSample(tokens)
+        sel = _tensor(idx, raw.device)
+        lp = raw.index_select(0, sel).log_softmax(dim=-1)
+        sampled_lp = lp.gather(1, tokens.index_select(0, sel)[:, None])[:, 0]
+        num_top = [params[i].logprobs or 0 for i in idx]
+        sample = DeviceSample(tokens, idx, num_top, sampled_lp)
+        if max(num_top) > 0:
+            sample.top_logprobs, sample.top_ids = lp.topk(max(num_top), dim=-1)
+        return sample
 
 
 def prompt_logprob_entries(

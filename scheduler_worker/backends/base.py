@@ -102,7 +102,9 @@ class Backend:
         if not rows:
             return
         assert self.prev_tokens is not None, "a placeholder token with no step in flight"
-        dev = ids.device
-        src = torch.tensor(prev_rows, dtype=torch.long).to(dev, non_blocking=True)
-        dst = torch.tensor(rows, dtype=torch.long).to(dev, non_blocking=True)
+        dev, pin = ids.device, ids.device.type == "cuda"
+        src, dst = (torch.tensor(v, dtype=torch.long) for v in (prev_rows, rows))
+        if pin:  # a pageable copy may wait for the step in flight
+            src, dst = src.pin_memory(), dst.pin_memory()
+        src, dst = src.to(dev, non_blocking=True), dst.to(dev, non_blocking=True)
         ids.index_copy_(0, dst, self.prev_tokens.index_select(0, src).to(ids.dtype))

@@ -35,7 +35,7 @@ from scheduler_worker.backends.ops import TorchOps
 log = get_logger("cuda")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SPLIT_CHOICES = (1, 4, 16)  # decode attention's context splits (see splits())
+SPLIT_CHOICES = (1, 2, 4, 16)  # decode attention's context splits (see splits())
 GRAPH_RESERVE = 256 << 20  # kept back from the KV pool for the graphs' own memory
 
 
@@ -329,8 +329,12 @@ class CudaBackend(Backend):
             row = table[:width]
             tables.append(row + [self.scratch_block] * (width - len(row)))
 
+        pin = dev.type == "cuda"
+
         def put(values, dtype=torch.long) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+            # from pinned memory: a pageable copy may wait for the step in flight
+            host = torch.tensor(values, dtype=dtype)
+            return (host.pin_memory() if pin else host).to(dev, non_blocking=True)
 
         lens_t = put(seq_lens, torch.int32)
         tables_t = put(tables, torch.int32)

@@ -30,7 +30,9 @@ import torch
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import KVCache, SeqInput
 
-COLS = 4  # staged per row before its block table: token, position, slot, context length
+# staged per row before its block table: token, position, slot, context length, and the
+# row of the step in flight whose sampled token is this row's (-1: the token is known)
+COLS = 5
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -90,9 +92,10 @@ class StaticDecodeInputs:
             (max_rows, max_blocks), scratch_block, dtype=torch.long, device=device
         )
 
-    def fill(self, seqs: list[SeqInput], b: int) -> list[tuple[int, int]]:
+    def fill(self, seqs: list[SeqInput], b: int, prev_tokens: torch.Tensor | None = None) -> int:
         """Stage the n rows of `seqs` (decodes) and the padding up to b, copy them to the
-        static inputs; returns the (in-flight step's row, row) pairs of placeholder tokens."""
+        static inputs, a placeholder token read from `prev_tokens` (the step in flight's
+        sampled tokens, on the device); returns the number of such rows."""
         n, bs = len(seqs), self.block_size
         w = max(-(-(s.num_computed + 1) // bs) for s in seqs)
         if w > self.max_blocks:
@@ -106,7 +109,8 @@ class StaticDecodeInputs:
         a[n:, 2] = self.scratch_block * bs  # padding: K/V into the scratch slot, and
         a[n:, 3] = 1  # attends it alone
         a[n:, COLS:] = self.scratch_block
-        prev: list[tuple[int, int]] = []
+        a[:, 4] = -1
+        num_prev = 0
         for i, s in enumerate(seqs):
             p = s.num_computed
             table = s.block_table[:w]
@@ -114,19 +118,25 @@ class StaticDecodeInputs:
                 raise ValueError(
                     f"block table covers {len(s.block_table) * bs} tokens, need {p + 1}"
                 )
-            a[i, 0], a[i, 1], a[i, 3] = max(s.token_ids[0], 0), p, p + 1
+            a[i, 0], a[i, 1], a[i, 3], a[i, 4] = max(s.token_ids[0], 0), p, p + 1, s.prev_row
             a[i, 2] = table[p // bs] * bs + p % bs
             a[i, COLS : COLS + len(table)] = table
-            if s.prev_row >= 0:
-                prev.append((s.prev_row, i))
+            num_prev += s.prev_row >= 0
+        # one copy, from pinned memory: a pageable one may wait for the step in flight
         staged = self.staged[: b * width].view(b, width)
         staged.copy_(rows, non_blocking=True)
-        self.ids[:b].copy_(staged[:, 0])
+        if num_prev:
+            assert prev_tokens is not None, "a placeholder token with no step in flight"
+            prev = staged[:, 4]
+            from_prev = prev_tokens.index_select(0, prev.clamp(min=0))
+            self.ids[:b].copy_(torch.where(prev >= 0, from_prev, staged[:, 0]))
+        else:
+            self.ids[:b].copy_(staged[:, 0])
         self.pos[:b].copy_(staged[:, 1])
         self.slots[:b].copy_(staged[:, 2])
         self.ctx[:b].copy_(staged[:, 3])
         self.tables[:b, :w].copy_(staged[:, COLS:])
-        return prev
+        return num_prev
 
     def meta(
         self, b: int, decode_kernel: str, kernel_isa: int, num_splits: int
@@ -188,13 +198,6 @@ class DecodeGraphs:
         n = len(seqs)
         b = self.bucket(n)
         assert b is not None, f"{n} rows past the largest graph ({self.max_rows})"
-        prev = self.inputs.fill(seqs, b)
-        if prev:
-            assert prev_tokens is not None, "a placeholder token with no step in flight"
-            ids = self.inputs.ids
-            src = torch.tensor([p for p, _ in prev], dtype=torch.long)
-            dst = torch.tensor([r for _, r in prev], dtype=torch.long)
-            src, dst = (t.to(ids.device, non_blocking=True) for t in (src, dst))
-            ids.index_copy_(0, dst, prev_tokens.index_select(0, src))
+        self.inputs.fill(seqs, b, prev_tokens)
         self.graphs[b].replay()
         return self.outputs[b][:n]
