@@ -265,6 +265,7 @@ class LLMEngine:
             for req, _ in batch.entries.values()
         )
 
+    @torch.inference_mode()  # the sampler writes masks into the step's (inference) logits
     def _launch(self, batch: ScheduledBatch, stats: StepStats) -> InFlight:
         """Run the step's forward and sampling on the device and start copying its tokens
         to the host; the requests advance (Scheduler.advance), their tokens placeholders."""

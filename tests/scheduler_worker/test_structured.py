@@ -45,9 +45,9 @@ SPECS = [
 ]
 
 
-def make_engine(model_dir, num_blocks=512, **sched) -> LLMEngine:
+def make_engine(model_dir, num_blocks=512, kernels="auto", **sched) -> LLMEngine:
     cfg = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32"),
+        model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=4, num_blocks=num_blocks),
         scheduler=SchedulerConfig(**{"max_num_seqs": 16, "max_num_batched_tokens": 64, **sched}),
     )
@@ -155,6 +155,22 @@ def test_choice_and_regex_outputs_are_exact(engine, tok):
             assert text in ("red", "green", "blue")  # finished by the grammar, no EOS needed
         else:
             assert re.fullmatch("[0-9]{3}-[a-z]{2,4}", text), text
+
+
+@pytest.mark.parametrize("kernels", ["torch"])
+def test_masks_in_torch_on_the_engine_s_own_logits(tiny_llama_dir, tok, kernels):
+    """The masks written into the step's logits in torch (a GPU's path, and --kernels
+    torch): greedy and sampled rows, overlapped scheduling on."""
+    engine = make_engine(tiny_llama_dir, kernels=kernels, async_scheduling="on")
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.0, structured=SPECS[2]),
+        SamplingParams(max_tokens=16, temperature=1.0, seed=1, structured=SPECS[1]),
+        SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+    ]
+    outs = run(engine, _prompts(3, 5), params)
+    assert tok.decode_str([t for t in outs[0][0] if t != 2]) in ("red", "green", "blue")
+    assert re.fullmatch("[0-9]{3}-[a-z]{2,4}", tok.decode_str([t for t in outs[1][0] if t != 2]))
+    assert len(outs[2][0]) == 6
 
 
 def test_free_rows_are_untouched_by_constrained_ones(engine):

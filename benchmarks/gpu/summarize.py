@@ -1,0 +1,497 @@
+"""The GPU check's summary: OUT/summary.json (the figures and the targets' verdicts),
+OUT/details.json (everything the stages wrote, less the per-token lists), and one table on
+stdout (also OUT/summary.txt).
+
+    python summarize.py WORK_DIR OUT_DIR ELAPSED_S BUDGET_S
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+from pathlib import Path
+
+LEVELS = ("1", "8", "32", "128")
+BF16_SLACK = 0.05  # bf16 may be this much further from the oracle than transformers' bf16
+FP32_TOL = 1e-4
+
+
+def load(p: Path):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def r(x, nd=1):
+    return None if x is None else round(x, nd)
+
+
+def fmt(x, nd=1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def stages(work: Path) -> list[dict]:
+    p = work / "stages.txt"
+    out = []
+    for line in p.read_text().splitlines() if p.exists() else []:
+        parts = line.split(maxsplit=3)
+        if len(parts) >= 3:
+            out.append(
+                {
+                    "stage": parts[0],
+                    "rc": parts[1],
+                    "s": int(parts[2]),
+                    "why": parts[3] if len(parts) > 3 else None,
+                }
+            )
+    return out
+
+
+def pytest_result(work: Path) -> dict | None:
+    """The kernel tests' summary line, and the files that were not there."""
+    log = work / "logs" / "pytest.log"
+    info: dict = {}
+    with contextlib.suppress(OSError):
+        missing = (work / "pytest_missing.txt").read_text().split()
+        info["missing"] = missing
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return info or None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    summary = next(
+        (ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed|error)", ln)),
+        None,
+    )
+    if summary is None:
+        summary = next((ln for ln in reversed(lines) if "no tests ran" in ln), None)
+    info["summary"] = summary or (lines[-1][:200] if lines else "no output")
+    info["failed"] = [ln[:200] for ln in lines if ln.startswith(("FAILED", "ERROR"))][:10]
+    return info
+
+
+def server_lines(log: Path, *pats: str, limit: int = 8) -> list[str]:
+    """Scheduler log lines matching any pattern (case-insensitive), timestamps stripped."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    rx = re.compile("|".join(pats), re.I)
+    out = []
+    for ln in lines:
+        if rx.search(ln) and "GET /" not in ln and "POST /" not in ln:
+            out.append(re.sub(r"^\d\d:\d\d:\d\d [A-Z] \[[^]]*\] ", "", ln)[:220])
+    return out[:limit]
+
+
+def server_errors(log: Path) -> list[str]:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    keys = ("Traceback", "Error", " E [", "exited with code", " W [")
+    return [ln[:240] for ln in lines if any(k in ln for k in keys)][:12]
+
+
+def launch_seconds(log: Path) -> float | None:
+    try:
+        m = re.search(r"started in ([0-9.]+)s", log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return float(m.group(1)) if m else None
+
+
+def model_summary(work: Path, tag: str) -> dict:
+    ready = load(work / f"ready_{tag}.json") or {}
+    check = load(work / f"check_{tag}.json") or {}
+    bench = load(work / f"bench_{tag}.json") or {}
+    log = work / f"server_{tag}.log"
+    out: dict = {
+        "ready": ready.get("ready"),
+        "startup_s": ready.get("seconds"),
+        "startup_s_launch_reported": launch_seconds(log),
+    }
+    if not ready.get("ready"):
+        out["not_ready"] = {k: ready.get(k) for k in ("why", "last")}
+    if check:
+        out["check"] = check_summary(check)
+    levels = {}
+    for c, e in (bench.get("levels") or {}).items():
+        if "skipped" in e:
+            levels[c] = {"skipped": e["skipped"]}
+            continue
+        levels[c] = {
+            "requests": e.get("requests"),
+            "completed": e.get("completed"),
+            "failed": e.get("failed"),
+            "out_tok_s": r(e.get("output_throughput")),
+            "ttft_med_ms": r(e.get("median_ttft_ms")),
+            "tpot_med_ms": r(e.get("median_tpot_ms"), 3),
+            "itl_med_ms": r(e.get("median_itl_ms"), 3),
+            "avg_prompt_tokens": e.get("avg_prompt_tokens"),
+            "avg_output_tokens": e.get("avg_output_tokens"),
+            "rc": e.get("rc"),
+        }
+        for k in ("gpu", "errors", "tail"):
+            if e.get(k):
+                levels[c][k] = e[k][:3] if k == "errors" else e[k]
+    out["bench"] = levels
+    out["gpu_busy_at_32"] = ((levels.get("32") or {}).get("gpu") or {}).get("util_mean")
+    out["server_graph_lines"] = server_lines(log, r"graph")
+    out["server_kv_lines"] = server_lines(log, r"\bKV\b")
+    out["server_facts"] = server_lines(
+        log, r"zeroserve.loader: loaded", r"decode attention", r"backend", r"engine ready"
+    )
+    out["server_log_flags"] = server_errors(log)
+    for name in ("structured", "fault"):
+        v = load(work / f"{name}_{tag}.json")
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def check_summary(check: dict) -> dict:
+    per_prompt = {}
+    for p in check.get("prompts", []):
+        per_prompt[f"{p['pass']}:p{p['prompt']}"] = {
+            "n": p["n"],
+            "max_abs_vs_hf_fp32": r(p["vs_fp32"]["max_abs"], 6),
+            "max_abs_vs_hf_bf16": r(p["vs_hf_bf16"]["max_abs"], 6),
+            "hf_bf16_vs_fp32_max_abs": r(p.get("hf_bf16_vs_fp32_max_abs"), 6),
+        }
+    # bf16 criterion per prompt: server's distance to the oracle against transformers' own
+    excess = [
+        v["max_abs_vs_hf_fp32"] - v["hf_bf16_vs_fp32_max_abs"]
+        for v in per_prompt.values()
+        if v["max_abs_vs_hf_fp32"] is not None and v["hf_bf16_vs_fp32_max_abs"] is not None
+    ]
+    yard = [
+        v["hf_bf16_vs_fp32_max_abs"]
+        for v in per_prompt.values()
+        if v["hf_bf16_vs_fp32_max_abs"] is not None
+    ]
+    g = check.get("greedy") or {}
+    return {
+        "max_abs_vs_hf_fp32": r(check.get("max_abs_vs_fp32"), 6),
+        "hf_bf16_vs_fp32_max_abs": r(max(yard), 6) if yard else None,
+        "max_excess_over_hf_bf16": r(max(excess), 6) if excess else None,
+        "per_prompt": per_prompt,
+        "gen1_first_max_abs_vs_fp32": r(check.get("gen1_first_max_abs_vs_fp32"), 6),
+        "gen1_cached_max_abs_vs_fp32": r(check.get("gen1_cached_max_abs_vs_fp32"), 6),
+        "gen1_same_token_as_hf_fp32": [e.get("same_token") for e in check.get("gen1", [])],
+        "repeat": check.get("repeat"),
+        "greedy": {
+            k: g.get(k)
+            for k in (
+                "n",
+                "returned",
+                "agree_hf_bf16",
+                "agree_hf_fp32",
+                "hf_bf16_vs_fp32_agree",
+                "hf_margin_at_first_diff",
+            )
+        },
+        "chat_stream": check.get("chat_stream"),
+        "errors": check.get("errors"),
+    }
+
+
+def compile_summary(work: Path) -> dict:
+    runs = (load(work / "compile.json") or {}).get("runs") or {}
+    out = {}
+    for key, v in runs.items():
+        keep = ("tok_s", "decode_tok_s", "ms_per_step", "warmup_s", "dynamo_graphs", "compile")
+        out[key] = {k: v.get(k) for k in keep if k in v}
+        for k in ("error", "barrier", "exit"):
+            if v.get(k) not in (None, 0):
+                out[key][k] = v[k]
+    return out
+
+
+def hf_ref_summary(work: Path, tag: str) -> dict | None:
+    ref = load(work / f"ref_{tag}.json")
+    if ref is None:
+        return None
+    return {
+        "load_s": ref.get("load_s"),
+        "attn": ref.get("attn_implementation"),
+        "prompt_tokens": [p["n"] for p in ref.get("prompts", [])],
+        "hf_bf16_vs_fp32_max_abs": [
+            r(p.get("hf_bf16_vs_fp32_max_abs"), 6) for p in ref.get("prompts", [])
+        ],
+        "hf_greedy_bf16_vs_fp32_agree": (ref.get("greedy") or {}).get("hf_bf16_vs_fp32_agree"),
+        "seconds": ref.get("seconds"),
+        "complete": "lp_fp32" in (ref.get("prompts") or [{}])[-1],
+    }
+
+
+def strip(obj):
+    """details.json: the stage outputs without long per-token lists."""
+    if isinstance(obj, dict):
+        return {k: strip(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        if len(obj) > 40:
+            return f"[{len(obj)} items]"
+        return [strip(x) for x in obj]
+    return obj
+
+
+def speed_row(tag: str, m: dict, hf: dict) -> dict:
+    b = m.get("bench") or {}
+    row: dict = {"model": tag}
+    for c in LEVELS:
+        row[f"tok_s_{c}"] = (b.get(c) or {}).get("out_tok_s")
+    row["tpot_1_ms"] = (b.get("1") or {}).get("tpot_med_ms")
+    row["gpu_busy_32"] = m.get("gpu_busy_at_32")
+    for bs, c in (("1", "1"), ("32", "32")):
+        ref = (hf.get(f"{tag}_b{bs}") or {}).get("tok_s")
+        row[f"hf_b{bs}"] = ref
+        ours = row[f"tok_s_{c}"]
+        row[f"ratio_b{bs}"] = r(ours / ref, 2) if ours and ref else None
+    row["startup_s"] = m.get("startup_s")
+    return row
+
+
+def verdict(value, ok) -> str:
+    if value is None:
+        return "n/a "
+    return "PASS" if ok else "FAIL"
+
+
+def targets(models: dict, rows: dict) -> list[dict]:
+    m1b, m135 = rows.get("m1b") or {}, rows.get("m135") or {}
+    t: list[dict] = []
+
+    def add(name: str, value, ok, shown=None, nd=3) -> None:
+        t.append(
+            {
+                "target": name,
+                "value": value,
+                "shown": shown if shown is not None else fmt(value, nd),
+                "verdict": verdict(value, ok),
+            }
+        )
+
+    v = m1b.get("tpot_1_ms")
+    add("1B: 1-stream TPOT <= 1.5 ms", v, v is not None and v <= 1.5)
+    v = m1b.get("tok_s_32")
+    add("1B: 32 streams >= 12,000 tok/s", v, v is not None and v >= 12000, nd=0)
+    v = m1b.get("tok_s_128")
+    add("1B: 128 streams >= 25,000 tok/s", v, v is not None and v >= 25000, nd=0)
+    v = m1b.get("gpu_busy_32")
+    add("1B: GPU busy >= 80% at 32 streams", v, v is not None and v >= 80, nd=1)
+    v = m1b.get("ratio_b1")
+    add("1B: >= 4x transformers+compile, batch 1", v, v is not None and v >= 4, nd=2)
+    v = m1b.get("ratio_b32")
+    add("1B: >= 1.7x transformers+compile, batch 32", v, v is not None and v >= 1.7, nd=2)
+    v = m135.get("tpot_1_ms")
+    add("135M: 1-stream TPOT <= 1.0 ms", v, v is not None and v <= 1.0)
+    v = m135.get("tok_s_32")
+    add("135M: 32 streams >= 15,000 tok/s", v, v is not None and v >= 15000, nd=0)
+    c32 = (models.get("m135_fp32") or {}).get("check") or {}
+    d, g = c32.get("max_abs_vs_hf_fp32"), c32.get("greedy") or {}
+    eq = g.get("n") is not None and g.get("agree_hf_fp32") == g.get("n")
+    add(
+        "fp32 (m135): logprobs within 1e-4 of transformers fp32, greedy equal",
+        d,
+        d is not None and d <= FP32_TOL and eq,
+        f"max|d| {fmt(d, 6)}, greedy {g.get('agree_hf_fp32')}/{g.get('n')}" if c32 else None,
+    )
+    for tag in ("m1b", "m135"):
+        c = (models.get(tag) or {}).get("check") or {}
+        e = c.get("max_excess_over_hf_bf16")
+        add(
+            f"bf16 ({tag}): within transformers' bf16-to-fp32 distance + {BF16_SLACK}",
+            e,
+            e is not None and e <= BF16_SLACK,
+            f"max|d| {fmt(c.get('max_abs_vs_hf_fp32'), 4)} vs yardstick "
+            f"{fmt(c.get('hf_bf16_vs_fp32_max_abs'), 4)} (excess {fmt(e, 4)})"
+            if c
+            else None,
+        )
+    v = m1b.get("startup_s")
+    add("1B: start-up (spawn -> /health 200) <= 15 s", v, v is not None and v <= 15, nd=2)
+    return t
+
+
+def table(s: dict) -> str:
+    env = s.get("env") or {}
+    L = []
+    L.append(
+        f"zeroserve GPU check: {env.get('nvidia_smi_L') or env.get('gpu') or 'no GPU'} | torch "
+        f"{env.get('torch')} (cuda {env.get('torch_cuda')}) | transformers "
+        f"{(env.get('versions') or {}).get('transformers')} | python {env.get('python')} | "
+        f"{s['elapsed_s']}s of {s['budget_s']}s"
+    )
+    if env.get("import_errors"):
+        L.append(f"IMPORT ERRORS: {env['import_errors']}")
+    st = s.get("stages") or []
+    L.append("stages: " + " ".join(f"{x['stage']}={x['rc']}({x['s']}s)" for x in st))
+    for x in st:
+        if x["rc"] == "skip":
+            L.append(f"SKIP {x['stage']}: {x['why']}")
+    bad = [f"{x['stage']}={x['rc']}" for x in st if x["rc"] not in ("0", "skip")]
+    if bad:
+        L.append("FAILED (rc != 0; see stages.log): " + ", ".join(bad))
+    pt = s.get("pytest")
+    if pt:
+        miss = f" (missing: {', '.join(pt['missing'])})" if pt.get("missing") else ""
+        L.append(f"GPU kernel tests: {pt.get('summary')}{miss}")
+        for f in pt.get("failed") or []:
+            L.append(f"   {f}")
+    L.append("")
+    hdr = (
+        f"{'model':<6} {'1 str':>8} {'8':>8} {'32':>8} {'128':>8} {'TPOT1 ms':>9} {'GPU%@32':>8}"
+        f" {'HF+c b1':>8} {'HF+c b32':>9} {'x b1':>6} {'x b32':>6} {'start s':>8}"
+    )
+    L.append("output tok/s (128 out, ~100 in); HF+c = transformers generate, static cache +")
+    L.append("torch.compile; x = zeroserve / HF+c (1 stream vs batch 1, 32 streams vs batch 32)")
+    L.append(hdr)
+    for tag, row in (s.get("speed") or {}).items():
+        L.append(
+            f"{tag:<6} {fmt(row['tok_s_1'], 0):>8} {fmt(row['tok_s_8'], 0):>8} "
+            f"{fmt(row['tok_s_32'], 0):>8} {fmt(row['tok_s_128'], 0):>8} "
+            f"{fmt(row['tpot_1_ms'], 3):>9} {fmt(row['gpu_busy_32']):>8} "
+            f"{fmt(row['hf_b1'], 0):>8} {fmt(row['hf_b32'], 0):>9} {fmt(row['ratio_b1'], 2):>6} "
+            f"{fmt(row['ratio_b32'], 2):>6} {fmt(row['startup_s'], 2):>8}"
+        )
+    models = s.get("models") or {}
+    for tag, m in models.items():
+        for c, b in (m.get("bench") or {}).items():
+            if "skipped" in b:
+                L.append(f"   {tag} c={c}: skipped ({b['skipped']})")
+            elif b.get("rc") or b.get("failed"):
+                L.append(
+                    f"   {tag} c={c}: rc={b.get('rc')} failed={b.get('failed')} "
+                    f"{b.get('errors') or (b.get('tail') or '')[-200:]}"
+                )
+    for key, v in (s.get("hf_compile") or {}).items():
+        if v.get("error") or v.get("barrier") or v.get("dynamo_graphs") == 0 or v.get("exit"):
+            L.append(f"   HF+c {key}: {v}")
+    L.append("")
+    L.append("server log (graph / KV lines):")
+    for tag, m in models.items():
+        if not m.get("ready") and not m.get("server_graph_lines"):
+            L.append(f"   {tag}: not ready {m.get('not_ready')}")
+        for ln in (m.get("server_graph_lines") or []) + (m.get("server_kv_lines") or []):
+            L.append(f"   {tag}: {ln}")
+        if not m.get("server_graph_lines"):
+            L.append(f"   {tag}: (no line mentions 'graph')")
+        for ln in (m.get("server_log_flags") or [])[:3]:
+            L.append(f"   {tag} flagged: {ln}")
+    L.append("")
+    L.append("correctness:")
+    for tag, m in models.items():
+        c = m.get("check")
+        if not c:
+            L.append(
+                f"   {tag}: no correctness check ({'server not ready' if not m.get('ready') else 'see stages.log'})"
+            )
+            continue
+        g = c.get("greedy") or {}
+        L.append(
+            f"   {tag}: prompt logprobs max|d| vs transformers fp32 {fmt(c['max_abs_vs_hf_fp32'], 6)}"
+            f" (transformers bf16 vs fp32: {fmt(c['hf_bf16_vs_fp32_max_abs'], 6)}); 1st token "
+            f"|d| {fmt(c['gen1_first_max_abs_vs_fp32'], 6)}; greedy {g.get('agree_hf_bf16')}/"
+            f"{g.get('n')} = HF bf16, {g.get('agree_hf_fp32')}/{g.get('n')} = HF fp32 (HF bf16 vs"
+            f" fp32 {g.get('hf_bf16_vs_fp32_agree')})"
+        )
+        rep = c.get("repeat") or {}
+        L.append(
+            f"   {tag} same prompt twice: prompt logprobs max|d| "
+            f"{fmt(rep.get('batch_vs_batch_again_max_abs'), 6)} (single vs batched "
+            f"{fmt(rep.get('single_vs_batch_max_abs'), 6)}); 1st token fresh vs prefix cache "
+            f"|d| {fmt(rep.get('gen1_fresh_vs_cached_max_abs'), 6)}, same token "
+            f"{rep.get('gen1_fresh_vs_cached_same_token')}, cache hit tokens "
+            f"{rep.get('cached_hit_tokens')}"
+        )
+        if c.get("errors"):
+            L.append(f"   {tag} check errors: {c['errors'][:3]}")
+    for tag, m in models.items():
+        st_ = m.get("structured")
+        if st_:
+            js, tl = (
+                (st_.get("json_schema_tries") or [{}])[-1],
+                (st_.get("tool_required_tries") or [{}])[-1],
+            )
+            L.append(
+                f"   structured ({tag}): json_schema {st_.get('json_schema')} "
+                f"(finish {js.get('finish_reason')}, {js.get('content', js.get('error', ''))[:80]!r});"
+                f" tool_choice required {st_.get('tool_required')} (finish "
+                f"{tl.get('finish_reason')}, {tl.get('function')}"
+                f"({tl.get('arguments', tl.get('error', ''))[:60]}))"
+            )
+        f = m.get("fault")
+        if f:
+            L.append(
+                f"   fault ({tag}, kill -9 scheduler under {f.get('streams_started')}/"
+                f"{f.get('streams')} streams): {f.get('verdict')}; streams ended "
+                f"{f.get('streams_ended')}/{f.get('streams')} within "
+                f"{fmt(f.get('streams_ended_max_s'), 2)}s {f.get('stream_endings')}; /health "
+                f"down at {fmt(f.get('health_down_seen_s'), 2)}s, back at "
+                f"{fmt(f.get('health_back_s'), 2)}s; next request ok "
+                f"{f.get('after_request_ok')} ({fmt(f.get('after_request_s'), 2)}s)"
+            )
+    if not any(m.get("structured") for m in models.values()):
+        L.append("   structured / tool call: not run (see SKIP above)")
+    if not any(m.get("fault") for m in models.values()):
+        L.append("   fault check: not run (see SKIP above)")
+    prof = s.get("profile") or []
+    if prof:
+        L.append("")
+        L.append("profile (m1b, in process):")
+        L.extend(f"   {p}" for p in prof)
+    L.append("")
+    L.append("TARGETS")
+    for t in s.get("targets") or []:
+        L.append(f"   [{t['verdict']}] {t['target']}: {t['shown']}")
+    return "\n".join(L)
+
+
+def main() -> int:
+    work, out = Path(sys.argv[1]), Path(sys.argv[2])
+    elapsed, budget = int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None
+    tags = [p.stem.removeprefix("server_") for p in sorted(work.glob("server_*.log"))]
+    order = {"m1b": 0, "m135": 1, "m135_fp32": 2}
+    tags.sort(key=lambda t: order.get(t, 9))
+    models = {t: model_summary(work, t) for t in tags}
+    hf = compile_summary(work)
+    speed = {t: speed_row(t, models[t], hf) for t in tags if t in ("m1b", "m135")}
+    prof_log = work / "logs" / "profile.log"
+    prof = []
+    if prof_log.exists():
+        prof = [ln.strip("= ") for ln in prof_log.read_text().splitlines() if ln.startswith("===")]
+    s = {
+        "elapsed_s": elapsed,
+        "budget_s": budget,
+        "note": "servers: launch.py --model DIR --device cuda --port P --drain-timeout 5 "
+        "(+ ZS_SERVER_FLAGS); m135_fp32 adds --dtype float32. Random weights: transformers "
+        "init, seed 0, tied embedding scaled for logit std ~4. bench: ~100 tokens in, 128 out.",
+        "env": load(work / "env.json"),
+        "stages": stages(work),
+        "pytest": pytest_result(work),
+        "speed": speed,
+        "hf_compile": hf,
+        "hf_ref": {t: hf_ref_summary(work, t) for t in ("m1b", "m135")},
+        "models": models,
+        "profile": prof,
+    }
+    s["targets"] = targets(models, speed)
+    text = table(s)
+    (out / "summary.json").write_text(json.dumps(s, indent=1))
+    details = {p.name: strip(load(p)) for p in sorted(work.glob("*.json"))}
+    (out / "details.json").write_text(json.dumps(details, indent=1))
+    (out / "summary.txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+#!/usr/bin/env bash
+# zeroserve one-shot GPU check (docs/benchmarks.md, "GPU check (benchmarks/gpu_check.sh)").
+# From the repository root on a machine with one CUDA GPU and no network:
+#
+#     bash benchmarks/gpu_check.sh
+#
+# Every stage runs under its own `timeout` (clamped to what is left of ZS_BUDGET_S), logs to
+# $W/logs/<stage>.log, and a failed stage does not stop the rest; a stage the budget cannot
+# hold is skipped with the reason. The stages, most important first (the last are dropped
+# first when time runs short):
+#   1. environment, the carried wheels, the random-weight models (/tmp/m135, /tmp/m1b)
+#   2. the Triton/CUDA kernel tests on the GPU (pytest)
+#   3. transformers: prompt-logprob reference (fp32 oracle, bf16 yardstick) and the
+#      generate + static cache + torch.compile baseline, batch 1 and 32, both models
+#   4. per model: launch.py --device cuda, start-up time to /health, correctness check,
+#      bench at 1, 8, 32, 128 streams (nvidia-smi at 32)
+#   5. m135 served in float32: the fp32 correctness check
+#   6. prefix cache: the same prompt twice (inside every correctness check)
+#   7. a json_schema response_format request and a tool_choice "required" request
+#   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
+#   9. an in-process profile of m1b decode steps
+# (2 and 3 run side by side: the compile warm-up overlaps the tests and the reference, and
+# the baseline is timed once the GPU is otherwise idle; see benchmarks/gpu/hf_compile.py.)
+# Results in $OUT (at most 8 files): summary.txt (the table), summary.json, details.json,
+# run.log, stages.log, servers.log, pytest.log, profile.txt.
+#
+# Knobs: ZS_BUDGET_S (330), ZS_WHEELS (.gpu/whl), ZS_SKIP_INSTALL=1, ZS_PY (python3),
+# ZS_MODELS ("m135 m1b"), ZS_CONC (1,8,32,128), ZS_OUTPUT_LEN (128, bench tokens out),
+# ZS_SERVER_FLAGS (extra launch.py flags), ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128),
+# ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
+# ZS_MODEL_ROOT (/tmp), ZS_SITE (/tmp/site), ZS_GPU_CHECK_DEVICE=cpu (a local dry run:
+# ZS_SERVER_FLAGS defaults to "--kernels torch", transformers is timed without compile,
+# the kernel tests run under TRITON_INTERPRET=1, stage timeouts x3: ZS_TIMEOUT_SCALE).
+set -u
+T0=$(date +%s)
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" # benchmarks/
+G="$HERE/gpu"
+ZS="${ZS_PROJECT:-$(cd "$HERE/.." && pwd)}" # the checkout
+cd "$ZS" || exit 1
+OUT="${OUT:-/tmp/zs-gpu-out}"
+W="${ZS_WORK:-/tmp/zs-gpu-work}"
+PY="${ZS_PY:-python3}"
+DEV="${ZS_GPU_CHECK_DEVICE:-cuda}"
+MODELS="${ZS_MODELS:-m135 m1b}"
+MODELS="${MODELS//,/ }"
+BUDGET="${ZS_BUDGET_S:-330}"
+WHL="${ZS_WHEELS:-$ZS/.gpu/whl}"
+SITE="${ZS_SITE:-/tmp/site}"
+MROOT="${ZS_MODEL_ROOT:-/tmp}"
+CONC="${ZS_CONC:-1,8,32,128}"
+OUTPUT_LEN="${ZS_OUTPUT_LEN:-128}"
+FP32_CHECK="${ZS_FP32_CHECK:-1}"
+HF_NEW="${ZS_HF_NEW_TOKENS:-128}"
+if [ "$DEV" = cpu ]; then
+  SERVER_FLAGS="${ZS_SERVER_FLAGS---kernels torch}"
+  TRITON_MODE=1
+  COMPILE_FLAG="--no-compile"
+  SLOW="${ZS_TIMEOUT_SCALE:-3}"
+  PAR=(env OMP_NUM_THREADS=1) # stages 2 and 3 share the cores: no OpenMP spin-waiting
+else
+  SERVER_FLAGS="${ZS_SERVER_FLAGS-}"
+  TRITON_MODE=0
+  COMPILE_FLAG=""
+  SLOW="${ZS_TIMEOUT_SCALE:-1}"
+  PAR=(env)
+fi
+HF_EXTRA="--no-baseline"
+[ "${ZS_HF_BASELINE:-0}" = 1 ] && HF_EXTRA=""
+RESERVE=12 # always kept back for the summary
+HOLD=0     # kept back, on top of RESERVE, for what is still to come (set per stage)
+mkdir -p "$OUT"
+rm -rf "$W"
+mkdir -p "$W/logs"
+RUNLOG="$W/run.log"
+: >"$W/stages.txt"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export ZEROSERVE_CACHE_DIR="$W/zs-cache"
+export PYTHONPATH="$ZS"
+BOOK="$ZS/benchmarks/data/pride_and_prejudice_ch1-6.txt"
+declare -A PORT=([m135]=18731 [m1b]=18732 [m135_fp32]=18733)
+
+has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
+elapsed() { echo $(($(date +%s) - T0)); }
+left() { echo $((BUDGET - $(elapsed))); }
+say() { echo "[$(elapsed)s] $*" | tee -a "$RUNLOG"; }
+skip() { # NAME WHY...
+  local name=$1
+  shift
+  say "SKIP $name: $*"
+  echo "$name skip 0 $*" >>"$W/stages.txt"
+}
+
+# stage NAME TIMEOUT CMD...: CMD under `timeout` (times ZS_TIMEOUT_SCALE), clamped to the budget less RESERVE and
+# HOLD; its output in $W/logs/NAME.log; rc 99 when there was no time to run it
+stage() {
+  local name=$1 want=$2
+  shift 2
+  local l to t rc
+  l=$(left)
+  to=$((want * SLOW))
+  ((to > l - RESERVE - HOLD)) && to=$((l - RESERVE - HOLD))
+  if ((to < 5)); then
+    skip "$name" "budget (${l}s left, ${HOLD}s held for higher-priority stages)"
+    return 99
+  fi
+  say ">>> $name (timeout ${to}s)"
+  t=$(date +%s)
+  timeout -k 5 "$to" "$@" >"$W/logs/$name.log" 2>&1
+  rc=$?
+  say "<<< $name rc=$rc ($(($(date +%s) - t))s)$( ((rc == 124)) && echo ' TIMED OUT')"
+  if ((rc != 0)); then tail -n 15 "$W/logs/$name.log" | cut -c1-300 | sed 's/^/      /' | tee -a "$RUNLOG"; fi
+  echo "$name $rc $(($(date +%s) - t))" >>"$W/stages.txt"
+  return $rc
+}
+
+is_alive() { [ -e "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+
+children_of() { # pids whose parent is $1 (from /proc: no pgrep needed)
+  local d
+  for d in /proc/[0-9]*; do
+    [ "$(awk '/^PPid:/{print $2}' "$d/status" 2>/dev/null)" = "$1" ] && echo "${d#/proc/}"
+  done
+}
+
+SPID=""
+STAG=""
+SPAWN=""
+start_server() { # TAG MODEL_DIR PORT [flags...]
+  local tag=$1 model=$2 port=$3
+  shift 3
+  STAG=$tag
+  SPAWN=$(date +%s.%N)
+  # its own session (setsid): SIGTERM to the group reaches launch.py, which stops its
+  # children (each in a session of its own) in order; cwd $W so `python -m` finds no stray
+  # package in the working directory
+  # shellcheck disable=SC2086
+  (cd "$W" && exec setsid "$PY" "$ZS/launch.py" --model "$model" --device "$DEV" \
+    --port "$port" --drain-timeout 5 $SERVER_FLAGS "$@") >"$W/server_$tag.log" 2>&1 &
+  SPID=$!
+  say "server $tag: pid $SPID, launch.py --model $model --device $DEV --port $port --drain-timeout 5 $SERVER_FLAGS $*"
+}
+
+stop_server() {
+  [ -z "$SPID" ] && return 0
+  local t i k kids
+  t=$(date +%s)
+  kids="$(children_of "$SPID") $(grep -o 'started [a-z0-9-]* (pid [0-9]*)' "$W/server_$STAG.log" 2>/dev/null | grep -o '[0-9]*)' | tr -d ')')"
+  if is_alive "$SPID"; then
+    if [ "$(awk '{print $5}' "/proc/$SPID/stat" 2>/dev/null)" = "$SPID" ]; then
+      kill -TERM -- "-$SPID" 2>/dev/null
+    else
+      kill -TERM "$SPID" 2>/dev/null
+    fi
+    for ((i = 0; i < 120; i++)); do is_alive "$SPID" || break; sleep 0.25; done
+    if is_alive "$SPID"; then
+      say "server $STAG: still up 30s after SIGTERM; SIGKILL"
+      kill -KILL -- "-$SPID" 2>/dev/null || kill -KILL "$SPID" 2>/dev/null
+    fi
+  fi
+  wait "$SPID" 2>/dev/null
+  local rc=$?
+  sleep 0.5
+  for k in $kids; do
+    if is_alive "$k"; then
+      say "server $STAG: leftover pid $k ($(tr '\0' ' ' <"/proc/$k/cmdline" 2>/dev/null | cut -c1-80)); SIGKILL"
+      kill -KILL "$k" 2>/dev/null
+    fi
+  done
+  say "server $STAG: stopped (launch.py exit $rc, $(($(date +%s) - t))s)"
+  echo "stop_$STAG $rc $(($(date +%s) - t))" >>"$W/stages.txt"
+  SPID=""
+}
+
+BGPIDS=""
+cleanup() {
+  stop_server
+  local p c
+  for p in $BGPIDS; do # a background stage's `timeout` leads a process group of its own
+    for c in $(children_of "$p"); do kill -TERM "$c" 2>/dev/null; done
+  done
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+
+# serve TAG MODEL_DIR PORT REF [flags...]: start, wait for /health (start-up time from the
+# spawn), correctness check against REF (prefix-cache repeat included). 0 when it answered.
+serve() {
+  local tag=$1 model=$2 port=$3 ref=$4 wait_s=90
+  shift 4
+  [ "$DEV" = cpu ] && wait_s=150
+  start_server "$tag" "$model" "$port" "$@"
+  local url="http://127.0.0.1:$port"
+  if ! stage "wait_$tag" $wait_s "$PY" "$G/client.py" wait "$url" "$SPID" $wait_s \
+    "$W/ready_$tag.json" "$SPAWN"; then
+    return 1
+  fi
+  sleep 0.3 # launch.py logs its line after its own /health poll
+  say "server $tag: $(grep -o 'zeroserve ready.*' "$W/server_$tag.log" | head -1 | cut -c1-200)"
+  grep -i -E 'graph|\bKV\b' "$W/server_$tag.log" | grep -v -E '(GET|POST) /' | head -6 |
+    cut -c1-200 | sed 's/^/      /' | tee -a "$RUNLOG"
+  if [ -s "$ref" ]; then
+    stage "check_$tag" 60 "$PY" "$G/client.py" check "$url" "$ref" "$W/check_$tag.json"
+    grep -E 'max\|dlp\||greedy|chat stream|same prompt' "$W/logs/check_$tag.log" |
+      cut -c1-250 | sed 's/^/      /' >>"$RUNLOG"
+  else
+    skip "check_$tag" "no transformers reference ($ref)"
+  fi
+  return 0
+}
+
+# bench TAG SECONDS: the streaming benchmark for at most SECONDS (and HOLD respected)
+bench() {
+  local tag=$1 want=$2 l end factor=4 minn=8
+  l=$(left)
+  ((want > l - RESERVE - HOLD - 5)) && want=$((l - RESERVE - HOLD - 5))
+  if ((want < 10)); then
+    skip "bench_$tag" "budget (${l}s left, ${HOLD}s held)"
+    return
+  fi
+  if [ "$tag" = m1b ]; then
+    factor=2
+    minn=4
+  fi
+  end=$(($(date +%s) + want))
+  stage "bench_$tag" $((want + 15)) "$PY" "$G/bench.py" "http://127.0.0.1:${PORT[$tag]}" \
+    "$MROOT/$tag" "$ZS" "$W/bench_$tag.json" --conc "$CONC" --factor "$factor" \
+    --min-n "$minn" --deadline "$end" --output-len "$OUTPUT_LEN" --label "$tag" \
+    --hint-json "$W/check_$tag.json"
+  grep -E 'c=[0-9]+: rc|cut|skipped' "$W/logs/bench_$tag.log" | cut -c1-250 |
+    sed 's/^/      /' | tee -a "$RUNLOG"
+}
+
+answered() { # TAG: the check's requests were answered (or there was no reference to check)
+  [ ! -s "$W/ref_$1.json" ] || grep -q '"greedy": {' "$W/check_$1.json" 2>/dev/null
+}
+
+say "zeroserve GPU check: device=$DEV models='$MODELS' budget=${BUDGET}s python=$PY out=$OUT work=$W wheels=$WHL"
+
+# ---- 1. wheels, environment, models --------------------------------------------------
+if [ "${ZS_SKIP_INSTALL:-0}" = 1 ]; then
+  skip install "ZS_SKIP_INSTALL=1"
+elif ! compgen -G "$WHL/*.whl" >/dev/null; then
+  skip install "no wheels in $WHL (set ZS_WHEELS)"
+else
+  if ! stage install 60 bash -c "rm -rf '$SITE' && '$PY' -m pip install -q --no-index --no-deps \
+    --no-compile --no-cache-dir --upgrade --target '$SITE' '$WHL'/*.whl && ls '$SITE'"; then
+    # no pip (or it failed): a wheel is a zip of what --target would hold
+    stage install_unzip 60 "$PY" -c "import glob, sys, zipfile
+for w in sorted(glob.glob(sys.argv[2] + '/*.whl')):
+    zipfile.ZipFile(w).extractall(sys.argv[1]); print('unzipped', w)" "$SITE" "$WHL"
+  fi
+  export PYTHONPATH="$SITE:$ZS"
+fi
+stage env 45 "$PY" "$G/env_info.py" "$W/env.json" "$SITE"
+grep -E '"(gpu|torch|torch_cuda|transformers|nvidia_smi_L)"' "$W/logs/env.log" | cut -c1-200 |
+  sed 's/^/      /' | tee -a "$RUNLOG"
+# shellcheck disable=SC2086
+stage models 90 "$PY" "$G/make_models.py" "$G/smollm2-tok" "$MROOT" $MODELS
+grep '^{' "$W/logs/models.log" | cut -c1-200 | sed 's/^/      /' | tee -a "$RUNLOG"
+
+# ---- 2 + 3. kernel tests, transformers reference and compile baseline, side by side -----
+GO="$W/go_compile"
+HOLD=150 # the servers' minimum (m1b and m135: start, check, a short bench, stop)
+((HOLD > BUDGET / 2)) && HOLD=$((BUDGET / 2))
+tests=()
+missing=()
+for f in tests/scheduler_worker/test_triton_kernels.py tests/scheduler_worker/test_sampling_device.py \
+  tests/scheduler_worker/test_cuda_backend.py; do
+  if [ -f "$f" ]; then tests+=("$f"); else missing+=("$f"); fi
+done
+printf '%s\n' "${missing[@]}" >"$W/pytest_missing.txt"
+if ((${#tests[@]})); then
+  # -o addopts="": not the repo's `-m 'not slow'`; without pytest-timeout the ini's
+  # `timeout` key only warns. rc 5 (nothing collected) is reported, not an error.
+  stage pytest 100 "${PAR[@]}" TRITON_INTERPRET=$TRITON_MODE "$PY" -m pytest -q -p no:cacheprovider \
+    -o addopts="" -rfEs "${tests[@]}" &
+  P_TEST=$!
+else
+  skip pytest "none of the kernel test files exists yet (${missing[*]})"
+  P_TEST=""
+fi
+REFS=()
+for m in m1b m135; do has_model $m && REFS+=("$m"); done
+(
+  for m in "${REFS[@]}"; do
+    # shellcheck disable=SC2086
+    stage "hf_ref_$m" 75 "${PAR[@]}" "$PY" "$G/hf_ref.py" "$MROOT/$m" "$W/ref_$m.json" --device "$DEV" \
+      --text "$BOOK" --new-tokens "$HF_NEW" $HF_EXTRA
+    grep -E 'greedy|done in|reference done' "$W/logs/hf_ref_$m.log" | cut -c1-250 |
+      sed 's/^/      /' >>"$RUNLOG"
+  done
+) &
+P_REF=$!
+CDIRS=()
+for m in "${REFS[@]}"; do CDIRS+=("$MROOT/$m"); done
+if ((${#CDIRS[@]})); then
+  # shellcheck disable=SC2086
+  stage hf_compile 170 "${PAR[@]}" "$PY" "$G/hf_compile.py" "$W/compile.json" "${CDIRS[@]}" \
+    --new-tokens "$HF_NEW" --device "$DEV" --go-file "$GO" --max-wait 140 $COMPILE_FLAG &
+  P_COMP=$!
+else
+  skip hf_compile "no model directory"
+  P_COMP=""
+fi
+BGPIDS="$P_TEST $P_REF $P_COMP"
+# the compile workers time generate only once the tests and the reference are done
+[ -n "$P_TEST" ] && wait "$P_TEST"
+wait "$P_REF"
+touch "$GO"
+say "kernel tests and transformers reference done: the compile baseline may time now"
+[ -n "$P_COMP" ] && wait "$P_COMP"
+grep -E 'tok/s|failed|done' "$W/logs/hf_compile.log" 2>/dev/null | cut -c1-250 |
+  sed 's/^/      /' | tee -a "$RUNLOG"
+BGPIDS=""
+
+# ---- 4-8. the servers: m1b, then m135 (+ structured output, fault), then m135 in fp32 ----
+if has_model m1b; then
+  HOLD=0
+  has_model m135 && HOLD=70 # m135's start, check, a short bench
+  if serve m1b "$MROOT/m1b" "${PORT[m1b]}" "$W/ref_m1b.json"; then
+    if answered m1b; then bench m1b 75; else skip bench_m1b "the server did not answer the check"; fi
+  fi
+  HOLD=0
+  stop_server
+fi
+if has_model m135; then
+  HOLD=0
+  [ "$FP32_CHECK" = 1 ] && HOLD=30
+  if serve m135 "$MROOT/m135" "${PORT[m135]}" "$W/ref_m135.json"; then
+    if answered m135; then bench m135 50; else skip bench_m135 "the server did not answer the check"; fi
+    stage structured_m135 25 "$PY" "$G/client.py" structured "http://127.0.0.1:${PORT[m135]}" \
+      "$W/structured_m135.json"
+    grep -E 'json_schema|tool_required' "$W/logs/structured_m135.log" | cut -c1-250 |
+      sed 's/^/      /' >>"$RUNLOG"
+    if (($(left) - RESERVE - HOLD >= 45)); then
+      stage fault_m135 90 "$PY" "$G/client.py" fault "http://127.0.0.1:${PORT[m135]}" "$SPID" \
+        "$W/fault_m135.json" --streams 16 --tokens 256
+      grep -E 'kill|streams:|/health|after restart|fault check' "$W/logs/fault_m135.log" |
+        cut -c1-250 | sed 's/^/      /' | tee -a "$RUNLOG"
+    else
+      skip fault_m135 "budget ($(left)s left, needs 45s + ${HOLD}s held)"
+    fi
+  fi
+  HOLD=0
+  stop_server
+  if [ "$FP32_CHECK" != 1 ]; then
+    skip m135_fp32 "ZS_FP32_CHECK=$FP32_CHECK"
+  elif [ ! -s "$W/ref_m135.json" ]; then
+    skip m135_fp32 "no transformers reference for m135"
+  elif (($(left) - RESERVE < 25)); then
+    skip m135_fp32 "budget ($(left)s left)"
+  else
+    serve m135_fp32 "$MROOT/m135" "${PORT[m135_fp32]}" "$W/ref_m135.json" --dtype float32
+    stop_server
+  fi
+fi
+
+# ---- 9. profile ----------------------------------------------------------------------
+if ! has_model m1b; then
+  skip profile "no m1b model"
+elif (($(left) - RESERVE < 30)); then
+  skip profile "budget ($(left)s left)"
+else
+  # shellcheck disable=SC2086
+  stage profile 90 "$PY" "$G/profile_step.py" "$MROOT/m1b" --device "$DEV" --batches 1,32 \
+    --steps 5 -- $SERVER_FLAGS
+fi
+
+# ---- summary (never skipped) ---------------------------------------------------------
+say ">>> summary"
+timeout -k 5 30 "$PY" "$G/summarize.py" "$W" "$OUT" "$(elapsed)" "$BUDGET" >"$W/logs/summary.log" 2>&1 ||
+  say "summary failed: $(tail -n 5 "$W/logs/summary.log")"
+for f in "$W"/logs/*.log; do
+  echo "===== $(basename "$f") (last 80 lines)"
+  tail -n 80 "$f" | cut -c1-1000
+done >"$OUT/stages.log" 2>/dev/null
+for f in "$W"/server_*.log; do
+  [ -e "$f" ] || continue
+  echo "===== $(basename "$f"): first 60 and last 300 lines"
+  head -n 60 "$f" | cut -c1-1000
+  echo "..."
+  tail -n 300 "$f" | cut -c1-1000
+done >"$OUT/servers.log" 2>/dev/null
+[ -f "$W/logs/pytest.log" ] && tail -n 3000 "$W/logs/pytest.log" | cut -c1-2000 >"$OUT/pytest.log"
+[ -f "$W/logs/profile.log" ] && cut -c1-2000 "$W/logs/profile.log" | head -n 2000 >"$OUT/profile.txt"
+cat "$W/logs/summary.log"
+say "done in $(elapsed)s; files in $OUT: $(cd "$OUT" && echo *) run.log"
+cp "$RUNLOG" "$OUT/run.log"
