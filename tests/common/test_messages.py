@@ -190,7 +190,7 @@ def test_encode_refuses_schema_violations():
 
 
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
-ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None, 0, 16]
+ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None, 0, 16, {}]
 
 
 @pytest.mark.parametrize(

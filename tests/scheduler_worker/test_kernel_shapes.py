@@ -82,10 +82,10 @@ def test_what_the_decode_ops_cannot_take_is_named():
 
 @pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
 def test_a_refused_shape_turns_the_ops_off_at_load_with_one_line(tmp_path, monkeypatch, caplog):
-    from scheduler_worker import model_runner
+    from scheduler_worker.backends import select
 
     src = _tiny_llama(tmp_path / "m", 8, 2, 16)
-    monkeypatch.setattr(model_runner, "decode_ops_refusal", lambda h, kv, d: "a shape")
+    monkeypatch.setattr(select, "decode_ops_refusal", lambda h, kv, d: "a shape")
     with caplog.at_level(logging.WARNING):
         engine = _engine(src)
     lines = [r for r in caplog.records if "C++ decode ops off (a shape)" in r.getMessage()]

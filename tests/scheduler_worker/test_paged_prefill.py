@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import scheduler_worker.model_runner as model_runner
+import scheduler_worker.backends.cpu as cpu_backend
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from tests.conftest import kernels_built
@@ -54,9 +54,9 @@ def test_short_prefills_on_the_kernel_equal_sdpa(kind, tiny_model_dirs, request,
         request.getfixturevalue("mistral_window_dir") if kind == "window" else tiny_model_dirs[kind]
     )
     runner = _runner(model_dir)
-    monkeypatch.setattr(model_runner, "PAGED_PREFILL_MAX_CONTEXT", 0)
+    monkeypatch.setattr(cpu_backend, "PAGED_PREFILL_MAX_CONTEXT", 0)
     sdpa = _scenario(runner)
-    monkeypatch.setattr(model_runner, "PAGED_PREFILL_MAX_CONTEXT", THRESHOLD)
+    monkeypatch.setattr(cpu_backend, "PAGED_PREFILL_MAX_CONTEXT", THRESHOLD)
     kernel = _scenario(runner)
     for a, b in zip(kernel, sdpa):
         assert a.shape == b.shape
@@ -64,7 +64,7 @@ def test_short_prefills_on_the_kernel_equal_sdpa(kind, tiny_model_dirs, request,
 
 
 def test_which_rows_the_kernel_takes(tiny_model_dirs, monkeypatch):
-    monkeypatch.setattr(model_runner, "PAGED_PREFILL_MAX_CONTEXT", THRESHOLD)
+    monkeypatch.setattr(cpu_backend, "PAGED_PREFILL_MAX_CONTEXT", THRESHOLD)
     runner = _runner(tiny_model_dirs["llama3"])
     seqs = [
         SeqInput(list(range(60, 70)), 0, list(range(20, 23))),  # 10 tokens, short

@@ -124,6 +124,7 @@ def test_the_default_kv_budget_grows_to_one_sequence_of_the_context():
             dtype=torch.float32,
             kv_dtype=torch.float32,
             block_size=16,
+            backend=SimpleNamespace(),  # a CPU's: no profile_kv_blocks of its own
         )
         return ModelRunner._num_blocks(fake)  # type: ignore[arg-type]
 
