@@ -335,7 +335,7 @@ if has_model m135; then
       sed 's/^/      /' >>"$RUNLOG"
     if (($(left) - RESERVE - HOLD >= 45)); then
       stage fault_m135 90 "$PY" "$G/client.py" fault "http://127.0.0.1:${PORT[m135]}" "$SPID" \
-        "$W/fault_m135.json" --streams 16 --tokens 256
+        "$W/fault_m135.json" --streams 16 --tokens 4096
       grep -E 'kill|streams:|/health|after restart|fault check' "$W/logs/fault_m135.log" |
         cut -c1-250 | sed 's/^/      /' | tee -a "$RUNLOG"
     else

@@ -9,7 +9,7 @@ python client.py check URL REF.json OUT.json
 python client.py structured URL OUT.json
     a response_format json_schema chat request and a tool_choice "required" request:
     does the output parse (JSON / the tool call's arguments)?
-python client.py fault URL LAUNCH_PID OUT.json [--streams 16] [--tokens 256]
+python client.py fault URL LAUNCH_PID OUT.json [--streams 16] [--tokens 4096]
     kill -9 the scheduler under streaming load: do the streams end, does /health come
     back (launch.py restarts a dead child), is the next request served?
 """
@@ -475,9 +475,10 @@ def fault(url: str, launch_pid: int, out: str, streams: int, tokens: int) -> int
     for t in threads:
         t.start()
     t0 = time.time()
-    while time.time() - t0 < 30 and any(st["chunks"] == 0 and st["end"] is None for st in state):
-        time.sleep(0.05)  # every stream under way or over (or 30 s)
-    time.sleep(0.3)
+    # kill as soon as every stream is under way (or over, or 30 s): a fixed wait after that
+    # let a GPU finish all 16 x 256 tokens before the kill in the first run
+    while time.time() - t0 < 30 and any(st["chunks"] < 4 and st["end"] is None for st in state):
+        time.sleep(0.01)
     res["streams_started"] = sum(st["chunks"] > 0 for st in state)
     res["streams_over_before_kill"] = sum(st["end"] is not None for st in state)
     res["chunks_before_kill"] = sum(st["chunks"] for st in state)
@@ -539,6 +540,8 @@ def fault(url: str, launch_pid: int, out: str, streams: int, tokens: int) -> int
     open_streams = streams - len(ends)
     if res["streams_started"] == 0:
         res["verdict"] = f"FAIL: no stream was under way at the kill ({res['stream_endings']})"
+    elif res["streams_over_before_kill"] == streams:
+        res["verdict"] = "INCONCLUSIVE: every stream was over before the kill (more --tokens)"
     elif open_streams:
         res["verdict"] = f"FAIL: {open_streams} stream(s) still open 20 s after the kill"
     elif back is None:
@@ -566,7 +569,7 @@ def main() -> int:
         return structured(a[1], a[2])
     if cmd == "fault":
         opts = dict(zip(a[4::2], a[5::2]))
-        streams, tokens = int(opts.get("--streams", 16)), int(opts.get("--tokens", 256))
+        streams, tokens = int(opts.get("--streams", 16)), int(opts.get("--tokens", 4096))
         return fault(a[1], int(a[2]), a[3], streams, tokens)
     print(__doc__)
     return 2

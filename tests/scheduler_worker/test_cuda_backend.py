@@ -42,6 +42,8 @@ def config(model_dir: Path, device: str, dtype: str, **kw) -> EngineConfig:
         model=ModelConfig(
             model=str(model_dir), device=device, dtype=dtype,
             enforce_eager=kw.get("enforce_eager", False),
+            # the CPU reference in pure torch: no C++ build on a GPU machine
+            kernels="torch" if device == "cpu" else "auto",
         ),
         cache=CacheConfig(
             block_size=16, num_blocks=kw.get("num_blocks", 64), kv_cache_dtype=dtype,
