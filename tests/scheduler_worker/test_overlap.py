@@ -119,3 +119,27 @@ def test_seeded_sampling_is_the_same_overlapped(llama):
     sync, overlap = both(llama)
     prompts = [[5, 6, 7], [1, 2], [3, 4, 5, 6]]
     assert overlap.generate(prompts, seeded) == sync.generate(prompts, seeded)
+
+
+def test_out_of_device_memory_fails_that_step_and_the_engine_serves_on(llama):
+    """A step that runs out of device memory fails its own requests (the worker answers
+    each with a 503), gives their blocks back, and the next steps are served."""
+    import torch
+
+    engine = make_engine(llama, async_scheduling="on")
+    engine.add_request("a", [5, 6, 7], GREEDY)
+    engine.add_request("b", [8, 9], GREEDY)
+    real = engine.runner.execute
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (a test)")
+
+    engine.runner.execute = out_of_memory  # type: ignore[method-assign]
+    engine.step()
+    assert sorted(engine.take_failed()) == ["a", "b"] and engine.take_failed() == []
+    assert not engine.has_unfinished()
+    bm = engine.block_manager
+    bm.check_integrity()
+    assert bm.num_free_blocks == bm.num_blocks
+    engine.runner.execute = real  # type: ignore[method-assign]
+    assert [len(o) for o in engine.generate([[1, 2, 3]], GREEDY)] == [GREEDY.max_tokens]
