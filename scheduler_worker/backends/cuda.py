@@ -22,7 +22,7 @@ import torch
 from common.log import get_logger
 from scheduler_worker.activations import GELU_TANH_ACTS
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends import triton_attention, triton_ops
+from scheduler_worker.backends import triton_decode, triton_ops, triton_prefill
 from scheduler_worker.backends.base import Backend, KVCache, SeqInput, step_order
 from scheduler_worker.backends.graphs import (
     DecodeGraphs,
@@ -41,7 +41,7 @@ GRAPH_RESERVE = 256 << 20  # kept back from the KV pool for the graphs' own memo
 
 class TritonOps(TorchOps):
     """The layer ops on a GPU: one Triton kernel each (backends/triton_ops.py), attention
-    straight from the paged cache (backends/triton_attention.py)."""
+    straight from the paged cache (backends/triton_decode.py, triton_prefill.py)."""
 
     name = "triton"
 
@@ -75,13 +75,13 @@ class TritonOps(TorchOps):
     def attention(self, q, k, v, kv_cache, meta, scale, window=None):
         if meta.decode_block_tables is not None and meta.num_decode == q.shape[0]:
             assert meta.decode_context_lens is not None
-            return triton_attention.paged_decode_attention(
+            return triton_decode.paged_decode_attention(
                 q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens,
                 scale, window or 0, num_splits=meta.num_splits,
             )  # fmt: skip
         assert meta.query_start_loc is not None and meta.seq_lens is not None
         assert meta.block_tables is not None
-        return triton_attention.paged_prefill_attention(
+        return triton_prefill.paged_prefill_attention(
             q, kv_cache[0], kv_cache[1], meta.block_tables, meta.query_start_loc, meta.seq_lens,
             scale, window or 0, max_query_len=meta.max_query_len,
         )  # fmt: skip
@@ -202,7 +202,7 @@ class CudaBackend(Backend):
         """Decode attention's context splits for a step of `rows` rows (graphs: for the
         longest context a row may have)."""
         longest = max_context or self.max_model_len
-        want = triton_attention.num_decode_splits(
+        want = triton_decode.num_decode_splits(
             rows, self.num_kv_heads, longest, self.num_sms, self.head_dim
         )
         # a few values only: each is a kernel of its own to compile (NUM_SPLITS constexpr)

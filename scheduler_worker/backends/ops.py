@@ -8,7 +8,7 @@ A model's layers call `self.ops.<op>` and never ask which device they are on:
     rope_inputs     (cos, sin) per token                (positions, f32 tables) (positions, tables)
     rope_write_kv   rotate + index_copy into the cache  zeroserve.rope_write_kv triton_ops.rope_write_kv
     write_kv        index_copy into the cache           (TorchOps)              (TorchOps, masked)
-    attention       attention.paged_attention           (TorchOps: C++ paged)   triton_attention
+    attention       attention.paged_attention           (TorchOps: C++ paged)   triton_decode/_prefill
 
 The backend sets `ops` on every module that has the attribute (ModelRunner). TorchOps is the
 test oracle: a faster op set must give the same outputs from the same inputs, within its

@@ -21,11 +21,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from scheduler_worker.backends.triton_attention import (  # noqa: E402
-    paged_decode_attention,
-    paged_prefill_attention,
-)
+from scheduler_worker.backends.triton_decode import paged_decode_attention  # noqa: E402
 from scheduler_worker.backends.triton_ops import act_mul, rms_norm, rope_write_kv  # noqa: E402
+from scheduler_worker.backends.triton_prefill import paged_prefill_attention  # noqa: E402
 
 DEVICE = (
     "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"

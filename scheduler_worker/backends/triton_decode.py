@@ -1,0 +1,270 @@
+"""Paged decode attention in Triton: one query token per row, straight from the block
+tables, its context split over `num_splits` programs for long contexts and small batches
+(a second kernel merges the partials by log-sum-exp). The tile loop, the GQA packing and
+the masks are triton_attention.py's."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from scheduler_worker.backends.triton_attention import (
+    DECODE_TILE,
+    LOG2E,
+    MERGE_NUM_WARPS,
+    _attend_tile,
+    _check_cache,
+    _dot_fp32,
+    _tile,
+)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    tables_ptr,
+    ctx_lens_ptr,
+    out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_tb,
+    stride_kb,
+    stride_kr,
+    stride_kh,
+    stride_vb,
+    stride_vr,
+    stride_vh,
+    qk_scale,
+    window,
+    num_heads,
+    head_dim,
+    NUM_SPLITS: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < G
+    mask_d = offs_d < head_dim
+    heads = kv_head * G + offs_g
+    q = tl.load(
+        q_ptr + row * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_g[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    seq_len = tl.load(ctx_lens_ptr + row).to(tl.int32)
+    pos = seq_len - 1
+    lo = tl.where(window > 0, pos - window, -1)  # attend keys lo < j <= pos
+    q_pos = tl.zeros([BLOCK_G], dtype=tl.int32) + pos
+    key_lo = tl.zeros([BLOCK_G], dtype=tl.int32) + lo
+    # this split's contiguous range of key tiles
+    first = (tl.maximum(lo + 1, 0) // BLOCK_N) * BLOCK_N
+    num_tiles = tl.cdiv(tl.maximum(seq_len - first, 0), BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    start = first + split * tiles_per_split * BLOCK_N
+    end = tl.minimum(seq_len, start + tiles_per_split * BLOCK_N)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q,
+            m_i,
+            l_i,
+            acc,
+            q_pos,
+            key_lo,
+            start_n,
+            seq_len,
+            k_cache_ptr,
+            v_cache_ptr,
+            tables_ptr + row * stride_tb,
+            kv_head,
+            stride_kb,
+            stride_kr,
+            stride_kh,
+            stride_vb,
+            stride_vr,
+            stride_vh,
+            qk_scale,
+            offs_d,
+            mask_d,
+            BLOCK_SIZE,
+            BLOCK_N,
+            DOT_PRECISION,
+        )
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + row * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask_g[:, None] & mask_d[None, :],
+        )
+    else:
+        # partials [B, H, NUM_SPLITS] (+ [BLOCK_D] for acc), contiguous
+        part = (row * num_heads + heads) * NUM_SPLITS + split
+        tl.store(part_m_ptr + part, m_i, mask=mask_g)
+        tl.store(part_l_ptr + part, l_i, mask=mask_g)
+        tl.store(
+            part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+            acc,
+            mask=mask_g[:, None],
+        )
+
+
+@triton.jit
+def _merge_kernel(
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    num_heads,
+    head_dim,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < NUM_SPLITS
+    part = (row * num_heads + head) * NUM_SPLITS + offs_s
+    m = tl.load(part_m_ptr + part, mask=mask_s, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + part, mask=mask_s, other=0.0)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=mask_s[:, None], other=0.0
+    )
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no key in any split: zeros
+    w = tl.exp2(m - m_max)
+    total = tl.sum(w * l_s, axis=0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(
+        out_ptr + row * stride_ob + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < head_dim,
+    )
+
+
+def num_decode_splits(
+    batch: int, num_kv_heads: int, max_context_len: int, num_sms: int, head_dim: int = 64
+) -> int:
+    """A `num_splits` for paged_decode_attention (host ints only): enough programs for
+    about two per SM, at most 16 splits and no more than the longest context has key
+    tiles. On an H100 (132 SMs), Llama-1B shapes at 2000 keys: batch 1 -> 16, 8 -> 5,
+    32 -> 2, 128 -> 1."""
+    block_n = _tile(DECODE_TILE, triton.next_power_of_2(head_dim))["block_n"]
+    wanted = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
+    return max(1, min(16, wanted, triton.cdiv(max(1, max_context_len), block_n)))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    out: torch.Tensor | None = None,
+    num_splits: int = 1,
+) -> torch.Tensor:
+    """One query token per row over its paged context.
+
+    q [B, H, D]; block_tables [B, W] (int32 / int64); context_lens [B]: row b attends keys
+    0 .. context_lens[b] - 1 and its query sits at position context_lens[b] - 1 (its own
+    K/V already in the cache). A row with context 0 (padding) gets zeros. `window` > 0
+    restricts to the last `window` keys. The cache dtype may differ from q's; softmax is
+    float32; the output [B, H, D] (written into `out` when given) has q's dtype.
+    `num_splits` > 1 splits each row's context over that many programs and merges.
+    """
+    _check_cache(q, k_cache, v_cache)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    block_d = triton.next_power_of_2(head_dim)
+    tile = _tile(DECODE_TILE, block_d)
+    if num_splits > 1:
+        part_m = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(
+            (batch, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device
+        )
+    else:
+        part_m = part_l = part_acc = out  # unused
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_m,
+        part_l,
+        part_acc,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        scale * LOG2E,
+        window,
+        num_heads,
+        head_dim,
+        NUM_SPLITS=num_splits,
+        G=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=tile["block_n"],
+        BLOCK_SIZE=k_cache.shape[1],
+        DOT_FP32=_dot_fp32(q),
+        DOT_PRECISION="ieee" if _dot_fp32(q) else "tf32",
+        num_warps=tile["num_warps"],
+    )
+    if num_splits > 1:
+        _merge_kernel[(batch, num_heads)](
+            part_m,
+            part_l,
+            part_acc,
+            out,
+            out.stride(0),
+            out.stride(1),
+            num_heads,
+            head_dim,
+            NUM_SPLITS=num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
+            num_warps=MERGE_NUM_WARPS,
+        )
+    return out

@@ -1,0 +1,192 @@
+"""Paged prefill attention in Triton: prompt chunks over a cached prefix (chunked prefill,
+prefix-cache hits) and decode rows of a mixed step, varlen, one program per (sequence,
+tile of queries, KV head). The tile loop, the GQA packing and the masks are
+triton_attention.py's."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from scheduler_worker.backends.triton_attention import (
+    LOG2E,
+    PREFILL_TILE,
+    _attend_tile,
+    _check_cache,
+    _dot_fp32,
+    _tile,
+)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    tables_ptr,
+    query_start_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_tb,
+    stride_kb,
+    stride_kr,
+    stride_kh,
+    stride_vb,
+    stride_vr,
+    stride_vh,
+    qk_scale,
+    window,
+    head_dim,
+    G: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    q_tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_begin = tl.load(query_start_ptr + seq).to(tl.int32)
+    q_len = tl.load(query_start_ptr + seq + 1).to(tl.int32) - q_begin
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    first_pos = seq_len - q_len  # position of the chunk's first query token
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    tok = q_tile * BLOCK_Q + offs_m // G  # query index within the sequence
+    heads = kv_head * G + offs_m % G
+    mask_m = (offs_m < BLOCK_Q * G) & (tok < q_len)
+    q_rows = (q_begin + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    q_pos = first_pos + tok
+    key_lo = tl.where(window > 0, q_pos - window, -1)
+    # keys this tile can see: from the first row's window start to the last row's position
+    tile_first = first_pos + q_tile * BLOCK_Q
+    tile_last = first_pos + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q) - 1
+    lo = tl.where(window > 0, tl.maximum(tile_first - window + 1, 0), 0)
+    start = (lo // BLOCK_N) * BLOCK_N
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(start, tile_last + 1, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q,
+            m_i,
+            l_i,
+            acc,
+            q_pos,
+            key_lo,
+            start_n,
+            seq_len,
+            k_cache_ptr,
+            v_cache_ptr,
+            tables_ptr + seq * stride_tb,
+            kv_head,
+            stride_kb,
+            stride_kr,
+            stride_kh,
+            stride_vb,
+            stride_vr,
+            stride_vh,
+            qk_scale,
+            offs_d,
+            mask_d,
+            BLOCK_SIZE,
+            BLOCK_N,
+            DOT_PRECISION,
+        )
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    *,
+    max_query_len: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of the query chunks of S sequences over their paged contexts.
+
+    q [T, H, D]: sequence s owns rows query_start_loc[s] .. query_start_loc[s + 1] - 1
+    (query_start_loc [S + 1] int32); block_tables [S, W]; seq_lens [S]: tokens in s's
+    context after this step (cached prefix + chunk), so query row j of s (0-based within s)
+    sits at position seq_lens[s] - q_len_s + j. The chunk's own K/V are already in the
+    cache. Chunks over a cached prefix and decode rows (q_len 1) mix freely in one call.
+    `max_query_len` (a host int, >= every q_len) sizes the grid. Output [T, H, D] in q's
+    dtype (into `out` when given); rows outside every sequence are left untouched.
+    """
+    _check_cache(q, k_cache, v_cache)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_seqs = block_tables.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
+        return out
+    block_d = triton.next_power_of_2(head_dim)
+    tile = _tile(PREFILL_TILE, block_d)
+    block_m = max(16, triton.next_power_of_2(group), tile["block_m"])
+    block_q = block_m // group
+    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        scale * LOG2E,
+        window,
+        head_dim,
+        G=group,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_D=block_d,
+        BLOCK_N=tile["block_n"],
+        BLOCK_SIZE=k_cache.shape[1],
+        DOT_FP32=_dot_fp32(q),
+        DOT_PRECISION="ieee" if _dot_fp32(q) else "tf32",
+        num_warps=tile["num_warps"],
+        num_stages=tile["num_stages"],
+    )
+    return out
