@@ -109,3 +109,36 @@ def test_triton_backend_graph_replays_equal_the_cpu_engine(model_dir):
     with torch.inference_mode():
         rows = runner.execute(three)
     torch.testing.assert_close(rows, want[-1][:3], rtol=1e-4, atol=1e-4)
+
+
+def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_dir, caplog):
+    """Graphs are captured largest first: out of memory at the third size keeps the two
+    captured (4 and 2 rows) and says so; at the first, none (every step eager)."""
+    import logging
+
+    runner = triton_runner(model_dir)
+    backend = runner.backend
+    assert isinstance(backend, CudaBackend)
+    for fail_at, kept in ((2, [2, 4]), (0, None)):
+        calls = []
+
+        def flaky(fn, fail_at=fail_at, calls=calls):
+            if len(calls) == fail_at:
+                raise torch.OutOfMemoryError("CUDA out of memory (a test)")
+            calls.append(1)
+            g = StandInGraph(fn)
+            return g, g.output
+
+        backend.graphs = None
+        with caplog.at_level(logging.WARNING):
+            graphs = backend.capture(runner.model, runner.kv_caches, flaky)
+        if kept is None:
+            assert graphs is None and backend.graphs is None
+            assert "every step runs eagerly" in caplog.text
+        else:
+            assert graphs is not None and sorted(graphs.graphs) == kept
+            assert "kept 2 sizes up to 4 rows" in caplog.text
+    # without graphs a decode step runs eagerly, and right
+    want = run_steps(cpu_runner(model_dir), decode_steps=1)
+    got = run_steps(runner, decode_steps=1)
+    torch.testing.assert_close(got[-1], want[-1], rtol=1e-4, atol=1e-4)
