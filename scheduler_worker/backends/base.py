@@ -37,6 +37,18 @@ class SeqInput:
     # token_ids [-1] and here that step's row of it (the token is read on the device)
     prev_row: int = -1
 
+    def slots(self, block_size: int) -> list[int]:
+        """The cache slot of each of this step's tokens (positions num_computed ...);
+        ValueError when the block table does not cover them."""
+        start, end, table = (
+            self.num_computed,
+            self.num_computed + len(self.token_ids),
+            self.block_table,
+        )
+        if len(table) * block_size < end:
+            raise ValueError(f"block table covers {len(table) * block_size} tokens, need {end}")
+        return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
 
 def step_order(seqs: list[SeqInput]) -> list[int]:
     """The order of the sequences' tokens in a step: decodes (one token) first."""

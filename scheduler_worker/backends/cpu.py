@@ -68,12 +68,7 @@ class DecodeInputs:
         for i, s in enumerate(seqs):
             p = s.num_computed
             table = s.block_table[:w]
-            if len(s.block_table) * bs <= p:
-                raise ValueError(
-                    f"block table covers {len(s.block_table) * bs} tokens, need {p + 1}"
-                )
-            ids[i], pos[i], ctx[i] = s.token_ids[0], p, p + 1
-            slots[i] = table[p // bs] * bs + p % bs
+            ids[i], pos[i], ctx[i], slots[i] = s.token_ids[0], p, p + 1, s.slots(bs)[0]
             tables[i, : len(table)] = table
         return w
 
@@ -145,16 +140,13 @@ class CpuBackend(Backend):
         for i in order:
             s = seqs[i]
             start, n = s.num_computed, len(s.token_ids)
-            table = s.block_table
-            if len(table) * bs < start + n:
-                raise ValueError(f"block table covers {len(table) * bs} tokens, need {start + n}")
+            slots.extend(s.slots(bs))
             offset = len(input_ids)
             input_ids.extend(s.token_ids)
             positions.extend(range(start, start + n))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             last_index[i] = offset + n - 1 if s.sample else -1
             if n != 1:
-                prefills.append(self._prefill_slice(offset, n, start, table))
+                prefills.append(self._prefill_slice(offset, n, start, s.block_table))
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             num_decode=num_decode,

@@ -314,19 +314,16 @@ class CudaBackend(Backend):
         for i in order:
             s = seqs[i]
             start, n = s.num_computed, len(s.token_ids)
-            table = s.block_table
-            if len(table) * bs < start + n:
-                raise ValueError(f"block table covers {len(table) * bs} tokens, need {start + n}")
+            slots.extend(s.slots(bs))
             offset = len(ids)
             if s.prev_row >= 0:
                 prev.append((s.prev_row, offset))
             ids.extend(max(t, 0) for t in s.token_ids)
             positions.extend(range(start, start + n))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             last_index[i] = offset + n - 1 if s.sample else -1
             starts.append(offset + n)
             seq_lens.append(start + n)
-            row = table[:width]
+            row = s.block_table[:width]
             tables.append(row + [self.scratch_block] * (width - len(row)))
 
         pin = dev.type == "cuda"

@@ -114,12 +114,8 @@ class StaticDecodeInputs:
         for i, s in enumerate(seqs):
             p = s.num_computed
             table = s.block_table[:w]
-            if len(s.block_table) * bs <= p:
-                raise ValueError(
-                    f"block table covers {len(s.block_table) * bs} tokens, need {p + 1}"
-                )
             a[i, 0], a[i, 1], a[i, 3], a[i, 4] = max(s.token_ids[0], 0), p, p + 1, s.prev_row
-            a[i, 2] = table[p // bs] * bs + p % bs
+            a[i, 2] = s.slots(bs)[0]
             a[i, COLS : COLS + len(table)] = table
             num_prev += s.prev_row >= 0
         # one copy, from pinned memory: a pageable one may wait for the step in flight
