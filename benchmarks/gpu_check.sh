@@ -211,16 +211,14 @@ serve() {
 
 # bench TAG SECONDS: the streaming benchmark for at most SECONDS (and HOLD respected)
 bench() {
-  local tag=$1 want=$2 l end factor=4 minn=8
+  # 8 waves a level: a level of one wave (0.5 s at 32 streams on an H100) is mostly its
+  # ramp and its tail, and nvidia-smi's 200 ms samples see nothing of its steady state
+  local tag=$1 want=$2 l end factor=8 minn=8
   l=$(left)
   ((want > l - RESERVE - HOLD - 5)) && want=$((l - RESERVE - HOLD - 5))
   if ((want < 10)); then
     skip "bench_$tag" "budget (${l}s left, ${HOLD}s held)"
     return
-  fi
-  if [ "$tag" = m1b ]; then
-    factor=2
-    minn=4
   fi
   end=$(($(date +%s) + want))
   stage "bench_$tag" $((want + 15)) "$PY" "$G/bench.py" "http://127.0.0.1:${PORT[$tag]}" \

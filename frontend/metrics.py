@@ -14,7 +14,8 @@ dt/k; the first step only feeds TTFT), end-to-end. Stage times (tokenize, queue,
 prefill, decode, detokenize) come from the wall-clock stamps the workers attach to every
 finished request (`timings`); stamps from one host share one clock, across hosts they
 are as good as the clock sync (the frontend's own latencies above are skew-free).
-The scheduler's busy split (forward, sample, schedule, ipc) mirrors EngineStatus.busy.
+The scheduler's busy split (forward, sample, schedule, ipc; on a GPU also "device", the
+forwards' own time on the device) mirrors EngineStatus.busy.
 `recent_tokens` counts output tokens as they arrive, for the live tokens/s of GET /stats.
 
 Each app owns its own CollectorRegistry, so several apps can live in one process (tests).
@@ -243,7 +244,8 @@ class Metrics:
         )
         self.busy = Counter(
             P + "scheduler_busy_seconds",
-            "Scheduler busy time by part (forward, sample, schedule, ipc).",
+            "Scheduler busy time by part (forward, sample, schedule, ipc; on a GPU also device: "
+            "the forwards' time on the device, a busy share beside the wall clock).",
             ["part"],
             registry=r,
         )

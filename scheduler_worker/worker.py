@@ -269,12 +269,16 @@ class SchedulerWorker:
     def busy_split(self) -> dict[str, float]:
         """Cumulative seconds of the scheduler's busy time by part."""
         b = self.engine.counters.busy_time
-        return {
+        split = {
             "forward": b["forward"],
             "sample": b["sample"],
             "schedule": b["schedule"],
             "ipc": self.ipc_time,
         }
+        device = getattr(self.engine.runner.backend, "device_seconds", None)
+        if device is not None:  # a GPU's own busy time, beside the host's parts
+            split["device"] = device
+        return split
 
     def heartbeat(self, kind: str = "heartbeat") -> None:
         """EngineStatus: readiness, then queue/KV figures between steps. Liveness itself is

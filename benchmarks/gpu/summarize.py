@@ -143,7 +143,12 @@ def model_summary(work: Path, tag: str) -> dict:
             if e.get(k):
                 levels[c][k] = e[k][:3] if k == "errors" else e[k]
     out["bench"] = levels
-    out["gpu_busy_at_32"] = ((levels.get("32") or {}).get("gpu") or {}).get("util_mean")
+    out["smi_busy_at_32"] = ((levels.get("32") or {}).get("gpu") or {}).get("util_mean")
+    out["device_busy_at_32"] = device_busy(bench, "32")
+    # the scheduler's own account (CUDA events around each forward) where the server has
+    # it; nvidia-smi's 200 ms samples otherwise (too coarse for a level of a second)
+    dev = out["device_busy_at_32"]
+    out["gpu_busy_at_32"] = dev if dev is not None else out["smi_busy_at_32"]
     out["server_graph_lines"] = server_lines(log, r"graph")
     out["server_kv_lines"] = server_lines(log, r"\bKV\b")
     out["server_facts"] = server_lines(
@@ -241,6 +246,32 @@ def strip(obj):
             return f"[{len(obj)} items]"
         return [strip(x) for x in obj]
     return obj
+
+
+def _device_seconds(lines: list[str] | None) -> float | None:
+    for ln in lines or []:
+        if ln.startswith("zeroserve:scheduler_busy_seconds") and 'part="device"' in ln:
+            try:
+                return float(ln.rsplit(" ", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+def device_busy(bench: dict, level: str) -> float | None:
+    """Percent of the level's request span the GPU spent in forwards: the scheduler's
+    busy "device" seconds (/metrics, before and after the level) over duration_s."""
+    names = list((bench.get("levels") or {}).keys())
+    if level not in names:
+        return None
+    e = bench["levels"][level]
+    i = names.index(level)
+    prev = bench["levels"][names[i - 1]].get("metrics_after") if i else bench.get("metrics_before")
+    a, b = _device_seconds(prev), _device_seconds(e.get("metrics_after"))
+    span = e.get("duration_s")
+    if a is None or b is None or not span:
+        return None
+    return r(100.0 * (b - a) / float(span))
 
 
 def speed_row(tag: str, m: dict, hf: dict) -> dict:
