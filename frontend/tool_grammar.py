@@ -4,7 +4,8 @@ llguidance's Lark dialect, handed to constrained decoding as SamplingParams.stru
 
 The grammar writes the calls in the format of the request's tool-call parser, so the
 parser reads them back; each call's arguments are `%json{<the function's parameters
-schema>}`, so they validate against it. One call, or with parallel_tool_calls (the
+schema>}`, so they validate against it (its objects closed, the whitespace bounded: see
+_schema). One call, or with parallel_tool_calls (the
 default) one or more, for "required" any of the tools, for a named choice that one:
 
     hermes        <tool_call>\n{"name": "f", "arguments": ARGS}\n</tool_call>  (\n-separated)
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from common.grammar import closed_objects
 from frontend.errors import invalid
 from frontend.tool_parsers import ToolParser
 from frontend.tools import ToolRequest
@@ -33,7 +35,15 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+# the arguments as json.dumps and the chat templates write them ({"a": 1, "b": [2, 3]}), no
+# other whitespace: a small model left free to indent can do so until max_tokens
+ARGS_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def _schema(schema: dict[str, Any]) -> str:
+    """`%json` of a schema with its objects closed (common.grammar.closed_objects) and the
+    whitespace of ARGS_JSON (llguidance's options, in the schema's "x-guidance")."""
+    schema = {"x-guidance": ARGS_JSON, **closed_objects(schema)}
     return "%json " + json.dumps(schema, ensure_ascii=False, sort_keys=True)
 
 

@@ -78,6 +78,36 @@ def test_json_schema_n_and_seed(client):
         jsonschema.validate(json.loads(c.message.content), SCHEMA)
 
 
+# no additionalProperties: closed all the same (the declared properties only), as xgrammar,
+# outlines and llama.cpp read it. Open, at temperature 0 the model wrote "capital",
+# "official_language", "official_language_translation_table", ... until max_tokens.
+CITY = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "country": {"type": "string"},
+        "population": {"type": "integer"},
+    },
+    "required": ["name", "country", "population"],
+}
+
+
+def test_a_schema_without_additional_properties_ends(client):
+    rf = {"type": "json_schema", "json_schema": {"name": "City", "schema": CITY}}
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=_chat("Give me a city."),
+        response_format=rf,
+        max_tokens=200,
+        temperature=0,
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c.message.content
+    city = json.loads(c.message.content)
+    assert set(city) == {"name", "country", "population"}
+    jsonschema.validate(city, CITY)
+
+
 def test_json_object(client):
     r = client.chat.completions.create(
         model="smollm2",

@@ -157,3 +157,31 @@ def test_grammar_escapes_names_and_schemas(tokenizer):
     )
     assert accepts(tokenizer, grammar, hermes("ns.tool-1", '{"q": "\\"abc\\""}'))
     assert not accepts(tokenizer, grammar, hermes("ns.tool-1", '{"q": "abc"}'))
+
+
+def test_arguments_are_closed_and_written_as_json_dumps(tokenizer):
+    """A schema that says nothing of additionalProperties gets its properties alone (at
+    every depth), and the arguments' whitespace is json.dumps's (", " and ": ") alone."""
+    fn = {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+            },
+            "required": ["city"],
+        },
+    }
+    grammar = tool_grammar(
+        tool_request([{"type": "function", "function": fn}], "required", None), "hermes"
+    )
+    for parser in ("llama3_json", "mistral", "pythonic"):  # every format's grammar compiles
+        tool_grammar(tool_request([{"type": "function", "function": fn}], "required", None), parser)
+    call = lambda args: hermes("get_weather", args)  # noqa: E731
+    assert accepts(tokenizer, grammar, call('{"city": "Paris", "where": {"lat": 48.9}}'))
+    assert not accepts(tokenizer, grammar, call('{"city": "Paris", "required": ["city"]}'))
+    assert not accepts(tokenizer, grammar, call('{"city": "Paris", "where": {"lat": 1, "x": 2}}'))
+    assert not accepts(tokenizer, grammar, call('{\n  "city": "Paris"\n}'))
+    assert not accepts(tokenizer, grammar, call('{"city":  "Paris"}'))
+    assert not accepts(tokenizer, grammar, call('{"city":"Paris"}'))
