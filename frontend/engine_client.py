@@ -264,6 +264,7 @@ class EngineClient:
                     o.logprobs,
                     shown_timings(timings) if handle.return_timings else None,
                     o.prompt_logprobs,
+                    int(timings.get("num_cached_tokens") or 0) if timings is not None else 0,
                 )
             )
 

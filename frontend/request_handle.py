@@ -42,6 +42,9 @@ class Delta:
     # with the first output of a request that asked (echo + logprobs): per prompt token
     # [logprob (None for the first), [[token_id, logprob], ...], [token str, top strs...]]
     prompt_logprobs: list | None = None
+    # with the finishing output: the prompt tokens served from the prefix cache (the
+    # scheduler's count, in its timings)
+    num_cached_tokens: int = 0
 
 
 class ClientDisconnected(Exception):

@@ -51,6 +51,7 @@ class Choice:
         "stop_reason",
         "num_prompt_tokens",
         "num_output_tokens",
+        "num_cached_tokens",
         "logprobs",
         "offsets",
         "timings",
@@ -67,6 +68,7 @@ class Choice:
         self.stop_reason: str | int | None = None
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
+        self.num_cached_tokens = 0  # known with the finishing output
         self.logprobs: list[TokenLogprob] = []
         self.offsets: list[int] = []
         self.timings: dict[str, Any] | None = None
@@ -80,6 +82,7 @@ class Choice:
         self.num_output_tokens = d.num_output_tokens
         if d.finish_reason is not None:
             self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
+            self.num_cached_tokens = d.num_cached_tokens
         if d.timings is not None:
             self.timings = d.timings
         lps = token_logprobs(d)
@@ -105,11 +108,18 @@ def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
     }
 
 
-def usage(choices: list[Choice]) -> dict[str, Any]:
+def usage(choices: list[Choice], details: bool = True) -> dict[str, Any]:
+    """OpenAI's usage; `details`: with prompt_tokens_details.cached_tokens, the prompt
+    tokens served from the prefix cache (a prompt with n choices: the fewest any found)."""
     prompts: dict[int, int] = {}  # each prompt counts once, however many choices it has
+    cached: dict[int, int] = {}
     for c in choices:
-        prompts[c.prompt_index] = max(prompts.get(c.prompt_index, 0), c.num_prompt_tokens)
+        i = c.prompt_index
+        prompts[i] = max(prompts.get(i, 0), c.num_prompt_tokens)
+        cached[i] = min(cached.get(i, c.num_cached_tokens), c.num_cached_tokens)
     out = usage_of(sum(prompts.values()), sum(c.num_output_tokens for c in choices))
+    if details:
+        out["prompt_tokens_details"] = {"cached_tokens": sum(cached.values())}
     timings = [c.timings for c in choices]
     if any(t is not None for t in timings):  # extension, only with return_timings
         out["timings"] = timings[0] if len(timings) == 1 else timings
@@ -375,7 +385,11 @@ class GenerateFormat:
 
     def response(self, choices: list[Choice]) -> dict[str, Any]:
         c = choices[0]  # /generate has n = 1
-        return {"text": c.text, "finish_reason": c.finish_reason, "usage": usage([c])}
+        return {
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "usage": usage([c], details=False),
+        }
 
     def stream_start(self, n: int, num_prompt_tokens: int = 0) -> list[str]:
         return []

@@ -413,6 +413,30 @@ def test_metrics_count_tokens(server, client):
     assert after["zeroserve:kv_cache_total_blocks"] == 1024
 
 
+def test_cached_tokens_in_usage(client):
+    """usage.prompt_tokens_details.cached_tokens: the same long prompt twice, the second
+    finds its whole blocks (16 tokens each) in the prefix cache; streamed usage too."""
+    prompt = f"Cache check {time.time_ns()}: " + "the quick brown fox jumps over the lazy dog " * 12
+    kwargs = {"model": "smollm2", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    first = client.completions.create(**kwargs).usage
+    again = client.completions.create(**kwargs).usage
+    assert first.prompt_tokens_details.cached_tokens == 0
+    cached = again.prompt_tokens_details.cached_tokens
+    assert 0 < cached < again.prompt_tokens and cached % 16 == 0, again
+    chunks = list(
+        client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == cached
+    messages = [{"role": "user", "content": prompt}]
+    chat = [
+        client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2).usage
+        for _ in range(2)
+    ]
+    # the chat template's system prompt comes first: earlier chats cached its blocks
+    hits = [u.prompt_tokens_details.cached_tokens for u in chat]
+    assert hits[1] > hits[0] and hits[1] % 16 == 0, hits
+
+
 def test_stage_timings_in_usage_and_metrics(server):
     before = server.metrics()
     body = {"prompt": "Timing test", "max_tokens": 6, "ignore_eos": True, "return_timings": True}

@@ -14,6 +14,8 @@ detok. The prompt (or the last chat message) picks the behaviour:
     anything     "Hello", " world", "!" one per step; "length" if max_tokens <= 3 else "stop"
 
 Every step also carries an entry for a rid nobody asked for, which the frontend must drop.
+A prompt of token ids seen before finishes with its whole blocks but the last token counted
+as prefix-cache hits (timings' num_cached_tokens), as the scheduler does.
 TokenizerCalls (/tokenize, ...) are answered with one token per character, its code point.
 """
 
@@ -56,6 +58,7 @@ class _Active:
     next_at: float = 0.0
     num_out: int = 0
     texts: list[str] = field(default_factory=list)
+    num_cached_tokens: int = 0
 
 
 class FakeBackend:
@@ -69,6 +72,7 @@ class FakeBackend:
         self.requests: list[TokenizeRequest] = []
         self.aborts: list[AbortRequest] = []
         self.calls: list[TokenizerCall] = []
+        self._seen_prompts: set[bytes] = set()  # token-id prompts, for the prefix "cache"
         self.num_output_msgs = 0
         self.max_rids_per_msg = 0
         self.lock = threading.Lock()
@@ -212,7 +216,11 @@ class FakeBackend:
         elif mode != "hold":
             ids = req.prompt_token_ids
             prompt_len = NUM_PROMPT_TOKENS if ids is None else len(unpack_ids(ids))
-            self._active[req.rid] = _Active(req, mode, prompt_len)
+            a = self._active[req.rid] = _Active(req, mode, prompt_len)
+            if ids is not None and bytes(ids) in self._seen_prompts:
+                a.num_cached_tokens = (prompt_len - 1) // BLOCK_SIZE * BLOCK_SIZE
+            elif ids is not None:
+                self._seen_prompts.add(bytes(ids))
         return False
 
     def _answer(self, call: TokenizerCall, out: PushQueue) -> None:
@@ -264,7 +272,11 @@ class FakeBackend:
             timings = None  # on the finishing output, as the scheduler's
             if finish is not None:  # the arrival stays in the frontend: it adds it
                 wall = time.time()
-                timings = {"scheduler_received_time": wall - 0.002, "first_scheduled_time": wall}
+                timings = {
+                    "scheduler_received_time": wall - 0.002,
+                    "first_scheduled_time": wall,
+                    "num_cached_tokens": a.num_cached_tokens,
+                }
             plp = None  # prompt token p: logprob -p, tops "t<k>" at -0.25 * (k + 1)
             if a.num_out == 1 and params.get("prompt_logprobs") is not None:
                 k = params["prompt_logprobs"]

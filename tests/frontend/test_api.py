@@ -38,7 +38,12 @@ def test_completion_non_streaming(served, http):
         "finish_reason": "stop",
         "stop_reason": None,
     }
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert body["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     (req,) = _requests_for(served, body["id"])
     assert req.kind == "completion" and req.prompt == "Hi" and req.prompt_token_ids is None
     # unset: OpenAI's default for completions, capped by the room in the context
@@ -153,7 +158,12 @@ def test_echo_with_logprobs_and_max_tokens_0(served, http):
         "text_offset": [0, 2, 4],
     }
     assert choice["finish_reason"] == "length"
-    assert r.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    assert r.json()["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 0,
+        "total_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     (req,) = _requests_for(served, r.json()["id"])
     assert req.params["max_tokens"] == 1 and req.params["prompt_logprobs"] == 1
     # echo with generation: the prompt, then the generated text and its logprobs
@@ -193,6 +203,7 @@ def test_completion_streaming_sse(served, http):
         "prompt_tokens": 5,
         "completion_tokens": 3,
         "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     chunks = events[:-2]
     assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
@@ -328,7 +339,12 @@ def test_n2_fans_out_with_seeds(served, http):
     body = r.json()
     assert [c["index"] for c in body["choices"]] == [0, 1]
     assert all(c["text"] == "Hello world!" for c in body["choices"])
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert body["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 6,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     reqs = _requests_for(served, body["id"])
     assert [r.rid for r in reqs] == [body["id"] + "-0", body["id"] + "-1"]
     assert [r.params["seed"] for r in reqs] == [7, 8]
@@ -401,6 +417,29 @@ def test_generate_non_streaming(served, http):
     reqs = [q for q in served.backend.requests if q.rid.startswith("gen-")]
     assert reqs[-1].params["max_tokens"] == 64 and reqs[-1].max_tokens_unset
     assert reqs[-1].params["temperature"] == 0
+
+
+def test_cached_tokens_in_usage(served, http):
+    """usage.prompt_tokens_details.cached_tokens: the prefix-cache hits the scheduler counted
+    (the fake backend: a token prompt seen before hits its whole blocks but the last
+    token), in completions and chat, whole and in the streamed usage chunk."""
+    prompt = list(range(1000, 1011))  # 11 tokens: 2 whole blocks of 4 before the last
+    first = http.post("/v1/completions", json={"prompt": prompt}).json()
+    again = http.post("/v1/completions", json={"prompt": prompt}).json()
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens"] == 11
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 8}
+    body = {"prompt": prompt, "stream": True, "stream_options": {"include_usage": True}}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(r.read().decode())
+    assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 8}
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0, timeout=10)
+    c = client.completions.create(model=served.config.model_name, prompt=prompt)
+    assert c.usage.prompt_tokens_details.cached_tokens == 8
+    chat = client.chat.completions.create(
+        model=served.config.model_name, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert chat.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_models(served, http):
