@@ -4,12 +4,16 @@
     POST /generate                               {"prompt", "max_new_tokens", "stream", ...}
     GET  /v1/models, /v1/models/{model}           the one served model
     POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's, by the tokenizer pool
+    POST /v1/messages, /v1/messages/count_tokens   Anthropic's (frontend.api.anthropic)
+    POST /v1/responses; GET, DELETE /v1/responses/{id}   OpenAI's Responses API
+                                                 (frontend.api.openai_responses)
     GET  /health                                 200 when every component is alive, else 503
     GET  /metrics                                Prometheus text (zeroserve:* names)
     GET  /, /stats                               the web page and its live figures (frontend.ui)
 
 Authentication: with `server.api_key` set, /v1/*, /generate and the tokenizer routes need
-`Authorization: Bearer <key>` (compared in constant time) and answer 401 otherwise;
+`Authorization: Bearer <key>` or `x-api-key: <key>` (compared in constant time) and answer
+401 otherwise;
 /health, /metrics and /stats stay open so probes and scrapers need no secret.
 Errors are OpenAI JSON (see frontend.errors); client mistakes are 400, never 422.
 """
@@ -30,6 +34,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.config import Config
 from common.log import get_logger
+from frontend.api.anthropic import add_anthropic_routes
+from frontend.api.openai_responses import add_responses_routes
 from frontend.cluster import StartupStopped
 from frontend.engine_client import EngineClient
 from frontend.errors import APIError, error_body, status_code_name, status_type
@@ -49,10 +55,13 @@ def _auth_dependency(api_key: str | None):
         if expected is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        bearer = token.strip().encode() if scheme.lower() == "bearer" else None
+        x_api_key = request.headers.get("x-api-key")  # Anthropic's header
+        given = [bearer, x_api_key.strip().encode() if x_api_key is not None else None]
+        if not any(key is not None and hmac.compare_digest(key, expected) for key in given):
             raise APIError(
                 401,
-                "Invalid or missing API key (Authorization: Bearer <key>).",
+                "Invalid or missing API key (Authorization: Bearer <key>, or x-api-key).",
                 "invalid_request_error",
                 None,
                 "invalid_api_key",
@@ -164,6 +173,8 @@ def create_app(config: Config) -> FastAPI:
         return JSONResponse(model_card())
 
     add_tokenizer_routes(api, serving, client, body_schema)
+    add_anthropic_routes(api, serving, client, body_schema)
+    add_responses_routes(api, serving, client, body_schema)
     app.include_router(api)
 
     def openapi() -> dict:  # FastAPI's schema plus the models the bodies refer to

@@ -59,7 +59,7 @@ from frontend.routing import prefix_key
 from frontend.structured import structured_alias
 from frontend.tool_format import ToolChatFormat
 from frontend.tool_grammar import apply_tools
-from frontend.tool_parsers import get_parser
+from frontend.tool_parsers import ToolParser, get_parser
 from frontend.tools import tool_request
 
 RANK_HEADER = "x-data-parallel-rank"
@@ -263,6 +263,19 @@ class Serving:
 
     async def chat(self, request: Request) -> Response:
         req, arrival, wall = await self._parse(request, ChatCompletionRequest)
+        return await self.chat_request(request, req, arrival, wall)
+
+    async def chat_request(
+        self,
+        request: Request,
+        req: ChatCompletionRequest,
+        arrival: float,
+        wall: float,
+        wrap: Callable[[ResponseFormat, ToolParser | None], ResponseFormat] | None = None,
+    ) -> Response:
+        """A parsed chat request served (also the engine path of the dialects in
+        frontend/api/ that translate their bodies into one). `wrap`: a dialect's response
+        shape over the chat one (given the tool-call parser, if the text is parsed)."""
         messages = chat_messages(req.messages)
         logprobs = chat_logprobs(req)
         aliases = {**param_aliases(req), **structured_alias(req)}
@@ -293,11 +306,13 @@ class Serving:
             tools=tools.tools if tools is not None else None,
         )
         args = (rid, self.model_name, int(wall), logprobs is not None)
-        fmt = (
+        fmt: ResponseFormat = (
             ChatFormat(*args, req.include_usage, req.continuous_usage)
             if parser is None
             else ToolChatFormat(*args, req.include_usage, req.continuous_usage, parser=parser)
         )
+        if wrap is not None:
+            fmt = wrap(fmt, parser)
         text = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
         return await self._serve(
             request,

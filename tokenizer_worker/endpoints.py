@@ -1,6 +1,7 @@
 """The tokenizer endpoints, answered by a tokenizer worker (never the scheduler):
 
-    tokenize        {"prompt"} or {"messages"} (chat template applied), add_special_tokens,
+    tokenize        {"prompt"} or {"messages"} (chat template applied; "tools" rendered
+                    in, checked by the frontend), add_special_tokens,
                     add_generation_prompt, return_token_strs
                     -> {"count", "max_model_len", "tokens", "token_strs"}
     detokenize      {"tokens"} -> {"prompt"}
@@ -44,6 +45,7 @@ class TokenizerEndpoints:
                 messages,
                 add_generation_prompt=bool(args.get("add_generation_prompt", True)),
                 add_special_tokens=bool(args.get("add_special_tokens", False)),
+                tools=args.get("tools") if isinstance(args.get("tools"), list) else None,
             )
         else:
             prompt = args.get("prompt")

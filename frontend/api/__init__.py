@@ -1,0 +1,1 @@
+"""The API dialects, each a room over the shared engine path (frontend/serving.py)."""

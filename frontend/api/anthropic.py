@@ -1,0 +1,126 @@
+"""Anthropic's Messages API, a room over the chat engine path:
+
+    POST /v1/messages               body -> MessagesRequest -> ChatCompletionRequest
+                                    (frontend.api.anthropic_protocol) -> Serving.chat_request,
+                                    its outputs shaped by AnthropicFormat (anthropic_format)
+    POST /v1/messages/count_tokens  {"input_tokens"}: the prompt the same request would
+                                    get, tokenized by the tokenizer pool (chat template,
+                                    tools rendered in)
+
+Same API key as every route (`x-api-key` or `Authorization: Bearer`, frontend.app). Every
+error on these routes, the API key's included, is Anthropic's
+`{"type": "error", "error": {"type", "message"}}` (AnthropicRoute).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+
+from common.log import get_logger
+from frontend.api.anthropic_format import AnthropicFormat, error_body
+from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
+from frontend.engine_client import EngineClient
+from frontend.errors import APIError, unavailable
+from frontend.protocol import chat_messages, parse
+from frontend.responses import ResponseFormat
+from frontend.serving import Serving, read_body
+from frontend.tool_parsers import ToolParser
+from frontend.tools import tool_request
+
+log = get_logger("frontend.api.anthropic")
+
+# the chat path's names for the fields, in its error messages -> Anthropic's
+_FIELD_NAMES = (
+    ("function.parameters", "input_schema"),
+    ("function.description", "description"),
+    ("function.name", "name"),
+    ("max_completion_tokens", "max_tokens"),
+    ("stop: ", "stop_sequences: "),
+)
+
+
+def error_response(e: APIError) -> JSONResponse:
+    message = e.message
+    for chat_name, name in _FIELD_NAMES:
+        message = message.replace(chat_name, name)
+    return JSONResponse(error_body(e.status, message), status_code=e.status, headers=e.headers)
+
+
+class AnthropicRoute(APIRoute):
+    """A route whose errors (its dependencies' too: the API key) are Anthropic's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except APIError as e:
+                return error_response(e)
+            except Exception:
+                log.exception("unhandled error on %s", request.url.path)
+                return error_response(APIError(500, "internal server error", "server_error"))
+
+        return route
+
+
+def add_anthropic_routes(
+    api: APIRouter,
+    serving: Serving,
+    client: EngineClient,
+    body_schema: Callable[[type[BaseModel]], dict],
+) -> None:
+    """The two routes, on the router that carries the API-key check; `body_schema`
+    documents a body read by hand in /openapi.json (frontend.app)."""
+    max_bytes = serving.config.server.max_body_bytes
+
+    async def messages(request: Request) -> Response:
+        arrival, wall = time.monotonic(), time.time()
+        req = parse(MessagesRequest, await read_body(request, max_bytes))
+        serving.check_model(req.model)
+        stops = req.stop_sequences or []
+
+        def wrap(chat: ResponseFormat, parser: ToolParser | None) -> ResponseFormat:
+            return AnthropicFormat(chat, parser, req.model, stops)
+
+        return await serving.chat_request(request, chat_request(req), arrival, wall, wrap)
+
+    async def count_tokens(request: Request) -> JSONResponse:
+        req = parse(CountTokensRequest, await read_body(request, max_bytes))
+        serving.check_model(req.model)
+        chat = chat_request(req)
+        tools = tool_request(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
+        args: dict[str, Any] = {
+            # the checked history, as the chat path hands it to the tokenizer
+            "messages": chat_messages(chat.messages),
+            "add_generation_prompt": True,
+            "add_special_tokens": False,
+            "return_token_strs": False,
+        }
+        if tools is not None:
+            args["tools"] = tools.tools
+        if client.draining:
+            raise unavailable("server is shutting down", "shutting_down")
+        if "tokenizer" in client.cluster.missing():
+            raise unavailable("server not ready: waiting for tokenizer", "not_ready")
+        answer = await client.tokenizer_calls.call("tokenize", args)
+        return JSONResponse({"input_tokens": answer["count"]})
+
+    for path, endpoint, body in (
+        ("/v1/messages", messages, MessagesRequest),
+        ("/v1/messages/count_tokens", count_tokens, CountTokensRequest),
+    ):
+        api.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            openapi_extra=body_schema(body),
+            route_class_override=AnthropicRoute,
+        )
