@@ -119,6 +119,20 @@ GROUPS: dict[str, list[Flag]] = {
         Flag(
             "--max-stop-strings", ("server",), "max_stop_strings", int, "stop strings per request"
         ),
+        Flag(
+            "--responses-store-max",
+            ("server",),
+            "responses_store_max",
+            int,
+            "/v1/responses kept for previous_response_id",
+        ),
+        Flag(
+            "--responses-store-bytes",
+            ("server",),
+            "responses_store_bytes",
+            int,
+            "bytes of /v1/responses kept",
+        ),
     ],
     "cluster": [
         Flag("--tokenize-workers", (), "tokenize_workers", int, "tokenizer worker processes"),

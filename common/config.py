@@ -235,6 +235,10 @@ class ServerConfig:
     # (with prefix affinity) or "round_robin" (for comparison in benchmarks/bench_dp.py)
     routing: str = "least_loaded"
     tool_call_parser: str | None = None  # one of TOOL_CALL_PARSERS; None: per architecture
+    # /v1/responses kept for previous_response_id and GET (frontend/api/response_store.py):
+    # at most this many, in at most this many bytes, the oldest dropped first
+    responses_store_max: int = 1000
+    responses_store_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         from common.sampling_params import MAX_STOP_STRINGS
@@ -246,6 +250,7 @@ class ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
         _at_least(self, 1, "max_queued_requests", "max_body_bytes", "max_n", "stream_interval")
+        _at_least(self, 0, "responses_store_max", "responses_store_bytes")
         if self.max_tokens_limit is not None:
             _at_least(self, 1, "max_tokens_limit")
         if not 0 <= self.max_stop_strings <= MAX_STOP_STRINGS:

@@ -1,0 +1,182 @@
+"""OpenAI's Responses API over the chat engine path: POST /v1/responses, GET and DELETE
+/v1/responses/{id}.
+
+```
+ body ─parse─▶ ResponsesRequest ─(+ previous_response_id's items, from the store)─▶
+   chat_request_of ─▶ ChatCompletionRequest ─▶ Serving.chat_request (the chat path: tools,
+   structured outputs, sampling, tokenization) ─▶ chat JSON / chat SSE
+   ─▶ responses_output (response object / Responses events) ─▶ the store (unless store: false)
+```
+The request is checked once here (the Responses-only fields) and once by the chat path
+(everything it shares with chat); the chat path's errors name the Responses fields
+(`rename`). Stored responses keep the whole conversation they answered, so a chain of
+previous_response_id needs one look-up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from frontend.api.response_store import ResponseStore
+from frontend.api.responses_output import (
+    EventStream,
+    chat_chunks,
+    new_id,
+    response_object,
+    sse_event,
+)
+from frontend.api.responses_protocol import (
+    ResponsesRequest,
+    chat_request_of,
+    check_unsupported,
+    input_items,
+    rename,
+)
+from frontend.engine_client import EngineClient
+from frontend.errors import APIError
+from frontend.protocol import parse
+from frontend.serving import Serving, read_body
+
+
+def not_found(response_id: str, param: str | None = None) -> APIError:
+    what = "Previous response" if param else "Response"
+    return APIError(
+        404,
+        f"{what} with id '{response_id}' not found.",
+        "invalid_request_error",
+        param,
+        "not_found",
+    )
+
+
+class ResponsesRoom:
+    def __init__(self, serving: Serving, store: ResponseStore) -> None:
+        self.serving = serving
+        self.store = store
+
+    def base(self, req: ResponsesRequest, created: int) -> dict[str, Any]:
+        """The response object's fields that echo the request."""
+        return {
+            "id": new_id("resp"),
+            "object": "response",
+            "created_at": created,
+            "model": self.serving.model_name,
+            "error": None,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata or {},
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": None, "summary": None},
+            "store": req.store is not False,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": req.text.model_dump(exclude_none=True, by_alias=True)
+            if req.text
+            else {"format": {"type": "text"}},
+            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or ()],
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "truncation": req.truncation or "disabled",
+            "user": req.user,
+        }
+
+    async def create(self, request: Request) -> Response:
+        arrival, wall = time.monotonic(), time.time()
+        req = parse(
+            ResponsesRequest, await read_body(request, self.serving.config.server.max_body_bytes)
+        )
+        self.serving.check_model(req.model)
+        check_unsupported(req)
+        items = input_items(req)
+        if req.previous_response_id is not None:
+            previous = self.store.get(req.previous_response_id)
+            if previous is None:
+                raise not_found(req.previous_response_id, "previous_response_id")
+            items = [*previous.input_items, *previous.response["output"], *items]
+        chat = chat_request_of(req, items)
+        try:
+            answer = await self.serving.chat_request(request, chat, arrival, wall)
+        except APIError as e:
+            raise rename(e) from None
+        base = self.base(req, int(wall))
+        if isinstance(answer, StreamingResponse):
+            answer.body_iterator = self._events(answer.body_iterator, EventStream(base), req, items)
+            return answer
+        if not isinstance(answer, JSONResponse) or answer.status_code != 200:
+            return answer  # the client is gone
+        response = response_object(base, json.loads(bytes(answer.body)))
+        self._keep(req, response, items)
+        return JSONResponse(response)
+
+    def _keep(
+        self, req: ResponsesRequest, response: dict[str, Any], items: list[dict[str, Any]]
+    ) -> None:
+        if req.store is not False:
+            self.store.put(response, items)
+
+    async def _events(
+        self,
+        chat: AsyncIterable[Any],
+        events: EventStream,
+        req: ResponsesRequest,
+        items: list[dict[str, Any]],
+    ) -> AsyncIterator[str]:
+        """The chat stream's chunks as Responses events, one write per chat write."""
+        out = [sse_event(e) for e in events.start()]
+        buffer = ""
+        async for piece in chat:
+            buffer += piece if isinstance(piece, str) else bytes(piece).decode()
+            chunks, buffer = chat_chunks(buffer)
+            for chunk in chunks:
+                made = events.feed(chunk) if chunk is not None else events.done()
+                out += [sse_event(e) for e in made]
+            if out:
+                yield "".join(out)
+                out.clear()
+        if events.response is not None:
+            self._keep(req, events.response, items)
+
+    def retrieve(self, response_id: str) -> JSONResponse:
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise not_found(response_id)
+        return JSONResponse(stored.response)
+
+    def delete(self, response_id: str) -> JSONResponse:
+        if not self.store.delete(response_id):
+            raise not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+def add_responses_routes(
+    api: APIRouter,
+    serving: Serving,
+    client: EngineClient,
+    body_schema: Callable[[type[BaseModel]], dict],
+) -> ResponsesRoom:
+    """POST /v1/responses, GET and DELETE /v1/responses/{response_id} on `api`."""
+    server = serving.config.server
+    room = ResponsesRoom(
+        serving, ResponseStore(server.responses_store_max, server.responses_store_bytes)
+    )
+
+    @api.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
+    async def create_response(request: Request) -> Response:
+        return await room.create(request)
+
+    @api.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> JSONResponse:
+        return room.retrieve(response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        return room.delete(response_id)
+
+    return room
