@@ -6,4 +6,6 @@ engine_client.py   ZeroMQ sockets + inbox dispatch   request_handle.py  a reques
 cluster.py         who is in, who is up, what a dead                    timeout, disconnect watch
                    one held; replica choice          metrics.py         Prometheus
 server.py          run(config): uvicorn              errors.py          OpenAI error JSON
+api/               the other dialects over serving's chat path: anthropic*.py (/v1/messages),
+                   openai_responses.py, responses_*.py, response_store.py (/v1/responses)
 """
