@@ -281,9 +281,10 @@ class Metrics:
             registry=r,
         )
         self.replica_memory = Gauge(
-            P + "device_memory_bytes",
-            "A GPU replica's memory plan: gpu_total, weights, activation_peak (a largest "
-            "step), kv_pool, graphs; the KV pool is what --gpu-memory-utilization leaves.",
+            P + "scheduler_memory_bytes",
+            "Where a scheduler replica's memory goes (scheduler_worker/memory_report.py): "
+            "resident, kv_resident (KV pages touched so far), heap_in_use, heap_kept_free; "
+            "on a GPU its plan too: gpu_total, weights, activation_peak, kv_pool, graphs.",
             ["engine", "part"],
             registry=r,
         )

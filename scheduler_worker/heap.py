@@ -77,3 +77,15 @@ def mapped_bytes() -> int | None:
         return None
     libc.mallinfo2.restype = MallInfo2
     return int(libc.mallinfo2().hblkhd)
+
+
+def heap_figures() -> tuple[int, int] | None:
+    """(bytes malloc hands out now, bytes it holds freed), from mallinfo2: the first
+    grows with a leak, the second with the high-water mark of step buffers it keeps.
+    None without glibc's mallinfo2."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    return int(m.uordblks) + int(m.hblkhd), int(m.fordblks)

@@ -49,6 +49,7 @@ from common.sampling_params import SamplingParams
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
+from scheduler_worker.memory_report import memory_figures
 from scheduler_worker.structured import spare_core
 
 log = get_logger("scheduler")
@@ -309,7 +310,10 @@ class SchedulerWorker:
                     proof=self.proof,
                     weight_bytes=e.runner.weight_memory.held_bytes,
                     block_size=e.scheduler.block_size,
-                    memory=dict(getattr(e.runner.backend, "facts", {})),
+                    memory={
+                        **getattr(e.runner.backend, "facts", {}),
+                        **memory_figures(e.runner.kv_caches),
+                    },
                 )
             )
 
