@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,61 +31,21 @@ from scheduler_worker.sampling import (
     DeviceSample,
     Sampler,
     SamplingRow,
-    TokenLogprobs,
     has_penalty,
     make_generator,
     prompt_logprob_entries,
 )
 from scheduler_worker.scheduler import ScheduledBatch, Scheduler
+from scheduler_worker.step_output import (
+    EngineCounters,
+    InFlight,
+    RequestOutput,
+    StepStats,
+    request_output,
+)
 from scheduler_worker.structured import GrammarMatchers
 
 log = get_logger("engine")
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    logprobs: list[TokenLogprobs] | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0
-    stop_token_id: int | None = None  # finished by this entry of stop_token_ids (its last token)
-    # on the finishing output only: monotonic stage times and counts (see Request)
-    stage_times: dict[str, float | None] | None = None  # None: a stage it never reached
-    # params.prompt_logprobs, with the first token only: Request.prompt_logprobs
-    prompt_logprobs: list[list | None] | None = None
-
-
-@dataclass
-class InFlight:
-    """A launched step whose tokens the host has not read yet."""
-
-    sampled: list[tuple[Request, int]]  # (request, its placeholder's index), in row order
-    sample: DeviceSample | None  # the tokens (and logprobs) on the device, being copied
-    rows: dict[str, int]  # request id -> its row in `sample` (the next step's prev_row)
-
-
-@dataclass
-class StepStats:
-    """Where the last step's time went (seconds)."""
-
-    schedule: float = 0.0
-    forward: float = 0.0
-    sample: float = 0.0
-    num_decode: int = 0
-    num_prefill_tokens: int = 0
-
-
-@dataclass
-class EngineCounters:
-    num_steps: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    busy_time: dict[str, float] = field(
-        default_factory=lambda: {"schedule": 0.0, "forward": 0.0, "sample": 0.0}
-    )
 
 
 class LLMEngine:
@@ -204,7 +163,7 @@ class LLMEngine:
         are read, its decode rows taking step N's tokens on the device (SeqInput.prev_row).
         A step whose rows need the tokens on the host first (grammar masks, penalties,
         min_tokens, prompt logprobs) resolves the step in flight before it launches."""
-        outputs = [self._output(r, []) for r in self._aborted]
+        outputs = [request_output(r, []) for r in self._aborted]
         self._aborted.clear()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
@@ -339,7 +298,7 @@ class LLMEngine:
                 del self.requests[req.request_id]
                 self.grammars.drop(req.request_id)
             lp = result.logprobs[i]
-            out = self._output(req, [token], [lp] if lp is not None else None)
+            out = request_output(req, [token], [lp] if lp is not None else None)
             if req.wants_prompt_logprobs:  # its prompt is done: they go with this token
                 first: list = [req.prompt_token_ids[0], None, []]  # a 1-token prompt: this
                 out.prompt_logprobs = req.prompt_logprobs or [first]
@@ -365,30 +324,6 @@ class LLMEngine:
             k = req.params.prompt_logprobs or 0
             got = prompt_logprob_entries(rows[:, : self.vocab_size], targets, k)
             req.prompt_logprobs[start : start + len(got)] = got
-
-    def _output(self, req: Request, tokens: list[int], logprobs=None) -> RequestOutput:
-        reason = req.status.value if req.status.finished else None
-        stages = None
-        if reason is not None:
-            stages = {
-                "received": req.arrival_time,
-                "first_scheduled": req.first_scheduled_time,
-                "first_token": req.first_token_time,
-                "finished": req.finished_time,
-                "num_cached_tokens": req.num_cached_tokens,
-                "num_preemptions": req.num_preemptions,
-            }
-        return RequestOutput(
-            req.request_id,
-            tokens,
-            reason,
-            logprobs,
-            req.num_prompt_tokens,
-            req.num_output_tokens,
-            req.num_cached_tokens,
-            req.stop_token_id if reason is not None else None,
-            stages,
-        )
 
     # ---- offline ------------------------------------------------------------
     def generate(

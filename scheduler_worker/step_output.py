@@ -1,0 +1,83 @@
+"""What the engine's step reports and keeps between steps: one RequestOutput per request that
+produced a token or finished, the step in flight (overlapped scheduling), and where the
+time went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_worker.request import Request
+from scheduler_worker.sampling import DeviceSample, TokenLogprobs
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    logprobs: list[TokenLogprobs] | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    stop_token_id: int | None = None  # finished by this entry of stop_token_ids (its last token)
+    # on the finishing output only: monotonic stage times and counts (see Request)
+    stage_times: dict[str, float | None] | None = None  # None: a stage it never reached
+    # params.prompt_logprobs, with the first token only: Request.prompt_logprobs
+    prompt_logprobs: list[list | None] | None = None
+
+
+@dataclass
+class InFlight:
+    """A launched step whose tokens the host has not read yet."""
+
+    sampled: list[tuple[Request, int]]  # (request, its placeholder's index), in row order
+    sample: DeviceSample | None  # the tokens (and logprobs) on the device, being copied
+    rows: dict[str, int]  # request id -> its row in `sample` (the next step's prev_row)
+
+
+@dataclass
+class StepStats:
+    """Where the last step's time went (seconds)."""
+
+    schedule: float = 0.0
+    forward: float = 0.0
+    sample: float = 0.0
+    num_decode: int = 0
+    num_prefill_tokens: int = 0
+
+
+@dataclass
+class EngineCounters:
+    num_steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    busy_time: dict[str, float] = field(
+        default_factory=lambda: {"schedule": 0.0, "forward": 0.0, "sample": 0.0}
+    )
+
+
+def request_output(req: Request, tokens: list[int], logprobs=None) -> RequestOutput:
+    """What a step reports of a request: its new tokens, and on its finishing output the
+    reason, stage times and counts."""
+    reason = req.status.value if req.status.finished else None
+    stages = None
+    if reason is not None:
+        stages = {
+            "received": req.arrival_time,
+            "first_scheduled": req.first_scheduled_time,
+            "first_token": req.first_token_time,
+            "finished": req.finished_time,
+            "num_cached_tokens": req.num_cached_tokens,
+            "num_preemptions": req.num_preemptions,
+        }
+    return RequestOutput(
+        req.request_id,
+        tokens,
+        reason,
+        logprobs,
+        req.num_prompt_tokens,
+        req.num_output_tokens,
+        req.num_cached_tokens,
+        req.stop_token_id if reason is not None else None,
+        stages,
+    )
