@@ -70,6 +70,8 @@ class RequestLimits:
         ("prompt" or "messages"). With max_tokens_unset (the client set none, and
         params.max_tokens holds max_tokens_for's value), params.max_tokens is first cut to
         the room the prompt leaves, so such a request never gets a length error."""
+        if params.logit_bias:
+            self.check_token_ids(list(params.logit_bias), "logit_bias")
         n, limit = len(prompt_ids), self.max_model_len
         if n == 0:
             raise InvalidParameterError(where, "prompt is empty after tokenization")

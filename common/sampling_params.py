@@ -18,6 +18,10 @@ MAX_STOP_TOKEN_IDS = 64
 # regex (regex), Lark text (grammar), "" (json_object). Compiled by tokenizer_worker.grammar.
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 MAX_STRUCTURED_SPEC_CHARS = 1 << 20
+# logit_bias: {token id: bias} added to the logits before sampling (OpenAI's limits); on
+# the wire (msgpack maps take string keys only) and in JSON its keys are decimal strings
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_LOGIT_BIAS = 100.0
 
 
 INT64_MAX = 2**63 - 1
@@ -54,6 +58,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured: dict[str, str] | None = None  # constrained decoding (see STRUCTURED_KINDS)
+    # OpenAI's: added to these tokens' logits after the grammar mask, before penalties and
+    # sampling (greedy rows too); the ids are checked against the vocabulary with the
+    # prompt (common.limits), the reported logprobs stay the model's own
+    logit_bias: dict[int, float] | None = None
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         def check(ok: bool, param: str, msg: str) -> None:
@@ -166,10 +174,15 @@ class SamplingParams:
                 )
         if self.structured is not None:
             check_structured(self.structured)
+        if self.logit_bias is not None:
+            check_logit_bias(self.logit_bias)
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.logit_bias is not None:
+            d["logit_bias"] = {str(t): b for t, b in self.logit_bias.items()}
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
@@ -179,7 +192,49 @@ class SamplingParams:
             raise InvalidParameterError(
                 sorted(unknown)[0], f"unknown sampling parameter(s): {sorted(unknown)}"
             )
+        if isinstance(data.get("logit_bias"), dict):
+            data = {**data, "logit_bias": _int_keys(data["logit_bias"])}
         return cls(**data)
+
+
+def _int_keys(bias: dict[Any, Any]) -> dict[Any, Any]:
+    """logit_bias as JSON and the wire carry it ({"1234": -100}): its keys as ints."""
+    out: dict[Any, Any] = {}
+    for key, value in bias.items():
+        if isinstance(key, str):
+            if not (key.isascii() and key.isdigit() and len(key) <= 19):
+                raise InvalidParameterError(
+                    "logit_bias", f"logit_bias: keys must be token ids, got {key[:40]!r}"
+                )
+            key = int(key)
+        out[key] = value
+    return out
+
+
+def check_logit_bias(bias: Any) -> None:
+    """The shape of SamplingParams.logit_bias: at most MAX_LOGIT_BIAS_ENTRIES token ids
+    (integers >= 0; the vocabulary is common.limits') to biases in [-100, 100]."""
+
+    def check(ok: bool, msg: str) -> None:
+        if not ok:
+            raise InvalidParameterError("logit_bias", f"logit_bias: {msg}")
+
+    check(isinstance(bias, dict), "must be a map of token ids to biases")
+    check(
+        len(bias) <= MAX_LOGIT_BIAS_ENTRIES,
+        f"at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(bias)}",
+    )
+    for t, b in bias.items():
+        check(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX,
+            f"keys must be token ids, got {t!r}",
+        )
+        check(
+            isinstance(b, (int, float))
+            and not isinstance(b, bool)
+            and -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS,
+            f"the bias of token {t} must be a number in [-100, 100], got {b!r}",
+        )
 
 
 def check_structured(value: Any) -> None:

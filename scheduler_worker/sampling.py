@@ -3,6 +3,7 @@
 Logit processing, each step vectorized over the rows that need it:
 
     raw logits ─┬─▶ grammar mask (constrained rows) ─▶ min_tokens mask (EOS + stop ids)
+                │   ─▶ logit_bias (added; -inf stays -inf: the grammar wins)
                 │   ─▶ repetition penalty (prompt+output, HF)
                 │   ─▶ presence/frequency penalties (output, OpenAI) ─┬─▶ argmax (greedy rows)
                 │                                                     │
@@ -13,12 +14,12 @@ Logit processing, each step vectorized over the rows that need it:
                                       │
         DeviceSample (device tensors) ┴─▶ start_copy() ─▶ pinned host ─▶ result(): lists
 
-A batch of plain greedy rows (no penalties, logprobs, grammar or min_tokens still
-blocking) takes one argmax and nothing else; without grammar masks the engine first asks
+A batch of plain greedy rows (no penalties, logit_bias, logprobs, grammar or min_tokens
+still blocking) takes one argmax and nothing else; without grammar masks the engine first asks
 the model for the argmax itself (ModelRunner.execute), and where a quantized head takes it
 without writing the logits the step never reaches the sampler. Logprobs are the model's
-own, before the grammar mask (as before penalties and temperature): a token the grammar
-forbids keeps its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
+own, before the grammar mask (as before logit_bias, penalties and temperature; vLLM's
+default `raw_logprobs` too): a token the grammar forbids keeps its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
 
 No host sync on a GPU: `Sampler.sample` only enqueues work and returns a DeviceSample (its
 `start_copy` copies the tokens into pinned memory behind an event, `result()` waits for
@@ -214,6 +215,26 @@ def apply_token_masks(
     return out.index_copy_(0, rows_t, masked)
 
 
+def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row's logit_bias added to its tokens' logits, in one index_add_ over the batch
+    (ids past the logits' width are skipped: validated ones never are). Returns a new
+    tensor when some row has a bias; the others' rows are unchanged."""
+    vocab = logits.shape[1]
+    flat: list[int] = []
+    bias: list[float] = []
+    for i, r in enumerate(rows):
+        for t, b in (r.params.logit_bias or {}).items():
+            if t < vocab:
+                flat.append(i * vocab + t)
+                bias.append(b)
+    if not flat:
+        return logits
+    logits = logits.clone(memory_format=torch.contiguous_format)
+    dev = logits.device
+    logits.view(-1).index_add_(0, _tensor(flat, dev), _tensor(bias, dev, logits.dtype))
+    return logits
+
+
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
@@ -388,7 +409,8 @@ class Sampler:
         raw = logits.float()
         in_place = writable and all(p.logprobs is None for p in params)
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
-        processed = apply_penalties(mask_stop_tokens(masked, rows, self.eos_token_ids), rows)
+        stopped = mask_stop_tokens(masked, rows, self.eos_token_ids)
+        processed = apply_penalties(apply_logit_bias(stopped, rows), rows)
         rand = [i for i, p in enumerate(params) if not is_greedy(p)]
         if len(rand) == len(rows):
             tokens = self._sample(processed, rows)
@@ -403,10 +425,11 @@ class Sampler:
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:
         """Every row takes the argmax of its raw logits (after any grammar mask): greedy,
-        with no penalty, no logprobs and no min_tokens still blocking EOS."""
+        with no penalty, no logit_bias, no logprobs and no min_tokens still blocking EOS."""
         return all(
             is_greedy(r.params)
             and not has_penalty(r.params)
+            and not r.params.logit_bias
             and r.params.logprobs is None
             and len(r.output_token_ids) >= r.params.min_tokens
             for r in rows

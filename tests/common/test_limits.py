@@ -39,3 +39,11 @@ def test_what_does_not_fit():
     with pytest.raises(InvalidParameterError, match=r"\[50, -1\] are outside"):
         limits.check_token_ids([0, 50, 49, -1])
     limits.check_token_ids([])
+
+
+def test_logit_bias_ids_must_lie_in_the_vocabulary():
+    limits = RequestLimits(vocab_size=50, max_model_len=64)
+    limits.check([1, 2], SamplingParams(logit_bias={0: -100, 49: 100}))
+    with pytest.raises(InvalidParameterError, match=r"\[50\] are outside") as e:
+        limits.check([1, 2], SamplingParams(logit_bias={3: 1.0, 50: -100}))
+    assert e.value.param == "logit_bias"

@@ -10,6 +10,7 @@ from scheduler_worker import sampling
 from scheduler_worker.sampling import (
     Sampler,
     SamplingRow,
+    apply_logit_bias,
     apply_penalties,
     make_generator,
     sampling_probs,
@@ -165,6 +166,74 @@ def test_logprobs_come_from_raw_logits():
         top = raw_lp[i].topk(n) if n else None
         assert lp.top_ids == (top.indices.tolist() if n else [])
         assert lp.top_logprobs == pytest.approx(top.values.tolist() if n else [], abs=1e-5)
+
+
+def test_logit_bias_bans_and_forces_tokens_in_only_its_rows():
+    """-100 bans a row's argmax, +100 forces a token, in greedy and sampled rows alike;
+    the rows without a bias draw what they draw without the biased rows' biases."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 50, generator=gen) * 3
+    top = logits.argmax(-1).tolist()
+    forced = [(t + 17) % 50 for t in top]  # never the argmax
+    bias_rows = {
+        1: dict(temperature=0.0, logit_bias={top[1]: -100.0}),
+        2: dict(temperature=0.0, logit_bias={forced[2]: 100}),
+        3: dict(temperature=0.9, seed=8, logit_bias={forced[3]: 100.0}),
+        4: dict(temperature=1.0, seed=9, logit_bias={top[4]: -100.0}, logprobs=2),
+    }
+    plain = {0: dict(temperature=0.0), 5: dict(temperature=1.2, seed=3)}
+
+    def run(biased: bool) -> sampling.SamplerOutput:
+        kws = {**plain, **bias_rows}
+        if not biased:
+            kws = {i: {k: v for k, v in kw.items() if k != "logit_bias"} for i, kw in kws.items()}
+        return Sampler(50, [EOS])(logits, [_row(**kws[i]) for i in range(6)])
+
+    out, unbiased = run(True), run(False)
+    assert unbiased.token_ids[1] == top[1] and out.token_ids[1] != top[1]
+    assert out.token_ids[1] == logits[1].topk(2).indices[1].item()  # the runner-up
+    assert out.token_ids[2] == forced[2] and out.token_ids[3] == forced[3]
+    assert out.token_ids[4] != top[4]
+    assert [out.token_ids[i] for i in plain] == [unbiased.token_ids[i] for i in plain]
+    assert out.token_ids[0] == top[0]
+    # the logprobs are the model's own: the banned argmax is still the top one
+    lp, raw = out.logprobs[4], logits[4].log_softmax(-1)
+    assert lp is not None and lp.top_ids[0] == top[4]
+    assert lp.logprob == pytest.approx(raw[out.token_ids[4]].item(), abs=1e-5)
+
+
+def test_a_banned_token_is_never_sampled_and_a_forced_one_always():
+    assert 0 not in _draw(temperature=1.5, logit_bias={0: -100})
+    assert set(_draw(temperature=2.0, logit_bias={4: 100})) == {4}
+    tokens = _draw(top_k=2, logit_bias={0: -100, 1: -100})  # top-k after the bias
+    assert set(tokens) == {2, 3}
+
+
+def test_logit_bias_leaves_the_fast_path_and_keeps_the_grammar(monkeypatch):
+    logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(5))
+    greedy = _row(temperature=0.0)
+    biased = _row(temperature=0.0, logit_bias={3: 100})
+    assert Sampler.plain_greedy([greedy]) and not Sampler.plain_greedy([greedy, biased])
+    assert not Sampler.plain_greedy([_row(temperature=0.0, logit_bias={3: -5.0})])
+    assert Sampler.plain_greedy([_row(temperature=0.0, logit_bias={})])  # asks for nothing
+    assert Sampler(64, [EOS])(logits, [greedy, biased]).token_ids == [logits[0].argmax(), 3]
+    # a token the grammar forbids stays forbidden whatever its bias
+    words = torch.full((2,), -1, dtype=torch.int32)  # tokens 0..63 allowed
+    words[0] &= ~(1 << 3)  # but 3
+    row = SamplingRow(SamplingParams(temperature=0.0, logit_bias={3: 100.0}), [], [], None, words)
+    assert Sampler(64, [EOS])(logits[1:], [row]).token_ids != [3]
+    monkeypatch.setattr(sampling, "apply_logit_bias", lambda lg, rows: lg)  # the bias undone
+    assert Sampler(64, [EOS])(logits, [greedy, biased]).token_ids[1] != 3
+
+
+def test_apply_logit_bias_adds_in_its_rows_only_and_copies():
+    logits = torch.zeros(3, 8)
+    rows = [_row(logit_bias={1: 2.5, 7: -100}), _row(), _row(logit_bias={0: 100, 99: 5.0})]
+    out = apply_logit_bias(logits, rows)  # 99: past these logits' width, skipped
+    want = torch.zeros(3, 8)
+    want[0, 1], want[0, 7], want[2, 0] = 2.5, -100.0, 100.0
+    assert torch.equal(out, want) and torch.equal(logits, torch.zeros(3, 8))
+    assert apply_logit_bias(logits, [_row()] * 3) is logits  # nothing to do: no copy
 
 
 def _seeded_run(batch_builder, steps: int = 12) -> list[int]:

@@ -14,6 +14,7 @@ from scheduler_worker.sampling import DeviceSample, Sampler, SamplingRow, make_g
 
 EOS, STOP = 2, 5
 VOCAB = 1000
+BANNED = 77
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # every kind of row, by name: (sampling params, prompt, output, grammar mask?)
@@ -43,6 +44,10 @@ KINDS: dict[str, tuple[dict, list[int], list[int], bool]] = {
         [3, 3],
         False,
     ),
+    # logit_bias: +100 forces its token; -100 bans BANNED, the row's argmax (see _logits)
+    "bias_greedy": (dict(temperature=0.0, logit_bias={123: 100.0, 7: -100.0}), [], [], False),
+    "bias_sampled": (dict(temperature=0.8, seed=4, logit_bias={40: 100, 9: -3.5}), [], [], False),
+    "bias_banned": (dict(temperature=0.0, logprobs=1, logit_bias={BANNED: -100}), [], [], False),
 }
 NAMES = list(KINDS)
 
@@ -72,6 +77,7 @@ def _rows(device: str, names: list[str] = NAMES) -> list[SamplingRow]:
 def _logits(device: str, dtype: torch.dtype = torch.float32, pad: int = 24) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(len(NAMES), VOCAB + pad, generator=g) * 3
+    logits[NAMES.index("bias_banned"), BANNED] = 30.0
     return logits.to(device=device, dtype=dtype)
 
 
@@ -120,6 +126,10 @@ def test_the_device_path_picks_what_the_cpu_path_picks(monkeypatch):
     monkeypatch.setattr(sampling, "_async_device", lambda device: True)
     dev = run()
     assert cpu[0] == dev[0]
+    tokens, lps = cpu[0]
+    assert tokens[NAMES.index("bias_greedy")] == 123 and tokens[NAMES.index("bias_sampled")] == 40
+    i = NAMES.index("bias_banned")  # banned, yet the top logprob: the model's own
+    assert tokens[i] != BANNED and lps[i]["top_ids"] == [BANNED]
     assert torch.equal(cpu[1], dev[1])
     assert (cpu[1] > 0).sum(-1).max() > max(sampling.TOP_P_CANDIDATES)  # the full sort's case
 
@@ -171,6 +181,9 @@ def test_sample_on_cuda_never_waits_for_the_device(dtype):
     i = NAMES.index("top_k")
     assert tokens[i] in ref[i].topk(5).indices.tolist()
     assert tokens[NAMES.index("min_tokens")] not in (EOS, STOP)
+    assert tokens[NAMES.index("bias_greedy")] == 123 and tokens[NAMES.index("bias_sampled")] == 40
+    i = NAMES.index("bias_banned")
+    assert argmax[i] == BANNED and tokens[i] == ref[i].topk(2).indices[1].item()
     for name in ("grammar", "grammar_greedy"):
         i = NAMES.index(name)
         assert _allowed(_words(i))[tokens[i]], name

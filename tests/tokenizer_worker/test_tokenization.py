@@ -151,6 +151,9 @@ def test_unset_max_tokens_gets_the_default_capped_by_the_context(
         ({"stop": "abc"}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [49152]}, "stop_token_ids"),
+        ({"logit_bias": {"49152": -100}}, "logit_bias"),  # past SmolLM2's vocabulary
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logprobs": 21}, "logprobs"),
         ({"seed": 2**64}, "seed"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
@@ -182,6 +185,16 @@ def test_params_checked_at_intake_are_not_checked_again(tok):
     with pytest.raises(Rejected) as info:
         tok(completion("Hi", params=too_long), checked=True)
     assert info.value.param == "max_tokens"
+
+
+def test_logit_bias_ids_are_checked_against_the_vocabulary_even_when_signed(tok):
+    """The vocabulary is the tokenizer worker's fact: a signed request's logit_bias ids
+    meet it here, with the prompt; the GenerateRequest carries the map on (string keys)."""
+    with pytest.raises(Rejected) as info:
+        tok(completion("Hi", params={"logit_bias": {"3": 1, "49152": -100}}), checked=True)
+    assert info.value.param == "logit_bias" and "49152" in info.value.message
+    out = tok(completion("Hi", params={"logit_bias": {"49151": -100, "0": 2.5}}), checked=True)
+    assert out.params["logit_bias"] == {"49151": -100, "0": 2.5}
 
 
 def test_chat_without_template_is_400(tiny_model_dirs, default_model_dir, tmp_path):
