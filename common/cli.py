@@ -97,6 +97,13 @@ GROUPS: dict[str, list[Flag]] = {
             str,
             "tool-call format (hermes, llama3_json, mistral, pythonic); none: the model's",
         ),
+        Flag(
+            "--reasoning-parser",
+            ("server",),
+            "reasoning_parser",
+            str,
+            "split <think> reasoning into reasoning_content (deepseek_r1, qwen3, think)",
+        ),
         Flag("--run-dir", ("ipc",), "run_dir", str, "dir of the ipc sockets; none: a private one"),
     ],
     "limits": [

@@ -29,6 +29,7 @@ ROUTINGS = ("least_loaded", "round_robin")
 # how tool calls are read from a chat completion's text (frontend/tool_parsers/); None:
 # the model family's default (frontend.tool_parsers.default_parser)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "think")  # frontend/reasoning.py
 
 
 class ConfigError(ValueError):
@@ -235,6 +236,8 @@ class ServerConfig:
     # (with prefix affinity) or "round_robin" (for comparison in benchmarks/bench_dp.py)
     routing: str = "least_loaded"
     tool_call_parser: str | None = None  # one of TOOL_CALL_PARSERS; None: per architecture
+    # one of REASONING_PARSERS: <think> text goes to reasoning_content; None: all is content
+    reasoning_parser: str | None = None
     # /v1/responses kept for previous_response_id and GET (frontend/api/response_store.py):
     # at most this many, in at most this many bytes, the oldest dropped first
     responses_store_max: int = 1000
@@ -260,10 +263,12 @@ class ServerConfig:
         _positive_seconds(self, "request_timeout_s", "startup_timeout_s")
         if self.routing not in ROUTINGS:
             raise ConfigError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
-        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise ConfigError(
-                f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}"
-            )
+        for name, choices in (
+            ("tool_call_parser", TOOL_CALL_PARSERS),
+            ("reasoning_parser", REASONING_PARSERS),
+        ):
+            if (value := getattr(self, name)) is not None and value not in choices:
+                raise ConfigError(f"{name} must be one of {choices}, got {value!r}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 

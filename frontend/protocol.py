@@ -4,7 +4,7 @@ and their conversion to what the tokenizer workers take: a prompt and SamplingPa
 As OpenAI does, the schema is strict: a field of the wrong JSON type (`"max_tokens": "3"`,
 `"stream": "yes"`) and a field the API does not know (`Unrecognized request argument
 supplied`) are 400s. OpenAI fields this server does not implement are accepted only with
-a value that changes nothing (`logit_bias: {}`, `functions: []`, ...); anything else is a
+a value that changes nothing (`functions: []`, `suffix: ""`, ...); anything else is a
 400 naming the field, never silently ignored. `response_format` and vLLM's
 `structured_outputs` become SamplingParams.structured (frontend.structured); tools (`tools`,
 `tool_choice`, `parallel_tool_calls`) are checked in frontend.tools.
@@ -78,8 +78,9 @@ class _Sampling(BaseModel):
     # structured outputs (frontend.structured): OpenAI's, and vLLM's
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
-    # OpenAI fields that change nothing here (or are refused by check_unsupported)
+    # OpenAI's {"token id": bias in [-100, 100]} (SamplingParams.logit_bias)
     logit_bias: dict[str, float] | None = None
+    # OpenAI fields that change nothing here (or are refused by check_unsupported)
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
@@ -145,7 +146,9 @@ class ChatCompletionRequest(_Sampling):
     modalities: list[str] | None = None
     audio: Any = None
     prediction: Any = None
-    reasoning_effort: str | None = None
+    # the chat template's thinking switch (frontend.reasoning.template_kwargs)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # more chat template variables
     web_search_options: Any = None
 
 
@@ -159,9 +162,8 @@ class GenerateRequest(_Sampling):
 
 def check_unsupported(req: _Sampling) -> None:
     """400 for an OpenAI feature this server does not implement, unless its value asks
-    for nothing (an empty logit_bias, no tools, a text response format, ...)."""
+    for nothing (no functions, an empty suffix, a text response format, ...)."""
     off: dict[str, Any] = {  # field -> predicate "this value changes nothing"
-        "logit_bias": lambda v: not v,
         "suffix": lambda v: not v,
         "best_of": lambda v: v in (1, req.n),
         "functions": lambda v: not v,
@@ -169,7 +171,6 @@ def check_unsupported(req: _Sampling) -> None:
         "modalities": lambda v: v == ["text"],
         "audio": lambda v: False,
         "prediction": lambda v: False,
-        "reasoning_effort": lambda v: False,
         "web_search_options": lambda v: False,
     }
     for name, harmless in off.items():
@@ -374,8 +375,11 @@ def sampling_params(
     if stop is not None:
         fields["stop"] = stop
     fields["structured"] = structured_from_request(req)
+    if req.logit_bias:
+        fields["logit_bias"] = req.logit_bias  # its ids meet the vocabulary in common.limits
     try:
-        base = SamplingParams(**fields).validate(facts.vocab_size if facts else None).to_dict()
+        params = SamplingParams.from_dict(fields)
+        base = params.validate(facts.vocab_size if facts else None).to_dict()
     except InvalidParameterError as e:
         raise renamed(APIError(400, str(e), "invalid_request_error", e.param), aliases) from None
     seed = base["seed"]

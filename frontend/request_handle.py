@@ -45,6 +45,10 @@ class Delta:
     # with the finishing output: the prompt tokens served from the prefix cache (the
     # scheduler's count, in its timings)
     num_cached_tokens: int = 0
+    # with --reasoning-parser (frontend.reasoning): the step's reasoning text, moved out of
+    # `text`, and the output tokens so far that were reasoning
+    reasoning: str = ""
+    num_reasoning_tokens: int = 0
 
 
 class ClientDisconnected(Exception):

@@ -1,5 +1,5 @@
-"""Response shapes: OpenAI's for completions and chat (SSE chunks or one JSON), and
-/generate's (plain text chunks or one JSON).
+"""Response shapes: OpenAI's for completions and chat (SSE chunks or one JSON);
+/generate's is in frontend.generate_format.
 
 A `Choice` accumulates one sub-request's outputs; a format turns Deltas and Choices into
 a whole response, or into the parts of a stream (`stream_start`, `stream_delta` per
@@ -23,6 +23,7 @@ from frontend.logprobs import (
     token_bytes,
     token_logprobs,
 )
+from frontend.reasoning import ReasoningSplit
 from frontend.request_handle import Delta
 
 
@@ -46,6 +47,8 @@ class Choice:
         "prompt_logprobs",
         "prompt_tokens",
         "texts",
+        "reasoning_texts",
+        "num_reasoning_tokens",
         "text_len",
         "finish_reason",
         "stop_reason",
@@ -63,6 +66,8 @@ class Choice:
         self.prompt_logprobs: list[TokenLogprob | None] = []  # echo with logprobs
         self.prompt_tokens: list[str] = []
         self.texts: list[str] = []
+        self.reasoning_texts: list[str] = []  # with a reasoning parser (frontend.reasoning)
+        self.num_reasoning_tokens = 0
         self.text_len = 0
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
@@ -80,6 +85,7 @@ class Choice:
         self.text_len += len(d.text)
         self.num_prompt_tokens = d.num_prompt_tokens
         self.num_output_tokens = d.num_output_tokens
+        self.num_reasoning_tokens = d.num_reasoning_tokens
         if d.finish_reason is not None:
             self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
             self.num_cached_tokens = d.num_cached_tokens
@@ -91,6 +97,7 @@ class Choice:
             self.prompt_tokens = prompt_token_names(d)
         if keep:
             self.texts.append(d.text)
+            self.reasoning_texts.append(d.reasoning)
             self.logprobs.extend(lps)
             self.offsets.extend([offset] * len(lps))
         return offset, lps
@@ -108,9 +115,10 @@ def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
     }
 
 
-def usage(choices: list[Choice], details: bool = True) -> dict[str, Any]:
+def usage(choices: list[Choice], details: bool = True, reasoning: bool = False) -> dict[str, Any]:
     """OpenAI's usage; `details`: with prompt_tokens_details.cached_tokens, the prompt
-    tokens served from the prefix cache (a prompt with n choices: the fewest any found)."""
+    tokens served from the prefix cache (a prompt with n choices: the fewest any found);
+    `reasoning`: with completion_tokens_details.reasoning_tokens."""
     prompts: dict[int, int] = {}  # each prompt counts once, however many choices it has
     cached: dict[int, int] = {}
     for c in choices:
@@ -120,6 +128,9 @@ def usage(choices: list[Choice], details: bool = True) -> dict[str, Any]:
     out = usage_of(sum(prompts.values()), sum(c.num_output_tokens for c in choices))
     if details:
         out["prompt_tokens_details"] = {"cached_tokens": sum(cached.values())}
+    if reasoning:
+        num = sum(c.num_reasoning_tokens for c in choices)
+        out["completion_tokens_details"] = {"reasoning_tokens": num}
     timings = [c.timings for c in choices]
     if any(t is not None for t in timings):  # extension, only with return_timings
         out["timings"] = timings[0] if len(timings) == 1 else timings
@@ -132,6 +143,7 @@ class ResponseFormat:
     media_type = "text/event-stream"
     chunk_object = ""
     response_object = ""
+    reasoning: ReasoningSplit | None = None  # chat with --reasoning-parser
 
     def __init__(
         self,
@@ -165,8 +177,9 @@ class ResponseFormat:
         return 0
 
     def filter(self, d: Delta) -> Delta:
-        """An output as the response shows it (CompletionFormat: echo without generating)."""
-        return d
+        """An output as the response shows it (CompletionFormat: echo without generating;
+        chat: its reasoning split off)."""
+        return d if self.reasoning is None else self.reasoning(d)
 
     def stream_start(self, n: int, num_prompt_tokens: int = 0) -> list[str]:
         chunks = self.start_chunks(n)
@@ -176,7 +189,7 @@ class ResponseFormat:
         return [sse(c) for c in chunks]
 
     def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:
-        if d.text or d.finish_reason is not None or lps:
+        if d.text or d.reasoning or d.finish_reason is not None or lps:
             return sse(self.chunk(d, offset, lps))
         return ""
 
@@ -190,14 +203,19 @@ class ResponseFormat:
         return []
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
-        return {**self._envelope(self.chunk_object, []), "usage": usage(choices)}
+        reasoning = self.reasoning is not None
+        return {**self._envelope(self.chunk_object, []), "usage": usage(choices, True, reasoning)}
 
     def response(self, choices: list[Choice]) -> dict[str, Any]:
         body = [self._choice(c) for c in choices]
         for entry, c in zip(body, choices):
             if c.timings is not None:
                 entry["timings"] = c.timings
-        return {**self._envelope(self.response_object, body), "usage": usage(choices)}
+        reasoning = self.reasoning is not None
+        return {
+            **self._envelope(self.response_object, body),
+            "usage": usage(choices, True, reasoning),
+        }
 
     def chunk(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> dict[str, Any]:
         entry = self._chunk_choice(d, self._logprobs(lps, [offset] * len(lps)) if lps else None)
@@ -358,47 +376,19 @@ class ChatFormat(ResponseFormat):
         ]
 
     def _chunk_choice(self, d: Delta, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+        delta = {"reasoning_content": d.reasoning} if d.reasoning else {}
+        if d.text or (d.finish_reason is None and not d.reasoning):
+            delta["content"] = d.text
         return {"index": d.index, "delta": delta, "logprobs": logprobs}
 
     def _choice(self, c: Choice) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        if self.reasoning is not None:  # vLLM's field; null when there was none
+            message["reasoning_content"] = "".join(c.reasoning_texts) or None
         return {
             "index": c.index,
-            "message": {"role": "assistant", "content": c.text},
+            "message": message,
             "logprobs": self._logprobs(c.logprobs, c.offsets),
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
         }
-
-
-class GenerateFormat:
-    """/generate (the seed server's): {"text", "finish_reason", "usage"}, or the text
-    alone as plain chunks."""
-
-    media_type = "text/plain; charset=utf-8"
-
-    def prompt_index(self, index: int) -> int:
-        return 0
-
-    def filter(self, d: Delta) -> Delta:
-        return d
-
-    def response(self, choices: list[Choice]) -> dict[str, Any]:
-        c = choices[0]  # /generate has n = 1
-        return {
-            "text": c.text,
-            "finish_reason": c.finish_reason,
-            "usage": usage([c], details=False),
-        }
-
-    def stream_start(self, n: int, num_prompt_tokens: int = 0) -> list[str]:
-        return []
-
-    def stream_delta(self, d: Delta, offset: int, lps: list[TokenLogprob]) -> str:
-        return d.text
-
-    def stream_error(self, e: APIError) -> str:
-        return ""  # plain text cannot carry it: the stream just ends (the server logs it)
-
-    def stream_end(self, choices: list[Choice]) -> str:
-        return ""

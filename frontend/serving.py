@@ -37,6 +37,7 @@ from common.log import get_logger
 from common.messages import TokenizeRequest
 from frontend.engine_client import EngineClient
 from frontend.errors import APIError
+from frontend.generate_format import GenerateFormat
 from frontend.protocol import (
     DEFAULT_MAX_NEW_TOKENS_GENERATE,
     DEFAULT_MAX_TOKENS_COMPLETION,
@@ -53,8 +54,9 @@ from frontend.protocol import (
     parse,
     sampling_params,
 )
+from frontend.reasoning import ReasoningSplit, template_kwargs
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
-from frontend.responses import ChatFormat, Choice, CompletionFormat, GenerateFormat, ResponseFormat
+from frontend.responses import ChatFormat, Choice, CompletionFormat, ResponseFormat
 from frontend.routing import prefix_key
 from frontend.structured import structured_alias
 from frontend.tool_format import ToolChatFormat
@@ -173,6 +175,7 @@ class Serving:
         messages: list | None = None,
         prompts: list[Prompt] | None = None,
         tools: list | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[TokenizeRequest]:
         """One TokenizeRequest per choice, the only place they are built; sub-request ids
         `<rid>-<i>`, signed for the scheduler (common.auth). With `prompts` (a batch), the
@@ -190,6 +193,7 @@ class Serving:
                 origin=self.pid,
                 max_tokens_unset=max_tokens_unset,
                 tools=tools,
+                chat_template_kwargs=template_kwargs,
             )
             for j, (text, packed, _) in enumerate(prompts)
             for i, p in enumerate(params)
@@ -277,6 +281,7 @@ class Serving:
         frontend/api/ that translate their bodies into one). `wrap`: a dialect's response
         shape over the chat one (given the tool-call parser, if the text is parsed)."""
         messages = chat_messages(req.messages)
+        extra = template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
         logprobs = chat_logprobs(req)
         aliases = {**param_aliases(req), **structured_alias(req)}
         default = self._default_max_tokens(None)
@@ -304,6 +309,7 @@ class Serving:
             kind="chat",
             messages=messages,
             tools=tools.tools if tools is not None else None,
+            template_kwargs=extra,
         )
         args = (rid, self.model_name, int(wall), logprobs is not None)
         fmt: ResponseFormat = (
@@ -311,6 +317,8 @@ class Serving:
             if parser is None
             else ToolChatFormat(*args, req.include_usage, req.continuous_usage, parser=parser)
         )
+        if self.config.server.reasoning_parser is not None:  # tools see only the content
+            fmt.reasoning = ReasoningSplit(self.config.server.reasoning_parser)
         if wrap is not None:
             fmt = wrap(fmt, parser)
         text = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)

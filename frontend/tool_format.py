@@ -37,11 +37,13 @@ class ToolChatFormat(ChatFormat):
         ts = self._streams.setdefault(d.index, ToolStream(self.parser))
         final = d.finish_reason is not None
         content, calls = ts.feed(d.text, final)
-        if not (content or calls or final or lps):
+        if not (content or calls or final or lps or d.reasoning):
             return ""
         chunk = self.chunk(d, offset, lps)
         entry = chunk["choices"][0]
-        delta: dict[str, Any] = {"content": content} if content else {}
+        delta: dict[str, Any] = {"reasoning_content": d.reasoning} if d.reasoning else {}
+        if content:
+            delta["content"] = content
         if calls:
             delta["tool_calls"] = calls
         entry["delta"] = delta

@@ -92,10 +92,12 @@ class ChatTemplate:
         """`extra`: more template variables (`tools`, as apply_chat_template passes them)."""
         try:
             return self.template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
-                **extra,
+                {
+                    **self.special_tokens,
+                    **extra,  # (may shadow a special token's name; never the messages)
+                    "messages": messages,
+                    "add_generation_prompt": add_generation_prompt,
+                }
             )
         except ChatTemplateError:
             raise

@@ -76,7 +76,8 @@ class Tokenization:
     def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
         """(token ids, name of the parameter that carried the prompt)."""
         if req.kind == "chat":
-            return self.chat_ids(req.messages, tools=req.tools), "messages"
+            extra = req.chat_template_kwargs or {}
+            return self.chat_ids(req.messages, tools=req.tools, extra=extra), "messages"
         if req.kind != "completion":
             raise Rejected(400, f"unknown request kind {req.kind!r}")
         if req.prompt_token_ids is not None:
@@ -94,7 +95,9 @@ class Tokenization:
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
         tools: list | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> list[int]:
+        """`extra`: more chat template variables (a request's chat_template_kwargs)."""
         if self.chat_template is None:
             raise Rejected(400, "this model has no chat template; use /v1/completions", "messages")
         if not isinstance(messages, list) or not messages:
@@ -118,9 +121,10 @@ class Tokenization:
                     tools or [],
                     self.tool_call_parser,
                     add_generation_prompt,
+                    **(extra or {}),
                 )
             else:
-                text = self.chat_template.render(messages, add_generation_prompt)
+                text = self.chat_template.render(messages, add_generation_prompt, **(extra or {}))
         except ChatTemplateError as e:
             raise Rejected(400, f"messages: {e}", "messages") from None
         # the template already holds every special token, as in apply_chat_template

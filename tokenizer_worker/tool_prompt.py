@@ -172,7 +172,10 @@ def render_with_tools(
     tools: list[dict[str, Any]],
     parser: str,
     add_generation_prompt: bool = True,
+    **extra: Any,
 ) -> str:
     if template_handles_tools(template):
-        return template.render(messages, add_generation_prompt, tools=tools or None)
-    return template.render(fallback_messages(messages, tools, parser), add_generation_prompt)
+        return template.render(messages, add_generation_prompt, tools=tools or None, **extra)
+    return template.render(
+        fallback_messages(messages, tools, parser), add_generation_prompt, **extra
+    )

@@ -30,6 +30,8 @@ class TokenizeRequest(Message):
     inbox: str | None = None
     # chat with tools (frontend.tools): the checked tool list the prompt shows, or None
     tools: list | None = None
+    # chat: more chat template variables (chat_template_kwargs, enable_thinking), or None
+    chat_template_kwargs: dict | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,15 @@
 """The chat path's outputs in Anthropic's Messages shapes: one message, or its events.
 
 A whole response is the chat response (frontend.responses.ChatFormat, or ToolChatFormat
-when the text is parsed for tool calls) translated: content → a text block, each tool call
-→ a tool_use block (`input`: the arguments as an object), finish_reason → stop_reason.
+when the text is parsed for tool calls) translated: reasoning_content (--reasoning-parser)
+→ a thinking block first (`signature` ""), content → a text block, each tool call → a
+tool_use block (`input`: the arguments as an object), finish_reason → stop_reason.
 A stream is Anthropic's server-sent events, each with its `event:` line:
 
     message_start (content [], usage.input_tokens)   ping
-    content_block_start {index, text | tool_use}     a block opens when its first text
-    content_block_delta text_delta | input_json_delta      (or tool call name) arrives;
+    content_block_start {index, thinking | text | tool_use}  a block opens when its first
+    content_block_delta thinking_delta | text_delta | input_json_delta   text (or tool call
+                                                            name) arrives;
     content_block_stop                                      it closes when the next opens
     ...                                                     or the message ends
     message_delta {stop_reason, stop_sequence} usage       message_stop
@@ -108,11 +110,17 @@ class AnthropicFormat(ResponseFormat):
         self.open: str | None = None  # the type of the block open in the stream
         self.call_blocks: dict[int, int] = {}  # tool call index -> its block's index
 
+    def filter(self, d: Delta) -> Delta:
+        return self.chat.filter(d)  # the chat side splits off the reasoning
+
     def response(self, choices: list[Choice]) -> dict[str, Any]:
         chat = self.chat.response(choices)
         choice = chat["choices"][0]
         message = choice["message"]
         content: list[dict[str, Any]] = []
+        if message.get("reasoning_content"):
+            thinking = message["reasoning_content"]
+            content.append({"type": "thinking", "thinking": thinking, "signature": ""})
         if message.get("content"):
             content.append({"type": "text", "text": message["content"]})
         calls = message.get("tool_calls") or []
@@ -163,6 +171,11 @@ class AnthropicFormat(ResponseFormat):
         else:
             content, calls = self.tools.feed(d.text, d.finish_reason is not None)
         parts: list[str] = []
+        if d.reasoning:
+            if self.open != "thinking":
+                parts += self._start({"type": "thinking", "thinking": "", "signature": ""})
+            delta = {"type": "thinking_delta", "thinking": d.reasoning}
+            parts.append(self._delta(self.num_blocks - 1, delta))
         if content:
             if self.open != "text":
                 parts += self._start({"type": "text", "text": ""})

@@ -7,7 +7,9 @@ stream built from the chat stream's chunks.
                         output_item.added ─▶ content_part.added ─▶ output_text.delta × k
                         ─▶ output_text.done ─▶ content_part.done ─▶ output_item.done,
                         (function calls: output_item.added ─▶ function_call_arguments.delta
-                        × k ─▶ .done ─▶ output_item.done), then response.completed
+                        × k ─▶ .done ─▶ output_item.done; reasoning, first: output_item.added
+                        ─▶ content_part.added ─▶ reasoning_text.delta × k ─▶ .done ─▶
+                        content_part.done ─▶ output_item.done), then response.completed
                         (.incomplete at max_output_tokens), or an `error` event
 ```
 Every event has a `sequence_number` counting from 0. The chat side already parsed tool
@@ -30,12 +32,13 @@ def usage_of(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if not chat_usage:
         return None
     details = chat_usage.get("prompt_tokens_details") or {}
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
     num_in, num_out = chat_usage.get("prompt_tokens", 0), chat_usage.get("completion_tokens", 0)
     return {
         "input_tokens": num_in,
         "input_tokens_details": {"cached_tokens": details.get("cached_tokens") or 0},
         "output_tokens": num_out,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning or 0},
         "total_tokens": num_in + num_out,
     }
 
@@ -47,6 +50,16 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
         "status": status,
         "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    """The chat message's reasoning_content (--reasoning-parser) as a reasoning item."""
+    return {
+        "type": "reasoning",
+        "id": item_id or new_id("rs"),
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
     }
 
 
@@ -82,6 +95,8 @@ def response_object(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any
     text = message.get("content") or ""
     finish = choice.get("finish_reason")
     output: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        output.append(reasoning_item(message["reasoning_content"]))
     if text or not calls:
         output.append(message_item(text, "incomplete" if finish == "length" else "completed"))
     output.extend(function_call_item(c) for c in calls)
@@ -135,6 +150,8 @@ class EventStream:
         events: list[dict[str, Any]] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                events += self._text(delta["reasoning_content"], "reasoning")
             if delta.get("content"):
                 events += self._text(delta["content"])
             for call in delta.get("tool_calls") or ():
@@ -158,7 +175,7 @@ class EventStream:
         if self.failed:
             return []
         events = self._close()
-        if not self.output:  # an empty answer is still one (empty) message
+        if all(i["type"] == "reasoning" for i in self.output):  # no answer: an empty message
             events += self._open(message_item("", "in_progress"))
             events += self._close()
         self.response = finished(self.base, self.output, self.finish, self.usage)
@@ -173,14 +190,14 @@ class EventStream:
     def _open(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self.open = item
         self.output.append(item)
-        shown = {**item, "content": []} if item["type"] == "message" else dict(item)
+        shown = {**item, "content": []} if "content" in item else dict(item)
         if item["type"] == "function_call":
             shown["status"] = "in_progress"
         events = [
             self._event("response.output_item.added", output_index=len(self.output) - 1, item=shown)
         ]
-        if item["type"] == "message":
-            part = {"type": "output_text", "text": "", "annotations": []}
+        if "content" in item:
+            part = dict(item["content"][0], text="")
             events.append(
                 self._event(
                     "response.content_part.added", **self._where(), content_index=0, part=part
@@ -194,17 +211,15 @@ class EventStream:
             return []
         where = self._where()
         events = []
-        if item["type"] == "message":
-            if self.finish == "length":
-                item["status"] = "incomplete"
-            else:
-                item["status"] = "completed"
+        if "content" in item:
             part = item["content"][0]
-            text = part["text"]
+            done: dict[str, Any] = {"text": part["text"]}
+            if item["type"] == "message":
+                item["status"] = "incomplete" if self.finish == "length" else "completed"
+                done["logprobs"] = []
+            kind = "output_text" if item["type"] == "message" else "reasoning_text"
             events += [
-                self._event(
-                    "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
-                ),
+                self._event(f"response.{kind}.done", **where, content_index=0, **done),
                 self._event("response.content_part.done", **where, content_index=0, part=part),
             ]
         else:
@@ -223,22 +238,28 @@ class EventStream:
         self.open = None
         return events
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def _text(self, text: str, kind: str = "message") -> list[dict[str, Any]]:
+        """Text for the open item of type `kind` (message or reasoning), opened here."""
         events: list[dict[str, Any]] = []
-        if self.open is None or self.open["type"] != "message":
+        if self.open is None or self.open["type"] != kind:
             events += self._close()
-            events += self._open(message_item("", "in_progress"))
+            item = message_item("", "in_progress") if kind == "message" else reasoning_item("")
+            events += self._open(item)
         assert self.open is not None
         self.open["content"][0]["text"] += text
-        events.append(
-            self._event(
+        if kind == "message":
+            delta = self._event(
                 "response.output_text.delta",
                 **self._where(),
                 content_index=0,
                 delta=text,
                 logprobs=[],
             )
-        )
+        else:
+            delta = self._event(
+                "response.reasoning_text.delta", **self._where(), content_index=0, delta=text
+            )
+        events.append(delta)
         return events
 
     def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:

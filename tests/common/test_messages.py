@@ -347,7 +347,7 @@ def test_wrong_container_types():
             raw(
                 WIRE_VERSION,
                 TokenizeRequest.TAG,
-                *("r", "chat", None, None, deep, {}, 0, False, 0, None, None),
+                *("r", "chat", None, None, deep, {}, 0, False, 0, None, None, None),
             )
         )
 

@@ -11,6 +11,7 @@ detok. The prompt (or the last chat message) picks the behaviour:
     "stranded"   the tokenizer worker that got it falls silent (dead or hung): no output
     "slow"       "tok " every 50 ms, for 20 s
     "fail-late"  "Hello", then a RequestError 500
+    "think"      THINK_WORDS one per step: reasoning "Let me see", then "Hello world"
     anything     "Hello", " world", "!" one per step; "length" if max_tokens <= 3 else "stop"
 
 Every step also carries an entry for a rid nobody asked for, which the frontend must drop.
@@ -43,6 +44,8 @@ from common.messages import (
 from common.zmq_queue import DealerQueue, PullQueue, PushQueue
 
 WORDS = ("Hello", " world", "!")
+# "think": reasoning first, its tags split across steps (frontend.reasoning)
+THINK_WORDS = ("<th", "ink>Let me", " see</th", "ink>Hello", " world")
 NUM_PROMPT_TOKENS = 5
 MAX_MODEL_LEN = 2048
 BLOCK_SIZE = 4  # not the config's 16: routing must key on the announced one
@@ -208,7 +211,8 @@ class FakeBackend:
         text = req.prompt
         if req.kind == "chat":
             text = req.messages[-1]["content"] if req.messages else ""
-        mode = text if text in ("bad", "hold", "slow", "fail-late", "stranded") else "words"
+        modes = ("bad", "hold", "slow", "fail-late", "stranded", "think")
+        mode = text if text in modes else "words"
         if mode == "stranded":
             return True
         if mode == "bad":
@@ -258,13 +262,14 @@ class FakeBackend:
                 out.put(RequestError(rid, 500, "engine exploded", "server_error", None))
                 continue
             else:
-                text = WORDS[a.num_out - 1] if a.mode == "words" else "Hello"
+                words = THINK_WORDS if a.mode == "think" else WORDS
+                text = words[a.num_out - 1] if a.mode in ("words", "think") else "Hello"
                 finish = None
                 max_tokens = params["max_tokens"]  # resolved at intake
                 if a.req.max_tokens_unset:  # cut to the prompt's room, as the tokenizer does
                     max_tokens = min(max_tokens, MAX_MODEL_LEN - a.prompt_len)
-                if a.mode == "words" and a.num_out >= min(max_tokens, len(WORDS)):
-                    finish = "length" if max_tokens <= len(WORDS) else "stop"
+                if a.mode in ("words", "think") and a.num_out >= min(max_tokens, len(words)):
+                    finish = "length" if max_tokens <= len(words) else "stop"
             lp = None
             if params.get("logprobs") is not None:
                 top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]

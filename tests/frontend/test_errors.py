@@ -113,11 +113,9 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 @pytest.mark.parametrize(
     "path, extra, param",
     [
-        ("/v1/completions", {"logit_bias": {"50": 10}}, "logit_bias"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
-        ("/v1/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
         (
             "/v1/chat/completions",
             {
