@@ -78,7 +78,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export ZEROSERVE_CACHE_DIR="$W/zs-cache"
 export PYTHONPATH="$ZS"
 BOOK="$ZS/benchmarks/data/pride_and_prejudice_ch1-6.txt"
-declare -A PORT=([m135]=18731 [m1b]=18732 [m135_fp32]=18733)
+declare -A PORT=([m135]=18731 [m1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734)
 
 has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
 elapsed() { echo $(($(date +%s) - T0)); }
@@ -229,6 +229,12 @@ bench() {
     sed 's/^/      /' | tee -a "$RUNLOG"
 }
 
+sched_rss() { # TAG: the scheduler's resident memory (host) now, from its pid in the server log
+  local pid
+  pid=$(grep -o 'scheduler replica 0 joined: pid [0-9]*' "$W/server_$1.log" 2>/dev/null | tail -1 | grep -o '[0-9]*$')
+  [ -n "$pid" ] && say "server $1: scheduler pid $pid $(grep -E '^(VmRSS|RssAnon|RssFile)' "/proc/$pid/status" 2>/dev/null | tr -s ' \t' ' ' | tr '\n' ' ')"
+}
+
 answered() { # TAG: the check's requests were answered (or there was no reference to check)
   [ ! -s "$W/ref_$1.json" ] || grep -q '"greedy": {' "$W/check_$1.json" 2>/dev/null
 }
@@ -256,6 +262,11 @@ grep -E '"(gpu|torch|torch_cuda|transformers|nvidia_smi_L)"' "$W/logs/env.log" |
 # shellcheck disable=SC2086
 stage models 90 "$PY" "$G/make_models.py" "$G/smollm2-tok" "$MROOT" $MODELS
 grep '^{' "$W/logs/models.log" | cut -c1-200 | sed 's/^/      /' | tee -a "$RUNLOG"
+GGUF="$MROOT/m135-q8_0.gguf"
+if has_model m135 && [ "${ZS_GGUF_CHECK:-1}" = 1 ]; then
+  stage make_gguf 45 "$PY" "$G/make_gguf.py" "$MROOT/m135" "$GGUF" && tail -n 1 "$W/logs/make_gguf.log" |
+    cut -c1-200 | sed 's/^/      /' | tee -a "$RUNLOG"
+fi
 
 # ---- 2 + 3. kernel tests, transformers reference and compile baseline, side by side -----
 GO="$W/go_compile"
@@ -263,15 +274,16 @@ HOLD=150 # the servers' minimum (m1b and m135: start, check, a short bench, stop
 ((HOLD > BUDGET / 2)) && HOLD=$((BUDGET / 2))
 tests=()
 missing=()
-for f in tests/scheduler_worker/test_triton_kernels.py tests/scheduler_worker/test_sampling_device.py \
-  tests/scheduler_worker/test_cuda_backend.py; do
+# the backend's tests first: the kernels' own passed compiled on an H100 (8d77919), these never
+for f in tests/scheduler_worker/test_cuda_backend.py tests/scheduler_worker/test_sampling_device.py \
+  tests/scheduler_worker/test_triton_kernels.py; do
   if [ -f "$f" ]; then tests+=("$f"); else missing+=("$f"); fi
 done
 printf '%s\n' "${missing[@]}" >"$W/pytest_missing.txt"
 if ((${#tests[@]})); then
   # -o addopts="": not the repo's `-m 'not slow'`; without pytest-timeout the ini's
   # `timeout` key only warns. rc 5 (nothing collected) is reported, not an error.
-  stage pytest 100 "${PAR[@]}" TRITON_INTERPRET=$TRITON_MODE "$PY" -m pytest -q -p no:cacheprovider \
+  stage pytest 150 "${PAR[@]}" TRITON_INTERPRET=$TRITON_MODE "$PY" -m pytest -q -p no:cacheprovider \
     -o addopts="" -rfEs "${tests[@]}" &
   P_TEST=$!
 else
@@ -327,6 +339,7 @@ if has_model m135; then
   [ "$FP32_CHECK" = 1 ] && HOLD=30
   if serve m135 "$MROOT/m135" "${PORT[m135]}" "$W/ref_m135.json"; then
     if answered m135; then bench m135 50; else skip bench_m135 "the server did not answer the check"; fi
+    sched_rss m135
     stage structured_m135 25 "$PY" "$G/client.py" structured "http://127.0.0.1:${PORT[m135]}" \
       "$W/structured_m135.json"
     grep -E 'json_schema|tool_required' "$W/logs/structured_m135.log" | cut -c1-250 |
@@ -350,6 +363,18 @@ if has_model m135; then
     skip m135_fp32 "budget ($(left)s left)"
   else
     serve m135_fp32 "$MROOT/m135" "${PORT[m135_fp32]}" "$W/ref_m135.json" --dtype float32
+    stop_server
+  fi
+  # the default model's way onto a GPU: a GGUF file (Q8_0) dequantized tensor by tensor onto
+  # the device, never a float32 copy on the host (the scheduler's RSS says so)
+  if [ ! -s "$GGUF" ]; then
+    skip m135_gguf "no GGUF file ($GGUF)"
+  elif (($(left) - RESERVE < 25)); then
+    skip m135_gguf "budget ($(left)s left)"
+  else
+    if serve m135_gguf "$GGUF" "${PORT[m135_gguf]}" "$W/ref_m135.json"; then
+      sched_rss m135_gguf
+    fi
     stop_server
   fi
 fi
