@@ -32,7 +32,11 @@ NAMES = {
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's converter's permutation of a llama model's Q and K rows."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def tokenizer_fields(w: gguf.GGUFWriter, model_dir: Path) -> None:
@@ -108,7 +112,11 @@ def main() -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(json.dumps({"gguf": str(out), "bytes": out.stat().st_size, "seconds": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {"gguf": str(out), "bytes": out.stat().st_size, "seconds": round(time.time() - t0, 1)}
+        )
+    )
 
 
 if __name__ == "__main__":

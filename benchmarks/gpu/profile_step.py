@@ -38,6 +38,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", default="0")
     ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument(
+        "--mixed", type=int, default=0,
+        help="per batch, time this many steps that each admit one new prompt (synced), "
+        "against as many synced decode steps",
+    )  # fmt: skip
+    ap.add_argument(
+        "--cprofile", type=int, default=0,
+        help="per batch, the host's Python over this many decode steps (cProfile, top 25)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     dev = args.device
     cp = argparse.ArgumentParser()
@@ -94,11 +103,63 @@ def main() -> int:
                 flush=True,
             )
             print(ev.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
+            if args.mixed:
+                mixed_steps(eng, batch, args, sync)
+            if args.cprofile:
+                host_profile(eng, args.cprofile)
             for rid in list(eng.requests):
                 eng.abort(rid)
             while eng.has_unfinished():
                 eng.step()
     return 0
+
+
+def mixed_steps(eng: LLMEngine, batch: int, args, sync) -> None:
+    """A step that admits one new prompt beside `batch` decodes (eager: graphs hold decode
+    steps only) against a decode step of the same batch, each synced on its own."""
+    rng = random.Random(7)
+    p = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+    def timed() -> float:
+        sync()
+        t0 = time.perf_counter()
+        eng.step()
+        sync()
+        return (time.perf_counter() - t0) * 1000
+
+    dec, mix = [], []
+    for k in range(args.mixed):
+        dec.append(timed())
+        ids = [rng.randrange(100, 1000) for _ in range(args.prompt_tokens)]
+        eng.add_request(f"mix-{batch}-{k}", ids, p)
+        mix.append(timed())
+        for _ in range(2):  # the overlapped step in flight resolves; the newcomer decodes
+            eng.step()
+        eng.abort(f"mix-{batch}-{k}")
+        eng.step()
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(
+        f"=== batch={batch} synced steps: decode median {med(dec):.2f} ms "
+        f"({' '.join(f'{x:.2f}' for x in dec)}); with one new {args.prompt_tokens}-token "
+        f"prompt median {med(mix):.2f} ms ({' '.join(f'{x:.2f}' for x in mix)})",
+        flush=True,
+    )
+
+
+def host_profile(eng: LLMEngine, steps: int) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(steps):
+        eng.step()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+    print(f"=== cProfile, {steps} decode steps (tottime):", flush=True)
+    print("\n".join(buf.getvalue().splitlines()[:45]), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,11 @@ replayed from CUDA graphs, the KV pool sized from --gpu-memory-utilization.
 
     start:  profile a largest step (max_num_batched_tokens prompt tokens, and the logits of
             max_num_seqs rows) ──▶ KV blocks = total * utilization - weights - that peak
-            - a graph reserve ──▶ capture one decode graph per bucket (backends/graphs.py),
-            largest first, into one memory pool; capture time and memory logged
+            - a graph reserve ──▶ capture decode graphs (graphs.py) and mixed-step ones
+            (mixed_graphs.py), largest first, into one pool; time and memory logged
     a step: decode-only, n <= the largest bucket  ──▶ stage inputs, replay, logits [:n]
-            anything else (prompt chunks)          ──▶ eager: varlen metadata, the Triton
-                                                       prefill kernel over the paged cache
+            prompt tokens, <= the largest mixed size ──▶ stage, replay the mixed graph
+            a larger one (a prompt wave): eager, the Triton prefill kernel over the cache
 
 Nothing here waits for the device: the engine reads a step's tokens while the next runs.
 """
@@ -31,6 +31,7 @@ from scheduler_worker.backends.graphs import (
     StaticDecodeInputs,
     capture_sizes,
 )
+from scheduler_worker.backends.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from scheduler_worker.backends.ops import TorchOps
 
 log = get_logger("cuda")
@@ -84,7 +85,7 @@ class TritonOps(TorchOps):
         assert meta.block_tables is not None
         return triton_prefill.paged_prefill_attention(
             q, kv_cache[0], kv_cache[1], meta.block_tables, meta.query_start_loc, meta.seq_lens,
-            scale, window or 0, max_query_len=meta.max_query_len,
+            scale, window or 0,
         )  # fmt: skip
 
 
@@ -120,6 +121,7 @@ class CudaBackend(Backend):
             torch.cuda.get_device_properties(device).multi_processor_count if on_gpu else 8
         )
         self.graphs: DecodeGraphs | None = None
+        self.mixed: MixedGraphs | None = None  # steps with prompt tokens
         self.scratch_block = 0  # set with the pool: the block past the manager's
         self.facts: dict[str, float] = {}  # logged and exported: memory, capture
         self.device_seconds = 0.0  # the forwards' time on the device (_timed_end)
@@ -240,13 +242,13 @@ class CudaBackend(Backend):
         seconds = time.perf_counter() - t0
         graph_bytes = free0 - torch.cuda.mem_get_info(self.device)[0]
         self.facts.update(graph_capture_seconds=seconds, graphs_bytes=float(graph_bytes))
+        sizes = [sorted(x.graphs) if x else [] for x in (graphs, self.mixed)]
         log.info(
-            "CUDA graphs: %d decode sizes (%s) captured in %.1f s, %.0f MiB",
-            len(graphs.graphs),
-            ",".join(str(s) for s in sorted(graphs.graphs)),
-            seconds,
-            graph_bytes / (1 << 20),
-        )
+            "CUDA graphs: %d decode sizes (%s) and mixed steps of %s tokens, captured in "
+            "%.1f s, %.0f MiB",
+            len(sizes[0]), ",".join(map(str, sizes[0])), ",".join(map(str, sizes[1])) or "no",
+            seconds, graph_bytes / (1 << 20),
+        )  # fmt: skip
 
     def capture(
         self,
@@ -256,6 +258,7 @@ class CudaBackend(Backend):
     ) -> DecodeGraphs | None:
         """One graph per bucket (make_graph: capture a step, return the graph and its
         output), largest first. Out of memory: the sizes captured so far, or None."""
+        self.mixed = None
         sizes = capture_sizes(self.max_num_seqs)
         max_blocks = -(-self.max_model_len // self.block_size)
         inputs = StaticDecodeInputs(
@@ -284,6 +287,13 @@ class CudaBackend(Backend):
                 graphs.max_rows,
             )
         self.graphs = graphs
+        if len(graphs.graphs) == len(sizes):  # no memory left for more otherwise
+            self.mixed = capture_mixed_graphs(
+                model, kv_caches, make_graph,
+                dict(max_blocks=max_blocks, device=self.device, pin=self.device.type == "cuda",
+                     scratch_block=self.scratch_block, block_size=self.block_size),
+                self.max_num_seqs, self.max_num_batched_tokens,
+            )  # fmt: skip
         return graphs
 
     # ---- a step ---------------------------------------------------------------
@@ -297,6 +307,9 @@ class CudaBackend(Backend):
         ):
             with torch.inference_mode():
                 out = g.replay(seqs, self.prev_tokens)
+        elif self.mixed is not None and self.mixed.fits(seqs):
+            with torch.inference_mode():
+                out = self.mixed.replay(seqs, self.prev_tokens)
         else:
             out = super().execute(model, kv_caches, seqs, argmax_vocab)
         self._timed_end(start)

@@ -1,4 +1,5 @@
-"""Decode steps replayed from captured graphs, one per batch-size bucket.
+"""Decode steps replayed from captured graphs, one per batch-size bucket (steps with
+prompt tokens: mixed_graphs.py).
 
     sizes:   1, 2, 4, 8, 16, 24, ... up to max_num_seqs (rounded up to 8), as vLLM
     a step of n decodes ──▶ bucket b = the smallest size >= n

@@ -42,6 +42,7 @@ def _prefill_kernel(
     qk_scale,
     window,
     head_dim,
+    num_seqs,
     G: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -51,10 +52,25 @@ def _prefill_kernel(
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    seq = tl.program_id(0).to(tl.int64)
-    q_tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    q_begin = tl.load(query_start_ptr + seq).to(tl.int32)
+    # program p of axis 0 is tile p - (query_start[s] // BLOCK_Q + s) of the last sequence s
+    # whose first tile index query_start[s] // BLOCK_Q + s is <= p (a binary search): the
+    # grid needs only the step's token and sequence counts, so a captured graph's padded
+    # step has one (vLLM's unified attention does the same)
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    lo_s: tl.int32 = 0
+    hi_s: tl.int32 = num_seqs
+    while lo_s < hi_s:
+        mid = (lo_s + hi_s) // 2
+        first = tl.load(query_start_ptr + mid).to(tl.int32) // BLOCK_Q + mid
+        if first <= pid:
+            lo_s = mid + 1
+        else:
+            hi_s = mid
+    seq_i = lo_s - 1
+    q_begin = tl.load(query_start_ptr + seq_i).to(tl.int32)
+    q_tile = pid - (q_begin // BLOCK_Q + seq_i)
+    seq = seq_i.to(tl.int64)
     q_len = tl.load(query_start_ptr + seq + 1).to(tl.int32) - q_begin
     if q_tile * BLOCK_Q >= q_len:
         return
@@ -129,7 +145,6 @@ def paged_prefill_attention(
     scale: float,
     window: int = 0,
     *,
-    max_query_len: int,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the query chunks of S sequences over their paged contexts.
@@ -139,8 +154,10 @@ def paged_prefill_attention(
     context after this step (cached prefix + chunk), so query row j of s (0-based within s)
     sits at position seq_lens[s] - q_len_s + j. The chunk's own K/V are already in the
     cache. Chunks over a cached prefix and decode rows (q_len 1) mix freely in one call.
-    `max_query_len` (a host int, >= every q_len) sizes the grid. Output [T, H, D] in q's
-    dtype (into `out` when given); rows outside every sequence are left untouched.
+    The grid is T / BLOCK_Q + S programs a KV head, whatever the chunks' lengths: a step
+    padded to fixed T and S (trailing sequences of no tokens, rows past the last sequence)
+    runs from a captured graph. Output [T, H, D] in q's dtype (into `out` when given); rows
+    outside every sequence are left untouched.
     """
     _check_cache(q, k_cache, v_cache)
     num_tokens, num_heads, head_dim = q.shape
@@ -149,13 +166,13 @@ def paged_prefill_attention(
     num_seqs = block_tables.shape[0]
     if out is None:
         out = torch.empty_like(q)
-    if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
+    if num_tokens == 0 or num_seqs == 0:
         return out
     block_d = triton.next_power_of_2(head_dim)
     tile = _tile(PREFILL_TILE, block_d)
     block_m = max(16, triton.next_power_of_2(group), tile["block_m"])
     block_q = block_m // group
-    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    grid = (triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -178,6 +195,7 @@ def paged_prefill_attention(
         scale * LOG2E,
         window,
         head_dim,
+        num_seqs,
         G=group,
         BLOCK_Q=block_q,
         BLOCK_M=block_m,

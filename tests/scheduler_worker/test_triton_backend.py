@@ -101,7 +101,15 @@ def test_triton_backend_graph_replays_equal_the_cpu_engine(model_dir):
     graphs = backend.capture(runner.model, runner.kv_caches, stand_in)
     assert graphs is not None and sorted(graphs.graphs) == [1, 2, 4]
     assert backend.splits(1) > 1  # the one-row graph splits each context
+    # the steps with prompt tokens replay mixed-step graphs (within 256 batched tokens)
+    assert backend.mixed is not None and sorted(backend.mixed.graphs) == [64, 128, 256]
+    replays = {t: 0 for t in backend.mixed.graphs}
+    for t, g in backend.mixed.graphs.items():
+        g.replay = lambda g=g, t=t, r=g.replay: (replays.__setitem__(t, replays[t] + 1), r())
     got = run_steps(runner, decode_steps=2)
+    # the first step's 66 tokens (4 sequences, one a chunk that samples nothing) and the
+    # second's 16-token chunk over its cached prefix: both from graphs
+    assert replays == {64: 1, 128: 1, 256: 0}
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     # a third decode step of three rows only: padded to the 4-row graph
@@ -109,6 +117,25 @@ def test_triton_backend_graph_replays_equal_the_cpu_engine(model_dir):
     with torch.inference_mode():
         rows = runner.execute(three)
     torch.testing.assert_close(rows, want[-1][:3], rtol=1e-4, atol=1e-4)
+
+
+def test_mixed_step_graph_reads_a_placeholder_token_and_equals_the_cpu_engine(model_dir):
+    """A new prompt beside a decode whose token is the step in flight's (overlapped
+    scheduling): the mixed-step graph reads it on the device, as the CPU engine computes
+    the same step with the token known."""
+    cpu, runner = cpu_runner(model_dir), triton_runner(model_dir)
+    backend = runner.backend
+    assert isinstance(backend, CudaBackend)
+    backend.capture(runner.model, runner.kv_caches, lambda fn: (g := StandInGraph(fn), g.output))
+    for r in (cpu, runner):
+        run_steps(r, decode_steps=1)
+    new = SeqInput(list(range(30, 51)), 0, [14, 15])
+    with torch.inference_mode():
+        want = cpu.execute([SeqInput([101], len(PROMPTS[0]) + 1, TABLES[0]), new])
+        backend.prev_tokens = torch.tensor([3, 101, 5])
+        got = runner.execute([SeqInput([-1], len(PROMPTS[0]) + 1, TABLES[0], prev_row=1), new])
+    assert backend.mixed is not None and backend.mixed.fits([new])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_dir, caplog):

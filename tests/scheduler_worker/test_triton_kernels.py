@@ -255,26 +255,36 @@ def _run_prefill(
     dtype: torch.dtype,
     block_size: int,
     window: int,
+    pad_seqs: int = 0,
+    pad_rows: int = 0,
 ) -> None:
+    """`pad_seqs` trailing sequences of no tokens and `pad_rows` rows past the last one:
+    a step padded as a captured graph pads it (the padding rows stay untouched)."""
     k_cache, v_cache, tables = _paged_cache(seq_lens, num_kv_heads, head_dim, block_size, dtype)
     gen = torch.Generator().manual_seed(6)
-    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    total = sum(q_lens)
+    q = torch.randn(total + pad_rows, num_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
     starts = [0]
     for n in q_lens:
         starts.append(starts[-1] + n)
+    starts += [total] * pad_seqs
+    lens_t = torch.tensor(seq_lens + [1] * pad_seqs, dtype=torch.int32, device=DEVICE)
+    tables_t = torch.cat([tables, tables[:1].expand(pad_seqs, -1)]) if pad_seqs else tables
     scale = head_dim**-0.5
+    out = torch.full_like(q, 7.0)
     got = paged_prefill_attention(
         q,
         k_cache,
         v_cache,
-        tables,
+        tables_t,
         torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        lens_t,
         scale,
         window=window,
-        max_query_len=max(q_lens),
+        out=out,
     )
-    assert got.dtype == dtype
+    assert got is out and got.dtype == dtype
+    assert bool((got[total:] == 7.0).all())
     for s, seq_len in enumerate(seq_lens):
         rows = slice(starts[s], starts[s + 1])
         expect = _reference(q[rows], k_cache, v_cache, tables[s], seq_len, scale, window)
@@ -295,3 +305,8 @@ def test_prefill_chunk_over_cached_prefix_windowed() -> None:
 def test_prefill_mixed_decodes_and_chunks() -> None:
     # decode rows (q_len 1), a fresh prompt and a chunk over a prefix, in one call
     _run_prefill([1, 1, 19, 12], [1, 40, 19, 49], 16, 1, 64, torch.bfloat16, 16, 0)
+
+
+def test_prefill_padded_as_a_graph_pads_it() -> None:
+    # the grid from T and S alone: three empty sequences and 21 rows past the last one
+    _run_prefill([1, 17, 1], [33, 17, 5], 8, 2, 64, torch.float32, 16, 0, pad_seqs=3, pad_rows=21)
