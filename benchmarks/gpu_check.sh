@@ -18,7 +18,7 @@
 #   6. prefix cache: the same prompt twice (inside every correctness check)
 #   7. a json_schema response_format request and a tool_choice "required" request
 #   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
-#   9. an in-process profile of m1b decode steps
+#   9. an in-process profile of m1b decode steps (and of steps that admit a prompt)
 # (2 and 3 run side by side: the compile warm-up overlaps the tests and the reference, and
 # the baseline is timed once the GPU is otherwise idle; see benchmarks/gpu/hf_compile.py.)
 # Results in $OUT (at most 8 files): summary.txt (the table), summary.json, details.json,
@@ -386,8 +386,8 @@ elif (($(left) - RESERVE < 30)); then
   skip profile "budget ($(left)s left)"
 else
   # shellcheck disable=SC2086
-  stage profile 90 "$PY" "$G/profile_step.py" "$MROOT/m1b" --device "$DEV" --batches 1,32 \
-    --steps 5 -- $SERVER_FLAGS
+  stage profile 90 "$PY" "$G/profile_step.py" "$MROOT/m1b" --device "$DEV" --batches 1,32,128 \
+    --steps 20 --mixed 4 --cprofile 30 -- $SERVER_FLAGS
 fi
 
 # ---- summary (never skipped) ---------------------------------------------------------
