@@ -36,8 +36,9 @@ from common.config import Config
 from common.log import get_logger
 from frontend.api.anthropic import add_anthropic_routes
 from frontend.api.openai_responses import add_responses_routes
-from frontend.cluster import StartupStopped
-from frontend.engine_client import EngineClient
+from frontend.cluster.engine_client import EngineClient
+from frontend.cluster.health import health_report
+from frontend.cluster.members import StartupStopped
 from frontend.errors import APIError, error_body, status_code_name, status_type
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
@@ -199,7 +200,7 @@ def create_app(config: Config) -> FastAPI:
     async def health() -> JSONResponse:
         now = time.monotonic()
         missing = client.cluster.missing(now)
-        components = client.cluster.report(now)
+        components = health_report(client.cluster, now)
         if client.draining:
             return JSONResponse(
                 {"status": "draining", "missing": missing, "components": components},

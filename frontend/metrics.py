@@ -29,77 +29,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from common.messages import EngineStatus
+from frontend.metric_table import METRICS, P
 from frontend.request_handle import RequestHandle
 
-P = "zeroserve:"
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-ITL_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-)
-E2E_BUCKETS = (
-    0.01,
-    0.05,
-    0.1,
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-)
 RATE_WINDOW_S = 5.0  # the window of the live output tokens/s
 
 
@@ -159,138 +91,46 @@ def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
 
 
 class Metrics:
+    """The metrics of one app, on its own registry: one attribute per row of
+    frontend/metric_table.py (METRICS), annotated here for the type checker."""
+
+    num_running: Gauge
+    num_waiting: Gauge
+    kv_usage: Gauge
+    kv_free_blocks: Gauge
+    kv_total_blocks: Gauge
+    in_flight: Gauge
+    prefix_queries: Counter
+    prefix_hits: Counter
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    request_success: Counter
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+    queue_time: Histogram
+    tokenize_time: Histogram
+    prefill_time: Histogram
+    decode_time: Histogram
+    detok_time: Histogram
+    busy: Counter
+    replica_running: Gauge
+    replica_waiting: Gauge
+    replica_kv_usage: Gauge
+    replica_prefix_hits: Gauge
+    replica_weight_bytes: Gauge
+    replica_memory: Gauge
+    replica_up: Gauge
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.num_running = Gauge(
-            P + "num_requests_running", "Requests running in the engine.", registry=r
-        )
-        self.num_waiting = Gauge(
-            P + "num_requests_waiting", "Requests waiting in the engine.", registry=r
-        )
-        self.kv_usage = Gauge(P + "kv_cache_usage_perc", "KV-cache usage, 1 = full.", registry=r)
-        self.kv_free_blocks = Gauge(
-            P + "kv_cache_free_blocks", "KV blocks held by no request.", registry=r
-        )
-        self.kv_total_blocks = Gauge(
-            P + "kv_cache_total_blocks", "KV blocks in the pool.", registry=r
-        )
-        self.in_flight = Gauge(
-            P + "num_requests_in_flight",
-            "Engine sub-requests the frontend is waiting on.",
-            registry=r,
-        )
-        self.prefix_queries = Counter(
-            P + "prefix_cache_queries", "Prefix-cache queries, in tokens.", registry=r
-        )
-        self.prefix_hits = Counter(
-            P + "prefix_cache_hits", "Prefix-cache hits, in tokens.", registry=r
-        )
-        self.prompt_tokens = Counter(
-            P + "prompt_tokens", "Prefill tokens processed.", ["engine"], registry=r
-        )
-        self.generation_tokens = Counter(
-            P + "generation_tokens", "Tokens generated.", ["engine"], registry=r
-        )
-        self.request_success = Counter(
-            P + "request_success", "Finished requests.", ["finished_reason"], registry=r
-        )
-        self.ttft = Histogram(
-            P + "time_to_first_token_seconds",
-            "Time to first token.",
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            P + "inter_token_latency_seconds",
-            "Inter-token latency.",
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            P + "e2e_request_latency_seconds",
-            "End-to-end request latency.",
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        self.queue_time = Histogram(
-            P + "request_queue_time_seconds",
-            "Time from arrival to first scheduling.",
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        self.tokenize_time = Histogram(
-            P + "request_tokenize_time_seconds",
-            "From arrival to tokenized (frontend + tokenizer pool).",
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.prefill_time = Histogram(
-            P + "request_prefill_time_seconds",
-            "From first scheduled to first token.",
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        self.decode_time = Histogram(
-            P + "request_decode_time_seconds",
-            "From first token to finished.",
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        self.detok_time = Histogram(
-            P + "request_detokenize_time_seconds",
-            "Time the detokenizer spent on a request.",
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.busy = Counter(
-            P + "scheduler_busy_seconds",
-            "Scheduler busy time by part (forward, sample, schedule, ipc; on a GPU also device: "
-            "the forwards' time on the device, a busy share beside the wall clock).",
-            ["part"],
-            registry=r,
-        )
-        self.replica_running = Gauge(
-            P + "replica_num_requests_running",
-            "Requests running in one scheduler replica.",
-            ["engine"],
-            registry=r,
-        )
-        self.replica_waiting = Gauge(
-            P + "replica_num_requests_waiting",
-            "Requests waiting in one scheduler replica.",
-            ["engine"],
-            registry=r,
-        )
-        self.replica_kv_usage = Gauge(
-            P + "replica_kv_cache_usage_perc",
-            "KV-cache usage of one scheduler replica, 1 = full.",
-            ["engine"],
-            registry=r,
-        )
-        self.replica_prefix_hits = Gauge(
-            P + "replica_prefix_cache_hits",
-            "Prefix-cache hits of one scheduler replica since it started, in tokens.",
-            ["engine"],
-            registry=r,
-        )
-        self.replica_weight_bytes = Gauge(
-            P + "model_weight_bytes",
-            "Bytes of model weights one scheduler replica holds (quantized blocks, file "
-            "bytes and float tensors; the embedding left in the file's map not counted).",
-            ["engine"],
-            registry=r,
-        )
-        self.replica_memory = Gauge(
-            P + "scheduler_memory_bytes",
-            "Where a scheduler replica's memory goes (scheduler_worker/memory_report.py): "
-            "resident, kv_resident (KV pages touched so far), heap_in_use, heap_kept_free; "
-            "on a GPU its plan too: gpu_total, weights, activation_peak, kv_pool, graphs.",
-            ["engine", "part"],
-            registry=r,
-        )
-        self.replica_up = Gauge(
-            P + "replica_up", "1 while a scheduler replica serves.", ["engine"], registry=r
-        )
+        for s in METRICS:  # in table order, the order /metrics shows them
+            m: Counter | Gauge | Histogram
+            if s.kind is Histogram:
+                m = Histogram(P + s.name, s.doc, s.labels, registry=r, buckets=s.buckets)
+            else:
+                m = s.kind(P + s.name, s.doc, s.labels, registry=r)
+            setattr(self, s.attr, m)
         self._engines: dict[int, EngineStatus] = {}  # replica -> latest status (counted)
         self._last_busy: dict[tuple[int, str], float] = {}
         self.recent_tokens = RateWindow(RATE_WINDOW_S)  # output tokens, for GET /stats

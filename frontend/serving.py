@@ -35,7 +35,8 @@ from common.auth import sign_rid
 from common.config import Config
 from common.log import get_logger
 from common.messages import TokenizeRequest
-from frontend.engine_client import EngineClient
+from frontend.cluster.engine_client import EngineClient
+from frontend.cluster.routing import prefix_key
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
 from frontend.protocol import (
@@ -57,7 +58,6 @@ from frontend.protocol import (
 from frontend.reasoning import ReasoningSplit, template_kwargs
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
 from frontend.responses import ChatFormat, Choice, CompletionFormat, ResponseFormat
-from frontend.routing import prefix_key
 from frontend.structured import structured_alias
 from frontend.tool_format import ToolChatFormat
 from frontend.tool_grammar import apply_tools
@@ -416,7 +416,7 @@ class Serving:
     ) -> Response:
         """Submit, then one JSON response once every choice finished, or a stream that
         starts (headers sent) with the first output. `route`: (pinned replica, prefix
-        key), see frontend.routing; `arrival`: (monotonic, wall clock)."""
+        key), see frontend.cluster.routing; `arrival`: (monotonic, wall clock)."""
         handle = await self.client.submit(
             reqs, arrival[0], request.receive, aliases, return_timings, *route, arrival[1]
         )

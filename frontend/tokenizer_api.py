@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from common.messages.base import INT32_MAX
-from frontend.engine_client import EngineClient
+from frontend.cluster.engine_client import EngineClient
 from frontend.errors import invalid, unavailable
 from frontend.protocol import STRICT, ChatMessage, chat_messages, parse
 from frontend.serving import Serving, read_body

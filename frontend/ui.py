@@ -36,7 +36,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from common.config import Config
-from frontend.engine_client import EngineClient
+from frontend.cluster.engine_client import EngineClient
 from frontend.metrics import Metrics
 
 PAGE = Path(__file__).parent / "static" / "index.html"

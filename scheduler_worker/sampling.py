@@ -1,6 +1,7 @@
 """Sampling for the whole batch at once.
 
-Logit processing, each step vectorized over the rows that need it:
+Logit processing, each step vectorized over the rows that need it (the steps before the
+sample are scheduler_worker.logits_processors):
 
     raw logits ─┬─▶ grammar mask (constrained rows) ─▶ min_tokens mask (EOS + stop ids)
                 │   ─▶ logit_bias (added; -inf stays -inf: the grammar wins)
@@ -24,10 +25,11 @@ default `raw_logprobs` too): a token the grammar forbids keeps its logprob in th
 No host sync on a GPU: `Sampler.sample` only enqueues work and returns a DeviceSample (its
 `start_copy` copies the tokens into pinned memory behind an event, `result()` waits for
 that event alone), so the engine can launch the next step first. Host lists reach the
-device through pinned memory, non-blocking (`_to`); rows move by index_select /
-index_copy_ / index_fill_, never a bool mask; nothing branches on the data: one full sort
-for top-p and the +inf/NaN repair on every row, where a CPU (`_async_device`) tries the
-TOP_P_CANDIDATES first and repairs only the rows that need it, for the same tokens.
+device through pinned memory, non-blocking (`logits_processors._to`); rows move by
+index_select / index_copy_ / index_fill_, never a bool mask; nothing branches on the
+data: one full sort for top-p and the +inf/NaN repair on every row, where a CPU
+(`_async_device`) tries the TOP_P_CANDIDATES first and repairs only the rows that need
+it, for the same tokens.
 
 Drawing (`sample_from`): an exponential race (argmax p / q, q ~ Exp(1)) among blocks of
 SAMPLE_BLOCK tokens by their sums, then among the tokens of the block that won: the
@@ -45,26 +47,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 import torch
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.logits_processors import (
+    SamplingRow,
+    _tensor,
+    apply_logit_bias,
+    apply_penalties,
+    apply_token_masks,
+    has_penalty,
+    mask_stop_tokens,
+)
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy: logits / T would overflow
 TOP_P_CANDIDATES = (256, 4096)  # on a CPU, top-p tries these many tokens before a full sort
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
-
-
-@dataclass
-class SamplingRow:
-    params: SamplingParams
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    generator: torch.Generator | None = None  # on the logits' device (make_generator)
-    # structured outputs: the grammar's packed bitmask, int32 [ceil(vocab / 32)], bit j of
-    # word w set where token 32 w + j is allowed (scheduler_worker.structured)
-    token_bitmask: torch.Tensor | None = None
 
 
 @dataclass
@@ -132,140 +131,13 @@ def is_greedy(p: SamplingParams) -> bool:
     return p.top_k == 1 or p.temperature < GREEDY_EPS
 
 
-def has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
 def _async_device(device: torch.device) -> bool:
     """Work there is only enqueued: any data-dependent branch would wait for it."""
     return device.type != "cpu"
 
 
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor onto `device`: to a GPU through pinned memory, non-blocking (a
-    pageable copy waits for the stream, which holds the forward)."""
-    if t.device == device:
-        return t
-    if t.device.type == "cpu" and device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
 def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-
-
-def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):
-    return _to(torch.tensor(values, dtype=dtype), device)
-
-
-def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """row * vocab + token id for every token (< vocab) of every sequence."""
-    lens = torch.tensor([len(s) for s in seqs])
-    rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
-    ids = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.long)
-    keep = ids < vocab
-    return _to(rows[keep] * vocab + ids[keep], device)
-
-
-def mask_stop_tokens(
-    logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: Sequence[int]
-) -> torch.Tensor:
-    """EOS and stop ids get -inf in rows that have fewer than min_tokens outputs."""
-    vocab = logits.shape[1]
-    flat: list[int] = []
-    for i, r in enumerate(rows):
-        if len(r.output_token_ids) < r.params.min_tokens:
-            stop = chain(eos_token_ids, r.params.stop_token_ids)
-            flat += [i * vocab + t for t in stop if t < vocab]
-    if not flat:
-        return logits
-    logits = logits.clone(memory_format=torch.contiguous_format)
-    logits.view(-1).index_fill_(0, _tensor(flat, logits.device), float("-inf"))
-    return logits
-
-
-def apply_token_masks(
-    logits: torch.Tensor, rows: list[SamplingRow], isa: int | None = None, in_place: bool = False
-) -> torch.Tensor:
-    """-inf where a constrained row's grammar forbids the token: into `logits` when
-    in_place (and they are contiguous), else into a copy. With the C++ kernels (`isa`:
-    their path) a float32 CPU batch takes one op straight from the packed words (this runs
-    on the decode critical path, between the forward and the sample); else the words are
-    expanded to bools in torch, on the logits' device."""
-    idx = [i for i, r in enumerate(rows) if r.token_bitmask is not None]
-    if not idx:
-        return logits
-    if in_place and logits.is_contiguous():
-        out = logits  # a copy of [32, 49152] float32 cost ~0.5 ms a step, from DRAM
-    else:
-        out = logits.clone(memory_format=torch.contiguous_format)
-    words = [r.token_bitmask for r in rows if r.token_bitmask is not None]
-    if isa is not None and out.device.type == "cpu" and out.dtype == torch.float32:
-        torch.ops.zeroserve.token_bitmask_(out, idx, [w.cpu() for w in words], isa)
-        return out
-    vocab = out.shape[1]
-    packed = _to(torch.stack(words), out.device)
-    shifts = torch.arange(32, dtype=torch.int32, device=out.device)
-    bits = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(idx), -1)[:, :vocab]
-    if bits.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden
-        bits = torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]))
-    rows_t = _tensor(idx, out.device)
-    masked = out.index_select(0, rows_t).masked_fill_(bits == 0, float("-inf"))
-    return out.index_copy_(0, rows_t, masked)
-
-
-def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Each row's logit_bias added to its tokens' logits, in one index_add_ over the batch
-    (ids past the logits' width are skipped: validated ones never are). Returns a new
-    tensor when some row has a bias; the others' rows are unchanged."""
-    vocab = logits.shape[1]
-    flat: list[int] = []
-    bias: list[float] = []
-    for i, r in enumerate(rows):
-        for t, b in (r.params.logit_bias or {}).items():
-            if t < vocab:
-                flat.append(i * vocab + t)
-                bias.append(b)
-    if not flat:
-        return logits
-    logits = logits.clone(memory_format=torch.contiguous_format)
-    dev = logits.device
-    logits.view(-1).index_add_(0, _tensor(flat, dev), _tensor(bias, dev, logits.dtype))
-    return logits
-
-
-def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
-    presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
-    Returns a new tensor; rows without penalties are unchanged."""
-    idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
-    if not idx:
-        return logits
-    dev = logits.device
-    params = [rows[i].params for i in idx]
-    rows_t = _tensor(idx, dev)
-    sub = logits.index_select(0, rows_t)  # a contiguous copy
-    vocab = sub.shape[1]
-    if any(p.repetition_penalty != 1.0 for p in params):
-        rep = _tensor([p.repetition_penalty for p in params], dev)[:, None]
-        seqs = [
-            list(chain(rows[i].prompt_token_ids, rows[i].output_token_ids))
-            if p.repetition_penalty != 1.0
-            else []
-            for i, p in zip(idx, params)
-        ]
-        seen = torch.zeros_like(sub, dtype=torch.bool)
-        seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
-        pres = _tensor([p.presence_penalty for p in params], dev)[:, None]
-        freq = _tensor([p.frequency_penalty for p in params], dev)[:, None]
-        counts = torch.zeros_like(sub)
-        flat = _flat_index([rows[i].output_token_ids for i in idx], vocab, dev)
-        counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
-        sub = sub - pres * (counts > 0).to(sub.dtype) - freq * counts
-    return logits.clone().index_copy_(0, rows_t, sub)
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

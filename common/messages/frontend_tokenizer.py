@@ -24,7 +24,7 @@ class TokenizeRequest(Message):
     # the client set no max_tokens: params["max_tokens"] is a default, which the tokenizer
     # cuts to the room the prompt leaves in the context (RequestLimits.check)
     max_tokens_unset: bool = False
-    # the scheduler replica the frontend chose (frontend.routing) and its inbox (None:
+    # the scheduler replica the frontend chose (frontend.cluster.routing) and its inbox (None:
     # the config's address for that replica, IPCConfig.replica_endpoint)
     replica: int = 0
     inbox: str | None = None

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from common.log import get_logger
 from frontend.api.anthropic_format import AnthropicFormat, error_body
 from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
-from frontend.engine_client import EngineClient
+from frontend.cluster.engine_client import EngineClient
 from frontend.errors import APIError, unavailable
 from frontend.protocol import chat_messages, parse
 from frontend.responses import ResponseFormat

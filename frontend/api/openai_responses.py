@@ -39,7 +39,7 @@ from frontend.api.responses_protocol import (
     input_items,
     rename,
 )
-from frontend.engine_client import EngineClient
+from frontend.cluster.engine_client import EngineClient
 from frontend.errors import APIError
 from frontend.protocol import parse
 from frontend.serving import Serving, read_body

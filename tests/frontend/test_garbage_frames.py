@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_frontend_inbox_survives_garbage(run_dir):
-    from frontend.engine_client import EngineClient
+    from frontend.cluster.engine_client import EngineClient
     from frontend.metrics import Metrics
     from frontend.request_handle import Delta, RequestHandle
 

@@ -9,8 +9,10 @@ import time
 from collections.abc import Callable
 
 from common.messages import ComponentStatus, EngineStatus, Message
-from frontend.cluster import GUARD_S as DISCONNECT_SETTLE_S
-from frontend.cluster import PRUNE_AFTER, Cluster, Event, Joined
+from frontend.cluster.health import health_report
+from frontend.cluster.members import Event, Joined
+from frontend.cluster.table import GUARD_S as DISCONNECT_SETTLE_S
+from frontend.cluster.table import PRUNE_AFTER, Cluster
 
 
 class Monitor(Cluster):
@@ -231,7 +233,7 @@ def test_replicas_join_and_fail_one_by_one():
     assert failed == [("scheduler.1", "disconnected")]
     assert m.alive_replicas(time.monotonic()) == [0]
     assert "scheduler" not in m.missing()
-    report = m.report()["scheduler"]
+    report = health_report(m, time.monotonic())["scheduler"]
     assert report["alive"] and report["replicas"]["1"]["alive"] is False
     assert report["replicas"]["0"]["pid"] == 20
 

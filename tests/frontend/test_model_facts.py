@@ -8,8 +8,9 @@ import time
 
 from common.messages import ComponentStatus, EngineStatus, decode, encode
 from common.model_facts import ModelFacts
-from frontend.cluster import Cluster
-from frontend.routing import prefix_key
+from frontend.cluster.health import health_report
+from frontend.cluster.routing import prefix_key
+from frontend.cluster.table import Cluster
 from tests.frontend.conftest import serve
 from tests.frontend.fake_backend import BLOCK_SIZE
 
@@ -71,7 +72,7 @@ def test_a_tokenizer_worker_that_disagrees_with_the_replicas_gets_no_request(cap
     assert len(lines) == 1, lines
     assert "pid 2" in lines[0] and "max_model_len 128 (not 64)" in lines[0]
     assert all(c.choose_tokenizer(now + 0.3) == 1 for _ in range(5))
-    assert c.report(now + 0.3)["tokenizer"] == {
+    assert health_report(c, now + 0.3)["tokenizer"] == {
         "alive": True,
         "last_seen_s": 0.0,
         "workers": 1,

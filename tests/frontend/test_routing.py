@@ -1,8 +1,8 @@
-"""frontend.routing: least loaded, prefix affinity within the imbalance threshold."""
+"""frontend.cluster.routing: least loaded, prefix affinity within the imbalance threshold."""
 
 from __future__ import annotations
 
-from frontend.routing import AFFINITY_SLACK, ReplicaLoad, Router, prefix_key
+from frontend.cluster.routing import AFFINITY_SLACK, ReplicaLoad, Router, prefix_key
 
 
 def load(replica: int, waiting: int = 0, running: int = 0, kv: float = 0.0, open_: int = -1):

@@ -7,14 +7,8 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker import sampling
-from scheduler_worker.sampling import (
-    Sampler,
-    SamplingRow,
-    apply_logit_bias,
-    apply_penalties,
-    make_generator,
-    sampling_probs,
-)
+from scheduler_worker.logits_processors import apply_logit_bias, apply_penalties
+from scheduler_worker.sampling import Sampler, SamplingRow, make_generator, sampling_probs
 
 EOS = 2
 

@@ -22,7 +22,8 @@ from common.grammar import grammar_text, llg_tokenizer
 from common.sampling_params import InvalidParameterError, SamplingParams
 from scheduler_worker import kernels
 from scheduler_worker.engine import LLMEngine
-from scheduler_worker.sampling import Sampler, SamplingRow, apply_token_masks
+from scheduler_worker.logits_processors import apply_token_masks
+from scheduler_worker.sampling import Sampler, SamplingRow
 from scheduler_worker.structured import spare_core
 
 SCHEMA = {

@@ -1,74 +1,31 @@
-"""The frontend's view of its cluster: which components are in it, which are alive, what a
-dead one took with it, and which scheduler replica takes the next request. Pure
-bookkeeping on one table: callers pass `now` (the frontend's own monotonic receipt time,
-so clock skew between hosts does not matter) and act on the events returned (`Joined`:
-connect to the replica's inbox; `Failed`: fail what the component held). EngineClient
-feeds it from the inbox and the sockets' disconnect watches, and runs the watchdog.
-
-```
- inbox ── EngineStatus, ComponentStatus ──▶ on_status ──▶ Joined / Failed
-       ── TextOutputs ───────────────────▶ on_outputs (proves the detok and its replica)
- a replica's / the detok's connection closes ──▶ on_disconnect ──▶ Failed
- watchdog, every WATCHDOG_S ──▶ check ──▶ Failed (windows lapsed, tokenizer work lost)
- /health ◀── missing(), report()       submit ◀── choose() (routing.Router's policy),
-                                               choose_tokenizer(), sent(), forget()
-```
-
-The table, one row (`Member`) per component by name: "detok", "scheduler.K" per scheduler
-replica K ("scheduler", from an older sender, is replica 0), "tokenizer.PID" per
-tokenizer worker. "scheduler" as a whole is up while at least one replica is, "tokenizer"
-while one worker is.
-
-Liveness: a member is alive when it spoke within `window_s` = max(3 s, 3 × heartbeat_s):
-  scheduler.K    its EngineStatus ("ready" or "heartbeat"), or a TextOutputs of its step
-  detok          ComponentStatus("detok"), or any TextOutputs (only the detok sends them)
-  tokenizer.PID  ComponentStatus("tokenizer") from that pid, sent from its main loop (a
-                 hung worker falls silent too; tokenizing never takes seconds)
-A "stopping" status marks the sender down at once (a replica's comes through the detok,
-behind its last outputs), and so does a replica's or the detok's connection closing (the
-process died). One guard, GUARD_S, follows a disconnect: during it only a "ready" (from a
-restarted successor) revives the member, not the dead process's last messages still on
-their way; and what a disconnected replica held fails only when it ends, so that its last
-outputs, still in the detok, land first (its clean "stopping" ends the wait at once).
-
-Joins: a replica joins with its EngineStatus (id, pid, inbox, model facts, KV pool;
-`proof` that it holds ipc.secret). Refused, with one log line each: another model (or
-other model facts than the replicas already in), a wrong secret, and a second process
-claiming a live replica's id at another inbox. The same id at the same inbox with a new
-pid is that replica restarted: what the old process held fails; so for a detok with a new
-pid. A replica's ComponentStatus counts only from the pid that joined.
-
-Model facts (common.model_facts.ModelFacts: model, vocab_size, max_model_len,
-block_size) have one owner, the replicas, which announce what they loaded; `facts()` is
-theirs, and the frontend uses it (the routing key's block_size, the intake checks'
-vocabulary and context). A tokenizer worker states what it computed in every status; one
-that differs from the replicas is refused, with one log line: it counts as down and gets
-no request (checked again whenever a replica joins, since workers often come first).
-
-Tokenizer hand-offs: the frontend picks the worker for each request (the live one
-holding the fewest, then the least recently picked) and sends it to that worker alone, so
-it knows who holds what without a word from the workers. A worker holds a request until
-its first output or error (or its abort). When a worker dies or hangs, what it holds fails
-with 503 (`Failed("tokenizer", why, rids)`): what it had not passed on, and also what it
-had passed on that has not produced a token yet (the client aborts those at their
-replica), the price of having no acknowledgements.
-"""
+"""The frontend's cluster table (`Cluster`): which components are in it, which are alive,
+what a dead one took with it, and which scheduler replica and tokenizer worker take the
+next request. Pure bookkeeping; its rules (liveness, joins, model facts, tokenizer
+hand-offs) are the room's, in frontend/cluster/__init__.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from common.auth import verify_replica
 from common.endpoints import check_endpoint
 from common.log import get_logger
 from common.messages import ComponentStatus, EngineStatus
 from common.model_facts import ModelFacts
+from frontend.cluster.members import (
+    Event,
+    Failed,
+    Joined,
+    Member,
+    StartupStopped,
+    engine_facts,
+    replica_key,
+    replica_of,
+)
+from frontend.cluster.routing import ReplicaLoad, Router
 from frontend.errors import APIError, unavailable
-from frontend.routing import ReplicaLoad, Router
 
 log = get_logger("frontend.cluster")
 
@@ -76,51 +33,6 @@ COMPONENTS = ("scheduler", "tokenizer", "detok")
 GUARD_S = 1.0  # after a disconnect: only "ready" revives; a replica's requests fail after
 PRUNE_AFTER = 10  # forget a silent tokenizer worker after this many windows
 WATCHDOG_S = 0.2  # how often EngineClient runs check()
-
-
-@dataclass(frozen=True, slots=True)
-class Joined:
-    replica: int
-    inbox: str | None  # None: the config's address (IPCConfig.replica_endpoint)
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    component: str  # "detok", "scheduler.K", "tokenizer"
-    why: str
-    rids: list[str] | None = None  # a tokenizer's: the requests it held; else all it held
-
-
-Event = Joined | Failed
-
-
-@dataclass(slots=True)
-class Member:
-    pid: int | None = None
-    last_seen: float | None = None  # monotonic receipt time; None: down
-    guard_until: float = 0.0  # see GUARD_S
-    disconnected: bool = False  # its connection closed while it was up: failing waits
-    up: bool = False  # as last acted on: a failure is reported when this turns False
-    status: EngineStatus | None = None  # a replica's latest
-    picked: int = 0  # a tokenizer's: when it was last picked (a count of picks)
-    facts: ModelFacts | None = None  # a tokenizer's, as it announced them
-    refused: str | None = None  # a tokenizer's: why its facts are not the replicas'
-
-
-class StartupStopped(RuntimeError):
-    """wait_ready gave up because the process is shutting down."""
-
-
-def replica_key(component: str) -> str | None:
-    """ "scheduler.K" for a scheduler replica's component name, else None."""
-    if component == "scheduler":
-        return "scheduler.0"
-    head, _, num = component.partition(".")
-    return component if head == "scheduler" and num.isdigit() else None
-
-
-def replica_of(key: str) -> int:
-    return int(key.partition(".")[2])
 
 
 class Cluster:
@@ -176,62 +88,17 @@ class Cluster:
     def alive_replicas(self, now: float) -> list[int]:
         return [k for k in sorted(self.engines()) if self.alive(f"scheduler.{k}", now)]
 
-    def _tokenizers(self) -> dict[str, Member]:
+    def tokenizers(self) -> dict[str, Member]:
         return {n: m for n, m in self.members.items() if n.startswith("tokenizer.")}
 
     def missing(self, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now
         ok = {
             "scheduler": bool(self.alive_replicas(now)),
-            "tokenizer": any(self.alive(n, now) for n in self._tokenizers()),
+            "tokenizer": any(self.alive(n, now) for n in self.tokenizers()),
             "detok": self.alive("detok", now),
         }
         return [name for name in COMPONENTS if not ok[name]]
-
-    def report(self, now: float | None = None) -> dict[str, Any]:
-        """/health's "components"."""
-        now = time.monotonic() if now is None else now
-        missing = self.missing(now)
-
-        def age(seen: float | None) -> float | None:
-            return None if seen is None or seen == float("-inf") else round(now - seen, 3)
-
-        replicas = {}
-        for k, e in self.engines().items():
-            replicas[str(k)] = {
-                "alive": self.alive(f"scheduler.{k}", now),
-                "last_seen_s": age(self.last_seen(f"scheduler.{k}")),
-                "pid": e.pid,
-                "inbox": e.inbox,
-                "num_requests_running": e.num_running,
-                "num_requests_waiting": e.num_waiting,
-                "kv_cache_usage": round(e.kv_usage, 4),
-            }
-        seen = [self.last_seen(f"scheduler.{k}") for k in replicas]
-        tokenizers = self._tokenizers()
-        return {
-            "scheduler": {
-                "alive": "scheduler" not in missing,
-                "last_seen_s": age(max((t for t in seen if t is not None), default=None)),
-                "replicas": replicas,
-            },
-            "tokenizer": {
-                "alive": "tokenizer" not in missing,
-                "last_seen_s": age(
-                    max(
-                        (t for m in tokenizers.values() if (t := m.last_seen) is not None),
-                        default=None,
-                    )
-                ),
-                "workers": sum(1 for n in tokenizers if self.alive(n, now)),
-                **(
-                    {"refused": refused}
-                    if (refused := sum(1 for m in tokenizers.values() if m.refused))
-                    else {}
-                ),
-            },
-            "detok": {"alive": "detok" not in missing, "last_seen_s": age(self.last_seen("detok"))},
-        }
 
     async def wait_ready(self, timeout_s: float, stopped: Callable[[], bool]) -> None:
         """Return once every component is alive (one replica at least); TimeoutError
@@ -424,7 +291,7 @@ class Cluster:
 
     def _vet_tokenizers(self) -> None:
         facts = self.facts()
-        for name, m in self._tokenizers().items():
+        for name, m in self.tokenizers().items():
             self._vet(name, m, facts)
 
     def _vet(self, name: str, m: Member, facts: ModelFacts | None) -> None:
@@ -501,7 +368,3 @@ class Cluster:
                 self.forget(rid)
             events.append(Failed("tokenizer", f"tokenizer worker(s) {sorted(dead)} stopped", rids))
         return events
-
-
-def engine_facts(msg: EngineStatus) -> ModelFacts:
-    return ModelFacts(msg.model, msg.vocab_size, msg.max_model_len, msg.block_size)

@@ -10,21 +10,8 @@
       └─ call_soon_threadsafe(dispatch, batch) ─▶ event loop ─▶ RequestHandle.queue
                                                               └▶ Cluster (statuses)
 ```
-
-Data parallelism: one PUSH socket per scheduler replica, connected when the replica joins
-(frontend.cluster's `Joined`), its connection watched (PeerWatch) for a sudden death. The frontend picks the replica before
-tokenizing (frontend.routing) and the TokenizeRequest names it, so the tokenizer worker
-sends it there; a request's aborts go to that replica (`RequestHandle.replica`).
-
-The inbox is read by one background thread (block once, then drain: one event-loop
-wake-up per batch, and msgpack decoding off the loop), so the loop never blocks on
-ZeroMQ. The two PUSH sockets are used only from the loop, with non-blocking sends.
-`dispatch` runs on the loop and routes each entry of a TextOutputs (one message per
-engine step, many requests) through `routes: rid -> (handle, choice index)`. A rid
-leaves `routes` when it finishes, fails or is aborted; outputs for rids not in `routes`
-(unknown, finished, aborted) are dropped silently. Which components are alive, what a dead
-one took with it, and which replica takes a request, is frontend.cluster's: this client
-feeds it, runs its watchdog, and acts on the events it returns (connect, fail).
+The client's rules (replica sockets, the inbox thread, routes) are in the room's doc,
+frontend/cluster/__init__.py.
 """
 
 from __future__ import annotations
@@ -52,9 +39,12 @@ from common.messages import (
     WireError,
     unpack_text_outputs,
 )
-from common.zmq_queue import PeerWatch, PullQueue, PushQueue, QueueFull, RouterQueue
-from frontend.cluster import WATCHDOG_S, Cluster, Event, Joined, replica_key, replica_of
-from frontend.errors import APIError, invalid, renamed, unavailable
+from common.zmq_queue import PullQueue
+from frontend.cluster.members import Event, Joined, replica_key, replica_of
+from frontend.cluster.replica_links import ReplicaLinks
+from frontend.cluster.table import WATCHDOG_S, Cluster
+from frontend.cluster.tokenizer_link import TokenizerLink
+from frontend.errors import APIError, renamed, unavailable
 from frontend.metrics import Metrics, shown_timings
 from frontend.request_handle import Delta, Receive, RequestHandle
 from frontend.tokenizer_calls import TokenizerCalls
@@ -62,8 +52,6 @@ from frontend.tokenizer_calls import TokenizerCalls
 log = get_logger("frontend.engine_client")
 
 POLL_MS = 100  # the inbox thread checks for shutdown this often
-SEND_RETRY_S = 1.0  # how long a request waits for a tokenizer to take it before 503
-SEND_RETRY_SLEEP_S = 0.005
 
 
 class EngineClient:
@@ -83,14 +71,10 @@ class EngineClient:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._to_tokenizer: RouterQueue | None = None
+        self._tokenizers: TokenizerLink | None = None
         self._ctx: zmq.Context | None = None
-        self._to_replicas: dict[int, PushQueue] = {}  # replica -> socket to its inbox
-        self._old_sockets: list[PushQueue] = []  # a rejoined replica's old inbox
         self._inbox: PullQueue | None = None
-        self._detok_probe: PushQueue | None = None  # connected only to watch the detok
-        self._watches: dict[str, PeerWatch] = {}  # read by the inbox thread only
-        self._old_watches: list[PeerWatch] = []
+        self.links: ReplicaLinks | None = None  # the sockets to the replicas, watched
         self._watchdog: asyncio.Task | None = None
         metrics.in_flight.set_function(lambda: len(self.routes))
         # /tokenize, /detokenize, /tokenizer_info: answered by a tokenizer worker
@@ -104,16 +88,15 @@ class EngineClient:
         ipc = self.config.ipc
         ctx: zmq.Context = zmq.Context.instance()
         self._ctx = ctx
-        self._to_tokenizer = RouterQueue(ipc.endpoint("tokenizer"), ctx=ctx)
+        self._tokenizers = TokenizerLink(ipc.endpoint("tokenizer"), ctx, self.cluster)
         self._inbox = PullQueue(ipc.endpoint("frontend"), bind=True, ctx=ctx)
-        self._detok_probe = PushQueue(ipc.endpoint("detok"), bind=False, ctx=ctx)
-        self._watches = {"detok": PeerWatch(self._detok_probe.socket)}
+        self.links = ReplicaLinks(ctx, ipc)
         self._watchdog = asyncio.ensure_future(self._watch())
         self._thread = threading.Thread(target=self._recv_loop, name="frontend-inbox", daemon=True)
         self._thread.start()
         log.info(
             "frontend sockets up: tokenizer %s, inbox %s",
-            self._to_tokenizer.endpoint,
+            self._tokenizers.queue.endpoint,
             self._inbox.endpoint,
         )
 
@@ -124,10 +107,9 @@ class EngineClient:
         self.fail_remaining()
         if self._watchdog is not None:
             self._watchdog.cancel()
-        for watch in [*self._watches.values(), *self._old_watches]:
-            watch.close()  # after the inbox thread stopped: it reads them
-        sockets = (self._to_tokenizer, self._inbox, self._detok_probe, *self._to_replicas.values())
-        for q in (*sockets, *self._old_sockets):
+        if self.links is not None:
+            self.links.close()  # after the inbox thread stopped: it reads the watches
+        for q in (self._tokenizers, self._inbox):
             if q is not None:
                 q.close()
 
@@ -136,27 +118,12 @@ class EngineClient:
         dead component held."""
         for ev in events:
             if isinstance(ev, Joined):
-                self._connect(ev.replica, ev.inbox)
+                assert self.links is not None
+                self.links.connect(ev.replica, ev.inbox)
             elif ev.rids is not None:
                 self.fail_lost(ev.rids, ev.why)
             else:
                 self.fail_all(ev.component, ev.why)
-
-    def _connect(self, replica: int, inbox: str | None) -> None:
-        """A replica joined (or rejoined at another inbox): connect to its inbox and watch
-        the connection. The inbox thread reads the watches: the table is replaced, never
-        changed in place."""
-        ep = inbox or self.config.ipc.replica_endpoint(replica)
-        old = self._to_replicas.get(replica)
-        if old is not None and old.endpoint == ep:
-            return
-        q = PushQueue(ep, bind=False, ctx=self._ctx)
-        key = f"scheduler.{replica}"
-        if old is not None:  # the inbox thread may still read its watch: closed at the end
-            self._old_sockets.append(old)
-            self._old_watches.append(self._watches[key])
-        self._to_replicas[replica] = q
-        self._watches = {**self._watches, key: PeerWatch(q.socket)}
 
     def _on_disconnect(self, names: list[str]) -> None:
         self._act(self.cluster.on_disconnect(names, time.monotonic()))
@@ -172,7 +139,8 @@ class EngineClient:
                 now = time.monotonic()
                 if now - last_beat >= self.config.heartbeat_s:
                     last_beat = now
-                    self._send_scheduler(
+                    assert self.links is not None
+                    self.links.send_all(
                         ComponentStatus("frontend", os.getpid(), "heartbeat", time.time())
                     )
                 self._act(self.cluster.check(now))
@@ -181,7 +149,7 @@ class EngineClient:
 
     # -- the inbox thread -----------------------------------------------------------------
     def _recv_loop(self) -> None:
-        assert self._inbox is not None and self._loop is not None
+        assert self._inbox is not None and self._loop is not None and self.links is not None
         while not self._stop.is_set():
             try:
                 msgs = self._inbox.get_batch(timeout_ms=POLL_MS)
@@ -191,7 +159,7 @@ class EngineClient:
                 log.error("inbox receive failed: %s", e)
                 time.sleep(POLL_MS / 1000)
                 continue
-            gone = [name for name, watch in self._watches.items() if watch.gone()]
+            gone = self.links.gone()
             try:
                 if msgs:
                     self._loop.call_soon_threadsafe(self.dispatch, msgs)
@@ -315,7 +283,7 @@ class EngineClient:
                 f"too many requests in flight (limit {limit}); retry later", "overloaded"
             )
         replica = self.cluster.choose(pin, prefix_key, self.num_open)
-        inbox = self._to_replicas[replica].endpoint if replica in self._to_replicas else None
+        inbox = self.links.endpoint(replica) if self.links is not None else None
         handle = RequestHandle(
             [r.rid for r in reqs],
             arrival,
@@ -338,27 +306,8 @@ class EngineClient:
         return handle
 
     async def _send_to_tokenizer(self, req: TokenizeRequest | TokenizerCall) -> int:
-        """Send to the tokenizer worker the cluster picks, without blocking; the worker's
-        pid. While none takes it (not connected yet: a worker's status can arrive before
-        its DEALER connects; or every queue is full) retry briefly."""
-        assert self._to_tokenizer is not None
-        deadline = time.monotonic() + SEND_RETRY_S
-        full: set[int] = set()
-        while True:
-            pid = self.cluster.choose_tokenizer(time.monotonic(), full)
-            if pid is not None:
-                try:
-                    self._to_tokenizer.put(str(pid).encode(), req)
-                    return pid
-                except WireError as e:
-                    raise invalid(f"request cannot be encoded: {e}") from None
-                except QueueFull:
-                    full.add(pid)  # another worker may take it now
-                    continue
-            if time.monotonic() >= deadline:
-                raise unavailable("no tokenizer worker is accepting requests", "overloaded")
-            full.clear()
-            await asyncio.sleep(SEND_RETRY_SLEEP_S)
+        assert self._tokenizers is not None
+        return await self._tokenizers.send(req)
 
     def release(self, handle: RequestHandle, reason: str) -> None:
         """The HTTP side is done with `handle`: stop its watchers and abort whatever of it
@@ -385,25 +334,12 @@ class EngineClient:
             self.metrics.on_aborted(
                 handle.replica, handle.num_prompt_tokens[index], handle.num_output_tokens[index]
             )
-            if not self._send_replica(handle.replica, AbortRequest(rid, reason)):
+            sent = self.links is None or self.links.send(handle.replica, AbortRequest(rid, reason))
+            if not sent:
                 log.warning("abort of %s not sent: scheduler queue full", rid)
         if num:
             log.debug("aborted %d sub-request(s) of %s: %s", num, handle.rids[0], reason)
         return num
-
-    def _send_replica(self, replica: int, msg: Message) -> bool:
-        q = self._to_replicas.get(replica)
-        if q is None or q.socket.closed:
-            return True
-        try:
-            q.put(msg)
-            return True
-        except QueueFull:
-            return False
-
-    def _send_scheduler(self, msg: Message) -> bool:
-        """To every replica (the frontend's heartbeat)."""
-        return all([self._send_replica(k, msg) for k in list(self._to_replicas)])
 
     # -- failing what runs (on the event loop) -------------------------------------------
     def fail_all(self, component: str, why: str) -> None:
@@ -423,12 +359,9 @@ class EngineClient:
             self._interrupt(
                 handle,
                 f"{component}_failed",
-                APIError(
-                    503,
+                unavailable(
                     f"the {component} process failed while serving this request; it was not "
                     "completed, retry it",
-                    "server_error",
-                    None,
                     "component_failed",
                 ),
             )
@@ -442,12 +375,9 @@ class EngineClient:
             self._interrupt(
                 handle,
                 "tokenizer_failed",
-                APIError(
-                    503,
+                unavailable(
                     "the tokenizer worker holding this request stopped before starting it; "
                     "retry it",
-                    "server_error",
-                    None,
                     "component_failed",
                 ),
             )
