@@ -25,9 +25,10 @@ from pydantic import BaseModel
 
 from common.messages.base import INT32_MAX
 from frontend.cluster.engine_client import EngineClient
+from frontend.engine_path import read_body
 from frontend.errors import invalid, unavailable
 from frontend.protocol import STRICT, ChatMessage, chat_messages, parse
-from frontend.serving import Serving, read_body
+from frontend.serving import Serving
 
 
 class TokenizeBody(BaseModel):

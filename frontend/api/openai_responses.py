@@ -40,9 +40,10 @@ from frontend.api.responses_protocol import (
     rename,
 )
 from frontend.cluster.engine_client import EngineClient
+from frontend.engine_path import read_body
 from frontend.errors import APIError
 from frontend.protocol import parse
-from frontend.serving import Serving, read_body
+from frontend.serving import Serving
 
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
