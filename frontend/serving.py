@@ -22,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from common.config import Config
+from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import EnginePath, read_body
 from frontend.errors import APIError
@@ -35,7 +36,6 @@ from frontend.protocol import (
     Prompt,
     chat_logprobs,
     chat_max_tokens,
-    chat_messages,
     completion_prompts,
     default_max_tokens,
     param_aliases,

@@ -26,10 +26,11 @@ from pydantic import BaseModel
 from common.log import get_logger
 from frontend.api.anthropic_format import AnthropicFormat, error_body
 from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
+from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import read_body
 from frontend.errors import APIError, unavailable
-from frontend.protocol import chat_messages, parse
+from frontend.protocol import parse
 from frontend.responses import ResponseFormat
 from frontend.serving import Serving
 from frontend.tool_parsers import ToolParser

@@ -1,0 +1,61 @@
+"""A chat request's messages as the chat template takes them: text parts joined, other
+parts refused, assistant tool calls and tool results kept as templates expect them
+(frontend.tools.history_tool_calls)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frontend.errors import invalid
+from frontend.protocol import ChatMessage
+from frontend.tools import history_tool_calls
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """[{"role", "content"[, "name"][, "tool_calls"][, "tool_call_id"]}] with text parts
+    joined; other parts are refused. Assistant tool calls and tool results are kept as
+    chat templates take them (frontend.tools.history_tool_calls)."""
+    if not messages:
+        raise invalid("messages must not be empty", "messages")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if m.function_call:  # the deprecated functions API is not served
+            raise invalid(
+                "function_call is not supported by this server; use tool_calls",
+                f"messages.{i}.function_call",
+            )
+        if m.tool_calls and m.role != "assistant":
+            where = f"messages.{i}.tool_calls"
+            raise invalid(f"{where}: only assistant messages have tool_calls", where)
+        if m.role == "tool" and not m.tool_call_id:
+            where = f"messages.{i}.tool_call_id"
+            raise invalid(f"{where}: a tool message needs its tool_call_id", where)
+        if m.content is None or isinstance(m.content, str):
+            content = m.content or ""
+        else:
+            bad = [p.type for p in m.content if p.type != "text"]
+            if bad:
+                raise invalid(
+                    f"content part type {bad[0]!r} is not supported", f"messages.{i}.content"
+                )
+            content = "".join(p.text or "" for p in m.content)
+        msg: dict[str, Any] = {"role": m.role, "content": content}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = history_tool_calls(m.tool_calls, f"messages.{i}.tool_calls")
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+            if "name" not in msg and (name := _called(out, m.tool_call_id)) is not None:
+                msg["name"] = name  # some templates show the function's name
+        out.append(msg)
+    return out
+
+
+def _called(history: list[dict[str, Any]], call_id: str | None) -> str | None:
+    """The name of the function an earlier assistant message called with this id."""
+    for msg in reversed(history):
+        for call in msg.get("tool_calls", ()):
+            if call.get("id") == call_id:
+                return call["function"]["name"]
+    return None
