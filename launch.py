@@ -44,7 +44,11 @@ from common.cpu import check_kernel_choice
 from common.endpoints import ensure_run_dir
 from common.env import runtime_dir
 from common.log import get_logger
-from common.model_source import ModelSourceError, check_quantization_source, resolve_model
+from common.model_files.model_source import (
+    ModelSourceError,
+    check_quantization_source,
+    resolve_model,
+)
 from common.process import die_with_parent
 
 log = get_logger("launch")

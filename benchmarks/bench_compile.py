@@ -20,7 +20,7 @@ import time
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 
 d = resolve_model("smollm2")

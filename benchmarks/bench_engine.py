@@ -23,7 +23,7 @@ import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_flags, cpu_kind_label, cpu_model_name
-from common.model_source import hf_reference_dir, resolve_model
+from common.model_files.model_source import hf_reference_dir, resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 
 PERSON = {
     "type": "object",

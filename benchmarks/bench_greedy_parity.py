@@ -27,7 +27,7 @@ import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from common.cpu import cpu_kind_label, cpu_model_name
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.model_runner import SeqInput

@@ -137,7 +137,7 @@ def default_gguf(args: argparse.Namespace) -> str | None:
     if args.gguf:
         return args.gguf
     if args.model == "smollm2":
-        from common.model_source import default_gguf_path
+        from common.model_files.model_source import default_gguf_path
 
         return str(default_gguf_path())
     return args.model if args.model.endswith(".gguf") else None

@@ -42,7 +42,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_engine import machine_info  # noqa: E402
-from common.model_source import resolve_model  # noqa: E402
+from common.model_files.model_source import resolve_model  # noqa: E402
 from scheduler_worker import kernels  # noqa: E402
 from scheduler_worker.heap import keep_step_buffers_in_heap  # noqa: E402
 from scheduler_worker.models import load_model  # noqa: E402

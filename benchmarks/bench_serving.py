@@ -6,7 +6,7 @@
         --tokenizer "$MODEL_DIR" --json bench_results/serving.json --plot serving.png
 
 (our default model's directory, for --tokenizer: `.venv/bin/python -c "from
-common.model_source import resolve_model; print(resolve_model('smollm2'))"`)
+common.model_files.model_source import resolve_model; print(resolve_model('smollm2'))"`)
 
 Load shapes (how requests are submitted):
   --request-rate inf (default)   every request at once

@@ -34,7 +34,7 @@ from tokenizers import Tokenizer
 from benchmarks.bench_grammar import ORDER
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_kind, cpu_model_name
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 

@@ -44,8 +44,8 @@ from common.messages import (
     unpack_ids,
     unpack_step_outputs,
 )
-from common.model_source import resolve_model
-from common.tokenizer_files import load_decode_tokenizer
+from common.model_files.model_source import resolve_model
+from common.model_files.tokenizer_files import load_decode_tokenizer
 from common.worker_shell import WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, QueueFull
 from detok_worker.incremental import RequestDetokenizer

@@ -22,7 +22,7 @@ from common.config import EngineConfig
 from common.limits import RequestLimits
 from common.log import get_logger
 from common.model_facts import context_length
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.heap import keep_step_buffers_in_heap
 from scheduler_worker.model_runner import ModelRunner, SeqInput

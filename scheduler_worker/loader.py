@@ -27,9 +27,9 @@ from torch import nn
 
 from common.config import ConfigError, EngineConfig
 from common.cpu import has_native_bf16
-from common.gguf_convert import gguf_matrices
 from common.log import get_logger
-from common.model_source import check_quantization_source, gguf_source
+from common.model_files.gguf_convert import gguf_matrices
+from common.model_files.model_source import check_quantization_source, gguf_source
 from scheduler_worker.models import (
     MODEL_REGISTRY,
     architecture_of,

@@ -66,7 +66,7 @@ class GrammarMatchers:
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
         # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
         # 1.7-1.8 s for Gemma 3's 262k from a converted GGUF's compact tokenizer.json:
-        # common.tokenizer_files), holding the GIL all along: the engine waits for it
+        # common.model_files.tokenizer_files), holding the GIL all along: the engine waits for it
         # before it serves (wait_tokenizer), because a build during a request would starve
         # the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")

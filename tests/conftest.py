@@ -33,7 +33,7 @@ TOKENIZER_FILES = (
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct, converted from GGUF once into the user cache."""
-    from common.model_source import resolve_model
+    from common.model_files.model_source import resolve_model
 
     return resolve_model("smollm2")
 
@@ -143,7 +143,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     """transformers' own greedy generate, one prompt at a time, float32, no EOS stop."""
     import transformers
 
-    from common.model_source import hf_reference_dir
+    from common.model_files.model_source import hf_reference_dir
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_reference_dir(model_dir), dtype=torch.float32

@@ -32,7 +32,7 @@ from common.messages import (
     WireError,
 )
 from common.model_facts import ModelFacts
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import DealerQueue, PushQueue, QueueFull
 from tokenizer_worker.endpoints import TokenizerEndpoints

@@ -198,7 +198,7 @@ def llama_row(
 def file_paths(spec: str) -> tuple[str, Path]:
     """(zeroserve's --model, the GGUF file llama-server loads) for a --file entry."""
     if spec == DEFAULT_ALIAS:
-        from common.model_source import default_gguf_path
+        from common.model_files.model_source import default_gguf_path
 
         return spec, default_gguf_path()
     path = Path(spec).expanduser().resolve()
@@ -209,7 +209,7 @@ def file_paths(spec: str) -> tuple[str, Path]:
 
 def tokenizer_dir_for(model: str) -> tuple[Path, str | None]:
     """The file's converted directory (its tokenizer), or the default model's with why."""
-    from common.model_source import resolve_model
+    from common.model_files.model_source import resolve_model
 
     try:
         return resolve_model(model), None

@@ -24,7 +24,7 @@ def row_hf(args: argparse.Namespace, w: Workload, model_dir: Path) -> dict[str, 
     import torch
     import transformers
 
-    from common.model_source import hf_reference_dir
+    from common.model_files.model_source import hf_reference_dir
 
     dtype, device = hf_dtype(args)
     batch = args.hf_batch or args.concurrency

@@ -34,7 +34,11 @@ def find_llama_server(args: argparse.Namespace) -> tuple[str | None, str]:
 
 
 def gguf_for(args: argparse.Namespace) -> tuple[Path | None, str]:
-    from common.model_source import DEFAULT_MODEL_ALIAS, ModelSourceError, default_gguf_path
+    from common.model_files.model_source import (
+        DEFAULT_MODEL_ALIAS,
+        ModelSourceError,
+        default_gguf_path,
+    )
 
     if args.gguf:
         return Path(args.gguf).expanduser(), ""

@@ -81,7 +81,7 @@ def skipped(key: str, label: str, name: str, why: str) -> dict[str, Any]:
 
 def run_comparison(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     from benchmarks.bench_engine import machine_info
-    from common.model_source import resolve_model
+    from common.model_files.model_source import resolve_model
 
     model_dir = resolve_model(args.model)
     w = Workload(args, model_dir)

@@ -12,7 +12,7 @@ tokenizer), so it reads the header here: scalars decoded with struct, arrays ski
 their lengths (a numeric array in one step, a string array one length at a time) and
 kept only as (element type, count), tensors as gguf-py's own ReaderTensor tuples whose
 `data` is a view of one numpy memory map, shaped as gguf-py shapes it. The conversion
-(common.gguf_convert), which does need the vocabulary, keeps gguf-py's reader.
+(common.model_files.gguf_convert), which does need the vocabulary, keeps gguf-py's reader.
 
 The format (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count,
 u64 metadata count; each metadata entry a string key, a u32 value type and the value;
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from common.gguf_names import SUPPORTED_GGUF_ARCHS
-from common.model_source import ModelSourceError
+from common.model_files.gguf_names import SUPPORTED_GGUF_ARCHS
+from common.model_files.model_source import ModelSourceError
 
 # metadata value types: struct format of the scalar ones
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
@@ -190,7 +190,7 @@ _PLAIN = {
 
 def gguf_blocks_header(path: Path) -> GGUFHeader:
     """The header and tensor table of a supported GGUF file, its vocabulary skipped
-    (common.gguf_header: ~50 ms where GGUFReader takes seconds)."""
+    (common.model_files.gguf_header: ~50 ms where GGUFReader takes seconds)."""
     try:
         header = read_header(path)
     except (GGUFHeaderError, OSError) as e:

@@ -1,5 +1,5 @@
 """GGUF tensor names -> our HF module names, per GGUF architecture: one data table that
-the conversion (common.gguf_convert) and the engine's loader read.
+the conversion (common.model_files.gguf_convert) and the engine's loader read.
 
 llama-layout architectures share one layer map; an architecture adds or replaces entries
 (QK-norm, Gemma's pre/post norms, Phi-3's fused qkv / gate_up).

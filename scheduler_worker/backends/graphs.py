@@ -118,15 +118,15 @@ class StaticDecodeInputs:
         for p, t in zip(pos, tables):
             if len(t) * bs <= p:
                 raise ValueError(f"block table covers {len(t) * bs} tokens, need {p + 1}")
-        prev = [s.prev_row for s in seqs]
+        prev_rows = [s.prev_row for s in seqs]
         a[:n, 0] = [max(s.token_ids[0], 0) for s in seqs]
         a[:n, 1] = pos
         a[:n, 2] = [t[p // bs] * bs + p % bs for p, t in zip(pos, tables)]
         a[:n, 3] = [p + 1 for p in pos]
-        a[:n, 4] = prev
+        a[:n, 4] = prev_rows
         pad = [self.scratch_block] * w  # past a row's blocks: read by no kernel
         a[:n, COLS:] = [t[:w] if len(t) >= w else t + pad[len(t) :] for t in tables]
-        num_prev = sum(1 for r in prev if r >= 0)
+        num_prev = sum(1 for r in prev_rows if r >= 0)
         # one copy, from pinned memory: a pageable one may wait for the step in flight
         staged = self.staged[: b * width].view(b, width)
         staged.copy_(rows, non_blocking=True)

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.gguf_convert import unpermute
-from common.gguf_header import gguf_blocks_header
+from common.model_files.gguf_convert import unpermute
+from common.model_files.gguf_header import gguf_blocks_header
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
 from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, cat_rows, from_gguf, kernel_label

@@ -48,7 +48,8 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
                 "none",
                 "auto: a float checkpoint keeps its weights (--quantization int8|int4 to quantize)",
             )
-    assert method != "gguf" or gguf is not None  # common.model_source.check_quantization_source
+    # common.model_files.model_source.check_quantization_source refused gguf without a file
+    assert method != "gguf" or gguf is not None
     if method == "none":
         return WeightPlan("none", None, why)
     isa = kernel_path(cfg.kernels)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
-from common.model_source import default_gguf_path, resolve_model
+from common.model_files.model_source import default_gguf_path, resolve_model
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.quant.linear import QuantLinear
 

@@ -1,4 +1,4 @@
-"""common.gguf_header against gguf-py's own GGUFReader: the same tensors (names, types,
+"""common.model_files.gguf_header against gguf-py's own GGUFReader: the same tensors (names, types,
 shapes, offsets, bytes, numpy shapes and dtypes), the same metadata scalars, arrays by
 type and length; clear errors on files that are not GGUF or end early."""
 
@@ -10,8 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
-from common.gguf_header import GGUFHeaderError, MetaArray, read_header
-from common.model_source import default_gguf_path
+from common.model_files.gguf_header import GGUFHeaderError, MetaArray, read_header
+from common.model_files.model_source import default_gguf_path
 
 
 def same_as_gguf_py(path: Path) -> None:

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.gguf_convert import SUPPORTED_GGUF_ARCHS, gguf_matrices, llama3_rope_parameters
-from common.model_source import (
+from common.model_files.gguf_config import llama3_rope_parameters
+from common.model_files.gguf_convert import gguf_matrices
+from common.model_files.gguf_names import SUPPORTED_GGUF_ARCHS
+from common.model_files.model_source import (
     COMPLETE_MARKER,
     ModelSourceError,
     cache_dir_for,
@@ -412,7 +414,7 @@ def tiny_gguf(tmp_path, tokenizer_fields) -> Path:
 def test_concurrent_resolves_convert_once(tmp_path, tiny_gguf):
     cache = tmp_path / "cache"
     code = (
-        "import sys; from common.model_source import resolve_model; "
+        "import sys; from common.model_files.model_source import resolve_model; "
         "print(resolve_model(sys.argv[1], cache_dir=sys.argv[2], progress=False))"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), ZEROSERVE_LOG_LEVEL="INFO")

@@ -1,6 +1,6 @@
-"""The tokenizer files a GGUF conversion finishes (common.tokenizer_files), on the default
-model (49k tokens, byte-level BPE) and Gemma 3's (262k, byte fallback) where the test
-extras have it:
+"""The tokenizer files a GGUF conversion finishes (common.model_files.tokenizer_files), on
+the default model (49k tokens, byte-level BPE) and Gemma 3's (262k, byte fallback) where
+the test extras have it:
 - tokenizer.json's merges as "a b" strings encode exactly as the pairs transformers wrote;
 - decode_tokenizer.json holds no merges and decodes every id as tokenizer.json does, with
   and without the special tokens."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from common.model_source import resolve_model
-from common.tokenizer_files import (
+from common.model_files.model_source import resolve_model
+from common.model_files.tokenizer_files import (
     DECODE_TOKENIZER,
     finish_tokenizer_files,
     load_decode_tokenizer,

@@ -297,7 +297,7 @@ def test_compare_every_row(tmp_path, default_model_dir):
     llama = rows["llama_server"]
     assert llama["model"] == "fake.gguf" and llama["main"]["total_output_tokens"] == 32
     argv = json.loads(fake.with_suffix(".argv").read_text())
-    from common.model_source import default_gguf_path
+    from common.model_files.model_source import default_gguf_path
 
     flags = dict(zip(argv[::2], argv[1::2]))
     assert flags["-m"] == str(default_gguf_path())

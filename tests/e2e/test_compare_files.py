@@ -70,7 +70,7 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     assert proc.returncode == 0, text[-4000:]
     res = json.loads(out.read_text())
     default, refused = res["files"]
-    from common.model_source import default_gguf_path
+    from common.model_files.model_source import default_gguf_path
 
     assert default["file"] == str(default_gguf_path())
     assert default["arch"] == "llama" and default["file_type"] == "Q4_1"

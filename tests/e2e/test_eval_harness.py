@@ -25,7 +25,7 @@ def tokenizer(default_model_dir):
 def hf_model(default_model_dir):
     import transformers
 
-    from common.model_source import hf_reference_dir
+    from common.model_files.model_source import hf_reference_dir
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_reference_dir(default_model_dir), dtype=torch.float32

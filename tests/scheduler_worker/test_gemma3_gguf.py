@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
-from common.model_source import resolve_model
+from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import SeqInput
 

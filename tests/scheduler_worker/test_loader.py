@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
-from common.model_source import gguf_source
+from common.model_files.model_source import gguf_source
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding

@@ -22,7 +22,7 @@ def hf_prompt_logprobs(model_dir, prompt: list[int]) -> torch.Tensor:
     row p scores token p + 1."""
     import transformers
 
-    from common.model_source import hf_reference_dir
+    from common.model_files.model_source import hf_reference_dir
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_reference_dir(model_dir), dtype=torch.float32
