@@ -26,8 +26,8 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
 ROUTINGS = ("least_loaded", "round_robin")
-# how tool calls are read from a chat completion's text (frontend/tool_parsers/); None:
-# the model family's default (frontend.tool_parsers.default_parser)
+# how tool calls are read from a chat completion's text (frontend/tools/parsers/); None:
+# the model family's default (frontend.tools.parsers.default_parser)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "think")  # frontend/reasoning.py
 

@@ -9,6 +9,7 @@ server.py          run(config): uvicorn              errors.py          OpenAI e
 chat_history.py    chat messages as templates take them
 cluster/           the cluster table (who is in, who is up, what a dead one held), replica
                    routing, /health, the sockets and EngineClient (submit, inbox dispatch)
+tools/             tool calling: request checks, grammars, parsers, streamed calls
 api/               the other dialects over the chat path: anthropic*.py (/v1/messages),
                    openai_responses.py, responses_*.py, response_store.py (/v1/responses)
 """

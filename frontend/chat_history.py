@@ -1,6 +1,6 @@
 """A chat request's messages as the chat template takes them: text parts joined, other
 parts refused, assistant tool calls and tool results kept as templates expect them
-(frontend.tools.history_tool_calls)."""
+(frontend.tools.request.history_tool_calls)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any
 
 from frontend.errors import invalid
 from frontend.protocol import ChatMessage
-from frontend.tools import history_tool_calls
+from frontend.tools.request import history_tool_calls
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """[{"role", "content"[, "name"][, "tool_calls"][, "tool_call_id"]}] with text parts
     joined; other parts are refused. Assistant tool calls and tool results are kept as
-    chat templates take them (frontend.tools.history_tool_calls)."""
+    chat templates take them (frontend.tools.request.history_tool_calls)."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
     out: list[dict[str, Any]] = []

@@ -7,7 +7,7 @@ supplied`) are 400s. OpenAI fields this server does not implement are accepted o
 a value that changes nothing (`functions: []`, `suffix: ""`, ...); anything else is a
 400 naming the field, never silently ignored. `response_format` and vLLM's
 `structured_outputs` become SamplingParams.structured (frontend.structured); tools (`tools`,
-`tool_choice`, `parallel_tool_calls`) are checked in frontend.tools.
+`tool_choice`, `parallel_tool_calls`) are checked in frontend.tools.request.
 `null` means "the default". Parsing errors become 400s naming the field (see `parse`).
 
 A request that sets no max_tokens gets the endpoint's default (16 for completions, as

@@ -45,10 +45,10 @@ from frontend.protocol import (
 from frontend.reasoning import ReasoningSplit, template_kwargs
 from frontend.responses import ChatFormat, CompletionFormat, ResponseFormat
 from frontend.structured import structured_alias
-from frontend.tool_format import ToolChatFormat
-from frontend.tool_grammar import apply_tools
-from frontend.tool_parsers import ToolParser, get_parser
-from frontend.tools import tool_request
+from frontend.tools.chat_format import ToolChatFormat
+from frontend.tools.grammar import apply_tools
+from frontend.tools.parsers import ToolParser, get_parser
+from frontend.tools.request import tool_request
 
 Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest, GenerateRequest)
 
@@ -185,7 +185,7 @@ class Serving:
         )
         tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
         parser = None
-        if tools is not None and tools.parsed:  # frontend.tools: maybe forced by a grammar
+        if tools is not None and tools.parsed:  # frontend.tools.request: maybe forced by a grammar
             parser = get_parser(await self._tool_call_parser())
             apply_tools(params, tools, parser, req.skip_special_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"

@@ -53,7 +53,7 @@ ZEROSERVE = [
     "tokenizer_worker.worker",
     "detok_worker.worker",
     "scheduler_worker.structured",
-    "frontend.tools",
+    "frontend.tools.request",
 ]
 
 

@@ -28,7 +28,7 @@ class TokenizeRequest(Message):
     # the config's address for that replica, IPCConfig.replica_endpoint)
     replica: int = 0
     inbox: str | None = None
-    # chat with tools (frontend.tools): the checked tool list the prompt shows, or None
+    # chat with tools (frontend.tools.request): the checked tool list the prompt shows, or None
     tools: list | None = None
     # chat: more chat template variables (chat_template_kwargs, enable_thinking), or None
     chat_template_kwargs: dict | None = None

@@ -33,8 +33,8 @@ from frontend.errors import APIError, unavailable
 from frontend.protocol import parse
 from frontend.responses import ResponseFormat
 from frontend.serving import Serving
-from frontend.tool_parsers import ToolParser
-from frontend.tools import tool_request
+from frontend.tools.parsers import ToolParser
+from frontend.tools.request import tool_request
 
 log = get_logger("frontend.api.anthropic")
 

@@ -32,8 +32,8 @@ from frontend.errors import APIError
 from frontend.logprobs import TokenLogprob
 from frontend.request_handle import Delta
 from frontend.responses import Choice, ResponseFormat, dumps
-from frontend.tool_parsers import ToolParser
-from frontend.tool_stream import ToolStream
+from frontend.tools.parsers import ToolParser
+from frontend.tools.stream import ToolStream
 
 # HTTP status -> Anthropic's error type
 ERROR_TYPES = {

@@ -13,7 +13,7 @@ stream built from the chat stream's chunks.
                         (.incomplete at max_output_tokens), or an `error` event
 ```
 Every event has a `sequence_number` counting from 0. The chat side already parsed tool
-calls (frontend.tool_format), so here it is only a change of shape.
+calls (frontend.tools.chat_format), so here it is only a change of shape.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ SAMPLES: list[Message] = [
         PARAMS,
         1,
     ),
-    TokenizeRequest(  # chat with tools (frontend.tools)
+    TokenizeRequest(  # chat with tools (frontend.tools.request)
         "r4",
         "chat",
         None,

@@ -13,8 +13,8 @@ import pytest
 from frontend.api.anthropic_format import AnthropicFormat, stop_reason, usage_of
 from frontend.request_handle import Delta
 from frontend.responses import ChatFormat, Choice
-from frontend.tool_format import ToolChatFormat
-from frontend.tool_parsers import get_parser
+from frontend.tools.chat_format import ToolChatFormat
+from frontend.tools.parsers import get_parser
 from tests.frontend.conftest import Served, serve
 
 WEATHER = {

@@ -1,4 +1,4 @@
-"""Chat responses with tools (frontend.tool_format): whole responses and SSE chunks built
+"""Chat responses with tools (frontend.tools.chat_format): whole responses and SSE chunks built
 from engine outputs, choice by choice, against the parser's reading of the same text."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 from frontend.request_handle import Delta
 from frontend.responses import Choice
-from frontend.tool_format import ToolChatFormat
-from frontend.tool_parsers import get_parser
+from frontend.tools.chat_format import ToolChatFormat
+from frontend.tools.parsers import get_parser
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

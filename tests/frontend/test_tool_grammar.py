@@ -1,4 +1,4 @@
-"""The grammars that force tool calls (frontend.tool_grammar), checked with llguidance's
+"""The grammars that force tool calls (frontend.tools.grammar), checked with llguidance's
 own matcher on the default model's tokenizer: they compile, accept calls whose arguments
 validate against the function's schema in the parser's format, and reject the rest; what
 they accept, the parser reads back as the same call."""
@@ -10,9 +10,9 @@ import json
 import jsonschema
 import pytest
 
-from frontend.tool_grammar import tool_grammar
-from frontend.tool_parsers import get_parser
-from frontend.tools import tool_request
+from frontend.tools.grammar import tool_grammar
+from frontend.tools.parsers import get_parser
+from frontend.tools.request import tool_request
 
 llguidance = pytest.importorskip("llguidance")
 

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from frontend.tool_parsers import PARSERS, get_parser
-from frontend.tool_stream import ToolStream
+from frontend.tools.parsers import PARSERS, get_parser
+from frontend.tools.stream import ToolStream
 
 W = '{"city": "Paris", "unit": "c"}'
 CASES = {

@@ -1,4 +1,4 @@
-"""The tool fields of a chat request at intake (frontend.tools): malformed tools, unknown
+"""The tool fields of a chat request at intake (frontend.tools.request): malformed tools, unknown
 names in tool_choice and bad tool traces in the history are 400s naming the field; good
 ones reach the tokenizer pool with the checked tools."""
 

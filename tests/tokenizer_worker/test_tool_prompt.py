@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.tool_parsers import PARSERS, get_parser
+from frontend.tools.parsers import PARSERS, get_parser
 from tests.tokenizer_worker.conftest import hf_chat_ids
 from tokenizer_worker.chat_template import ChatTemplate
 from tokenizer_worker.tokenization import Tokenization

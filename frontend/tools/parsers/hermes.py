@@ -12,7 +12,7 @@ the object).
 
 from __future__ import annotations
 
-from frontend.tool_parsers.base import JsonCallsParser, PartialCall, marker_prefix_len
+from frontend.tools.parsers.base import JsonCallsParser, PartialCall, marker_prefix_len
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -10,8 +10,8 @@ from typing import Any
 from frontend.logprobs import TokenLogprob
 from frontend.request_handle import Delta
 from frontend.responses import ChatFormat, Choice, sse
-from frontend.tool_parsers import ToolParser
-from frontend.tool_stream import ToolStream, message_calls
+from frontend.tools.parsers import ToolParser
+from frontend.tools.stream import ToolStream, message_calls
 
 
 def _finish(reason: str | None, called: bool) -> str | None:

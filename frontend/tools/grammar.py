@@ -24,8 +24,8 @@ from typing import Any
 
 from common.grammar import closed_objects
 from frontend.errors import invalid
-from frontend.tool_parsers import ToolParser
-from frontend.tools import ToolRequest
+from frontend.tools.parsers import ToolParser
+from frontend.tools.request import ToolRequest
 
 HEADER = "%llguidance {}\n"
 

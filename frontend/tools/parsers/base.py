@@ -9,7 +9,7 @@ A parser reads a chat completion's text in two parts:
 `calls(region, final)` lists the calls found in the region so far, each with its name
 once the name is complete and the raw text of its arguments as written so far. While
 the text is still growing (`final` False), a call's `arguments` only ever grows: what a
-stream sent stays a prefix of what it will send (frontend.tool_stream relies on it).
+stream sent stays a prefix of what it will send (frontend.tools.stream relies on it).
 With `final`, every call's arguments are a complete JSON object, or the call is dropped.
 """
 

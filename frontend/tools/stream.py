@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from frontend.tool_parsers import PartialCall, ToolParser
+from frontend.tools.parsers import PartialCall, ToolParser
 
 
 def call_id() -> str:

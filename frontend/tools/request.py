@@ -6,8 +6,8 @@
     tool_choice ─▶ "none" | "auto" | "required" | a function's name
       none: tools in the prompt (as vLLM by default: the same prompt as auto, so the
             history's calls render the same), the text not parsed
-      auto: tools in the prompt; calls parsed from the text (frontend.tool_parsers)
-      required / named: also forced by a grammar (frontend.tool_grammar)
+      auto: tools in the prompt; calls parsed from the text (frontend.tools.parsers)
+      required / named: also forced by a grammar (frontend.tools.grammar)
 
 Everything malformed is a 400 naming the field (`tools.0.function.name`), never a call the
 engine cannot honour.

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from frontend.tool_parsers.base import ParsedCalls, PartialCall, ToolParser
-from frontend.tool_parsers.hermes import HermesParser
-from frontend.tool_parsers.llama3_json import Llama3JsonParser
-from frontend.tool_parsers.mistral import MistralParser
-from frontend.tool_parsers.pythonic import PythonicParser
+from frontend.tools.parsers.base import ParsedCalls, PartialCall, ToolParser
+from frontend.tools.parsers.hermes import HermesParser
+from frontend.tools.parsers.llama3_json import Llama3JsonParser
+from frontend.tools.parsers.mistral import MistralParser
+from frontend.tools.parsers.pythonic import PythonicParser
 
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser)

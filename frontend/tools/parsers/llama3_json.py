@@ -9,7 +9,7 @@ The output is a call only when it begins with one (after optional whitespace or 
 
 from __future__ import annotations
 
-from frontend.tool_parsers.base import JsonCallsParser, PartialCall, scan_json, skip_ws
+from frontend.tools.parsers.base import JsonCallsParser, PartialCall, scan_json, skip_ws
 
 TAG = "<|python_tag|>"
 

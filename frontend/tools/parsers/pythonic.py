@@ -15,7 +15,7 @@ import ast
 import json
 from typing import Any
 
-from frontend.tool_parsers.base import PartialCall, ToolParser, skip_ws
+from frontend.tools.parsers.base import PartialCall, ToolParser, skip_ws
 
 OPEN, CLOSE = "<|python_start|>", "<|python_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}

@@ -11,7 +11,7 @@ or (tokenizer v11 and later) one `name[ARGS]{...}` per call:
 
 from __future__ import annotations
 
-from frontend.tool_parsers.base import (
+from frontend.tools.parsers.base import (
     JsonCallsParser,
     PartialCall,
     json_object,
