@@ -66,6 +66,31 @@ class StandInGraph:
         self.output.copy_(self.fn())
 
 
+class SharedLogits:
+    """One logits buffer for all the graphs of a kind: they replay one at a time, on one
+    stream, and a step's logits are read (sampled, copied) before the next replay, so each
+    graph writes the first rows of the same buffer. Graph memory is then one buffer of the
+    largest size, not one per size (1,140 MiB for the 1B model's 39 graphs with an output
+    each; several GB at Gemma 3's 262k-token vocabulary). Allocated by the first call, the
+    warm-up of the largest graph (captured first), outside any graph's pool."""
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+
+    def put(self, logits: torch.Tensor) -> torch.Tensor:
+        n = logits.shape[0]
+        if self.buf is None:
+            self.buf = torch.empty_like(logits)
+        elif n > self.buf.shape[0] or logits.shape[1:] != self.buf.shape[1:]:
+            # a graph captured earlier writes this buffer: it is never reallocated
+            raise RuntimeError(
+                f"logits of {tuple(logits.shape)} past the shared {tuple(self.buf.shape)}"
+            )
+        out = self.buf[:n]
+        out.copy_(logits)
+        return out
+
+
 class StaticDecodeInputs:
     """The graphs' inputs at fixed addresses, sized for the largest bucket."""
 
@@ -173,16 +198,18 @@ class DecodeGraphs:
         self.make_meta = make_meta
         self.graphs: dict[int, Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.logits = SharedLogits()
 
     def step_fn(
         self, model: torch.nn.Module, kv_caches: list[KVCache], b: int
     ) -> Callable[[], torch.Tensor]:
-        """What a graph of b rows runs: the forward and the logits, from the static inputs."""
+        """What a graph of b rows runs: the forward and the logits, from the static inputs,
+        into the shared logits buffer."""
         inp, meta = self.inputs, self.make_meta(b)
 
         def run() -> torch.Tensor:
             hidden = model(inp.ids[:b], inp.pos[:b], kv_caches, meta)
-            return model.compute_logits(hidden).float()  # type: ignore[operator]
+            return self.logits.put(model.compute_logits(hidden).float())  # type: ignore[operator]
 
         return run
 

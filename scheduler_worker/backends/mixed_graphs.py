@@ -23,7 +23,7 @@ import torch
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import KVCache, SeqInput, step_order
-from scheduler_worker.backends.graphs import Graph, bucket_for
+from scheduler_worker.backends.graphs import Graph, SharedLogits, bucket_for
 
 log = get_logger("cuda")
 
@@ -154,6 +154,7 @@ class MixedGraphs:
         self.inputs, self.sizes, self.max_num_seqs = inputs, sizes, max_num_seqs
         self.graphs: dict[int, Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.logits = SharedLogits()  # one buffer for every size (graphs.SharedLogits)
 
     def seqs_for(self, t: int) -> int:
         return min(t, self.max_num_seqs)
@@ -166,7 +167,7 @@ class MixedGraphs:
 
         def run() -> torch.Tensor:
             hidden = model(inp.ids[:t], inp.pos[:t], kv_caches, meta)[inp.logits_rows[:s]]
-            return model.compute_logits(hidden).float()  # type: ignore[operator]
+            return self.logits.put(model.compute_logits(hidden).float())  # type: ignore[operator]
 
         return run
 

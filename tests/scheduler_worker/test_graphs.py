@@ -96,3 +96,19 @@ def test_a_placeholder_token_is_read_from_the_step_in_flight(runner):
         eager = runner.execute(pending)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(eager, want, rtol=1e-5, atol=1e-5)
+
+
+def test_graphs_of_a_kind_share_one_logits_buffer():
+    """The largest graph's warm-up allocates it; smaller ones write its first rows; a
+    larger one after that is a bug (an earlier graph writes the buffer), said at capture."""
+    from scheduler_worker.backends.graphs import SharedLogits
+
+    shared = SharedLogits()
+    big = shared.put(torch.ones(8, 5))
+    small = shared.put(torch.full((3, 5), 2.0))
+    assert small.data_ptr() == big.data_ptr() and small.shape == (3, 5)
+    assert bool((big[:3] == 2.0).all()) and bool((big[3:] == 1.0).all())
+    with pytest.raises(RuntimeError, match="past the shared"):
+        shared.put(torch.zeros(9, 5))
+    with pytest.raises(RuntimeError, match="past the shared"):
+        shared.put(torch.zeros(2, 6))

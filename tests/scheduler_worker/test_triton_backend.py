@@ -103,6 +103,9 @@ def test_triton_backend_graph_replays_equal_the_cpu_engine(model_dir):
     assert backend.splits(1) > 1  # the one-row graph splits each context
     # the steps with prompt tokens replay mixed-step graphs (within 256 batched tokens)
     assert backend.mixed is not None and sorted(backend.mixed.graphs) == [64, 128, 256]
+    # every graph of a kind writes one logits buffer (graphs.SharedLogits)
+    assert len({o.data_ptr() for o in graphs.outputs.values()}) == 1
+    assert len({o.data_ptr() for o in backend.mixed.outputs.values()}) == 1
     replays = {t: 0 for t in backend.mixed.graphs}
     for t, g in backend.mixed.graphs.items():
         g.replay = lambda g=g, t=t, r=g.replay: (replays.__setitem__(t, replays[t] + 1), r())
