@@ -6,7 +6,7 @@
     POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's, by the tokenizer pool
     POST /v1/messages, /v1/messages/count_tokens   Anthropic's (frontend.api.anthropic)
     POST /v1/responses; GET, DELETE /v1/responses/{id}   OpenAI's Responses API
-                                                 (frontend.api.openai_responses)
+    GET  /v1/responses/{id}/input_items          (frontend.api.openai_responses)
     GET  /health                                 200 when every component is alive, else 503
     GET  /metrics                                Prometheus text (zeroserve:* names)
     GET  /, /stats                               the web page and its live figures (frontend.ui)

@@ -1,5 +1,5 @@
 """OpenAI's Responses API over the chat engine path: POST /v1/responses, GET and DELETE
-/v1/responses/{id}.
+/v1/responses/{id}, GET /v1/responses/{id}/input_items.
 
 ```
  body ─parse─▶ ResponsesRequest ─(+ previous_response_id's items, from the store)─▶
@@ -10,7 +10,8 @@
 The request is checked once here (the Responses-only fields) and once by the chat path
 (everything it shares with chat); the chat path's errors name the Responses fields
 (`rename`). Stored responses keep the whole conversation they answered, so a chain of
-previous_response_id needs one look-up.
+previous_response_id needs one look-up, and input_items lists that whole conversation
+(previous responses' inputs and outputs too), each item with an id to page by.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
@@ -28,9 +29,11 @@ from frontend.api.response_store import ResponseStore
 from frontend.api.responses_output import (
     EventStream,
     chat_chunks,
+    listed_item,
     new_id,
     response_object,
     sse_event,
+    with_ids,
 )
 from frontend.api.responses_protocol import (
     ResponsesRequest,
@@ -41,7 +44,7 @@ from frontend.api.responses_protocol import (
 )
 from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import read_body
-from frontend.errors import APIError
+from frontend.errors import APIError, invalid
 from frontend.protocol import parse
 from frontend.serving import Serving
 
@@ -120,7 +123,7 @@ class ResponsesRoom:
         self, req: ResponsesRequest, response: dict[str, Any], items: list[dict[str, Any]]
     ) -> None:
         if req.store is not False:
-            self.store.put(response, items)
+            self.store.put(response, with_ids(items))
 
     async def _events(
         self,
@@ -150,6 +153,39 @@ class ResponsesRoom:
             raise not_found(response_id)
         return JSONResponse(stored.response)
 
+    def input_items(
+        self, response_id: str, after: str | None, limit: int, order: str, include: list[str]
+    ) -> JSONResponse:
+        """OpenAI's list of a response's input items: newest first unless order=asc,
+        `limit` (1-100) after the item `after`, as one page with has_more."""
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise not_found(response_id)
+        if not 1 <= limit <= 100:
+            raise invalid(f"limit: must be in [1, 100], got {limit}", "limit")
+        if order not in ("asc", "desc"):
+            raise invalid(f"order: must be 'asc' or 'desc', got {order!r}", "order")
+        if include:
+            raise invalid(f"include: {include[0]!r} is not supported by this server", "include")
+        items = [listed_item(i) for i in stored.input_items]
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [i["id"] for i in items]
+            if after not in ids:
+                raise invalid(f"after: no input item {after!r} in this response", "after")
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": len(items) > limit,
+            }
+        )
+
     def delete(self, response_id: str) -> JSONResponse:
         if not self.store.delete(response_id):
             raise not_found(response_id)
@@ -162,7 +198,8 @@ def add_responses_routes(
     client: EngineClient,
     body_schema: Callable[[type[BaseModel]], dict],
 ) -> ResponsesRoom:
-    """POST /v1/responses, GET and DELETE /v1/responses/{response_id} on `api`."""
+    """POST /v1/responses, GET and DELETE /v1/responses/{response_id}, GET
+    /v1/responses/{response_id}/input_items on `api`."""
     server = serving.config.server
     room = ResponsesRoom(
         serving, ResponseStore(server.responses_store_max, server.responses_store_bytes)
@@ -175,6 +212,16 @@ def add_responses_routes(
     @api.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str) -> JSONResponse:
         return room.retrieve(response_id)
+
+    @api.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(
+        response_id: str,
+        after: str | None = None,
+        limit: int = 20,
+        order: str = "desc",
+        include: Annotated[list[str] | None, Query()] = None,
+    ) -> JSONResponse:
+        return room.input_items(response_id, after, limit, order, include or [])
 
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> JSONResponse:

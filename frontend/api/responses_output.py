@@ -75,6 +75,31 @@ def function_call_item(call: dict[str, Any], item_id: str | None = None) -> dict
     }
 
 
+ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as a stored response keeps them: each with an id (a client's, or a new
+    one), the id that GET /v1/responses/{id}/input_items pages by."""
+    return [
+        item if item.get("id") else {**item, "id": new_id(ITEM_ID_PREFIX.get(item["type"], "it"))}
+        for item in items
+    ]
+
+
+def listed_item(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored input item as input_items lists it: a message's text as an input_text
+    part (output_text for the assistant's), with a status, as OpenAI lists them."""
+    if item["type"] != "message" or not isinstance(item.get("content"), str):
+        return item
+    part = "output_text" if item.get("role") == "assistant" else "input_text"
+    return {
+        **item,
+        "content": [{"type": part, "text": item["content"]}],
+        "status": item.get("status", "completed"),
+    }
+
+
 def finished(base: dict[str, Any], output: list, finish: str | None, usage: dict | None) -> dict:
     """`base` (the echoed request fields) completed with its output and usage."""
     incomplete = finish == "length"

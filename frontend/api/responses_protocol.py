@@ -212,6 +212,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "reasoning":  # a previous response's reasoning: not shown again
+            continue
         else:  # function_call_output
             content = _text(item["output"])
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})

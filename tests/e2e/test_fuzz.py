@@ -73,6 +73,7 @@ OPERATIONS = [
     ("POST", "/v1/responses"),
     ("GET", "/v1/responses/{response_id}"),
     ("DELETE", "/v1/responses/{response_id}"),
+    ("GET", "/v1/responses/{response_id}/input_items"),
 ]
 # negative (schema-violating) data exists only for the JSON bodies: a GET's path string
 # cannot violate {"type": "string"}

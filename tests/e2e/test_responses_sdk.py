@@ -1,6 +1,6 @@
 """/v1/responses end to end: the real server (launch.py, the default model) with the official
 openai client's Responses API: create, stream, a function-call round trip over
-previous_response_id, a json_schema text format, retrieve and delete."""
+previous_response_id, a json_schema text format, retrieve, input items and delete."""
 
 from __future__ import annotations
 
@@ -57,6 +57,9 @@ def test_create_text(client):
     assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
     again = client.responses.retrieve(resp.id)
     assert again.output_text == resp.output_text
+    (item,) = client.responses.input_items.list(resp.id)  # the SDK's pager
+    assert item.type == "message" and item.role == "user"
+    assert item.content[0].text == "What is the capital of France?"
     deleted = client.responses.delete(resp.id)
     assert deleted is None or getattr(deleted, "deleted", True)
     with pytest.raises(openai.NotFoundError):
@@ -116,6 +119,9 @@ def test_function_call_round_trip(client):
     assert second.output_text.strip()
     # the round trip's prompt holds the first turn, its call and the call's output
     assert second.usage.input_tokens > first.usage.input_tokens
+    listed = list(client.responses.input_items.list(second.id, order="asc", limit=1))
+    assert [i.type for i in listed] == ["message", "function_call", "function_call_output"]
+    assert listed[1].call_id == call.call_id  # paged one by one by the SDK (after=)
 
 
 def test_json_schema_output_parses(client):
