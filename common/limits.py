@@ -7,12 +7,9 @@ only in its offline API, or to a request nothing proves came through the intake
 (common.auth.passed_intake). A tokenizer worker's numbers are the replicas' (the frontend
 refuses one that announces others), and a replica's KV pool holds a whole context.
 
-A request that sets no max_tokens is resolved once, then cut once:
-
-    frontend    max_tokens_for(None, default, context)  the endpoint's default (capped by
-                                                        the server's limit), else the
-                                                        replicas' context length
-    tokenizer   RequestLimits.check(max_tokens_unset)   cut to the room the prompt leaves
+A request that sets no max_tokens travels with max_tokens None and the endpoint's cap
+(SamplingParams.max_tokens_cap); `settle_max_tokens` makes it the room the prompt leaves,
+at most the cap, once the prompt is tokenized: the one place max_tokens is decided.
 
 Torch-free: the tokenizer workers import it.
 """
@@ -22,23 +19,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.sampling_params import INT64_MAX, InvalidParameterError, SamplingParams
+from common.sampling_params import InvalidParameterError, SamplingParams
 
 
 class RequestRejectedError(InvalidParameterError):
     """A request this server can never serve: too long for the context or the KV pool."""
 
 
-def max_tokens_for(
-    max_tokens: int | None, default: int | None, max_model_len: int | None = None
-) -> int:
-    """The max_tokens a request is validated with before its prompt length is known: the
-    client's, if set; else the endpoint's default; else the context length; else (no
-    replica announced one yet) no bound. RequestLimits.check cuts an unset one to what
-    the prompt leaves of the context."""
-    if max_tokens is not None:
-        return max_tokens
-    return default or max_model_len or INT64_MAX
+def settle_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: int) -> None:
+    """An unset max_tokens (None) becomes the room the prompt leaves in the context, at
+    most params.max_tokens_cap; a client's max_tokens stays as it is (RequestLimits.check
+    refuses it if it does not fit)."""
+    if params.max_tokens is not None:
+        return
+    room = max_model_len - prompt_len
+    cap = params.max_tokens_cap
+    params.max_tokens = room if cap is None else min(cap, room)
+    params.max_tokens_cap = None
+    if params.min_tokens > params.max_tokens:
+        raise InvalidParameterError(
+            "min_tokens",
+            f"min_tokens: {params.min_tokens} exceeds the {params.max_tokens} tokens this "
+            f"request may generate ({prompt_len} prompt tokens of a {max_model_len}-token "
+            "context)",
+        )
 
 
 @dataclass(frozen=True)
@@ -59,17 +63,12 @@ class RequestLimits:
             )
 
     def check(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        where: str = "prompt",
-        max_tokens_unset: bool = False,
+        self, prompt_ids: Sequence[int], params: SamplingParams, where: str = "prompt"
     ) -> None:
         """Raise InvalidParameterError naming the parameter at fault (RequestRejectedError
         when the request does not fit); `where` names the one that carried the prompt
-        ("prompt" or "messages"). With max_tokens_unset (the client set none, and
-        params.max_tokens holds max_tokens_for's value), params.max_tokens is first cut to
-        the room the prompt leaves, so such a request never gets a length error."""
+        ("prompt" or "messages"). An unset max_tokens is settled first
+        (settle_max_tokens), so such a request never gets a length error."""
         if params.logit_bias:
             self.check_token_ids(list(params.logit_bias), "logit_bias")
         n, limit = len(prompt_ids), self.max_model_len
@@ -81,16 +80,9 @@ class RequestLimits:
                 f"prompt is too long: {n} tokens, but this model's maximum context "
                 f"length is {limit} tokens",
             )
-        if max_tokens_unset:
-            params.max_tokens = min(params.max_tokens, limit - n)
-            if params.min_tokens > params.max_tokens:
-                raise InvalidParameterError(
-                    "min_tokens",
-                    f"min_tokens: {params.min_tokens} exceeds the "
-                    f"{params.max_tokens} tokens this request may generate "
-                    f"({n} prompt tokens of a {limit}-token context)",
-                )
+        settle_max_tokens(params, n, limit)
         m = params.max_tokens
+        assert m is not None
         if n + m > limit:
             raise RequestRejectedError(
                 "max_tokens",

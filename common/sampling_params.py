@@ -1,4 +1,11 @@
-"""Per-request generation parameters, validated before a request is admitted.
+"""Per-request generation parameters: one typed struct from the frontend's intake to the
+engine's sampler.
+
+The frontend builds it from a request body and validates it once (`validate`, with the
+replicas' vocabulary); it travels as itself inside TokenizeRequest and GenerateRequest (a
+WireStruct: an array of its fields, each checked against its annotation on decode); the
+tokenizer worker settles an unset max_tokens against the prompt's length
+(common.limits.settle_max_tokens), and the scheduler hands it to the engine as it came.
 
 Torch-free so the tokenizer workers can validate without loading the engine.
 """
@@ -6,8 +13,10 @@ Torch-free so the tokenizer workers can validate without loading the engine.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from common.wire_struct import WireStruct
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64  # the hard cap; servers default to server.max_stop_strings (16)
@@ -18,8 +27,8 @@ MAX_STOP_TOKEN_IDS = 64
 # regex (regex), Lark text (grammar), "" (json_object). Compiled by tokenizer_worker.grammar.
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 MAX_STRUCTURED_SPEC_CHARS = 1 << 20
-# logit_bias: {token id: bias} added to the logits before sampling (OpenAI's limits); on
-# the wire (msgpack maps take string keys only) and in JSON its keys are decimal strings
+# logit_bias: {token id: bias} added to the logits before sampling (OpenAI's limits); in
+# JSON its keys are decimal strings, on the wire it is an array of [id, bias] pairs
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
 
@@ -36,8 +45,13 @@ class InvalidParameterError(ValueError):
 
 
 @dataclass
-class SamplingParams:
-    max_tokens: int = 16
+class SamplingParams(WireStruct):
+    # None: the client set none; common.limits.settle_max_tokens makes it the room the
+    # prompt leaves, at most max_tokens_cap, once the prompt's length is known
+    max_tokens: int | None = 16
+    # with max_tokens None: the endpoint's default capped by the server's limit (None: no
+    # cap but the context); such a request is cut to fit, never refused for its length
+    max_tokens_cap: int | None = None
     min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -79,8 +93,10 @@ class SamplingParams:
             v = getattr(self, name)
             check(isinstance(v, (int, float)) and not isinstance(v, bool), name, "must be a number")
             check(math.isfinite(v), name, f"must be finite, got {v}")
-        for name in ("max_tokens", "min_tokens", "top_k"):
+        for name in ("max_tokens", "max_tokens_cap", "min_tokens", "top_k"):
             v = getattr(self, name)
+            if v is None and name.startswith("max_tokens"):
+                continue  # settled later (common.limits.settle_max_tokens)
             check(isinstance(v, int) and not isinstance(v, bool), name, "must be an integer")
             # beyond any wire integer (msgpack would refuse it when the request is sent on)
             check(abs(v) <= INT64_MAX, name, f"must fit in a 64-bit integer, got {v}")
@@ -88,13 +104,20 @@ class SamplingParams:
         # would make the scheduler fail to encode its step
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             check(isinstance(getattr(self, name), bool), name, "must be a boolean")
-        check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
         check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
-        check(
-            self.min_tokens <= self.max_tokens,
-            "min_tokens",
-            f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
+        # the one that bounds the output now: the client's, else the cap (if any)
+        bound, name = (
+            (self.max_tokens, "max_tokens")
+            if self.max_tokens is not None
+            else (self.max_tokens_cap, "max_tokens_cap")
         )
+        if bound is not None:
+            check(bound >= 1, name, f"must be >= 1, got {bound}")
+            check(
+                self.min_tokens <= bound,
+                "min_tokens",
+                f"must be <= {name} ({bound}), got {self.min_tokens}",
+            )
         check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.top_k >= -1, "top_k", f"must be -1 (disabled) or >= 0, got {self.top_k}")
@@ -178,14 +201,11 @@ class SamplingParams:
             check_logit_bias(self.logit_bias)
         return self
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.logit_bias is not None:
-            d["logit_bias"] = {str(t): b for t, b in self.logit_bias.items()}
-        return d
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        """From a request body's fields (the frontend's intake, the offline API's callers):
+        an unknown name is an InvalidParameterError, logit_bias keys may be decimal
+        strings as JSON carries them. Not validated: call validate()."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -198,7 +218,7 @@ class SamplingParams:
 
 
 def _int_keys(bias: dict[Any, Any]) -> dict[Any, Any]:
-    """logit_bias as JSON and the wire carry it ({"1234": -100}): its keys as ints."""
+    """logit_bias as JSON carries it ({"1234": -100}): its keys as ints."""
     out: dict[Any, Any] = {}
     for key, value in bias.items():
         if isinstance(key, str):

@@ -32,6 +32,7 @@ from common.auth import sign_rid
 from common.config import Config
 from common.log import get_logger
 from common.messages import TokenizeRequest
+from common.sampling_params import SamplingParams
 from frontend.cluster.engine_client import EngineClient
 from frontend.cluster.routing import prefix_key
 from frontend.errors import APIError
@@ -112,9 +113,8 @@ class EnginePath:
     def tokenize_requests(
         self,
         rid: str,
-        params: list[dict[str, Any]],
+        params: list[SamplingParams],
         req: AnyRequest,
-        max_tokens_unset: bool,
         *,
         kind: str,
         prompt: str | None = None,
@@ -138,7 +138,6 @@ class EnginePath:
                 messages=messages,
                 params=p,
                 origin=self.pid,
-                max_tokens_unset=max_tokens_unset,
                 tools=tools,
                 chat_template_kwargs=template_kwargs,
             )

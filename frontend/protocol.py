@@ -1,5 +1,5 @@
 """Request bodies of the OpenAI API (and the seed server's /generate) as pydantic models,
-and their conversion to what the tokenizer workers take: a prompt and SamplingParams dicts.
+and their conversion to what the tokenizer workers take: a prompt and a typed SamplingParams.
 
 As OpenAI does, the schema is strict: a field of the wrong JSON type (`"max_tokens": "3"`,
 `"stream": "yes"`) and a field the API does not know (`Unrecognized request argument
@@ -12,20 +12,19 @@ a value that changes nothing (`functions: []`, `suffix: ""`, ...); anything else
 
 A request that sets no max_tokens gets the endpoint's default (16 for completions, as
 OpenAI; 64 new tokens for /generate; for chat, the rest of the context), capped by the
-server's max_tokens limit and by the room the prompt leaves in the context: resolved
-here once (`sampling_params`, with the replicas' context length), and cut to the room by
-the tokenizer worker, which knows the prompt length (`TokenizeRequest.max_tokens_unset`,
-common.limits).
+server's max_tokens limit and by the room the prompt leaves in the context: it travels
+unset with that cap (`sampling_params`), and the tokenizer worker, which knows the prompt
+length, settles it (common.limits.settle_max_tokens).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from common.config import ServerConfig
-from common.limits import max_tokens_for
 from common.messages import WireError, pack_ids
 from common.model_facts import ModelFacts
 from common.sampling_params import InvalidParameterError, SamplingParams
@@ -262,15 +261,14 @@ def sampling_params(
     prompt_logprobs: int | None = None,
     num_prompts: int = 1,
     facts: ModelFacts | None = None,
-) -> list[dict[str, Any]]:
-    """One validated SamplingParams dict per choice (n); seeds seed+i when a seed is given.
+) -> list[SamplingParams]:
+    """One validated SamplingParams per choice (n); seeds seed+i when a seed is given.
     A batch of num_prompts prompts has num_prompts × n choices, within the server's
-    max_queued_requests (each prompt gets these n dicts).
-    The one validation of the parameters (with the replicas' vocabulary, `facts`), and the
-    one resolution of max_tokens: max_tokens None (the client set none) becomes `cap`
-    (default_max_tokens: the endpoint's default capped by the server's limit), else the
-    replicas' context length (common.limits.max_tokens_for); the tokenizer worker cuts
-    such a default to the room the prompt leaves (TokenizeRequest.max_tokens_unset).
+    max_queued_requests (each prompt gets these n).
+    The one validation of the parameters (with the replicas' vocabulary, `facts`). A
+    max_tokens the client set none of (None) travels as None with `cap`
+    (default_max_tokens: the endpoint's default capped by the server's limit) for the
+    tokenizer worker to settle against the prompt (common.limits.settle_max_tokens).
     `aliases` maps SamplingParams names to the request fields they came from (see
     param_aliases), so that an error names what the client sent."""
     aliases = aliases or {}
@@ -299,7 +297,8 @@ def sampling_params(
             "stop",
         )
     fields: dict[str, Any] = {
-        "max_tokens": max_tokens_for(max_tokens, cap, facts.max_model_len if facts else None),
+        "max_tokens": max_tokens,
+        "max_tokens_cap": None if max_tokens is not None else cap,
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
     }
@@ -327,15 +326,14 @@ def sampling_params(
     if req.logit_bias:
         fields["logit_bias"] = req.logit_bias  # its ids meet the vocabulary in common.limits
     try:
-        params = SamplingParams.from_dict(fields)
-        base = params.validate(facts.vocab_size if facts else None).to_dict()
+        base = SamplingParams.from_dict(fields).validate(facts.vocab_size if facts else None)
     except InvalidParameterError as e:
         raise renamed(APIError(400, str(e), "invalid_request_error", e.param), aliases) from None
-    seed = base["seed"]
+    seed = base.seed
     if seed is None:
-        return [dict(base) for _ in range(n)]
+        return [replace(base) for _ in range(n)]
     return [
-        {**base, "seed": seed + i - (SEED_SPAN if seed + i >= SEED_SPAN else 0)} for i in range(n)
+        replace(base, seed=seed + i - (SEED_SPAN if seed + i >= SEED_SPAN else 0)) for i in range(n)
     ]
 
 

@@ -109,9 +109,7 @@ class Serving:
             facts=self.client.cluster.facts(),
         )
         rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = self.path.tokenize_requests(
-            rid, params, req, max_tokens is None, kind="completion", prompts=prompts
-        )
+        reqs = self.path.tokenize_requests(rid, params, req, kind="completion", prompts=prompts)
         echo = await self._echo_texts(prompts) if req.echo else None
         fmt = CompletionFormat(
             rid,
@@ -193,7 +191,6 @@ class Serving:
             rid,
             params,
             req,
-            max_tokens is None,
             kind="chat",
             messages=messages,
             tools=tools.tools if tools is not None else None,
@@ -251,7 +248,6 @@ class Serving:
             f"gen-{uuid.uuid4().hex}",
             params,
             req,
-            req.max_new_tokens is None,
             kind="completion",
             prompt=req.prompt,
         )

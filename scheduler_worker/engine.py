@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -135,6 +136,9 @@ class LLMEngine:
         this KV pool holds a whole context (check_kv_pool): nothing to check again."""
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
+        if params.max_tokens is None:  # unset: settled for this prompt, on a copy (the
+            params = replace(params)  # caller may share one SamplingParams among prompts)
+            checked = False
         if not checked:
             self.validate(prompt_token_ids, params)
         req = Request(request_id, list(prompt_token_ids), params)

@@ -73,6 +73,9 @@ class Request:
         # kept beside token_ids (not sliced from it) so that reading it every step is O(1):
         # the sampler's penalties and min_tokens read it for every sampled row
         self.output_token_ids: list[int] = []
+        if self.params.max_tokens is None:  # LLMEngine.add_request settles it first
+            raise ValueError("a request's max_tokens must be settled before it is queued")
+        self.max_tokens: int = self.params.max_tokens
 
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)

@@ -232,7 +232,7 @@ class Scheduler:
             out.append((req, req.num_tokens))
             req.append_token(PLACEHOLDER)
             req.num_pending += 1
-            if req.num_output_tokens < req.params.max_tokens:
+            if req.num_output_tokens < req.max_tokens:
                 self._requeue(req)
             elif req.in_prefill_queue:  # its last token: done when resolved
                 self._leave_prefill_queue(req)
@@ -271,7 +271,7 @@ class Scheduler:
             if token in p.stop_token_ids:  # vLLM's stop_reason (an EOS stop has none)
                 req.stop_token_id = token
             return RequestStatus.FINISHED_STOPPED
-        if n_out >= p.max_tokens:
+        if n_out >= req.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
 

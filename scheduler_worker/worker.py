@@ -45,7 +45,6 @@ from common.messages import (
     pack_step_outputs,
     unpack_ids,
 )
-from common.sampling_params import SamplingParams
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
@@ -170,7 +169,7 @@ class SchedulerWorker:
             log.warning("dropping a second request with the running id %s", msg.rid)
             return
         try:
-            params = SamplingParams.from_dict(msg.params)
+            params = msg.params  # typed on the wire (common.sampling_params)
             # a signed id: the frontend validated it, the tokenizer checked its limits
             checked = passed_intake(self.config.ipc.secret, msg.rid)
             self.engine.add_request(

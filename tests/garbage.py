@@ -43,6 +43,7 @@ from common.messages import (
     encode,
     pack_ids,
 )
+from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue
 
 HEARTBEAT_S = 0.2
@@ -59,8 +60,10 @@ def _packb(x) -> bytes:
 def samples() -> dict[type[Message], Message]:
     now = time.time()
     return {
-        TokenizeRequest: TokenizeRequest("s-tok", "completion", "Hi", None, None, {}),
-        GenerateRequest: GenerateRequest("s-gen", pack_ids([1, 2]), {}, now),
+        TokenizeRequest: TokenizeRequest(
+            "s-tok", "completion", "Hi", None, None, SamplingParams(max_tokens=2)
+        ),
+        GenerateRequest: GenerateRequest("s-gen", pack_ids([1, 2]), SamplingParams(), now),
         AbortRequest: AbortRequest("s-abort", "test"),
         StepOutputs: StepOutputs(
             0, ["s-step"], [pack_ids([5])], [None], [2], [1], None, [], None, now
@@ -135,9 +138,42 @@ def malformed(sample: Message) -> list[bytes | list[bytes]]:
         _packb([v, RequestError.TAG, "r", "400", "m", "t", None]),
         _packb([v, ComponentStatus.TAG, "detok", "pid", "ready", now]),
     ]
+    # a message carrying SamplingParams, its struct mistyped (the wire checks each field)
+    if "params" in type(sample).__dataclass_fields__:
+        at = 2 + list(type(sample).__dataclass_fields__).index("params")
+        frames += [_packb([v, tag, *fields[: at - 2], p, *fields[at - 1 :]]) for p in bad_params()]
     # multipart messages: one frame per message, always
     frames += [[b"a", b"b"], [valid, valid], [valid, b""]]
     return frames
+
+
+def bad_params() -> list[object]:
+    """SamplingParams as the wire carries it (an array of its fields), mistyped: each must
+    fail to decode."""
+    names = list(SamplingParams.__dataclass_fields__)
+    good = msgpack.unpackb(encode(GenerateRequest("r", b"", SamplingParams(), 0.0)))[4]
+
+    def with_(name: str, value: object) -> list:
+        out = list(good)
+        out[names.index(name)] = value
+        return out
+
+    return [
+        {"max_tokens": 3},  # a map, as before the struct
+        good[:-1],  # a field short
+        [*good, 0],  # an unknown field
+        with_("temperature", {"deep": [1, {"x": None}]}),
+        with_("temperature", True),
+        with_("stop", [None]),
+        with_("seed", "x"),
+        with_("skip_special_tokens", "yes"),
+        with_("ignore_eos", 1),
+        with_("max_tokens", 2.5),
+        with_("logit_bias", {"5": 1.0}),  # a map: the wire carries [id, bias] pairs
+        with_("logit_bias", [[5]]),
+        with_("logit_bias", [["5", 1.0]]),
+        with_("structured", _deep(40)),
+    ]
 
 
 def _deep(n: int):

@@ -12,6 +12,7 @@ and the model's config.json.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from common.messages import (
     unpack_ids,
 )
 from common.model_facts import context_length, read_hf_config
-from common.sampling_params import InvalidParameterError, SamplingParams
+from common.sampling_params import InvalidParameterError
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
 from tokenizer_worker.grammar import GrammarCheck, GrammarError
 from tokenizer_worker.tool_prompt import default_tool_parser, has_tool_traces, render_with_tools
@@ -133,14 +134,14 @@ class Tokenization:
     def __call__(self, req: TokenizeRequest, checked: bool = False) -> GenerateRequest:
         """`checked`: the frontend validated the parameters (its signed id says so);
         else, a frame nothing vouches for, they are validated here."""
-        try:
-            params = SamplingParams.from_dict(req.params)
-            if not checked:
+        # a typed struct (its fields' types checked on decode), copied: settling its
+        # max_tokens must not change the message it came in
+        params = dataclasses.replace(req.params)
+        if not checked:
+            try:
                 params.validate(self.vocab_size)
-        except InvalidParameterError as e:
-            raise Rejected(400, str(e), e.param) from None
-        except (TypeError, ValueError) as e:
-            raise Rejected(400, f"invalid sampling parameters: {e}") from None
+            except InvalidParameterError as e:
+                raise Rejected(400, str(e), e.param) from None
         if params.structured is not None:
             try:
                 self.check_grammar(params.structured)
@@ -149,7 +150,7 @@ class Tokenization:
         ids, where = self.prompt_ids(req)
         try:
             self.limits.check_token_ids(ids, where)  # a client's ids, or text's past the model
-            self.limits.check(ids, params, where, max_tokens_unset=req.max_tokens_unset)
+            self.limits.check(ids, params, where)  # settles an unset max_tokens
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
-        return GenerateRequest(req.rid, pack_ids(ids), params.to_dict(), time.time(), req.origin)
+        return GenerateRequest(req.rid, pack_ids(ids), params, time.time(), req.origin)

@@ -32,6 +32,7 @@ from common.messages.base import (
     Checker,
     Message,
     WireError,
+    check_fields,
     compile_schema,
     pack_ids,
     unpack_ids,
@@ -119,16 +120,7 @@ for _cls in (
 
 
 def _checked_values(cls: type[Message], values: list[Any] | tuple[Any, ...]) -> list[Any]:
-    schema = _SCHEMAS[cls]
-    if len(values) != len(schema):
-        raise WireError(f"{cls.__name__}: expected {len(schema)} fields, got {len(values)}")
-    out = []
-    for (name, check), v in zip(schema, values):
-        try:
-            out.append(check(v))
-        except WireError as e:
-            raise WireError(f"{cls.__name__}.{name}: {e}") from None
-    return out
+    return check_fields(cls.__name__, _SCHEMAS[cls], values)
 
 
 def encode(msg: Message) -> bytes:
@@ -137,7 +129,10 @@ def encode(msg: Message) -> bytes:
     if cls not in _SCHEMAS or REGISTRY.get(cls.TAG) is not cls:
         raise WireError(f"{cls.__name__} is not a registered message type")
     values = _checked_values(cls, [getattr(msg, name) for name, _ in _SCHEMAS[cls]])
-    frame = msgpack.packb([WIRE_VERSION, cls.TAG, *values], use_bin_type=True)
+    try:
+        frame = msgpack.packb([WIRE_VERSION, cls.TAG, *values], use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:  # a struct given in its wire form
+        raise WireError(f"{cls.__name__}: not packable: {e}") from None
     if len(frame) > MAX_FRAME_BYTES:
         raise WireError(f"{cls.__name__}: frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     return frame

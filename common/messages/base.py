@@ -18,10 +18,13 @@ from array import array
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-WIRE_VERSION = 7  # 2: return_timings stays in the frontend; 3: prompt logprobs, tokenizer
+from common.wire_struct import WireStruct
+
+WIRE_VERSION = 8  # 2: return_timings stays in the frontend; 3: prompt logprobs, tokenizer
 # calls; 4: scheduler replicas; 5: EngineStatus.weight_bytes; 6: SamplingParams.structured,
 # TokenizeRequest.tools, prefix-cache counters on step outputs, no TokenizeAck; 7: model
-# facts (EngineStatus.block_size, ComponentStatus.facts), no arrival_time on the requests
+# facts (EngineStatus.block_size, ComponentStatus.facts), no arrival_time on the requests; 8: SamplingParams typed on the wire
+# (a WireStruct), max_tokens settled by the tokenizer (no TokenizeRequest.max_tokens_unset)
 MAX_FRAME_BYTES = 64 << 20  # a whole frame; strings and bytes inside are bounded by it
 MAX_LIST = 1 << 20  # elements of any array or map
 MAX_DEPTH = 32  # nesting of JSON-like values
@@ -143,6 +146,54 @@ def _union_of(options: tuple[Checker, ...], allow_none: bool) -> Checker:
     return check
 
 
+def check_fields(
+    owner: str, schema: tuple[tuple[str, Checker], ...], values: list[Any] | tuple[Any, ...]
+) -> list[Any]:
+    """A message's or a struct's field values, each checked by its field's checker."""
+    if len(values) != len(schema):
+        raise WireError(f"{owner}: expected {len(schema)} fields, got {len(values)}")
+    out = []
+    for (name, check), v in zip(schema, values):
+        try:
+            out.append(check(v))
+        except WireError as e:
+            raise WireError(f"{owner}.{name}: {e}") from None
+    return out
+
+
+def _struct_of(cls: type, schema: tuple[tuple[str, Checker], ...]) -> Checker:
+    def check(v: Any) -> Any:
+        if isinstance(v, cls):  # encode: the array of its fields
+            return check_fields(cls.__name__, schema, [getattr(v, name) for name, _ in schema])
+        if type(v) is list or type(v) is tuple:  # decode: the struct
+            return cls(*check_fields(cls.__name__, schema, v))
+        raise _fail(cls.__name__, v)
+
+    return check
+
+
+def _int_map_of(value: Checker) -> Checker:
+    def check(v: Any) -> Any:
+        pairs: list[Any] | tuple[Any, ...]
+        if type(v) is dict:  # encode: the pairs
+            pairs = list(v.items())
+            encoding = True
+        elif type(v) is list or type(v) is tuple:
+            pairs, encoding = v, False
+        else:
+            raise _fail("map of int keys", v)
+        if len(pairs) > MAX_LIST:
+            raise WireError(f"map larger than {MAX_LIST}")
+        out = []
+        for pair in pairs:
+            if (type(pair) is not list and type(pair) is not tuple) or len(pair) != 2:
+                raise WireError("expected [key, value] pairs")
+            out.append((_check_int(pair[0]), value(pair[1])))
+        return [list(p) for p in out] if encoding else dict(out)
+
+    return check
+
+
 _SCALARS: dict[Any, Checker] = {
     int: _check_int,
     float: _check_float,
@@ -159,6 +210,8 @@ _EXACT_ITEMS = {int: int, str: str, bool: bool, bytes: bytes}
 def checker_for(tp: Any) -> Checker:
     if tp in _SCALARS:
         return _SCALARS[tp]
+    if isinstance(tp, type) and issubclass(tp, WireStruct):
+        return _struct_of(tp, _fields_of(tp))
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (types.UnionType, typing.Union):
         options = tuple(checker_for(a) for a in args if a is not type(None))
@@ -169,15 +222,21 @@ def checker_for(tp: Any) -> Checker:
         return _tuple_of(tuple(checker_for(a) for a in args))
     if origin is dict and args[:1] == (str,):
         return _check_json_dict
+    if origin is dict and args[:1] == (int,):
+        return _int_map_of(checker_for(args[1]))
     raise TypeError(f"unsupported wire annotation: {tp!r}")
+
+
+def _fields_of(cls: type) -> tuple[tuple[str, Checker], ...]:
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    return tuple((f.name, checker_for(hints[f.name])) for f in dataclasses.fields(cls))
 
 
 def compile_schema(cls: type) -> tuple[tuple[str, Checker], ...]:
     """One (field name, checker) pair per dataclass field, in declaration order."""
     if not (isinstance(cls, type) and issubclass(cls, Message) and dataclasses.is_dataclass(cls)):
         raise TypeError(f"{cls!r} is not a Message dataclass")
-    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
-    return tuple((f.name, checker_for(hints[f.name])) for f in dataclasses.fields(cls))
+    return _fields_of(cls)
 
 
 # -- token ids: little-endian int32, 4 bytes per id ------------------------------------------

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from common.messages.base import Message
+from common.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,12 +19,9 @@ class TokenizeRequest(Message):
     prompt: str | None  # completion with a text prompt
     prompt_token_ids: bytes | None  # completion with token ids (pack_ids)
     messages: list | None  # chat: list of {"role", "content"} dicts
-    # SamplingParams.to_dict(), validated at intake, max_tokens resolved (common.limits)
-    params: dict[str, Any]
+    # validated at intake; an unset max_tokens (None) is settled by the tokenizer worker
+    params: SamplingParams
     origin: int = 0  # pid of the frontend that accepted it (restarts abort only its own)
-    # the client set no max_tokens: params["max_tokens"] is a default, which the tokenizer
-    # cuts to the room the prompt leaves in the context (RequestLimits.check)
-    max_tokens_unset: bool = False
     # the scheduler replica the frontend chose (frontend.cluster.routing) and its inbox (None:
     # the config's address for that replica, IPCConfig.replica_endpoint)
     replica: int = 0

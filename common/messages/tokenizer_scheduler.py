@@ -8,9 +8,10 @@ can still sit in a tokenizer worker: the scheduler must remember aborts of unkno
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from common.messages.base import Message
+from common.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +19,7 @@ class GenerateRequest(Message):
     TAG: ClassVar[int] = 2
     rid: str
     prompt_token_ids: bytes  # pack_ids
-    params: dict[str, Any]  # validated SamplingParams.to_dict()
+    params: SamplingParams  # validated, max_tokens settled
     tokenized_time: float  # wall clock (the arrival time stays in the frontend)
     origin: int = 0  # TokenizeRequest.origin, passed through
 

@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from common.grammar import closed_objects
+from common.sampling_params import SamplingParams
 from frontend.errors import invalid
 from frontend.tools.parsers import ToolParser
 from frontend.tools.request import ToolRequest
@@ -101,13 +102,11 @@ def structured_supported() -> bool:
     """Whether this build's SamplingParams carries a grammar (constrained decoding)."""
     from dataclasses import fields
 
-    from common.sampling_params import SamplingParams
-
     return any(f.name == "structured" for f in fields(SamplingParams))
 
 
 def apply_tools(
-    params: list[dict[str, Any]], tools: ToolRequest, parser: ToolParser, client_skip: bool | None
+    params: list[SamplingParams], tools: ToolRequest, parser: ToolParser, client_skip: bool | None
 ) -> None:
     """Set what tools change in each choice's SamplingParams: the forcing grammar for
     "required" or a named function, and special tokens kept in the text when the format
@@ -116,11 +115,11 @@ def apply_tools(
     combined with a forced call."""
     for p in params:
         if parser.needs_special_tokens and client_skip is None:
-            p["skip_special_tokens"] = False
+            p.skip_special_tokens = False
     if not tools.forced:
         return
     param = "tool_choice"
-    if any(p.get("structured") for p in params):
+    if any(p.structured for p in params):
         raise invalid(f"{param}: a forced tool call cannot be combined with response_format", param)
     if not structured_supported():
         raise invalid(
@@ -128,4 +127,4 @@ def apply_tools(
         )
     spec = tool_grammar(tools, parser.name)
     for p in params:
-        p["structured"] = {"kind": "grammar", "spec": spec}
+        p.structured = {"kind": "grammar", "spec": spec}

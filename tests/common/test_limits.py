@@ -1,29 +1,31 @@
-"""Request limits: the unset max_tokens at each hop, and what does not fit (the messages a
+"""Request limits: the unset max_tokens settled once, and what does not fit (the messages a
 client sees are checked in tests/tokenizer_worker/test_tokenization.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from common.limits import RequestLimits, RequestRejectedError, max_tokens_for
-from common.sampling_params import INT64_MAX, InvalidParameterError, SamplingParams
+from common.limits import RequestLimits, RequestRejectedError, settle_max_tokens
+from common.sampling_params import InvalidParameterError, SamplingParams
 
 
-def test_max_tokens_for_an_unset_one_before_the_prompt_is_known():
-    assert max_tokens_for(5, 16, 100) == 5  # the client's wins
-    assert max_tokens_for(None, 16) == 16  # the endpoint's default
-    assert max_tokens_for(None, None, 100) == 100  # else the context (tokenizer)
-    assert max_tokens_for(None, None) == INT64_MAX  # the frontend knows no context
-
-
-def test_unset_max_tokens_is_cut_to_the_room_the_prompt_leaves():
+@pytest.mark.parametrize("cap, expected", [(None, 6), (4, 4), (16, 6)])
+def test_an_unset_max_tokens_is_settled_to_the_room_the_prompt_leaves(cap, expected):
+    """None (the client set none) becomes the room 10 prompt tokens leave of 16, at most
+    the endpoint's cap; a client's max_tokens is kept, and refused if it does not fit."""
+    params = SamplingParams(max_tokens=None, max_tokens_cap=cap)
+    settle_max_tokens(params, 10, 16)
+    assert (params.max_tokens, params.max_tokens_cap) == (expected, None)
     limits = RequestLimits(vocab_size=50, max_model_len=16)
-    params = SamplingParams(max_tokens=max_tokens_for(None, None, 16))
-    limits.check([1] * 10, params, max_tokens_unset=True)
-    assert params.max_tokens == 6
+    params = SamplingParams(max_tokens=None, max_tokens_cap=cap)
+    limits.check([1] * 10, params)  # settled by the check itself
+    assert params.max_tokens == expected
     with pytest.raises(RequestRejectedError, match="at most 6") as e:
         limits.check([1] * 10, SamplingParams(max_tokens=7))  # set by the client: kept
     assert e.value.param == "max_tokens"
+    with pytest.raises(InvalidParameterError, match="6 tokens") as e:
+        settle_max_tokens(SamplingParams(max_tokens=None, min_tokens=7), 10, 16)
+    assert e.value.param == "min_tokens"
 
 
 def test_what_does_not_fit():

@@ -41,12 +41,20 @@ from common.messages import (
 )
 from common.sampling_params import SamplingParams
 
-PARAMS = SamplingParams(max_tokens=8, stop=["\n"], seed=3).to_dict()
+PARAMS = SamplingParams(max_tokens=8, stop=["\n"], seed=3)
 IDS = pack_ids([0, 1, 49151, 2**31 - 1])
 
 SAMPLES: list[Message] = [
     TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS),
-    TokenizeRequest("r2", "completion", None, IDS, None, {}, 4321, True),
+    TokenizeRequest(
+        "r2",
+        "completion",
+        None,
+        IDS,
+        None,
+        SamplingParams(max_tokens=None, max_tokens_cap=16),
+        4321,
+    ),
     TokenizeRequest(
         "r3",
         "chat",
@@ -66,7 +74,7 @@ SAMPLES: list[Message] = [
         tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
     ),
     GenerateRequest("r1", IDS, PARAMS, 2.0, 4321),
-    GenerateRequest("", b"", {}, 0.0),
+    GenerateRequest("", b"", SamplingParams(), 0.0),
     AbortRequest("r1", "client_disconnect"),
     StepOutputs(
         7,
@@ -190,6 +198,7 @@ def test_encode_refuses_schema_violations():
 
 
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
+WIRE_PARAMS = msgpack.unpackb(encode(GenerateRequest("r", b"", SamplingParams(), 0.0)))[4]
 ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None, 0, 16, {}]
 
 
@@ -217,9 +226,10 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, Non
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", {}, 0.0, 0),  # str where bytes
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, True),  # bool where int
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0),  # list where dict
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", WIRE_PARAMS, 0.0, 0),  # str where bytes
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", WIRE_PARAMS, 0.0, True),  # bool where int
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0),  # the struct's fields missing
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0),  # a map where the struct
         raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0),
         raw(
             WIRE_VERSION,
@@ -347,7 +357,7 @@ def test_wrong_container_types():
             raw(
                 WIRE_VERSION,
                 TokenizeRequest.TAG,
-                *("r", "chat", None, None, deep, {}, 0, False, 0, None, None, None),
+                *("r", "chat", None, None, deep, WIRE_PARAMS, 0, 0, None, None, None),
             )
         )
 
@@ -373,7 +383,7 @@ def test_oversize_frame_and_list():
     with pytest.raises(WireError):
         decode(big)
     with pytest.raises(WireError, match="exceeds"):
-        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, {}, 0.0))
+        encode(GenerateRequest("r", b"\x00" * MAX_FRAME_BYTES, SamplingParams(), 0.0))
 
 
 def test_pack_ids_round_trip_and_layout():
@@ -456,3 +466,28 @@ def test_light_modules_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_sampling_params_travel_as_a_typed_struct():
+    """SamplingParams is one shape from intake to the engine: an array of its fields on
+    the wire (logit_bias as [id, bias] pairs), the same dataclass after decode, an unset
+    max_tokens (None) and its cap included; its wire form is no message value."""
+    params = SamplingParams(
+        max_tokens=None,
+        max_tokens_cap=16,
+        seed=2**64 - 1,
+        stop=["a", "b"],
+        stop_token_ids=[2],
+        logit_bias={0: -100, 49151: 2.5},
+        structured={"kind": "json", "spec": "{}"},
+        logprobs=3,
+    )
+    frame = encode(GenerateRequest("r", IDS, params, 1.0))
+    wire = msgpack.unpackb(frame)[4]
+    assert isinstance(wire, list) and len(wire) == len(dataclasses.fields(SamplingParams))
+    assert wire[-1] == [[0, -100.0], [49151, 2.5]]  # logit_bias, the last field
+    back = decode(frame).params
+    assert isinstance(back, SamplingParams) and back == params
+    assert back.logit_bias == {0: -100.0, 49151: 2.5}
+    with pytest.raises(WireError, match="not packable"):
+        encode(GenerateRequest("r", IDS, wire, 1.0))  # type: ignore[arg-type]

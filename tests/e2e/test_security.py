@@ -48,7 +48,7 @@ def test_run_dir_and_config_are_private(server):
 def test_forged_and_garbage_frames_change_nothing(server):
     pids = sorted(server.pids())
     before = server.metrics()
-    params = SamplingParams(max_tokens=500, ignore_eos=True).to_dict()
+    params = SamplingParams(max_tokens=500, ignore_eos=True)
     forged = [
         GenerateRequest("cmpl-forged-0", pack_ids([1, 2, 3]), params, time.time()),
         GenerateRequest("cmpl-forged-0." + "0" * 32, pack_ids([1, 2, 3]), params, 0.0),

@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.config import Config
+from common.limits import settle_max_tokens
 from common.messages import (
     AbortRequest,
     ComponentStatus,
@@ -265,14 +266,14 @@ class FakeBackend:
                 words = THINK_WORDS if a.mode == "think" else WORDS
                 text = words[a.num_out - 1] if a.mode in ("words", "think") else "Hello"
                 finish = None
-                max_tokens = params["max_tokens"]  # resolved at intake
-                if a.req.max_tokens_unset:  # cut to the prompt's room, as the tokenizer does
-                    max_tokens = min(max_tokens, MAX_MODEL_LEN - a.prompt_len)
+                settled = replace(params)  # an unset one settled, as the tokenizer does
+                settle_max_tokens(settled, a.prompt_len, MAX_MODEL_LEN)
+                max_tokens = settled.max_tokens
                 if a.mode in ("words", "think") and a.num_out >= min(max_tokens, len(words)):
                     finish = "length" if max_tokens <= len(words) else "stop"
             lp = None
-            if params.get("logprobs") is not None:
-                top = [[100 + k, -0.5 - k] for k in range(params["logprobs"])]
+            if params.logprobs is not None:
+                top = [[100 + k, -0.5 - k] for k in range(params.logprobs)]
                 lp = [[-0.5, top]]
             timings = None  # on the finishing output, as the scheduler's
             if finish is not None:  # the arrival stays in the frontend: it adds it
@@ -283,8 +284,8 @@ class FakeBackend:
                     "num_cached_tokens": a.num_cached_tokens,
                 }
             plp = None  # prompt token p: logprob -p, tops "t<k>" at -0.25 * (k + 1)
-            if a.num_out == 1 and params.get("prompt_logprobs") is not None:
-                k = params["prompt_logprobs"]
+            if a.num_out == 1 and params.prompt_logprobs is not None:
+                k = params.prompt_logprobs
                 plp = [[None, [], ["p0"]]] + [
                     [
                         -float(p),

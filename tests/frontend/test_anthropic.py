@@ -76,7 +76,7 @@ def test_message(served: Served, http: httpx.Client) -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
     ]
-    assert sent.params["max_tokens"] == 16 and sent.tools is None
+    assert sent.params.max_tokens == 16 and sent.tools is None
 
 
 def test_max_tokens_stop_reason(http: httpx.Client) -> None:
@@ -154,8 +154,8 @@ def test_request_translation(served: Served, http: httpx.Client) -> None:
         }
     ]
     p = sent.params
-    assert (p["temperature"], p["top_p"], p["top_k"], p["stop"]) == (0.5, 0.9, 7, ["END"])
-    assert p["structured"] is not None  # the named tool choice is forced by a grammar
+    assert (p.temperature, p.top_p, p.top_k, p.stop) == (0.5, 0.9, 7, ["END"])
+    assert p.structured is not None  # the named tool choice is forced by a grammar
 
 
 @pytest.mark.parametrize(
@@ -167,14 +167,14 @@ def test_tool_choice(served: Served, http: httpx.Client, choice: dict, forced: b
     assert r.status_code == 200, r.text
     sent = served.backend.requests[-1]
     assert sent.tools is not None and sent.tools[0]["function"]["name"] == "get_weather"
-    assert (sent.params.get("structured") is not None) == forced
+    assert (sent.params.structured is not None) == forced
 
 
 def test_output_format(served: Served, http: httpx.Client) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     fmt = {"format": {"type": "json_schema", "schema": schema}, "effort": "low"}
     assert http.post("/v1/messages", json=body(output_config=fmt)).status_code == 200
-    assert served.backend.requests[-1].params["structured"] is not None
+    assert served.backend.requests[-1].params.structured is not None
     r = http.post("/v1/messages", json=body(output_config={"format": {"type": "xml"}}))
     assert "output_config.format" in assert_error(r, 400, "invalid_request_error")
 

@@ -10,7 +10,6 @@ import pytest
 
 from common.messages import unpack_ids
 from tests.frontend.conftest import serve
-from tests.frontend.fake_backend import MAX_MODEL_LEN
 from tests.frontend.sse import parse_sse
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,7 +46,7 @@ def test_completion_non_streaming(served, http):
     (req,) = _requests_for(served, body["id"])
     assert req.kind == "completion" and req.prompt == "Hi" and req.prompt_token_ids is None
     # unset: OpenAI's default for completions, capped by the room in the context
-    assert req.params["max_tokens"] == 16 and req.max_tokens_unset
+    assert req.params.max_tokens is None and req.params.max_tokens_cap == 16  # the default
     assert req.rid == body["id"] + "-0"
 
 
@@ -81,25 +80,25 @@ def test_completion_params_reach_the_tokenizer(served, http):
     assert r.json()["choices"][0]["text"] == "Hello world"
     (req,) = _requests_for(served, r.json()["id"])
     p = req.params
-    assert (p["max_tokens"], p["temperature"], p["top_p"], p["top_k"], p["min_p"]) == (
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p) == (
         2,
         0.5,
         0.9,
         5,
         0.1,
     )
-    assert (p["presence_penalty"], p["frequency_penalty"], p["repetition_penalty"]) == (
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (
         0.5,
         -0.5,
         1.1,
     )
-    assert (p["seed"], p["stop"], p["stop_token_ids"], p["ignore_eos"]) == (3, ["x"], [7], True)
-    assert (p["min_tokens"], p["skip_special_tokens"], p["include_stop_str_in_output"]) == (
+    assert (p.seed, p.stop, p.stop_token_ids, p.ignore_eos) == (3, ["x"], [7], True)
+    assert (p.min_tokens, p.skip_special_tokens, p.include_stop_str_in_output) == (
         1,
         False,
         True,
     )
-    assert p["logprobs"] is None
+    assert p.logprobs is None
 
 
 def test_completion_token_id_prompt(served, http):
@@ -165,7 +164,7 @@ def test_echo_with_logprobs_and_max_tokens_0(served, http):
         "prompt_tokens_details": {"cached_tokens": 0},
     }
     (req,) = _requests_for(served, r.json()["id"])
-    assert req.params["max_tokens"] == 1 and req.params["prompt_logprobs"] == 1
+    assert req.params.max_tokens == 1 and req.params.prompt_logprobs == 1
     # echo with generation: the prompt, then the generated text and its logprobs
     body = {"prompt": "Hi", "echo": True, "logprobs": 0, "max_tokens": 2}
     choice = http.post("/v1/completions", json=body).json()["choices"][0]
@@ -178,7 +177,7 @@ def test_echo_with_logprobs_and_max_tokens_0(served, http):
     r = http.post("/v1/completions", json={"prompt": "Hi", "echo": True, "max_tokens": 1})
     assert r.json()["choices"][0]["text"] == "HiHello"
     (req,) = _requests_for(served, r.json()["id"])
-    assert req.params["prompt_logprobs"] is None
+    assert req.params.prompt_logprobs is None
 
 
 def test_echo_streaming(served, http):
@@ -296,8 +295,8 @@ def test_chat_non_streaming(served, http):
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi there"},
     ]
-    # unset: the replica's context length, which the tokenizer cuts to the prompt's room
-    assert req.params["max_tokens"] == MAX_MODEL_LEN and req.max_tokens_unset
+    # unset, no cap: the room the prompt leaves, settled by the tokenizer
+    assert req.params.max_tokens is None and req.params.max_tokens_cap is None
 
 
 def test_chat_max_completion_tokens_wins(served, http):
@@ -312,7 +311,7 @@ def test_chat_max_completion_tokens_wins(served, http):
     assert r.status_code == 200
     assert r.json()["choices"][0]["finish_reason"] == "length"
     (req,) = _requests_for(served, r.json()["id"])
-    assert req.params["max_tokens"] == 2
+    assert req.params.max_tokens == 2
 
 
 def test_chat_streaming(served, http):
@@ -347,7 +346,7 @@ def test_n2_fans_out_with_seeds(served, http):
     }
     reqs = _requests_for(served, body["id"])
     assert [r.rid for r in reqs] == [body["id"] + "-0", body["id"] + "-1"]
-    assert [r.params["seed"] for r in reqs] == [7, 8]
+    assert [r.params.seed for r in reqs] == [7, 8]
     assert served.backend.max_rids_per_msg >= 2  # one TextOutputs carried both
 
 
@@ -372,7 +371,7 @@ def test_completion_logprobs(served, http):
     assert lp["top_logprobs"][0] == {"token_id:100": -0.5, "token_id:101": -1.5}
     assert lp["text_offset"] == [0, 5]
     (req,) = _requests_for(served, r.json()["id"])
-    assert req.params["logprobs"] == 2
+    assert req.params.logprobs == 2
 
 
 def test_chat_logprobs(served, http):
@@ -403,7 +402,7 @@ def test_generate_streams_plain_text(served, http):
         assert r.headers["content-type"].startswith("text/plain")
         assert r.read().decode() == "Hello world!"
     reqs = [q for q in served.backend.requests if q.rid.startswith("gen-")]
-    assert reqs[-1].params["max_tokens"] == 3
+    assert reqs[-1].params.max_tokens == 3
 
 
 def test_generate_non_streaming(served, http):
@@ -415,8 +414,8 @@ def test_generate_non_streaming(served, http):
         "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
     }
     reqs = [q for q in served.backend.requests if q.rid.startswith("gen-")]
-    assert reqs[-1].params["max_tokens"] == 64 and reqs[-1].max_tokens_unset
-    assert reqs[-1].params["temperature"] == 0
+    assert reqs[-1].params.max_tokens is None and reqs[-1].params.max_tokens_cap == 64
+    assert reqs[-1].params.temperature == 0
 
 
 def test_cached_tokens_in_usage(served, http):

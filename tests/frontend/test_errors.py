@@ -352,9 +352,9 @@ def test_a_limit_below_the_default_caps_the_default():
         ):
             assert c.post(path, json=body).status_code == 200, path
         defaults = sorted(
-            (r.kind, r.params["max_tokens"], r.max_tokens_unset) for r in s.backend.requests
+            (r.kind, r.params.max_tokens, r.params.max_tokens_cap) for r in s.backend.requests
         )
-        assert defaults == [("chat", 10, True), ("completion", 10, True), ("completion", 10, True)]
+        assert defaults == [("chat", None, 10), ("completion", None, 10), ("completion", None, 10)]
 
 
 def test_stop_string_limit_is_configurable():

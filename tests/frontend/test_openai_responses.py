@@ -123,8 +123,8 @@ def test_items_tools_and_sampling_reach_the_tokenizer(served, http):
     assert req.messages[3]["role"] == "tool" and req.messages[3]["tool_call_id"] == "call_1"
     assert req.messages[3]["content"] == "18C"
     assert [t["function"]["name"] for t in req.tools] == ["get_weather"]
-    assert req.params["max_tokens"] == 7 and req.params["temperature"] == 0.5
-    assert req.params["top_p"] == 0.9
+    assert req.params.max_tokens == 7 and req.params.temperature == 0.5
+    assert req.params.top_p == 0.9
 
 
 def test_json_schema_format_becomes_structured_output(served, http):
@@ -133,12 +133,12 @@ def test_json_schema_format_becomes_structured_output(served, http):
     r = http.post("/v1/responses", json={"input": "x", "text": {"format": fmt}})
     assert r.status_code == 200, r.text
     assert r.json()["text"] == {"format": fmt}
-    structured = _last_request(served).params["structured"]
+    structured = _last_request(served).params.structured
     assert structured is not None and "json" in json.dumps(structured)
     r = http.post("/v1/responses", json={"input": "x", "text": {"format": {"type": "json_object"}}})
-    assert r.status_code == 200 and _last_request(served).params["structured"] is not None
+    assert r.status_code == 200 and _last_request(served).params.structured is not None
     r = http.post("/v1/responses", json={"input": "x", "text": {"format": {"type": "text"}}})
-    assert r.status_code == 200 and _last_request(served).params["structured"] is None
+    assert r.status_code == 200 and _last_request(served).params.structured is None
 
 
 def test_max_output_tokens_makes_it_incomplete(http):

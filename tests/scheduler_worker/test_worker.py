@@ -26,7 +26,7 @@ def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, t
     frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
     detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
     worker = SchedulerWorker(config, LLMEngine(config.engine, tiny_llama_dir))
-    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, stop=["x"]).to_dict()
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, stop=["x"])
     with sockets(frontend, detok, worker.inbox, worker.to_detok, worker.to_frontend):
         worker.handle(ComponentStatus("frontend", 111, "heartbeat", time.time()))
         for rid, origin in (("old", 111), ("new", 222)):
@@ -77,7 +77,7 @@ def test_a_signed_request_is_not_validated_again_but_the_offline_api_validates(
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     with sockets(frontend, detok, worker.inbox, worker.to_detok, worker.to_frontend):
         rid = sign_rid("s3cret", "cmpl-1-0")
-        worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params.to_dict(), 0.0))
+        worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params, 0.0))
         assert rid in engine.requests and checks == []
         engine.abort(rid)
     out = engine.generate([[1, 2, 3, 4]], params)

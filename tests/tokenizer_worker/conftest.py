@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.limits import max_tokens_for
 from common.messages import TokenizeRequest, pack_ids
+from common.sampling_params import SamplingParams
 from tokenizer_worker.tokenization import Rejected, Tokenization
 
 CONVERSATIONS = {
@@ -40,24 +40,19 @@ def hf_chat_ids(hf_tok, messages: list[dict]) -> list[int]:
     return list(out)
 
 
-def intake(params: dict | None) -> tuple[dict, bool]:
+def intake(params: dict | None) -> SamplingParams:
     """The params as the frontend's intake sends them: a max_tokens the client did not set
-    resolved (no replica facts here: no bound) and flagged, for the tokenizer to cut."""
-    params = dict(params or {})
-    unset = params.get("max_tokens") is None
-    params["max_tokens"] = max_tokens_for(params.get("max_tokens"), None)
-    return params, unset
+    left unset (None), for the tokenizer to settle."""
+    return SamplingParams.from_dict({"max_tokens": None, **(params or {})})
 
 
 def chat(messages, params=None, rid="chat-1") -> TokenizeRequest:
-    p, unset = intake(params)
-    return TokenizeRequest(rid, "chat", None, None, messages, p, max_tokens_unset=unset)
+    return TokenizeRequest(rid, "chat", None, None, messages, intake(params))
 
 
 def completion(prompt=None, ids=None, params=None, rid="cmpl-1") -> TokenizeRequest:
     packed = pack_ids(ids) if isinstance(ids, list) else ids
-    p, unset = intake(params)
-    return TokenizeRequest(rid, "completion", prompt, packed, None, p, max_tokens_unset=unset)
+    return TokenizeRequest(rid, "completion", prompt, packed, None, intake(params))
 
 
 def rejected(tok: Tokenization, req: TokenizeRequest) -> Rejected:

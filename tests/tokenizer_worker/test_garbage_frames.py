@@ -13,6 +13,7 @@ from common.messages import (
     pack_ids,
     unpack_ids,
 )
+from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue
 from tests.garbage import (
     RawPush,
@@ -39,17 +40,13 @@ def test_tokenizer_worker_survives_garbage(run_dir, default_model_dir):
     worker = TokenizerWorker(config, Tokenization(default_model_dir, max_model_len=64))
 
     def tr(rid, kind="completion", prompt="Hi", ids=None, messages=None, params=None):
-        return TokenizeRequest(rid, kind, prompt, ids, messages, params or {})
+        return TokenizeRequest(rid, kind, prompt, ids, messages, SamplingParams(**(params or {})))
 
     bad = [
         tr("bad-kind", kind="bogus"),
         tr("bad-temperature", params={"temperature": -1}),
-        tr("bad-unknown-param", params={"nope": 1}),
-        tr("bad-param-type", params={"temperature": {"deep": [1, {"x": None}]}}),
-        tr("bad-stop", params={"stop": [None]}),
-        tr("bad-seed", params={"seed": "x"}),
-        tr("bad-flag", params={"skip_special_tokens": "yes"}),
-        tr("bad-flag2", params={"ignore_eos": 1}),
+        tr("bad-top-p", params={"top_p": 0}),
+        tr("bad-min-tokens", params={"max_tokens": 2, "min_tokens": 3}),
         tr("bad-too-long", params={"max_tokens": 10**9}),
         tr("bad-empty", prompt=""),
         tr("bad-ids-vocab", prompt=None, ids=pack_ids([1, 10**6])),
@@ -75,7 +72,7 @@ def test_tokenizer_worker_survives_garbage(run_dir, default_model_dir):
         assert all(isinstance(m, GenerateRequest) for m in got)
         assert [m.rid for m in got] == ["good", "good-chat"], "a bad request got through"
         assert unpack_ids(got[0].prompt_token_ids) == worker.tokenization.tokenizer.encode("Hi").ids
-        assert got[0].params["max_tokens"] == 3
+        assert got[0].params.max_tokens == 3
         want = {m.rid for m in bad}
         errs = errors_for(collect(frontend, lambda ms: set(errors_for(ms)) >= want, thread))
         assert set(errs) == want

@@ -47,7 +47,7 @@ BAD = [
 def test_good_specs_pass_on_the_wire(tok, spec):
     req = chat(CONVERSATIONS["user-only"], {"max_tokens": 8, "structured": spec})
     out = tok(req)
-    assert out.params["structured"] == spec and unpack_ids(out.prompt_token_ids)
+    assert out.params.structured == spec and unpack_ids(out.prompt_token_ids)
 
 
 @pytest.mark.parametrize("spec", BAD)
@@ -90,7 +90,7 @@ def test_grammars_that_name_tokens_are_checked_against_the_tokenizer(tok, spec, 
         "Hi", params={"max_tokens": 4, "structured": {"kind": "grammar", "spec": spec}}
     )
     if ok:
-        assert tok(req).params["structured"]["spec"] == spec
+        assert tok(req).params.structured["spec"] == spec
     else:
         e = rejected(tok, req)
         assert e.status == 400 and e.param == "structured" and "token" in e.message.lower()

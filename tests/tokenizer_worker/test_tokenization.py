@@ -5,7 +5,6 @@ test_chat_template.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import subprocess
@@ -16,9 +15,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from common.limits import max_tokens_for
 from common.messages import GenerateRequest, TokenizeRequest, decode, encode, pack_ids, unpack_ids
-from common.sampling_params import SamplingParams
+from common.sampling_params import InvalidParameterError, SamplingParams
 from tests.tokenizer_worker.conftest import CONVERSATIONS, chat, completion, hf_chat_ids, rejected
 from tokenizer_worker.tokenization import Rejected, Tokenization
 
@@ -115,21 +113,21 @@ def test_prompt_plus_max_tokens_over_context(default_model_dir):
     assert "16" in e.message and "20" in e.message and "10" in e.message
     assert "at most 6" in e.message
     out = tok(completion(ids=ids, params={"max_tokens": 6}))  # exactly fits
-    assert out.params["max_tokens"] == 6
+    assert out.params.max_tokens == 6
 
 
 @pytest.mark.parametrize("default, expected", [(None, 6), (4, 4), (16, 6)])
 def test_unset_max_tokens_gets_the_default_capped_by_the_context(
     default_model_dir, default, expected
 ):
-    """max_tokens unset: what the frontend resolved it to (the endpoint's default, else the
-    context length), never more than the room the prompt leaves; a client that set none
-    never gets a length error."""
+    """max_tokens unset: the endpoint's cap the frontend sent (None: the context), never
+    more than the room the prompt leaves; a client that set none never gets a length
+    error. Settled here, once: the request the frontend sent is left as it was."""
     tok = Tokenization(default_model_dir, max_model_len=16)
-    resolved = max_tokens_for(None, default, tok.max_model_len)  # the frontend's, once
-    req = completion(ids=list(range(10, 20)), params={"max_tokens": resolved, "min_tokens": 2})
-    out = tok(dataclasses.replace(req, max_tokens_unset=True))
-    assert out.params["max_tokens"] == expected
+    req = completion(ids=list(range(10, 20)), params={"max_tokens_cap": default, "min_tokens": 2})
+    out = tok(req)
+    assert out.params.max_tokens == expected and out.params.max_tokens_cap is None
+    assert req.params.max_tokens is None and req.params.max_tokens_cap == default
     e = rejected(tok, completion(ids=list(range(10, 20)), params={"min_tokens": 7}))
     assert e.param == "min_tokens" and "6 tokens" in e.message
     full = list(range(10, 26))  # the whole context: no room at all
@@ -152,7 +150,6 @@ def test_unset_max_tokens_gets_the_default_capped_by_the_context(
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [49152]}, "stop_token_ids"),
         ({"logit_bias": {"49152": -100}}, "logit_bias"),  # past SmolLM2's vocabulary
-        ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logprobs": 21}, "logprobs"),
         ({"seed": 2**64}, "seed"),
@@ -160,8 +157,6 @@ def test_unset_max_tokens_gets_the_default_capped_by_the_context(
         ({"skip_special_tokens": "yes"}, "skip_special_tokens"),
         ({"ignore_eos": 1}, "ignore_eos"),
         ({"include_stop_str_in_output": None}, "include_stop_str_in_output"),
-        ({"bogus_knob": 1}, "bogus_knob"),
-        ({"zzz": 1, "aaa": 2}, "aaa"),
     ],
 )
 def test_bad_params_are_400_naming_the_param(tok, params, param):
@@ -169,6 +164,22 @@ def test_bad_params_are_400_naming_the_param(tok, params, param):
         e = rejected(tok, req)
         assert e.param == param, e.message
         assert param in e.message
+
+
+@pytest.mark.parametrize(
+    "params, param",
+    [
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"bogus_knob": 1}, "bogus_knob"),
+        ({"zzz": 1, "aaa": 2}, "aaa"),
+    ],
+)
+def test_params_the_struct_cannot_hold_are_refused_where_it_is_built(params, param):
+    """Unknown names and non-id logit_bias keys never reach a tokenizer worker: the
+    struct has no place for them (SamplingParams.from_dict, the frontend's intake)."""
+    with pytest.raises(InvalidParameterError) as e:
+        completion("Hi", params=params)
+    assert e.value.param == param and param in str(e.value)
 
 
 def test_params_are_checked_before_the_prompt(tok):
@@ -179,7 +190,7 @@ def test_params_checked_at_intake_are_not_checked_again(tok):
     """A signed request (checked: the frontend validated it) skips the parameter checks,
     not the prompt's limits; an unsigned one is checked here."""
     params = {"max_tokens": 3, "top_p": 0}  # out of range: intake would have refused it
-    assert tok(completion("Hi", params=params), checked=True).params["top_p"] == 0
+    assert tok(completion("Hi", params=params), checked=True).params.top_p == 0
     assert rejected(tok, completion("Hi", params=params)).param == "top_p"
     too_long = {"max_tokens": 10**6}
     with pytest.raises(Rejected) as info:
@@ -189,12 +200,13 @@ def test_params_checked_at_intake_are_not_checked_again(tok):
 
 def test_logit_bias_ids_are_checked_against_the_vocabulary_even_when_signed(tok):
     """The vocabulary is the tokenizer worker's fact: a signed request's logit_bias ids
-    meet it here, with the prompt; the GenerateRequest carries the map on (string keys)."""
+    meet it here, with the prompt; the GenerateRequest carries the map on."""
     with pytest.raises(Rejected) as info:
         tok(completion("Hi", params={"logit_bias": {"3": 1, "49152": -100}}), checked=True)
     assert info.value.param == "logit_bias" and "49152" in info.value.message
     out = tok(completion("Hi", params={"logit_bias": {"49151": -100, "0": 2.5}}), checked=True)
-    assert out.params["logit_bias"] == {"49151": -100, "0": 2.5}
+    assert out.params.logit_bias == {49151: -100, 0: 2.5}
+    assert decode(encode(out)).params.logit_bias == {49151: -100.0, 0: 2.5}
 
 
 def test_chat_without_template_is_400(tiny_model_dirs, default_model_dir, tmp_path):
@@ -235,7 +247,7 @@ def test_malformed_messages_are_400(tok, messages, param):
 
 @pytest.mark.parametrize("kind", ["", "embedding", "Chat", "completions"])
 def test_unknown_kind_is_400(tok, kind):
-    req = TokenizeRequest("r", kind, "Hi", None, None, {})
+    req = TokenizeRequest("r", kind, "Hi", None, None, SamplingParams())
     assert rejected(tok, req).message.startswith("unknown request kind")
 
 
@@ -245,7 +257,8 @@ def test_unknown_kind_is_400(tok, kind):
 def test_generate_request_fields(tok):
     arrival = time.time()
     params = {"max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "stop": ["\n"], "seed": 3}
-    req = TokenizeRequest("rid-42", "completion", "Hello there", None, None, params, 7)
+    sent = SamplingParams(**params)
+    req = TokenizeRequest("rid-42", "completion", "Hello there", None, None, sent, 7)
     out = tok(req)
     assert isinstance(out, GenerateRequest)
     assert out.rid == "rid-42"
@@ -254,10 +267,9 @@ def test_generate_request_fields(tok):
     ids = unpack_ids(out.prompt_token_ids)
     assert ids == tok.tokenizer.encode("Hello there").ids
     assert pack_ids(ids) == out.prompt_token_ids
-    # every sampling parameter, defaults filled in, validated and accepted by the scheduler
-    expected = SamplingParams(**params).to_dict()
-    assert out.params == expected
-    assert SamplingParams.from_dict(out.params).validate(tok.vocab_size).to_dict() == expected
+    # every sampling parameter, as the frontend sent it, and valid for the scheduler
+    assert out.params == SamplingParams(**params)
+    assert out.params.validate(tok.vocab_size) == SamplingParams(**params)
     # and it survives the wire unchanged
     assert decode(encode(out)) == out
 
@@ -271,7 +283,7 @@ def test_generate_request_from_chat(tok, hf_tok):
     ids = unpack_ids(out.prompt_token_ids)
     assert ids == hf_chat_ids(hf_tok, messages)
     # no max_tokens: the rest of the context
-    assert out.params == {**SamplingParams().to_dict(), "max_tokens": tok.max_model_len - len(ids)}
+    assert out.params == SamplingParams(max_tokens=tok.max_model_len - len(ids))
 
 
 # -- no torch ---------------------------------------------------------------------------
@@ -281,8 +293,10 @@ import sys, time
 import tokenizer_worker.worker as tw
 import detok_worker.worker
 from common.messages import TokenizeRequest, unpack_ids
+from common.sampling_params import SamplingParams
 tok = tw.Tokenization(sys.argv[1])
-out = tok(TokenizeRequest("r", "chat", None, None, [{"role": "user", "content": "hi"}], {}))
+msgs = [{"role": "user", "content": "hi"}]
+out = tok(TokenizeRequest("r", "chat", None, None, msgs, SamplingParams(max_tokens=None)))
 assert unpack_ids(out.prompt_token_ids)
 bad = sorted(m for m in ("torch", "transformers") if m in sys.modules)
 assert not bad, f"imported {bad}"
