@@ -1,4 +1,4 @@
-"""Garbage on every socket: what the tests/*/test_garbage_frames.py modules share.
+"""Garbage on every socket: the frames and plumbing tests/test_garbage_frames.py sends.
 
 Each worker that pulls from a socket runs its real loop in a thread, behind real ipc
 sockets in a private run dir. The test pushes malformed frames (random bytes, msgpack of
