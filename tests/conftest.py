@@ -38,29 +38,53 @@ def default_model_dir() -> Path:
     return resolve_model("smollm2")
 
 
-def _tiny_configs():
-    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+def copy_tokenizer_files(src: Path, out: Path) -> None:
+    """The tokenizer files of `src` (those it has of TOKENIZER_FILES) into `out`: a tiny
+    checkpoint with the default model's vocabulary gets its tokenizer."""
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).exists():
+            shutil.copy(Path(src) / name, Path(out) / name)
 
-    common = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.1,
-    )
+
+# the shape of every tiny random checkpoint the tests build (tiny_config)
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.1,
+)
+
+
+def tiny_config(name: str, **overrides):
+    """transformers' config class `name` (e.g. "MistralConfig") of the tests' tiny shape
+    (TINY_SHAPE), with the family's own fields and any size a test needs in `overrides`."""
+    import transformers
+
+    return getattr(transformers, name)(**{**TINY_SHAPE, **overrides})
+
+
+def _tiny_configs():
+    from transformers import GPT2Config
+
     return {
         # vocab of the default model, so its tokenizer can be copied in
         "llama": (
             "LlamaForCausalLM",
-            LlamaConfig(
-                vocab_size=49152, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, **common
+            tiny_config(
+                "LlamaConfig",
+                vocab_size=49152,
+                tie_word_embeddings=True,
+                bos_token_id=1,
+                eos_token_id=2,
             ),
         ),
         "llama3": (
             "LlamaForCausalLM",
-            LlamaConfig(
+            tiny_config(
+                "LlamaConfig",
                 vocab_size=512,
                 tie_word_embeddings=False,
                 eos_token_id=2,
@@ -71,16 +95,15 @@ def _tiny_configs():
                     "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 64,
                 },
-                **common,
             ),
         ),
         "mistral": (
             "MistralForCausalLM",
-            MistralConfig(vocab_size=512, eos_token_id=2, sliding_window=None, **common),
+            tiny_config("MistralConfig", vocab_size=512, eos_token_id=2, sliding_window=None),
         ),
         "qwen2": (
             "Qwen2ForCausalLM",
-            Qwen2Config(vocab_size=512, tie_word_embeddings=True, eos_token_id=2, **common),
+            tiny_config("Qwen2Config", vocab_size=512, tie_word_embeddings=True, eos_token_id=2),
         ),
         "gpt2": (
             "GPT2LMHeadModel",
@@ -107,17 +130,19 @@ def make_tiny_model(kind: str, out: Path) -> Path:
     arch, config = _tiny_configs()[kind]
     torch.manual_seed(1234)
     model = getattr(transformers, arch)(config).eval()
-    if kind == "qwen2":  # random, non-zero q/k/v biases so the bias path is exercised
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (
-                    layer.self_attn.q_proj,
-                    layer.self_attn.k_proj,
-                    layer.self_attn.v_proj,
-                ):
-                    proj.bias.normal_(0, 0.1)
+    if kind == "qwen2":
+        randomize_qkv_bias(model)
     model.save_pretrained(out)
     return out
+
+
+def randomize_qkv_bias(model) -> None:
+    """Random, non-zero q/k/v biases (transformers starts them at 0), so that a Qwen2
+    checkpoint exercises the bias path."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.1)
 
 
 @pytest.fixture(scope="session")
@@ -127,9 +152,7 @@ def tiny_model_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
     for kind in TINY_KINDS:
         d = make_tiny_model(kind, root / kind)
         if kind == "llama":
-            for name in TOKENIZER_FILES:
-                if (default_model_dir / name).exists():
-                    shutil.copy(default_model_dir / name, d / name)
+            copy_tokenizer_files(default_model_dir, d)
         dirs[kind] = d
     return dirs
 
@@ -148,6 +171,11 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_reference_dir(model_dir), dtype=torch.float32
     ).eval()
+    return hf_greedy_of(model, prompts, max_new_tokens)
+
+
+def hf_greedy_of(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """A loaded transformers model's greedy generate, one prompt at a time, no EOS stop."""
     model.generation_config.eos_token_id = None  # run the full length, like ignore_eos
     outs = []
     with torch.no_grad():

@@ -31,6 +31,7 @@ from common.model_files.model_source import (
     hf_reference_dir,
     resolve_model,
 )
+from tests.conftest import randomize_qkv_bias, tiny_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HF_FILES = (
@@ -307,31 +308,13 @@ def write_gguf(model, arch: str, path: Path, fields: dict, qtype=None) -> Path:
 
 
 def _tiny(kind: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
-    shape = dict(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.1,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    shape = dict(vocab_size=49152, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **shape))
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (
-                    layer.self_attn.q_proj,
-                    layer.self_attn.k_proj,
-                    layer.self_attn.v_proj,
-                ):
-                    proj.bias.normal_(0, 0.1)
+        model = Qwen2ForCausalLM(tiny_config("Qwen2Config", tie_word_embeddings=True, **shape))
+        randomize_qkv_bias(model)
         return model.eval()
     rope = {
         "rope_type": "llama3",
@@ -341,7 +324,7 @@ def _tiny(kind: str):
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     }
-    config = LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **shape)
+    config = tiny_config("LlamaConfig", tie_word_embeddings=False, rope_parameters=rope, **shape)
     return LlamaForCausalLM(config).eval()
 
 

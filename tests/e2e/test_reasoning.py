@@ -5,14 +5,12 @@ served by launch.py with --reasoning-parser qwen3, read through the openai clien
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 
-from tests.conftest import TOKENIZER_FILES
+from tests.conftest import copy_tokenizer_files, tiny_config
 from tests.e2e.conftest import Server, start_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,24 +25,18 @@ def thinking_server(tmp_path_factory, default_model_dir) -> Iterator[Server]:
     import transformers
 
     out = tmp_path_factory.mktemp("tiny_qwen3")
-    config = transformers.Qwen3Config(
+    config = tiny_config(
+        "Qwen3Config",
         vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=512,
+        initializer_range=0.02,
         tie_word_embeddings=True,
         bos_token_id=1,
         eos_token_id=2,
     )
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(config).save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (Path(default_model_dir) / name).exists():
-            shutil.copy(Path(default_model_dir) / name, out / name)
+    copy_tokenizer_files(default_model_dir, out)
     server = start_server("--model", str(out), "--reasoning-parser", "qwen3", workers=1)
     try:
         yield server

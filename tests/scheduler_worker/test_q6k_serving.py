@@ -21,6 +21,7 @@ from scheduler_worker.quant.gguf_weights import NO_KERNEL, GGUFBlocks
 from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.quant.stacked import StackedLinear
 from tests.common.test_model_source import tokenizer_fields, write_gguf  # noqa: F401
+from tests.conftest import tiny_config
 from tests.scheduler_worker.test_gguf_weights import PROMPTS, _engine, _last_logits
 from tests.scheduler_worker.test_loader import _Records
 
@@ -89,16 +90,14 @@ def _types(name: str) -> gguf.GGMLQuantizationType:
 @pytest.fixture(scope="module")
 def q6k_gguf(tmp_path_factory, tokenizer_fields):  # noqa: F811 - the fixture imported above
     """A tiny Llama wide enough for 256-input super-blocks, written with `_types`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = tiny_config(
+        "LlamaConfig",
         vocab_size=49152,
         hidden_size=256,
         intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=1024,
         initializer_range=0.05,
         bos_token_id=1,

@@ -9,7 +9,7 @@ import torch
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.models.common import layer_windows_of
-from tests.conftest import hf_greedy
+from tests.conftest import hf_greedy, tiny_config
 
 WINDOW = 7  # not a multiple of the block size (4): windows cut blocks in the middle
 # longer than the window from the start, crossing it while decoding, one in between
@@ -18,20 +18,9 @@ PROMPTS = [list(range(20, 50)), [3, 4, 100, 200, 300], [9, 8, 7, 6, 5, 4, 3, 2, 
 
 @pytest.fixture(scope="module")
 def mistral_window_dir(tmp_path_factory):
-    from transformers import MistralConfig, MistralForCausalLM
+    from transformers import MistralForCausalLM
 
-    config = MistralConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.1,
-        eos_token_id=2,
-        sliding_window=WINDOW,
-    )
+    config = tiny_config("MistralConfig", vocab_size=512, eos_token_id=2, sliding_window=WINDOW)
     torch.manual_seed(7)
     out = tmp_path_factory.mktemp("mistral_window")
     MistralForCausalLM(config).eval().save_pretrained(out)
