@@ -26,12 +26,12 @@ class RequestRejectedError(InvalidParameterError):
     """A request this server can never serve: too long for the context or the KV pool."""
 
 
-def settle_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: int) -> None:
+def settle_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: int) -> int:
     """An unset max_tokens (None) becomes the room the prompt leaves in the context, at
     most params.max_tokens_cap; a client's max_tokens stays as it is (RequestLimits.check
-    refuses it if it does not fit)."""
+    refuses it if it does not fit). Returns the settled max_tokens."""
     if params.max_tokens is not None:
-        return
+        return params.max_tokens
     room = max_model_len - prompt_len
     cap = params.max_tokens_cap
     params.max_tokens = room if cap is None else min(cap, room)
@@ -43,6 +43,7 @@ def settle_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: in
             f"request may generate ({prompt_len} prompt tokens of a {max_model_len}-token "
             "context)",
         )
+    return params.max_tokens
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,7 @@ class RequestLimits:
                 f"prompt is too long: {n} tokens, but this model's maximum context "
                 f"length is {limit} tokens",
             )
-        settle_max_tokens(params, n, limit)
-        m = params.max_tokens
-        assert m is not None
+        m = settle_max_tokens(params, n, limit)
         if n + m > limit:
             raise RequestRejectedError(
                 "max_tokens",

@@ -466,28 +466,3 @@ def test_light_modules_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_sampling_params_travel_as_a_typed_struct():
-    """SamplingParams is one shape from intake to the engine: an array of its fields on
-    the wire (logit_bias as [id, bias] pairs), the same dataclass after decode, an unset
-    max_tokens (None) and its cap included; its wire form is no message value."""
-    params = SamplingParams(
-        max_tokens=None,
-        max_tokens_cap=16,
-        seed=2**64 - 1,
-        stop=["a", "b"],
-        stop_token_ids=[2],
-        logit_bias={0: -100, 49151: 2.5},
-        structured={"kind": "json", "spec": "{}"},
-        logprobs=3,
-    )
-    frame = encode(GenerateRequest("r", IDS, params, 1.0))
-    wire = msgpack.unpackb(frame)[4]
-    assert isinstance(wire, list) and len(wire) == len(dataclasses.fields(SamplingParams))
-    assert wire[-1] == [[0, -100.0], [49151, 2.5]]  # logit_bias, the last field
-    back = decode(frame).params
-    assert isinstance(back, SamplingParams) and back == params
-    assert back.logit_bias == {0: -100.0, 49151: 2.5}
-    with pytest.raises(WireError, match="not packable"):
-        encode(GenerateRequest("r", IDS, wire, 1.0))  # type: ignore[arg-type]

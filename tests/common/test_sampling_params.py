@@ -1,11 +1,15 @@
-"""SamplingParams.logit_bias: its validation, and its way from JSON (from_dict) and over
-the wire (an array of [id, bias] pairs: the decoder takes str map keys only)."""
+"""SamplingParams on the wire (a typed struct: an array of its fields) and its logit_bias:
+its validation, and its way from JSON (from_dict) and over the wire (an array of
+[id, bias] pairs: the decoder takes str map keys only)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgpack
 import pytest
 
-from common.messages import GenerateRequest, decode, encode
+from common.messages import GenerateRequest, WireError, decode, encode, pack_ids
 from common.sampling_params import (
     MAX_LOGIT_BIAS_ENTRIES,
     InvalidParameterError,
@@ -56,3 +60,28 @@ def test_logit_bias_limits_and_int_keys():
     for bad in ({-3: 1.0}, {True: 1.0}, {"5": 1.0}, [[5, 1.0]]):
         with pytest.raises(InvalidParameterError, match="logit_bias"):
             SamplingParams(logit_bias=bad).validate()  # type: ignore[arg-type]
+
+
+def test_sampling_params_travel_as_a_typed_struct():
+    """SamplingParams is one shape from intake to the engine: an array of its fields on
+    the wire (logit_bias as [id, bias] pairs), the same dataclass after decode, an unset
+    max_tokens (None) and its cap included; its wire form is no message value."""
+    params = SamplingParams(
+        max_tokens=None,
+        max_tokens_cap=16,
+        seed=2**64 - 1,
+        stop=["a", "b"],
+        stop_token_ids=[2],
+        logit_bias={0: -100, 49151: 2.5},
+        structured={"kind": "json", "spec": "{}"},
+        logprobs=3,
+    )
+    frame = encode(GenerateRequest("r", pack_ids([0, 1, 49151]), params, 1.0))
+    wire = msgpack.unpackb(frame)[4]
+    assert isinstance(wire, list) and len(wire) == len(dataclasses.fields(SamplingParams))
+    assert wire[-1] == [[0, -100.0], [49151, 2.5]]  # logit_bias, the last field
+    back = decode(frame).params
+    assert isinstance(back, SamplingParams) and back == params
+    assert back.logit_bias == {0: -100.0, 49151: 2.5}
+    with pytest.raises(WireError, match="not packable"):
+        encode(GenerateRequest("r", pack_ids([0, 1, 49151]), wire, 1.0))  # type: ignore[arg-type]
