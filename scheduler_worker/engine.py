@@ -222,9 +222,12 @@ class LLMEngine:
         (grammar, penalties) or asks for prompt logprobs. (min_tokens counts them: a
         placeholder counts as well as its token.)"""
         return any(
-            req.params.structured is not None
-            or has_penalty(req.params)
-            or req.wants_prompt_logprobs
+            req.reads_history
+            and (
+                req.params.structured is not None
+                or has_penalty(req.params)
+                or req.wants_prompt_logprobs
+            )
             for req, _ in batch.entries.values()
         )
 
@@ -238,7 +241,8 @@ class LLMEngine:
         stats.num_decode, stats.num_prefill_tokens = batch.num_decode, batch.num_prefill_tokens
         # the grammar masks of this step's constrained rows (during the forward where a
         # core is spare, else now: scheduler_worker/structured.py)
-        masks = self.grammars.start([req for (req, _), s in zip(entries, sampling) if s])
+        samplers = [req for (req, _), s in zip(entries, sampling) if s]
+        masks = self.grammars.start(samplers)
         prev = self._in_flight.rows if self._in_flight is not None else {}
         inputs = [
             SeqInput(
@@ -246,19 +250,20 @@ class LLMEngine:
                 req.num_computed_tokens,
                 req.block_table,
                 sample,
-                _prompt_logits(req, n),
+                _prompt_logits(req, n) if req.reads_history else 0,
                 prev.get(req.request_id, -1) if req.num_pending else -1,
             )
             for (req, n), sample in zip(entries, sampling)
         ]
+        # plain greedy rows (the common case) need no SamplingRow: only their argmax
+        plain = masks is None and all(req.plain for req in samplers)
         rows = [
             SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
-            for (req, _), sample in zip(entries, sampling)
-            if sample
+            for req in ([] if plain else samplers)
         ]
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
-        argmax = bool(rows) and masks is None and self.sampler.plain_greedy(rows)
+        argmax = bool(samplers) and (plain or masks is None and self.sampler.plain_greedy(rows))
         in_flight = self._in_flight.sample if self._in_flight is not None else None
         self.runner.backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
         if any(s.prompt_logits for s in inputs):
@@ -270,8 +275,12 @@ class LLMEngine:
         for i, words in self.grammars.wait(masks).items():
             rows[i].token_bitmask = words
         sample: DeviceSample | None
-        if logits.dtype == torch.long:  # the tokens themselves
+        if not samplers:
+            sample = None
+        elif logits.dtype == torch.long:  # the tokens themselves
             sample = DeviceSample(logits)
+        elif plain:
+            sample = self.sampler.greedy(logits)
         else:
             sample = self.sampler.sample(logits, rows, writable=True) if rows else None
         if sample is not None:
@@ -279,7 +288,7 @@ class LLMEngine:
         stats.forward += t2 - t1
         stats.sample += time.perf_counter() - t2
         self.counters.prompt_tokens += batch.num_prefill_tokens
-        sampled = self.scheduler.advance(batch)
+        sampled = self.scheduler.advance(batch, sampling)
         return InFlight(sampled, sample, {req.request_id: i for i, (req, _) in enumerate(sampled)})
 
     def _resolve(self, step: InFlight, stats: StepStats) -> list[RequestOutput]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.logits_processors import has_penalty
+from scheduler_worker.sampling import plain_greedy_params
 
 # a token still being sampled on the device (overlapped scheduling: Scheduler.advance)
 PLACEHOLDER = -1
@@ -33,9 +35,9 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
 
-    @property
-    def finished(self) -> bool:
-        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+    def __init__(self, value: str) -> None:
+        # a plain attribute, not a property: read several times a row a step
+        self.finished = value not in ("waiting", "running")
 
 
 @dataclass(eq=False)
@@ -76,6 +78,15 @@ class Request:
         if self.params.max_tokens is None:  # LLMEngine.add_request settles it first
             raise ValueError("a request's max_tokens must be settled before it is queued")
         self.max_tokens: int = self.params.max_tokens
+        # settled once, read for every row of every step (LLMEngine._launch): `plain` rows
+        # need only their argmax (never their SamplingRow); only `reads_history` rows may
+        # read their tokens on the host before they sample (a grammar, penalties, prompt
+        # logprobs)
+        p = self.params
+        self.plain = plain_greedy_params(p) and p.min_tokens == 0 and p.structured is None
+        self.reads_history = (
+            p.structured is not None or has_penalty(p) or p.prompt_logprobs is not None
+        )
 
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)

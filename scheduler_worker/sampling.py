@@ -131,6 +131,12 @@ def is_greedy(p: SamplingParams) -> bool:
     return p.top_k == 1 or p.temperature < GREEDY_EPS
 
 
+def plain_greedy_params(p: SamplingParams) -> bool:
+    """A row of these params takes the argmax of its raw logits (after any grammar mask)
+    once min_tokens are out: greedy, with no penalty, no logit_bias and no logprobs."""
+    return is_greedy(p) and not has_penalty(p) and not p.logit_bias and p.logprobs is None
+
+
 def _async_device(device: torch.device) -> bool:
     """Work there is only enqueued: any data-dependent branch would wait for it."""
     return device.type != "cpu"
@@ -299,13 +305,13 @@ class Sampler:
         """Every row takes the argmax of its raw logits (after any grammar mask): greedy,
         with no penalty, no logit_bias, no logprobs and no min_tokens still blocking EOS."""
         return all(
-            is_greedy(r.params)
-            and not has_penalty(r.params)
-            and not r.params.logit_bias
-            and r.params.logprobs is None
-            and len(r.output_token_ids) >= r.params.min_tokens
+            plain_greedy_params(r.params) and len(r.output_token_ids) >= r.params.min_tokens
             for r in rows
         )
+
+    def greedy(self, logits: torch.Tensor) -> DeviceSample:
+        """A batch of plain greedy rows with no grammar mask (Request.plain): the argmax."""
+        return DeviceSample(greedy_tokens(logits[:, : self.vocab_size]))
 
     @staticmethod
     def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

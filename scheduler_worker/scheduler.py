@@ -99,16 +99,26 @@ class Scheduler:
         token budget. A request is admitted when a running slot is free and the blocks for
         its first chunk are; a decode that finds no free block preempts the newest request."""
         batch, budget = ScheduledBatch(), self.config.num_batched_tokens
-        while self.active and batch.num_decode < self.config.decode_batch and budget > 0:
-            req, epoch = self.active.popleft()
+        active, entries, bs, running = (
+            self.active,
+            batch.entries,
+            self.block_size,
+            RequestStatus.RUNNING,
+        )
+        decodes = min(self.config.decode_batch, budget)
+        while active and batch.num_decode < decodes:
+            req, epoch = active.popleft()
             self.num_visited += 1
-            if epoch != req.queue_epoch or req.status is not RequestStatus.RUNNING:
+            if epoch != req.queue_epoch or req.status is not running:
                 continue  # lazily deleted
-            if not self._reserve(req, 1, batch):
+            # a new block only when the token starts one (_reserve, inlined: every decode)
+            if req.num_computed_tokens >= len(req.block_table) * bs and not self._reserve(
+                req, 1, batch
+            ):
                 continue  # req itself was preempted
-            batch.entries[req.request_id] = (req, 1)
+            entries[req.request_id] = (req, 1)
             batch.num_decode += 1
-            budget -= 1
+        budget -= batch.num_decode
         for req in list(self.prefilling):  # a copy: preemption may remove entries
             if budget <= 0:
                 break
@@ -217,23 +227,32 @@ class Scheduler:
             self.resolve(req, index, token)
         return [req for req, _ in sampled]
 
-    def advance(self, batch: ScheduledBatch) -> list[tuple[Request, int]]:
+    def advance(
+        self, batch: ScheduledBatch, sampling: list[bool] | None = None
+    ) -> list[tuple[Request, int]]:
         """The first half of update(), run once the step is launched: the entries' tokens
         count as computed, and each request that samples gets a placeholder token and
         its place back in the active queue (not when max_tokens ends it whatever the
-        token). Returns (request, index of its placeholder in token_ids), in entry order."""
+        token). Returns (request, index of its placeholder in token_ids), in entry order.
+        `sampling`: batch.sampling(), where the caller read it already."""
         entries = list(batch.entries.values())
-        sampling = batch.sampling()
+        if sampling is None:
+            sampling = batch.sampling()
         out: list[tuple[Request, int]] = []
+        active, window = self.active, self.sliding_window is not None
         for (req, n), sample in zip(entries, sampling):
-            self._advance(req, n)
+            self._advance(req, n, window)
             if not sample:
                 continue
-            out.append((req, req.num_tokens))
-            req.append_token(PLACEHOLDER)
+            index = len(req.token_ids)
+            out.append((req, index))
+            req.token_ids.append(PLACEHOLDER)
+            req.output_token_ids.append(PLACEHOLDER)
             req.num_pending += 1
-            if req.num_output_tokens < req.max_tokens:
-                self._requeue(req)
+            if index + 1 - req.num_prompt_tokens < req.max_tokens:
+                if req.in_prefill_queue:  # _requeue, inlined: every decode row
+                    self._leave_prefill_queue(req)
+                active.append((req, req.queue_epoch))
             elif req.in_prefill_queue:  # its last token: done when resolved
                 self._leave_prefill_queue(req)
         return out
@@ -275,17 +294,17 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def _advance(self, req: Request, n: int) -> None:
+    def _advance(self, req: Request, n: int, window: bool = True) -> None:
         """After the forward: n more tokens of req are in the KV cache."""
         req.num_computed_tokens += n
         self._hash_blocks(req)
-        if self.sliding_window is not None:
+        if window and self.sliding_window is not None:
             self._free_outside_window(req)
 
     def _hash_blocks(self, req: Request) -> None:
         """Register req's blocks that filled in the prefix cache: those whose tokens are
         all known (a placeholder's block waits for resolve())."""
-        known = min(req.num_computed_tokens, req.num_tokens - req.num_pending)
+        known = min(req.num_computed_tokens, len(req.token_ids) - req.num_pending)
         if known // self.block_size > req.num_hashed_blocks:  # a block filled
             req.num_hashed_blocks = self.blocks.cache_full_blocks(
                 req.block_table, req.token_ids[:known], req.num_hashed_blocks
@@ -309,12 +328,6 @@ class Scheduler:
             upto - req.num_freed_blocks
         )
         req.num_freed_blocks = upto
-
-    def _requeue(self, req: Request) -> None:
-        """A running request with its prompt done goes to the back of the active queue."""
-        if req.in_prefill_queue:
-            self._leave_prefill_queue(req)
-        self.active.append((req, req.queue_epoch))
 
     def _leave_prefill_queue(self, req: Request) -> None:
         if self.prefilling[0] is req:

@@ -182,3 +182,23 @@ def test_a_busy_worker_drains_past_the_quiet_period(run_dir):
         h.busy = False
         h.thread.join(timeout=5)
         assert not h.thread.is_alive()
+
+
+def test_start_freezes_what_start_up_built_out_of_the_collector(run_dir):
+    """A full collection in a served worker walked every object start-up made (the
+    scheduler: ~390k, a 250 ms pause of every stream); once ready they are frozen."""
+    import gc
+
+    gc.unfreeze()
+    config, shell, statuses = make_shell(run_dir)
+    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
+    try:
+        before = len(gc.get_objects())
+        shell.start()
+        assert statuses == ["ready"]
+        assert gc.get_freeze_count() >= before // 2 > 0
+        assert len(gc.get_objects()) < before // 10
+    finally:
+        gc.unfreeze()
+        shell.finish()
+        frontend.close()

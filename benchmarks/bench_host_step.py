@@ -1,0 +1,131 @@
+"""The host's share of a decode step: what the scheduler process does per row when the
+device's work costs nothing (issue 38: on an H100 the 1B model's 128-stream steps and the
+135M model's 32-stream steps wait on the host, ~10 µs a row a step).
+
+The engine runs as served (overlapped scheduling on, greedy, ignore_eos) on a tiny model,
+with the forward replaced by what a captured CUDA graph costs the host: the static inputs
+filled (graphs.StaticDecodeInputs.fill, on CPU tensors) and logits returned from a buffer.
+The sampler, the scheduler, the outputs and the worker's encoding for the detokenizer
+(SchedulerWorker.publish, the message encoded, not sent) run for real. Prints µs a step and a
+row, and with --profile the functions that take the time.
+
+    .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from common.messages import encode  # noqa: E402
+from common.sampling_params import SamplingParams  # noqa: E402
+from scheduler_worker.backends.graphs import StaticDecodeInputs  # noqa: E402
+from scheduler_worker.engine import LLMEngine  # noqa: E402
+from scheduler_worker.worker import SchedulerWorker  # noqa: E402
+
+VOCAB = 64  # the stand-in logits' width: the device's argmax costs the host nothing
+
+
+def graph_like_execute(engine: LLMEngine, max_rows: int):
+    """runner.execute as a replayed decode graph costs the host: its inputs staged."""
+    runner = engine.runner
+    inputs = StaticDecodeInputs(
+        max_rows, 64, torch.device("cpu"), False, runner.num_blocks, runner.block_size
+    )
+    logits = torch.zeros(max_rows, VOCAB)
+    logits[:, 7] = 1.0  # every row's argmax: token 7 (not an EOS: ignore_eos anyway)
+    real = runner.execute
+
+    def execute(seqs, argmax_vocab=None):
+        if not all(len(s.token_ids) == 1 for s in seqs):
+            return real(seqs, argmax_vocab)  # the prompts: the real forward
+        inputs.fill(seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long))
+        return logits[: len(seqs)]
+
+    return execute
+
+
+def publisher(engine: LLMEngine):
+    """SchedulerWorker.publish over a stand-in worker: the message encoded, not sent."""
+    fake = SimpleNamespace(
+        requests={},
+        engine=engine,
+        step_no=0,
+        replica=0,
+        inbox_ep="ipc://bench",
+        to_detok=SimpleNamespace(put=lambda msg, timeout_ms=None: encode(msg)),
+        ipc_time=0.0,
+        _timings=SchedulerWorker._timings,
+    )
+    return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
+
+
+def run(model_dir: Path, rows: int, steps: int, profile: bool) -> float:
+    cfg = EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype="float32"),
+        cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
+        scheduler=SchedulerConfig(
+            max_num_seqs=rows, max_num_batched_tokens=max(2048, rows), async_scheduling="on"
+        ),
+    )
+    engine = LLMEngine(cfg, model_dir)
+    gc.collect()  # as a served worker once ready (WorkerShell.start)
+    gc.freeze()
+    engine.runner.execute = graph_like_execute(engine, rows)  # type: ignore[method-assign]
+    publish = publisher(engine)
+    rng = random.Random(0)
+    params = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
+    for i in range(rows):
+        engine.add_request(f"r{i}", [rng.randrange(100, 1000) for _ in range(20)], params)
+    while any(r.num_output_tokens < 2 for r in engine.requests.values()):
+        publish(engine.step())
+    for _ in range(10):
+        publish(engine.step())
+    t = time.perf_counter()
+    for _ in range(steps):
+        publish(engine.step())
+    seconds = (time.perf_counter() - t) / steps
+    if profile:
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            publish(engine.step())
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 256])
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--model", type=Path, help="a model directory (default: a tiny llama)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model
+        if model_dir is None:
+            from tests.conftest import make_tiny_model
+
+            model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
+        for rows in args.rows:
+            s = run(model_dir, rows, args.steps, args.profile)
+            print(f"rows {rows:4d}: {s * 1e6:8.0f} µs a step, {s * 1e6 / rows:6.2f} µs a row")
+
+
+if __name__ == "__main__":
+    main()
