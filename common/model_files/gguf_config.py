@@ -1,15 +1,14 @@
-"""GGUF metadata -> Hugging Face configs, family by family: config.json and
-generation_config.json, and what llama.cpp fixes in code rather than in the file.
+"""GGUF metadata -> Hugging Face configs: config.json and generation_config.json.
 
     GGUFReader ──hf_config──────────▶ config.json (sizes, norms, rope: default, linear,
                                        yarn, or llama3 recovered from rope_freqs by
-                                       llama3_rope_parameters; Gemma 3's layer types,
-                                       attention scale, softcapping and local rope)
-               ──generation_config──▶ generation_config.json (bos, eos, pad; Gemma's
-                                       <end_of_turn> a stop token beside <eos>)
+                                       llama3_rope_parameters; then the family's own keys,
+                                       GGUFSpec.config: what llama.cpp fixes in code
+                                       rather than in the file, as Gemma 3's layer types)
+               ──generation_config──▶ generation_config.json (bos, eos, pad; a family's
+                                       stop tokens beside eos, as Gemma's <end_of_turn>)
 
-GEMMA_CHAT_TEMPLATE is Gemma's turn format, for gemma3 files published without a chat
-template. The conversion (common.model_files.gguf_convert) reads the tensors and writes
+The conversion (common.model_files.gguf_convert) reads the tensors and writes
 the directory; this module only maps metadata, read with `read_field`. Torch-free (numpy).
 """
 
@@ -19,7 +18,7 @@ import math
 
 import numpy as np
 
-from common.model_files.gguf_names import GGUF_ARCHS
+from common.families import gguf_family, gguf_spec
 from common.model_files.model_source import ModelSourceError
 
 LLAMA3_ORIGINAL_CONTEXT = 8192  # llama.cpp stores llama3 rope as factors, not its parameters
@@ -104,11 +103,12 @@ def hf_config(
             )
         except ValueError as e:
             raise ModelSourceError(f"GGUF file: {e}") from e
-    hf_arch, model_type, _ = GGUF_ARCHS[arch]
+    family = gguf_family(arch)
+    spec = gguf_spec(arch)
     window = read_field(reader, p + "attention.sliding_window")
     config = {
-        "architectures": [hf_arch],
-        "model_type": model_type,
+        "architectures": [family.hf_architectures[0]],
+        "model_type": spec.model_type,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": int(read_field(reader, p + "feed_forward_length")),
@@ -119,7 +119,7 @@ def hf_config(
         "max_position_embeddings": int(read_field(reader, p + "context_length", 2048)),
         "rms_norm_eps": _f32(read_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-6)),
         "hidden_act": "silu",
-        "attention_bias": arch == "qwen2",
+        "attention_bias": False,
         "rope_theta": theta,
         "rope_parameters": rope,
         **({"rope_scaling": rope} if rope["rope_type"] != "default" else {}),
@@ -131,69 +131,27 @@ def hf_config(
         "dtype": "float32",
         **({"sliding_window": int(window)} if window else {}),
     }
-    if arch == "gemma3":
-        config.update(_gemma3_config(reader, config, rope))
+    if spec.config is not None:  # the family's own keys
+
+        def read(key: str, default):
+            value = read_field(reader, key, default)
+            return _f32(value) if isinstance(value, float) else value
+
+        config.update(spec.config(read, config))
     return config
 
 
-def _gemma3_config(reader, config: dict, rope: dict) -> dict:
-    """What llama.cpp's gemma3 graph fixes in code rather than in the file: every 6th
-    layer global, the rest sliding; local RoPE base 10k unscaled (the file's rope is the
-    global layers'); attention scale 1/sqrt(head_dim), or 1/sqrt(hidden / heads) for the
-    27B (62 layers); GELU-tanh."""
-    n_layers, n_head = config["num_hidden_layers"], config["num_attention_heads"]
-    scalar = config["head_dim"] if n_layers != 62 else config["hidden_size"] // n_head
-    softcap = read_field(reader, "gemma3.final_logit_softcapping")
-    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n_layers)]
-    return {
-        "hidden_act": "gelu_pytorch_tanh",
-        "hidden_activation": "gelu_pytorch_tanh",
-        "layer_types": types if config.get("sliding_window") else ["full_attention"] * n_layers,
-        "query_pre_attn_scalar": scalar,
-        "final_logit_softcapping": _f32(softcap) if softcap else None,
-        "attn_logit_softcapping": None,
-        "rope_parameters": {
-            "full_attention": rope,
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
-        "rope_local_base_freq": 10000.0,
-    }
-
-
-# Gemma's turn format (the chat format of every Gemma 3 checkpoint, base ones included),
-# for gemma3 files published without a tokenizer.chat_template: a system message opens
-# the first user turn, the assistant is "model".
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first = messages[0]['content'] | trim + '\n\n' -%}{%- set turns = messages[1:] -%}"
-    "{%- else -%}{%- set first = '' -%}{%- set turns = messages -%}{%- endif -%}"
-    "{%- for m in turns -%}"
-    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' "
-    "+ (first if loop.first else '') + m['content'] | trim + '<end_of_turn>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
-GEMMA_END_OF_TURN = "<end_of_turn>"
-
-
-def _end_of_turn_id(reader, arch: str) -> int | None:
-    """Gemma ends a chat turn with <end_of_turn>, a stop token beside <eos>."""
-    if arch != "gemma3":
-        return None
-    tokens = read_field(reader, "tokenizer.ggml.tokens") or []
-    return tokens.index(GEMMA_END_OF_TURN) if GEMMA_END_OF_TURN in tokens else None
-
-
 def generation_config(reader, arch: str, config: dict) -> dict:
-    """generation_config.json: config.json's special tokens; Gemma's <end_of_turn> stops a
-    turn beside <eos>."""
+    """generation_config.json: config.json's special tokens; a family's stop tokens (Gemma's
+    <end_of_turn>) end a turn beside EOS."""
     gen = {
         k: config[k]
         for k in ("bos_token_id", "eos_token_id", "pad_token_id")
         if config.get(k) is not None
     }
-    end_of_turn = _end_of_turn_id(reader, arch)
-    if end_of_turn is not None and "eos_token_id" in gen:
-        gen["eos_token_id"] = [gen["eos_token_id"], end_of_turn]
+    stops = gguf_spec(arch).stop_tokens
+    tokens = (read_field(reader, "tokenizer.ggml.tokens") or []) if stops else []
+    extra = [tokens.index(t) for t in stops if t in tokens]
+    if extra and "eos_token_id" in gen:
+        gen["eos_token_id"] = [gen["eos_token_id"], *extra]
     return gen

@@ -16,8 +16,9 @@ dequantized matrices for the engine's float path.
 GGUF lists a tensor's dims reversed (ne0 first); the dequantized array already has the
 row-major HF shape, so `reversed(t.shape)` is the HF shape. llama.cpp's converter permutes
 the Q and K rows of llama-architecture models (its rope pairs adjacent dims, HF's pairs the
-two halves of a head); `unpermute` undoes it. qwen2 files are not permuted. The metadata's
-mapping onto config.json, family by family, is common.model_files.gguf_config's.
+two halves of a head); `unpermute` undoes it where the family's GGUFSpec says so
+(qk_permuted). The metadata's mapping onto config.json is common.model_files.gguf_config's,
+with each family's own keys from its GGUFSpec.config (common/families).
 
 Torch-free (numpy + gguf + safetensors.numpy). The tokenizer goes through transformers'
 own GGUF tokenizer conversion, which imports torch: `common.model_files.model_source`
@@ -33,14 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.model_files.gguf_config import (
-    GEMMA_CHAT_TEMPLATE,
-    generation_config,
-    hf_config,
-    read_field,
-)
+from common.families import gguf_spec
+from common.model_files.gguf_config import generation_config, hf_config, read_field
 from common.model_files.gguf_header import check_metadata
-from common.model_files.gguf_names import _NORM_PLUS_ONE_ARCHS, _TOP_NAMES, GGUF_ARCHS, hf_name
+from common.model_files.gguf_names import TOP_NAMES, hf_name, layer_tensor_names
 from common.model_files.model_source import ModelSourceError
 from common.model_files.tokenizer_files import finish_tokenizer_files
 
@@ -90,7 +87,8 @@ def dequantized(reader, t) -> tuple[str | None, np.ndarray]:
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
     w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
     name = hf_name(t.name, arch)
-    if name is not None and arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+    permuted = gguf_spec(arch).qk_permuted
+    if name is not None and permuted and (".q_proj." in name or ".k_proj." in name):
         n_head = int(read_field(reader, f"{arch}.attention.head_count"))
         if ".k_proj." in name:
             n_head = int(read_field(reader, f"{arch}.attention.head_count_kv", n_head))
@@ -143,7 +141,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
                 raise ModelSourceError(
                     f"GGUF file {gguf_path}: unexpected tensor {t.name} for architecture {arch!r}"
                 )
-            if arch in _NORM_PLUS_ONE_ARCHS and name.endswith("norm.weight"):
+            if gguf_spec(arch).norm_plus_one and name.endswith("norm.weight"):
                 w = w - 1.0
             names.add(name)
             writer.add(name, np.ascontiguousarray(w))
@@ -153,12 +151,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
     missing = [
         f"blk.{i}.{k}.weight"
         for i in range(n_layers)
-        for k in GGUF_ARCHS[arch][2]
+        for k in layer_tensor_names(arch)
         if hf_name(f"blk.{i}.{k}.weight", arch) not in names
     ]
-    missing += [
-        k for k in ("token_embd.weight", "output_norm.weight") if _TOP_NAMES[k] not in names
-    ]
+    missing += [k for k in ("token_embd.weight", "output_norm.weight") if TOP_NAMES[k] not in names]
     if missing:
         raise ModelSourceError(f"GGUF file {gguf_path} lacks tensors: {', '.join(missing[:8])}")
     assert embed_shape is not None  # token_embd.weight is there
@@ -230,8 +226,8 @@ def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> No
         if token_id is not None and token_id < len(tokens):
             setattr(tok, attr, tokens[token_id])
     template = read_field(reader, "tokenizer.chat_template") or getattr(tok, "chat_template", None)
-    if not template and read_field(reader, "general.architecture") == "gemma3":
-        template = GEMMA_CHAT_TEMPLATE
+    if not template:  # a file published without one: its family's, if it has one
+        template = gguf_spec(read_field(reader, "general.architecture")).chat_template
     if template:
         tok.chat_template = template
     tok.model_max_length = max_len

@@ -1,4 +1,5 @@
-"""Model registry: HF `architectures` name -> plain-torch implementation."""
+"""Model registry: HF `architectures` name -> its family's plain-torch layer stack (the
+families themselves: common/families, one file each)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,21 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from common.families import BY_ARCHITECTURE
 from common.model_facts import read_hf_config
 from scheduler_worker.models.common import CausalLM, ModelArgs
 from scheduler_worker.models.gemma3 import Gemma3ForCausalLM
 from scheduler_worker.models.gpt2 import GPT2LMHeadModel
 from scheduler_worker.models.llama import LlamaForCausalLM
 
+# the shared layer stacks a family runs on (common.families.base.Family.layers)
+LAYERS: dict[str, type[CausalLM]] = {
+    "decoder": LlamaForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
+    "gpt2": GPT2LMHeadModel,
+}
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
-    "Phi3ForCausalLM": LlamaForCausalLM,
-    "GPT2LMHeadModel": GPT2LMHeadModel,
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    arch: LAYERS[family.layers] for arch, family in BY_ARCHITECTURE.items()
 }
 
 

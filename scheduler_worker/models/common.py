@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.families import BY_ARCHITECTURE
+from common.families.base import layer_windows
 from scheduler_worker.quant.linear import QuantLinear
 
 
@@ -28,29 +30,9 @@ def rope_scaling_of(hf: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def layer_windows_of(hf: dict[str, Any], architecture: str) -> tuple[int | None, ...]:
-    """The sliding window of every layer (None: global attention), as transformers reads
-    the config: `layer_types` where the config lists them (Gemma 3, Qwen2/3 in
-    transformers 5), else Mistral's `sliding_window` on every layer, and Qwen2's
-    `use_sliding_window` on the layers from `max_window_layers` on."""
-    num_layers = int(hf.get("num_hidden_layers", hf.get("n_layer", 0)))
-    window = hf.get("sliding_window")
-    if window is not None:
-        window = int(window)
-        if window < 1:
-            raise ValueError(f"sliding_window must be >= 1, got {window}")
-    types = hf.get("layer_types")
-    if types is not None:
-        if len(types) != num_layers:
-            raise ValueError(f"layer_types lists {len(types)} layers, the model has {num_layers}")
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    if window is None:
-        return (None,) * num_layers
-    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
-        return (window,) * num_layers
-    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf.get("use_sliding_window"):
-        first = int(hf.get("max_window_layers", num_layers))
-        return tuple(window if i >= first else None for i in range(num_layers))
-    return (None,) * num_layers
+    """The sliding window of every layer (None: global attention), by the family's rules
+    (common.families.base.layer_windows)."""
+    return layer_windows(hf, BY_ARCHITECTURE[architecture].sliding)
 
 
 @dataclass(frozen=True)
@@ -82,58 +64,24 @@ class ModelArgs:
             return None
         return max(w for w in self.layer_windows if w is not None)
 
+    # the llama layout's knobs (Granite's multipliers); 1.0 / None: as Llama
+    embedding_multiplier: float = 1.0  # embeddings scaled by it
+    attention_multiplier: float | None = None  # the softmax scale; None: head_dim ** -0.5
+    residual_multiplier: float = 1.0  # attention and MLP outputs scaled before the residual
+    logits_scaling: float = 1.0  # logits divided by it
+    # the one-call C++ decode step's style flags (common.families.base.Family.decode_style);
+    # None: the family never takes it
+    decode_style: tuple[str, ...] | None = ()
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any], architecture: str) -> ModelArgs:
-        if architecture == "GPT2LMHeadModel":
-            n_embd = hf.get("n_embd", 768)
-            n_head = hf.get("n_head", 12)
-            return cls(
-                architecture=architecture,
-                vocab_size=hf["vocab_size"],
-                hidden_size=n_embd,
-                intermediate_size=hf.get("n_inner") or 4 * n_embd,
-                num_layers=hf.get("n_layer", 12),
-                num_heads=n_head,
-                num_kv_heads=n_head,
-                head_dim=n_embd // n_head,
-                max_position_embeddings=hf.get("n_positions", 1024),
-                norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                hidden_act=hf.get("activation_function", "gelu_new"),
-                tie_word_embeddings=True,
-                qkv_bias=True,
-                o_bias=True,
-                mlp_bias=True,
-                hf_config=hf,
-            )
-        num_heads = hf["num_attention_heads"]
-        hidden = hf["hidden_size"]
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
-        if partial != 1.0:
-            raise ValueError(
-                f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported"
-            )
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
-        attention_bias = bool(hf.get("attention_bias", False))
+        family = BY_ARCHITECTURE[architecture]
         return cls(
             architecture=architecture,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=hf.get("head_dim") or hidden // num_heads,
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            norm_eps=hf.get("rms_norm_eps", 1e-6),
-            hidden_act=hf.get("hidden_act") or hf.get("hidden_activation") or "silu",
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=is_qwen2 or attention_bias,
-            o_bias=attention_bias and not is_qwen2,
-            mlp_bias=bool(hf.get("mlp_bias", False)),
             hf_config=hf,
-            layer_windows=layer_windows_of(hf, architecture),
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            decode_style=family.decode_style,
+            layer_windows=layer_windows(hf, family.sliding),
+            **family.args(hf),
         )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:

@@ -1,8 +1,9 @@
 """A decode step's decoder layers as one C++ call (torch.ops.zeroserve.decode_layers,
 kernels/csrc/decode_model.cpp): the plan holds, flat and in the op's order, every layer's
 norm weights and integer-kernel blocks, with the per-layer sliding windows and RoPE table
-choice and the model's style flags. Llama-family models (llama.py) and Gemma 3
-(gemma3.py) build one at load when every decoder linear takes the kernels.
+choice and the model's style flags (its family's decode_style, common/families). The
+decoder (llama.py) and Gemma 3 (gemma3.py) build one at load when every decoder linear
+takes the kernels.
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from scheduler_worker.models.common import ModelArgs
 from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.quant.stacked import kernel_parts
 
-# decode_layers' style flags (decode_model.cpp)
+# decode_layers' style flags (decode_model.cpp), by the names a Family's decode_style uses
 QK_NORM, SANDWICH, GELU_TANH = 1, 2, 4
+STYLE_FLAGS = {"qk_norm": QK_NORM, "sandwich": SANDWICH, "gelu_tanh": GELU_TANH}
+
+
+def style_of(names: tuple[str, ...]) -> int:
+    """A Family's decode_style as the op's flags (KeyError on a name it does not know)."""
+    flags = 0
+    for name in names:
+        flags |= STYLE_FLAGS[name]
+    return flags
 
 
 @dataclass

@@ -36,13 +36,7 @@ from scheduler_worker.models.common import (
     head_argmax,
     load_stacked_weights,
 )
-from scheduler_worker.models.decode_plan import (
-    GELU_TANH,
-    QK_NORM,
-    SANDWICH,
-    DecodePlan,
-    plan_decode_layers,
-)
+from scheduler_worker.models.decode_plan import DecodePlan, plan_decode_layers, style_of
 from scheduler_worker.models.llama import LlamaMLP
 from scheduler_worker.rope import RotaryEmbedding, rotate
 
@@ -173,7 +167,10 @@ class Gemma3ForCausalLM(CausalLM):
     def enable_decode_layers(self) -> bool:
         """Decode steps whose linears all take the integer kernels as one C++ call
         (decode_plan.py); returns whether the plan was made."""
-        if self.ops.kernel_isa is None or self.args.hidden_act not in GELU_TANH_ACTS:
+        style = self.args.decode_style
+        if style is None or self.ops.kernel_isa is None:
+            return False
+        if self.args.hidden_act not in GELU_TANH_ACTS:
             return False
 
         def w(norm: nn.Module) -> torch.Tensor:  # Gemma's x * (1 + w), as a plain weight
@@ -190,8 +187,7 @@ class Gemma3ForCausalLM(CausalLM):
         scale = cast(Gemma3DecoderLayer, self.layers[0]).self_attn.scale
         windows = list(self.args.layer_windows)
         kinds = [1 if window is None else 0 for window in windows]  # rope pair: local, global
-        style = QK_NORM | SANDWICH | GELU_TANH
-        self.decode_plan = plan_decode_layers(items, scale, windows, kinds, style)
+        self.decode_plan = plan_decode_layers(items, scale, windows, kinds, style_of(style))
         return self.decode_plan is not None
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:

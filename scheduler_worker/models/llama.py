@@ -1,6 +1,9 @@
-"""Llama family in plain torch: Llama, SmolLM2, Mistral (sliding window), Qwen2 (q/k/v
-bias), Qwen 3 (QK-norm: q and k RMS-normed per head before RoPE), Phi-3 (checkpoints with
-qkv_proj and gate_up_proj already fused load as they are).
+"""The llama-layout decoder in plain torch, the shared layers of every family whose
+`layers` is "decoder" (common/families): Llama, SmolLM2, Mistral (sliding window), Qwen2
+(q/k/v bias), Qwen 3 (QK-norm: q and k RMS-normed per head before RoPE), Phi-3
+(checkpoints with qkv_proj and gate_up_proj already fused load as they are). Its knobs
+are ModelArgs' fields: biases, QK-norm, windows, and the embedding, attention, residual
+and logit multipliers (Granite's).
 
 Hugging Face weight names are mapped on load; q/k/v and gate/up projections are stacked
 into one matmul each (fewer, larger GEMMs per layer).
@@ -24,7 +27,7 @@ from scheduler_worker.models.common import (
     rope_scaling_of,
     rope_theta_of,
 )
-from scheduler_worker.models.decode_plan import QK_NORM, DecodePlan, plan_decode_layers
+from scheduler_worker.models.decode_plan import DecodePlan, plan_decode_layers, style_of
 from scheduler_worker.rope import RotaryEmbedding
 
 
@@ -61,7 +64,8 @@ class LlamaAttention(nn.Module):
             args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
         )
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
-        self.scale = self.head_dim**-0.5
+        multiplier = args.attention_multiplier
+        self.scale = self.head_dim**-0.5 if multiplier is None else multiplier
         self.qk_norm = args.qk_norm
         if args.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, args.norm_eps)
@@ -112,14 +116,19 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(args, layer_index)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = LlamaMLP(args)
+        self.residual_multiplier = args.residual_multiplier
 
     def forward(self, cos_sin, x, residual, kv_cache, meta) -> torch.Tensor:
         """x: the previous layer's MLP output (None for the first layer), added here into
         `residual` (the running hidden state, updated in place); returns this layer's MLP
-        output."""
+        output (each output scaled by residual_multiplier first, where it is not 1)."""
         normed = self.input_layernorm(residual) if x is None else self.input_layernorm(x, residual)
         h = self.self_attn(cos_sin, normed, kv_cache, meta)
-        return self.mlp(self.post_attention_layernorm(h, residual))
+        m = self.residual_multiplier
+        if m != 1.0:
+            h = h * m
+        out = self.mlp(self.post_attention_layernorm(h, residual))
+        return out if m == 1.0 else out * m
 
 
 class LlamaForCausalLM(CausalLM):
@@ -158,9 +167,13 @@ class LlamaForCausalLM(CausalLM):
     def enable_decode_layers(self) -> bool:
         """Run decode steps whose linears all take the integer kernels as one C++ call
         (torch.ops.zeroserve.decode_layers: the same ops as the modules, without the
-        Python between them). Needs the C++ op set, SiLU, and every decoder linear a
-        QuantLinear on one kernel path; returns whether the plan was made."""
-        if self.ops.kernel_isa is None or self.args.hidden_act not in ("silu", "swish"):
+        Python between them). Needs a family that takes it (decode_style), the C++ op
+        set, SiLU, no residual multiplier, and every decoder linear a QuantLinear on one
+        kernel path; returns whether the plan was made."""
+        a = self.args
+        if a.decode_style is None or self.ops.kernel_isa is None or a.residual_multiplier != 1:
+            return False
+        if a.hidden_act not in ("silu", "swish"):
             return False  # the op's activations: SiLU here (GELU-tanh: Gemma 3)
         items: list[torch.Tensor | nn.Module] = []
         for layer in cast(list[LlamaDecoderLayer], list(self.layers)):
@@ -173,12 +186,14 @@ class LlamaForCausalLM(CausalLM):
         scale = cast(LlamaDecoderLayer, self.layers[0]).self_attn.scale
         layers = len(self.layers)
         windows: list[int | None] = list(self.args.layer_windows or [None] * layers)
-        style = QK_NORM if self.args.qk_norm else 0
+        style = style_of(a.decode_style)
         self.decode_plan = plan_decode_layers(items, scale, windows, [0] * layers, style)
         return self.decode_plan is not None
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         residual = self.embed_tokens(input_ids)
+        if self.args.embedding_multiplier != 1.0:
+            residual = residual * self.args.embedding_multiplier
         rope = self.ops.rope_inputs(self.rope, positions, residual.dtype)
         plan = self.decode_plan
         if plan is not None and plan.takes(meta, input_ids.shape[0]):
@@ -191,9 +206,13 @@ class LlamaForCausalLM(CausalLM):
         return self.norm(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        scaling = self.args.logits_scaling
+        return logits if scaling == 1.0 else logits / scaling
 
     def greedy_tokens(self, hidden: torch.Tensor, vocab: int) -> torch.Tensor | None:
+        if self.args.logits_scaling <= 0:  # a positive one keeps the argmax
+            return None
         return head_argmax(self.lm_head, hidden, vocab)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -12,8 +12,9 @@ formats.GGUF_BLOCK_TYPES, whatever that table holds), or a DequantLinear (the fi
 dequantized a chunk of rows at a time) for a type without a kernel; a stacked projection
 whose parts differ in kernel form or type becomes a StackedLinear of per-part modules.
 None keeps a float copy of the weight. The embedding stays in the file (QuantEmbedding).
-llama.cpp permutes the Q and K rows of llama-architecture files; rows are whole blocks, so
-they are un-permuted as blocks. Name mapping per architecture is the data table below.
+llama.cpp permutes the Q and K rows of some architectures' files (GGUFSpec.qk_permuted);
+rows are whole blocks, so they are un-permuted as blocks. Which tensors stack into which
+module is the family's (GGUFSpec.linears, common/families).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.families import BY_GGUF_ARCH
 from common.model_files.gguf_convert import unpermute
 from common.model_files.gguf_header import gguf_blocks_header
 from scheduler_worker.quant.dequant_linear import DequantLinear
@@ -33,32 +35,6 @@ from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, cat_rows, from_gguf
 from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.quant.stacked import StackedLinear
 
-# our module within a layer -> the GGUF tensors (blk.N.<piece>.weight) stacked into it
-_LLAMA_LAYER = {
-    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
-    "self_attn.o_proj": ("attn_output",),
-    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
-    "mlp.down_proj": ("ffn_down",),
-}
-# per GGUF architecture: (per-layer linears, embedding module, output module)
-GGUF_MODULES: dict[str, tuple[dict[str, tuple[str, ...]], str, str]] = {
-    "llama": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
-    "qwen2": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
-    "qwen3": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
-    "gemma3": (_LLAMA_LAYER, "embed_tokens", "lm_head"),
-    "phi3": (  # q/k/v and gate/up already fused in the file
-        {
-            "self_attn.qkv_proj": ("attn_qkv",),
-            "self_attn.o_proj": ("attn_output",),
-            "mlp.gate_up_proj": ("ffn_up",),
-            "mlp.down_proj": ("ffn_down",),
-        },
-        "embed_tokens",
-        "lm_head",
-    ),
-}
-# GGUF architectures whose Q and K rows llama.cpp's converter permutes
-QK_PERMUTED = frozenset({"llama"})
 NO_KERNEL = "dequant-on-the-fly (no kernel)"
 
 
@@ -74,6 +50,9 @@ class GGUFBlocks:
         self.n_head = int(header.get(f"{self.arch}.attention.head_count", 0))
         self.n_kv_head = int(header.get(f"{self.arch}.attention.head_count_kv", self.n_head))
         self.tensors = {t.name: t for t in header.tensors}
+        family = BY_GGUF_ARCH.get(self.arch)
+        self.spec = family.gguf if family is not None else None
+        self.qk_permuted = self.spec is not None and self.spec.qk_permuted
         self._types = gguf.GGMLQuantizationType
 
     def type_name(self, name: str) -> str:
@@ -99,7 +78,7 @@ class GGUFBlocks:
         the memory map; Q/K rows un-permuted (a copy) where the file permutes them."""
         n, _ = self.shape(name)
         raw = np.asarray(self.tensors[name].data).reshape(n, -1)
-        if self.arch in QK_PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
+        if self.qk_permuted and name.endswith(("attn_q.weight", "attn_k.weight")):
             raw = unpermute(raw, self.n_head if "attn_q" in name else self.n_kv_head)
         return raw
 
@@ -162,9 +141,9 @@ def swap_in_gguf(
     """Replace the (meta-device) model's linears and embedding by modules over the file's
     tensors. Returns what serves each tensor, and the stacked projections whose parts
     differ in type (served part by part)."""
-    if blocks.arch not in GGUF_MODULES:
+    if blocks.spec is None:
         raise ValueError(f"no GGUF tensor map for architecture {blocks.arch!r}")
-    layer, embed_name, output_name = GGUF_MODULES[blocks.arch]
+    layer, embed_name, output_name = blocks.spec.linears(), "embed_tokens", "lm_head"
     plan = {
         f"layers.{i}.{ours}": tuple(f"blk.{i}.{p}.weight" for p in parts)
         for i in range(num_layers)

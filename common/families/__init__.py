@@ -1,0 +1,39 @@
+"""The model families zeroserve serves, one file each (base.py says what a Family holds).
+Torch-free: the GGUF conversion reads them too.
+
+Adding a family: its file here, and its line in FAMILIES.
+"""
+
+from __future__ import annotations
+
+from common.families.base import Family, GGUFSpec
+from common.families.gemma3 import GEMMA3
+from common.families.gpt2 import GPT2
+from common.families.llama import LLAMA, MISTRAL
+from common.families.phi3 import PHI3
+from common.families.qwen import QWEN2, QWEN3
+
+FAMILIES: tuple[Family, ...] = (
+    LLAMA,
+    MISTRAL,
+    QWEN2,
+    QWEN3,
+    PHI3,
+    GPT2,
+    GEMMA3,
+)
+
+BY_ARCHITECTURE = {arch: f for f in FAMILIES for arch in f.hf_architectures}
+BY_GGUF_ARCH = {f.gguf.arch: f for f in FAMILIES if f.gguf is not None}
+SUPPORTED_GGUF_ARCHS = tuple(BY_GGUF_ARCH)
+
+
+def gguf_spec(arch: str) -> GGUFSpec:
+    """The GGUFSpec of a GGUF general.architecture (KeyError if none serves it)."""
+    spec = BY_GGUF_ARCH[arch].gguf
+    assert spec is not None
+    return spec
+
+
+def gguf_family(arch: str) -> Family:
+    return BY_GGUF_ARCH[arch]

@@ -1,0 +1,145 @@
+"""What a model family is, torch-free: one `Family` per file of this package, read by the
+GGUF conversion (common.model_files), the engine's loader and its models.
+
+    Family
+      hf_architectures   the HF `architectures` names it serves
+      layers             which shared layer stack runs it (scheduler_worker.models.LAYERS):
+                         "decoder" (llama layout, with the knobs of ModelArgs), "gemma3", "gpt2"
+      args(hf)           ModelArgs' fields from an HF config.json (decoder_args: the llama
+                         layout's, a family overrides what differs)
+      sliding            where its config's sliding window applies (layer_windows)
+      decode_style       the one-call C++ decode step's style flags (models/decode_plan.py:
+                         "qk_norm", "sandwich", "gelu_tanh"); None: the family never takes it
+      gguf               GGUFSpec, where llama.cpp has an architecture for it:
+        arch, model_type   general.architecture, and the config.json model_type it becomes
+        layer_names        GGUF layer tensor -> HF module (LLAMA_LAYERS, edited)
+        qk_permuted        llama.cpp's converter permuted the Q and K rows
+        norm_plus_one      norm weights stored as 1 + w (Gemma)
+        config(read, cfg)  config.json keys from the file's metadata beyond the llama ones
+        chat_template      the template of files published without one
+        stop_tokens        tokens that end a turn beside EOS (generation_config.json)
+
+A new family: a file here with its Family, and its line in `__init__.py` (FAMILIES).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# GGUF layer tensor -> HF module: the llama layout every llama-like architecture starts from
+LLAMA_LAYERS: Mapping[str, str] = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+QK_NORM_LAYERS: Mapping[str, str] = {
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+# our stacked linears -> the HF modules stacked into each (a family whose file holds one
+# fused already, as Phi-3's, maps its GGUF tensor onto ours directly)
+STACKED: Mapping[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
+
+Read = Callable[[str, Any], Any]  # a GGUF metadata key's value, or the default given
+
+
+@dataclass(frozen=True)
+class GGUFSpec:
+    arch: str
+    model_type: str
+    layer_names: Mapping[str, str] = field(default_factory=lambda: dict(LLAMA_LAYERS))
+    qk_permuted: bool = False
+    norm_plus_one: bool = False
+    config: Callable[[Read, dict], dict] | None = None
+    chat_template: str | None = None
+    stop_tokens: tuple[str, ...] = ()
+
+    def linears(self) -> dict[str, tuple[str, ...]]:
+        """Our stacked linears of a layer -> the GGUF tensors (blk.N.<name>) stacked into
+        each, in order."""
+        by_hf = {hf: g for g, hf in self.layer_names.items()}
+        out = {}
+        for ours, parts in STACKED.items():
+            out[ours] = (by_hf[ours],) if ours in by_hf else tuple(by_hf[p] for p in parts)
+        return out
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    hf_architectures: tuple[str, ...]
+    args: Callable[[dict], dict]
+    layers: str = "decoder"
+    decode_style: tuple[str, ...] | None = ()
+    sliding: str = "layer_types"  # how its config places sliding windows (layer_windows)
+    gguf: GGUFSpec | None = None
+
+
+def layer_windows(hf: dict, sliding: str = "layer_types") -> tuple[int | None, ...]:
+    """The sliding window of every layer (None: global attention), as transformers reads
+    the config: `layer_types` where the config lists them (Gemma 3, Qwen2/3 in
+    transformers 5), else by the family's `sliding`: "every_layer" (Mistral, Phi-3)
+    `sliding_window` on every layer, "qwen" on the layers from `max_window_layers` on
+    where `use_sliding_window` is set, "layer_types" none."""
+    num_layers = int(hf.get("num_hidden_layers", hf.get("n_layer", 0)))
+    window = hf.get("sliding_window")
+    if window is not None:
+        window = int(window)
+        if window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {window}")
+    types = hf.get("layer_types")
+    if types is not None:
+        if len(types) != num_layers:
+            raise ValueError(f"layer_types lists {len(types)} layers, the model has {num_layers}")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if window is None:
+        return (None,) * num_layers
+    if sliding == "every_layer":
+        return (window,) * num_layers
+    if sliding == "qwen" and hf.get("use_sliding_window"):
+        first = int(hf.get("max_window_layers", num_layers))
+        return tuple(window if i >= first else None for i in range(num_layers))
+    return (None,) * num_layers
+
+
+def decoder_args(hf: dict) -> dict:
+    """ModelArgs' fields of a llama-layout config.json (but the architecture, the config
+    itself, the layer windows and the decode style: ModelArgs.from_hf's, from the Family)."""
+    num_heads = hf["num_attention_heads"]
+    hidden = hf["hidden_size"]
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0:
+        raise ValueError(
+            f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported"
+        )
+    attention_bias = bool(hf.get("attention_bias", False))
+    return dict(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+        head_dim=hf.get("head_dim") or hidden // num_heads,
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        hidden_act=hf.get("hidden_act") or hf.get("hidden_activation") or "silu",
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=attention_bias,
+        o_bias=attention_bias,
+        mlp_bias=bool(hf.get("mlp_bias", False)),
+    )

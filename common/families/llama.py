@@ -1,0 +1,19 @@
+"""Llama (Llama 2/3, SmolLM2) and Mistral: the llama layout as it is. llama.cpp writes
+Mistral's files as `llama` too, so only Llama has a GGUF spec."""
+
+from __future__ import annotations
+
+from common.families.base import Family, GGUFSpec, decoder_args
+
+LLAMA = Family(
+    "llama",
+    ("LlamaForCausalLM",),
+    decoder_args,
+    gguf=GGUFSpec("llama", "llama", qk_permuted=True),
+)
+MISTRAL = Family(
+    "mistral",
+    ("MistralForCausalLM",),
+    decoder_args,
+    sliding="every_layer",  # its sliding_window: every layer
+)
