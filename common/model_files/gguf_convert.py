@@ -209,10 +209,17 @@ class _ShardWriter:
 
 
 def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> None:
-    from transformers import AutoTokenizer  # imports torch: one reason this runs in a child
+    # imports torch: one reason this runs in a child
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
+    # AutoTokenizer reads the file's config first, which transformers' GGUF reader refuses
+    # for an architecture it lacks (Granite); the tokenizer itself is described by its
+    # tokenizer.ggml.* keys alone, which the fast tokenizer reads for any architecture
+    known = read_field(reader, "general.architecture") in GGUF_SUPPORTED_ARCHITECTURES
+    cls = AutoTokenizer if known else PreTrainedTokenizerFast
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tok = cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as e:  # noqa: BLE001 (transformers raises many kinds)
         raise ModelSourceError(f"GGUF file {gguf_path}: cannot convert its tokenizer: {e}") from e
     tokens = read_field(reader, "tokenizer.ggml.tokens") or []
