@@ -9,6 +9,7 @@ from __future__ import annotations
 from common.families.base import Family, GGUFSpec
 from common.families.gemma3 import GEMMA3
 from common.families.gpt2 import GPT2
+from common.families.granite import GRANITE
 from common.families.llama import LLAMA, MISTRAL
 from common.families.phi3 import PHI3
 from common.families.qwen import QWEN2, QWEN3
@@ -21,6 +22,7 @@ FAMILIES: tuple[Family, ...] = (
     PHI3,
     GPT2,
     GEMMA3,
+    GRANITE,
 )
 
 BY_ARCHITECTURE = {arch: f for f in FAMILIES for arch in f.hf_architectures}
