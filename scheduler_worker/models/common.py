@@ -89,6 +89,24 @@ class ModelArgs:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
+class AttentionProjections(nn.Module):
+    """What every attention layer sets up alike: its window (None: global attention), its
+    head shapes and its stacked q/k/v and output projections."""
+
+    def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
+        super().__init__()
+        windows = args.layer_windows
+        self.window = windows[layer_index] if windows else None
+        self.num_heads, self.num_kv_heads = args.num_heads, args.num_kv_heads
+        self.head_dim = args.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(
+            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+
+
 class CausalLM(nn.Module):
     """What the model runner calls on every model (besides forward(input_ids, positions,
     kv_caches, meta) -> hidden states [T, hidden])."""

@@ -31,6 +31,7 @@ from scheduler_worker.activations import GELU_TANH_ACTS
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.models.common import (
+    AttentionProjections,
     CausalLM,
     ModelArgs,
     head_argmax,
@@ -69,26 +70,14 @@ def _rope_settings(hf: dict[str, Any]) -> dict[str, tuple[float, dict[str, Any] 
     return {"local": (local_theta, scaling(local)), "global": (full_theta, scaling(full))}
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(AttentionProjections):
     ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
 
     def __init__(self, args: ModelArgs, layer_index: int) -> None:
-        super().__init__()
+        super().__init__(args, layer_index)
         hf = args.hf_config
         if hf.get("attn_logit_softcapping") is not None:
             raise ValueError("attention logit softcapping (Gemma 2) is not supported")
-        self.window = args.layer_windows[layer_index]
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            args.num_heads,
-            args.num_kv_heads,
-            args.head_dim,
-        )
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(
-            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.q_norm = GemmaRMSNorm(self.head_dim, args.norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, args.norm_eps)
         self.scale = float(hf.get("query_pre_attn_scalar") or self.head_dim) ** -0.5

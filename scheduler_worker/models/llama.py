@@ -20,6 +20,7 @@ from torch import nn
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.models.common import (
+    AttentionProjections,
     CausalLM,
     ModelArgs,
     head_argmax,
@@ -46,24 +47,11 @@ class RMSNorm(nn.Module):
         return self.ops.rms_norm(x, residual, self.weight, self.eps)
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(AttentionProjections):
     ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
 
     def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
-        super().__init__()
-        windows = args.layer_windows
-        self.window = windows[layer_index] if windows else None  # None: global attention
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            args.num_heads,
-            args.num_kv_heads,
-            args.head_dim,
-        )
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(
-            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+        super().__init__(args, layer_index)
         multiplier = args.attention_multiplier
         self.scale = self.head_dim**-0.5 if multiplier is None else multiplier
         self.qk_norm = args.qk_norm
