@@ -105,6 +105,7 @@ def run(model_dir: Path, rows: int, steps: int, profile: bool) -> float:
             publish(engine.step())
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    gc.unfreeze()
     return seconds
 
 

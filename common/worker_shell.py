@@ -162,7 +162,9 @@ class WorkerShell:
             self._heartbeat = Heartbeat(self.config, self.component).start()
 
     def finish(self, last_word: Callable[[], None] | None = None) -> None:
-        """Stop the heartbeat thread, say "stopping" (or `last_word()`), close every socket."""
+        """Stop the heartbeat thread, say "stopping" (or `last_word()`), close every socket;
+        start-up's objects go back to the collector (frozen ones are never freed at exit,
+        and extension modules such as triton's then report them as leaked)."""
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
@@ -171,6 +173,7 @@ class WorkerShell:
         else:
             last_word()
         self.close()
+        gc.unfreeze()
 
     def close(self) -> None:
         for q in self._owned:

@@ -298,22 +298,25 @@ class LLMEngine:
         result = step.sample.result() if step.sample is not None else None
         stats.sample += time.perf_counter() - t0
         outputs: list[RequestOutput] = []
+        grammars = self.grammars if self.grammars.matchers else None  # none: no row has one
+        resolve = self.scheduler.resolve
         for i, (req, index) in enumerate(step.sampled):
             assert result is not None  # rows were sampled
             was_finished = req.status.finished
             token = result.token_ids[i]
-            self.scheduler.resolve(req, index, token)
+            resolve(req, index, token)
             if was_finished:
                 continue  # aborted, or stopped at its previous token: nothing more to send
-            if self.grammars.advance(req, token) and not req.status.finished:
+            if grammars is not None and grammars.advance(req, token) and not req.status.finished:
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
             if req.status.finished:
                 del self.requests[req.request_id]
                 self.grammars.drop(req.request_id)
             lp = result.logprobs[i]
             out = request_output(req, [token], [lp] if lp is not None else None)
-            if req.wants_prompt_logprobs:  # its prompt is done: they go with this token
-                first: list = [req.prompt_token_ids[0], None, []]  # a 1-token prompt: this
+            if req.reads_history and req.wants_prompt_logprobs:  # its prompt is done: they go
+                # with this token; a 1-token prompt: this
+                first: list = [req.prompt_token_ids[0], None, []]
                 out.prompt_logprobs = req.prompt_logprobs or [first]
                 req.prompt_logprobs = None
                 req.prompt_logprobs_sent = True

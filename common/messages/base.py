@@ -11,6 +11,7 @@ accept JSON-like values only (None, bool, int, float, str, lists and str-keyed m
 from __future__ import annotations
 
 import dataclasses
+import struct
 import sys
 import types
 import typing
@@ -245,8 +246,13 @@ _SWAP = sys.byteorder != "little"
 assert array("i").itemsize == 4
 
 
+_ONE_ID = struct.Struct("<i")
+
+
 def pack_ids(ids: list[int]) -> bytes:
     """Pack token ids (each in [0, 2**31)) as little-endian int32."""
+    if len(ids) == 1 and type(ids[0]) is int and 0 <= ids[0] < 1 << 31:
+        return _ONE_ID.pack(ids[0])  # a decode step's one token a request: most calls
     try:
         a = array("i", ids)
     except (OverflowError, TypeError) as e:
