@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
-from common.model_files.model_source import default_gguf_path, resolve_model
+from common.model_files.model_source import resolve_model
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.quant.linear import QuantLinear
+from tests.gguf_files import write_gguf
 
 SHAPE = dict(
     vocab_size=49152,  # the default model's tokenizer goes in the file
@@ -80,53 +80,14 @@ def _head_dim(cfg) -> int:
 
 def _write(model, arch: str, path: Path, qtype: gguf.GGMLQuantizationType | None) -> Path:
     cfg = model.config
-    reader = gguf.GGUFReader(str(default_gguf_path()))
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(_head_dim(cfg))
-    w.add_value_length(_head_dim(cfg))
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if getattr(cfg, "sliding_window", None):
-        w.add_sliding_window(cfg.sliding_window)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    for key, add in (
-        ("tokens", w.add_token_list),
-        ("token_type", w.add_token_types),
-        ("merges", w.add_token_merges),
-    ):
-        add(reader.fields[f"tokenizer.ggml.{key}"].contents())
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    names = NAMES[arch]
-    for name, t in model.state_dict().items():
-        a = t.numpy().astype(np.float32)
-        parts = name.split(".")
-        if name == "lm_head.weight":
-            if cfg.tie_word_embeddings:
-                continue
-            gname = "output.weight"
-        elif name == "model.embed_tokens.weight":
-            gname = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gname = "output_norm.weight"
-        else:
-            gname = f"blk.{parts[2]}.{names[parts[-2]]}.{parts[-1]}"
-        if qtype is not None and a.ndim == 2 and gname != "token_embd.weight":
-            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gname, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_key_length(_head_dim(cfg))
+        w.add_value_length(_head_dim(cfg))
+        if getattr(cfg, "sliding_window", None):
+            w.add_sliding_window(cfg.sliding_window)
+
+    return write_gguf(model, arch, path, qtype, names=NAMES[arch], extra=extra)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "phi3"])

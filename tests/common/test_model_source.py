@@ -8,7 +8,6 @@ llama.cpp does it for llama), so conversion is checked tensor for tensor and log
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from common.model_files.model_source import (
     resolve_model,
 )
 from tests.conftest import randomize_qkv_bias, tiny_config
+from tests.gguf_files import llamacpp_rope_factors, write_llama_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HF_FILES = (
@@ -204,109 +204,6 @@ def _close(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
-@pytest.fixture(scope="module")
-def tokenizer_fields() -> dict:
-    reader = gguf.GGUFReader(str(default_gguf_path()))
-    return {
-        k: reader.fields[f"tokenizer.ggml.{k}"].contents()
-        for k in ("tokens", "merges", "token_type")
-    }
-
-
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp's convert_hf_to_gguf
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
-def _llamacpp_rope_factors(rope: dict, head_dim: int) -> np.ndarray:  # llama.cpp's formula
-    freqs = 1.0 / rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
-    old, lo, hi, factor = (
-        rope["original_max_position_embeddings"],
-        rope["low_freq_factor"],
-        rope["high_freq_factor"],
-        rope["factor"],
-    )
-    out = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
-        if wavelen < old / hi:
-            out.append(1.0)
-        elif wavelen > old / lo:
-            out.append(factor)
-        else:
-            smooth = (old / wavelen - lo) / (hi - lo)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(out, dtype=np.float32)
-
-
-def write_gguf(model, arch: str, path: Path, fields: dict, qtype=None) -> Path:
-    """A GGUF file laid out like llama.cpp's converter writes one: float32, or with every
-    projection and output matrix in a block format, `qtype(gguf name)` (norms and the
-    embedding stay float32)."""
-    cfg = model.config
-    n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_dimension_count(cfg.hidden_size // n_head)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(fields["tokens"])
-    w.add_token_types(fields["token_type"])
-    w.add_token_merges(fields["merges"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template(
-        "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-    )
-    if cfg.rope_parameters.get("rope_type") == "llama3":
-        w.add_tensor(
-            "rope_freqs.weight",
-            _llamacpp_rope_factors(cfg.rope_parameters, cfg.hidden_size // n_head),
-        )
-    names = {
-        "q_proj": "attn_q",
-        "k_proj": "attn_k",
-        "v_proj": "attn_v",
-        "o_proj": "attn_output",
-        "gate_proj": "ffn_gate",
-        "up_proj": "ffn_up",
-        "down_proj": "ffn_down",
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-    }
-    for name, t in model.state_dict().items():
-        a = t.numpy().astype(np.float32)
-        parts = name.split(".")
-        if name == "lm_head.weight":
-            if cfg.tie_word_embeddings:
-                continue
-            gname = "output.weight"
-        elif name == "model.embed_tokens.weight":
-            gname = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gname = "output_norm.weight"
-        else:  # model.layers.N.(self_attn|mlp).proj.(weight|bias) or model.layers.N.norm.weight
-            gname = f"blk.{parts[2]}.{names[parts[-2]]}.{parts[-1]}"
-        if arch == "llama" and parts[-2] in ("q_proj", "k_proj"):
-            a = _permute(a, n_head if parts[-2] == "q_proj" else n_kv)
-        if qtype is not None and a.ndim == 2 and gname != "token_embd.weight":
-            w.add_tensor(gname, gguf.quants.quantize(a, qtype(gname)), raw_dtype=qtype(gname))
-        else:
-            w.add_tensor(gname, a)
-    _close(w)
-    return path
-
-
 def _tiny(kind: str):
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
@@ -329,12 +226,12 @@ def _tiny(kind: str):
 
 
 @pytest.mark.parametrize("kind,arch", [("qwen2", "qwen2"), ("llama3", "llama")])
-def test_tiny_gguf_round_trip(tmp_path, tokenizer_fields, kind, arch):
+def test_tiny_gguf_round_trip(tmp_path, kind, arch):
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
 
     model = _tiny(kind)
-    path = write_gguf(model, arch, tmp_path / f"tiny-{kind}.gguf", tokenizer_fields)
+    path = write_llama_gguf(model, arch, tmp_path / f"tiny-{kind}.gguf")
     lean = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False)
     out = resolve_model(str(path), cache_dir=tmp_path / "cache", progress=False, full_weights=True)
     config = json.loads((out / "config.json").read_text())
@@ -383,15 +280,15 @@ def test_tiny_gguf_round_trip(tmp_path, tokenizer_fields, kind, arch):
 )
 def test_llama3_rope_parameters_recovered(rope):
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, **rope}
-    factors = _llamacpp_rope_factors(rope, 128)
+    factors = llamacpp_rope_factors(rope, 128)
     assert llama3_rope_parameters(factors, 500000.0, 128) == rope
     with pytest.raises(ValueError, match="not a llama3"):
         llama3_rope_parameters(factors[::-1].copy(), 500000.0, 128)
 
 
 @pytest.fixture
-def tiny_gguf(tmp_path, tokenizer_fields) -> Path:
-    return write_gguf(_tiny("qwen2"), "qwen2", tmp_path / "tiny.gguf", tokenizer_fields)
+def tiny_gguf(tmp_path) -> Path:
+    return write_llama_gguf(_tiny("qwen2"), "qwen2", tmp_path / "tiny.gguf")
 
 
 def test_concurrent_resolves_convert_once(tmp_path, tiny_gguf):

@@ -15,8 +15,9 @@ from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.model_runner import SeqInput
 from scheduler_worker.quant.linear import QuantLinear
-from tests.common.test_model_source import _tiny, tokenizer_fields, write_gguf  # noqa: F401
+from tests.common.test_model_source import _tiny
 from tests.conftest import kernels_built
+from tests.gguf_files import write_llama_gguf
 from tests.scheduler_worker.test_default_model import chat_prompts
 
 HAVE_KERNELS = kernels_built()
@@ -60,13 +61,12 @@ def _mixed_types(name: str) -> gguf.GGMLQuantizationType:
 @pytest.mark.parametrize("kind,arch", [("llama3", "llama"), ("qwen2", "qwen2")])
 def test_tiny_gguf_blocks_match_the_dequantized_float_path(
     tmp_path,
-    tokenizer_fields,  # noqa: F811 - the fixture imported above
     monkeypatch,
     kind,
     arch,
 ):
     monkeypatch.setenv("ZEROSERVE_CACHE_DIR", str(tmp_path / "cache"))
-    path = write_gguf(_tiny(kind), arch, tmp_path / f"{kind}.gguf", tokenizer_fields, _mixed_types)
+    path = write_llama_gguf(_tiny(kind), arch, tmp_path / f"{kind}.gguf", _mixed_types)
     float_engine = _engine(path, "none")
     oracle = _engine(path, "gguf", "torch")  # the file's blocks, dequantized in pure torch
     quants = [m for m in oracle.runner.model.modules() if isinstance(m, QuantLinear)]

@@ -10,16 +10,16 @@ import json
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 import torch
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from common.model_files.model_source import default_gguf_path, resolve_model
+from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from scheduler_worker.quant.linear import QuantLinear
 from tests.conftest import hf_greedy, hf_greedy_of, tiny_config
+from tests.gguf_files import write_gguf
 
 MULTIPLIERS = dict(
     embedding_multiplier=3.0,
@@ -89,76 +89,18 @@ def test_engine_greedy_equals_transformers(kernels, granite_dir):
     assert engine.generate(PROMPTS, params) == hf_greedy(granite_dir, PROMPTS, 16)
 
 
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf permutation of Q and K rows (LlamaModel.permute)."""
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
 def _write_gguf(model, path: Path, qtype: gguf.GGMLQuantizationType | None) -> Path:
+    """As llama.cpp writes a granite file: Q and K permuted, the multipliers as metadata."""
     cfg = model.config
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    source = gguf.GGUFReader(str(default_gguf_path()))  # its tokenizer goes in the file
-    w = gguf.GGUFWriter(str(path), "granite")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_embedding_scale(cfg.embedding_multiplier)
-    w.add_attention_scale(cfg.attention_multiplier)
-    w.add_residual_scale(cfg.residual_multiplier)
-    w.add_logit_scale(cfg.logits_scaling)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    for key, add in (
-        ("tokens", w.add_token_list),
-        ("token_type", w.add_token_types),
-        ("merges", w.add_token_merges),
-    ):
-        add(source.fields[f"tokenizer.ggml.{key}"].contents())
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    layer = {
-        "q_proj": "attn_q",
-        "k_proj": "attn_k",
-        "v_proj": "attn_v",
-        "o_proj": "attn_output",
-        "gate_proj": "ffn_gate",
-        "up_proj": "ffn_up",
-        "down_proj": "ffn_down",
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-    }
-    top = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    for name, t in model.state_dict().items():
-        a = t.numpy().astype(np.float32)
-        parts = name.split(".")
-        gname = top.get(name) or f"blk.{parts[2]}.{layer[parts[-2]]}.{parts[-1]}"
-        if parts[-2] in ("q_proj", "k_proj"):
-            heads = cfg.num_attention_heads if parts[-2] == "q_proj" else cfg.num_key_value_heads
-            a = _permute(a, heads)
-        if qtype is not None and a.ndim == 2 and gname != "token_embd.weight":
-            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gname, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_key_length(cfg.hidden_size // cfg.num_attention_heads)
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
+
+    return write_gguf(model, "granite", path, qtype, permute_qk=True, extra=extra)
 
 
 def test_a_granite_gguf_converts_and_serves_like_the_source_model(tmp_path):

@@ -22,7 +22,8 @@ from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES
 from scheduler_worker.quant.gguf_weights import NO_KERNEL
 from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.quant.stacked import StackedLinear
-from tests.common.test_model_source import _tiny, tokenizer_fields, write_gguf  # noqa: F401
+from tests.common.test_model_source import _tiny
+from tests.gguf_files import write_llama_gguf
 from tests.scheduler_worker.test_gguf_weights import PROMPTS, _engine, _last_logits
 
 NO_KERNEL_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q5_0", "Q8_0"]
@@ -94,11 +95,10 @@ def _mixed(name: str) -> gguf.GGMLQuantizationType:
 
 def test_mixed_types_in_a_stacked_projection_keep_no_float_copy(
     tmp_path,
-    tokenizer_fields,  # noqa: F811 - the fixture imported above
     monkeypatch,
 ):
     monkeypatch.setenv("ZEROSERVE_CACHE_DIR", str(tmp_path / "cache"))
-    path = write_gguf(_tiny("llama3"), "llama", tmp_path / "mixed.gguf", tokenizer_fields, _mixed)
+    path = write_llama_gguf(_tiny("llama3"), "llama", tmp_path / "mixed.gguf", _mixed)
     records = _Records()
     logging.getLogger("zeroserve.loader").addHandler(records)
     try:

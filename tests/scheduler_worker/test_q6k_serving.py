@@ -20,8 +20,8 @@ from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.gguf_weights import NO_KERNEL, GGUFBlocks
 from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.quant.stacked import StackedLinear
-from tests.common.test_model_source import tokenizer_fields, write_gguf  # noqa: F401
 from tests.conftest import tiny_config
+from tests.gguf_files import write_llama_gguf
 from tests.scheduler_worker.test_gguf_weights import PROMPTS, _engine, _last_logits
 from tests.scheduler_worker.test_loader import _Records
 
@@ -88,7 +88,7 @@ def _types(name: str) -> gguf.GGMLQuantizationType:
 
 
 @pytest.fixture(scope="module")
-def q6k_gguf(tmp_path_factory, tokenizer_fields):  # noqa: F811 - the fixture imported above
+def q6k_gguf(tmp_path_factory):
     """A tiny Llama wide enough for 256-input super-blocks, written with `_types`."""
     from transformers import LlamaForCausalLM
 
@@ -113,7 +113,7 @@ def q6k_gguf(tmp_path_factory, tokenizer_fields):  # noqa: F811 - the fixture im
 
     gguf.quants.quantize = quantize  # gguf-py has no Q6_K writer
     try:
-        return write_gguf(model, "llama", path, tokenizer_fields, _types)
+        return write_llama_gguf(model, "llama", path, _types)
     finally:
         gguf.quants.quantize = plain
 

@@ -1,0 +1,150 @@
+"""Tiny GGUF files written as llama.cpp's convert_hf_to_gguf lays them out, for the tests.
+
+The name tables here are the tests' own (llama.cpp's names), never the product's
+(common/families), which these files check. The default model's tokenizer goes in every
+file (a model of its 49,152-token vocabulary)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from common.model_files.model_source import default_gguf_path
+
+# HF module -> GGUF layer tensor: the llama layout (convert_hf_to_gguf's names)
+LLAMA_NAMES: Mapping[str, str] = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_output",
+    "gate_proj": "ffn_gate",
+    "up_proj": "ffn_up",
+    "down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+TOP_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+QType = gguf.GGMLQuantizationType | Callable[[str], gguf.GGMLQuantizationType] | None
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's permutation of Q and K rows (LlamaModel.permute)."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+@functools.cache
+def tokenizer_fields() -> dict:
+    """The default model's tokenizer.ggml tokens, token types and merges."""
+    reader = gguf.GGUFReader(str(default_gguf_path()))
+    return {
+        k: reader.fields[f"tokenizer.ggml.{k}"].contents()
+        for k in ("tokens", "token_type", "merges")
+    }
+
+
+def write_gguf(
+    model,
+    arch: str,
+    path: Path,
+    qtype: QType = None,
+    *,
+    names: Mapping[str, str] = LLAMA_NAMES,
+    permute_qk: bool = False,
+    extra: Callable[[gguf.GGUFWriter], None] | None = None,
+) -> Path:
+    """`model` (a transformers causal LM) as a GGUF file of `arch`: float32, or with every
+    matrix but the embedding in `qtype` (a type, or a function of the GGUF name); Q and K
+    rows permuted where llama.cpp permutes them; `extra(writer)` adds the architecture's
+    own metadata (and tensors)."""
+    cfg = model.config
+    n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    fields = tokenizer_fields()
+    w.add_token_list(fields["tokens"])
+    w.add_token_types(fields["token_type"])
+    w.add_token_merges(fields["merges"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    if extra is not None:
+        extra(w)
+    for name, t in model.state_dict().items():
+        a = t.numpy().astype(np.float32)
+        parts = name.split(".")
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        # model.layers.N.(self_attn|mlp).proj.(weight|bias) or model.layers.N.norm.weight
+        gname = TOP_NAMES.get(name) or f"blk.{parts[2]}.{names[parts[-2]]}.{parts[-1]}"
+        if permute_qk and parts[-2] in ("q_proj", "k_proj"):
+            a = permute(a, n_head if parts[-2] == "q_proj" else n_kv)
+        q = qtype(gname) if callable(qtype) and not isinstance(qtype, int) else qtype
+        if q is not None and a.ndim == 2 and gname != "token_embd.weight":
+            w.add_tensor(gname, gguf.quants.quantize(a, q), raw_dtype=q)
+        else:
+            w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def llamacpp_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+    """llama.cpp's rope_freqs of a llama3 rope (its formula)."""
+    freqs = 1.0 / rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    old, lo, hi, factor = (
+        rope["original_max_position_embeddings"],
+        rope["low_freq_factor"],
+        rope["high_freq_factor"],
+        rope["factor"],
+    )
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_llama_gguf(model, arch: str, path: Path, qtype: QType = None) -> Path:
+    """A llama-layout file (llama, qwen2) as convert_hf_to_gguf writes it: rope dimension
+    count, a chat template, llama3 rope factors as rope_freqs, llama's Q/K permuted."""
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_rope_dimension_count(head_dim)
+        w.add_chat_template(
+            "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+        )
+        if cfg.rope_parameters.get("rope_type") == "llama3":
+            w.add_tensor("rope_freqs.weight", llamacpp_rope_factors(cfg.rope_parameters, head_dim))
+
+    return write_gguf(model, arch, path, qtype, permute_qk=arch == "llama", extra=extra)
