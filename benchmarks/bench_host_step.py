@@ -73,9 +73,9 @@ def publisher(engine: LLMEngine):
     return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
 
 
-def run(model_dir: Path, rows: int, steps: int, profile: bool) -> float:
+def run(model_dir: Path, rows: int, steps: int, profile: bool, kernels: str = "auto") -> float:
     cfg = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32"),
+        model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
         scheduler=SchedulerConfig(
             max_num_seqs=rows, max_num_batched_tokens=max(2048, rows), async_scheduling="on"
@@ -115,6 +115,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--model", type=Path, help="a model directory (default: a tiny llama)")
+    ap.add_argument(
+        "--kernels", default="auto", help="the prompts' forward: auto, or torch (no C++ build)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,7 +127,7 @@ def main() -> None:
 
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
         for rows in args.rows:
-            s = run(model_dir, rows, args.steps, args.profile)
+            s = run(model_dir, rows, args.steps, args.profile, args.kernels)
             print(f"rows {rows:4d}: {s * 1e6:8.0f} µs a step, {s * 1e6 / rows:6.2f} µs a row")
 
 

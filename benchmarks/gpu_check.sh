@@ -19,6 +19,7 @@
 #   7. a json_schema response_format request and a tool_choice "required" request
 #   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
 #   9. an in-process profile of m1b decode steps (and of steps that admit a prompt)
+#  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py)
 # (2 and 3 run side by side: the compile warm-up overlaps the tests and the reference, and
 # the baseline is timed once the GPU is otherwise idle; see benchmarks/gpu/hf_compile.py.)
 # Results in $OUT (at most 8 files): summary.txt (the table), summary.json, details.json,
@@ -390,6 +391,14 @@ else
     --steps 20 --mixed 4 --cprofile 30 -- $SERVER_FLAGS
 fi
 
+# ---- 10. the host's share of a decode step (CPU only: the forward stubbed as a graph) ---
+if (($(left) - RESERVE < 20)); then
+  skip host_step "budget ($(left)s left)"
+else
+  stage host_step 45 "$PY" "$ZS/benchmarks/bench_host_step.py" --rows 32 128 256 --steps 100 \
+    --kernels torch
+fi
+
 # ---- summary (never skipped) ---------------------------------------------------------
 say ">>> summary"
 timeout -k 5 30 "$PY" "$G/summarize.py" "$W" "$OUT" "$(elapsed)" "$BUDGET" >"$W/logs/summary.log" 2>&1 ||
@@ -407,6 +416,7 @@ for f in "$W"/server_*.log; do
 done >"$OUT/servers.log" 2>/dev/null
 [ -f "$W/logs/pytest.log" ] && tail -n 3000 "$W/logs/pytest.log" | cut -c1-2000 >"$OUT/pytest.log"
 [ -f "$W/logs/profile.log" ] && cut -c1-2000 "$W/logs/profile.log" | head -n 2000 >"$OUT/profile.txt"
+[ -f "$W/logs/host_step.log" ] && grep "^rows" "$W/logs/host_step.log" >>"$OUT/profile.txt"
 cat "$W/logs/summary.log"
 say "done in $(elapsed)s; files in $OUT: $(cd "$OUT" && echo *) run.log"
 cp "$RUNLOG" "$OUT/run.log"
