@@ -182,11 +182,7 @@ ZS_AMX void slab_amx(const Act& x, int64_t nb, const uint8_t* q, const S& sc, in
     amx_store<1, RG>(dots);
     amx_epilogue<EPI, RG>(facc, dots, x, nb, sc, at, i0, b + 1);
   }
-  for (int g = 0; g < RG; ++g) {
-    const int64_t n = n0 + g * GR, take = std::min<int64_t>(GR, N - n);
-    if (take <= 0) continue;
-    for (int i = 0; i < 16; ++i) store16(out + (i0 + i) * N + n, facc[i][g], take);
-  }
+  store_tile(facc, out, N, i0, n0);
 }
 
 #if ZS_HAVE_AMX

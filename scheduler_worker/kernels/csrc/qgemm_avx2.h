@@ -58,6 +58,21 @@ ZS_AVX2 void quantize_row_avx2(const T* x, int64_t nb, int8_t* q, float* d, floa
 // -> int16) then madd with ones (-> int32) give the same 4-product sums per 32-bit lane.
 // 4-bit weights are the unsigned operand as they are; 8-bit ones (stored + 128) are made
 // signed again and their signs moved onto x, so no int16 pair can saturate.
+// An RM-row tile's sums (two halves of 8 a row: one group of 16 outputs) into out's rows
+// [i0, i0 + RM), outputs from g * 16 on (the last group of N may be short): every AVX2
+// GEMM tile's result store.
+template <int RM, typename T>
+ZS_AVX2 inline void store_tile_avx2(__m256 (&facc)[RM][2], T* out, int64_t N, int64_t i0, int64_t g) {
+  const int64_t n0 = g * 16, take = std::min<int64_t>(16, N - n0);
+  for (int i = 0; i < RM; ++i) {
+    alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, facc[i][0]);
+    _mm256_store_ps(tmp + 8, facc[i][1]);
+    T* o = out + (i0 + i) * N + n0;
+    for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
+  }
+}
+
 template <int FMT, int RM, typename T>
 ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
   constexpr int64_t BB = group_block_bytes<FMT>();
@@ -114,14 +129,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
       }
     }
   }
-  const int64_t n0 = g * 16, take = std::min<int64_t>(16, N - n0);
-  for (int i = 0; i < RM; ++i) {
-    alignas(32) float tmp[16];
-    _mm256_store_ps(tmp, facc[i][0]);
-    _mm256_store_ps(tmp + 8, facc[i][1]);
-    T* o = out + (i0 + i) * N + n0;
-    for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
-  }
+  store_tile_avx2(facc, out, N, i0, g);
 }
 
 }  // namespace zs_qgemm

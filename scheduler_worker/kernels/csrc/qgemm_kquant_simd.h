@@ -126,14 +126,7 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const KPacked& w, T* out, int64_t i0, in
       }
     }
   }
-  const int64_t n0 = g * GR, take = std::min<int64_t>(GR, N - n0);
-  for (int i = 0; i < RM; ++i) {
-    alignas(32) float tmp[GR];
-    _mm256_store_ps(tmp, facc[i][0]);
-    _mm256_store_ps(tmp + 8, facc[i][1]);
-    T* o = out + (i0 + i) * N + n0;
-    for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
-  }
+  store_tile_avx2(facc, out, N, i0, g);
 }
 
 // ------------------------------------------------------------------------ AVX-512 VNNI
@@ -208,13 +201,7 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const KPacked& w, T* out, int64_t i0, 
       }
     }
   }
-  for (int g = 0; g < RG; ++g) {
-    const int64_t n0 = (g0 + g) * GR, take = std::min<int64_t>(GR, N - n0);
-    for (int i = 0; i < RM; ++i) {
-      T* o = out + (i0 + i) * N + n0;
-      store16(o, facc[i][g], take);
-    }
-  }
+  store_tile(facc, out, N, i0, g0 * GR);
 }
 
 template <int FMT, int RM, int RG, typename T>

@@ -143,14 +143,7 @@ ZS_AVX512 void tile_panel(const Act& x, const Panel& p, int64_t N, T* out, int64
       }
     }
   }
-  for (int g = 0; g < RG; ++g) {
-    const int64_t n = n0 + g * GR, take = std::min<int64_t>(GR, N - n);
-    if (take <= 0) continue;
-    for (int i = 0; i < RM; ++i) {
-      T* o = out + (i0 + i) * N + n;
-      store16(o, facc[i][g], take);
-    }
-  }
+  store_tile(facc, out, N, i0, n0);
 }
 
 // Groups [g0, g1) of every activation row (M >= PANEL_MIN_ROWS): a pair of groups at a

@@ -70,14 +70,7 @@ ZS_AVX2 void tile_q6_avx2(const Q6Act& x, const Q6Packed& w, T* out, int64_t i0,
         facc[i][h] = _mm256_fmadd_ps(t[i], _mm256_set1_ps(x.d[(i0 + i) * nb + b]), facc[i][h]);
     }
   }
-  const int64_t n0 = g * GR, take = std::min<int64_t>(GR, N - n0);
-  for (int i = 0; i < RM; ++i) {
-    alignas(32) float tmp[GR];
-    _mm256_store_ps(tmp, facc[i][0]);
-    _mm256_store_ps(tmp + 8, facc[i][1]);
-    T* o = out + (i0 + i) * N + n0;
-    for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
-  }
+  store_tile_avx2(facc, out, N, i0, g);
 }
 
 // ------------------------------------------------------------------------ AVX-512 VNNI
@@ -143,13 +136,7 @@ ZS_AVX512 void tile_q6_vnni(const Q6Act& x, const Q6Packed& w, T* out, int64_t i
       for (int g = 0; g < RG; ++g) facc[i][g] = _mm512_fmadd_ps(t[i][g], dx, facc[i][g]);
     }
   }
-  for (int g = 0; g < RG; ++g) {
-    const int64_t n0 = (g0 + g) * GR, take = std::min<int64_t>(GR, N - n0);
-    for (int i = 0; i < RM; ++i) {
-      T* o = out + (i0 + i) * N + n0;
-      store16(o, facc[i][g], take);
-    }
-  }
+  store_tile(facc, out, N, i0, g0 * GR);
 }
 
 // Activation rows in tiles of RM (the bulk, then the remainder) for RG groups: the groups'

@@ -28,6 +28,18 @@ ZS_AVX512 inline void store16(T* o, __m512 v, int64_t take) {
   }
 }
 
+// An RM x RG tile's sums into out's rows [i0, i0 + RM), groups of GR outputs from n0 on
+// (the last group of N may be short; a group past N stores nothing): every AVX-512 GEMM
+// tile's result store.
+template <int RM, int RG, typename T>
+ZS_AVX512 inline void store_tile(__m512 (&facc)[RM][RG], T* out, int64_t N, int64_t i0, int64_t n0) {
+  for (int g = 0; g < RG; ++g) {
+    const int64_t n = n0 + g * GR, take = std::min<int64_t>(GR, N - n);
+    if (take <= 0) continue;
+    for (int i = 0; i < RM; ++i) store16(out + (i0 + i) * N + n, facc[i][g], take);
+  }
+}
+
 // Every accumulator of a tile (float or integer) set to zero.
 template <int RM, int RG>
 ZS_AVX512 ZS_INLINE void zero_tile(__m512 (&acc)[RM][RG]) {
@@ -107,13 +119,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
       }
     }
   }
-  for (int g = 0; g < RG; ++g) {
-    const int64_t n0 = (g0 + g) * GR, take = std::min<int64_t>(GR, N - n0);
-    for (int i = 0; i < RM; ++i) {
-      T* o = out + (i0 + i) * N + n0;
-      store16(o, facc[i][g], take);
-    }
-  }
+  store_tile(facc, out, N, i0, g0 * GR);
 }
 
 // Activation rows [from, M) in tiles of up to RM (the bulk, then the remainder), for RG groups.
