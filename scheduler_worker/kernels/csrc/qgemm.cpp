@@ -83,20 +83,15 @@ void gemm(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t 
   if constexpr (FMT == Q8)
     if (isa == AMX && M >= AMX_MIN_ROWS) return gemm_amx_q8(x, w, M, out, g0, g1);
   if (isa >= AVX512) return gemm_vnni<FMT>(x, w, M, out, g0, g1);
-  for (int64_t g = g0; g < g1; ++g) {
-    if (isa == AVX2) {
-      // the next group asked for ahead (Ahead: qgemm_common.h) past one tile of 2 rows
-      const Ahead next = x.prefetch && M > 2
-          ? ahead_of(w.q, w.nb * group_block_bytes<FMT>(), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb)
-          : Ahead{};
-      int64_t i = 0;
-      for (; i + 2 <= M; i += 2) tile_avx2<FMT, 2>(x, w, out, i, g, i + 2 == M ? next : Ahead{});
-      if (i < M) tile_avx2<FMT, 1>(x, w, out, i, g, next);
-      continue;
-    }
-    for (int64_t n = g * GR; n < std::min(w.N, (g + 1) * GR); ++n)
-      for (int64_t i = 0; i < M; ++i) store(out + i * w.N + n, dot_scalar<FMT>(x, w, i, n));
-  }
+  gemm_below_avx512(
+      M, w.N, out, g0, g1, isa == AVX2,
+      [&](auto rm, int64_t i, int64_t g, const Ahead& a) { tile_avx2<FMT, decltype(rm)::value>(x, w, out, i, g, a); },
+      [&](int64_t i, int64_t n) { return dot_scalar<FMT>(x, w, i, n); },
+      [&](int64_t g) {  // the next group asked for ahead (Ahead: qgemm_common.h) past one tile of 2 rows
+        return x.prefetch && M > 2
+            ? ahead_of(w.q, w.nb * group_block_bytes<FMT>(), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb)
+            : Ahead{};
+      });
 }
 
 // AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and Linux's permission to

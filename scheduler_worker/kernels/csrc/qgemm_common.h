@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "zs_isa.h"
 
@@ -106,6 +107,29 @@ inline void act_blocks(const int8_t* (&xb)[RM], const A& x, int64_t i0, int64_t 
 template <typename T>
 inline void store(T* out, float v) {
   *out = static_cast<T>(v);
+}
+
+template <int RM>
+using Rows = std::integral_constant<int, RM>;
+
+// Groups [g0, g1) of a GEMM below AVX-512, the same loop for every format: on AVX2
+// (`avx2`) tiles of 2 activation rows then 1, `tile(Rows<RM>{}, i0, g, ahead)`, the
+// group's last tile asking for `ahead_of_group(g)`; else the portable path, one
+// `dot(i, n)` an output.
+template <typename T, typename Tile, typename Dot, typename AheadOf>
+inline void gemm_below_avx512(int64_t M, int64_t N, T* out, int64_t g0, int64_t g1, bool avx2,
+                              Tile tile, Dot dot, AheadOf ahead_of_group) {
+  for (int64_t g = g0; g < g1; ++g) {
+    if (avx2) {
+      const Ahead ahead = ahead_of_group(g);
+      int64_t i = 0;
+      for (; i + 2 <= M; i += 2) tile(Rows<2>{}, i, g, i + 2 == M ? ahead : Ahead{});
+      if (i < M) tile(Rows<1>{}, i, g, ahead);
+      continue;
+    }
+    for (int64_t n = g * GR; n < std::min(N, (g + 1) * GR); ++n)
+      for (int64_t i = 0; i < M; ++i) store(out + i * N + n, dot(i, n));
+  }
 }
 
 }  // namespace zs_qgemm

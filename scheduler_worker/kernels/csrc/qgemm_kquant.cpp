@@ -73,17 +73,11 @@ void gemm_kq(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0, int6
     if (g < g1) rows_kq_vnni<FMT, 4, 1>(x, w, M, out, g, Ahead{});
     return;
   }
-  for (int64_t g = g0; g < g1; ++g) {
-    if (isa == AVX2) {
-      const Ahead ahead = next(g + 1, 1, 2);
-      int64_t i = 0;
-      for (; i + 2 <= M; i += 2) tile_kq_avx2<FMT, 2>(x, w, out, i, g, i + 2 == M ? ahead : Ahead{});
-      if (i < M) tile_kq_avx2<FMT, 1>(x, w, out, i, g, ahead);
-      continue;
-    }
-    for (int64_t n = g * GR; n < std::min(w.N, (g + 1) * GR); ++n)
-      for (int64_t i = 0; i < M; ++i) store(out + i * w.N + n, dot_kq_scalar<FMT>(x, w, i, n));
-  }
+  gemm_below_avx512(
+      M, w.N, out, g0, g1, isa == AVX2,
+      [&](auto rm, int64_t i, int64_t g, const Ahead& a) { tile_kq_avx2<FMT, decltype(rm)::value>(x, w, out, i, g, a); },
+      [&](int64_t i, int64_t n) { return dot_kq_scalar<FMT>(x, w, i, n); },
+      [&](int64_t g) { return next(g + 1, 1, 2); });
 }
 
 template <int FMT>

@@ -53,17 +53,11 @@ void gemm_q6(const Q6Act& x, const Q6Packed& w, int64_t M, T* out, int64_t g0, i
     for (int64_t g = g0; g < g1; ++g) rows_q6_vnni<4, 1>(x, w, M, out, g, next(g, 4));
     return;
   }
-  for (int64_t g = g0; g < g1; ++g) {
-    if (isa == AVX2) {
-      const Ahead ahead = next(g, 2);
-      int64_t i = 0;
-      for (; i + 2 <= M; i += 2) tile_q6_avx2<2>(x, w, out, i, g, i + 2 == M ? ahead : Ahead{});
-      if (i < M) tile_q6_avx2<1>(x, w, out, i, g, ahead);
-      continue;
-    }
-    for (int64_t n = g * GR; n < std::min(w.N, (g + 1) * GR); ++n)
-      for (int64_t i = 0; i < M; ++i) store(out + i * w.N + n, dot_q6_scalar(x, w, i, n));
-  }
+  gemm_below_avx512(
+      M, w.N, out, g0, g1, isa == AVX2,
+      [&](auto rm, int64_t i, int64_t g, const Ahead& a) { tile_q6_avx2<decltype(rm)::value>(x, w, out, i, g, a); },
+      [&](int64_t i, int64_t n) { return dot_q6_scalar(x, w, i, n); },
+      [&](int64_t g) { return next(g, 2); });
 }
 
 // off [M, K/16] = -32 * the sum of each piece of 16 quantized activations
