@@ -198,7 +198,7 @@ METRICS: tuple[MetricSpec, ...] = (
         Gauge,
         "model_weight_bytes",
         "Bytes of model weights one scheduler replica holds (quantized blocks, file "
-        "bytes and float tensors; the embedding left in the file's map not counted).",
+        "bytes and float tensors; the embedding, read from the file, not counted).",
         ("engine",),
     ),
     S(
@@ -206,7 +206,8 @@ METRICS: tuple[MetricSpec, ...] = (
         Gauge,
         "scheduler_memory_bytes",
         "Where a scheduler replica's memory goes (scheduler_worker/memory_report.py): "
-        "resident, kv_resident (KV pages touched so far), heap_in_use, heap_kept_free; "
+        "resident, kv_resident (KV pages touched so far), heap_in_use, heap_kept_free "
+        "(freed heap pages still resident); "
         "on a GPU its plan too: gpu_total, weights, activation_peak, kv_pool, graphs.",
         ("engine", "part"),
     ),

@@ -41,6 +41,7 @@ from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
 from scheduler_worker.quant.gguf_weights import GGUFBlocks, swap_in_gguf
 from scheduler_worker.quant.linear import DENSE_ABOVE_ROWS, QuantLinear, quantize_model
+from scheduler_worker.quant.mapped import drop_map_pages
 from scheduler_worker.quant.plan import WeightPlan, plan_weights
 from scheduler_worker.weight_report import WeightMemory, kernel_lines, weight_memory
 
@@ -170,6 +171,8 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
         model.load_weights(iter_safetensors(model_dir))
         _cast_dense(model, dtype)
         model = model.eval()
+        # every tensor was read through the file's map; nothing reads it now (quant/mapped.py)
+        drop_map_pages(t.data for t in blocks.tensors.values())
         for line in kernel_lines(served):
             log.info("weights: %s", line)
         for m in mixed:

@@ -4,7 +4,7 @@
     held   = packed (QuantLinear blocks) + raw (DequantLinear's file bytes)
            + float (every other parameter and buffer: norms, biases, rope tables, any
              dense copy)
-    mapped = the embedding rows left in the file's memory map (page cache, not held)
+    mapped = the embedding rows left in the file (read on lookup: page cache, not held)
     ratio  = held / the file's tensor bytes
 """
 
@@ -52,7 +52,7 @@ class WeightMemory:
             f"{self.raw_bytes / MB:.1f}, float {self.float_bytes / MB:.1f})"
         )
         if self.mapped_bytes:
-            text += f", embedding {self.mapped_bytes / MB:.1f} MB left in the file's map"
+            text += f", embedding {self.mapped_bytes / MB:.1f} MB left in the file"
         if self.file_bytes:
             text += f"; the file's tensors: {self.file_bytes / MB:.1f} MB, {self.ratio:.2f}x"
         return text

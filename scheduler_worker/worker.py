@@ -48,6 +48,7 @@ from common.messages import (
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
+from scheduler_worker.heap import release_freed_heap
 from scheduler_worker.memory_report import memory_figures
 from scheduler_worker.structured import spare_core
 
@@ -101,10 +102,12 @@ class SchedulerWorker:
         self.component = f"scheduler.{self.replica}"  # its ComponentStatus name
         bind = inbox_endpoint(config)  # before the model loads: a duplicate fails fast
         self.engine = engine or LLMEngine(config.engine)
+        release_freed_heap()  # the load's peak (the head's repacking), given back (heap.py)
         check_kv_pool(self.engine)
         # before "ready": the build holds the GIL for seconds on a large vocabulary, which
         # while serving would silence the heartbeat thread (GrammarMatchers)
         self.engine.grammars.wait_tokenizer()
+        release_freed_heap()  # and the tokenizer build's
         # replicas share the cores: a mask thread overlaps the forward only on a spare one
         self.engine.grammars.overlap = spare_core(config.data_parallel_size)
         self.ctx: zmq.Context = zmq.Context.instance()

@@ -37,13 +37,53 @@ def test_a_kept_allocation_shows_as_heap_in_use_and_resident():
         "kept = b'\\x01' * (64 << 20)  # malloc'd and written: a leak's shape\n"
         "after = memory_figures([])\n"
         "print(after['heap_in_use_bytes'] - before['heap_in_use_bytes'],"
-        " after['resident_bytes'] - before['resident_bytes'])\n"
+        " after['resident_bytes'] - before['resident_bytes'],"
+        " after['heap_kept_free_bytes'] - before['heap_kept_free_bytes'])\n"
     )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    heap, resident = (float(v) for v in out.stdout.split())
+    heap, resident, kept = (float(v) for v in out.stdout.split())
     assert heap >= 60 * MiB and resident >= 60 * MiB, (heap / MiB, resident / MiB)
+    assert kept <= 4 * MiB, kept / MiB  # kept free heap does not explain a leak away
     assert heap_figures() is not None
+
+
+def test_kept_free_heap_is_what_stays_resident():
+    """Freed heap kept by the raised trim threshold counts as kept free, in the main arena
+    and in a thread's; once trimmed (release_freed_heap) the main arena's no longer does,
+    though mallinfo2 still counts it free. (malloc_trim leaves a thread arena's top chunk
+    resident: glibc trims it only on a free, against the trim threshold.)"""
+    code = (
+        "import threading\n"
+        "from scheduler_worker.heap import heap_figures, keep_step_buffers_in_heap,"
+        " release_freed_heap\n"
+        "from scheduler_worker.memory_report import memory_figures\n"
+        "keep_step_buffers_in_heap()\n"
+        "def churn():  # 64 MiB in 1 MiB blocks, written, then freed\n"
+        "    blocks = [b'\\x01' * (1 << 20) for _ in range(64)]\n"
+        "    del blocks\n"
+        "def kept():\n"
+        "    return memory_figures([])['heap_kept_free_bytes']\n"
+        "k0 = kept()\n"
+        "churn()\n"
+        "k1 = kept()\n"
+        "t = threading.Thread(target=churn)\n"
+        "t.start()\n"
+        "t.join()\n"
+        "k2, r2, f2 = kept(), memory_figures([])['resident_bytes'], heap_figures()[2]\n"
+        "release_freed_heap()\n"
+        "k3, r3, f3 = kept(), memory_figures([])['resident_bytes'], heap_figures()[2]\n"
+        "print(k1 - k0, k2 - k1, k3 - k0, r2 - r3, f3)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    main, thread, trimmed, released, free = (float(v) / MiB for v in out.stdout.split())
+    assert main >= 60 and thread >= 60, (main, thread)  # kept, in either arena
+    assert trimmed <= thread + 8 and released >= 60, (trimmed, released)  # given back
+    assert free >= 60, free  # what malloc's own count would still have said
