@@ -213,3 +213,27 @@ def kernels_built() -> bool:
             pytrace=False,
         )
     return False
+
+
+def fused_and_module_decode(runner, model):
+    """One decode step of three sequences (5, 9 and 1 tokens cached) run twice from the
+    same KV cache: by the model's one-call C++ plan, then by its modules. Returns (plan's
+    logits, modules' logits, [(K, V)] after the plan's step; runner.kv_caches holds the
+    modules')."""
+    from scheduler_worker.model_runner import SeqInput
+
+    plan = model.decode_plan
+    lens = [5, 9, 1]
+    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(lens))]
+    for i, n in enumerate(lens):
+        runner.execute([SeqInput(list(range(10 + i, 10 + i + n)), 0, tables[i])])
+    caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    seqs = [SeqInput([7 + i], n, tables[i]) for i, n in enumerate(lens)]
+    meta = runner.prepare(seqs)[2]
+    runner.step_rows.set_step(meta.num_decode)
+    assert plan is not None and plan.takes(meta, len(seqs))
+    fused = runner.execute(seqs)
+    fused_caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    runner.kv_caches[:] = caches
+    model.decode_plan = None
+    return fused, runner.execute(seqs), fused_caches

@@ -25,6 +25,7 @@ from scheduler_worker.quant.formats import (
     reference_qlinear,
 )
 from scheduler_worker.quant.linear import QuantLinear
+from tests.conftest import fused_and_module_decode
 
 TYPES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 ISAS = [
@@ -202,7 +203,7 @@ def test_decode_layers_in_one_call_take_the_new_formats(tiny_model_dirs):
     qlinear: with Q5_0 / Q5_1 linears (the tiny model's rows, 64 and 128, are too short
     for a K-quant) it must equal the module path bit for bit."""
     from common.config import CacheConfig, EngineConfig, ModelConfig
-    from scheduler_worker.model_runner import ModelRunner, SeqInput
+    from scheduler_worker.model_runner import ModelRunner
 
     src = tiny_model_dirs["llama"]
     config = EngineConfig(
@@ -224,18 +225,5 @@ def test_decode_layers_in_one_call_take_the_new_formats(tiny_model_dirs):
         setattr(model.get_submodule(parent), attr, new)
         swapped += 1
     assert swapped == 8 and model.enable_decode_layers()
-    plan = model.decode_plan
-    lens = [5, 9, 1]
-    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(lens))]
-    for i, n in enumerate(lens):
-        runner.execute([SeqInput(list(range(10 + i, 10 + i + n)), 0, tables[i])])
-    caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
-    seqs = [SeqInput([7 + i], n, tables[i]) for i, n in enumerate(lens)]
-    meta = runner.prepare(seqs)[2]
-    runner.step_rows.set_step(meta.num_decode)
-    assert plan is not None and plan.takes(meta, len(seqs))
-    fused = runner.execute(seqs)
-    runner.kv_caches[:] = caches
-    model.decode_plan = None
-    modules = runner.execute(seqs)
+    fused, modules, _ = fused_and_module_decode(runner, model)
     assert torch.equal(fused, modules) and torch.isfinite(fused).all()

@@ -12,6 +12,7 @@ from common.config import CacheConfig, EngineConfig, ModelConfig
 from scheduler_worker import kernels
 from scheduler_worker.quant.linear import QuantLinear, quantize_weight
 from scheduler_worker.quant.stacked import StackedLinear, kernel_parts
+from tests.conftest import fused_and_module_decode
 
 needs_kernels = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
 
@@ -33,7 +34,7 @@ def _split(lin: nn.Module, widths: list[int], methods: list[str], seed: int) -> 
 @needs_kernels
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: a bias over the whole stack
 def test_one_call_decode_takes_mixed_format_stacks(kind, tiny_model_dirs):
-    from scheduler_worker.model_runner import ModelRunner, SeqInput
+    from scheduler_worker.model_runner import ModelRunner
 
     src = tiny_model_dirs[kind]
     config = EngineConfig(
@@ -51,21 +52,7 @@ def test_one_call_decode_takes_mixed_format_stacks(kind, tiny_model_dirs):
         mlp.gate_up_proj = _split(mlp.gate_up_proj, [half, half], ["int8", "int4"], 100 + i)
     assert all(kernel_parts(layer.self_attn.qkv_proj) for layer in model.layers)
     assert model.enable_decode_layers(), "mixed-format stacks keep the one-call plan"
-    plan = model.decode_plan
-    lens = [5, 9, 1]
-    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(lens))]
-    for i, n in enumerate(lens):
-        runner.execute([SeqInput(list(range(10 + i, 10 + i + n)), 0, tables[i])])
-    caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
-    seqs = [SeqInput([7 + i], n, tables[i]) for i, n in enumerate(lens)]
-    meta = runner.prepare(seqs)[2]
-    runner.step_rows.set_step(meta.num_decode)
-    assert plan is not None and plan.takes(meta, len(seqs))
-    fused = runner.execute(seqs)
-    fused_caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
-    runner.kv_caches[:] = caches
-    model.decode_plan = None
-    modules = runner.execute(seqs)
+    fused, modules, fused_caches = fused_and_module_decode(runner, model)
     assert torch.isfinite(fused).all() and torch.equal(fused, modules)
     for (k1, v1), (k2, v2) in zip(fused_caches, runner.kv_caches, strict=True):
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
