@@ -40,12 +40,7 @@ def test_a_kept_allocation_shows_as_heap_in_use_and_resident():
         " after['resident_bytes'] - before['resident_bytes'],"
         " after['heap_kept_free_bytes'] - before['heap_kept_free_bytes'])\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    heap, resident, kept = (float(v) for v in out.stdout.split())
+    heap, resident, kept = _numbers_printed_by(code)
     assert heap >= 60 * MiB and resident >= 60 * MiB, (heap / MiB, resident / MiB)
     assert kept <= 4 * MiB, kept / MiB  # kept free heap does not explain a leak away
     assert heap_figures() is not None
@@ -78,12 +73,18 @@ def test_kept_free_heap_is_what_stays_resident():
         "k3, r3, f3 = kept(), memory_figures([])['resident_bytes'], heap_figures()[2]\n"
         "print(k1 - k0, k2 - k1, k3 - k0, r2 - r3, f3)\n"
     )
+    main, thread, trimmed, released, free = (v / MiB for v in _numbers_printed_by(code))
+    assert main >= 60 and thread >= 60, (main, thread)  # kept, in either arena
+    assert trimmed <= thread + 8 and released >= 60, (trimmed, released)  # given back
+    assert free >= 60, free  # what malloc's own count would still have said
+
+
+def _numbers_printed_by(code: str) -> list[float]:
+    """The numbers `code` prints, run in a fresh interpreter from the repository root (the
+    scheduler's malloc settings, none of the suite's heap)."""
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    main, thread, trimmed, released, free = (float(v) / MiB for v in out.stdout.split())
-    assert main >= 60 and thread >= 60, (main, thread)  # kept, in either arena
-    assert trimmed <= thread + 8 and released >= 60, (trimmed, released)  # given back
-    assert free >= 60, free  # what malloc's own count would still have said
+    return [float(v) for v in out.stdout.split()]
