@@ -442,33 +442,3 @@ def test_a_seeded_sample_survives_an_ulp_of_noise():
     a = Sampler(49152, [])(logits, [_row(seed=i) for i in range(2000)]).token_ids
     b = Sampler(49152, [])(noisy, [_row(seed=i) for i in range(2000)]).token_ids
     assert sum(x != y for x, y in zip(a, b)) <= 4
-
-
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {"temperature": 0.0},
-        {"top_k": 1, "temperature": 0.8},
-        {"temperature": 0.7},
-        {"temperature": 0.0, "logprobs": 2},
-        {"temperature": 0.0, "logit_bias": {5: 1.0}},
-        {"temperature": 0.0, "repetition_penalty": 1.2},
-        {"temperature": 0.0, "presence_penalty": 0.5},
-        {"temperature": 0.0, "min_tokens": 3},
-        {"temperature": 0.0, "prompt_logprobs": 1},
-        {"temperature": 0.0, "structured": {"kind": "json_object"}},
-    ],
-)
-def test_a_requests_settled_flags_agree_with_the_per_step_checks(kw):
-    """Request.plain / reads_history are settled once (the engine reads them for every
-    row every step) and must agree with what they replace: Sampler.plain_greedy of the
-    row before any output, and whether the row reads its tokens on the host first."""
-    from scheduler_worker.logits_processors import has_penalty
-    from scheduler_worker.request import Request
-
-    params = SamplingParams(max_tokens=4, **kw)
-    req = Request("r", [1, 2, 3], params)
-    row = SamplingRow(params, req.prompt_token_ids, req.output_token_ids)
-    assert req.plain == (Sampler.plain_greedy([row]) and params.structured is None)
-    history = params.structured is not None or has_penalty(params) or req.wants_prompt_logprobs
-    assert req.reads_history == history
