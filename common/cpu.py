@@ -81,7 +81,7 @@ def cpu_kind_label() -> str:
 
 
 # scheduler_worker.kernels' paths, slowest first; "amx" is "avx512" with some linears on the
-# tile unit (csrc/qgemm_amx.h)
+# tile unit (csrc/quant/arch/amx/amx.h)
 KERNEL_ISAS = ("scalar", "avx2", "avx512", "amx")
 
 

@@ -1,6 +1,6 @@
 """zeroserve's C++ CPU kernels (csrc/): quantized linears, built once, picked at run time.
 
-    csrc/*.cpp, *.h ──build()──▶ kernels/build/zeroserve_kernels-<key>.so ──load()──▶ torch.ops.zeroserve
+    csrc/**/*.cpp, *.h ──build()──▶ kernels/build/zeroserve_kernels-<key>.so ──load()──▶ torch.ops.zeroserve
                 (g++, at install: `python -m scheduler_worker.kernels`; else on first use)
 
 The key hashes the sources, torch's version and C++ ABI and the compiler flags, not the
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -42,14 +43,17 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = [
     CSRC / name
     for name in (
-        "qgemm.cpp",
-        "qgemm_kquant.cpp",
-        "qgemm_q6k.cpp",
+        "zs_isa.cpp",
+        "quant/qlinear.cpp",
+        "quant/generic/gemm.cpp",
+        "quant/arch/avx2/gemm.cpp",
+        "quant/arch/avx512/gemm.cpp",
+        "quant/arch/amx/gemm.cpp",
         "decode_attention.cpp",
         "decode_ops.cpp",
         "decode_model.cpp",
     )
-]  # compiled; headers included
+]  # compiled, each on its own (in parallel); headers included
 ISAS = KERNEL_ISAS  # index = the isa argument of the ops
 CXXFLAGS = [
     "-O3",
@@ -80,9 +84,9 @@ def _key() -> str:
     the flags. Not the compiler's path, so a library built elsewhere serves a machine
     without one."""
     h = hashlib.sha256()
-    for src in sorted(CSRC.iterdir()):  # sources and headers
+    for src in sorted(CSRC.rglob("*")):  # sources and headers, by their path under csrc/
         if src.suffix in (".cpp", ".h"):
-            h.update(src.name.encode() + src.read_bytes())
+            h.update(src.relative_to(CSRC).as_posix().encode() + src.read_bytes())
     h.update(f"{torch.__version__}|{' '.join(CXXFLAGS)}|{torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
     return h.hexdigest()[:16]
 
@@ -158,8 +162,6 @@ def build(verbose: bool = False, force: bool = False) -> Path:
         if found is not None:
             return found
         _check_no_failure(lib)
-    from torch.utils import cpp_extension  # 0.1 s at each start: only to compile
-
     cxx = _compiler()
     if cxx is None:
         raise KernelBuildError(
@@ -175,27 +177,10 @@ def build(verbose: bool = False, force: bool = False) -> Path:
         t0 = time.perf_counter()
         fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=".build-", suffix=".so")
         os.close(fd)
-        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        cmd = [
-            cxx,
-            *CXXFLAGS,
-            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            *(f"-I{p}" for p in cpp_extension.include_paths()),
-            *map(str, SOURCES),
-            "-o",
-            tmp,
-            *(f"-L{p}" for p in cpp_extension.library_paths()),
-            *(f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()),
-            "-lc10",
-            "-ltorch_cpu",
-        ]
         if verbose:
-            print(" ".join(cmd), file=sys.stderr)
+            print(f"compiling {len(SOURCES)} sources with {cxx}", file=sys.stderr)
         try:
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-            except OSError as e:  # the compiler named by $CXX cannot be run
-                proc = subprocess.CompletedProcess(cmd, 127, "", str(e))
+            proc = _compile(cxx, Path(tmp), verbose)
             if proc.returncode != 0:
                 err = f"{cxx} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
                 failure_marker(lib).write_text(err)
@@ -206,6 +191,52 @@ def build(verbose: bool = False, force: bool = False) -> Path:
                 os.unlink(tmp)
         log.info("built CPU kernels in %.0fs: %s", time.perf_counter() - t0, lib)
     return lib
+
+
+def _run(cmd: list[str], verbose: bool) -> subprocess.CompletedProcess[str]:
+    if verbose:
+        print(" ".join(cmd), file=sys.stderr)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:  # the compiler named by $CXX cannot be run
+        return subprocess.CompletedProcess(cmd, 127, "", str(e))
+
+
+def _compile(cxx: str, out: Path, verbose: bool) -> subprocess.CompletedProcess[str]:
+    """Each source compiled to an object, as many at once as there are CPUs, then linked
+    into `out`; the first failing command's result, else the link's."""
+    from torch.utils import cpp_extension  # 0.1 s at each start: only to compile
+
+    flags = [
+        *CXXFLAGS,
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+    ]
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".objects-") as objects:
+        objs = [f"{objects}/{i}.o" for i in range(len(SOURCES))]
+        cmds = [
+            [cxx, *flags, "-c", str(src), "-o", obj] for src, obj in zip(SOURCES, objs, strict=True)
+        ]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(cmds), os.cpu_count() or 1))) as pool:
+            compiled = list(pool.map(lambda cmd: _run(cmd, verbose), cmds))
+        failed = next((p for p in compiled if p.returncode != 0), None)
+        if failed is not None:
+            return failed
+        libs = cpp_extension.library_paths()
+        return _run(
+            [
+                cxx,
+                *CXXFLAGS,
+                *objs,
+                "-o",
+                str(out),
+                *(f"-L{p}" for p in libs),
+                *(f"-Wl,-rpath,{p}" for p in libs),
+                "-lc10",
+                "-ltorch_cpu",
+            ],
+            verbose,
+        )
 
 
 @cache

@@ -41,7 +41,7 @@ FMT_CODES = {
     **kquants.FMT_CODES,
     "q6k": q6k.Q6K_FMT,
 }  # the qlinear op's fmt per form
-# forms whose steps the "amx" kernel path runs on the tile unit (csrc/qgemm_amx.h: the 8-bit
+# forms whose steps the "amx" kernel path runs on the tile unit (csrc/quant/arch/amx/amx.h: the 8-bit
 # format from 16 rows, the 5-bit ones from 32); the others run their AVX-512 VNNI tiles there
 AMX_FORMS = ("q8", "q5", "q50", "q5k")
 
@@ -259,13 +259,13 @@ def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
 
 
 def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The C++ kernels' layout (scheduler_worker/kernels/csrc/qgemm_common.h): rows in
+    """The C++ kernels' layout (scheduler_worker/kernels/csrc/quant/formats.h): rows in
     groups of 16 (the last one padded with zero weights), each group's blocks with the 16
     rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned); d and m as
     float16 (every value is one: they come from GGUF's float16 fields or are rounded so by
     quantize_q4/q8). Returns (qs uint8 [groups, nb * bytes], d float16 [groups, nb, 16],
-    m like d or None). The 5-bit and K-quant forms: kquants.pack (qgemm_kquant.h); Q6_K:
-    q6k.pack (qgemm_q6k.h)."""
+    m like d or None). The 5-bit and K-quant forms: kquants.pack (csrc/quant/formats.h); Q6_K:
+    q6k.pack (csrc/quant/formats.h)."""
     if w.form == "q6k":
         return q6k.pack(w.qs, w.d)
     if w.form in kquants.K_FORMS:

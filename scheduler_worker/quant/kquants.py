@@ -1,6 +1,6 @@
 """GGUF's 5-bit and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K) for the C++ kernels: split
 from the file's blocks, stood for as float (the oracle), and repacked for the kernels
-(layout: scheduler_worker/kernels/csrc/qgemm_kquant.h). formats.py routes these types here.
+(layout: scheduler_worker/kernels/csrc/quant/formats.h). formats.py routes these types here.
 
 Every format is, per block of 32 inputs (a K-quant "sub-block"), w = dw * q + mw with q an
 unsigned integer; only bits are moved, no value changes:
@@ -157,7 +157,7 @@ def pack(
     sc: torch.Tensor | None,
     mn: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The kernels' layout (qgemm_kquant.h): (qs uint8 [groups, bytes], d, m float16
+    """The kernels' layout (csrc/quant/formats.h): (qs uint8 [groups, bytes], d, m float16
     [groups, units, 16]; m None for q50, whose m is -16 d). Built as int32 words: every
     piece of the layout is 4 bytes of one row."""
     n, nb = qs.shape[0], qs.shape[1] // 16

@@ -42,8 +42,6 @@ from scheduler_worker.quant.formats import (
 )
 
 QUANT_METHODS = ("none", "int8", "int4", "gguf")
-# the formats torch.ops.zeroserve.qlinear_argmax takes (QuantLinear.argmax)
-ARGMAX_FMTS = (FMT_CODES["q4"], FMT_CODES["q8"])
 # rows per step above which a layer with a dense bf16 copy uses it: measured with the AVX2
 # kernel on an AVX512-BF16 EPYC (bench_quant.py), where the crossover sat between 8 and 16
 DENSE_ABOVE_ROWS = 8
@@ -145,10 +143,10 @@ class QuantLinear(nn.Module):
         """int64 [rows]: the index of each row's largest output among the first n, the one
         forward(x)[:, :n].max(dim=-1) gives, bit for bit, without writing the outputs out
         (torch.ops.zeroserve.qlinear_argmax). None where that op does not serve this layer:
-        pure torch, a bias, rows for the dense copy, a format other than 4- and 8-bit."""
+        pure torch, a bias, rows for the dense copy."""
         x2 = x.reshape(-1, self.in_features)
         rows = x2.shape[0]
-        if self.isa is None or self.bias is not None or self.fmt not in ARGMAX_FMTS:
+        if self.isa is None or self.bias is not None:
             return None
         if self.kernel_rows(rows) != rows:
             return None

@@ -1,9 +1,9 @@
-"""GGUF Q6_K weights for the C++ kernels (qlinear fmt 5, csrc/qgemm_q6k.h). formats.py
+"""GGUF Q6_K weights for the C++ kernels (qlinear fmt 5, csrc/quant/formats.h). formats.py
 routes GGUF's Q6_K here as the form "q6k": a BlockWeight holds the file's rows as they are,
 per row and super-block of 256 inputs 208 bytes of 4-bit and 2-bit planes and int8
 sub-scales (qs) and the super-scale (d, widened to float32: exact). `pack` moves those bits
 into the kernels' layout, 16 output rows interleaved (the layout of the other formats,
-qgemm_common.h / qgemm_kquant.h; the last group padded with zero scales): only bits move,
+quant/formats.h; the last group padded with zero scales): only bits move,
 no value changes, and the packed tensors are the file's 210 bytes per 256 weights (plus
 the padding of the last group of 16 rows).
 
@@ -82,7 +82,7 @@ def packed_nbytes(n: int, k: int) -> int:
 
 
 def pack(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-    """The kernels' layout (csrc/qgemm_q6k.h): (qs uint8 [groups, K/256 * 3328], d float16
+    """The kernels' layout (csrc/quant/formats.h): (qs uint8 [groups, K/256 * 3328], d float16
     [groups, K/256, 16], no m). Sub-block 4 h + r of a super-block (inputs 128 h + 32 r +
     l) holds, 16 rows side by side per word: register k = the low 4 bits of inputs 4k + j
     (low nibble) and 16 + 4k + j (high) for j < 4, the ql bytes' nibble r >= 2; then per

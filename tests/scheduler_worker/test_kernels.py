@@ -99,7 +99,7 @@ def test_a_row_computes_the_same_whatever_the_batch(isa, type_name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_amx_path_gives_the_vnni_outputs_bit_for_bit(type_name, dtype):
     # the 8-bit format's AMX slabs keep the VNNI tiles' epilogue operation for operation
-    # (csrc/qgemm_amx.h); the 4-bit one has no AMX path and must be untouched by the kind
+    # (csrc/quant/arch/amx/amx.h); the 4-bit one has no AMX path and must be untouched by the kind
     for seed, (m, n, k) in enumerate([(16, 40, 1536), (33, 37, 96), (64, 200, 576), (100, 9, 32)]):
         bw = _gguf_weight(type_name, n, k, seed)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)

@@ -1,5 +1,5 @@
 """The 5-bit and K-quant kernels (GGUF Q5_0, Q5_1, Q4_K, Q5_K; scheduler_worker/quant/
-kquants.py, kernels/csrc/qgemm_kquant*.{h,cpp}; Q6_K: quant/q6k.py, csrc/qgemm_q6k.h)
+kquants.py, kernels/csrc/quant/; Q6_K: quant/q6k.py, csrc/quant/formats.h)
 against gguf-py: blocks of random bytes
 with sane float16 scales, dequantized by gguf-py's own code, multiplied in float64 by the
 activations quantized as the kernels quantize them (int8 per block of 32). Every ISA path
@@ -136,7 +136,7 @@ def test_qlinear_equals_the_gguf_oracle(isa, type_name):
 @pytest.mark.parametrize("type_name", TYPES)
 def test_a_row_computes_the_same_whatever_the_batch(isa, type_name):
     # every tile shape and path (row tiles of 1-8 rows; on AVX-512 the 5-bit formats' panel
-    # from 32 rows, qgemm_panel.h) gives each row bit for bit what it gives alone, so a
+    # from 32 rows, csrc/quant/arch/avx512/panel.h) gives each row bit for bit what it gives alone, so a
     # request's numbers do not depend on how many rows share its step; N 37 and 50 end in
     # a lone group (3 and 4 groups), K 576 is not a multiple of 256 (Q5_0 / Q5_1 only)
     k = 512 if type_name.endswith("_K") else 576
@@ -149,11 +149,30 @@ def test_a_row_computes_the_same_whatever_the_batch(isa, type_name):
             assert torch.equal(_qlinear(x[:m], bw, isa), alone[:m]), (m, n)
 
 
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", TYPES)
+def test_argmax_is_the_index_of_the_largest_output(isa, type_name):
+    # qlinear_argmax runs every format through the same (format, ISA) table as qlinear:
+    # 1,100 outputs span two of its 1,024-output chunks, the last group short; n cuts
+    # inside the first chunk, at its edge and past it
+    k, n_out = 512, 1100
+    raw = random_raw(type_name, n_out, k, 7)
+    qs, d, m = pack_blocks(from_gguf(raw, type_name, n_out, k))
+    fmt, i = FMT_CODES[GGUF_BLOCK_TYPES[type_name][0]], kernels.isa_index(isa)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(7))
+    for dtype in (torch.float32, torch.bfloat16):
+        y = ops.qlinear(x.to(dtype), qs, d, m, fmt, n_out, i)
+        for n in (n_out, 1024, 1030, 17):
+            got = ops.qlinear_argmax(x.to(dtype), qs, d, m, fmt, n, i)
+            assert torch.equal(got, y[:, :n].max(dim=-1).indices), (dtype, n)
+
+
 @pytest.mark.skipif("amx" not in ISAS, reason="no AMX (or no OS permission for it) here")
 @pytest.mark.parametrize("type_name", TYPES)
 def test_amx_panel_gives_the_vnni_outputs_bit_for_bit(type_name):
     # from 32 rows the 5-bit formats' panel runs its slabs of 16 rows on the tile unit
-    # (csrc/qgemm_amx.h) and the rest on the VNNI tiles; Q4_K and Q6_K keep their tiles
+    # (csrc/quant/arch/amx/amx.h) and the rest on the VNNI tiles; Q4_K and Q6_K keep their tiles
     unit = _unit(type_name)
     for seed, (m, n, units) in enumerate([(32, 40, 2), (47, 37, 3), (64, 50, 1), (100, 17, 5)]):
         k = units * unit

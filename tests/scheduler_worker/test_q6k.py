@@ -68,7 +68,7 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> bool:
 
 
 def test_pack_moves_bits_only():
-    """An independent reader of the layout (qgemm_q6k.h's comment) gets back every q, every
+    """An independent reader of the layout (csrc/quant/formats.h's comment) gets back every q, every
     sub-scale and every super-scale of the file; whole groups take exactly its bytes."""
     n, k = 37, 768
     raw = _random_q6k(n, k, 3)

@@ -1,8 +1,8 @@
-// The one kernel dispatch of every op (qgemm.cpp's GEMMs, decode_attention.cpp,
+// The one kernel dispatch of every op (quant/qlinear.cpp's GEMMs, decode_attention.cpp,
 // decode_ops.cpp, decode_model.cpp): an explicit `isa` argument, chosen once in Python
 // (--kernels, ZEROSERVE_CPU_KIND: scheduler_worker/kernels) and clamped here to what the
 // CPU has, so asking for AVX2 on an AVX-512 machine runs every op's AVX2 code. AMX is
-// AVX-512 VNNI plus the tile unit (qgemm_amx.h): only some quantized linears differ on it,
+// AVX-512 VNNI plus the tile unit (quant/arch/amx/amx.h): only some quantized linears differ on it,
 // every other op runs its AVX-512 code.
 //
 // The float ops (attention, norms, activation, RoPE) are plain loops written for the
@@ -16,6 +16,17 @@
 
 #include <bit>
 #include <cstdint>
+
+// The tile intrinsics came with GCC 11 and clang 12: an older compiler builds everything
+// else, and best_isa (zs_isa.cpp) never answers AMX from its library (-DZS_HAVE_AMX=0 builds
+// that way on any compiler).
+#ifndef ZS_HAVE_AMX
+#if defined(__clang__) ? __clang_major__ >= 12 : (defined(__GNUC__) && __GNUC__ >= 11)
+#define ZS_HAVE_AMX 1
+#else
+#define ZS_HAVE_AMX 0
+#endif
+#endif
 
 namespace zs_qgemm {
 enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AMX = 3 };

@@ -1,4 +1,4 @@
-// The ops of qgemm.cpp, decode_attention.cpp and decode_ops.cpp as C++ functions, for decode_model.cpp, which
+// The ops of quant/qlinear.cpp, decode_attention.cpp and decode_ops.cpp as C++ functions, for decode_model.cpp, which
 // chains them without going back through Python and torch's dispatcher.
 #pragma once
 

@@ -1,52 +1,63 @@
-// Shared by the quantized-linear kernels (qgemm.cpp and its per-ISA headers): the block
-// size, the weight forms and the weight layout. See qgemm.cpp for the math.
+// What every quantized-linear kernel shares, whatever its format or ISA: the signature of
+// a kernel (GroupsFn: groups [g0, g1) of every activation row), the prefetch helpers and
+// the small pieces of a tile. Each ISA's kernels live in arch/<isa>/, the portable
+// reference in generic/; qlinear.cpp's table picks one per (format, ISA).
 #pragma once
-
-#include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
 #include <immintrin.h>
 
-#include <cmath>
-#include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
-#include "zs_isa.h"
+#include "../zs_isa.h"
+#include "formats.h"
 
 namespace zs_qgemm {
 
-constexpr int64_t QK = 32;
-enum Fmt : int64_t { Q4 = 0, Q8 = 1 };  // Q4: nibbles + d + m; Q8: int8 + d
-
-struct Act {  // activations quantized per block of 32
-  const int8_t* q;  // [M, K]
-  const float* d;   // [M, nb]
-  const float* s;   // [M, nb]: d * sum(q)
-  bool prefetch;    // prefetch_weights(M): the first row tile of a group prefetches
+struct Out {  // the result [M, N], float32 or bfloat16 (the activations' dtype)
+  void* p;
+  bool bf16;
 };
 
-// Weights in the kernels' layout (scheduler_worker/quant/formats.py: pack_blocks): output
-// rows in groups of 16, the last padded with zero weights; per group and block of 32
-// inputs, the 16 rows' bytes interleaved 4 at a time, so 64-byte register k holds bytes
-// 4k..4k+3 of rows 0..15 in turn:
-//   4-bit: 4 registers (256 bytes) of GGUF's nibble bytes (the low nibble of byte j is
-//          input j, the high one input 16 + j)
-//   8-bit: 8 registers (512 bytes), each value stored + 128 (as an unsigned byte)
-// and per group and block, 16 float16 values of d (and of m), one per row.
-constexpr int64_t GR = 16;  // output rows per group
+// f(out as T*), T the result's dtype: every kernel is a template on it.
+template <typename F>
+inline void with_out(Out o, F&& f) {
+  if (o.bf16) f(static_cast<c10::BFloat16*>(o.p));
+  else f(static_cast<float*>(o.p));
+}
 
+// Groups [g0, g1) of 16 output rows, for every one of the M activation rows.
+using GroupsFn = void (*)(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1);
+// One row of nb blocks of activations quantized: q, d, s as Act has them (x float32 or,
+// with bf16, bfloat16).
+using QuantizeFn = void (*)(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* s);
+
+// The kernels of each ISA: generic/gemm.cpp, arch/avx2/gemm.cpp, arch/avx512/gemm.cpp,
+// arch/amx/gemm.cpp (each instantiates the formats it serves).
+namespace generic {
 template <int FMT>
-constexpr int64_t group_block_bytes() { return FMT == Q8 ? 512 : 256; }
+void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1);
+void quantize(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* s);
+}  // namespace generic
+namespace avx2 {
+template <int FMT>
+void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1);
+void quantize(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* s);
+}  // namespace avx2
+namespace avx512 {
+template <int FMT>
+void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1);
+}  // namespace avx512
+namespace amx {
+template <int FMT>
+void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1);
+}  // namespace amx
 
-struct Packed {
-  const uint8_t* q;  // [groups, nb, group_block_bytes]
-  const c10::Half* d;  // [groups, nb, 16]
-  const c10::Half* m;  // [groups, nb, 16] (4-bit)
-  int64_t nb;        // blocks per row (K / 32)
-  int64_t N;         // output rows (columns of the result)
-};
+// An ISA's gemm.cpp instantiates groups<FMT> for each format it serves: the functions the
+// table of qlinear.cpp names.
+#define ZS_INSTANTIATE_GROUPS(FMT) \
+  template void groups<FMT>(const Act&, const Packed&, int64_t, Out, int64_t, int64_t);
 
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;
@@ -97,10 +108,9 @@ inline Ahead ahead_of(const uint8_t* q, int64_t group_bytes, int64_t next, int64
   return {q + next * group_bytes, ((n * group_bytes + nb - 1) / nb + 63) / 64 * 64};
 }
 
-// xb[i]: activation row i0 + i's block b (32 int8), for the RM rows of a tile (A: Act, or
-// any activations with the same int8 rows `q`).
-template <int RM, typename A>
-inline void act_blocks(const int8_t* (&xb)[RM], const A& x, int64_t i0, int64_t nb, int64_t b) {
+// xb[i]: activation row i0 + i's block b (32 int8), for the RM rows of a tile.
+template <int RM>
+inline void act_blocks(const int8_t* (&xb)[RM], const Act& x, int64_t i0, int64_t nb, int64_t b) {
   for (int i = 0; i < RM; ++i) xb[i] = x.q + (i0 + i) * nb * QK + b * QK;
 }
 
@@ -111,25 +121,5 @@ inline void store(T* out, float v) {
 
 template <int RM>
 using Rows = std::integral_constant<int, RM>;
-
-// Groups [g0, g1) of a GEMM below AVX-512, the same loop for every format: on AVX2
-// (`avx2`) tiles of 2 activation rows then 1, `tile(Rows<RM>{}, i0, g, ahead)`, the
-// group's last tile asking for `ahead_of_group(g)`; else the portable path, one
-// `dot(i, n)` an output.
-template <typename T, typename Tile, typename Dot, typename AheadOf>
-inline void gemm_below_avx512(int64_t M, int64_t N, T* out, int64_t g0, int64_t g1, bool avx2,
-                              Tile tile, Dot dot, AheadOf ahead_of_group) {
-  for (int64_t g = g0; g < g1; ++g) {
-    if (avx2) {
-      const Ahead ahead = ahead_of_group(g);
-      int64_t i = 0;
-      for (; i + 2 <= M; i += 2) tile(Rows<2>{}, i, g, i + 2 == M ? ahead : Ahead{});
-      if (i < M) tile(Rows<1>{}, i, g, ahead);
-      continue;
-    }
-    for (int64_t n = g * GR; n < std::min(N, (g + 1) * GR); ++n)
-      for (int64_t i = 0; i < M; ++i) store(out + i * N + n, dot(i, n));
-  }
-}
 
 }  // namespace zs_qgemm

@@ -1,14 +1,14 @@
 // The panel path of the 5-bit formats (Q5_0, Q5_1, Q5_K) on AVX-512 VNNI, for steps of
 // many activation rows (prefill chunks, the largest decode batches).
 //
-// The row tiles of qgemm_kquant_simd.h unpack a weight register (the nibbles ORed with
+// The row tiles of kquant.h unpack a weight register (the nibbles ORed with
 // their fifth bits) once per tile of 8 rows: 7 vector instructions per 16 dpbusd, on the
 // same vector pipes. Here a thread unpacks a pair of groups (32 output rows) once per
 // step into a panel of plain bytes (q, 0..31) and float scales, and the tiles then run
-// every activation row over the panel as the 8-bit tile does (qgemm_vnni.h): two weight
+// every activation row over the panel as the 8-bit tile does (q4_q8.h): two weight
 // loads and one broadcast per row feed 2 dpbusd per 4 inputs, nothing unpacked twice.
 // While the rows run over a pair, the first tile asks for the next pair's weights (Ahead,
-// qgemm_common.h): the unpacking alone streams them from DRAM, and without it a 32-row
+// ../../kernel.h): the unpacking alone streams them from DRAM, and without it a 32-row
 // decode step was 3% slower.
 //
 // Measured (avx512, Zen 4, 2 threads; alternating calls or steps in one process):
@@ -20,7 +20,7 @@
 //
 // Panel, per group of 16 output rows and block b of 32 inputs:
 //   q  [512 bytes]: register k (0..7) holds q of inputs 4k..4k+3 of rows 0..15, byte 4r + j
-//      (the 8-bit layout of qgemm_common.h, unsigned and without its + 128)
+//      (the 8-bit layout of ../../formats.h, unsigned and without its + 128)
 //   dw [16 floats]: the rows' scale of the block (d, or d * sc for the K-quants)
 //   mw [16 floats]: the rows' offset (m, or m * mn), so w = dw * q + mw (Q5_0: none, its
 //      offset is -16 dw)
@@ -31,15 +31,15 @@
 
 #include <memory>
 
-#include "qgemm_amx.h"
-#include "qgemm_kquant_simd.h"
+#include "../amx/amx.h"
+#include "kquant.h"
 
 namespace zs_qgemm {
 
 // Activation rows from which a step takes the panel path (even with the tiles at 16).
 constexpr int64_t PANEL_MIN_ROWS = 32;
 
-// Outputs up to which the AMX kind runs the panel's rows on the tile unit (qgemm_amx.h).
+// Outputs up to which the AMX kind runs the panel's rows on the tile unit (../amx/amx.h).
 // One Q5_0 linear, 2 threads, amx kind (Intel Xeon), tile unit against the VNNI tiles over
 // the same panel, medians of 7 alternating rounds, the step buffers in the heap as the
 // engine keeps them (scheduler_worker/heap.py): the models' shapes (4096 / 1536 x 640,
@@ -71,8 +71,8 @@ inline Panel panel_storage(int64_t groups, int64_t nb) {
 
 // Unpacks group g of w into slot s of the panel.
 template <int FMT>
-ZS_AVX512 void unpack_kq_panel(const Act& x, const KPacked& w, int64_t g, const Panel& p, int64_t s) {
-  using L = KLayout<FMT>;
+ZS_AVX512 void unpack_kq_panel(const Act& x, const Packed& w, int64_t g, const Panel& p, int64_t s) {
+  using L = Layout<FMT>;
   const int64_t nb = w.nb;
   const __m512i nib = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   uint8_t* q = p.q + s * nb * 512;
@@ -80,7 +80,7 @@ ZS_AVX512 void unpack_kq_panel(const Act& x, const KPacked& w, int64_t g, const 
   float* mw = p.mw + s * nb * GR;
   __m512 du = _mm512_setzero_ps(), mu = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = kq_sub<FMT>(w, g, b);
+    const uint8_t* wb = sub_block<FMT>(w, g, b);
     if (x.prefetch) prefetch_block_ahead<L::SBB>(wb);
     __m512i hb = _mm512_setzero_si512();
     if constexpr (L::HI) hb = _mm512_loadu_si512(wb + 256);
@@ -97,11 +97,11 @@ ZS_AVX512 void unpack_kq_panel(const Act& x, const KPacked& w, int64_t g, const 
     __m512 d, m = _mm512_setzero_ps();
     if constexpr (L::SUPER) {
       if (b % 8 == 0) {
-        const int64_t u = kq_unit<FMT>(w, g, b) * GR;
+        const int64_t u = unit_of<FMT>(w, g, b) * GR;
         du = load16_f16(w.d + u);
         mu = load16_f16(w.m + u);
       }
-      const uint8_t* sc = kq_sc<FMT>(w, g, b);
+      const uint8_t* sc = block_scales<FMT>(w, g, b);
       d = _mm512_mul_ps(du, u8x16_to_ps(sc));
       m = _mm512_mul_ps(mu, u8x16_to_ps(sc + 128));
     } else {
@@ -148,12 +148,12 @@ ZS_AVX512 void tile_panel(const Act& x, const Panel& p, int64_t N, T* out, int64
 
 // Groups [g0, g1) of every activation row (M >= PANEL_MIN_ROWS): a pair of groups at a
 // time unpacked into the panel, then every row over it in tiles of 4 (and the rest); with
-// `amx`, the rows in slabs of 16 on the tile unit first (qgemm_amx.h: the panel is its
+// `amx`, the rows in slabs of 16 on the tile unit first (../amx/amx.h: the panel is its
 // B tile layout; the same outputs bit for bit).
 template <int FMT, typename T>
-ZS_AVX512 void gemm_kq_panel(const Act& x, const KPacked& w, int64_t M, T* out, int64_t g0, int64_t g1, bool amx) {
-  constexpr bool HAS_M = KLayout<FMT>::M;
-  const int64_t gb = w.nb / KLayout<FMT>::UK * KLayout<FMT>::UB;
+ZS_AVX512 void gemm_kq_panel(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t g1, bool amx) {
+  constexpr bool HAS_M = Layout<FMT>::M;
+  const int64_t gb = w.nb / Layout<FMT>::UK * Layout<FMT>::UB;
   const Panel p = panel_storage(2, w.nb);
   const int64_t M16 = amx ? M / 16 * 16 : 0;
   if (amx) amx_begin();

@@ -1,5 +1,5 @@
 // The AMX path of the quantized linears whose weights are plain bytes per block of 32
-// inputs: the 8-bit format (qgemm_vnni.h) and the 5-bit panel (qgemm_panel.h).
+// inputs: the 8-bit format (../avx512/q4_q8.h) and the 5-bit panel (../avx512/panel.h).
 //
 // Both layouts are already an AMX "B" tile: per group of 16 output rows and block of 32
 // inputs, 8 rows of 64 bytes, row k holding inputs 4k..4k+3 of the 16 outputs (4 bytes
@@ -30,23 +30,12 @@
 // stores before `ldtilecfg` reads them (llama.cpp's AMX path crashes so, its issue
 // #20824). It is loaded at the start of every call on each thread (oneDNN, inside torch,
 // loads its own on the same threads) and released at the end. The kernel's permission to
-// use the tile state is asked once per process (best_isa, qgemm.cpp).
+// use the tile state is asked once per process (best_isa, zs_isa.cpp).
 #pragma once
 
-#include "qgemm_vnni.h"
+#include "../avx512/q4_q8.h"
 
 namespace zs_qgemm {
-
-// The tile intrinsics came with GCC 11 and clang 12: an older compiler builds everything
-// else, and best_isa (qgemm.cpp) never answers AMX from its library (-DZS_HAVE_AMX=0 builds
-// that way on any compiler).
-#ifndef ZS_HAVE_AMX
-#if defined(__clang__) ? __clang_major__ >= 12 : (defined(__GNUC__) && __GNUC__ >= 11)
-#define ZS_HAVE_AMX 1
-#else
-#define ZS_HAVE_AMX 0
-#endif
-#endif
 
 #if ZS_HAVE_AMX
 #define ZS_AMX \
@@ -197,7 +186,7 @@ inline void amx_end() {}
 // groups, each in slabs of 16 rows, the rows past the last slab on the VNNI tiles.
 template <typename T>
 ZS_AMX void gemm_amx_q8(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t g1) {
-  constexpr int64_t BB = group_block_bytes<Q8>();
+  constexpr int64_t BB = Layout<Q8>::SBB;
   const int64_t nb = w.nb, gb = nb * BB, M16 = M / 16 * 16;
   const HalfScales sc{w.d};
   amx_begin();

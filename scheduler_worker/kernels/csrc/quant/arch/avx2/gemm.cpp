@@ -1,0 +1,85 @@
+// The AVX2 kernels of every format (maddubs + madd; the tiles: q4_q8.h, kquant.h, q6k.h)
+// and the AVX2 activation quantizer, which the AVX-512 and AMX kinds use too (the table in
+// qlinear.cpp falls back to the next ISA down).
+#include "kquant.h"
+#include "q4_q8.h"
+#include "q6k.h"
+
+namespace zs_qgemm {
+
+template <typename T>
+ZS_AVX2 void quantize_row_avx2(const T* x, int64_t nb, int8_t* q, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = load8_avx2(x + b * QK + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float db = _mm_cvtss_f32(m4) / 127.f;
+    const __m256 id = _mm256_set1_ps(db > 0.f ? 1.f / db : 0.f);
+    __m256i i32[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      i32[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      sum = _mm256_add_epi32(sum, i32[j]);
+    }
+    // pack 4 x 8 int32 -> 32 int8; packs work per 128-bit lane, the permute restores order
+    __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]);
+    __m256i p16b = _mm256_packs_epi32(i32[2], i32[3]);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * QK), p8);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_hadd_epi32(s4, s4);
+    s4 = _mm_hadd_epi32(s4, s4);
+    d[b] = db;
+    s[b] = db * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
+
+namespace avx2 {
+
+void quantize(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* s) {
+  if (bf16) quantize_row_avx2(static_cast<const c10::BFloat16*>(x), nb, q, d, s);
+  else quantize_row_avx2(static_cast<const float*>(x), nb, q, d, s);
+}
+
+template <int FMT, int RM, typename T>
+static void tile(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead) {
+  if constexpr (FMT == Q4 || FMT == Q8) tile_avx2<FMT, RM>(x, w, out, i0, g, ahead);
+  else if constexpr (FMT == Q6K) tile_q6_avx2<RM>(x, w, out, i0, g, ahead);
+  else tile_kq_avx2<FMT, RM>(x, w, out, i0, g, ahead);
+}
+
+// Per group, tiles of 2 activation rows then 1; the group's last tile asks for the next
+// group's weights (Ahead: ../../kernel.h) where there is more than one tile of 2 rows.
+template <int FMT>
+void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1) {
+  with_out(out, [&](auto* o) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const Ahead ahead = x.prefetch && M > 2
+          ? ahead_of(w.q, group_bytes<FMT>(w.nb), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb)
+          : Ahead{};
+      int64_t i = 0;
+      for (; i + 2 <= M; i += 2) tile<FMT, 2>(x, w, o, i, g, i + 2 == M ? ahead : Ahead{});
+      if (i < M) tile<FMT, 1>(x, w, o, i, g, ahead);
+    }
+  });
+}
+
+ZS_INSTANTIATE_GROUPS(Q4)
+ZS_INSTANTIATE_GROUPS(Q8)
+ZS_INSTANTIATE_GROUPS(Q5)
+ZS_INSTANTIATE_GROUPS(Q50)
+ZS_INSTANTIATE_GROUPS(Q4K)
+ZS_INSTANTIATE_GROUPS(Q5K)
+ZS_INSTANTIATE_GROUPS(Q6K)
+
+}  // namespace avx2
+}  // namespace zs_qgemm
