@@ -58,6 +58,9 @@ void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64
 // table of qlinear.cpp names.
 #define ZS_INSTANTIATE_GROUPS(FMT) \
   template void groups<FMT>(const Act&, const Packed&, int64_t, Out, int64_t, int64_t);
+#define ZS_INSTANTIATE_GROUPS_OF_EVERY_FORMAT                                                       \
+  ZS_INSTANTIATE_GROUPS(Q4) ZS_INSTANTIATE_GROUPS(Q8) ZS_INSTANTIATE_GROUPS(Q5) ZS_INSTANTIATE_GROUPS(Q4K) \
+  ZS_INSTANTIATE_GROUPS(Q5K) ZS_INSTANTIATE_GROUPS(Q6K) ZS_INSTANTIATE_GROUPS(Q50)
 
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;
