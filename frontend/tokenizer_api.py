@@ -64,6 +64,17 @@ def tokenize_args(body: TokenizeBody) -> dict[str, Any]:
     return args
 
 
+async def call_tokenizer(client: EngineClient, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer pool's answer to one call; 503 while the server drains or before a
+    tokenizer worker is up (every route that asks the pool: these, Anthropic's
+    count_tokens)."""
+    if client.draining:
+        raise unavailable("server is shutting down", "shutting_down")
+    if "tokenizer" in client.cluster.missing():
+        raise unavailable("server not ready: waiting for tokenizer", "not_ready")
+    return await client.tokenizer_calls.call(op, args)
+
+
 def add_tokenizer_routes(
     api: APIRouter,
     serving: Serving,
@@ -75,11 +86,7 @@ def add_tokenizer_routes(
     max_bytes = serving.config.server.max_body_bytes
 
     async def call(op: str, args: dict[str, Any]) -> JSONResponse:
-        if client.draining:
-            raise unavailable("server is shutting down", "shutting_down")
-        if "tokenizer" in client.cluster.missing():
-            raise unavailable("server not ready: waiting for tokenizer", "not_ready")
-        return JSONResponse(await client.tokenizer_calls.call(op, args))
+        return JSONResponse(await call_tokenizer(client, op, args))
 
     @api.post("/tokenize", openapi_extra=body_schema(TokenizeBody))
     async def tokenize(request: Request) -> JSONResponse:

@@ -47,7 +47,7 @@ from scheduler_worker.weight_report import WeightMemory, kernel_lines, weight_me
 
 log = get_logger("loader")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _QUANT_MODULES = (QuantLinear, DequantLinear, QuantEmbedding)
 
 
@@ -69,7 +69,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
     if name != "auto":
-        return _DTYPES[name]
+        return TORCH_DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if quantized:

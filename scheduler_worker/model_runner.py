@@ -19,10 +19,10 @@ from common.model_facts import context_length
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import SeqInput, step_order
 from scheduler_worker.backends.select import make_backend
-from scheduler_worker.loader import _DTYPES, load, resolve_device, resolve_dtype
+from scheduler_worker.loader import TORCH_DTYPES, load, resolve_device, resolve_dtype
 from scheduler_worker.quant.linear import QuantLinear, StepRows
 
-__all__ = ["_DTYPES", "ModelRunner", "SeqInput", "resolve_device", "resolve_dtype"]
+__all__ = ["TORCH_DTYPES", "ModelRunner", "SeqInput", "resolve_device", "resolve_dtype"]
 
 log = get_logger("model_runner")
 

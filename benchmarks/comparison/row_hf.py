@@ -12,12 +12,12 @@ from benchmarks.comparison.workload import Workload
 
 
 def hf_dtype(args: argparse.Namespace):
-    from scheduler_worker.model_runner import _DTYPES, resolve_device, resolve_dtype
+    from scheduler_worker.model_runner import TORCH_DTYPES, resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
     if args.hf_dtype == "auto":
         return resolve_dtype("auto", device), device
-    return _DTYPES[args.hf_dtype], device
+    return TORCH_DTYPES[args.hf_dtype], device
 
 
 def row_hf(args: argparse.Namespace, w: Workload, model_dir: Path) -> dict[str, Any]:

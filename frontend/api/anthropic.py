@@ -29,10 +29,11 @@ from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest,
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import read_body
-from frontend.errors import APIError, unavailable
+from frontend.errors import APIError
 from frontend.protocol import parse
 from frontend.responses import ResponseFormat
 from frontend.serving import Serving
+from frontend.tokenizer_api import call_tokenizer
 from frontend.tools.parsers import ToolParser
 from frontend.tools.request import tool_request
 
@@ -108,11 +109,7 @@ def add_anthropic_routes(
         }
         if tools is not None:
             args["tools"] = tools.tools
-        if client.draining:
-            raise unavailable("server is shutting down", "shutting_down")
-        if "tokenizer" in client.cluster.missing():
-            raise unavailable("server not ready: waiting for tokenizer", "not_ready")
-        answer = await client.tokenizer_calls.call("tokenize", args)
+        answer = await call_tokenizer(client, "tokenize", args)
         return JSONResponse({"input_tokens": answer["count"]})
 
     for path, endpoint, body in (

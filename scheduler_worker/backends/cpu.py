@@ -22,9 +22,8 @@ from scheduler_worker.attention import (
 from scheduler_worker.backends.base import Backend, KVCache, SeqInput, step_order
 from scheduler_worker.backends.ops import CpuKernelOps
 from scheduler_worker.kv_pool import allocate_kv_pool
+from scheduler_worker.loader import TORCH_DTYPES
 from scheduler_worker.quant.linear import StepRows
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def width_bucket(n: int) -> int:
@@ -102,7 +101,7 @@ class CpuBackend(Backend):
         paged_f32 = self.decode_kernel == "paged" and self.dtype == torch.float32
         if want == "auto":
             return torch.float16 if paged_f32 else self.dtype
-        dtype = DTYPES[want]
+        dtype = TORCH_DTYPES[want]
         if dtype != self.dtype and not (dtype == torch.float16 and paged_f32):
             raise ConfigError(
                 f"--kv-cache-dtype {want} with a {str(self.dtype).removeprefix('torch.')} "

@@ -33,10 +33,10 @@ from scheduler_worker.backends.graphs import (
 )
 from scheduler_worker.backends.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from scheduler_worker.backends.ops import TorchOps
+from scheduler_worker.loader import TORCH_DTYPES
 
 log = get_logger("cuda")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SPLIT_CHOICES = (1, 2, 4, 16)  # decode attention's context splits (see splits())
 GRAPH_RESERVE = 256 << 20  # kept back from the KV pool for the graphs' own memory
 
@@ -130,7 +130,7 @@ class CudaBackend(Backend):
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:
         """auto: the model's dtype. The kernels read any of float32 / bfloat16 / float16."""
-        return self.dtype if want == "auto" else DTYPES[want]
+        return self.dtype if want == "auto" else TORCH_DTYPES[want]
 
     def allocate_kv_pool(
         self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype
@@ -284,7 +284,7 @@ class CudaBackend(Backend):
                 "out of GPU memory capturing decode graphs: kept %d sizes up to %d rows; "
                 "larger decode steps run eagerly",
                 len(graphs.graphs),
-                graphs.max_rows,
+                graphs.max_size,
             )
         self.graphs = graphs
         if len(graphs.graphs) == len(sizes):  # no memory left for more otherwise
@@ -302,7 +302,7 @@ class CudaBackend(Backend):
         g = self.graphs
         if (
             g is not None
-            and len(seqs) <= g.max_rows
+            and len(seqs) <= g.max_size
             and all(len(s.token_ids) == 1 and s.sample for s in seqs)
         ):
             with torch.inference_mode():

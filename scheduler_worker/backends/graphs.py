@@ -185,7 +185,33 @@ class StaticDecodeInputs:
         )
 
 
-class DecodeGraphs:
+class GraphSet:
+    """The graphs of one kind (decode: here; mixed: mixed_graphs.py), by size, each with
+    its static output: the first rows of one SharedLogits buffer."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[int, Graph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.logits = SharedLogits()
+
+    def add(self, size: int, graph: Graph, output: torch.Tensor) -> None:
+        self.graphs[size] = graph
+        self.outputs[size] = output
+
+    @property
+    def max_size(self) -> int:
+        """The largest size captured (rows of a decode graph, tokens of a mixed one)."""
+        return max(self.graphs) if self.graphs else 0
+
+    def bucket(self, n: int) -> int | None:
+        return bucket_for(n, sorted(self.graphs))
+
+    def put_logits(self, model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """A step's logits written into the shared buffer (called inside the capture)."""
+        return self.logits.put(model.compute_logits(hidden).float())  # type: ignore[operator]
+
+
+class DecodeGraphs(GraphSet):
     """One captured decode step per bucket; replay(seqs) runs a decode-only step."""
 
     def __init__(
@@ -194,11 +220,9 @@ class DecodeGraphs:
         sizes: list[int],
         make_meta: Callable[[int], AttentionMetadata],
     ) -> None:
+        super().__init__()
         self.inputs, self.sizes = inputs, sizes
         self.make_meta = make_meta
-        self.graphs: dict[int, Graph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.logits = SharedLogits()
 
     def step_fn(
         self, model: torch.nn.Module, kv_caches: list[KVCache], b: int
@@ -209,27 +233,16 @@ class DecodeGraphs:
 
         def run() -> torch.Tensor:
             hidden = model(inp.ids[:b], inp.pos[:b], kv_caches, meta)
-            return self.logits.put(model.compute_logits(hidden).float())  # type: ignore[operator]
+            return self.put_logits(model, hidden)
 
         return run
 
-    def add(self, b: int, graph: Graph, output: torch.Tensor) -> None:
-        self.graphs[b] = graph
-        self.outputs[b] = output
-
-    @property
-    def max_rows(self) -> int:
-        return max(self.graphs) if self.graphs else 0
-
-    def bucket(self, n: int) -> int | None:
-        return bucket_for(n, sorted(self.graphs))
-
     def replay(self, seqs: list[SeqInput], prev_tokens: torch.Tensor | None) -> torch.Tensor:
-        """Logits [n, vocab] of a decode-only step of n <= max_rows rows (a view of the
+        """Logits [n, vocab] of a decode-only step of n <= max_size rows (a view of the
         graph's output: valid until the next replay of that graph)."""
         n = len(seqs)
         b = self.bucket(n)
-        assert b is not None, f"{n} rows past the largest graph ({self.max_rows})"
+        assert b is not None, f"{n} rows past the largest graph ({self.max_size})"
         self.inputs.fill(seqs, b, prev_tokens)
         self.graphs[b].replay()
         return self.outputs[b][:n]

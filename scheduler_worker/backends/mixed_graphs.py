@@ -23,7 +23,7 @@ import torch
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import KVCache, SeqInput, step_order
-from scheduler_worker.backends.graphs import Graph, SharedLogits, bucket_for
+from scheduler_worker.backends.graphs import Graph, GraphSet
 
 log = get_logger("cuda")
 
@@ -146,15 +146,13 @@ class StaticMixedInputs:
         )
 
 
-class MixedGraphs:
+class MixedGraphs(GraphSet):
     """One captured mixed step per token size t (with s = min(t, max_num_seqs) sequences);
-    replay(seqs) runs a step of at most max_tokens tokens."""
+    replay(seqs) runs a step of at most max_size tokens."""
 
     def __init__(self, inputs: StaticMixedInputs, sizes: list[int], max_num_seqs: int) -> None:
+        super().__init__()
         self.inputs, self.sizes, self.max_num_seqs = inputs, sizes, max_num_seqs
-        self.graphs: dict[int, Graph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.logits = SharedLogits()  # one buffer for every size (graphs.SharedLogits)
 
     def seqs_for(self, t: int) -> int:
         return min(t, self.max_num_seqs)
@@ -167,25 +165,17 @@ class MixedGraphs:
 
         def run() -> torch.Tensor:
             hidden = model(inp.ids[:t], inp.pos[:t], kv_caches, meta)[inp.logits_rows[:s]]
-            return self.logits.put(model.compute_logits(hidden).float())  # type: ignore[operator]
+            return self.put_logits(model, hidden)
 
         return run
 
-    def add(self, t: int, graph: Graph, output: torch.Tensor) -> None:
-        self.graphs[t] = graph
-        self.outputs[t] = output
-
-    @property
-    def max_tokens(self) -> int:
-        return max(self.graphs) if self.graphs else 0
-
     def fits(self, seqs: list[SeqInput]) -> bool:
-        return bool(self.graphs) and sum(len(q.token_ids) for q in seqs) <= self.max_tokens
+        return bool(self.graphs) and sum(len(q.token_ids) for q in seqs) <= self.max_size
 
     def replay(self, seqs: list[SeqInput], prev_tokens: torch.Tensor | None) -> torch.Tensor:
         """Logits [sampled rows, vocab], in the order of `seqs` (a view of the graph's
         output: valid until the next replay of that graph)."""
-        t = bucket_for(sum(len(q.token_ids) for q in seqs), sorted(self.graphs))
+        t = self.bucket(sum(len(q.token_ids) for q in seqs))
         assert t is not None, "a step past the largest mixed graph"
         n = self.inputs.fill(seqs, t, self.seqs_for(t), prev_tokens)
         self.graphs[t].replay()
