@@ -66,6 +66,17 @@ def tiny_config(name: str, **overrides):
     return getattr(transformers, name)(**{**TINY_SHAPE, **overrides})
 
 
+def save_tiny_llama(out: Path, **overrides) -> Path:
+    """A random LlamaForCausalLM (torch seed 0) of the tiny shape with `overrides`, saved
+    to `out`: the GPU backend tests' models (real head shapes, as their kernels need)."""
+    import transformers
+
+    config = tiny_config("LlamaConfig", **overrides)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(out)
+    return out
+
+
 def _tiny_configs():
     from transformers import GPT2Config
 

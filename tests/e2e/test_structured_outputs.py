@@ -41,16 +41,24 @@ def _chat(content: str) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def test_parse_with_a_pydantic_model(client):
-    completion = client.chat.completions.parse(
+def _ended(call, content: str, response_format, max_tokens: int):
+    """The one choice of a temperature-0 chat completion (`call`: the SDK's create or
+    parse) under `response_format`, which must have ended on its own, not at max_tokens."""
+    r = call(
         model="smollm2",
-        messages=_chat("Describe a person (name, age, city) as JSON."),
-        response_format=Person,
-        max_tokens=120,
+        messages=_chat(content),
+        response_format=response_format,
+        max_tokens=max_tokens,
         temperature=0,
     )
-    choice = completion.choices[0]
-    assert choice.finish_reason == "stop"
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    return choice
+
+
+def test_parse_with_a_pydantic_model(client):
+    prompt = "Describe a person (name, age, city) as JSON."
+    choice = _ended(client.chat.completions.parse, prompt, Person, 120)
     assert isinstance(choice.message.parsed, Person)
 
 
@@ -94,32 +102,15 @@ CITY = {
 
 def test_a_schema_without_additional_properties_ends(client):
     rf = {"type": "json_schema", "json_schema": {"name": "City", "schema": CITY}}
-    r = client.chat.completions.create(
-        model="smollm2",
-        messages=_chat("Give me a city."),
-        response_format=rf,
-        max_tokens=200,
-        temperature=0,
-    )
-    c = r.choices[0]
-    assert c.finish_reason == "stop", c.message.content
+    c = _ended(client.chat.completions.create, "Give me a city.", rf, 200)
     city = json.loads(c.message.content)
     assert set(city) == {"name", "country", "population"}
     jsonschema.validate(city, CITY)
 
 
 def test_json_object(client):
-    r = client.chat.completions.create(
-        model="smollm2",
-        messages=_chat(
-            'Reply with a JSON object: the key "colour", your favourite colour as its value.'
-        ),
-        response_format={"type": "json_object"},
-        max_tokens=80,
-        temperature=0,
-    )
-    c = r.choices[0]
-    assert c.finish_reason == "stop", c.message.content
+    prompt = 'Reply with a JSON object: the key "colour", your favourite colour as its value.'
+    c = _ended(client.chat.completions.create, prompt, {"type": "json_object"}, 80)
     assert isinstance(json.loads(c.message.content), dict)
 
 

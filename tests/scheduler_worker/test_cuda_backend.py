@@ -13,6 +13,7 @@ from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.model_runner import ModelRunner, SeqInput
+from tests.conftest import save_tiny_llama
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -22,17 +23,12 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama with real head shapes: head_dim 64, 6 query heads over 2 KV heads."""
-    import transformers
-
-    cfg = transformers.LlamaConfig(
+    return save_tiny_llama(
+        tmp_path_factory.mktemp("cuda_tiny") / "llama",
         vocab_size=512, hidden_size=384, intermediate_size=768, num_hidden_layers=3,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024,
         initializer_range=0.05, eos_token_id=2, tie_word_embeddings=True,
     )  # fmt: skip
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("cuda_tiny") / "llama"
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(out)
-    return out
 
 
 def config(model_dir: Path, device: str, dtype: str, **kw) -> EngineConfig:

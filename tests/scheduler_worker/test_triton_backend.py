@@ -16,6 +16,7 @@ from common.config import CacheConfig, EngineConfig, ModelConfig  # noqa: E402
 from scheduler_worker.backends.cuda import CudaBackend  # noqa: E402
 from scheduler_worker.backends.graphs import StandInGraph  # noqa: E402
 from scheduler_worker.model_runner import ModelRunner, SeqInput  # noqa: E402
+from tests.conftest import save_tiny_llama  # noqa: E402
 
 if torch.cuda.is_available():
     pytest.skip("the GPU runs test_cuda_backend.py", allow_module_level=True)
@@ -24,17 +25,12 @@ if torch.cuda.is_available():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama with head_dim 64: 6 query heads over 2 KV heads."""
-    import transformers
-
-    cfg = transformers.LlamaConfig(
+    return save_tiny_llama(
+        tmp_path_factory.mktemp("triton_tiny") / "llama",
         vocab_size=256, hidden_size=384, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
         initializer_range=0.05, eos_token_id=2, tie_word_embeddings=True,
     )  # fmt: skip
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("triton_tiny") / "llama"
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(out)
-    return out
 
 
 def cpu_runner(model_dir: Path) -> ModelRunner:
