@@ -107,12 +107,20 @@ class ToolParser:
     name = ""
     # whether the format uses special tokens the detokenizer must keep (skip_special_tokens)
     needs_special_tokens = False
+    # the text that opens a region wherever it stands (hermes, mistral): start and
+    # hold_back follow from it; a format that opens otherwise overrides them
+    marker = ""
 
     def start(self, text: str) -> int | None:
-        raise NotImplementedError
+        if not self.marker:
+            raise NotImplementedError
+        at = text.find(self.marker)
+        return None if at < 0 else at
 
     def hold_back(self, text: str) -> int:
-        raise NotImplementedError
+        if not self.marker:
+            raise NotImplementedError
+        return marker_prefix_len(text, self.marker)
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
         raise NotImplementedError
@@ -134,6 +142,25 @@ class JsonCallsParser(ToolParser):
     """Formats whose calls are JSON objects {"name": ..., "arguments"|"parameters": {...}}."""
 
     ARG_KEYS = ("arguments", "parameters")
+
+    def object_run(self, text: str, i: int, sep: str, final: bool) -> list[PartialCall]:
+        """The calls of the JSON objects from text[i] on, `sep` between them (the last one
+        maybe incomplete); stops at anything else."""
+        out: list[PartialCall] = []
+        while i < len(text) and text[i] == "{":
+            end = scan_json(text, i)
+            call = self.object_call(
+                text[i:] if end is None else text[i:end], final or end is not None
+            )
+            if call is None:
+                break
+            out.append(call)
+            if end is None:
+                break
+            i = skip_ws(text, end)
+            if i < len(text) and text[i] == sep:
+                i = skip_ws(text, i + 1)
+        return out
 
     def object_call(self, body: str, final: bool) -> PartialCall | None:
         """One call from the text of its JSON object (maybe incomplete), or None when it has

@@ -12,20 +12,14 @@ the object).
 
 from __future__ import annotations
 
-from frontend.tools.parsers.base import JsonCallsParser, PartialCall, marker_prefix_len
+from frontend.tools.parsers.base import JsonCallsParser, PartialCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesParser(JsonCallsParser):
     name = "hermes"
-
-    def start(self, text: str) -> int | None:
-        at = text.find(OPEN)
-        return None if at < 0 else at
-
-    def hold_back(self, text: str) -> int:
-        return marker_prefix_len(text, OPEN)
+    marker = OPEN
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
         out: list[PartialCall] = []

@@ -9,7 +9,7 @@ The output is a call only when it begins with one (after optional whitespace or 
 
 from __future__ import annotations
 
-from frontend.tools.parsers.base import JsonCallsParser, PartialCall, scan_json, skip_ws
+from frontend.tools.parsers.base import JsonCallsParser, PartialCall, skip_ws
 
 TAG = "<|python_tag|>"
 
@@ -35,18 +35,4 @@ class Llama3JsonParser(JsonCallsParser):
         i = skip_ws(region, 0)
         if region.startswith(TAG, i):
             i = skip_ws(region, i + len(TAG))
-        out: list[PartialCall] = []
-        while i < len(region) and region[i] == "{":
-            end = scan_json(region, i)
-            call = self.object_call(
-                region[i:] if end is None else region[i:end], final or end is not None
-            )
-            if call is None:
-                break
-            out.append(call)
-            if end is None:
-                break
-            i = skip_ws(region, end)
-            if i < len(region) and region[i] == ";":
-                i = skip_ws(region, i + 1)
-        return out
+        return self.object_run(region, i, ";", final)

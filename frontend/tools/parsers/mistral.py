@@ -15,7 +15,6 @@ from frontend.tools.parsers.base import (
     JsonCallsParser,
     PartialCall,
     json_object,
-    marker_prefix_len,
     scan_json,
     skip_ws,
 )
@@ -26,13 +25,7 @@ MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
 class MistralParser(JsonCallsParser):
     name = "mistral"
     needs_special_tokens = True
-
-    def start(self, text: str) -> int | None:
-        at = text.find(MARK)
-        return None if at < 0 else at
-
-    def hold_back(self, text: str) -> int:
-        return marker_prefix_len(text, MARK)
+    marker = MARK
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
         body = region[len(MARK) :]
@@ -44,21 +37,7 @@ class MistralParser(JsonCallsParser):
         return self._named(region, final)
 
     def _array(self, body: str, i: int, final: bool) -> list[PartialCall]:
-        out: list[PartialCall] = []
-        i = skip_ws(body, i + 1)
-        while i < len(body) and body[i] == "{":
-            end = scan_json(body, i)
-            obj = body[i:] if end is None else body[i:end]
-            call = self.object_call(obj, final or end is not None)
-            if call is None:
-                break
-            out.append(call)
-            if end is None:
-                break
-            i = skip_ws(body, end)
-            if i < len(body) and body[i] == ",":
-                i = skip_ws(body, i + 1)
-        return out
+        return self.object_run(body, skip_ws(body, i + 1), ",", final)
 
     def _named(self, region: str, final: bool) -> list[PartialCall]:
         out: list[PartialCall] = []
