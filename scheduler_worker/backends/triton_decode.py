@@ -11,11 +11,10 @@ import triton.language as tl
 
 from scheduler_worker.backends.triton_attention import (
     DECODE_TILE,
-    LOG2E,
     MERGE_NUM_WARPS,
-    _attend_tile,
+    _attend,
     _check_cache,
-    _dot_fp32,
+    _kernel_args,
     _tile,
 )
 
@@ -31,17 +30,7 @@ def _decode_kernel(
     part_m_ptr,
     part_l_ptr,
     part_acc_ptr,
-    stride_qb,
-    stride_qh,
-    stride_ob,
-    stride_oh,
-    stride_tb,
-    stride_kb,
-    stride_kr,
-    stride_kh,
-    stride_vb,
-    stride_vr,
-    stride_vh,
+    strides,
     qk_scale,
     window,
     num_heads,
@@ -55,6 +44,7 @@ def _decode_kernel(
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    stride_qb, stride_qh, stride_ob, stride_oh, stride_tb, kv_strides = strides
     row = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -81,36 +71,10 @@ def _decode_kernel(
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     start = first + split * tiles_per_split * BLOCK_N
     end = tl.minimum(seq_len, start + tiles_per_split * BLOCK_N)
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for start_n in range(start, end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q,
-            m_i,
-            l_i,
-            acc,
-            q_pos,
-            key_lo,
-            start_n,
-            seq_len,
-            k_cache_ptr,
-            v_cache_ptr,
-            tables_ptr + row * stride_tb,
-            kv_head,
-            stride_kb,
-            stride_kr,
-            stride_kh,
-            stride_vb,
-            stride_vr,
-            stride_vh,
-            qk_scale,
-            offs_d,
-            mask_d,
-            BLOCK_SIZE,
-            BLOCK_N,
-            DOT_PRECISION,
-        )
+    kv = (k_cache_ptr, v_cache_ptr, tables_ptr + row * stride_tb, kv_head, kv_strides, BLOCK_SIZE)
+    m_i, l_i, acc = _attend(
+        q, q_pos, key_lo, start, end, seq_len, kv, qk_scale, offs_d, mask_d, BLOCK_N, DOT_PRECISION
+    )
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
@@ -227,30 +191,12 @@ def paged_decode_attention(
         part_m,
         part_l,
         part_acc,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        scale * LOG2E,
-        window,
-        num_heads,
-        head_dim,
+        num_heads=num_heads,
+        head_dim=head_dim,
         NUM_SPLITS=num_splits,
         G=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d,
-        BLOCK_N=tile["block_n"],
-        BLOCK_SIZE=k_cache.shape[1],
-        DOT_FP32=_dot_fp32(q),
-        DOT_PRECISION="ieee" if _dot_fp32(q) else "tf32",
-        num_warps=tile["num_warps"],
+        **_kernel_args(q, k_cache, v_cache, block_tables, out, scale, window, tile, block_d),
     )
     if num_splits > 1:
         _merge_kernel[(batch, num_heads)](

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from scheduler_worker.backends.triton_attention import cache_strides
+
 NUM_WARPS = 4  # a launch parameter only; the interpreter ignores it
 
 
@@ -193,12 +195,7 @@ def _rope_write_kv_kernel(
     k_out_ptr,
     stride_qkv,
     stride_cos,
-    stride_kc_b,
-    stride_kc_r,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_r,
-    stride_vc_h,
+    kv_strides,
     num_heads,
     num_kv_heads,
     head_dim,
@@ -207,6 +204,7 @@ def _rope_write_kv_kernel(
     BLOCK_KV_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
 ):
+    stride_kc_b, stride_kc_r, stride_kc_h, stride_vc_b, stride_vc_r, stride_vc_h = kv_strides
     tok = tl.program_id(0).to(tl.int64)
     half = head_dim // 2
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -298,12 +296,7 @@ def rope_write_kv(
         k,
         qkv.stride(0),
         cos.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        cache_strides(k_cache, v_cache),
         num_heads,
         num_kv_heads,
         head_dim,

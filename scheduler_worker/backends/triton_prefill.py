@@ -10,11 +10,10 @@ import triton
 import triton.language as tl
 
 from scheduler_worker.backends.triton_attention import (
-    LOG2E,
     PREFILL_TILE,
-    _attend_tile,
+    _attend,
     _check_cache,
-    _dot_fp32,
+    _kernel_args,
     _tile,
 )
 
@@ -28,17 +27,7 @@ def _prefill_kernel(
     query_start_ptr,
     seq_lens_ptr,
     out_ptr,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_tb,
-    stride_kb,
-    stride_kr,
-    stride_kh,
-    stride_vb,
-    stride_vr,
-    stride_vh,
+    strides,
     qk_scale,
     window,
     head_dim,
@@ -52,6 +41,7 @@ def _prefill_kernel(
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, kv_strides = strides
     # program p of axis 0 is tile p - (query_start[s] // BLOCK_Q + s) of the last sequence s
     # whose first tile index query_start[s] // BLOCK_Q + s is <= p (a binary search): the
     # grid needs only the step's token and sequence counts, so a captured graph's padded
@@ -97,36 +87,21 @@ def _prefill_kernel(
     tile_last = first_pos + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q) - 1
     lo = tl.where(window > 0, tl.maximum(tile_first - window + 1, 0), 0)
     start = (lo // BLOCK_N) * BLOCK_N
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start_n in range(start, tile_last + 1, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q,
-            m_i,
-            l_i,
-            acc,
-            q_pos,
-            key_lo,
-            start_n,
-            seq_len,
-            k_cache_ptr,
-            v_cache_ptr,
-            tables_ptr + seq * stride_tb,
-            kv_head,
-            stride_kb,
-            stride_kr,
-            stride_kh,
-            stride_vb,
-            stride_vr,
-            stride_vh,
-            qk_scale,
-            offs_d,
-            mask_d,
-            BLOCK_SIZE,
-            BLOCK_N,
-            DOT_PRECISION,
-        )
+    kv = (k_cache_ptr, v_cache_ptr, tables_ptr + seq * stride_tb, kv_head, kv_strides, BLOCK_SIZE)
+    m_i, l_i, acc = _attend(
+        q,
+        q_pos,
+        key_lo,
+        start,
+        tile_last + 1,
+        seq_len,
+        kv,
+        qk_scale,
+        offs_d,
+        mask_d,
+        BLOCK_N,
+        DOT_PRECISION,
+    )
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -181,30 +156,11 @@ def paged_prefill_attention(
         query_start_loc,
         seq_lens,
         out,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        scale * LOG2E,
-        window,
-        head_dim,
-        num_seqs,
+        head_dim=head_dim,
+        num_seqs=num_seqs,
         G=group,
         BLOCK_Q=block_q,
         BLOCK_M=block_m,
-        BLOCK_D=block_d,
-        BLOCK_N=tile["block_n"],
-        BLOCK_SIZE=k_cache.shape[1],
-        DOT_FP32=_dot_fp32(q),
-        DOT_PRECISION="ieee" if _dot_fp32(q) else "tf32",
-        num_warps=tile["num_warps"],
-        num_stages=tile["num_stages"],
+        **_kernel_args(q, k_cache, v_cache, block_tables, out, scale, window, tile, block_d),
     )
     return out
