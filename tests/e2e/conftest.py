@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,12 +127,19 @@ def start_server(*extra: str, workers: int = 2, timeout_s: float = 120.0) -> Ser
         time.sleep(0.2)
 
 
+def served(*extra: str, workers: int = 2) -> Iterator[Server]:
+    """A fixture's server (`yield from served(...)`): start_server(*extra, workers=...),
+    and at teardown SIGTERM, which must end launch.py with 0 and leave no process."""
+    server = start_server(*extra, workers=workers)
+    yield server
+    code = server.stop()
+    assert code == 0, server.log()[-4000:]
+    assert server.pids() == []
+
+
 @pytest.fixture(scope="session")
 def server(default_model_dir):
-    s = start_server()
-    yield s
-    code = s.stop()
-    assert code == 0, s.log()[-4000:]
+    yield from served()
 
 
 @pytest.fixture(scope="session")
@@ -139,12 +147,9 @@ def float_server(default_model_dir):
     """A second server: dequantized float32 weights and a float32 KV cache (what
     transformers computes with, so prompt logprobs compare with it at 1e-3) and
     --stream-interval 8."""
-    s = start_server(
+    yield from served(
         "--quantization", "none", "--kv-cache-dtype", "float32", "--stream-interval", "8", workers=1
     )
-    yield s
-    code = s.stop()
-    assert code == 0, s.log()[-4000:]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import REPO, start_server
+from tests.e2e.conftest import REPO, served
 from tests.e2e.test_faults import open_streams
 from tests.frontend.sse import parse_sse
 
@@ -33,11 +33,7 @@ ERROR_WITHIN_S = 10.0  # a killed replica's streams end with an error event with
 
 @pytest.fixture(scope="module")
 def dp(default_model_dir):
-    server = start_server("--dp", "2", workers=1)
-    yield server
-    code = server.stop()
-    assert code == 0, server.log()[-3000:]
-    assert server.pids() == []  # SIGTERM of launch.py leaves no process
+    yield from served("--dp", "2", workers=1)
 
 
 def replica_pid(server, replica: int) -> int:

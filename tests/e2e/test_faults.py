@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_server
+from tests.e2e.conftest import served, start_server
 from tests.frontend.sse import parse_sse
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,11 +34,7 @@ DRAIN_S = 150  # test_sigterm_drains: 4 x 120 tokens take ~5 s unloaded, 30 s+ w
 
 @pytest.fixture(scope="module")
 def faulty(default_model_dir):
-    server = start_server(workers=2)
-    yield server
-    code = server.stop()
-    assert code == 0, server.log()[-3000:]
-    assert server.pids() == []
+    yield from served(workers=2)
 
 
 def component_pid(server, module: str) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_server
+from tests.e2e.conftest import served
 
 REQUEST_TIMEOUT_S = 60.0  # no request of this mix may take longer: beyond it, a hang
 RSS_INTERVAL_S = 0.25
@@ -262,10 +262,7 @@ def scheduler_memory(metrics: dict[str, float]) -> dict[str, float]:
 # -- the soak -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def soak_server(default_model_dir):
-    server = start_server(workers=2)
-    yield server
-    code = server.stop()
-    assert code == 0, server.log()[-3000:]
+    yield from served(workers=2)
 
 
 def soak(server, n: int, concurrency: int, seed: int, rss_slack: float, rss_slack_abs: int) -> None:
