@@ -5,6 +5,7 @@ importable entry points stay there):
     schedule.py  submit times: all at once, Poisson/gamma arrivals, a fixed interval
     client.py    one OpenAI-compatible HTTP request, timed (TTFT, chunks, usage)
     runner.py    the run: warm-up, schedule, concurrency limit, the result dict
+    workers.py   --client-processes: the measured requests sent from several processes
     stats.py     percentiles, latency figures, throughput, the tokens/s time series
     report.py    the printed table, the --plot PNG, strict-JSON values
 """

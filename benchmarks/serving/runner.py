@@ -7,8 +7,10 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,11 +26,63 @@ async def _sleep_until(target: float) -> None:
         await asyncio.sleep(target - now)
 
 
+def resolve_client_processes(
+    requested: int, num_prompts: int, max_concurrency: int | None, cpu_count: int | None = None
+) -> int:
+    """How many client processes a run uses (--client-processes; 0 = auto), never more than
+    its concurrency (max_concurrency, or num_prompts without one). Auto: 1 below a
+    concurrency of 16, else min(4, cpus // 2, concurrency // 8), at least 1."""
+    concurrency = max(1, min(max_concurrency or num_prompts, num_prompts))
+    if requested == 0:
+        if concurrency < 16:
+            return 1
+        cpus = (os.cpu_count() or 1) if cpu_count is None else cpu_count
+        requested = min(4, cpus // 2, concurrency // 8)
+    return max(1, min(requested, concurrency))
+
+
+def http_client(args: argparse.Namespace, n_requests: int, max_concurrency: int | None):
+    """The httpx.AsyncClient of one process: a connection per request it may have in flight."""
+    import httpx
+
+    n_conn = max(1, min(max_concurrency or n_requests, n_requests))
+    limits = httpx.Limits(max_connections=n_conn + 1, max_keepalive_connections=n_conn + 1)
+    timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 60.0))
+    return httpx.AsyncClient(limits=limits, timeout=timeout)
+
+
+async def submit_all(
+    client,
+    args: argparse.Namespace,
+    url: str,
+    model: str,
+    reqs: list[_Request],
+    tokenizer,
+    max_concurrency: int | None,
+    t0: float,
+    on_done: Callable[[], None] | None = None,
+) -> float:
+    """Send each request at t0 + its scheduled_s (at most max_concurrency in flight) and
+    wait for all; returns perf_counter() at the end."""
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def one(req: _Request) -> None:
+        async with sem if sem is not None else contextlib.nullcontext():
+            await send_request(client, args, url, model, req, tokenizer)
+        if on_done is not None:
+            on_done()
+
+    tasks = []
+    for req in reqs:
+        await _sleep_until(t0 + req.scheduled_s)
+        tasks.append(asyncio.create_task(one(req)))
+    await asyncio.gather(*tasks)
+    return time.perf_counter()
+
+
 async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark described by `args` (from `parse_args`) and return every figure,
     the per-request records and the time series."""
-    import httpx
-
     check_args(args)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     specs = build_specs(args, tokenizer)
@@ -39,11 +93,9 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         burstiness=args.burstiness,
         seed=args.seed + 1,
     )
-    n_conn = max(1, min(args.max_concurrency or len(specs), len(specs)))
-    limits = httpx.Limits(max_connections=n_conn + 1, max_keepalive_connections=n_conn + 1)
-    timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 60.0))
+    n_procs = resolve_client_processes(args.client_processes, len(specs), args.max_concurrency)
     url = args.base_url.rstrip("/") + args.endpoint
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with http_client(args, len(specs), args.max_concurrency) as client:
         model = args.model or await fetch_model(client, args)
         for i in range(args.warmup_requests):  # not counted; fails fast on a wrong setup
             spec = specs[i % len(specs)]
@@ -52,25 +104,23 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             if w.error is not None:
                 raise RuntimeError(f"warm-up request to {url} failed: {w.error}")
 
-        sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
         bar = _progress(len(specs), args.disable_tqdm)
         reqs = [_Request(i, s, off) for i, (s, off) in enumerate(zip(specs, offsets))]
+        if n_procs == 1:
+            on_done = bar.update if bar is not None else None
+            t0 = time.perf_counter()
+            end = await submit_all(
+                client, args, url, model, reqs, tokenizer, args.max_concurrency, t0, on_done
+            )
+            duration = end - t0
+    if n_procs > 1:  # after the warm-up client is closed: see workers.py
+        from benchmarks.serving.workers import run_in_processes
 
-        async def one(req: _Request) -> None:
-            async with sem if sem is not None else contextlib.nullcontext():
-                await send_request(client, args, url, model, req, tokenizer)
-            if bar is not None:
-                bar.update(1)
-
-        t0 = time.perf_counter()
-        tasks = []
-        for req in reqs:
-            await _sleep_until(t0 + req.scheduled_s)
-            tasks.append(asyncio.create_task(one(req)))
-        await asyncio.gather(*tasks)
-        duration = time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
+        t0, duration = await asyncio.to_thread(
+            run_in_processes, args, url, model, reqs, n_procs, bar
+        )
+    if bar is not None:
+        bar.close()
 
     records = [r.record(t0) for r in reqs]
     itls = [x for r in reqs if r.error is None for x in r.itls()]
@@ -92,6 +142,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "burstiness": args.burstiness,
         "submit_interval_ms": args.submit_interval_ms,
         "max_concurrency": args.max_concurrency,
+        "client_processes": n_procs,
         "label": args.label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -129,3 +180,5 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--dataset jsonl needs --dataset-path")
     if args.series_interval <= 0:
         raise ValueError("--series-interval must be > 0")
+    if args.client_processes < 0:
+        raise ValueError("--client-processes must be >= 0 (0 = auto)")

@@ -1,9 +1,10 @@
 """benchmarks/bench_serving.py: the schedule and summary math on their own, then short runs
 in process against the session's real server (all at once, with a concurrency limit and
-without streaming, on a fixed submit interval)."""
+without streaming, on a fixed submit interval, from two client processes)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -21,6 +22,7 @@ from benchmarks.bench_serving import (
     peak_concurrency,
     percentile,
     random_prompts,
+    resolve_client_processes,
     run_benchmark,
     summarize,
     token_time_series,
@@ -110,6 +112,35 @@ def test_random_prompts_hit_the_token_length(default_model_dir):
     assert len({s.prompt for s in specs}) == 6
     long = random_prompts(1, 20_000, 8, 0.0, random.Random(0), tok)[0]  # longer than the text
     assert long.prompt_len == pytest.approx(20_000, rel=0.01)
+
+
+def test_client_processes_auto_rule_and_failures():
+    r = resolve_client_processes
+    assert r(0, 8, None, cpu_count=16) == 1  # concurrency 8 < 16
+    assert r(0, 100, 15, cpu_count=16) == 1
+    assert r(0, 100, 16, cpu_count=16) == 2  # 16 // 8
+    assert r(0, 100, None, cpu_count=16) == 4  # at most 4
+    assert r(0, 1000, 128, cpu_count=6) == 3  # cpus // 2
+    assert r(0, 1000, 128, cpu_count=1) == 1  # at least 1
+    assert r(0, 10, 128, cpu_count=16) == 1  # 10 prompts: concurrency 10
+    assert r(3, 100, 2) == 2 and r(8, 4, None) == 4  # never above the concurrency
+    assert r(1, 1000, 128) == 1
+    assert parse_args(["--max-concurrency", "2"]).client_processes == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--client-processes", "-1"])
+
+    # a process that fails reports its error (args without --timeout: AttributeError) and
+    # the parent raises it instead of waiting
+    from benchmarks.bench_serving import Spec
+    from benchmarks.serving.client import _Request
+    from benchmarks.serving.workers import concurrency_share, run_in_processes
+
+    assert [concurrency_share(7, 3, k) for k in range(3)] == [3, 2, 2]
+    assert concurrency_share(None, 3, 0) is None
+    args = argparse.Namespace(tokenizer=None, max_concurrency=None)
+    reqs = [_Request(i, Spec("hi", 1, 1), 0.0) for i in range(2)]
+    with pytest.raises(RuntimeError, match="client process .* failed: AttributeError.*timeout"):
+        run_in_processes(args, "http://127.0.0.1:9/v1/completions", "m", reqs, 2)
 
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys):
@@ -232,3 +263,44 @@ def test_fixed_submit_interval(server):
     assert gaps.min() >= interval - 0.015, sent
     assert sent[-1] - sent[0] >= (n - 1) * interval - 0.015
     assert math.isclose(res["config"]["submit_interval_ms"], 50.0)
+
+
+def test_two_client_processes(server, default_model_dir):
+    n, c = 12, 4
+    res = _run(
+        server,
+        "--client-processes",
+        "2",
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        str(c),
+        "--submit-interval-ms",
+        "20",
+        "--tokenizer",
+        str(default_model_dir),
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--range-ratio",
+        "0.5",
+    )
+    assert res["completed"] == n and res["failed"] == 0, res["errors"]
+    assert res["config"]["client_processes"] == 2 and res["config"]["max_concurrency"] == c
+    reqs = res["requests"]
+    assert [r["index"] for r in reqs] == list(range(n))
+    assert [r["scheduled_s"] for r in reqs] == pytest.approx([i * 0.020 for i in range(n)])
+    assert len({r["output_len"] for r in reqs}) > 1  # the lengths vary, so a mix-up would show
+    for r in reqs:
+        assert r["output_tokens"] == r["output_len"] and r["output_tokens_from"] == "usage"
+        assert r["sent_s"] >= r["scheduled_s"] - 1e-6, r  # one t0 shared by both processes
+        assert 0 < r["ttft_s"] <= r["e2e_s"] and r["end_s"] <= res["duration_s"] + 1e-6
+    assert res["total_output_tokens"] == sum(r["output_len"] for r in reqs)
+    assert 1 <= res["max_concurrent_requests"] <= c
+    ts = res["time_series"]
+    widths = np.diff([*ts["t_s"], ts["end_s"]])
+    assert float(np.dot(ts["output_tokens_per_s"], widths)) == pytest.approx(
+        res["total_output_tokens"]
+    )
+    server.wait_idle()
