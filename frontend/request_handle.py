@@ -11,12 +11,19 @@ one handle and one queue, and `Delta.index` says which choice an output belongs 
 Invariant: once a sub-request's finishing Delta or its error is queued, nothing more is
 queued for it — the dispatcher forgets the rid first, so late outputs are dropped there.
 Everything here runs on the event loop thread.
+
+A consumer that falls behind (a busy event loop, a slow client) gets the outputs of one
+choice that are already waiting merged into one Delta (`next()`, vLLM's
+RequestOutputCollector): one SSE event for several engine steps instead of one each, so a
+saturated frontend sends fewer, larger events rather than falling further behind. A
+consumer that keeps up sees each step's output on its own, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +58,87 @@ class Delta:
     num_reasoning_tokens: int = 0
 
 
+def merged(a: Delta, b: Delta) -> Delta:
+    """Two outputs of one choice, a then b, as one: b's counts and finish, both texts,
+    token ids and logprobs; the prompt's logprobs (first output only) from a."""
+    return Delta(
+        a.index,
+        a.text + b.text,
+        b.finish_reason,
+        b.stop_reason,
+        b.num_prompt_tokens,
+        b.num_output_tokens,
+        a.token_ids + b.token_ids,  # pack_ids: int32s, so bytes concatenate
+        None if a.logprobs is None else a.logprobs + b.logprobs,  # type: ignore[operator]
+        b.timings if b.timings is not None else a.timings,
+        a.prompt_logprobs,
+        b.num_cached_tokens,
+        a.reasoning + b.reasoning,
+        b.num_reasoning_tokens,
+    )
+
+
+def mergeable(a: Delta, b: Delta) -> bool:
+    """b (queued after a, same choice) can join a: a is not the choice's last output, b
+    carries no prompt logprobs, and both have logprobs or neither."""
+    return (
+        a.finish_reason is None
+        and b.prompt_logprobs is None
+        and (a.logprobs is None) == (b.logprobs is None)
+    )
+
+
+class OutputQueue:
+    """The handle's queue: the dispatcher appends (put_nowait), the consumer awaits get();
+    `items` is open to take_merged."""
+
+    __slots__ = ("items", "_waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[Delta | Exception] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Delta | Exception) -> None:
+        self.items.append(item)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def empty(self) -> bool:
+        return not self.items
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    async def get(self) -> Delta | Exception:
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.items.popleft()
+
+    def take_merged(self, d: Delta) -> Delta:
+        """d with every output of its choice queued behind it merged in, up to the first
+        error or an output that cannot join (mergeable); the others stay, in order."""
+        items, kept = self.items, []
+        while items:
+            x = items[0]
+            if isinstance(x, Exception):
+                break
+            items.popleft()
+            if x.index != d.index:
+                kept.append(x)
+            elif mergeable(d, x):
+                d = merged(d, x)
+            else:
+                kept.append(x)
+                break
+        items.extendleft(reversed(kept))
+        return d
+
+
 class ClientDisconnected(Exception):
     """The HTTP client went away; its sub-requests were already aborted."""
 
@@ -74,7 +162,7 @@ class RequestHandle:
         )
         self.timeout_s = timeout_s
         self.return_timings = return_timings  # the client asked for its stage times
-        self.queue: asyncio.Queue[Delta | Exception] = asyncio.Queue()
+        self.queue = OutputQueue()
         self.num_finished = 0  # finishing Deltas handed to the consumer
         n = len(rids)
         # dispatcher-side progress, for the latency histograms
@@ -102,11 +190,14 @@ class RequestHandle:
         return not self.queue.empty()
 
     async def next(self) -> Delta:
-        """The next output of any sub-request. Raises APIError (a worker's RequestError,
-        timeout, shutdown) or ClientDisconnected."""
+        """The next output of any sub-request, with the outputs of its choice that are
+        already waiting merged in. Raises APIError (a worker's RequestError, timeout,
+        shutdown) or ClientDisconnected."""
         item = await self.queue.get()
         if isinstance(item, Exception):
             raise item
+        if self.queue.items and item.finish_reason is None:
+            item = self.queue.take_merged(item)
         if item.finish_reason is not None:
             self.num_finished += 1
         return item
