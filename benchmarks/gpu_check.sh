@@ -225,8 +225,8 @@ bench() {
   stage "bench_$tag" $((want + 15)) "$PY" "$G/bench.py" "http://127.0.0.1:${PORT[$tag]}" \
     "$MROOT/$tag" "$ZS" "$W/bench_$tag.json" --conc "$CONC" --factor "$factor" \
     --min-n "$minn" --deadline "$end" --output-len "$OUTPUT_LEN" --label "$tag" \
-    --hint-json "$W/check_$tag.json"
-  grep -E 'c=[0-9]+: rc|cut|skipped' "$W/logs/bench_$tag.log" | cut -c1-250 |
+    --hint-json "$W/check_$tag.json" --server-pid "$SPID" --one-client-at 32
+  grep -E 'c=[0-9]+(/1client)?: rc|cut|skipped' "$W/logs/bench_$tag.log" | cut -c1-400 |
     sed 's/^/      /' | tee -a "$RUNLOG"
 }
 

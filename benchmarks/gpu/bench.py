@@ -7,7 +7,11 @@
 Requests per level: max(min_n, factor * c), cut down (to whole waves of min(c,
 max_num_seqs) requests, at least c) when the previous level's e2e latency says the level
 would not end before the deadline; a level that cannot run c requests in time is skipped.
-At --smi-at, nvidia-smi samples utilization and memory every 200 ms.
+At --smi-at, nvidia-smi samples utilization and memory every 200 ms. With --server-pid
+(launch.py's), each level records the CPU share (% of one core over the level's wall time)
+of every server process and of the client (bench_serving and its client processes): the
+process at ~100% is the cap. At --one-client-at C, level C runs a second time with one
+client process (--client-processes 1), to show what the client's own core costs.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -62,6 +67,44 @@ METRICS = re.compile(
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_processes(root: int | None) -> dict[str, int]:
+    """launch.py's children, named by their `python -m` module (or script)."""
+    found: dict[str, int] = {}
+    if root is None:
+        return found
+    for e in Path("/proc").iterdir():
+        if not e.name.isdigit():
+            continue
+        try:
+            ppid = int((e / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (e / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid != root:
+            continue
+        name = (
+            argv[argv.index(b"-m") + 1].decode()
+            if b"-m" in argv[:-1]
+            else Path(argv[1].decode() if len(argv) > 1 else "?").stem
+        )
+        key = name if name not in found else f"{name}.{e.name}"
+        found[key] = int(e.name)
+    return found
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def metrics(url: str) -> list[str]:
@@ -142,6 +185,8 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, required=True, help="epoch seconds")
     ap.add_argument("--max-num-seqs", type=int, default=128, help="for the time estimates")
     ap.add_argument("--smi-at", type=int, default=32)
+    ap.add_argument("--server-pid", type=int, help="launch.py's pid: CPU shares per level")
+    ap.add_argument("--one-client-at", type=int, help="run this level again, 1 client process")
     ap.add_argument("--input-len", type=int, default=100)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--label", default="")
@@ -166,7 +211,12 @@ def main() -> int:
             )
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    for c in (int(x) for x in args.conc.split(",")):
+    plan = [(int(x), "") for x in args.conc.split(",")]
+    if args.one_client_at is not None and any(c == args.one_client_at for c, _ in plan):
+        at = [c for c, _ in plan].index(args.one_client_at)
+        plan.insert(at + 1, (args.one_client_at, "/1client"))
+    for c, variant in plan:
+        key = f"{c}{variant}"
         n = max(args.min_n, int(args.factor * c))
         per_wave = min(c, args.max_num_seqs)
         left = args.deadline - time.time()
@@ -178,18 +228,18 @@ def main() -> int:
             need = math.ceil(c / per_wave)  # waves of the first c requests
             if waves_fit < need:
                 log(f"c={c}: skipped ({left:.0f}s left, ~{wave_s:.1f}s a wave, {need} needed)")
-                levels[str(c)] = {"skipped": f"deadline ({left:.0f}s left, ~{wave_s:.1f}s/wave)"}
+                levels[key] = {"skipped": f"deadline ({left:.0f}s left, ~{wave_s:.1f}s/wave)"}
                 continue
             n_fit = max(c, waves_fit * per_wave)
             if n_fit < n:
                 log(f"c={c}: {n} requests cut to {n_fit} to meet the deadline")
                 n = n_fit
         elif left < 10:
-            levels[str(c)] = {"skipped": f"deadline ({left:.0f}s left)"}
+            levels[key] = {"skipped": f"deadline ({left:.0f}s left)"}
             continue
         elif levels:  # no latency from an earlier level (it failed): one wave only
             n = c
-        out = os.path.join(work, f"c{c}.json")
+        out = os.path.join(work, f"c{c}{variant.replace('/', '-')}.json")
         cmd = [
             sys.executable,
             os.path.join(args.zsroot, "benchmarks", "bench_serving.py"),
@@ -212,11 +262,12 @@ def main() -> int:
             "--timeout",
             "180",  # per request: a hung request fails instead of holding the level
             "--disable-tqdm",
-            "--label",
-            f"{args.label}-c{c}",
+            f"--label={args.label}-c{key}",
             "--json",
             out,
         ]
+        if variant == "/1client":
+            cmd += ["--client-processes", "1"]
         smi = Smi() if c == args.smi_at else None
         t = time.time()
         timeout = max(5.0, args.deadline - t)
@@ -224,7 +275,10 @@ def main() -> int:
             timeout = max(5.0, 0.6 * timeout)
         elif prev_e2e_s is None:  # the first level: at most 40% of what is left
             timeout = max(5.0, 0.4 * timeout)
-        log(f"c={c}: {n} requests, timeout {timeout:.0f}s")
+        log(f"c={key}: {n} requests, timeout {timeout:.0f}s")
+        procs = server_processes(args.server_pid)
+        cpu0 = {k: cpu_seconds(pid) for k, pid in procs.items()}
+        client0 = children_cpu()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             rc, tail = p.returncode, (p.stdout + p.stderr)[-1500:]
@@ -234,12 +288,20 @@ def main() -> int:
             tail = (so or "")[-1500:]
         t_end = time.time()
         wall = t_end - t
+        used = {"client": children_cpu() - client0}  # its start-up (imports, spawns) too
+        for k, pid in procs.items():
+            a, b = cpu0[k], cpu_seconds(pid)
+            if a is not None and b is not None:
+                used[k] = b - a
         full = json.loads(Path(out).read_text()) if os.path.isfile(out) else None
         window = None
         if full and full.get("duration_s"):  # the requests' own span: the end of the run
             window = (t_end - float(full["duration_s"]) - 0.3, t_end)
         gpu = smi.stop(window) if smi is not None else None
         entry: dict = {"requests": n, "rc": rc, "wall_s": round(wall, 1)}
+        # over the requests' span where known (the server works inside it), else the wall
+        span = float(full["duration_s"]) if full and full.get("duration_s") else wall
+        entry["cpu_pct"] = {k: round(100.0 * v / span) for k, v in used.items()}
         if gpu is not None:
             entry["gpu"] = gpu
         if full:
@@ -253,11 +315,11 @@ def main() -> int:
         else:
             entry["tail"] = tail
         entry["metrics_after"] = metrics(args.url)
-        levels[str(c)] = entry
+        levels[key] = entry
         log(
-            f"c={c}: rc={rc} {wall:.1f}s out tok/s {entry.get('output_throughput')} "
+            f"c={key}: rc={rc} {wall:.1f}s out tok/s {entry.get('output_throughput')} "
             f"TTFT med {entry.get('median_ttft_ms')} ms TPOT med {entry.get('median_tpot_ms')} "
-            f"ms ITL med {entry.get('median_itl_ms')} ms gpu {gpu}"
+            f"ms ITL med {entry.get('median_itl_ms')} ms cpu% {entry['cpu_pct']} gpu {gpu}"
         )
         if rc != 0:
             log(tail)

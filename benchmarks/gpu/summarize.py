@@ -139,7 +139,7 @@ def model_summary(work: Path, tag: str) -> dict:
             "avg_output_tokens": e.get("avg_output_tokens"),
             "rc": e.get("rc"),
         }
-        for k in ("gpu", "errors", "tail"):
+        for k in ("gpu", "errors", "tail", "cpu_pct"):
             if e.get(k):
                 levels[c][k] = e[k][:3] if k == "errors" else e[k]
     out["bench"] = levels
@@ -403,6 +403,13 @@ def table(s: dict) -> str:
                     f"   {tag} c={c}: rc={b.get('rc')} failed={b.get('failed')} "
                     f"{b.get('errors') or (b.get('tail') or '')[-200:]}"
                 )
+    L.append("CPU % of one core per level (server processes over the requests' span; the")
+    L.append("client with its start-up; c=32/1client: the level again with one client process):")
+    for tag, m in models.items():
+        for c, b in (m.get("bench") or {}).items():
+            if b.get("cpu_pct"):
+                cpu = " ".join(f"{k.split('.')[0]} {v}" for k, v in b["cpu_pct"].items())
+                L.append(f"   {tag} c={c}: {fmt(b.get('out_tok_s'), 0)} tok/s | {cpu}")
     for key, v in (s.get("hf_compile") or {}).items():
         if v.get("error") or v.get("barrier") or v.get("dynamo_graphs") == 0 or v.get("exit"):
             L.append(f"   HF+c {key}: {v}")
