@@ -33,6 +33,7 @@ from scheduler_worker.backends.graphs import (
 )
 from scheduler_worker.backends.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from scheduler_worker.backends.ops import TorchOps
+from scheduler_worker.backends.triton_attention import table_width
 from scheduler_worker.loader import TORCH_DTYPES
 
 log = get_logger("cuda")
@@ -260,7 +261,7 @@ class CudaBackend(Backend):
         output), largest first. Out of memory: the sizes captured so far, or None."""
         self.mixed = None
         sizes = capture_sizes(self.max_num_seqs)
-        max_blocks = -(-self.max_model_len // self.block_size)
+        max_blocks = table_width(-(-self.max_model_len // self.block_size))
         inputs = StaticDecodeInputs(
             max(sizes), max_blocks, self.device, self.device.type == "cuda",
             self.scratch_block, self.block_size,
@@ -352,7 +353,7 @@ class CudaBackend(Backend):
         seq_lens: list[int] = []
         last_index = [0] * len(seqs)
         prev: list[tuple[int, int]] = []
-        width = max(-(-(s.num_computed + len(s.token_ids)) // bs) for s in seqs)
+        width = table_width(max(-(-(s.num_computed + len(s.token_ids)) // bs) for s in seqs))
         tables: list[list[int]] = []
         for i in order:
             s = seqs[i]

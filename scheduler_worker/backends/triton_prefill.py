@@ -18,7 +18,9 @@ from scheduler_worker.backends.triton_attention import (
 )
 
 
-@triton.jit
+# num_seqs changes from step to step: not specialized (== 1, % 16), so that no step
+# compiles a variant of its own (see triton_attention.table_width)
+@triton.jit(do_not_specialize=["num_seqs"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,

@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 from common.config import CacheConfig, EngineConfig, ModelConfig  # noqa: E402
 from scheduler_worker.backends.cuda import CudaBackend  # noqa: E402
 from scheduler_worker.backends.graphs import StandInGraph  # noqa: E402
+from scheduler_worker.backends.triton_attention import table_width  # noqa: E402
 from scheduler_worker.model_runner import ModelRunner, SeqInput  # noqa: E402
 from tests.conftest import save_tiny_llama  # noqa: E402
 
@@ -168,3 +169,26 @@ def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_di
     want = run_steps(cpu_runner(model_dir), decode_steps=1)
     got = run_steps(runner, decode_steps=1)
     torch.testing.assert_close(got[-1], want[-1], rtol=1e-4, atol=1e-4)
+
+
+def test_every_steps_block_tables_are_a_multiple_of_16_wide(model_dir):
+    """The tables' row stride is an int argument of the attention kernels, which Triton
+    specializes on divisibility by 16: eager steps of any width and the captured graphs
+    all get a multiple of 16, so no step compiles a kernel variant start-up did not."""
+    assert [table_width(b) for b in (0, 1, 15, 16, 17, 33)] == [16, 16, 16, 16, 32, 48]
+    runner = triton_runner(model_dir)
+    backend = runner.backend
+    for seqs in (
+        [SeqInput([5] * 20, 0, [0, 1])],  # a prompt of 2 blocks
+        [SeqInput([5], 270, list(range(17))), SeqInput([6] * 3, 0, [20])],  # 17 blocks
+    ):
+        _, _, meta = backend.prepare(seqs)
+        want = table_width(max(len(s.block_table) for s in seqs))
+        assert meta.block_tables.shape == (len(seqs), want)
+        assert meta.block_tables.stride(0) % 16 == 0
+        # past a sequence's own blocks: the scratch block, which no query reads
+        assert meta.block_tables[0, len(seqs[0].block_table) :].eq(backend.scratch_block).all()
+    graphs = backend.capture(
+        runner.model, runner.kv_caches, lambda fn: (g := StandInGraph(fn), g.output)
+    )
+    assert graphs is not None and graphs.inputs.max_blocks % 16 == 0
