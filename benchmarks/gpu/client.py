@@ -302,9 +302,13 @@ def check(url: str, ref_path: str, out: str) -> int:
     return 0 if ok else 1
 
 
+# the string is bounded (maxLength), so that the grammar itself brings the JSON to its end:
+# random weights never choose a closing quote, and an unbounded string ran to max_tokens,
+# which proves only a valid prefix; within the bound the reply must end, and end valid
+CITY_MAX = 12
 CITY_SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string"}},
+    "properties": {"city": {"type": "string", "maxLength": CITY_MAX}},
     "required": ["city"],
 }
 
@@ -384,8 +388,9 @@ def structured(url: str, out: str) -> int:
                     try:
                         obj = json.loads(text)
                         entry["parses"] = True
-                        entry["schema_ok"] = isinstance(obj, dict) and isinstance(
-                            obj.get("city"), str
+                        city = obj.get("city") if isinstance(obj, dict) else None
+                        entry["schema_ok"] = (
+                            isinstance(city, str) and len(city) <= CITY_MAX and set(obj) == {"city"}
                         )
                     except ValueError as e:
                         entry["parses"] = False
