@@ -25,7 +25,7 @@
 # Results in $OUT (at most 8 files): summary.txt (the table), summary.json, details.json,
 # run.log, stages.log, servers.log, pytest.log, profile.txt.
 #
-# Knobs: ZS_BUDGET_S (330), ZS_WHEELS (.gpu/whl), ZS_SKIP_INSTALL=1, ZS_PY (python3),
+# Knobs: ZS_BUDGET_S (330), ZS_WAVES (16 waves of requests a level), ZS_WHEELS (.gpu/whl), ZS_SKIP_INSTALL=1, ZS_PY (python3),
 # ZS_MODELS ("m135 m1b"), ZS_CONC (1,8,32,128), ZS_OUTPUT_LEN (128, bench tokens out),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
@@ -212,9 +212,10 @@ serve() {
 
 # bench TAG SECONDS: the streaming benchmark for at most SECONDS (and HOLD respected)
 bench() {
-  # 8 waves a level: a level of one wave (0.5 s at 32 streams on an H100) is mostly its
-  # ramp and its tail, and nvidia-smi's 200 ms samples see nothing of its steady state
-  local tag=$1 want=$2 l end factor=8 minn=8
+  # 16 waves a level (ZS_WAVES): a level of one wave (0.5 s at 32 streams on an H100) is
+  # mostly its ramp and its tail, and nvidia-smi's 200 ms samples see nothing of its steady
+  # state; at 8 waves (1.9 s at 32 streams) the ramp and the tail were still ~10% of it
+  local tag=$1 want=$2 l end factor=${ZS_WAVES:-16} minn=8
   l=$(left)
   ((want > l - RESERVE - HOLD - 5)) && want=$((l - RESERVE - HOLD - 5))
   if ((want < 10)); then
