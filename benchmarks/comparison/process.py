@@ -106,20 +106,29 @@ class Process:
 
 
 def wait_idle(server: Process, timeout_s: float = 60.0) -> dict[str, float]:
-    """Metrics once the scheduler has reported an idle engine after the last activity
-    (its counters ride on the heartbeat, so wait one first)."""
+    """Metrics once the scheduler has reported an idle engine after the last activity,
+    and its busy counters held still over a further heartbeat. They ride on the
+    heartbeat, which an idle scheduler sends within ~1 s of its last step, later on a
+    loaded machine: a reading one wait after the run could still hold the counters from
+    before it (a run with no busy time at all)."""
     time.sleep(HEARTBEAT_WAIT_S)
     deadline = time.monotonic() + timeout_s
+    last: float | None = None
     while True:
         m = server.metrics()
-        if all(
+        idle = all(
             m.get(f"zeroserve:num_requests_{k}", 0) == 0
             for k in ("running", "waiting", "in_flight")
-        ):
+        )
+        # every part summed (parse_metrics); an idle loop still adds microseconds (its
+        # wake-ups), so still means under 1 ms
+        busy = m.get("zeroserve:scheduler_busy_seconds_total", 0.0)
+        if idle and last is not None and abs(busy - last) < 1e-3:
             return m
         if time.monotonic() > deadline:
             raise RuntimeError(f"server not idle after {timeout_s:.0f} s")
-        time.sleep(0.2)
+        last = busy if idle else None
+        time.sleep(HEARTBEAT_WAIT_S if idle else 0.2)
 
 
 class RowError(RuntimeError):
