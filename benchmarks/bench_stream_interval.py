@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -25,35 +24,23 @@ if __package__ in (None, ""):  # `python benchmarks/bench_stream_interval.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_serving import parse_args as bench_args
-from benchmarks.comparison.process import REPO, Process, free_port, wait_idle
+from benchmarks.comparison.process import (
+    REPO,
+    Process,
+    child_processes,
+    cpu_seconds,
+    free_port,
+    wait_idle,
+)
 from benchmarks.serving.runner import run_benchmark
 
 WATCHED = {"frontend": "frontend", "detok": "detok_worker"}  # name -> `python -m` module
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def children(launcher_pid: int) -> dict[str, int]:
     """WATCHED name -> pid, among launch.py's children (`python -m <module>`)."""
-    found: dict[str, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid != launcher_pid or b"-m" not in argv:
-            continue
-        module = argv[argv.index(b"-m") + 1].decode()
-        for name, mod in WATCHED.items():
-            if module == mod:
-                found[name] = int(entry.name)
+    modules = child_processes(launcher_pid)
+    found = {name: modules[mod] for name, mod in WATCHED.items() if mod in modules}
     missing = set(WATCHED) - set(found)
     if missing:
         raise RuntimeError(f"launch.py (pid {launcher_pid}) has no {sorted(missing)} child")

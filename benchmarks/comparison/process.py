@@ -23,6 +23,38 @@ LOG_TAIL = 3000
 PR_SET_PDEATHSIG = 1
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of one process, in seconds (from /proc); None once it is gone."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_processes(root: int) -> dict[str, int]:
+    """The children of pid `root` (launch.py's: its components), each named by its
+    `python -m` module, else its script's stem; a second of one name as `<name>.<pid>`."""
+    found: dict[str, int] = {}
+    for e in Path("/proc").iterdir():
+        if not e.name.isdigit():
+            continue
+        try:
+            ppid = int((e / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (e / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid != root:
+            continue
+        name = (
+            argv[argv.index(b"-m") + 1].decode()
+            if b"-m" in argv[:-1]
+            else Path(argv[1].decode() if len(argv) > 1 else "?").stem
+        )
+        found[name if name not in found else f"{name}.{e.name}"] = int(e.name)
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -33,6 +33,11 @@ from pathlib import Path
 
 import httpx
 
+if __package__ in (None, ""):  # `python benchmarks/gpu/bench.py`: the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.comparison.process import child_processes, cpu_seconds  # noqa: E402
+
 KEEP = (
     "output_throughput",
     "total_token_throughput",
@@ -67,39 +72,6 @@ METRICS = re.compile(
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def cpu_seconds(pid: int) -> float | None:
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def server_processes(root: int | None) -> dict[str, int]:
-    """launch.py's children, named by their `python -m` module (or script)."""
-    found: dict[str, int] = {}
-    if root is None:
-        return found
-    for e in Path("/proc").iterdir():
-        if not e.name.isdigit():
-            continue
-        try:
-            ppid = int((e / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (e / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid != root:
-            continue
-        name = (
-            argv[argv.index(b"-m") + 1].decode()
-            if b"-m" in argv[:-1]
-            else Path(argv[1].decode() if len(argv) > 1 else "?").stem
-        )
-        key = name if name not in found else f"{name}.{e.name}"
-        found[key] = int(e.name)
-    return found
 
 
 def children_cpu() -> float:
@@ -276,7 +248,7 @@ def main() -> int:
         elif prev_e2e_s is None:  # the first level: at most 40% of what is left
             timeout = max(5.0, 0.4 * timeout)
         log(f"c={key}: {n} requests, timeout {timeout:.0f}s")
-        procs = server_processes(args.server_pid)
+        procs = child_processes(args.server_pid) if args.server_pid else {}
         cpu0 = {k: cpu_seconds(pid) for k, pid in procs.items()}
         client0 = children_cpu()
         try:
