@@ -5,7 +5,8 @@
             │                                               the model, has its KV pool)
             ├─ python -m detok_worker
             ├─ python -m tokenizer_worker × N
-            └─ python -m frontend            HTTP; the port opens once all are up
+            └─ python -m frontend --frontend-id I   × api_servers: HTTP on one port
+                                             (SO_REUSEPORT); it opens once all are up
 ```
 
 Each component is its own program, started exactly as a supervisor/systemd deployment
@@ -97,8 +98,11 @@ class Launcher:
         self.children += [
             Child(f"tokenizer-{i}", "tokenizer_worker") for i in range(config.tokenize_workers)
         ]
-        self.frontend = Child("frontend", "frontend")
-        self.children.append(self.frontend)
+        self.frontends = [
+            Child(f"frontend-{i}", "frontend", ["--frontend-id", str(i)])
+            for i in range(config.api_servers)
+        ]
+        self.children += self.frontends
         self.stopping = False
 
     # -- children -----------------------------------------------------------------------
@@ -141,11 +145,11 @@ class Launcher:
         return True
 
     def stop(self) -> None:
-        """Frontend first (it stops taking requests), then every worker; SIGKILL stragglers."""
+        """Frontends first (they stop taking requests), then every worker; SIGKILL stragglers."""
         self.stopping = True
-        others = [c for c in self.children if c is not self.frontend]
+        others = [c for c in self.children if c not in self.frontends]
         drain = self.config.server.drain_timeout_s + STOP_TIMEOUT_S
-        for group, timeout in (([self.frontend], drain), (others, STOP_TIMEOUT_S)):
+        for group, timeout in ((self.frontends, drain), (others, STOP_TIMEOUT_S)):
             procs = [c.proc for c in group if c.proc is not None and c.proc.poll() is None]
             for p in procs:
                 p.send_signal(signal.SIGTERM)
@@ -201,6 +205,12 @@ class Launcher:
         return 0
 
 
+def auto_api_servers() -> int:
+    """Frontend processes on a GPU when none are asked for: the GPU's engine steps
+    outrun one frontend's core (docs/benchmarks.md); one for every 4 cores, at most 4."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) // 4))
+
+
 def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     parser = argparse.ArgumentParser(
         description="zeroserve: start the frontend, tokenizer pool, scheduler and detokenizer"
@@ -208,6 +218,11 @@ def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     add_config_args(parser)
     args = parser.parse_args(argv)
     config = config_from_args(args)
+    gpu = config.engine.model.device == "cuda"
+    if gpu and args.api_servers is None and config.api_servers == 1:  # not asked for
+        config = replace(config, api_servers=auto_api_servers())
+    if config.api_servers > 1 and config.server.port == 0:
+        raise ConfigError("--api-servers above 1 needs a fixed --port: they share it")
     if not config.ipc.secret:  # sign request ids (common.auth) with a fresh key per launch
         config = replace(config, ipc=replace(config.ipc, secret=secrets.token_hex(32)))
     # the port opens once every component is up: "port open" means ready here

@@ -146,12 +146,20 @@ GROUPS: dict[str, list[Flag]] = {
         Flag("--data-parallel-size", (), "data_parallel_size", int, "scheduler replicas"),
         Flag("--routing", ("server",), "routing", str, "how a replica is picked", ROUTINGS),
         Flag("--replica-id", (), "replica_id", int, "which replica this scheduler process is"),
+        Flag(
+            "--api-servers",
+            (),
+            "api_servers",
+            int,
+            "frontend processes sharing the HTTP port; launch.py on a GPU: min(4, cpus // 4)",
+        ),
+        Flag("--frontend-id", (), "frontend_id", int, "which frontend this process is"),
         Flag("--replica-inbox", ("ipc",), "replica_inbox", str, "where this replica binds"),
         Flag("--replica-advertise", ("ipc",), "replica_advertise", str, "the inbox it announces"),
     ],
 }
 _FLAGS = [f for flags in GROUPS.values() for f in flags]
-_SHORT = {"--data-parallel-size": "--dp"}
+_SHORT = {"--data-parallel-size": "--dp", "--api-servers": "--api-server-count"}
 
 
 def _default(path: tuple[str, ...], name: str) -> object:

@@ -274,6 +274,7 @@ class ServerConfig:
 
 
 ENDPOINT_NAMES = ("tokenizer", "scheduler", "detok", "frontend")
+MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
 
 
 @dataclass(frozen=True)
@@ -303,17 +304,29 @@ class IPCConfig:
         """The address of one of the four endpoints; no side effect (see resolved_run_dir)."""
         return endpoint(name, self.run_dir, getattr(self, name))
 
-    def replica_endpoint(self, replica: int) -> str:
-        """Replica K's inbox when it announces none of its own: replica 0's is the
-        "scheduler" endpoint; replica K's is ipc://<run_dir>/scheduler.K.sock, or, with a
-        tcp scheduler endpoint, the same host at port + K."""
-        base = self.endpoint("scheduler")
-        if replica == 0:
+    def indexed_endpoint(self, name: str, index: int) -> str:
+        """Member `index` of a set of processes that each bind one `name` endpoint: 0's is
+        the `name` endpoint itself; K's is ipc://<run_dir>/<name>.K.sock, or, with a tcp
+        `name` endpoint, the same host at port + K."""
+        base = self.endpoint(name)
+        if index == 0:
             return base
         if base.startswith("tcp://"):
             host, _, port = base.rpartition(":")
-            return f"{host}:{int(port) + replica}"
-        return endpoint(f"scheduler.{replica}", self.run_dir)
+            return f"{host}:{int(port) + index}"
+        return endpoint(f"{name}.{index}", self.run_dir)
+
+    def replica_endpoint(self, replica: int) -> str:
+        """Replica K's inbox when it announces none of its own (indexed_endpoint)."""
+        return self.indexed_endpoint("scheduler", replica)
+
+    def frontend_endpoint(self, frontend: int) -> str:
+        """Frontend I's inbox (--api-servers: each frontend binds its own)."""
+        return self.indexed_endpoint("frontend", frontend)
+
+    def tokenizer_endpoint(self, frontend: int) -> str:
+        """Frontend I's ROUTER to the tokenizer pool (every worker connects to each)."""
+        return self.indexed_endpoint("tokenizer", frontend)
 
     @property
     def resolved_run_dir(self) -> Path | None:
@@ -334,10 +347,23 @@ class Config:
     # scheduler replicas launch.py starts (ids 0..N-1); more may join by hand
     data_parallel_size: int = 1
     replica_id: int = 0  # which replica a scheduler_worker process is (--replica-id)
+    # frontend processes sharing the HTTP port (SO_REUSEPORT), ids 0..N-1 (vLLM's
+    # --api-server-count); every worker sends to each (docs/architecture.md, "Frontends")
+    api_servers: int = 1
+    frontend_id: int = 0  # which of them a frontend process is (--frontend-id)
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "tokenize_workers", "data_parallel_size")
-        _at_least(self, 0, "replica_id")
+        _at_least(self, 1, "tokenize_workers", "data_parallel_size", "api_servers")
+        _at_least(self, 0, "replica_id", "frontend_id")
+        if self.api_servers > MAX_API_SERVERS:
+            raise ConfigError(
+                f"api_servers must be at most {MAX_API_SERVERS}, got {self.api_servers}"
+            )
+        if self.frontend_id >= self.api_servers:
+            raise ConfigError(
+                f"frontend_id {self.frontend_id} is out of range: api_servers is "
+                f"{self.api_servers} (ids 0..{self.api_servers - 1})"
+            )
         _positive_seconds(self, "heartbeat_s")
 
     @property

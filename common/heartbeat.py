@@ -9,7 +9,6 @@ gone or wedged, not busy.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -17,9 +16,9 @@ import time
 import zmq
 
 from common.config import Config
+from common.frontend_links import FrontendLinks
 from common.log import get_logger
 from common.messages import ComponentStatus
-from common.zmq_queue import PushQueue, QueueFull
 
 log = get_logger("heartbeat")
 
@@ -39,11 +38,10 @@ class Heartbeat:
 
     def _run(self) -> None:
         # a socket of its own: zmq sockets must not be shared between threads
-        q = PushQueue(self.config.ipc.endpoint("frontend"), bind=False, ctx=zmq.Context.instance())
+        q = FrontendLinks(self.config, zmq.Context.instance())
         try:
             while not self._stop.wait(self.config.heartbeat_s):
-                with contextlib.suppress(QueueFull):
-                    q.put(ComponentStatus(self.component, os.getpid(), "heartbeat", time.time()))
+                q.broadcast(ComponentStatus(self.component, os.getpid(), "heartbeat", time.time()))
         finally:
             q.close()
 

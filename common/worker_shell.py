@@ -2,7 +2,9 @@
 
     WorkerShell
       inbox          the worker's receiving queue (its kind and endpoint are the worker's)
-      to_frontend    PUSH "frontend": the worker's status beats, errors, replies
+      to_frontend    FrontendLinks: one PUSH per frontend inbox (config.api_servers);
+                     a request's errors and outputs go to the frontend that accepted it
+                     (its `frontend` id), status beats to every one
       replicas       ReplicaSockets: one PUSH per scheduler-replica inbox, made when first named
       drain          Drain: SIGTERM -> keep working until quiet (or busy is over) or the deadline
       beats          "ready" at start, "heartbeat" every heartbeat_s, "stopping" at the end,
@@ -32,6 +34,7 @@ from typing import Any, TypeVar
 import zmq
 
 from common.config import Config
+from common.frontend_links import FrontendLinks
 from common.heartbeat import Heartbeat
 from common.log import get_logger
 from common.messages import Message
@@ -130,14 +133,14 @@ class WorkerShell:
         self.component = component
         self.ctx: zmq.Context = ctx or zmq.Context.instance()
         self.inbox = inbox
-        self.to_frontend = PushQueue(config.ipc.endpoint("frontend"), bind=False, ctx=self.ctx)
+        self.to_frontend = FrontendLinks(config, self.ctx)
         self.replicas = ReplicaSockets(self.ctx)
         self.drain = Drain(config.server.drain_timeout_s, quiet_s)
         self.status = status
         self.beacon = beacon
         self.beat_s = config.heartbeat_s
         self.last_beat = 0.0  # monotonic: the last status sent
-        self._owned: list[PushQueue | PullQueue] = [inbox, self.to_frontend]
+        self._owned: list[PushQueue | PullQueue | FrontendLinks] = [inbox, self.to_frontend]
         self._heartbeat: Heartbeat | None = None
 
     def own(self, q: Q) -> Q:

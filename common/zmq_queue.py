@@ -206,7 +206,8 @@ class PullQueue(_Queue):
 
 class DealerQueue(PullQueue):
     """A PullQueue that connects to a RouterQueue under `identity`, so that the sender
-    picks which member of a pool gets each message."""
+    picks which member of a pool gets each message; with `more`, to further ROUTERs too
+    (one per frontend), whose messages are received fair-queued on this one socket."""
 
     KIND = zmq.DEALER
 
@@ -218,6 +219,7 @@ class DealerQueue(PullQueue):
         *,
         hwm: int = DEFAULT_HWM,
         linger_ms: int = DEFAULT_LINGER_MS,
+        more: tuple[str, ...] = (),
     ) -> None:
         super().__init__(
             endpoint,
@@ -227,6 +229,12 @@ class DealerQueue(PullQueue):
             linger_ms=linger_ms,
             options={zmq.ROUTING_ID: identity},
         )
+        try:
+            for ep in more:
+                self.socket.connect(check_endpoint(ep))
+        except BaseException:
+            self.socket.close(linger=0)
+            raise
 
 
 class PeerWatch:

@@ -1,7 +1,9 @@
 """The detokenizer process: token ids in, text deltas out, one message per engine step.
 
     inbox (PULL, bind "detok") ◀── StepOutputs (every scheduler replica)
-    ──▶ PUSH "frontend":  TextOutputs (one per StepOutputs), ComponentStatus
+    ──▶ PUSH "frontend.I": TextOutputs (per StepOutputs, one for each frontend with a
+                          request in the step: the one that accepted it), ComponentStatus
+                          (every frontend)
     ──▶ PUSH "scheduler.K": AbortRequest when a stop string ends a request, to the
                             replica that sent the step (StepOutputs.replica / inbox)
 
@@ -82,23 +84,45 @@ class DetokWorker:
         self.held: dict[str, TextOutput] = {}  # rid -> output not sent yet (stream interval)
         self.sent_at: dict[str, int] = {}  # rid -> its num_output_tokens when last sent
         self.stepping: dict[int, float] = {}  # replica -> its last step, until its "stopping"
+        self.num_frontends = config.api_servers
+        self.frontend_of: dict[str, int] = {}  # rid -> the frontend it goes to (N > 1 only)
+        self.dropping: set[int] = set()  # frontends whose outputs are being dropped
 
     def process(self, msg: StepOutputs) -> TextOutputs:
+        """The step's text, every request's, as one message."""
+        return pack_text_outputs(self.texts(msg), msg.replica, msg.prefix_cache)
+
+    def by_frontend(self, msg: StepOutputs) -> list[tuple[int, TextOutputs]]:
+        """The step's text as one message per frontend that has a request in it."""
+        kept = self.texts(msg)
+        if self.num_frontends == 1:
+            return [(0, pack_text_outputs(kept, msg.replica, msg.prefix_cache))]
+        groups: dict[int, list[TextOutput]] = {}
+        for t in kept:
+            f = self.frontend_of.get(t.rid, 0)
+            if t.finish_reason is not None:
+                self.frontend_of.pop(t.rid, None)
+            groups.setdefault(f, []).append(t)
+        return [(f, pack_text_outputs(g, msg.replica, msg.prefix_cache)) for f, g in groups.items()]
+
+    def texts(self, msg: StepOutputs) -> list[TextOutput]:
+        """One step's text deltas, those held back by the stream interval left out."""
         try:
             outputs = unpack_step_outputs(msg)
         except WireError as e:
             log.warning("dropping step %d: %s", msg.step, e)
-            return pack_text_outputs([])
-        for rid, stop, skip_special, include_stop in msg.new_requests:
+            return []
+        for rid, stop, skip_special, include_stop, frontend in msg.new_requests:
             self.requests[rid] = RequestDetokenizer(
                 self.tokenizer, stop, skip_special, include_stop
             )
+            if self.num_frontends > 1:
+                self.frontend_of[rid] = frontend
         inbox = msg.inbox or self.config.ipc.replica_endpoint(msg.replica)
         texts = (self._detokenize(o, inbox) for o in outputs)
         if self.stream_interval > 1:
             texts = (self._coalesce(t) for t in texts if t is not None)
-        kept = [t for t in texts if t is not None]
-        return pack_text_outputs(kept, msg.replica, msg.prefix_cache)
+        return [t for t in texts if t is not None]
 
     def _coalesce(self, out: TextOutput) -> TextOutput | None:
         """Stream interval: out merged with what was held for its request, or None while
@@ -204,15 +228,13 @@ class DetokWorker:
             self.stopped.popitem(last=False)
 
     def heartbeat(self, kind: str = "heartbeat") -> None:
-        with contextlib.suppress(QueueFull):
-            self.to_frontend.put(ComponentStatus("detok", os.getpid(), kind, time.time()))
+        self.to_frontend.broadcast(ComponentStatus("detok", os.getpid(), kind, time.time()))
 
     def handle(self, msg: Message) -> None:
         """One inbox message: a step to detokenize (its text to the frontend), or a
         scheduler's "stopping", passed on behind the outputs it sent before it."""
         if isinstance(msg, ComponentStatus) and msg.component.startswith("scheduler"):
-            with contextlib.suppress(QueueFull):
-                self.to_frontend.put(msg)
+            self.to_frontend.broadcast(msg)
             if msg.kind == "stopping":
                 k = msg.component.partition(".")[2]
                 self.stepping.pop(int(k) if k.isdigit() else 0, None)
@@ -222,15 +244,23 @@ class DetokWorker:
             return
         self.stepping[msg.replica] = time.monotonic()
         try:
-            result = self.process(msg)
+            results = self.by_frontend(msg)
         except Exception:  # a bug must cost one step, never the worker
             log.exception("detokenizing step %d failed; dropped", msg.step)
             return
-        if result.rids:
+        # one frontend: wait for room (it is the only reader); several: never let one
+        # that died or hangs (its queue full: HWM messages behind) stall the others
+        timeout = None if self.num_frontends == 1 else 0
+        for frontend, result in results:
+            if not result.rids:
+                continue
             try:
-                self.to_frontend.put(result, timeout_ms=None)
+                self.to_frontend.put(result, frontend, timeout_ms=timeout)
+                self.dropping.discard(frontend)
             except QueueFull:
-                log.error("frontend queue full; dropped step %d", msg.step)
+                if frontend not in self.dropping:  # once until it takes outputs again
+                    self.dropping.add(frontend)
+                    log.error("frontend %d takes no outputs (queue full): dropping them", frontend)
 
     def busy(self) -> bool:
         """Draining: a replica may still send steps (it stepped, and has not said

@@ -40,6 +40,7 @@ from frontend.cluster.engine_client import EngineClient
 from frontend.cluster.health import health_report
 from frontend.cluster.members import StartupStopped
 from frontend.errors import APIError, error_body, status_code_name, status_type
+from frontend.frontends import metrics_dir
 from frontend.metrics import Metrics
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.serving import Serving
@@ -89,7 +90,8 @@ def create_app(config: Config) -> FastAPI:
     /health and the generation routes answer 503. With server.listen_when_ready the
     lifespan startup (and so the port opening, which uvicorn does after it) waits for
     every component instead, at most server.startup_timeout_s."""
-    metrics = Metrics()
+    shared = metrics_dir(config)  # several frontends: their per-request metrics summed
+    metrics = Metrics(None if shared is None else str(shared))
     client = EngineClient(config, metrics)
     serving = Serving(config, client)
     started = int(time.time())

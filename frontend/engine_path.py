@@ -138,6 +138,7 @@ class EnginePath:
                 messages=messages,
                 params=p,
                 origin=self.pid,
+                frontend=self.config.frontend_id,
                 tools=tools,
                 chat_template_kwargs=template_kwargs,
             )

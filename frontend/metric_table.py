@@ -1,7 +1,9 @@
 """The table of the frontend's Prometheus metrics: one row a metric, in the order /metrics
-shows them. `frontend.metrics.Metrics` creates each row's metric on its own registry, as
-the attribute the row names, under the name `P + name` (a counter is exported with the
-`_total` suffix Prometheus gives its type). What each metric means: frontend/metrics.py."""
+shows them, under the name `P + name` (a counter is exported with the `_total` suffix
+Prometheus gives its type). The rows in FROM_ENGINE are the replicas' own figures, which
+every frontend receives (frontend.metrics.EngineSeries exports them); `frontend.metrics.Metrics`
+creates each other row's metric, measured per request, as the attribute the row names.
+What each metric means: frontend/metrics.py."""
 
 from __future__ import annotations
 
@@ -212,4 +214,26 @@ METRICS: tuple[MetricSpec, ...] = (
         ("engine", "part"),
     ),
     S("replica_up", Gauge, "replica_up", "1 while a scheduler replica serves.", ("engine",)),
+)
+
+# the rows exported from the replicas' statuses and step outputs (EngineSeries), not
+# measured per request by the frontend that served it
+FROM_ENGINE = frozenset(
+    {
+        "num_running",
+        "num_waiting",
+        "kv_usage",
+        "kv_free_blocks",
+        "kv_total_blocks",
+        "prefix_queries",
+        "prefix_hits",
+        "busy",
+        "replica_running",
+        "replica_waiting",
+        "replica_kv_usage",
+        "replica_prefix_hits",
+        "replica_weight_bytes",
+        "replica_memory",
+        "replica_up",
+    }
 )

@@ -19,17 +19,24 @@ forwards' own time on the device) mirrors EngineStatus.busy.
 `recent_tokens` counts output tokens as they arrive, for the live tokens/s of GET /stats.
 
 Each app owns its own CollectorRegistry, so several apps can live in one process (tests).
+With several frontend processes on one port (config.api_servers), the per-request metrics
+are summed over them (Metrics' multiprocess_dir) and the replicas' figures are each
+frontend's own copy of what they all receive (EngineSeries).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from common.messages import EngineStatus
-from frontend.metric_table import METRICS, P
+from frontend.metric_table import FROM_ENGINE, METRICS, P
 from frontend.request_handle import RequestHandle
 
 RATE_WINDOW_S = 5.0  # the window of the live output tokens/s
@@ -90,18 +97,123 @@ def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
     }
 
 
-class Metrics:
-    """The metrics of one app, on its own registry: one attribute per row of
-    frontend/metric_table.py (METRICS), annotated here for the type checker."""
+class EngineSeries(Collector):
+    """The FROM_ENGINE rows: the replicas' own figures, from their EngineStatus beats and
+    the prefix-cache counters on their step outputs. Every frontend receives every status
+    (FrontendLinks.broadcast), so each exports the same view of its own; with several
+    frontends they are not summed. A custom collector (prometheus_client's Collector), so
+    these series never go through the multiprocess files of the per-request ones."""
 
-    num_running: Gauge
-    num_waiting: Gauge
-    kv_usage: Gauge
-    kv_free_blocks: Gauge
-    kv_total_blocks: Gauge
+    def __init__(self) -> None:
+        self.statuses: dict[int, EngineStatus] = {}  # replica -> latest status (counted)
+        self.gauges: dict[int, dict[str, float]] = {}  # replica -> its replica_* values
+        self.memory: dict[tuple[str, str], float] = {}  # (engine, part) -> bytes
+        self.busy: dict[str, float] = {}  # part -> seconds, summed over the replicas
+        self._last_busy: dict[tuple[int, str], float] = {}
+        self.prefix = [0, 0]  # queries, hits in tokens, summed over the replicas
+        self._last_prefix: dict[int, tuple[int, int]] = {}  # replica -> (queries, hits)
+
+    def on_status(self, msg: EngineStatus) -> None:
+        k = msg.replica
+        self.statuses[k] = msg
+        self.gauges[k] = {
+            "replica_running": msg.num_running,
+            "replica_waiting": msg.num_waiting,
+            "replica_kv_usage": msg.kv_usage,
+            "replica_prefix_hits": msg.prefix_cache_hits,
+            "replica_weight_bytes": msg.weight_bytes,
+            "replica_up": 1,
+        }
+        engine = str(k)
+        for part, value in (msg.memory or {}).items():
+            if part.endswith("_bytes") and isinstance(value, (int, float)) and len(part) <= 40:
+                self.memory[(engine, part.removesuffix("_bytes"))] = value
+        for part, total in (msg.busy or {}).items():
+            if not isinstance(total, (int, float)) or not 0 <= total < 1e12 or len(part) > 32:
+                continue
+            d = total - self._last_busy.get((k, part), 0.0)
+            self.busy[part] = self.busy.get(part, 0.0) + (d if d >= 0 else total)  # restarted
+            self._last_busy[(k, part)] = total
+
+    def on_prefix_cache(self, replica: int, queries: int, hits: int) -> None:
+        """A replica's cumulative prefix-cache counters, from its step outputs (in order);
+        a smaller value means it restarted from zero."""
+        last_q, last_h = self._last_prefix.get(replica, (0, 0))
+        if (queries, hits) == (last_q, last_h):
+            return
+        dq, dh = queries - last_q, hits - last_h
+        fresh = dq >= 0 and dh >= 0
+        self.prefix[0] += dq if fresh else queries
+        self.prefix[1] += dh if fresh else hits
+        self._last_prefix[replica] = (queries, hits)
+
+    def down(self, replica: int) -> None:
+        """A replica left: it counts in the totals no more (until its next status)."""
+        self.statuses.pop(replica, None)
+        g = self.gauges.setdefault(replica, {})
+        g.update(replica_up=0, replica_running=0, replica_waiting=0)
+
+    def totals(self) -> dict[str, float]:
+        es = self.statuses.values()
+        free, total = sum(e.num_free_blocks for e in es), sum(e.num_total_blocks for e in es)
+        used = sum(e.kv_usage * e.num_total_blocks for e in es)
+        return {
+            "num_running": sum(e.num_running for e in es),
+            "num_waiting": sum(e.num_waiting for e in es),
+            "kv_usage": used / total if total else 0.0,
+            "kv_free_blocks": free,
+            "kv_total_blocks": total,
+        }
+
+    def samples(self, attr: str) -> list[tuple[list[str], float]]:
+        """One FROM_ENGINE row's (label values, value) pairs."""
+        if attr in ("prefix_queries", "prefix_hits"):
+            return [([], self.prefix[attr == "prefix_hits"])]
+        if attr == "busy":
+            return [([part], v) for part, v in self.busy.items()]
+        if attr == "replica_memory":
+            return [([engine, part], v) for (engine, part), v in self.memory.items()]
+        if attr.startswith("replica_"):
+            return [([str(k)], g[attr]) for k, g in self.gauges.items() if attr in g]
+        return [([], self.totals()[attr])]
+
+    def collect(self) -> Iterator[Metric]:
+        for s in METRICS:
+            if s.attr not in FROM_ENGINE:
+                continue
+            family = GaugeMetricFamily if s.kind is Gauge else CounterMetricFamily
+            m = family(P + s.name, s.doc, labels=s.labels)
+            for labels, value in self.samples(s.attr):
+                m.add_metric(labels, value)
+            yield m
+
+
+class TableOrder(Collector):
+    """The families of `sources`, in the table's order (METRICS)."""
+
+    def __init__(self, *sources: Collector | CollectorRegistry) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        found = {m.name: m for source in self.sources for m in source.collect()}
+        for s in METRICS:
+            if (m := found.pop(P + s.name, None)) is not None:
+                yield m
+        yield from found.values()
+
+
+class Metrics:
+    """The metrics of one app: one attribute per row of frontend/metric_table.py measured
+    per request (METRICS less FROM_ENGINE), annotated here for the type checker, and the
+    replicas' own figures (`engine`, EngineSeries). `registry` is what /metrics renders.
+
+    `multiprocess_dir`: several frontend processes (config.api_servers > 1) serve one
+    port, each with the requests it accepted. Their per-request metrics are then
+    prometheus_client's multiprocess files in that dir (PROMETHEUS_MULTIPROC_DIR, set
+    before prometheus_client is imported: frontend/__main__.py), summed over the
+    frontends by whichever one a scrape reaches; in_flight sums the live ones only."""
+
     in_flight: Gauge
-    prefix_queries: Counter
-    prefix_hits: Counter
     prompt_tokens: Counter
     generation_tokens: Counter
     request_success: Counter
@@ -113,84 +225,43 @@ class Metrics:
     prefill_time: Histogram
     decode_time: Histogram
     detok_time: Histogram
-    busy: Counter
-    replica_running: Gauge
-    replica_waiting: Gauge
-    replica_kv_usage: Gauge
-    replica_prefix_hits: Gauge
-    replica_weight_bytes: Gauge
-    replica_memory: Gauge
-    replica_up: Gauge
 
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        for s in METRICS:  # in table order, the order /metrics shows them
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        own = CollectorRegistry()  # the per-request rows; rendered straight with one frontend
+        for s in METRICS:  # in table order
+            if s.attr in FROM_ENGINE:
+                continue
             m: Counter | Gauge | Histogram
             if s.kind is Histogram:
-                m = Histogram(P + s.name, s.doc, s.labels, registry=r, buckets=s.buckets)
+                m = Histogram(P + s.name, s.doc, s.labels, registry=own, buckets=s.buckets)
+            elif s.kind is Gauge:
+                m = Gauge(P + s.name, s.doc, s.labels, registry=own, multiprocess_mode="livesum")
             else:
-                m = s.kind(P + s.name, s.doc, s.labels, registry=r)
+                m = s.kind(P + s.name, s.doc, s.labels, registry=own)
             setattr(self, s.attr, m)
-        self._engines: dict[int, EngineStatus] = {}  # replica -> latest status (counted)
-        self._last_busy: dict[tuple[int, str], float] = {}
+        self.engine = EngineSeries()
+        per_request: Collector | CollectorRegistry = own
+        if multiprocess_dir is not None:
+            per_request = CollectorRegistry()
+            MultiProcessCollector(per_request, multiprocess_dir)
+        self.own = own
+        self.registry = CollectorRegistry()
+        self.registry.register(TableOrder(per_request, self.engine))
         self.recent_tokens = RateWindow(RATE_WINDOW_S)  # output tokens, for GET /stats
         self.replica_tokens: dict[int, RateWindow] = {}  # the same, per replica
         self.replica_tokens_total: dict[int, int] = {}
-        self._last_prefix: dict[int, tuple[int, int]] = {}  # replica -> (queries, hits)
 
     def on_engine_status(self, msg: EngineStatus) -> None:
-        k = msg.replica
-        self._engines[k] = msg
-        self._set_totals()
-        engine = str(k)
-        self.replica_running.labels(engine=engine).set(msg.num_running)
-        self.replica_waiting.labels(engine=engine).set(msg.num_waiting)
-        self.replica_kv_usage.labels(engine=engine).set(msg.kv_usage)
-        self.replica_prefix_hits.labels(engine=engine).set(msg.prefix_cache_hits)
-        self.replica_up.labels(engine=engine).set(1)
-        self.replica_weight_bytes.labels(engine=engine).set(msg.weight_bytes)
-        for part, value in (msg.memory or {}).items():
-            if part.endswith("_bytes") and isinstance(value, (int, float)) and len(part) <= 40:
-                self.replica_memory.labels(engine=engine, part=part.removesuffix("_bytes")).set(
-                    value
-                )
+        self.engine.on_status(msg)
+        engine = str(msg.replica)
         self.prompt_tokens.labels(engine=engine)  # a replica in shows its counters, at 0
         self.generation_tokens.labels(engine=engine)
-        for part, total in (msg.busy or {}).items():
-            if not isinstance(total, (int, float)) or not 0 <= total < 1e12 or len(part) > 32:
-                continue
-            d = total - self._last_busy.get((k, part), 0.0)
-            self.busy.labels(part=part).inc(d if d >= 0 else total)  # restarted scheduler
-            self._last_busy[(k, part)] = total
 
     def on_prefix_cache(self, replica: int, queries: int, hits: int) -> None:
-        """A replica's cumulative prefix-cache counters, from its step outputs (in order);
-        a smaller value means it restarted from zero."""
-        last_q, last_h = self._last_prefix.get(replica, (0, 0))
-        if (queries, hits) == (last_q, last_h):
-            return
-        dq, dh = queries - last_q, hits - last_h
-        self.prefix_queries.inc(dq if dq >= 0 and dh >= 0 else queries)
-        self.prefix_hits.inc(dh if dq >= 0 and dh >= 0 else hits)
-        self._last_prefix[replica] = (queries, hits)
+        self.engine.on_prefix_cache(replica, queries, hits)
 
     def replica_down(self, replica: int) -> None:
-        """A replica left: it counts in the totals no more (until its next status)."""
-        if self._engines.pop(replica, None) is not None:
-            self._set_totals()
-        self.replica_up.labels(engine=str(replica)).set(0)
-        self.replica_running.labels(engine=str(replica)).set(0)
-        self.replica_waiting.labels(engine=str(replica)).set(0)
-
-    def _set_totals(self) -> None:
-        es = self._engines.values()
-        free, total = sum(e.num_free_blocks for e in es), sum(e.num_total_blocks for e in es)
-        self.num_running.set(sum(e.num_running for e in es))
-        self.num_waiting.set(sum(e.num_waiting for e in es))
-        used = sum(e.kv_usage * e.num_total_blocks for e in es)
-        self.kv_usage.set(used / total if total else 0.0)
-        self.kv_free_blocks.set(free)
-        self.kv_total_blocks.set(total)
+        self.engine.down(replica)
 
     def on_output(
         self,

@@ -24,6 +24,7 @@ import uvicorn
 from common.config import Config
 from common.log import get_logger, install_stack_dump
 from frontend.app import create_app
+from frontend.frontends import shared_port_socket
 
 log = get_logger("frontend")
 
@@ -101,6 +102,10 @@ def run(config: Config) -> None:
     # (restored by uvicorn after serving) a drained stop exits 0 instead of dying by signal
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    if config.api_servers > 1:  # one of several on the port (frontend.frontends)
+        log.info("frontend %d of %d", config.frontend_id, config.api_servers)
+        server.run(sockets=[shared_port_socket(config.server.host, config.server.port)])
+    else:
+        server.run()
     if not server.started:
         raise SystemExit(1)

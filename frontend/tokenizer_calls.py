@@ -24,9 +24,13 @@ CALL_TIMEOUT_S = 30.0  # at most; server.request_timeout_s when shorter
 
 class TokenizerCalls:
     def __init__(
-        self, send: Callable[[TokenizerCall], Awaitable[object]], timeout_s: float
+        self,
+        send: Callable[[TokenizerCall], Awaitable[object]],
+        timeout_s: float,
+        frontend: int = 0,
     ) -> None:
         self._send = send
+        self.frontend = frontend  # this frontend's id: the worker answers to its inbox
         self.timeout_s = min(CALL_TIMEOUT_S, timeout_s)
         self.pending: dict[str, asyncio.Future[TokenizerReply]] = {}
 
@@ -36,7 +40,7 @@ class TokenizerCalls:
         fut: asyncio.Future[TokenizerReply] = asyncio.get_running_loop().create_future()
         self.pending[call_id] = fut
         try:
-            await self._send(TokenizerCall(call_id, op, args))
+            await self._send(TokenizerCall(call_id, op, args, self.frontend))
             reply = await asyncio.wait_for(fut, self.timeout_s)
         except TimeoutError:  # TimeoutError itself from 3.11 on
             raise APIError(

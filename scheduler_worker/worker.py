@@ -2,7 +2,8 @@
 
     inbox (PULL, bind "scheduler.K") ◀── GenerateRequest (tokenizers), AbortRequest (frontend, detok)
     ──▶ PUSH "detok":    one StepOutputs per engine step, every request's new tokens
-    ──▶ PUSH "frontend": EngineStatus (ready, heartbeat), RequestError (rejected requests)
+    ──▶ PUSH "frontend.I": RequestError (rejected requests) to the frontend that accepted
+                           it; EngineStatus (ready, heartbeat) to every frontend
 
 Loop: block on the inbox only when idle; when busy, drain it without waiting, run one
 step, push one message. An abort may arrive before its request (a tokenizer may still
@@ -79,6 +80,7 @@ class RequestRecord:
     """What the worker knows of a request that the engine does not."""
 
     origin: int  # pid of the frontend that accepted it (a restarted one's are aborted)
+    frontend: int  # that frontend's id: where its errors go
     tokenized_time: float  # wall clock: a tokenizer worker passed it on
     detok_settings: NewRequest  # for StepOutputs.new_requests (rid, stop, flags)
     announced: bool = False  # detok_settings went out, with the first output
@@ -125,7 +127,7 @@ class SchedulerWorker:
         self.to_frontend = self.shell.to_frontend
         self.to_detok = self.shell.own(PushQueue(config.ipc.endpoint("detok"), bind=False))
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
-        self.frontend_pid: int | None = None
+        self.frontend_pids: dict[str, int] = {}  # "frontend.I" -> its pid, from its beats
         self.requests: dict[str, RequestRecord] = {}  # until the finishing output is sent
         self.step_no = 0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
@@ -143,21 +145,27 @@ class SchedulerWorker:
         elif isinstance(msg, AbortRequest):
             if not self.engine.abort(msg.rid) and msg.rid not in self.requests:
                 self._remember_abort(msg.rid)
-        elif isinstance(msg, ComponentStatus) and msg.component == "frontend":
-            self._on_frontend(msg.pid)
+        elif isinstance(msg, ComponentStatus) and msg.component.startswith("frontend"):
+            self._on_frontend(msg.component, msg.pid)
         else:
             log.warning("dropping unexpected %s on the scheduler inbox", type(msg).__name__)
 
-    def _on_frontend(self, pid: int) -> None:
-        """A new frontend pid: the old frontend died, and nobody waits for its requests."""
-        old, self.frontend_pid = self.frontend_pid, pid
+    def _on_frontend(self, component: str, pid: int) -> None:
+        """A new pid for a frontend (by its id, "frontend.I"): the old process died, and
+        nobody waits for its requests; the other frontends' requests run on."""
+        old = self.frontend_pids.get(component)
+        self.frontend_pids[component] = pid
         if old is not None and old != pid:
-            # only the old frontend's requests: the new one may have sent some already
+            # only the old process's requests: the new one may have sent some already
             rids = [rid for rid, rec in self.requests.items() if rec.origin == old]
             num = sum(1 for rid in rids if self.engine.abort(rid))  # not those finished already
             if num:
                 log.warning(
-                    "frontend restarted (pid %d -> %d): aborted its %d request(s)", old, pid, num
+                    "%s restarted (pid %d -> %d): aborted its %d request(s)",
+                    component,
+                    old,
+                    pid,
+                    num,
                 )
 
     def _add(self, msg: GenerateRequest) -> None:
@@ -179,15 +187,16 @@ class SchedulerWorker:
                 msg.rid, unpack_ids(msg.prompt_token_ids), params, checked=checked
             )
         except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
-            self._send_error(msg.rid, str(e), getattr(e, "param", None))
+            self._send_error(msg.rid, msg.frontend, str(e), getattr(e, "param", None))
             return
         detok = (
             msg.rid,
             params.stop,
             params.skip_special_tokens,
             params.include_stop_str_in_output,
+            msg.frontend,
         )
-        self.requests[msg.rid] = RequestRecord(msg.origin, msg.tokenized_time, detok)
+        self.requests[msg.rid] = RequestRecord(msg.origin, msg.frontend, msg.tokenized_time, detok)
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -198,10 +207,12 @@ class SchedulerWorker:
         ):
             self.pre_aborted.popitem(last=False)
 
-    def _send_error(self, rid: str, message: str, param: str | None, status: int = 400) -> None:
+    def _send_error(
+        self, rid: str, frontend: int, message: str, param: str | None, status: int = 400
+    ) -> None:
         kind = "invalid_request_error" if status < 500 else "server_error"
         try:
-            self.to_frontend.put(RequestError(rid, status, message, kind, param))
+            self.to_frontend.put(RequestError(rid, status, message, kind, param), frontend)
         except QueueFull:
             log.error("frontend unreachable; dropped error for %s", rid)
 
@@ -288,36 +299,35 @@ class SchedulerWorker:
         the Heartbeat thread's job, so a long step is not mistaken for a death."""
         e = self.engine
         bm = e.block_manager
-        with contextlib.suppress(QueueFull):  # the pid tells the frontend about restarts
-            self.to_frontend.put(ComponentStatus(self.component, os.getpid(), kind, time.time()))
-        with contextlib.suppress(QueueFull):
-            self.to_frontend.put(
-                EngineStatus(
-                    kind=kind,
-                    num_running=e.num_running,
-                    num_waiting=e.num_waiting,
-                    kv_usage=bm.usage,
-                    num_free_blocks=bm.num_free_blocks,
-                    num_total_blocks=bm.num_blocks,
-                    prefix_cache_queries=bm.prefix_cache_queries,
-                    prefix_cache_hits=bm.prefix_cache_hits,
-                    model=self.config.model_name,
-                    max_model_len=e.max_model_len,
-                    vocab_size=e.vocab_size,
-                    time=time.time(),
-                    busy=self.busy_split(),
-                    replica=self.replica,
-                    pid=os.getpid(),
-                    inbox=self.inbox_ep,
-                    proof=self.proof,
-                    weight_bytes=e.runner.weight_memory.held_bytes,
-                    block_size=e.scheduler.block_size,
-                    memory={
-                        **getattr(e.runner.backend, "facts", {}),
-                        **memory_figures(e.runner.kv_caches),
-                    },
-                )
+        # the pid tells the frontends about restarts
+        self.to_frontend.broadcast(ComponentStatus(self.component, os.getpid(), kind, time.time()))
+        self.to_frontend.broadcast(
+            EngineStatus(
+                kind=kind,
+                num_running=e.num_running,
+                num_waiting=e.num_waiting,
+                kv_usage=bm.usage,
+                num_free_blocks=bm.num_free_blocks,
+                num_total_blocks=bm.num_blocks,
+                prefix_cache_queries=bm.prefix_cache_queries,
+                prefix_cache_hits=bm.prefix_cache_hits,
+                model=self.config.model_name,
+                max_model_len=e.max_model_len,
+                vocab_size=e.vocab_size,
+                time=time.time(),
+                busy=self.busy_split(),
+                replica=self.replica,
+                pid=os.getpid(),
+                inbox=self.inbox_ep,
+                proof=self.proof,
+                weight_bytes=e.runner.weight_memory.held_bytes,
+                block_size=e.scheduler.block_size,
+                memory={
+                    **getattr(e.runner.backend, "facts", {}),
+                    **memory_figures(e.runner.kv_caches),
+                },
             )
+        )
 
     # ---- loop ---------------------------------------------------------------
     def run(self) -> None:
@@ -350,8 +360,14 @@ class SchedulerWorker:
                 self.publish(self.engine.step())
                 self.step_no += 1
                 for rid in self.engine.take_failed():
-                    self.requests.pop(rid, None)
-                    self._send_error(rid, "out of device memory in this request's step", None, 503)
+                    rec = self.requests.pop(rid, None)
+                    self._send_error(
+                        rid,
+                        0 if rec is None else rec.frontend,
+                        "out of device memory in this request's step",
+                        None,
+                        503,
+                    )
             if time.monotonic() - shell.last_beat >= beat_s:
                 shell.beat()
         shell.finish(self._last_word)

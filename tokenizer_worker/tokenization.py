@@ -153,4 +153,6 @@ class Tokenization:
             self.limits.check(ids, params, where)  # settles an unset max_tokens
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
-        return GenerateRequest(req.rid, pack_ids(ids), params, time.time(), req.origin)
+        return GenerateRequest(
+            req.rid, pack_ids(ids), params, time.time(), req.origin, req.frontend
+        )

@@ -1,12 +1,14 @@
 """A tokenizer worker: raw requests in, token ids out. N of them share one endpoint.
 
-    inbox (DEALER, connect "tokenizer", identity = its pid) ◀── TokenizeRequest,
-                          TokenizerCall (the frontend's ROUTER: it picks the worker)
+    inbox (DEALER, connect "tokenizer.I" of every frontend I, identity = its pid)
+                          ◀── TokenizeRequest, TokenizerCall (a frontend's ROUTER: it
+                          picks the worker)
     ──▶ PUSH "scheduler.K": GenerateRequest (validated, tokenized), to the replica the
                            frontend chose (TokenizeRequest.replica / inbox)
-    ──▶ PUSH "frontend":  RequestError (bad request), ComponentStatus (ready, heartbeat:
-                          from the main loop, so a hung worker falls silent), TokenizerReply
-                          (the answer to a TokenizerCall: tokenizer_worker.endpoints)
+    ──▶ PUSH "frontend.I": RequestError (bad request) and TokenizerReply (the answer to a
+                          TokenizerCall: tokenizer_worker.endpoints) to the frontend that
+                          sent it; ComponentStatus (ready, heartbeat: from the main loop,
+                          so a hung worker falls silent) to every frontend
 
 What depends on the prompt is checked once, before it costs the scheduler anything
 (tokenizer_worker.tokenization, the pure part); this file carries its result.
@@ -58,7 +60,9 @@ class TokenizerWorker:
         self.facts = ModelFacts(
             config.model_name, tokenization.vocab_size, tokenization.max_model_len, 0
         ).to_wire()
-        inbox = DealerQueue(config.ipc.endpoint("tokenizer"), identity=str(os.getpid()).encode())
+        # a DEALER connected to every frontend's ROUTER: each frontend picks its workers
+        eps = [config.ipc.tokenizer_endpoint(i) for i in range(config.api_servers)]
+        inbox = DealerQueue(eps[0], identity=str(os.getpid()).encode(), more=tuple(eps[1:]))
         # on SIGTERM: tokenize what is already in this worker's pipe (the frontend accepted
         # it before it began to drain), stop once a poll finds the pipe empty; beats come
         # from the loop, so a worker hung inside a request falls silent
@@ -79,12 +83,12 @@ class TokenizerWorker:
         try:
             out = self.tokenization(msg, passed_intake(self.config.ipc.secret, msg.rid))
         except Rejected as e:
-            self._error(msg.rid, e)
+            self._error(msg, e)
             return
         except Exception as e:  # a bug must cost one request, never the worker
             log.exception("tokenizing %s failed", msg.rid)
             self._error(
-                msg.rid,
+                msg,
                 Rejected(500, f"internal error while tokenizing: {e}", type_="server_error"),
             )
             return
@@ -96,10 +100,10 @@ class TokenizerWorker:
             )
             return
         except WireError as e:  # e.g. a prompt beyond the frame limit
-            self._error(msg.rid, Rejected(400, f"request too large: {e}", "prompt"))
+            self._error(msg, Rejected(400, f"request too large: {e}", "prompt"))
             return
         except ValueError as e:  # an inbox that is no endpoint (the frontend's bug)
-            self._error(msg.rid, Rejected(500, f"bad replica inbox: {e}", type_="server_error"))
+            self._error(msg, Rejected(500, f"bad replica inbox: {e}", type_="server_error"))
             return
         self.num_done += 1
 
@@ -113,11 +117,11 @@ class TokenizerWorker:
             log.exception("tokenizer call %s failed", call.op)
             reply = TokenizerReply(call.call_id, 500, {"message": f"internal error: {e}"})
         try:
-            self.to_frontend.put(reply, timeout_ms=SEND_TIMEOUT_MS)
+            self.to_frontend.put(reply, call.frontend, timeout_ms=SEND_TIMEOUT_MS)
         except WireError as e:  # e.g. an answer beyond the frame limit
             err = {"message": f"answer too large: {e}", "param": None}
             with contextlib.suppress(QueueFull, WireError):
-                self.to_frontend.put(TokenizerReply(call.call_id, 400, err))
+                self.to_frontend.put(TokenizerReply(call.call_id, 400, err), call.frontend)
         except QueueFull:
             log.error("frontend unreachable; dropped the answer to a %s call", call.op)
 
@@ -126,19 +130,21 @@ class TokenizerWorker:
         (a replica that joins later needs no restart here)."""
         return self.shell.replicas.get(msg.inbox or self.config.ipc.replica_endpoint(msg.replica))
 
-    def _error(self, rid: str, e: Rejected) -> None:
+    def _error(self, req: TokenizeRequest, e: Rejected) -> None:
+        """The request's error, to the frontend that accepted it."""
         try:
             self.to_frontend.put(
-                RequestError(rid, e.status, e.message, e.type, e.param), timeout_ms=SEND_TIMEOUT_MS
+                RequestError(req.rid, e.status, e.message, e.type, e.param),
+                req.frontend,
+                timeout_ms=SEND_TIMEOUT_MS,
             )
         except QueueFull:
-            log.error("frontend unreachable; dropped error for %s", rid)
+            log.error("frontend %d unreachable; dropped error for %s", req.frontend, req.rid)
 
     def heartbeat(self, kind: str = "heartbeat") -> None:
-        with contextlib.suppress(QueueFull):
-            self.to_frontend.put(
-                ComponentStatus("tokenizer", os.getpid(), kind, time.time(), self.facts)
-            )
+        self.to_frontend.broadcast(
+            ComponentStatus("tokenizer", os.getpid(), kind, time.time(), self.facts)
+        )
 
     def run(self) -> None:
         self.shell.run(self.handle)

@@ -22,6 +22,7 @@ class TokenizeRequest(Message):
     # validated at intake; an unset max_tokens (None) is settled by the tokenizer worker
     params: SamplingParams
     origin: int = 0  # pid of the frontend that accepted it (restarts abort only its own)
+    frontend: int = 0  # that frontend's id (--frontend-id): errors and outputs go back there
     # the scheduler replica the frontend chose (frontend.cluster.routing) and its inbox (None:
     # the config's address for that replica, IPCConfig.replica_endpoint)
     replica: int = 0
@@ -38,3 +39,4 @@ class TokenizerCall(Message):
     call_id: str  # the frontend's, echoed in the TokenizerReply
     op: str  # "tokenize" | "detokenize" | "tokenizer_info"
     args: dict[str, Any]  # the op's arguments (tokenizer_worker.endpoints)
+    frontend: int = 0  # the calling frontend's id: the reply goes to its inbox

@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 from common.messages.base import Message
 from common.messages.columnar import Columnar
 
-# (rid, stop strings, skip_special_tokens, include_stop_str_in_output)
-NewRequest = tuple[str, list[str], bool, bool]
+# (rid, stop strings, skip_special_tokens, include_stop_str_in_output, the frontend that
+# accepted it: its outputs go to that one's inbox, GenerateRequest.frontend)
+NewRequest = tuple[str, list[str], bool, bool, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ class GenerateRequest(Message):
     params: SamplingParams  # validated, max_tokens settled
     tokenized_time: float  # wall clock (the arrival time stays in the frontend)
     origin: int = 0  # TokenizeRequest.origin, passed through
+    frontend: int = 0  # TokenizeRequest.frontend, passed through
 
 
 @dataclass(frozen=True, slots=True)

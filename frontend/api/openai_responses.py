@@ -45,6 +45,7 @@ from frontend.api.responses_protocol import (
 from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import read_body
 from frontend.errors import APIError, invalid
+from frontend.frontends import responses_db
 from frontend.protocol import parse
 from frontend.serving import Serving
 
@@ -201,9 +202,11 @@ def add_responses_routes(
     """POST /v1/responses, GET and DELETE /v1/responses/{response_id}, GET
     /v1/responses/{response_id}/input_items on `api`."""
     server = serving.config.server
-    room = ResponsesRoom(
-        serving, ResponseStore(server.responses_store_max, server.responses_store_bytes)
+    # several frontends on the port share one file (frontend.frontends.responses_db)
+    store = ResponseStore(
+        server.responses_store_max, server.responses_store_bytes, responses_db(serving.config)
     )
+    room = ResponsesRoom(serving, store)
 
     @api.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
     async def create_response(request: Request) -> Response:

@@ -2,16 +2,19 @@
 
 ```
  route handler ──submit()──▶ the cluster picks replica K and tokenizer worker W
-              ──▶ ROUTER bind "tokenizer" ──▶ W (its DEALER, identity = its pid)
+              ──▶ ROUTER bind "tokenizer.I" ──▶ W (its DEALER, identity = its pid)
  release() / interrupts ───▶ PUSH connect replica K's inbox (AbortRequest)
- inbox thread ◀── PULL bind "frontend" ◀── TextOutputs (detok), RequestError (any worker),
+ inbox thread ◀── PULL bind "frontend.I" ◀── TextOutputs (detok), RequestError (any worker),
       │                                    EngineStatus, ComponentStatus,
       │                                    TokenizerReply (frontend.tokenizer_calls)
       └─ call_soon_threadsafe(dispatch, batch) ─▶ event loop ─▶ RequestHandle.queue
                                                               └▶ Cluster (statuses)
 ```
 The client's rules (replica sockets, the inbox thread, routes) are in the room's doc,
-frontend/cluster/__init__.py.
+frontend/cluster/__init__.py. I is this frontend's id (config.frontend_id, 0 to
+api_servers - 1; "frontend.0" is the "frontend" endpoint itself): each frontend process
+binds its own two sockets, and the workers send what belongs to a request to the one
+whose id it carries (TokenizeRequest.frontend).
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class EngineClient:
             data_parallel_size=config.data_parallel_size,
         )
         self.routes: dict[str, tuple[RequestHandle, int]] = {}
+        self.frontend_id = config.frontend_id
+        # server.max_queued_requests is the server's: each of the frontends takes its share
+        self.max_in_flight = -(-config.server.max_queued_requests // config.api_servers)
         self.num_open: dict[int, int] = {}  # replica -> its sub-requests in `routes`
         self.draining = False  # set on SIGTERM: new requests get 503
         self._stop = threading.Event()
@@ -76,10 +82,9 @@ class EngineClient:
         self._inbox: PullQueue | None = None
         self.links: ReplicaLinks | None = None  # the sockets to the replicas, watched
         self._watchdog: asyncio.Task | None = None
-        metrics.in_flight.set_function(lambda: len(self.routes))
         # /tokenize, /detokenize, /tokenizer_info: answered by a tokenizer worker
         self.tokenizer_calls = TokenizerCalls(
-            self._send_to_tokenizer, config.server.request_timeout_s
+            self._send_to_tokenizer, config.server.request_timeout_s, config.frontend_id
         )
 
     # -- lifecycle (on the event loop) --------------------------------------------------
@@ -88,8 +93,9 @@ class EngineClient:
         ipc = self.config.ipc
         ctx: zmq.Context = zmq.Context.instance()
         self._ctx = ctx
-        self._tokenizers = TokenizerLink(ipc.endpoint("tokenizer"), ctx, self.cluster)
-        self._inbox = PullQueue(ipc.endpoint("frontend"), bind=True, ctx=ctx)
+        me = self.frontend_id
+        self._tokenizers = TokenizerLink(ipc.tokenizer_endpoint(me), ctx, self.cluster)
+        self._inbox = PullQueue(ipc.frontend_endpoint(me), bind=True, ctx=ctx)
         self.links = ReplicaLinks(ctx, ipc)
         self._watchdog = asyncio.ensure_future(self._watch())
         self._thread = threading.Thread(target=self._recv_loop, name="frontend-inbox", daemon=True)
@@ -141,7 +147,9 @@ class EngineClient:
                     last_beat = now
                     assert self.links is not None
                     self.links.send_all(
-                        ComponentStatus("frontend", os.getpid(), "heartbeat", time.time())
+                        ComponentStatus(
+                            f"frontend.{self.frontend_id}", os.getpid(), "heartbeat", time.time()
+                        )
                     )
                 self._act(self.cluster.check(now))
             except Exception:  # the watchdog must outlive any surprise
@@ -242,6 +250,7 @@ class EngineClient:
         if route is not None:
             k = route[0].replica
             self.num_open[k] = max(0, self.num_open.get(k, 0) - 1)
+            self.metrics.in_flight.set(len(self.routes))
         return route
 
     def _on_error(self, msg: RequestError) -> None:
@@ -277,7 +286,7 @@ class EngineClient:
         missing = self.cluster.missing()
         if missing:
             raise unavailable(f"server not ready: waiting for {', '.join(missing)}", "not_ready")
-        limit = self.config.server.max_queued_requests
+        limit = self.max_in_flight
         if len(self.routes) + len(reqs) > limit:
             raise unavailable(
                 f"too many requests in flight (limit {limit}); retry later", "overloaded"
@@ -298,6 +307,7 @@ class EngineClient:
                 worker = await self._send_to_tokenizer(replace(req, replica=replica, inbox=inbox))
                 self.routes[req.rid] = (handle, i)
                 self.num_open[replica] = self.num_open.get(replica, 0) + 1
+                self.metrics.in_flight.set(len(self.routes))
                 self.cluster.sent(req.rid, worker)
         except BaseException:
             self.release(handle, "submit_failed")

@@ -69,7 +69,9 @@ def _frame(msg) -> list:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(step_output, max_size=6), st.integers(0, 2**31 - 1))
 def test_step_outputs_round_trip_and_keep_their_wire_bytes(outputs, step):
-    msg = pack_step_outputs(step, outputs, [("r", ["\n", "é"], True, False)], 2, "ipc:///x", [3, 1])
+    msg = pack_step_outputs(
+        step, outputs, [("r", ["\n", "é"], True, False, 0)], 2, "ipc:///x", [3, 1]
+    )
     assert unpack_step_outputs(decode(encode(msg))) == outputs
     by_hand = StepOutputs(
         step=step,
@@ -79,7 +81,7 @@ def test_step_outputs_round_trip_and_keep_their_wire_bytes(outputs, step):
         num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
         num_output_tokens=[o.num_output_tokens for o in outputs],
         logprobs=_optional([o.logprobs for o in outputs]),
-        new_requests=[("r", ["\n", "é"], True, False)],
+        new_requests=[("r", ["\n", "é"], True, False, 0)],
         timings=_optional([o.timings for o in outputs]),
         sent_time=msg.sent_time,
         stop_token_ids=_optional([o.stop_token_id for o in outputs]),

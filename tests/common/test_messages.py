@@ -84,7 +84,7 @@ SAMPLES: list[Message] = [
         [3, 4],
         [1, 0],
         [[[-0.5, [[5, -0.5], [6, -1.25]]]], None],
-        [("a", ["</s>", "\n\n"], True, False), ("b", [], False, True)],
+        [("a", ["</s>", "\n\n"], True, False, 0), ("b", [], False, True, 0)],
         [{"arrival": 1.0, "first_token": 2.5}, None],
         123.25,
     ),
@@ -226,11 +226,17 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, Non
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", "ids", WIRE_PARAMS, 0.0, 0),  # str where bytes
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", WIRE_PARAMS, 0.0, True),  # bool where int
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0),  # the struct's fields missing
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0),  # a map where the struct
-        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0),
+        raw(
+            WIRE_VERSION, GenerateRequest.TAG, "r", "ids", WIRE_PARAMS, 0.0, 0, 0
+        ),  # str where bytes
+        raw(
+            WIRE_VERSION, GenerateRequest.TAG, "r", b"", WIRE_PARAMS, 0.0, 0, True
+        ),  # bool where int
+        raw(
+            WIRE_VERSION, GenerateRequest.TAG, "r", b"", [], 0.0, 0, 0
+        ),  # the struct's fields missing
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {}, 0.0, 0, 0),  # a map where the struct
+        raw(WIRE_VERSION, GenerateRequest.TAG, "r", b"", {"x": b"\x00"}, 0.0, 0, 0),
         raw(
             WIRE_VERSION,
             GenerateRequest.TAG,
@@ -240,7 +246,7 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, Non
             0.0,
             msgpack.ExtType(1, b"z"),
         ),
-        msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0]),
+        msgpack.packb([WIRE_VERSION, GenerateRequest.TAG, "r", b"", {1: 2}, 0.0, 0, 0]),
         raw(
             WIRE_VERSION,
             TextOutputs.TAG,
@@ -357,7 +363,7 @@ def test_wrong_container_types():
             raw(
                 WIRE_VERSION,
                 TokenizeRequest.TAG,
-                *("r", "chat", None, None, deep, WIRE_PARAMS, 0, 0, None, None, None),
+                *("r", "chat", None, None, deep, WIRE_PARAMS, 0, 0, 0, None, None, None),
             )
         )
 
@@ -400,7 +406,7 @@ def test_batch_helpers_round_trip_and_refuse_lists_that_do_not_line_up():
         StepOutput("a", pack_ids([5]), None, 3, 1),
         StepOutput("b", b"", "stop", 4, 2, [[-0.5, [[5, -0.5]]]], {"x": 1.0}, 9),
     ]
-    msg = pack_step_outputs(7, steps, [("a", ["\n"], True, False)])
+    msg = pack_step_outputs(7, steps, [("a", ["\n"], True, False, 0)])
     assert msg.logprobs == [None, [[-0.5, [[5, -0.5]]]]] and msg.stop_token_ids == [None, 9]
     assert unpack_step_outputs(decode(encode(msg))) == steps
     quiet = pack_step_outputs(8, steps[:1], [])  # optional lists go only when one is set

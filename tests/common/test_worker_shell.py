@@ -119,7 +119,7 @@ def test_the_loop_hands_over_every_message_and_survives_a_failing_one(run_dir):
         assert h.thread.is_alive()
     assert h.handled == ["a", "b"]
     assert h.statuses[0] == "ready" and h.statuses[-1] == "stopping"
-    for q in (h.shell.inbox, h.shell.to_frontend, replica, owned):
+    for q in (h.shell.inbox, *h.shell.to_frontend.queues, replica, owned):
         assert q.socket.closed
 
 

@@ -43,7 +43,11 @@ def test_stop_token_text_is_dropped_unless_asked_for(worker):
         [3] * 3,
         [len(ids)] * 3,
         None,
-        [("plain", [], True, False), ("keep", [], True, True), ("length", [], True, False)],
+        [
+            ("plain", [], True, False, 0),
+            ("keep", [], True, True, 0),
+            ("length", [], True, False, 0),
+        ],
         None,
         time.time(),
         [stop, stop, None],
@@ -79,7 +83,7 @@ def test_a_schedulers_stopping_is_forwarded_behind_its_outputs(run_dir, default_
             [1],
             [1],
             None,
-            [(f"r{i}", [], True, False)],
+            [(f"r{i}", [], True, False, 0)],
             None,
             time.time(),
         )
@@ -126,7 +130,7 @@ def test_stream_interval_sends_the_first_token_then_every_n(worker):
             [4] * k,
             [i + 1] * k,
             [[[-0.1 * i, []]], None][:k],
-            [("r", [], True, False), ("s", [], True, False)] if i == 0 else [],
+            [("r", [], True, False, 0), ("s", [], True, False, 0)] if i == 0 else [],
             None,
             time.time(),
         )
@@ -161,7 +165,7 @@ def test_a_drain_waits_for_a_replica_that_still_steps_slowly(
     push = PushQueue(config.ipc.endpoint("detok"), bind=False)
 
     def step(i: int, replica: int) -> StepOutputs:
-        new = [(f"r{replica}", [], True, False)] if i == 0 else []
+        new = [(f"r{replica}", [], True, False, 0)] if i == 0 else []
         return StepOutputs(
             i, [f"r{replica}"], [pack_ids([28])], [None], [1], [i + 1], None, new, None,
             time.time(), replica=replica,
@@ -186,3 +190,61 @@ def test_a_drain_waits_for_a_replica_that_still_steps_slowly(
         assert worker.busy()
         time.sleep(0.6)
         assert not worker.busy()
+
+
+def test_with_two_frontends_each_gets_its_own_requests_text_and_every_status(
+    run_dir, default_model_dir
+):
+    """api_servers 2: one TextOutputs per frontend with a request in the step, holding
+    only that frontend's (NewRequest's last item); a scheduler's status to both; a
+    frontend that takes nothing (no process at its inbox, queue full) costs the other
+    nothing."""
+    import dataclasses
+
+    from common.messages import ComponentStatus, TextOutputs
+    from common.zmq_queue import QueueFull
+    from detok_worker.worker import DetokWorker
+    from tests.garbage import collect, make_config, sockets
+
+    config = dataclasses.replace(make_config(run_dir), api_servers=2)
+    inboxes = [PullQueue(config.ipc.frontend_endpoint(i), bind=True) for i in range(2)]
+    worker = DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
+    ids = worker.tokenizer.encode("Hello world").ids
+
+    def step(i: int, finish: str | None) -> StepOutputs:
+        rids = ["a0", "b1", "c1"]
+        new = [("a0", [], True, False, 0), ("b1", [], True, False, 1), ("c1", [], True, False, 1)]
+        return StepOutputs(
+            i,
+            rids,
+            [pack_ids(ids)] * 3,
+            [finish] * 3,
+            [2] * 3,
+            [len(ids) * (i + 1)] * 3,
+            None,
+            new if i == 0 else [],
+            None,
+            time.time(),
+        )
+
+    worker.handle(step(0, None))
+    worker.handle(step(1, "length"))
+    worker.handle(ComponentStatus("scheduler.0", 4242, "heartbeat", time.time()))
+    got = [collect(q, lambda ms: any(isinstance(m, ComponentStatus) for m in ms)) for q in inboxes]
+    assert worker.frontend_of == {}  # finished: forgotten
+    for frontend, rids in ((0, ["a0"]), (1, ["b1", "c1"])):
+        outs = [m for m in got[frontend] if isinstance(m, TextOutputs)]
+        assert [m.rids for m in outs] == [rids, rids], frontend
+        assert "".join(outs[0].texts[:1] + outs[1].texts[:1]) == worker.tokenizer.decode(ids * 2)
+    # frontend 1 gone for good: its queue fills; frontend 0 still gets every step
+    inboxes[1].close()
+    full = worker.to_frontend.queues[1]
+    with pytest.raises(QueueFull):
+        for _ in range(100_000):
+            full.put(ComponentStatus("x", 1, "heartbeat", 0.0))
+    with sockets(inboxes[0], worker.shell):
+        t0 = time.monotonic()
+        worker.handle(step(0, "length"))
+        assert time.monotonic() - t0 < 1.0  # never waited on frontend 1
+        assert [m.rids for m in collect(inboxes[0], lambda ms: len(ms) >= 1)] == [["a0"]]
+    assert worker.dropping == {1}

@@ -1,6 +1,7 @@
 """frontend/metric_table.py: every row of METRICS is exported by a fresh Metrics (its name,
-type, help text, labels and buckets, in table order, and nothing beside the table), as the
-attribute the row names, and Metrics' annotations (for the type checker) match the table."""
+type, help text, labels and buckets, in table order, and nothing beside the table): a
+per-request row as the attribute the row names (Metrics' annotations, for the type checker,
+match those rows), a FROM_ENGINE row from the replicas' statuses (EngineSeries)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import typing
 from prometheus_client import Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend.metric_table import METRICS, P
+from common.messages import EngineStatus
+from frontend.metric_table import FROM_ENGINE, METRICS, P
 from frontend.metrics import Metrics
 
 
@@ -40,14 +42,41 @@ def test_every_row_is_exported_by_a_fresh_metrics():
         f = fams[P + s.name]
         assert f.type == s.kind.__name__.lower(), s
         assert f.documentation == s.doc, s
+        if s.attr in FROM_ENGINE:
+            assert not hasattr(m, s.attr), s
+            continue
         collector = getattr(m, s.attr)
         assert type(collector) is s.kind, s
-        assert collector in m.registry._collector_to_names, s  # on this app's registry
+        assert collector in m.own._collector_to_names, s  # on this app's registry
+
+
+def status(replica: int = 0, busy: float = 1.5) -> EngineStatus:
+    return EngineStatus(
+        kind="heartbeat",
+        num_running=3,
+        num_waiting=2,
+        kv_usage=0.25,
+        num_free_blocks=30,
+        num_total_blocks=40,
+        prefix_cache_queries=10,
+        prefix_cache_hits=4,
+        model="m",
+        max_model_len=64,
+        vocab_size=100,
+        time=0.0,
+        busy={"forward": busy},
+        replica=replica,
+        memory={"resident_bytes": 1000},
+    )
 
 
 def test_every_row_exports_its_labels_and_buckets():
     m = Metrics()
+    m.on_engine_status(status())
+    m.on_prefix_cache(0, 10, 4)
     for s in METRICS:
+        if s.attr in FROM_ENGINE:
+            continue
         collector = getattr(m, s.attr)
         if s.labels:
             collector = collector.labels(*("x" for _ in s.labels))
@@ -69,4 +98,36 @@ def test_every_row_exports_its_labels_and_buckets():
 def test_metrics_annotations_match_the_table():
     hints = typing.get_type_hints(Metrics)
     kinds = {a: t for a, t in hints.items() if t in (Counter, Gauge, Histogram)}
-    assert kinds == {s.attr: s.kind for s in METRICS}
+    assert kinds == {s.attr: s.kind for s in METRICS if s.attr not in FROM_ENGINE}
+
+
+def value(m: Metrics, name: str, **labels: str) -> float:
+    fams = families(m)
+    family = name.removesuffix("_total")
+    for sample in fams[P + family].samples:
+        if sample.name == P + name and sample.labels == labels:
+            return sample.value
+    raise KeyError(name, labels)
+
+
+def test_engine_series_sum_replicas_and_survive_restarts():
+    m = Metrics()
+    m.on_engine_status(status(0, busy=1.5))
+    m.on_engine_status(status(1, busy=2.0))
+    assert value(m, "num_requests_running") == 6
+    assert value(m, "kv_cache_usage_perc") == 0.25
+    assert value(m, "scheduler_busy_seconds_total", part="forward") == 3.5
+    m.on_engine_status(status(0, busy=2.5))  # +1 s on replica 0
+    m.on_engine_status(status(1, busy=0.5))  # replica 1 restarted: its 0.5 s are new
+    assert value(m, "scheduler_busy_seconds_total", part="forward") == 5.0
+    m.on_prefix_cache(0, 10, 4)
+    m.on_prefix_cache(0, 30, 14)
+    m.on_prefix_cache(0, 5, 1)  # restarted
+    assert value(m, "prefix_cache_queries_total") == 35
+    assert value(m, "prefix_cache_hits_total") == 15
+    m.replica_down(1)
+    assert value(m, "num_requests_running") == 3  # replica 1 counts no more
+    assert value(m, "replica_up", engine="1") == 0
+    assert value(m, "replica_num_requests_running", engine="1") == 0
+    assert value(m, "replica_up", engine="0") == 1
+    assert value(m, "scheduler_memory_bytes", engine="0", part="resident") == 1000

@@ -82,3 +82,37 @@ def test_a_signed_request_is_not_validated_again_but_the_offline_api_validates(
         engine.abort(rid)
     out = engine.generate([[1, 2, 3, 4]], params)
     assert checks == [4] and len(out[0]) == 2
+
+
+def test_with_two_frontends_each_gets_its_errors_and_only_a_restarted_ones_are_aborted(
+    run_dir, tiny_llama_dir
+):
+    """api_servers 2: a rejected request's error goes to the frontend that accepted it
+    (GenerateRequest.frontend), statuses to both, and a new pid of frontend 1 aborts
+    frontend 1's requests only."""
+    from common.messages import EngineStatus, RequestError
+    from scheduler_worker.engine import LLMEngine
+    from scheduler_worker.worker import SchedulerWorker
+
+    config = dataclasses.replace(make_config(run_dir, tiny_llama_dir), api_servers=2)
+    inboxes = [PullQueue(config.ipc.frontend_endpoint(i), bind=True) for i in range(2)]
+    detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
+    worker = SchedulerWorker(config, LLMEngine(config.engine, tiny_llama_dir))
+    params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    with sockets(*inboxes, detok, worker.inbox, worker.to_detok, worker.to_frontend):
+        worker.handle(ComponentStatus("frontend.0", 100, "heartbeat", time.time()))
+        worker.handle(ComponentStatus("frontend.1", 111, "heartbeat", time.time()))
+        for rid, origin, frontend in (("a", 100, 0), ("b", 111, 1)):
+            worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params, 1.0, origin, frontend))
+        worker.handle(GenerateRequest("empty", pack_ids([]), params, 1.0, 111, 1))
+        worker.heartbeat()
+        worker.publish(worker.engine.step())
+        worker.handle(ComponentStatus("frontend.1", 112, "heartbeat", time.time()))
+        assert worker.engine.requests.keys() == {"a"}  # frontend 1 restarted: "b" aborted
+        worker.handle(ComponentStatus("frontend.0", 100, "heartbeat", time.time()))
+        assert worker.engine.requests.keys() == {"a"}
+        got = [collect(q, lambda ms: any(isinstance(m, EngineStatus) for m in ms)) for q in inboxes]
+        steps = collect(detok, lambda ms: len(ms) >= 1)
+    errors = [[m.rid for m in ms if isinstance(m, RequestError)] for ms in got]
+    assert errors == [[], ["empty"]]
+    assert [r[4] for r in steps[0].new_requests] == [0, 1]  # the detok routes by these

@@ -1,0 +1,160 @@
+"""Several frontend processes on one port (`launch.py --api-servers 2`): every request
+gets its own outputs whichever frontend accepted it, tokenizer calls are answered,
+/metrics sums both frontends' requests, a /v1/responses chain finds its previous response
+whichever frontend each call reaches, and a frontend killed with -9 costs only its own
+streams: the other serves on, the launcher restarts it, the replica aborts its orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import served
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def two(default_model_dir):
+    yield from served("--api-servers", "2", workers=2)
+
+
+def frontend_pids(server) -> dict[int, int]:
+    """frontend id -> pid, from the launcher's command lines."""
+    out = subprocess.run(
+        ["pgrep", "-af", "--", f"-m frontend --config {server.run_dir}"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    pids = {}
+    for line in out.splitlines():
+        m = re.search(r"--frontend-id (\d+)", line)
+        if m:
+            pids[int(m.group(1))] = int(line.split()[0])
+    return pids
+
+
+def metrics_pids(server) -> set[int]:
+    """The pids with per-request metrics files: the frontends that served a request."""
+    path = server.run_dir / "frontends" / "prometheus"
+    return {int(m.group(1)) for n in os.listdir(path) if (m := re.match(r"\w+_(\d+)\.db$", n))}
+
+
+async def complete(url: str, prompt: str, max_tokens: int, stream: bool) -> str:
+    """One completion on a connection of its own (so the kernel picks its frontend)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": stream}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        if not stream:
+            r = await client.post("/v1/completions", json=body)
+            r.raise_for_status()
+            return r.json()["choices"][0]["text"]
+        text = ""
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+        return text
+
+
+def test_every_request_gets_its_own_text_whichever_frontend_took_it(two):
+    prompts = [f"Count to {i}:" for i in range(8)]
+
+    async def run() -> tuple[list[str], list[str]]:
+        alone = [await complete(two.url, p, 8, stream=False) for p in prompts]
+        together = await asyncio.gather(
+            *(complete(two.url, p, 8, stream=True) for p in prompts * 3)
+        )
+        return alone, together
+
+    alone, together = asyncio.run(run())
+    assert together == alone * 3  # greedy: each stream got its own prompt's tokens
+    pids = frontend_pids(two)
+    assert sorted(pids) == [0, 1]
+    assert set(pids.values()) <= metrics_pids(two)  # both frontends served requests
+    m = two.wait_idle()
+    # /metrics from either frontend: the requests of both, summed
+    for _ in range(6):
+        with httpx.Client(base_url=two.url, timeout=10) as fresh:
+            text = fresh.get("/metrics").text
+        line = re.search(
+            r'^zeroserve:request_success_total\{finished_reason="length"\} (\S+)$', text, re.M
+        )
+        assert (
+            line is not None
+            and float(line.group(1))
+            == m['zeroserve:request_success_total{finished_reason="length"}']
+        )
+    assert m['zeroserve:request_success_total{finished_reason="length"}'] >= 32
+    assert m["zeroserve:num_requests_in_flight"] == 0
+
+
+def test_tokenizer_calls_and_a_responses_chain_across_frontends(two):
+    tokens = set()
+    for _ in range(8):
+        with httpx.Client(base_url=two.url, timeout=10) as fresh:
+            r = fresh.post("/tokenize", json={"prompt": "Hello there"})
+            assert r.status_code == 200, r.text
+            tokens.add(tuple(r.json()["tokens"]))
+    assert len(tokens) == 1
+    previous = None
+    for turn in range(6):  # a fresh client each call: each may reach either frontend
+        client = openai.OpenAI(base_url=two.url + "/v1", api_key="x", max_retries=0)
+        r = client.responses.create(
+            model="smollm2",
+            input=f"Say {turn}.",
+            max_output_tokens=4,
+            temperature=0.0,
+            previous_response_id=previous,
+        )
+        assert r.status == "incomplete" or r.status == "completed"
+        items = client.responses.input_items.list(r.id)
+        # the whole conversation: each earlier turn's input and output, and this input
+        assert len(items.data) == 2 * turn + 1
+        previous = r.id
+        client.close()
+
+
+def test_a_killed_frontend_costs_only_its_own_streams(two):
+    pids = frontend_pids(two)
+    victim = pids[1]
+
+    async def streams() -> list[str | BaseException]:
+        tasks = [
+            asyncio.ensure_future(complete(two.url, f"Story {i}:", 200, stream=True))
+            for i in range(16)
+        ]
+        await asyncio.sleep(1.0)  # every stream under way
+        os.kill(victim, signal.SIGKILL)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(streams())
+    survived = [r for r in results if isinstance(r, str)]
+    assert survived, results  # frontend 0's streams ran to the end
+    assert all(len(r) > 0 for r in survived)
+
+    # while frontend 1 is down or back, every new request is served
+    async def after() -> list[str]:
+        return await asyncio.gather(
+            *(complete(two.url, "Hello", 4, stream=False) for _ in range(6))
+        )
+
+    texts = asyncio.run(after())
+    assert len(set(texts)) == 1
+    deadline = time.monotonic() + 60
+    while (frontend_pids(two).get(1) in (None, victim)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert frontend_pids(two).get(1) not in (None, victim), two.log()[-3000:]
+    two.wait_idle(timeout_s=30)
+    # the replica aborted the dead frontend's requests when its successor first beat
+    assert re.search(r"frontend\.1 restarted \(pid \d+ -> \d+\): aborted its \d+", two.log())
+    assert two.proc.poll() is None
