@@ -96,7 +96,7 @@ class TokenizerWorker:
             self.to_replica(msg).put(out, timeout_ms=SEND_TIMEOUT_MS)
         except QueueFull:
             self._error(
-                msg.rid, Rejected(503, "the engine is not accepting requests", type_="server_error")
+                msg, Rejected(503, "the engine is not accepting requests", type_="server_error")
             )
             return
         except WireError as e:  # e.g. a prompt beyond the frame limit
