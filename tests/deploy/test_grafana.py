@@ -10,8 +10,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.messages import EngineStatus
 from frontend.metrics import Metrics
+from tests.frontend.test_metrics import status
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "zeroserve.json"
 SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus to every series
@@ -21,23 +21,7 @@ def exported() -> dict[str, set[str]]:
     """Sample name -> its labels, as /metrics serves them once the server has seen an
     engine heartbeat and a finished request (labelled series appear with their first value)."""
     m = Metrics()
-    m.on_engine_status(
-        EngineStatus(
-            kind="heartbeat",
-            num_running=1,
-            num_waiting=0,
-            kv_usage=0.1,
-            num_free_blocks=9,
-            num_total_blocks=10,
-            prefix_cache_queries=4,
-            prefix_cache_hits=2,
-            model="m",
-            max_model_len=64,
-            vocab_size=100,
-            time=0.0,
-            busy={"forward": 0.5},
-        )
-    )
+    m.on_engine_status(status())
     m.on_finished("stop", 0.5, 3, 2, {"arrival_time": 1.0, "tokenized_time": 1.1})
     out: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(m.registry).decode()):
