@@ -10,6 +10,7 @@
              accepted it (its `frontend` id); statuses to every one
  <run dir>/frontends/   prometheus/  per-request metrics, one file set per process
                         responses.sqlite3  the /v1/responses store
+                        stats.I.json  frontend I's own /stats figures (PeerStats)
 ```
 
 One frontend is a plain uvicorn server bound by uvicorn, its metrics and /v1/responses
@@ -18,7 +19,8 @@ when it starts, listening only once uvicorn's startup is done, so with
 server.listen_when_ready a connection still reaches only a frontend that is ready); the
 per-request metrics are prometheus_client's multiprocess files, summed by whichever
 frontend a scrape reaches; stored responses live in one SQLite file, so a
-`previous_response_id` is found whichever frontend the next call reaches. The replicas'
+`previous_response_id` is found whichever frontend the next call reaches; /stats adds
+the other frontends' in-flight counts and output tokens (PeerStats). The replicas'
 figures need no sharing: every frontend receives every status. Each frontend admits
 ceil(server.max_queued_requests / N) sub-requests in flight.
 """
@@ -26,15 +28,18 @@ ceil(server.max_queued_requests / N) sub-requests in flight.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
+import time
 from pathlib import Path
 
 from common.config import Config
 from common.endpoints import default_run_dir, ensure_run_dir
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: read at its import
+PEER_STALE_S = 3.0  # a frontend's /stats figures older than this: it is gone, not counted
 _LIVE_GAUGE_FILE = re.compile(r"^gauge_live\w*_(\d+)\.db$")
 
 
@@ -104,3 +109,42 @@ def shared_port_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class PeerStats:
+    """The per-replica figures of /stats that each frontend holds alone (sub-requests in
+    flight, output tokens so far and per second), shared through one small file per
+    frontend (stats.I.json, replaced whole): each publishes its own from its watchdog,
+    /stats adds those of the others that are fresh (PEER_STALE_S)."""
+
+    def __init__(self, config: Config) -> None:
+        shared = shared_dir(config)
+        assert shared is not None, "PeerStats is for several frontends"
+        self.dir = shared
+        self.me = config.frontend_id
+        self.path = shared / f"stats.{self.me}.json"
+
+    def publish(self, figures: dict[int, list[float]]) -> None:
+        """This frontend's {replica: [in flight, tokens total, tokens per s]}."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"time": time.time(), "replicas": figures}))
+        os.replace(tmp, self.path)
+
+    def others(self) -> dict[int, list[float]]:
+        """The other live frontends' figures, summed per replica."""
+        out: dict[int, list[float]] = {}
+        now = time.time()
+        for path in self.dir.glob("stats.*.json"):
+            if path == self.path:
+                continue
+            try:
+                data = json.loads(path.read_text())
+                if now - float(data["time"]) > PEER_STALE_S:
+                    continue
+                for k, values in data["replicas"].items():
+                    row = out.setdefault(int(k), [0.0, 0.0, 0.0])
+                    for i, v in enumerate(values[:3]):
+                        row[i] += float(v)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # being replaced, or not ours: skip it this time
+        return out

@@ -64,15 +64,19 @@ def replica_stats(
     cluster = client.cluster
     engine = cluster.engines().get(replica)
     seen = cluster.last_seen(f"scheduler.{replica}")
-    rate = metrics.replica_tokens.get(replica)
+    # this frontend's own figures, plus the other frontends' (several on the port)
+    in_flight, total, rate = client.own_stats(now).get(replica, [0, 0, 0.0])
+    if client.peers is not None:
+        more = client.peers.others().get(replica, [0, 0, 0.0])
+        in_flight, total, rate = in_flight + more[0], total + more[1], rate + more[2]
     out: dict[str, Any] = {
         "id": str(replica),
         "model": config.model_name,
         "alive": cluster.alive(f"scheduler.{replica}", now),
         "status_age_s": None if seen is None else round(now - seen, 3),
-        "num_requests_in_flight": client.num_open.get(replica, 0),
-        "output_tokens_per_s": round(rate.rate(now), 2) if rate is not None else 0.0,
-        "output_tokens_total": metrics.replica_tokens_total.get(replica, 0),
+        "num_requests_in_flight": int(in_flight),
+        "output_tokens_per_s": round(rate, 2),
+        "output_tokens_total": int(total),
     }
     if engine is None:
         out.update(

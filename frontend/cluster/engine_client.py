@@ -48,6 +48,7 @@ from frontend.cluster.replica_links import ReplicaLinks
 from frontend.cluster.table import WATCHDOG_S, Cluster
 from frontend.cluster.tokenizer_link import TokenizerLink
 from frontend.errors import APIError, renamed, unavailable
+from frontend.frontends import PeerStats
 from frontend.metrics import Metrics, shown_timings
 from frontend.request_handle import Delta, Receive, RequestHandle
 from frontend.tokenizer_calls import TokenizerCalls
@@ -82,6 +83,8 @@ class EngineClient:
         self._inbox: PullQueue | None = None
         self.links: ReplicaLinks | None = None  # the sockets to the replicas, watched
         self._watchdog: asyncio.Task | None = None
+        # several frontends: /stats' own figures, shared with the others (frontends.py)
+        self.peers = PeerStats(config) if config.api_servers > 1 else None
         # /tokenize, /detokenize, /tokenizer_info: answered by a tokenizer worker
         self.tokenizer_calls = TokenizerCalls(
             self._send_to_tokenizer, config.server.request_timeout_s, config.frontend_id
@@ -152,8 +155,24 @@ class EngineClient:
                         )
                     )
                 self._act(self.cluster.check(now))
+                if self.peers is not None:
+                    self.peers.publish(self.own_stats(now))
             except Exception:  # the watchdog must outlive any surprise
                 log.exception("component watchdog failed")
+
+    def own_stats(self, now: float) -> dict[int, list[float]]:
+        """{replica: [sub-requests in flight, output tokens so far, per s]}, this
+        frontend's alone (the ones /stats must add up over several frontends)."""
+        m = self.metrics
+        replicas = set(self.num_open) | set(m.replica_tokens)
+        return {
+            k: [
+                self.num_open.get(k, 0),
+                m.replica_tokens_total.get(k, 0),
+                m.replica_tokens[k].rate(now) if k in m.replica_tokens else 0.0,
+            ]
+            for k in replicas
+        }
 
     # -- the inbox thread -----------------------------------------------------------------
     def _recv_loop(self) -> None:
@@ -287,7 +306,9 @@ class EngineClient:
         if missing:
             raise unavailable(f"server not ready: waiting for {', '.join(missing)}", "not_ready")
         limit = self.max_in_flight
-        if len(self.routes) + len(reqs) > limit:
+        # (with nothing in flight, one request within the server's whole limit, which
+        # intake checked, is taken even when it is more than this frontend's share)
+        if self.routes and len(self.routes) + len(reqs) > limit:
             raise unavailable(
                 f"too many requests in flight (limit {limit}); retry later", "overloaded"
             )

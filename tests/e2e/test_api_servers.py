@@ -1,6 +1,6 @@
 """Several frontend processes on one port (`launch.py --api-servers 2`): every request
 gets its own outputs whichever frontend accepted it, tokenizer calls are answered,
-/metrics sums both frontends' requests, a /v1/responses chain finds its previous response
+/metrics and /stats sum both frontends' requests, a /v1/responses chain finds its previous response
 whichever frontend each call reaches, and a frontend killed with -9 costs only its own
 streams: the other serves on, the launcher restarts it, the replica aborts its orphans."""
 
@@ -96,6 +96,13 @@ def test_every_request_gets_its_own_text_whichever_frontend_took_it(two):
         )
     assert m['zeroserve:request_success_total{finished_reason="length"}'] >= 32
     assert m["zeroserve:num_requests_in_flight"] == 0
+    # /stats from either frontend: its own output tokens and the other's (PeerStats)
+    time.sleep(0.5)  # each publishes its figures every 0.2 s
+    for _ in range(6):
+        with httpx.Client(base_url=two.url, timeout=10) as fresh:
+            totals = fresh.get("/stats").json()["totals"]
+        assert totals["output_tokens_total"] == m['zeroserve:generation_tokens_total{engine="0"}']
+        assert totals["num_requests_in_flight"] == 0
 
 
 def test_tokenizer_calls_and_a_responses_chain_across_frontends(two):

@@ -53,12 +53,14 @@ def wait_healthy(url: str, timeout_s: float = 5.0) -> None:
 
 
 @contextmanager
-def serve(ready: bool = True, **server_kwargs) -> Iterator[Served]:
+def serve(ready: bool = True, api_servers: int = 1, **server_kwargs) -> Iterator[Served]:
+    """Frontend 0 of `api_servers`, over the fake backend."""
     tmp = Path(tempfile.mkdtemp(prefix="zsf-", dir="/tmp"))  # ipc paths must stay < 108 bytes
     config = Config(
         server=ServerConfig(**server_kwargs),
         ipc=IPCConfig(run_dir=str(tmp / "run")),
         heartbeat_s=0.2,
+        api_servers=api_servers,
     )
     ensure_run_dir(tmp / "run")  # as a component's start does (common.cli.parse_config)
     backend = FakeBackend(config, ready=ready).start()

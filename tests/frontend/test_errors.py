@@ -254,6 +254,23 @@ def test_too_many_requests_in_flight_is_503():
         assert c.post("/v1/completions", json={"prompt": "Hi"}).status_code == 200
 
 
+def test_several_frontends_each_admit_their_share_of_the_limit():
+    """api_servers 2: this frontend takes 2 of max_queued_requests 4 in flight; a request
+    within the whole limit but above the share is still taken when nothing else runs."""
+    with serve(max_queued_requests=4, api_servers=2) as s, s.client() as c:
+        held = [threading.Thread(target=_post_quietly, args=(s.url, "hold")) for _ in range(2)]
+        for t in held:
+            t.start()
+        assert s.backend.wait_for(lambda b: sum(r.prompt == "hold" for r in b.requests) == 2)
+        err = _error(c.post("/v1/completions", json={"prompt": "Hi"}), 503)
+        assert err["code"] == "overloaded"
+        assert s.backend.wait_for(lambda b: len(b.aborts) == 2, 5)  # the held clients gave up
+        for t in held:
+            t.join(5)
+        r = c.post("/v1/completions", json={"prompt": "Hi", "n": 3})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 3
+
+
 def _post_quietly(url: str, prompt: str) -> int | None:
     try:  # the client gives up after 0.5 s: a disconnect the server must turn into an abort
         return httpx.post(url + "/v1/completions", json={"prompt": prompt}, timeout=0.5).status_code
