@@ -137,7 +137,7 @@ def test_a_killed_frontend_costs_only_its_own_streams(two):
 
     async def streams() -> list[str | BaseException]:
         tasks = [
-            asyncio.ensure_future(complete(two.url, f"Story {i}:", 200, stream=True))
+            asyncio.ensure_future(complete(two.url, f"Story {i}:", 64, stream=True))
             for i in range(16)
         ]
         await asyncio.sleep(1.0)  # every stream under way
