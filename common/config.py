@@ -2,7 +2,7 @@
 
 The environment is read in common/env.py (ZEROSERVE_API_KEY, ZEROSERVE_CACHE_DIR and
 ZEROSERVE_RUN_DIR fill in what a config leaves unset); socket paths come from
-common/endpoints.py, which needs no zmq.
+common/endpoints.py, which needs no zmq; the `ipc` section is common/ipc_config.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from common.endpoints import default_run_dir, endpoint
 from common.env import default_cache_dir, env
+from common.ipc_config import ENDPOINT_NAMES as ENDPOINT_NAMES  # re-exported, as IPCConfig
+from common.ipc_config import IPCConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -26,6 +27,7 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
 ROUTINGS = ("least_loaded", "round_robin")
+MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
 # how tool calls are read from a chat completion's text (frontend/tools/parsers/); None:
 # the model family's default (frontend.tools.parsers.default_parser)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
@@ -271,70 +273,6 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be one of {choices}, got {value!r}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
-
-
-ENDPOINT_NAMES = ("tokenizer", "scheduler", "detok", "frontend")
-MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
-
-
-@dataclass(frozen=True)
-class IPCConfig:
-    """Where the components meet. Default: ipc:// sockets in a private (0700) run dir.
-    Any endpoint may be set to tcp://host:port when components live on different hosts."""
-
-    run_dir: str | None = None
-    tokenizer: str | None = None  # frontend PUSH (bind) -> tokenizer workers PULL
-    scheduler: str | None = None  # scheduler PULL (bind) <- tokenizers, frontend, detok
-    detok: str | None = None  # detok PULL (bind) <- scheduler
-    frontend: str | None = None  # frontend PULL (bind) <- detok, tokenizers, scheduler
-    # one scheduler replica's own inbox (a per-process flag, --replica-inbox): where it
-    # binds, and the address it announces (--replica-advertise; default: the bind
-    # address, a wildcard host replaced by this host's address). Unset: replica_endpoint.
-    replica_inbox: str | None = None
-    replica_advertise: str | None = None
-    # HMAC key for request ids (common.auth): the scheduler generates only for ids the
-    # frontend signed. launch.py sets a random one; deployments share one in the config.
-    secret: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.secret is None and env("SECRET"):  # e.g. from a Kubernetes Secret
-            object.__setattr__(self, "secret", env("SECRET"))
-
-    def endpoint(self, name: str) -> str:
-        """The address of one of the four endpoints; no side effect (see resolved_run_dir)."""
-        return endpoint(name, self.run_dir, getattr(self, name))
-
-    def indexed_endpoint(self, name: str, index: int) -> str:
-        """Member `index` of a set of processes that each bind one `name` endpoint: 0's is
-        the `name` endpoint itself; K's is ipc://<run_dir>/<name>.K.sock, or, with a tcp
-        `name` endpoint, the same host at port + K."""
-        base = self.endpoint(name)
-        if index == 0:
-            return base
-        if base.startswith("tcp://"):
-            host, _, port = base.rpartition(":")
-            return f"{host}:{int(port) + index}"
-        return endpoint(f"{name}.{index}", self.run_dir)
-
-    def replica_endpoint(self, replica: int) -> str:
-        """Replica K's inbox when it announces none of its own (indexed_endpoint)."""
-        return self.indexed_endpoint("scheduler", replica)
-
-    def frontend_endpoint(self, frontend: int) -> str:
-        """Frontend I's inbox (--api-servers: each frontend binds its own)."""
-        return self.indexed_endpoint("frontend", frontend)
-
-    def tokenizer_endpoint(self, frontend: int) -> str:
-        """Frontend I's ROUTER to the tokenizer pool (every worker connects to each)."""
-        return self.indexed_endpoint("tokenizer", frontend)
-
-    @property
-    def resolved_run_dir(self) -> Path | None:
-        """The dir the ipc sockets live in, which a process creates when it starts
-        (common.endpoints.ensure_run_dir); None when every endpoint is tcp."""
-        if all(getattr(self, name) for name in ENDPOINT_NAMES):
-            return None
-        return Path(self.run_dir) if self.run_dir is not None else default_run_dir()
 
 
 @dataclass(frozen=True)

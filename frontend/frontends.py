@@ -34,9 +34,13 @@ import re
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.config import Config
 from common.endpoints import default_run_dir, ensure_run_dir
+
+if TYPE_CHECKING:  # (prometheus_client must not be imported before prepare_metrics)
+    from frontend.metrics import Metrics
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: read at its import
 PEER_STALE_S = 3.0  # a frontend's /stats figures older than this: it is gone, not counted
@@ -109,6 +113,21 @@ def shared_port_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def own_figures(num_open: dict[int, int], metrics: Metrics, now: float) -> dict[int, list[float]]:
+    """{replica: [sub-requests in flight, output tokens so far, per s]}: one frontend's
+    alone (EngineClient.num_open, frontend.metrics.Metrics), the /stats figures that
+    several frontends add up."""
+    replicas = set(num_open) | set(metrics.replica_tokens)
+    return {
+        k: [
+            num_open.get(k, 0),
+            metrics.replica_tokens_total.get(k, 0),
+            metrics.replica_tokens[k].rate(now) if k in metrics.replica_tokens else 0.0,
+        ]
+        for k in replicas
+    }
 
 
 class PeerStats:

@@ -37,6 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from common.config import Config
 from frontend.cluster.engine_client import EngineClient
+from frontend.frontends import own_figures
 from frontend.metrics import Metrics
 
 PAGE = Path(__file__).parent / "static" / "index.html"
@@ -65,7 +66,8 @@ def replica_stats(
     engine = cluster.engines().get(replica)
     seen = cluster.last_seen(f"scheduler.{replica}")
     # this frontend's own figures, plus the other frontends' (several on the port)
-    in_flight, total, rate = client.own_stats(now).get(replica, [0, 0, 0.0])
+    mine = own_figures(client.num_open, metrics, now)
+    in_flight, total, rate = mine.get(replica, [0, 0, 0.0])
     if client.peers is not None:
         more = client.peers.others().get(replica, [0, 0, 0.0])
         in_flight, total, rate = in_flight + more[0], total + more[1], rate + more[2]

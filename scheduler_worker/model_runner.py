@@ -81,7 +81,7 @@ class ModelRunner:
         32,768 tokens need 1.2 GB in float32) grows to hold exactly one, up to
         KV_GROW_LIMIT_GB, so a downloaded file serves with default flags; past that, or
         with a budget or context the user set, the scheduler refuses to start and says
-        which flag to change (worker.check_kv_pool)."""
+        which flag to change (refusals.check_kv_pool)."""
         cache = self.config.cache
         if cache.num_blocks is not None:
             return cache.num_blocks

@@ -31,7 +31,7 @@ import zmq
 
 from common.auth import passed_intake, replica_proof, verify_rid
 from common.config import Config, ConfigError
-from common.endpoints import advertised, ipc_in_use
+from common.endpoints import advertised
 from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
@@ -51,6 +51,7 @@ from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
 from scheduler_worker.heap import release_freed_heap
 from scheduler_worker.memory_report import memory_figures
+from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
 from scheduler_worker.structured import spare_core
 
 log = get_logger("scheduler")
@@ -59,20 +60,6 @@ PRE_ABORT_TTL_S = 120.0
 PRE_ABORT_MAX = 100_000
 # on SIGTERM, once idle, stop after this long without a new request (see stop())
 DRAIN_QUIET_S = 1.0
-
-
-def check_kv_pool(engine: LLMEngine) -> None:
-    """Refuse to serve with a KV pool that cannot hold one sequence of the context length:
-    every component validates requests against that length, so such a pool would fail
-    requests the tokenizers had accepted."""
-    bs, num_blocks = engine.scheduler.block_size, engine.runner.num_blocks
-    pool = num_blocks * bs
-    if pool < engine.max_model_len:
-        raise ConfigError(
-            f"the KV pool holds {pool} tokens ({num_blocks} blocks of {bs}), less than one "
-            f"sequence of the context length ({engine.max_model_len} tokens): raise "
-            f"--kv-cache-memory-gb or --num-kv-blocks, or set --max-model-len {pool} or less"
-        )
 
 
 @dataclass(slots=True)
@@ -84,17 +71,6 @@ class RequestRecord:
     tokenized_time: float  # wall clock: a tokenizer worker passed it on
     detok_settings: NewRequest  # for StepOutputs.new_requests (rid, stop, flags)
     announced: bool = False  # detok_settings went out, with the first output
-
-
-def inbox_endpoint(config: Config) -> str:
-    """Where this replica binds its inbox; ConfigError when another process holds it."""
-    ep = config.ipc.replica_inbox or config.ipc.replica_endpoint(config.replica_id)
-    if ipc_in_use(ep):
-        raise ConfigError(
-            f"replica {config.replica_id}: another process serves its inbox {ep}; "
-            "refusing to start a second replica with that id"
-        )
-    return ep
 
 
 class SchedulerWorker:

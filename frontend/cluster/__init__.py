@@ -1,6 +1,7 @@
 """The frontend's cluster room: its table of components (table.py, members.py), the replica
 router (routing.py), /health's report (health.py) and the client that sends requests
-into the pipeline and routes what comes back (engine_client.py).
+into the pipeline and routes what comes back (engine_client.py; failing.py: how it fails
+what a dead component held).
 
 The frontend's view of its cluster: which components are in it, which are alive, what a
 dead one took with it, and which scheduler replica takes the next request. Pure

@@ -43,12 +43,13 @@ from common.messages import (
     unpack_text_outputs,
 )
 from common.zmq_queue import PullQueue
-from frontend.cluster.members import Event, Joined, replica_key, replica_of
+from frontend.cluster.failing import FailingRequests
+from frontend.cluster.members import Event, Joined
 from frontend.cluster.replica_links import ReplicaLinks
 from frontend.cluster.table import WATCHDOG_S, Cluster
 from frontend.cluster.tokenizer_link import TokenizerLink
 from frontend.errors import APIError, renamed, unavailable
-from frontend.frontends import PeerStats
+from frontend.frontends import PeerStats, own_figures
 from frontend.metrics import Metrics, shown_timings
 from frontend.request_handle import Delta, Receive, RequestHandle
 from frontend.tokenizer_calls import TokenizerCalls
@@ -58,7 +59,7 @@ log = get_logger("frontend.engine_client")
 POLL_MS = 100  # the inbox thread checks for shutdown this often
 
 
-class EngineClient:
+class EngineClient(FailingRequests):
     def __init__(self, config: Config, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
@@ -156,23 +157,9 @@ class EngineClient:
                     )
                 self._act(self.cluster.check(now))
                 if self.peers is not None:
-                    self.peers.publish(self.own_stats(now))
+                    self.peers.publish(own_figures(self.num_open, self.metrics, now))
             except Exception:  # the watchdog must outlive any surprise
                 log.exception("component watchdog failed")
-
-    def own_stats(self, now: float) -> dict[int, list[float]]:
-        """{replica: [sub-requests in flight, output tokens so far, per s]}, this
-        frontend's alone (the ones /stats must add up over several frontends)."""
-        m = self.metrics
-        replicas = set(self.num_open) | set(m.replica_tokens)
-        return {
-            k: [
-                self.num_open.get(k, 0),
-                m.replica_tokens_total.get(k, 0),
-                m.replica_tokens[k].rate(now) if k in m.replica_tokens else 0.0,
-            ]
-            for k in replicas
-        }
 
     # -- the inbox thread -----------------------------------------------------------------
     def _recv_loop(self) -> None:
@@ -371,59 +358,3 @@ class EngineClient:
         if num:
             log.debug("aborted %d sub-request(s) of %s: %s", num, handle.rids[0], reason)
         return num
-
-    # -- failing what runs (on the event loop) -------------------------------------------
-    def fail_all(self, component: str, why: str) -> None:
-        """What `component` held fails with 503: a replica's ("scheduler.K") requests, or
-        every request in flight (the detok); the replicas are told to abort them."""
-        key = replica_key(component)
-        replica = None if key is None else replica_of(key)
-        if replica is not None:
-            self.metrics.replica_down(replica)
-        handles = {
-            id(h): h for h, _ in self.routes.values() if replica is None or h.replica == replica
-        }
-        if not handles:
-            return
-        log.error("%s %s: failing %d request(s) in flight", component, why, len(handles))
-        for handle in handles.values():
-            self._interrupt(
-                handle,
-                f"{component}_failed",
-                unavailable(
-                    f"the {component} process failed while serving this request; it was not "
-                    "completed, retry it",
-                    "component_failed",
-                ),
-            )
-
-    def fail_lost(self, rids: list[str], why: str) -> None:
-        """Fail the requests of `rids` (a dead or hung tokenizer worker held them)."""
-        handles = {id(route[0]): route[0] for rid in rids if (route := self.routes.get(rid))}
-        if handles:
-            log.error("%s: failing %d request(s) it had not started", why, len(handles))
-        for handle in handles.values():
-            self._interrupt(
-                handle,
-                "tokenizer_failed",
-                unavailable(
-                    "the tokenizer worker holding this request stopped before starting it; "
-                    "retry it",
-                    "component_failed",
-                ),
-            )
-
-    def fail_remaining(self) -> None:
-        """What still runs at shutdown (past the drain) ends with a 503, streams with an
-        error event, instead of a cut connection."""
-        for handle, _ in list(self.routes.values()):
-            self._interrupt(
-                handle,
-                "shutdown",
-                unavailable("server is shutting down; the request was not completed", "shutdown"),
-            )
-
-    def fail_remaining_threadsafe(self) -> None:
-        """fail_remaining, from another thread (the drain timer)."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.fail_remaining)
