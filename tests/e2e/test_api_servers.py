@@ -131,25 +131,52 @@ def test_tokenizer_calls_and_a_responses_chain_across_frontends(two):
         client.close()
 
 
-def test_a_killed_frontend_costs_only_its_own_streams(two):
-    pids = frontend_pids(two)
-    victim = pids[1]
+async def watch_stream(url: str, prompt: str, seen: list[float]) -> None:
+    """A long stream on a connection of its own; the arrival time of each event."""
+    body = {"prompt": prompt, "max_tokens": 2000, "temperature": 0.0, "stream": True}
+    body["ignore_eos"] = True
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+        client.stream("POST", "/v1/completions", json=body) as r,
+    ):
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                seen.append(time.monotonic())
 
-    async def streams() -> list[str | BaseException]:
+
+def test_a_killed_frontend_costs_only_its_own_streams(two):
+    victim = frontend_pids(two)[1]
+    pattern = r"frontend\.1 restarted \(pid \d+ -> \d+\): aborted its \d+"
+
+    async def streams() -> tuple[list[BaseException | None], list[list[float]], float]:
+        seen: list[list[float]] = [[] for _ in range(16)]
         tasks = [
-            asyncio.ensure_future(complete(two.url, f"Story {i}:", 64, stream=True))
-            for i in range(16)
+            asyncio.ensure_future(watch_stream(two.url, f"Story {i}:", seen[i])) for i in range(16)
         ]
         await asyncio.sleep(1.0)  # every stream under way
         os.kill(victim, signal.SIGKILL)
-        return await asyncio.gather(*tasks, return_exceptions=True)
+        killed_at = time.monotonic()
+        # the replica aborts the dead frontend's requests once its successor first beats
+        deadline = killed_at + 60
+        while not re.search(pattern, two.log()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # the other frontend's streams go on meanwhile
+        ended = [t.exception() if t.done() else None for t in tasks]
+        for t in tasks:
+            t.cancel()  # a disconnect: the server aborts the rest
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return ended, seen, killed_at
 
-    results = asyncio.run(streams())
-    survived = [r for r in results if isinstance(r, str)]
-    assert survived, results  # frontend 0's streams ran to the end
-    assert all(len(r) > 0 for r in survived)
+    ended, seen, killed_at = asyncio.run(streams())
+    assert re.search(pattern, two.log()), two.log()[-3000:]
+    cut = [i for i, e in enumerate(ended) if isinstance(e, httpx.TransportError)]
+    going = [i for i, e in enumerate(ended) if e is None]
+    assert cut and going and len(cut) + len(going) == 16, ended  # frontend 1's, frontend 0's
+    for i in going:  # frontend 0's streams kept streaming after the kill and the restart
+        assert seen[i] and seen[i][-1] > killed_at + 1.0, (i, seen[i][-3:], killed_at)
 
-    # while frontend 1 is down or back, every new request is served
+    # with frontend 1 back, every new request is served
     async def after() -> list[str]:
         return await asyncio.gather(
             *(complete(two.url, "Hello", 4, stream=False) for _ in range(6))
@@ -157,11 +184,6 @@ def test_a_killed_frontend_costs_only_its_own_streams(two):
 
     texts = asyncio.run(after())
     assert len(set(texts)) == 1
-    deadline = time.monotonic() + 60
-    while (frontend_pids(two).get(1) in (None, victim)) and time.monotonic() < deadline:
-        time.sleep(0.2)
     assert frontend_pids(two).get(1) not in (None, victim), two.log()[-3000:]
     two.wait_idle(timeout_s=30)
-    # the replica aborted the dead frontend's requests when its successor first beat
-    assert re.search(r"frontend\.1 restarted \(pid \d+ -> \d+\): aborted its \d+", two.log())
     assert two.proc.poll() is None
