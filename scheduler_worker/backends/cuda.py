@@ -47,6 +47,11 @@ class TritonOps(TorchOps):
     straight from the paged cache (backends/triton_decode.py, triton_prefill.py)."""
 
     name = "triton"
+    # the running hidden state in float32 between layers, whatever the model's dtype: a
+    # bfloat16 one rounds at every layer's two adds, the largest part of bf16's distance
+    # from float32 (docs/benchmarks.md, "A float32 residual stream"); it costs 4 bytes a
+    # hidden unit a token where bf16 takes 2, next to the weights' 2 bytes a parameter
+    residual_dtype = torch.float32
 
     def rms_norm(self, x, residual, weight, eps, weight_offset=0.0):
         return triton_ops.rms_norm(x, residual, weight, eps, weight_offset)

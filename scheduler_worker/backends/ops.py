@@ -35,6 +35,9 @@ class TorchOps:
 
     name = "torch"
     kernel_isa: int | None = None  # the C++ kernels' path; None: not the C++ op set
+    # the dtype of the residual stream (the running hidden state between layers) where it
+    # is wider than the model's: None keeps it in the model's dtype, as transformers does
+    residual_dtype: torch.dtype | None = None
 
     def rms_norm(
         self,
@@ -45,10 +48,11 @@ class TorchOps:
         weight_offset: float = 0.0,
     ) -> torch.Tensor:
         """norm(x), or with a residual stream: residual += x (in place), norm(residual).
-        weight_offset 1.0 is Gemma's x * (1 + w), computed in float32."""
+        The output has x's dtype: a float32 residual takes a bfloat16 x exactly and gives
+        a bfloat16 norm. weight_offset 1.0 is Gemma's x * (1 + w), computed in float32."""
+        dtype = x.dtype
         if residual is not None:
             x = residual.add_(x)
-        dtype = x.dtype
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
         if weight_offset:
@@ -116,7 +120,7 @@ class CpuKernelOps(TorchOps):
         self.kernel_isa = isa
 
     def rms_norm(self, x, residual, weight, eps, weight_offset=0.0):
-        if weight_offset:
+        if weight_offset or (residual is not None and residual.dtype != x.dtype):
             return super().rms_norm(x, residual, weight, eps, weight_offset)
         return torch.ops.zeroserve.rms_norm(x, residual, weight, eps, self.kernel_isa)
 

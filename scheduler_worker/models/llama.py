@@ -97,6 +97,15 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.ops.act_mul(self.gate_up_proj(x), self.act))
 
 
+def residual_stream(h: torch.Tensor, dtype: torch.dtype | None):
+    """(residual, x) for the first layer from the embeddings h: h itself, or, where the op
+    set keeps the stream wider than the model's dtype, zeros of that dtype with h as the
+    first x, so the first norm's fused add takes h in exactly (and gives h's dtype)."""
+    if dtype is None or dtype == h.dtype:
+        return h, None
+    return torch.zeros(h.shape, dtype=dtype, device=h.device), h
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
@@ -179,16 +188,17 @@ class LlamaForCausalLM(CausalLM):
         return self.decode_plan is not None
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        residual = self.embed_tokens(input_ids)
+        h = self.embed_tokens(input_ids)
         if self.args.embedding_multiplier != 1.0:
-            residual = residual * self.args.embedding_multiplier
-        rope = self.ops.rope_inputs(self.rope, positions, residual.dtype)
+            h = h * self.args.embedding_multiplier
+        rope = self.ops.rope_inputs(self.rope, positions, h.dtype)
         plan = self.decode_plan
         if plan is not None and plan.takes(meta, input_ids.shape[0]):
             tables = list(self.rope.tables_f32())
-            out = plan.run(self.args, residual, positions, tables, kv_caches, meta, self.norm.eps)
-            return self.norm(out, residual)
-        x = None  # the previous layer's MLP output
+            out = plan.run(self.args, h, positions, tables, kv_caches, meta, self.norm.eps)
+            return self.norm(out, h)
+        # x: the previous layer's MLP output, added into the residual by the next norm
+        residual, x = residual_stream(h, self.ops.residual_dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(rope, x, residual, kv_cache, meta)
         return self.norm(x, residual)

@@ -56,6 +56,26 @@ def test_rms_norm_llama_with_residual(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out, expect, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_takes_a_half_precision_x_into_a_float32_residual(dtype: torch.dtype) -> None:
+    """The GPU backend's residual stream is float32 under a bf16 / fp16 model: the add is
+    exact in float32, the output has x's dtype, and it is the torch reference's."""
+    from scheduler_worker.backends.ops import TorchOps
+
+    gen = torch.Generator().manual_seed(3)
+    x = (4 * torch.randn(5, 96, generator=gen)).to(dtype).to(DEVICE)
+    residual = torch.randn(5, 96, generator=gen).to(DEVICE)
+    weight = (1 + 0.1 * torch.randn(96, generator=gen)).to(dtype).to(DEVICE)
+    expect_res = residual + x.float()
+    reference_res = residual.clone()
+    expect = TorchOps().rms_norm(x, reference_res, weight, 1e-6)
+    out = rms_norm(x, residual, weight, 1e-6)
+    assert residual.dtype == torch.float32 and out.dtype == dtype == expect.dtype
+    torch.testing.assert_close(reference_res, expect_res, atol=0, rtol=0)
+    torch.testing.assert_close(residual, expect_res, atol=0, rtol=0)
+    torch.testing.assert_close(out, expect, **_tol(dtype))
+
+
 def test_rms_norm_gemma_no_residual() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 80, generator=gen).to(DEVICE)  # D not a power of two
