@@ -164,7 +164,8 @@ METRICS: tuple[MetricSpec, ...] = (
         Counter,
         "scheduler_busy_seconds",
         "Scheduler busy time by part (forward, sample, schedule, ipc; on a GPU also device: "
-        "the forwards' time on the device, a busy share beside the wall clock).",
+        "the forwards' time on the device, a busy share beside the wall clock, and "
+        "device_wait: the device's time between two overlapped forwards, waiting on the host).",
         ("part",),
     ),
     S(

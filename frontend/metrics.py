@@ -15,7 +15,8 @@ prefill, decode, detokenize) come from the wall-clock stamps the workers attach 
 finished request (`timings`); stamps from one host share one clock, across hosts they
 are as good as the clock sync (the frontend's own latencies above are skew-free).
 The scheduler's busy split (forward, sample, schedule, ipc; on a GPU also "device", the
-forwards' own time on the device) mirrors EngineStatus.busy.
+forwards' own time on the device, and "device_wait", its time between two overlapped
+forwards) mirrors EngineStatus.busy.
 `recent_tokens` counts output tokens as they arrive, for the live tokens/s of GET /stats.
 
 Each app owns its own CollectorRegistry, so several apps can live in one process (tests).

@@ -265,7 +265,9 @@ class LLMEngine:
         # head may take it without writing the logits (ModelRunner.execute)
         argmax = bool(samplers) and (plain or masks is None and self.sampler.plain_greedy(rows))
         in_flight = self._in_flight.sample if self._in_flight is not None else None
-        self.runner.backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
+        backend = self.runner.backend
+        backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
+        backend.chained = self._in_flight is not None
         if any(s.prompt_logits for s in inputs):
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
             self._keep_prompt_logprobs(entries, prompt_logits)

@@ -265,9 +265,9 @@ class SchedulerWorker:
             "schedule": b["schedule"],
             "ipc": self.ipc_time,
         }
-        device = getattr(self.engine.runner.backend, "device_seconds", None)
-        if device is not None:  # a GPU's own busy time, beside the host's parts
-            split["device"] = device
+        clock = getattr(self.engine.runner.backend, "clock", None)
+        if clock is not None:  # a GPU's own busy time and waits, beside the host's parts
+            split["device"], split["device_wait"] = clock.busy_s, clock.wait_s
         return split
 
     def heartbeat(self, kind: str = "heartbeat") -> None:

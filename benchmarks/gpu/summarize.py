@@ -138,6 +138,10 @@ def model_summary(work: Path, tag: str) -> dict:
             "avg_prompt_tokens": e.get("avg_prompt_tokens"),
             "avg_output_tokens": e.get("avg_output_tokens"),
             "rc": e.get("rc"),
+            # the GPU's own account: % of the level in forwards, and between two chained
+            # forwards (waiting on the host: scheduler_worker/backends/device_clock.py)
+            "device_pct": device_busy(bench, c),
+            "device_wait_pct": device_busy(bench, c, "device_wait"),
         }
         for k in ("gpu", "errors", "tail", "cpu_pct"):
             if e.get(k):
@@ -248,9 +252,9 @@ def strip(obj):
     return obj
 
 
-def _device_seconds(lines: list[str] | None) -> float | None:
+def _device_seconds(lines: list[str] | None, part: str = "device") -> float | None:
     for ln in lines or []:
-        if ln.startswith("zeroserve:scheduler_busy_seconds") and 'part="device"' in ln:
+        if ln.startswith("zeroserve:scheduler_busy_seconds") and f'part="{part}"' in ln:
             try:
                 return float(ln.rsplit(" ", 1)[1])
             except ValueError:
@@ -258,16 +262,17 @@ def _device_seconds(lines: list[str] | None) -> float | None:
     return None
 
 
-def device_busy(bench: dict, level: str) -> float | None:
+def device_busy(bench: dict, level: str, part: str = "device") -> float | None:
     """Percent of the level's request span the GPU spent in forwards: the scheduler's
-    busy "device" seconds (/metrics, before and after the level) over duration_s."""
+    busy "device" seconds (/metrics, before and after the level) over duration_s; with
+    part "device_wait", between two chained forwards."""
     names = list((bench.get("levels") or {}).keys())
     if level not in names:
         return None
     e = bench["levels"][level]
     i = names.index(level)
     prev = bench["levels"][names[i - 1]].get("metrics_after") if i else bench.get("metrics_before")
-    a, b = _device_seconds(prev), _device_seconds(e.get("metrics_after"))
+    a, b = _device_seconds(prev, part), _device_seconds(e.get("metrics_after"), part)
     span = e.get("duration_s")
     if a is None or b is None or not span:
         return None
@@ -409,7 +414,9 @@ def table(s: dict) -> str:
         for c, b in (m.get("bench") or {}).items():
             if b.get("cpu_pct"):
                 cpu = " ".join(f"{k.split('.')[0]} {v}" for k, v in b["cpu_pct"].items())
-                L.append(f"   {tag} c={c}: {fmt(b.get('out_tok_s'), 0)} tok/s | {cpu}")
+                gpu = f"GPU in forwards {fmt(b.get('device_pct'))}%, between chained ones "
+                gpu += f"{fmt(b.get('device_wait_pct'))}%"
+                L.append(f"   {tag} c={c}: {fmt(b.get('out_tok_s'), 0)} tok/s | {cpu} | {gpu}")
     for key, v in (s.get("hf_compile") or {}).items():
         if v.get("error") or v.get("barrier") or v.get("dynamo_graphs") == 0 or v.get("exit"):
             L.append(f"   HF+c {key}: {v}")

@@ -65,6 +65,7 @@ class Backend:
     def __init__(self, device: torch.device, dtype: torch.dtype, block_size: int) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.prev_tokens: torch.Tensor | None = None  # the step in flight's sampled tokens
+        self.chained = False  # this step launches while the one before it is in flight
 
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:

@@ -15,7 +15,6 @@ Nothing here waits for the device: the engine reads a step's tokens while the ne
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -25,6 +24,7 @@ from scheduler_worker.activations import GELU_TANH_ACTS
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends import triton_decode, triton_ops, triton_prefill
 from scheduler_worker.backends.base import Backend, KVCache, SeqInput, step_order
+from scheduler_worker.backends.device_clock import DeviceClock
 from scheduler_worker.backends.graphs import (
     DecodeGraphs,
     Graph,
@@ -130,8 +130,8 @@ class CudaBackend(Backend):
         self.mixed: MixedGraphs | None = None  # steps with prompt tokens
         self.scratch_block = 0  # set with the pool: the block past the manager's
         self.facts: dict[str, float] = {}  # logged and exported: memory, capture
-        self.device_seconds = 0.0  # the forwards' time on the device (_timed_end)
-        self._timed: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        # the forwards' time on the device, and its waits between them (device_clock.py)
+        self.clock = DeviceClock(lambda: torch.cuda.Event(enable_timing=True)) if on_gpu else None
 
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:
@@ -304,7 +304,8 @@ class CudaBackend(Backend):
 
     # ---- a step ---------------------------------------------------------------
     def execute(self, model, kv_caches, seqs, argmax_vocab=None):
-        start = self._timed_start()
+        clock = self.clock
+        started = clock.start(self.chained) if clock is not None else None
         g = self.graphs
         if (
             g is not None
@@ -318,31 +319,9 @@ class CudaBackend(Backend):
                 out = self.mixed.replay(seqs, self.prev_tokens)
         else:
             out = super().execute(model, kv_caches, seqs, argmax_vocab)
-        self._timed_end(start)
+        if clock is not None and started is not None:
+            clock.end(started)
         return out
-
-    # ---- the device's busy time: events around each step's forward, read when done -----
-    def _timed_start(self) -> torch.cuda.Event | None:
-        if self.device.type != "cuda":
-            return None
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-        return start
-
-    def _timed_end(self, start: torch.cuda.Event | None) -> None:
-        """Queue the step's (start, end) pair and add up the pairs the device has passed,
-        without waiting for any: `device_seconds` (EngineStatus.busy "device", /metrics'
-        zeroserve:scheduler_busy_seconds{part="device"}) over the wall time is the GPU's
-        busy share, the forward's kernels counted from their first to their last."""
-        if start is None:
-            return
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        timed = self._timed
-        timed.append((start, end))
-        while timed and timed[0][1].query():
-            a, b = timed.popleft()
-            self.device_seconds += a.elapsed_time(b) / 1000.0
 
     def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Varlen metadata for the Triton kernels: per sequence, in the step's order, its
