@@ -53,8 +53,8 @@ class TritonOps(TorchOps):
     # hidden unit a token where bf16 takes 2, next to the weights' 2 bytes a parameter
     residual_dtype = torch.float32
 
-    def rms_norm(self, x, residual, weight, eps, weight_offset=0.0):
-        return triton_ops.rms_norm(x, residual, weight, eps, weight_offset)
+    def rms_norm(self, x, residual, weight, eps, weight_offset=0.0, out_dtype=None):
+        return triton_ops.rms_norm(x, residual, weight, eps, weight_offset, out_dtype)
 
     def act_mul(self, gate_up, act):
         if act in ("silu", "swish"):

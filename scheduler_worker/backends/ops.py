@@ -46,11 +46,13 @@ class TorchOps:
         weight: torch.Tensor,
         eps: float,
         weight_offset: float = 0.0,
+        out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """norm(x), or with a residual stream: residual += x (in place), norm(residual).
-        The output has x's dtype: a float32 residual takes a bfloat16 x exactly and gives
-        a bfloat16 norm. weight_offset 1.0 is Gemma's x * (1 + w), computed in float32."""
-        dtype = x.dtype
+        The output has out_dtype, else x's dtype: a float32 residual takes a bfloat16 x
+        exactly and gives a bfloat16 norm. weight_offset 1.0 is Gemma's x * (1 + w),
+        computed in float32."""
+        dtype = out_dtype or x.dtype
         if residual is not None:
             x = residual.add_(x)
         y = x.float()
@@ -119,9 +121,12 @@ class CpuKernelOps(TorchOps):
     def __init__(self, isa: int) -> None:
         self.kernel_isa = isa
 
-    def rms_norm(self, x, residual, weight, eps, weight_offset=0.0):
-        if weight_offset or (residual is not None and residual.dtype != x.dtype):
-            return super().rms_norm(x, residual, weight, eps, weight_offset)
+    def rms_norm(self, x, residual, weight, eps, weight_offset=0.0, out_dtype=None):
+        mixed = out_dtype not in (None, x.dtype) or (
+            residual is not None and residual.dtype != x.dtype
+        )
+        if weight_offset or mixed:
+            return super().rms_norm(x, residual, weight, eps, weight_offset, out_dtype)
         return torch.ops.zeroserve.rms_norm(x, residual, weight, eps, self.kernel_isa)
 
     def act_mul(self, gate_up, act):

@@ -68,14 +68,15 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     weight_offset: float = 0.0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """RMS norm of x [T, D] (rows contiguous), with an optional fused residual add.
 
     With `residual` [T, D]: `residual += x` in place (rounded to residual's dtype, as
     `residual.add_(x)`: a float32 residual takes a bfloat16 x exactly), and the updated
-    residual is normalized. The output has x's dtype. `weight_offset` 0.0 is Llama's
-    `weight * y.to(dtype)`; 1.0 is Gemma's `(y * (1 + weight)).to(dtype)`; no other value
-    is supported.
+    residual is normalized. The output has `out_dtype`, else x's dtype. `weight_offset` 0.0
+    is Llama's `weight * y.to(dtype)`; 1.0 is Gemma's `(y * (1 + weight)).to(dtype)`; no
+    other value is supported.
     """
     if weight_offset not in (0.0, 1.0):
         raise ValueError(f"weight_offset must be 0.0 or 1.0, got {weight_offset}")
@@ -84,7 +85,7 @@ def rms_norm(
     src = x if residual is None else residual
     if residual is not None:
         assert residual.shape == x.shape and residual.stride(-1) == 1
-    out = torch.empty((num_tokens, dim), dtype=x.dtype, device=x.device)
+    out = torch.empty((num_tokens, dim), dtype=out_dtype or x.dtype, device=x.device)
     if num_tokens == 0:
         return out
     _rms_norm_kernel[(num_tokens,)](

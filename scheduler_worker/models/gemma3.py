@@ -50,8 +50,10 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.rms_norm(x, None, self.weight, self.eps, weight_offset=1.0)
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Gemma's norm of x, in out_dtype (a float32 residual stream's norm in the
+        model's dtype), else x's."""
+        return self.ops.rms_norm(x, None, self.weight, self.eps, 1.0, out_dtype)
 
 
 def _rope_settings(hf: dict[str, Any]) -> dict[str, tuple[float, dict[str, Any] | None]]:
@@ -110,10 +112,12 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = LlamaMLP(args)
         self.post_feedforward_layernorm = GemmaRMSNorm(dim, eps)
 
-    def forward(self, cos_sin, h, kv_cache, meta) -> torch.Tensor:
-        a = self.self_attn(cos_sin, self.input_layernorm(h), kv_cache, meta)
+    def forward(self, cos_sin, h, kv_cache, meta, dtype: torch.dtype) -> torch.Tensor:
+        """h: the residual stream (its dtype the op set's residual_dtype, else the model's
+        `dtype`); the sandwich norms' outputs are `dtype` and added into h."""
+        a = self.self_attn(cos_sin, self.input_layernorm(h, dtype), kv_cache, meta)
         h = h + self.post_attention_layernorm(a)
-        m = self.mlp(self.pre_feedforward_layernorm(h))
+        m = self.mlp(self.pre_feedforward_layernorm(h, dtype))
         return h + self.post_feedforward_layernorm(m)
 
 
@@ -193,13 +197,18 @@ class Gemma3ForCausalLM(CausalLM):
             residual = h.contiguous()
             out = plan.run(self.args, residual, rows, rope, kv_caches, meta, self.norm.eps)
             return self.norm(residual.add_(out))
+        dtype = h.dtype
         cos_sin = {
-            kind: cast(RotaryEmbedding, rope).cos_sin(positions, h.dtype)
+            kind: cast(RotaryEmbedding, rope).cos_sin(positions, dtype)
             for kind, rope in self.ropes.items()
         }
+        wide = self.ops.residual_dtype
+        if wide is not None:
+            h = h.to(wide)  # the residual stream (TorchOps.residual_dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer(cos_sin["local" if layer.is_local else "global"], h, kv_cache, meta)
-        return self.norm(h)
+            pair = cos_sin["local" if layer.is_local else "global"]
+            h = layer(pair, h, kv_cache, meta, dtype)
+        return self.norm(h, dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

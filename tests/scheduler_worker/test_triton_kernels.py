@@ -76,6 +76,20 @@ def test_rms_norm_takes_a_half_precision_x_into_a_float32_residual(dtype: torch.
     torch.testing.assert_close(out, expect, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_gemma_of_a_float32_stream_in_the_models_dtype(dtype: torch.dtype) -> None:
+    """Gemma 3's sandwich norms read the float32 stream and give the model's dtype."""
+    from scheduler_worker.backends.ops import TorchOps
+
+    gen = torch.Generator().manual_seed(4)
+    h = (3 * torch.randn(4, 80, generator=gen)).to(DEVICE)
+    weight = (0.1 * torch.randn(80, generator=gen)).to(dtype).to(DEVICE)
+    out = rms_norm(h, None, weight, 1e-6, weight_offset=1.0, out_dtype=dtype)
+    expect = TorchOps().rms_norm(h, None, weight, 1e-6, 1.0, out_dtype=dtype)
+    assert out.dtype == expect.dtype == dtype
+    torch.testing.assert_close(out, expect, **_tol(dtype))
+
+
 def test_rms_norm_gemma_no_residual() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 80, generator=gen).to(DEVICE)  # D not a power of two
