@@ -20,6 +20,8 @@
 #   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
 #   9. an in-process profile of m1b decode steps (and of steps that admit a prompt)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py)
+# (after 4 for m1b: m1b again with one frontend, 32 streams: the A/B of the default's
+# several frontends, ZS_AB_FRONTENDS=1)
 # (2 and 3 run side by side: the compile warm-up overlaps the tests and the reference, and
 # the baseline is timed once the GPU is otherwise idle; see benchmarks/gpu/hf_compile.py.)
 # Results in $OUT (at most 8 files): summary.txt (the table), summary.json, details.json,
@@ -27,7 +29,9 @@
 #
 # Knobs: ZS_BUDGET_S (330), ZS_WAVES (16 waves of requests a level), ZS_WHEELS (.gpu/whl), ZS_SKIP_INSTALL=1, ZS_PY (python3),
 # ZS_MODELS ("m135 m1b"), ZS_CONC (1,8,32,128), ZS_OUTPUT_LEN (128, bench tokens out),
-# ZS_SERVER_FLAGS (extra launch.py flags), ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128),
+# ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: m1b again with one
+# frontend, at ZS_AB_CONC streams: 32),
+# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
 # ZS_MODEL_ROOT (/tmp), ZS_SITE (/tmp/site), ZS_GPU_CHECK_DEVICE=cpu (a local dry run:
 # ZS_SERVER_FLAGS defaults to "--kernels torch", transformers is timed without compile,
@@ -79,7 +83,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export ZEROSERVE_CACHE_DIR="$W/zs-cache"
 export PYTHONPATH="$ZS"
 BOOK="$ZS/benchmarks/data/pride_and_prejudice_ch1-6.txt"
-declare -A PORT=([m135]=18731 [m1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734)
+declare -A PORT=([m135]=18731 [m1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [m1b_1fe]=18735)
 
 has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
 elapsed() { echo $(($(date +%s) - T0)); }
@@ -210,12 +214,15 @@ serve() {
   return 0
 }
 
-# bench TAG SECONDS: the streaming benchmark for at most SECONDS (and HOLD respected)
+# bench TAG SECONDS [MODEL_DIR [CONC [HINT]]]: the streaming benchmark for at most SECONDS
+# (and HOLD respected); MODEL_DIR ($MROOT/TAG) for the tokenizer, CONC ($CONC) the levels,
+# HINT (TAG) the tag whose correctness check times the first level
 bench() {
   # 16 waves a level (ZS_WAVES): a level of one wave (0.5 s at 32 streams on an H100) is
   # mostly its ramp and its tail, and nvidia-smi's 200 ms samples see nothing of its steady
   # state; at 8 waves (1.9 s at 32 streams) the ramp and the tail were still ~10% of it
-  local tag=$1 want=$2 l end factor=${ZS_WAVES:-16} minn=8
+  local tag=$1 want=$2 model=${3:-$MROOT/$1} conc=${4:-$CONC} hint=${5:-$1}
+  local l end factor=${ZS_WAVES:-16} minn=8
   l=$(left)
   ((want > l - RESERVE - HOLD - 5)) && want=$((l - RESERVE - HOLD - 5))
   if ((want < 10)); then
@@ -224,9 +231,9 @@ bench() {
   fi
   end=$(($(date +%s) + want))
   stage "bench_$tag" $((want + 15)) "$PY" "$G/bench.py" "http://127.0.0.1:${PORT[$tag]}" \
-    "$MROOT/$tag" "$ZS" "$W/bench_$tag.json" --conc "$CONC" --factor "$factor" \
+    "$model" "$ZS" "$W/bench_$tag.json" --conc "$conc" --factor "$factor" \
     --min-n "$minn" --deadline "$end" --output-len "$OUTPUT_LEN" --label "$tag" \
-    --hint-json "$W/check_$tag.json" --server-pid "$SPID" --one-client-at 32
+    --hint-json "$W/check_$hint.json" --server-pid "$SPID" --one-client-at 32
   grep -E 'c=[0-9]+(/1client)?: rc|cut|skipped' "$W/logs/bench_$tag.log" | cut -c1-400 |
     sed 's/^/      /' | tee -a "$RUNLOG"
 }
@@ -335,6 +342,27 @@ if has_model m1b; then
   fi
   HOLD=0
   stop_server
+  # the A/B of several frontends (the GPU default, min(4, cpus // 4)) against one, at 32
+  # streams in the same run: the GPU-busy target's figure either way (ZS_AB_FRONTENDS=0: off)
+  HOLD=0
+  has_model m135 && HOLD=70
+  ab_default=1
+  [ "$DEV" = cpu ] && ab_default=0 # one frontend is the CPU's default already
+  if [ "${ZS_AB_FRONTENDS:-$ab_default}" != 1 ]; then
+    skip m1b_1fe "ZS_AB_FRONTENDS=${ZS_AB_FRONTENDS:-$ab_default} (device $DEV)"
+  elif [[ "$SERVER_FLAGS" == *--api-server* ]]; then
+    skip m1b_1fe "ZS_SERVER_FLAGS sets the frontends already"
+  elif [ ! -s "$W/bench_m1b.json" ]; then
+    skip m1b_1fe "no m1b bench to compare with"
+  elif (($(left) - RESERVE - HOLD < 45)); then
+    skip m1b_1fe "budget ($(left)s left, ${HOLD}s held)"
+  else
+    if serve m1b_1fe "$MROOT/m1b" "${PORT[m1b_1fe]}" "" --api-servers 1; then
+      bench m1b_1fe 25 "$MROOT/m1b" "${ZS_AB_CONC:-32}" m1b
+    fi
+    stop_server
+  fi
+  HOLD=0
 fi
 if has_model m135; then
   HOLD=0

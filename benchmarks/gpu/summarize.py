@@ -357,6 +357,26 @@ def targets(models: dict, rows: dict) -> list[dict]:
     return t
 
 
+def frontends_ab(models: dict) -> list[str]:
+    """m1b at 32 streams (ZS_AB_CONC) with the default's frontends and with one
+    (gpu_check.sh's A/B)."""
+    levels = list(((models.get("m1b_1fe") or {}).get("bench") or {}).keys())
+    if not levels:
+        return []
+    c = "32" if "32" in levels else levels[0]  # ZS_AB_CONC
+    L = [f"A/B, m1b at {c} streams in this run: the default's frontends against one"]
+    for tag in ("m1b", "m1b_1fe"):
+        b = ((models.get(tag) or {}).get("bench") or {}).get(c) or {}
+        n = sum(1 for k in b.get("cpu_pct") or {} if k.startswith("frontend"))
+        L.append(
+            f"   {tag:<8} {n} frontend(s): {fmt(b.get('out_tok_s'), 0)} tok/s, TTFT median "
+            f"{fmt(b.get('ttft_med_ms'))} ms, GPU in forwards {fmt(b.get('device_pct'))}% "
+            f"(between chained ones {fmt(b.get('device_wait_pct'))}%), nvidia-smi "
+            f"{fmt((b.get('gpu') or {}).get('util_mean'))}%"
+        )
+    return L
+
+
 def table(s: dict) -> str:
     env = s.get("env") or {}
     L = []
@@ -408,6 +428,7 @@ def table(s: dict) -> str:
                     f"   {tag} c={c}: rc={b.get('rc')} failed={b.get('failed')} "
                     f"{b.get('errors') or (b.get('tail') or '')[-200:]}"
                 )
+    L += frontends_ab(models)
     L.append("CPU % of one core per level (server processes over the requests' span; the")
     L.append("client with its start-up; c=32/1client: the level again with one client process):")
     for tag, m in models.items():
