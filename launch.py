@@ -63,18 +63,49 @@ POLL_S = 0.2
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Fail before starting anything when the HTTP port is taken (the frontend would
+def check_port_free(host: str, port: int, what: str = "") -> None:
+    """Fail before starting anything when a port a child binds is taken (the child would
     otherwise die and be restarted until the launcher gives up)."""
     if port == 0:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and zmq bind
         try:
             sock.bind((host, port))
         except OSError as e:
-            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+            for_what = f" ({what})" if what else ""
+            raise ConfigError(f"cannot listen on {host}:{port}{for_what}: {e.strerror}") from None
+
+
+def bound_endpoints(config: Config) -> list[tuple[str, str]]:
+    """(what, address) of each socket launch.py's children bind: the detok's inbox, each
+    replica's, and each frontend's inbox and tokenizer socket (indexed: port + I on tcp)."""
+    ipc = config.ipc
+    out = [("the detokenizer's inbox", ipc.endpoint("detok"))]
+    for k in range(config.data_parallel_size):
+        out.append((f"scheduler replica {k}'s inbox", ipc.replica_endpoint(k)))
+    for i in range(config.api_servers):
+        out.append((f"frontend {i}'s inbox", ipc.frontend_endpoint(i)))
+        out.append((f"frontend {i}'s tokenizer socket", ipc.tokenizer_endpoint(i)))
+    return out
+
+
+def check_endpoints_free(config: Config) -> None:
+    """The tcp endpoints the children bind: one port each (several frontends and replicas
+    take port + I after their set's own: those must not meet another endpoint or the HTTP
+    port), each free on this host."""
+    taken = {config.server.port: "the HTTP port"} if config.server.port else {}
+    for what, address in bound_endpoints(config):
+        if not address.startswith("tcp://"):
+            continue
+        host, _, port_text = address.removeprefix("tcp://").rpartition(":")
+        port = int(port_text)
+        if port in taken:
+            raise ConfigError(f"{what} ({address}) and {taken[port]} both take port {port}")
+        taken[port] = f"{what} ({address})"
+        host = host.strip("[]")
+        check_port_free("0.0.0.0" if host in ("*", "") else host, port, what)
 
 
 @dataclass
@@ -264,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(config.ipc.run_dir)
     try:
         check_port_free(config.server.host, config.server.port)
+        check_endpoints_free(config)
         mc = config.engine.model
         model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
         log.info("model %s ready at %s", mc.model, model_dir)
