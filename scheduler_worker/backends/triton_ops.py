@@ -70,7 +70,8 @@ def rms_norm(
     weight_offset: float = 0.0,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """RMS norm of x [T, D] (rows contiguous), with an optional fused residual add.
+    """RMS norm of x [T, D] (rows contiguous; any [..., D] without a residual), with an
+    optional fused residual add.
 
     With `residual` [T, D]: `residual += x` in place (rounded to residual's dtype, as
     `residual.add_(x)`: a float32 residual takes a bfloat16 x exactly), and the updated
@@ -80,6 +81,10 @@ def rms_norm(
     """
     if weight_offset not in (0.0, 1.0):
         raise ValueError(f"weight_offset must be 0.0 or 1.0, got {weight_offset}")
+    if x.dim() != 2:  # e.g. Gemma 3's per-head q / k norms on [T, H, D]: rows of D
+        assert residual is None, "a residual stream is [T, D]"
+        rows = x.reshape(-1, x.shape[-1])  # a copy where the heads are a view into qkv
+        return rms_norm(rows, None, weight, eps, weight_offset, out_dtype).view(x.shape)
     num_tokens, dim = x.shape
     assert x.stride(-1) == 1 and weight.shape == (dim,)
     src = x if residual is None else residual

@@ -220,3 +220,40 @@ def test_bfloat16_steps_keep_a_float32_residual_in_eager_steps_and_graphs(model_
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=0, atol=0.1)
             assert (a - b).abs().mean() < 0.02
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory) -> Path:
+    """A tiny random Gemma 3: per-head q / k norms (3-D rows), sandwich norms, a local
+    layer whose window (16) the longer prompts pass, and a global one."""
+    from transformers import Gemma3ForCausalLM
+
+    from tests.conftest import tiny_config
+
+    config = tiny_config(
+        "Gemma3TextConfig", vocab_size=256, eos_token_id=2, hidden_size=384,
+        intermediate_size=256, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=64, sliding_window=16, max_position_embeddings=256,
+        layer_types=["sliding_attention", "full_attention"], initializer_range=0.05,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("triton_gemma3") / "gemma3"
+    Gemma3ForCausalLM(config).eval().save_pretrained(out)
+    return out
+
+
+def test_gemma3_through_the_triton_op_set_equals_the_cpu_engine(gemma3_dir):
+    """Gemma 3 on the GPU backend's code: eager steps and graph replays."""
+    want = run_steps(cpu_runner(gemma3_dir), decode_steps=2)
+    runner = triton_runner(gemma3_dir)
+    for got in (run_steps(triton_runner(gemma3_dir), decode_steps=2), None):
+        if got is None:  # the same steps again, from the backend's (stand-in) graphs
+            backend = runner.backend
+            assert isinstance(backend, CudaBackend)
+            backend.capture(
+                runner.model, runner.kv_caches, lambda fn: (g := StandInGraph(fn), g.output)
+            )
+            assert backend.graphs is not None and backend.mixed is not None
+            got = run_steps(runner, decode_steps=2)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -90,6 +90,20 @@ def test_rms_norm_gemma_of_a_float32_stream_in_the_models_dtype(dtype: torch.dty
     torch.testing.assert_close(out, expect, **_tol(dtype))
 
 
+def test_rms_norm_of_heads_viewed_in_a_fused_row() -> None:
+    """Gemma 3's q / k norms: [T, H, D] heads viewed in qkv's rows (not one stride)."""
+    from scheduler_worker.backends.ops import TorchOps
+
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(3, 5 * 32, generator=gen).to(DEVICE)
+    heads = qkv[:, : 3 * 32].view(3, 3, 32)
+    weight = (0.1 * torch.randn(32, generator=gen)).to(DEVICE)
+    out = rms_norm(heads, None, weight, 1e-6, weight_offset=1.0)
+    assert out.shape == heads.shape
+    expect = TorchOps().rms_norm(heads, None, weight, 1e-6, 1.0)
+    torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
+
+
 def test_rms_norm_gemma_no_residual() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 80, generator=gen).to(DEVICE)  # D not a power of two
