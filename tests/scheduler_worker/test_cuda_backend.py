@@ -14,6 +14,7 @@ from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.model_runner import ModelRunner, SeqInput
 from tests.conftest import save_tiny_llama
+from tests.scheduler_worker.family_models import FAMILIES, save_family
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -67,6 +68,17 @@ def test_float32_logits_match_the_cpu_engine(model_dir):
     gpu_runner = ModelRunner(config(model_dir, "cuda", "float32", num_blocks=32), model_dir)
     assert gpu_runner.backend.name == "cuda" and gpu_runner.backend.graphs is not None
     gpu = step_logits(gpu_runner)
+    for a, b in zip(gpu, cpu):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_matches_the_cpu_engine_in_float32(family, tmp_path):
+    """Each family's layers on the real kernels and graphs (Gemma 3's per-head norms and
+    windows, Qwen3's QK-norm, GPT-2's LayerNorm, ...)."""
+    model_dir = save_family(family, tmp_path / family)
+    cpu = step_logits(ModelRunner(config(model_dir, "cpu", "float32", num_blocks=32), model_dir))
+    gpu = step_logits(ModelRunner(config(model_dir, "cuda", "float32", num_blocks=32), model_dir))
     for a, b in zip(gpu, cpu):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
