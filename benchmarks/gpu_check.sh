@@ -19,6 +19,7 @@
 #   7. a json_schema response_format request and a tool_choice "required" request
 #   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
 #   9. an in-process profile of m1b decode steps (and of steps that admit a prompt)
+#  8b. every family (Gemma 3, Qwen3, GPT-2, ...) on the real kernels and graphs (pytest)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py)
 # (after 4 for m1b: m1b again with one frontend, 32 streams: the A/B of the default's
 # several frontends, ZS_AB_FRONTENDS=1)
@@ -292,8 +293,10 @@ printf '%s\n' "${missing[@]}" >"$W/pytest_missing.txt"
 if ((${#tests[@]})); then
   # -o addopts="": not the repo's `-m 'not slow'`; without pytest-timeout the ini's
   # `timeout` key only warns. rc 5 (nothing collected) is reported, not an error.
+  # the families' sweep (every family on the real kernels) runs later, as time allows:
+  # here it would hold back the compile baseline, which waits for these tests
   stage pytest 150 "${PAR[@]}" TRITON_INTERPRET=$TRITON_MODE "$PY" -m pytest -q -p no:cacheprovider \
-    -o addopts="" -rfEs "${tests[@]}" &
+    -o addopts="" -rfEs -k "not every_family" "${tests[@]}" &
   P_TEST=$!
 else
   skip pytest "none of the kernel test files exists yet (${missing[*]})"
@@ -409,6 +412,17 @@ if has_model m135; then
   fi
 fi
 
+# ---- 8b. every family on the real kernels and graphs (test_cuda_backend.py) ----------
+if [ ! -f tests/scheduler_worker/test_cuda_backend.py ]; then
+  skip pytest_families "tests/scheduler_worker/test_cuda_backend.py is not there"
+elif (($(left) - RESERVE < 40)); then
+  skip pytest_families "budget ($(left)s left)"
+else
+  stage pytest_families 120 env TRITON_INTERPRET=$TRITON_MODE "$PY" -m pytest -q \
+    -p no:cacheprovider -o addopts="" -rfEs -k every_family \
+    tests/scheduler_worker/test_cuda_backend.py
+fi
+
 # ---- 9. profile ----------------------------------------------------------------------
 if ! has_model m1b; then
   skip profile "no m1b model"
@@ -444,6 +458,8 @@ for f in "$W"/server_*.log; do
   tail -n 300 "$f" | cut -c1-1000
 done >"$OUT/servers.log" 2>/dev/null
 [ -f "$W/logs/pytest.log" ] && tail -n 3000 "$W/logs/pytest.log" | cut -c1-2000 >"$OUT/pytest.log"
+[ -f "$W/logs/pytest_families.log" ] && { echo "===== pytest_families"; tail -n 1000 \
+  "$W/logs/pytest_families.log" | cut -c1-2000; } >>"$OUT/pytest.log"
 [ -f "$W/logs/profile.log" ] && cut -c1-2000 "$W/logs/profile.log" | head -n 2000 >"$OUT/profile.txt"
 [ -f "$W/logs/host_step.log" ] && grep "^rows" "$W/logs/host_step.log" >>"$OUT/profile.txt"
 cat "$W/logs/summary.log"

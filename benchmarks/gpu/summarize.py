@@ -48,9 +48,10 @@ def stages(work: Path) -> list[dict]:
     return out
 
 
-def pytest_result(work: Path) -> dict | None:
-    """The kernel tests' summary line, and the files that were not there."""
-    log = work / "logs" / "pytest.log"
+def pytest_result(work: Path, stage: str = "pytest") -> dict | None:
+    """The kernel tests' summary line (stage "pytest"; "pytest_families": the families'
+    sweep), and the files that were not there."""
+    log = work / "logs" / f"{stage}.log"
     info: dict = {}
     with contextlib.suppress(OSError):
         missing = (work / "pytest_missing.txt").read_text().split()
@@ -373,6 +374,7 @@ def main() -> int:
         "env": load(work / "env.json"),
         "stages": stages(work),
         "pytest": pytest_result(work),
+        "pytest_families": pytest_result(work, "pytest_families"),
         "speed": speed,
         "hf_compile": hf,
         "hf_ref": {t: hf_ref_summary(work, t) for t in ("m1b", "m135")},

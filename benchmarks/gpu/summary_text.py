@@ -59,6 +59,11 @@ def table(s: dict) -> str:
         L.append(f"GPU kernel tests: {pt.get('summary')}{miss}")
         for f in pt.get("failed") or []:
             L.append(f"   {f}")
+    pf = s.get("pytest_families")
+    if pf and pf.get("summary"):
+        L.append(f"every family on the GPU's kernels and graphs: {pf['summary']}")
+        for f in pf.get("failed") or []:
+            L.append(f"   {f}")
     L.append("")
     hdr = (
         f"{'model':<6} {'1 str':>8} {'8':>8} {'32':>8} {'128':>8} {'TPOT1 ms':>9} {'GPU%@32':>8}"
