@@ -72,9 +72,7 @@ def ours(model_dir: Path, prompts: list[list[int]], device: str, wide: bool) -> 
     )
     ops = copy.copy(engine.runner.backend.ops)  # the same op set, its residual set here
     ops.residual_dtype = torch.float32 if wide else None
-    for module in engine.runner.model.modules():
-        if hasattr(module, "ops"):
-            module.ops = ops
+    engine.runner.use_ops(ops)
     got: list[list[float]] = []
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, ignore_eos=True)
     for i, p in enumerate(prompts):

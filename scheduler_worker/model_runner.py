@@ -46,9 +46,7 @@ class ModelRunner:
         self.use_kernels = self.kernel_isa is not None
         self.isa_index = getattr(self.backend, "isa_index", 0)
         self.decode_kernel: str = getattr(self.backend, "decode_kernel", self.backend.ops.name)
-        for mod in self.model.modules():
-            if hasattr(mod, "ops"):
-                setattr(mod, "ops", self.backend.ops)  # noqa: B010 (a plain attribute)
+        self.use_ops(self.backend.ops)
         if self.use_kernels:
             enable = getattr(self.model, "enable_decode_layers", None)
             if enable is not None and enable():
@@ -70,6 +68,13 @@ class ModelRunner:
         shape = (self.num_blocks + 1, self.block_size, self.args.num_kv_heads, self.args.head_dim)
         self.kv_caches = self.backend.allocate_kv_pool(self.args.num_layers, shape, self.kv_dtype)
         self.backend.start(self.model, self.kv_caches, self.args.vocab_size)
+
+    def use_ops(self, ops) -> None:
+        """Every layer module that calls an op set calls `ops` (the backend's; tests and
+        benchmarks set another on the same model)."""
+        for mod in self.model.modules():
+            if hasattr(mod, "ops"):
+                setattr(mod, "ops", ops)  # noqa: B010 (a plain attribute)
 
     @property
     def vocab_size(self) -> int:

@@ -68,9 +68,7 @@ def logprobs(model_dir: Path, dtype: str, residual: torch.dtype | None) -> torch
     ops = copy.copy(runner.backend.ops)
     assert ops.residual_dtype is None  # the CPU backend's default: the model's dtype
     ops.residual_dtype = residual
-    for module in runner.model.modules():
-        if hasattr(module, "ops"):
-            module.ops = ops
+    runner.use_ops(ops)
     with torch.inference_mode():
         out = [runner.execute([SeqInput(p, 0, t) for p, t in zip(PROMPTS, TABLES)])]
         for k in range(3):

@@ -44,12 +44,6 @@ def cpu_runner(model_dir: Path, dtype: str = "float32") -> ModelRunner:
     return ModelRunner(cfg, model_dir)
 
 
-def set_ops(runner: ModelRunner, ops) -> None:
-    for mod in runner.model.modules():
-        if hasattr(mod, "ops"):
-            mod.ops = ops
-
-
 def triton_runner(model_dir: Path, dtype: str = "float32") -> ModelRunner:
     """A CPU runner whose backend is the CUDA backend on the CPU (interpreted kernels)."""
     runner = cpu_runner(model_dir, dtype)
@@ -60,7 +54,7 @@ def triton_runner(model_dir: Path, dtype: str = "float32") -> ModelRunner:
         enforce_eager=False, head_dim=args.head_dim, device=torch.device("cpu"),
     )  # fmt: skip
     backend.scratch_block = runner.num_blocks
-    set_ops(runner, backend.ops)
+    runner.use_ops(backend.ops)
     runner.backend = backend
     return runner
 
@@ -212,7 +206,7 @@ def test_bfloat16_steps_keep_a_float32_residual_in_eager_steps_and_graphs(model_
     reference = cpu_runner(model_dir, "bfloat16")
     wide = copy.copy(reference.backend.ops)
     wide.residual_dtype = torch.float32
-    set_ops(reference, wide)
+    reference.use_ops(wide)
     want = run_steps(reference, decode_steps=2)
     eager = run_steps(triton_runner(model_dir, "bfloat16"), decode_steps=2)
     backend.capture(runner.model, runner.kv_caches, lambda fn: (g := StandInGraph(fn), g.output))
