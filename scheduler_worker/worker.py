@@ -60,6 +60,11 @@ PRE_ABORT_TTL_S = 120.0
 PRE_ABORT_MAX = 100_000
 # on SIGTERM, once idle, stop after this long without a new request (see stop())
 DRAIN_QUIET_S = 1.0
+# a beat this long after the engine goes idle, if nothing arrived meanwhile (run())
+IDLE_BEAT_MS = 20
+# the memory figures (memory_report: mincore and /proc/self/maps, 1.5-5 ms) are measured
+# at every beat while idle, and at most this often while the engine serves
+MEMORY_BUSY_S = 10.0
 
 
 @dataclass(slots=True)
@@ -107,6 +112,8 @@ class SchedulerWorker:
         self.requests: dict[str, RequestRecord] = {}  # until the finishing output is sent
         self.step_no = 0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
+        self._memory_now: dict[str, float] = {}  # the last memory figures (_memory)
+        self._memory_at = -MEMORY_BUSY_S  # monotonic: when they were measured
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
@@ -267,6 +274,7 @@ class SchedulerWorker:
         }
         clock = getattr(self.engine.runner.backend, "clock", None)
         if clock is not None:  # a GPU's own busy time and waits, beside the host's parts
+            clock.collect()  # the forwards the device has passed since the last launch
             split["device"], split["device_wait"] = clock.busy_s, clock.wait_s
         return split
 
@@ -298,12 +306,24 @@ class SchedulerWorker:
                 proof=self.proof,
                 weight_bytes=e.runner.weight_memory.held_bytes,
                 block_size=e.scheduler.block_size,
-                memory={
-                    **getattr(e.runner.backend, "facts", {}),
-                    **memory_figures(e.runner.kv_caches),
-                },
+                memory=self._memory(),
             )
         )
+
+    def _memory(self) -> dict[str, float]:
+        """The memory figures for a beat: measured now while the engine is idle, else
+        those of the last measure if it is younger than MEMORY_BUSY_S, so a beat in the
+        middle of serving costs the steps a message, not milliseconds of page counting."""
+        now = time.monotonic()
+        if self.engine.has_unfinished() and now - self._memory_at < MEMORY_BUSY_S:
+            return self._memory_now
+        e = self.engine
+        self._memory_now = {
+            **getattr(e.runner.backend, "facts", {}),
+            **memory_figures(e.runner.kv_caches),
+        }
+        self._memory_at = now
+        return self._memory_now
 
     # ---- loop ---------------------------------------------------------------
     def run(self) -> None:
@@ -319,12 +339,17 @@ class SchedulerWorker:
         shell.start()  # "ready", and the heartbeat thread
         beat_s = self.config.heartbeat_s
         beat_ms = int(beat_s * 1000)
+        unsaid_idle = False  # the engine went idle since the last beat
         while drain.running or drain.draining(busy=self.engine.has_unfinished()):
             t0 = time.perf_counter()
-            if self.engine.has_unfinished():
+            was_busy = self.engine.has_unfinished()
+            if was_busy:
                 msgs = self.inbox.drain()
             else:
-                msgs = self.inbox.get_batch(timeout_ms=beat_ms if drain.running else DRAIN_POLL_MS)
+                wait_ms = beat_ms if drain.running else DRAIN_POLL_MS
+                msgs = self.inbox.get_batch(
+                    timeout_ms=min(wait_ms, IDLE_BEAT_MS) if unsaid_idle else wait_ms
+                )
                 t0 = time.perf_counter()  # waiting idle is not busy time
             for msg in msgs:
                 try:
@@ -344,8 +369,15 @@ class SchedulerWorker:
                         None,
                         503,
                     )
-            if time.monotonic() - shell.last_beat >= beat_s:
+            # every heartbeat_s, and once the engine has been idle IDLE_BEAT_MS with
+            # nothing arriving: the frontends' figures (busy split, running, KV) are then
+            # those of the finished run, not of a beat up to heartbeat_s before its end,
+            # and a request that follows at once is not kept waiting by the beat
+            unsaid_idle = unsaid_idle or (was_busy and not self.engine.has_unfinished())
+            quiet = unsaid_idle and not was_busy and not msgs and not self.engine.has_unfinished()
+            if quiet or time.monotonic() - shell.last_beat >= beat_s:
                 shell.beat()
+                unsaid_idle = False
         shell.finish(self._last_word)
 
     def _last_word(self) -> None:

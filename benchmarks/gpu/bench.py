@@ -64,6 +64,7 @@ KEEP = (
     "input_tokens_from_server",
     "errors",
 )
+SETTLE_S = 0.25  # after a level, before /metrics is read (the scheduler's idle beat)
 METRICS = re.compile(
     r"^zeroserve:(scheduler_busy_seconds|generation_tokens|prompt_tokens|kv_cache_total_blocks"
     r"|model_weight_bytes|request_success)"
@@ -286,6 +287,11 @@ def main() -> int:
                 entry["avg_output_tokens"] = round((full.get("total_output_tokens") or 0) / n_ok, 1)
         else:
             entry["tail"] = tail
+        # the scheduler's figures in /metrics are those of its last status beat: one comes
+        # IDLE_BEAT_MS after the engine goes idle (scheduler_worker/worker.py), so read once
+        # it has surely arrived. Before that beat (runs 1-3 of issue 38), a read right after
+        # the level missed up to a heartbeat (1 s) of its forwards
+        time.sleep(SETTLE_S)
         entry["metrics_after"] = metrics(args.url)
         levels[key] = entry
         log(
