@@ -18,9 +18,10 @@ Load shapes (how requests are submitted):
   --max-concurrency N            at most N requests in flight (combines with the above;
                                  time spent waiting for a slot is not counted in latency)
 
-Client processes: one Python process's HTTP stack costs ~100-300 µs of CPU a streamed token,
-so past ~5-10k tokens/s a single client measures itself. --client-processes K deals request
-i to spawned process i % K (each its own event loop and httpx client, a K-th of
+Client processes: one Python process's HTTP stack (aiohttp) costs ~45 µs of CPU a streamed
+token here (httpx, before, ~150), so past ~15-20k tokens/s a single client measures itself.
+--client-processes K deals request
+i to spawned process i % K (each its own event loop and aiohttp session, a K-th of
 --max-concurrency, one shared start time) and merges their records. 0 (default) = auto: 1
 below a concurrency of 16, else min(4, CPUs / 2, concurrency / 8); never above the
 concurrency (--max-concurrency, or --num-prompts without one).
@@ -43,7 +44,7 @@ Output tokens come from the final `usage` chunk (stream_options.include_usage) o
 server sends none, from the number of content chunks. --no-stream measures e2e only.
 
 The core is importable: `parse_args(argv)`, `await run_benchmark(args) -> dict`,
-`format_results(result) -> str`, `main(argv) -> int`. Needs httpx; tqdm for the progress
+`format_results(result) -> str`, `main(argv) -> int`. Needs aiohttp; tqdm for the progress
 bar, `tokenizers` for --tokenizer and matplotlib for --plot (`pip install -e .[bench]`).
 """
 
@@ -229,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-    import httpx
+    import aiohttp
 
     try:
         res = asyncio.run(run_benchmark(args))
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, TimeoutError) as e:
         print(f"error: {args.base_url}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError) as e:

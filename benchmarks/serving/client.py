@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from benchmarks.serving.prompts import Spec, count_tokens
@@ -39,10 +40,13 @@ def request_body(args: argparse.Namespace, model: str, spec: Spec) -> dict[str, 
 
 
 async def fetch_model(client, args: argparse.Namespace) -> str:
-    r = await client.get(args.base_url.rstrip("/") + "/v1/models", headers=_headers(args))
-    if r.status_code != 200:
-        raise RuntimeError(f"GET /v1/models: HTTP {r.status_code}: {r.text[:300]}")
-    data = r.json().get("data") or []
+    """The first model the server lists (`client`: an aiohttp.ClientSession)."""
+    url = args.base_url.rstrip("/") + "/v1/models"
+    async with client.get(url, headers=_headers(args)) as r:
+        text = await r.text()
+        if r.status != 200:
+            raise RuntimeError(f"GET /v1/models: HTTP {r.status}: {text[:300]}")
+    data = json.loads(text).get("data") or []
     if not data:
         raise RuntimeError("GET /v1/models: no models listed; pass --model")
     return data[0]["id"]
@@ -124,58 +128,20 @@ class _Request:
 async def send_request(
     client, args: argparse.Namespace, url: str, model: str, req: _Request, tokenizer=None
 ) -> None:
-    """Send one request and fill in `req`; never raises (errors go to req.error)."""
+    """Send one request and fill in `req`; never raises (errors go to req.error).
+    `client`: an aiohttp.ClientSession (runner.http_client)."""
     chat = args.endpoint.endswith("/chat/completions")
     body = request_body(args, model, req.spec)
     req.sent = time.perf_counter()
     try:
-        if args.stream:
-            async with client.stream("POST", url, json=body, headers=_headers(args)) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode("utf-8", "replace")
-                    raise RequestFailed(f"HTTP {resp.status_code}: {text[:300]}")
-                done = False
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, ": comments", "event:" lines
-                    payload = line[5:].strip()
-                    now = time.perf_counter()
-                    if payload == "[DONE]":
-                        done = True
-                        break
-                    obj = json.loads(payload)
-                    if "error" in obj:
-                        raise RequestFailed(f"error in stream: {_error_text(obj)}"[:400])
-                    usage = obj.get("usage")
-                    if usage:
-                        req.usage_out = usage.get("completion_tokens", req.usage_out)
-                        req.usage_in = usage.get("prompt_tokens", req.usage_in)
-                    for choice in obj.get("choices") or []:
-                        if _content(choice, chat, True):
-                            if req.first is None:
-                                req.first = now
-                            req.chunk_times.append(now)
-                        if choice.get("finish_reason") is not None:
-                            req.finished = True
-                if not (done or req.finished):
-                    raise RequestFailed("stream ended without [DONE] or a finish_reason")
-                req.tokens_from = "usage" if req.usage_out is not None else "chunks"
-        else:
-            resp = await client.post(url, json=body, headers=_headers(args))
-            if resp.status_code != 200:
-                raise RequestFailed(f"HTTP {resp.status_code}: {resp.text[:300]}")
-            obj = resp.json()
-            if "error" in obj:
-                raise RequestFailed(_error_text(obj)[:400])
-            usage = obj.get("usage") or {}
-            req.usage_in = usage.get("prompt_tokens")
-            req.usage_out = usage.get("completion_tokens")
-            if req.usage_out is not None:
-                req.tokens_from = "usage"
+        async with client.post(url, json=body, headers=_headers(args)) as resp:
+            if resp.status != 200:
+                text = (await resp.read()).decode("utf-8", "replace")
+                raise RequestFailed(f"HTTP {resp.status}: {text[:300]}")
+            if args.stream:
+                await _read_stream(resp, req, chat)
             else:
-                text = "".join(_content(c, chat, False) for c in obj.get("choices") or [])
-                req.usage_out = count_tokens(tokenizer, text) if tokenizer else 0
-                req.tokens_from = "tokenizer" if tokenizer else "none"
+                _read_reply(json.loads(await resp.read()), req, chat, tokenizer)
         req.end = time.perf_counter()
     except RequestFailed as e:
         req.error = str(e)
@@ -183,3 +149,63 @@ async def send_request(
         req.error = f"{type(e).__name__}: {e}"[:400] if str(e) else type(e).__name__
     if req.error is not None:
         req.end = time.perf_counter()
+
+
+async def _read_stream(resp, req: _Request, chat: bool) -> None:
+    """The SSE lines of a streamed reply into `req`: each content chunk's arrival time, the
+    usage counts; RequestFailed on an error event or a stream cut short."""
+    done = False
+    async for raw in _lines(resp):
+        if not raw.startswith(b"data:"):
+            continue  # blank separators, ": comments", "event:" lines
+        payload = raw[5:].strip()
+        now = time.perf_counter()
+        if payload == b"[DONE]":
+            done = True
+            break
+        obj = json.loads(payload)
+        if "error" in obj:
+            raise RequestFailed(f"error in stream: {_error_text(obj)}"[:400])
+        usage = obj.get("usage")
+        if usage:
+            req.usage_out = usage.get("completion_tokens", req.usage_out)
+            req.usage_in = usage.get("prompt_tokens", req.usage_in)
+        for choice in obj.get("choices") or []:
+            if _content(choice, chat, True):
+                if req.first is None:
+                    req.first = now
+                req.chunk_times.append(now)
+            if choice.get("finish_reason") is not None:
+                req.finished = True
+    if not (done or req.finished):
+        raise RequestFailed("stream ended without [DONE] or a finish_reason")
+    req.tokens_from = "usage" if req.usage_out is not None else "chunks"
+
+
+async def _lines(resp) -> AsyncIterator[bytes]:
+    """The body's lines as they arrive, of any length (aiohttp's own line reader stops at
+    128 KiB: a server that merges many steps into one event may send longer)."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        if b"\n" in buf:
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                yield line
+    if buf:
+        yield buf
+
+
+def _read_reply(obj: Any, req: _Request, chat: bool, tokenizer) -> None:
+    """A whole (--no-stream) reply into `req`: its usage, else its text's tokens counted."""
+    if "error" in obj:
+        raise RequestFailed(_error_text(obj)[:400])
+    usage = obj.get("usage") or {}
+    req.usage_in = usage.get("prompt_tokens")
+    req.usage_out = usage.get("completion_tokens")
+    if req.usage_out is not None:
+        req.tokens_from = "usage"
+    else:
+        text = "".join(_content(c, chat, False) for c in obj.get("choices") or [])
+        req.usage_out = count_tokens(tokenizer, text) if tokenizer else 0
+        req.tokens_from = "tokenizer" if tokenizer else "none"

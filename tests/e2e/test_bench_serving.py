@@ -304,3 +304,43 @@ def test_two_client_processes(server, default_model_dir):
         res["total_output_tokens"]
     )
     server.wait_idle()
+
+
+def test_failed_requests_and_a_server_that_is_not_there(server, capsys):
+    """A reply that is not 200 is a failed request with its status and text (streamed and
+    not), and a server that is not listening is one error line and exit status 1."""
+    for stream in ([], ["--no-stream"]):
+        res = _run(
+            server,
+            "--num-prompts",
+            "2",
+            "--model",
+            "no-such-model",
+            "--output-len",
+            "4",
+            "--warmup-requests",
+            "0",
+            *stream,
+        )
+        assert res["completed"] == 0 and res["failed"] == 2
+        (err,) = res["errors"]
+        assert err["count"] == 2 and err["error"].startswith("HTTP 404: "), err
+        assert "no-such-model" in err["error"]
+    # a prompt past the model's context: refused at intake (HTTP 400), before any stream
+    res = _run(
+        server,
+        "--num-prompts",
+        "1",
+        "--dataset",
+        "fixed",
+        "--prompt",
+        "word " * 20_000,
+        "--output-len",
+        "4",
+        "--warmup-requests",
+        "0",
+    )
+    assert res["failed"] == 1 and res["errors"][0]["error"].startswith("HTTP 400: ")
+    rc = main(["--base-url", "http://127.0.0.1:9", "--disable-tqdm", "--num-prompts", "1"])
+    assert rc == 1
+    assert capsys.readouterr().err.startswith("error: http://127.0.0.1:9: ")
