@@ -38,6 +38,8 @@ DISTS = [
     ("prometheus_client", "prometheus-client"),
     ("jinja2", "jinja2"),
     ("httpx", "httpx"),
+    ("aiohttp", "aiohttp"),  # bench_serving's client (a wheel in .gpu/whl with its deps)
+    ("uvloop", "uvloop"),  # the frontend's loop (a dependency; a wheel in .gpu/whl)
     ("anyio", "anyio"),
     ("typing_extensions", "typing-extensions"),
     ("yaml", "pyyaml"),
@@ -45,7 +47,7 @@ DISTS = [
     ("triton", "triton"),
     ("pytest", "pytest"),
 ]
-OPTIONAL = [("pytest_timeout", "pytest-timeout"), ("uvloop", "uvloop")]  # absent is fine
+OPTIONAL = [("pytest_timeout", "pytest-timeout")]  # absent is fine
 ZEROSERVE = [
     "common.config",
     "frontend.app",
