@@ -198,6 +198,17 @@ def make_config(run_dir: Path, model: str | Path = "unused") -> Config:
     )
 
 
+def scheduler_under_test(config: Config, model_dir: Path):
+    """A SchedulerWorker on `model_dir`, with the inboxes it sends to bound here: (worker,
+    the frontend's PullQueue, the detokenizer's PullQueue). Close them with sockets()."""
+    from scheduler_worker.engine import LLMEngine
+    from scheduler_worker.worker import SchedulerWorker
+
+    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
+    detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
+    return SchedulerWorker(config, LLMEngine(config.engine, model_dir)), frontend, detok
+
+
 class RawPush:
     """A PUSH socket that sends bytes as they are: no encoding, no checks. With `peer`, a
     ROUTER sending to that one DEALER (the tokenizer workers' inbox)."""

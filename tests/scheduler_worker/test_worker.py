@@ -13,19 +13,14 @@ from common.auth import sign_rid
 from common.messages import ComponentStatus, GenerateRequest, StepOutputs, pack_ids
 from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue
-from tests.garbage import collect, make_config, sockets
+from tests.garbage import collect, make_config, scheduler_under_test, sockets
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, tiny_llama_dir):
-    from scheduler_worker.engine import LLMEngine
-    from scheduler_worker.worker import SchedulerWorker
-
     config = make_config(run_dir, tiny_llama_dir)
-    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
-    detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
-    worker = SchedulerWorker(config, LLMEngine(config.engine, tiny_llama_dir))
+    worker, frontend, detok = scheduler_under_test(config, tiny_llama_dir)
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, stop=["x"])
     with sockets(frontend, detok, worker.inbox, worker.to_detok, worker.to_frontend):
         worker.handle(ComponentStatus("frontend", 111, "heartbeat", time.time()))
@@ -62,15 +57,10 @@ def test_a_signed_request_is_not_validated_again_but_the_offline_api_validates(
     """With ipc.secret, a signed id proves the request came through the frontend's intake
     (validated there, its limits checked by a tokenizer worker): the engine admits it
     without checking again. The offline API (generate, add_request) checks every time."""
-    from scheduler_worker.engine import LLMEngine
-    from scheduler_worker.worker import SchedulerWorker
-
     config = make_config(run_dir, tiny_llama_dir)
     config = dataclasses.replace(config, ipc=dataclasses.replace(config.ipc, secret="s3cret"))
-    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
-    detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
-    engine = LLMEngine(config.engine, tiny_llama_dir)
-    worker = SchedulerWorker(config, engine)
+    worker, frontend, detok = scheduler_under_test(config, tiny_llama_dir)
+    engine = worker.engine
     checks: list[int] = []
     real = engine.validate
     monkeypatch.setattr(engine, "validate", lambda ids, p: (checks.append(len(ids)), real(ids, p)))

@@ -18,8 +18,8 @@ import pytest
 
 from common.messages import EngineStatus, GenerateRequest, StepOutputs, pack_ids
 from common.sampling_params import SamplingParams
-from common.zmq_queue import PullQueue, PushQueue
-from tests.garbage import collect, make_config, running, sockets
+from common.zmq_queue import PushQueue
+from tests.garbage import collect, make_config, running, scheduler_under_test, sockets
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,13 +42,8 @@ def test_a_beat_follows_the_end_of_a_run_not_the_next_heartbeat(run_dir, tiny_ll
     """Both runs end, and their beats come, before the first periodic beat is due
     (heartbeat_s after "ready"): without the beat at idle the only status would be
     "ready", with nothing in the busy split."""
-    from scheduler_worker.engine import LLMEngine
-    from scheduler_worker.worker import SchedulerWorker
-
     config = dataclasses.replace(make_config(run_dir, tiny_llama_dir), heartbeat_s=HEARTBEAT_S)
-    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
-    detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
-    worker = SchedulerWorker(config, LLMEngine(config.engine, tiny_llama_dir))
+    worker, frontend, detok = scheduler_under_test(config, tiny_llama_dir)
     push = PushQueue(config.ipc.endpoint("scheduler"), bind=False)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     with sockets(frontend, detok, push), running(worker) as thread:
@@ -83,14 +78,12 @@ def test_memory_figures_are_measured_while_idle_and_seldom_while_serving(
     run_dir, tiny_llama_dir, monkeypatch
 ):
     from scheduler_worker import worker as worker_module
-    from scheduler_worker.engine import LLMEngine
-    from scheduler_worker.worker import MEMORY_BUSY_S, SchedulerWorker
+    from scheduler_worker.worker import MEMORY_BUSY_S
 
-    config = make_config(run_dir, tiny_llama_dir)
-    frontend = PullQueue(config.ipc.endpoint("frontend"), bind=True)
-    detok = PullQueue(config.ipc.endpoint("detok"), bind=True)
-    engine = LLMEngine(config.engine, tiny_llama_dir)
-    worker = SchedulerWorker(config, engine)
+    worker, frontend, detok = scheduler_under_test(
+        make_config(run_dir, tiny_llama_dir), tiny_llama_dir
+    )
+    engine = worker.engine
     calls: list[float] = []
     real = worker_module.memory_figures
     monkeypatch.setattr(
