@@ -114,6 +114,7 @@ class SchedulerWorker:
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
         self._memory_now: dict[str, float] = {}  # the last memory figures (_memory)
         self._memory_at = -MEMORY_BUSY_S  # monotonic: when they were measured
+        self._memory_idle = False  # ... with the engine idle
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
@@ -311,18 +312,27 @@ class SchedulerWorker:
         )
 
     def _memory(self) -> dict[str, float]:
-        """The memory figures for a beat: measured now while the engine is idle, else
-        those of the last measure if it is younger than MEMORY_BUSY_S, so a beat in the
-        middle of serving costs the steps a message, not milliseconds of page counting."""
+        """The memory figures for a beat. While the engine serves, those of the last
+        measure if it is younger than MEMORY_BUSY_S: a beat in the middle of serving costs
+        the steps a message, not milliseconds of page counting. While idle, measured now,
+        unless the last measure was taken idle less than heartbeat_s ago (requests that
+        come one by one end in a beat each)."""
         now = time.monotonic()
-        if self.engine.has_unfinished() and now - self._memory_at < MEMORY_BUSY_S:
+        age, busy = now - self._memory_at, self.engine.has_unfinished()
+        if busy:
+            keep_s = MEMORY_BUSY_S
+        elif self._memory_idle:
+            keep_s = self.config.heartbeat_s
+        else:
+            keep_s = 0.0  # the first idle beat after serving measures
+        if age < keep_s:
             return self._memory_now
         e = self.engine
         self._memory_now = {
             **getattr(e.runner.backend, "facts", {}),
             **memory_figures(e.runner.kv_caches),
         }
-        self._memory_at = now
+        self._memory_at, self._memory_idle = now, not busy
         return self._memory_now
 
     # ---- loop ---------------------------------------------------------------
@@ -342,8 +352,7 @@ class SchedulerWorker:
         unsaid_idle = False  # the engine went idle since the last beat
         while drain.running or drain.draining(busy=self.engine.has_unfinished()):
             t0 = time.perf_counter()
-            was_busy = self.engine.has_unfinished()
-            if was_busy:
+            if self.engine.has_unfinished():
                 msgs = self.inbox.drain()
             else:
                 wait_ms = beat_ms if drain.running else DRAIN_POLL_MS
@@ -357,7 +366,8 @@ class SchedulerWorker:
                 except Exception:  # a bad message costs itself, never the engine loop
                     log.exception("dropping %s that failed", type(msg).__name__)
             self.ipc_time += time.perf_counter() - t0  # receiving, decoding, admitting
-            if self.engine.has_unfinished():
+            stepped = self.engine.has_unfinished()
+            if stepped:
                 self.publish(self.engine.step())
                 self.step_no += 1
                 for rid in self.engine.take_failed():
@@ -373,8 +383,10 @@ class SchedulerWorker:
             # nothing arriving: the frontends' figures (busy split, running, KV) are then
             # those of the finished run, not of a beat up to heartbeat_s before its end,
             # and a request that follows at once is not kept waiting by the beat
-            unsaid_idle = unsaid_idle or (was_busy and not self.engine.has_unfinished())
-            quiet = unsaid_idle and not was_busy and not msgs and not self.engine.has_unfinished()
+            # (a pass that steps runs the whole of a run whose request arrived in it, when
+            # the step is not overlapped: a 1-token request, a prompt scored)
+            unsaid_idle = unsaid_idle or (stepped and not self.engine.has_unfinished())
+            quiet = unsaid_idle and not stepped and not msgs  # a whole IDLE_BEAT_MS wait
             if quiet or time.monotonic() - shell.last_beat >= beat_s:
                 shell.beat()
                 unsaid_idle = False

@@ -39,7 +39,8 @@ DISTS = [
     ("jinja2", "jinja2"),
     ("httpx", "httpx"),
     ("aiohttp", "aiohttp"),  # bench_serving's client (a wheel in .gpu/whl with its deps)
-    ("uvloop", "uvloop"),  # the frontend's loop (a dependency; a wheel in .gpu/whl)
+    ("uvloop", "uvloop"),  # the frontend's loop and parser (dependencies; wheels in .gpu/whl)
+    ("httptools", "httptools"),
     ("anyio", "anyio"),
     ("typing_extensions", "typing-extensions"),
     ("yaml", "pyyaml"),

@@ -183,17 +183,23 @@ async def _read_stream(resp, req: _Request, chat: bool) -> None:
 
 
 async def _lines(resp) -> AsyncIterator[bytes]:
-    """The body's lines as they arrive, of any length (aiohttp's own line reader stops at
-    128 KiB: a server that merges many steps into one event may send longer)."""
-    buf = b""
+    """The body's lines (LF or CRLF endings) as they arrive, of any length: aiohttp's own
+    line reader stops at 128 KiB, and a server that merges many steps into one event may
+    send longer. Each chunk is scanned once."""
+    parts: list[bytes] = []  # the line so far, from chunks without a newline
     async for chunk in resp.content.iter_any():
-        buf += chunk
-        if b"\n" in buf:
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                yield line
-    if buf:
-        yield buf
+        if b"\n" not in chunk:
+            parts.append(chunk)
+            continue
+        first, *lines, rest = chunk.split(b"\n")
+        parts.append(first)
+        yield b"".join(parts)
+        for line in lines:
+            yield line
+        parts = [rest] if rest else []
+    tail = b"".join(parts)
+    if tail:  # a last line without its newline
+        yield tail
 
 
 def _read_reply(obj: Any, req: _Request, chat: bool, tokenizer) -> None:

@@ -48,7 +48,7 @@ def http_client(args: argparse.Namespace, n_requests: int, max_concurrency: int 
     import aiohttp
 
     n_conn = max(1, min(max_concurrency or n_requests, n_requests))
-    connector = aiohttp.TCPConnector(limit=n_conn + 1, force_close=False)
+    connector = aiohttp.TCPConnector(limit=n_conn + 1)
     timeout = aiohttp.ClientTimeout(total=args.timeout, connect=min(args.timeout, 60.0))
     # no proxy from the environment: the server under test is where --base-url says
     return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)

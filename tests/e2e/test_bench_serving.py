@@ -114,6 +114,33 @@ def test_random_prompts_hit_the_token_length(default_model_dir):
     assert long.prompt_len == pytest.approx(20_000, rel=0.01)
 
 
+def test_sse_lines_across_any_chunking():
+    """The client's line splitter: every way of cutting a body into three chunks (empty
+    ones included) gives its lines, CRLF or LF; a line longer than aiohttp's own line
+    reader takes (128 KiB) comes whole; a last line without a newline comes too."""
+    from benchmarks.serving.client import _lines
+
+    class Body:
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.content = self
+            self.chunks = chunks
+
+        async def iter_any(self):
+            for c in self.chunks:
+                yield c
+
+    async def lines(chunks: list[bytes]) -> list[bytes]:
+        return [line async for line in _lines(Body(chunks))]
+
+    body = b'data: {"a":1}\r\n\r\ndata: [DONE]\n\n'
+    want = [b'data: {"a":1}\r', b"\r", b"data: [DONE]", b""]
+    for i in range(len(body) + 1):
+        for j in range(i, len(body) + 1):
+            assert asyncio.run(lines([body[:i], body[i:j], body[j:]])) == want, (i, j)
+    long = b"data: " + b"x" * 300_000
+    assert asyncio.run(lines([long[:70_000], long[70_000:], b"\n", b"tail"])) == [long, b"tail"]
+
+
 def test_client_processes_auto_rule_and_failures():
     r = resolve_client_processes
     assert r(0, 8, None, cpu_count=16) == 1  # concurrency 8 < 16
