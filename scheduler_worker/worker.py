@@ -63,7 +63,8 @@ DRAIN_QUIET_S = 1.0
 # a beat this long after the engine goes idle, if nothing arrived meanwhile (run())
 IDLE_BEAT_MS = 20
 # the memory figures (memory_report: mincore and /proc/self/maps, 1.5-5 ms) are measured
-# at every beat while idle, and at most this often while the engine serves
+# at the first beat once idle, then every heartbeat_s while idle, and at most this often
+# while the engine serves (_memory)
 MEMORY_BUSY_S = 10.0
 
 

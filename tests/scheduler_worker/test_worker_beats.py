@@ -5,8 +5,9 @@
   of the finished run and not of a beat up to heartbeat_s before its end. The GPU check
   read its "GPU busy" from /metrics right after each level; with 1 s beats it missed up to
   a second of a level's forwards (benchmarks/gpu/bench.py).
-- The memory figures (mincore, /proc/self/maps: milliseconds) are measured at a beat while
-  idle, and at most every MEMORY_BUSY_S while the engine serves.
+- The memory figures (mincore, /proc/self/maps: milliseconds) are measured at the first
+  beat once idle, then at most every heartbeat_s while idle and every MEMORY_BUSY_S while
+  the engine serves.
 """
 
 from __future__ import annotations
