@@ -65,9 +65,10 @@ KEEP = (
     "errors",
 )
 SETTLE_S = 0.25  # after a level, before /metrics is read (the scheduler's idle beat)
+IDLE_WAIT_S = 15.0  # at most this long for the engine to be idle after a level
 METRICS = re.compile(
     r"^zeroserve:(scheduler_busy_seconds|generation_tokens|prompt_tokens|kv_cache_total_blocks"
-    r"|model_weight_bytes|request_success)"
+    r"|model_weight_bytes|request_success|num_requests_running|num_requests_waiting)"
 )
 
 
@@ -78,6 +79,26 @@ def log(msg: str) -> None:
 def children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
+
+
+def settled_metrics(url: str) -> tuple[list[str], bool]:
+    """/metrics once the engine is idle: (lines, whether it was). The scheduler's figures
+    there are those of its last status beat, which comes IDLE_BEAT_MS after the engine
+    goes idle (scheduler_worker/worker.py); after a level that timed out, the engine may
+    still be winding down the aborted streams. Before that beat (runs 1-3 of issue 38), a
+    read right after a level missed up to a heartbeat (1 s) of its forwards."""
+    deadline = time.time() + IDLE_WAIT_S
+    while True:
+        time.sleep(SETTLE_S)
+        lines = metrics(url)
+        busy = [
+            ln
+            for ln in lines
+            if ln.startswith(("zeroserve:num_requests_running ", "zeroserve:num_requests_waiting "))
+            and float(ln.rsplit(" ", 1)[1]) > 0
+        ]
+        if not busy or time.time() > deadline:
+            return lines, not busy
 
 
 def metrics(url: str) -> list[str]:
@@ -287,12 +308,10 @@ def main() -> int:
                 entry["avg_output_tokens"] = round((full.get("total_output_tokens") or 0) / n_ok, 1)
         else:
             entry["tail"] = tail
-        # the scheduler's figures in /metrics are those of its last status beat: one comes
-        # IDLE_BEAT_MS after the engine goes idle (scheduler_worker/worker.py), so read once
-        # it has surely arrived. Before that beat (runs 1-3 of issue 38), a read right after
-        # the level missed up to a heartbeat (1 s) of its forwards
-        time.sleep(SETTLE_S)
-        entry["metrics_after"] = metrics(args.url)
+        entry["metrics_after"], idle = settled_metrics(args.url)
+        if not idle:  # the busy split over this level and the next is not the levels' own
+            entry["metrics_not_idle"] = True
+            log(f"c={key}: the engine was still busy {IDLE_WAIT_S:.0f} s after the level")
         levels[key] = entry
         log(
             f"c={key}: rc={rc} {wall:.1f}s out tok/s {entry.get('output_throughput')} "

@@ -266,8 +266,11 @@ def device_busy(bench: dict, level: str, part: str = "device") -> float | None:
         return None
     e = bench["levels"][level]
     i = names.index(level)
-    prev = bench["levels"][names[i - 1]].get("metrics_after") if i else bench.get("metrics_before")
-    a, b = _device_seconds(prev, part), _device_seconds(e.get("metrics_after"), part)
+    before = bench["levels"][names[i - 1]] if i else {"metrics_after": bench.get("metrics_before")}
+    if e.get("metrics_not_idle") or before.get("metrics_not_idle"):
+        return None  # read while the engine still ran: not this level's own (bench.py)
+    a = _device_seconds(before.get("metrics_after"), part)
+    b = _device_seconds(e.get("metrics_after"), part)
     span = e.get("duration_s")
     if a is None or b is None or not span:
         return None
