@@ -36,7 +36,6 @@ from common.log import get_logger, install_stack_dump
 from common.messages import (
     AbortRequest,
     ComponentStatus,
-    EngineStatus,
     GenerateRequest,
     NewRequest,
     RequestError,
@@ -49,8 +48,8 @@ from common.messages import (
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
+from scheduler_worker.engine_status import MemoryCadence, busy_split, engine_status
 from scheduler_worker.heap import release_freed_heap
-from scheduler_worker.memory_report import memory_figures
 from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
 from scheduler_worker.structured import spare_core
 
@@ -62,10 +61,6 @@ PRE_ABORT_MAX = 100_000
 DRAIN_QUIET_S = 1.0
 # a beat this long after the engine goes idle, if nothing arrived meanwhile (run())
 IDLE_BEAT_MS = 20
-# the memory figures (memory_report: mincore and /proc/self/maps, 1.5-5 ms) are measured
-# at the first beat once idle, then every heartbeat_s while idle, and at most this often
-# while the engine serves (_memory)
-MEMORY_BUSY_S = 10.0
 
 
 @dataclass(slots=True)
@@ -113,9 +108,7 @@ class SchedulerWorker:
         self.requests: dict[str, RequestRecord] = {}  # until the finishing output is sent
         self.step_no = 0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
-        self._memory_now: dict[str, float] = {}  # the last memory figures (_memory)
-        self._memory_at = -MEMORY_BUSY_S  # monotonic: when they were measured
-        self._memory_idle = False  # ... with the engine idle
+        self.memory = MemoryCadence(self.engine, config.heartbeat_s)  # for the beats
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
@@ -267,74 +260,18 @@ class SchedulerWorker:
 
     def busy_split(self) -> dict[str, float]:
         """Cumulative seconds of the scheduler's busy time by part."""
-        b = self.engine.counters.busy_time
-        split = {
-            "forward": b["forward"],
-            "sample": b["sample"],
-            "schedule": b["schedule"],
-            "ipc": self.ipc_time,
-        }
-        clock = getattr(self.engine.runner.backend, "clock", None)
-        if clock is not None:  # a GPU's own busy time and waits, beside the host's parts
-            clock.collect()  # the forwards the device has passed since the last launch
-            split["device"], split["device_wait"] = clock.busy_s, clock.wait_s
-        return split
+        return busy_split(self.engine, self.ipc_time)
 
     def heartbeat(self, kind: str = "heartbeat") -> None:
         """EngineStatus: readiness, then queue/KV figures between steps. Liveness itself is
         the Heartbeat thread's job, so a long step is not mistaken for a death."""
-        e = self.engine
-        bm = e.block_manager
         # the pid tells the frontends about restarts
         self.to_frontend.broadcast(ComponentStatus(self.component, os.getpid(), kind, time.time()))
-        self.to_frontend.broadcast(
-            EngineStatus(
-                kind=kind,
-                num_running=e.num_running,
-                num_waiting=e.num_waiting,
-                kv_usage=bm.usage,
-                num_free_blocks=bm.num_free_blocks,
-                num_total_blocks=bm.num_blocks,
-                prefix_cache_queries=bm.prefix_cache_queries,
-                prefix_cache_hits=bm.prefix_cache_hits,
-                model=self.config.model_name,
-                max_model_len=e.max_model_len,
-                vocab_size=e.vocab_size,
-                time=time.time(),
-                busy=self.busy_split(),
-                replica=self.replica,
-                pid=os.getpid(),
-                inbox=self.inbox_ep,
-                proof=self.proof,
-                weight_bytes=e.runner.weight_memory.held_bytes,
-                block_size=e.scheduler.block_size,
-                memory=self._memory(),
-            )
+        busy, memory = self.busy_split(), self.memory.figures()
+        status = engine_status(
+            kind, self.engine, self.config, busy, memory, self.inbox_ep, self.proof
         )
-
-    def _memory(self) -> dict[str, float]:
-        """The memory figures for a beat. While the engine serves, those of the last
-        measure if it is younger than MEMORY_BUSY_S: a beat in the middle of serving costs
-        the steps a message, not milliseconds of page counting. While idle, measured now,
-        unless the last measure was taken idle less than heartbeat_s ago (requests that
-        come one by one end in a beat each)."""
-        now = time.monotonic()
-        age, busy = now - self._memory_at, self.engine.has_unfinished()
-        if busy:
-            keep_s = MEMORY_BUSY_S
-        elif self._memory_idle:
-            keep_s = self.config.heartbeat_s
-        else:
-            keep_s = 0.0  # the first idle beat after serving measures
-        if age < keep_s:
-            return self._memory_now
-        e = self.engine
-        self._memory_now = {
-            **getattr(e.runner.backend, "facts", {}),
-            **memory_figures(e.runner.kv_caches),
-        }
-        self._memory_at, self._memory_idle = now, not busy
-        return self._memory_now
+        self.to_frontend.broadcast(status)
 
     # ---- loop ---------------------------------------------------------------
     def run(self) -> None:

@@ -87,22 +87,22 @@ def test_memory_figures_are_measured_while_idle_and_seldom_while_serving(
 ):
     """At beats while serving, the last measure until it is MEMORY_BUSY_S old; at the
     first beat once idle, a new one; at idle beats after it, that one for heartbeat_s."""
-    from scheduler_worker import worker as worker_module
-    from scheduler_worker.worker import MEMORY_BUSY_S
+    from scheduler_worker import engine_status as status_module
+    from scheduler_worker.engine_status import MEMORY_BUSY_S
 
     config = make_config(run_dir, tiny_llama_dir)
     worker, frontend, detok = scheduler_under_test(config, tiny_llama_dir)
     engine = worker.engine
     calls: list[float] = []
-    real = worker_module.memory_figures
+    real = status_module.memory_figures
     monkeypatch.setattr(
-        worker_module, "memory_figures", lambda kv: (calls.append(clock[0]), real(kv))[1]
+        status_module, "memory_figures", lambda kv: (calls.append(clock[0]), real(kv))[1]
     )
-    clock = [1000.0]  # the worker module's clock only (collect() keeps the real one)
+    clock = [1000.0]  # the cadence's clock only (collect() keeps the real one)
     fake_time = SimpleNamespace(
         monotonic=lambda: clock[0], time=time.time, perf_counter=time.perf_counter
     )
-    monkeypatch.setattr(worker_module, "time", fake_time)
+    monkeypatch.setattr(status_module, "time", fake_time)
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
     with sockets(frontend, detok, worker.inbox, worker.to_detok, worker.to_frontend):
         worker.heartbeat()
@@ -112,11 +112,11 @@ def test_memory_figures_are_measured_while_idle_and_seldom_while_serving(
         worker.heartbeat()
         assert len(calls) == 2
         engine.add_request("r", [1, 2, 3], params)
-        first = worker._memory()
+        first = worker.memory.figures()
         for _ in range(5):
             clock[0] += 1.0
             worker.heartbeat()
-        assert len(calls) == 2 and worker._memory() is first  # serving: the last measure
+        assert len(calls) == 2 and worker.memory.figures() is first  # serving: the last measure
         clock[0] += MEMORY_BUSY_S
         worker.heartbeat()
         assert len(calls) == 3  # and again once it is MEMORY_BUSY_S old
