@@ -51,6 +51,7 @@ from common.model_files.model_source import (
     resolve_model,
 )
 from common.process import die_with_parent
+from common.torch_build import check_device_choice
 
 log = get_logger("launch")
 
@@ -294,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     assert config.ipc.run_dir is not None  # build_config sets one
     run_dir = Path(config.ipc.run_dir)
     try:
+        mc = config.engine.model
+        check_device_choice(mc.device)  # a CPU build of torch and --device cuda
         check_port_free(config.server.host, config.server.port)
         check_endpoints_free(config)
-        mc = config.engine.model
         model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
         log.info("model %s ready at %s", mc.model, model_dir)
         check_quantization_source(mc.quantization, model_dir)  # before any child starts

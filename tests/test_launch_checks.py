@@ -1,6 +1,6 @@
 """launch.py's checks before any child starts: several frontends need a fixed port; every
 tcp endpoint its children bind (port + I for frontend I and replica K past the first) is one
-port of its own, and free on this host. Each refusal is one line and exit 2, before the
+port of its own, and free on this host; `--device cuda` needs a GPU build of torch. Each refusal is one line and exit 2, before the
 model is resolved or a process is spawned."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import launch
+from common import torch_build
 from common.config import Config, ConfigError
 from common.ipc_config import IPCConfig
 
@@ -116,3 +117,66 @@ def test_a_taken_port_is_refused_in_one_line_before_anything_starts(tmp_path):
     lines = [ln for ln in run.stderr.splitlines() if "cannot listen" in ln]
     assert len(lines) == 1 and f"127.0.0.1:{ports[2]} (frontend 0's inbox)" in lines[0]
     assert "started" not in run.stderr  # no child was spawned
+
+
+CPU_BUILD = """from typing import Optional
+
+__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']
+__version__ = '2.13.0+cpu'
+debug = False
+cuda: Optional[str] = None
+git_version = 'cf30153c4c131c8164ee7798e5022d810682e2cb'
+hip: Optional[str] = None
+"""
+
+
+@pytest.mark.parametrize(
+    "text, version, gpu",
+    [
+        (CPU_BUILD, "2.13.0+cpu", False),
+        (CPU_BUILD.replace("'2.13.0+cpu'", "'2.13.0+cu128'").replace("cuda: Optional[str] = None", "cuda: Optional[str] = '12.8'"), "2.13.0+cu128", True),
+        (CPU_BUILD.replace("hip: Optional[str] = None", "hip: Optional[str] = '6.4.43482'"), "2.13.0+cpu", True),
+        ("__version__ = '2.1.0'\ncuda = '12.1'\n", "2.1.0", True),  # before annotated fields
+    ],
+)  # fmt: skip
+def test_torchs_build_is_read_from_its_version_file(text, version, gpu):
+    build = torch_build.parse_version_file(text)
+    assert (build.version, build.has_gpu_support) == (version, gpu)
+    if gpu:
+        torch_build.check_device_choice("cuda", build)
+    else:
+        with pytest.raises(
+            ConfigError, match=r"--device cuda: this torch \(2.13.0\+cpu\) is a CPU build"
+        ):
+            torch_build.check_device_choice("cuda", build)
+    for device in ("cpu", "auto"):
+        torch_build.check_device_choice(device, build)
+
+
+def test_the_installed_torch_is_read_as_torch_itself_says():
+    import torch
+
+    build = torch_build.installed_torch_build()
+    assert build is not None and build.version == torch.__version__
+    assert (build.cuda, build.hip) == (torch.version.cuda, torch.version.hip)
+
+
+@pytest.mark.skipif(
+    (torch_build.installed_torch_build() or torch_build.TorchBuild("", "?", None)).has_gpu_support,
+    reason="a GPU build of torch: the scheduler refuses a missing GPU itself",
+)
+def test_device_cuda_on_a_cpu_build_is_refused_in_one_line_before_anything_starts():
+    """launch.py as a user runs it on a CPU machine: one line, exit 2, no model resolved
+    and no child spawned."""
+    (port,) = free_ports(1)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "--device", "cuda", "--port", str(port)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [
+        f"launch.py: --device cuda: this torch ({torch_build.installed_torch_build().version}) "
+        "is a CPU build; install a CUDA build of torch on a GPU machine (README, 'GPU "
+        "install'), or serve with --device cpu"
+    ]

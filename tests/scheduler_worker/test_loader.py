@@ -6,6 +6,7 @@ per-type kernel log."""
 from __future__ import annotations
 
 import logging
+import re
 
 import gguf
 import numpy as np
@@ -164,3 +165,23 @@ def test_default_model_weight_memory_within_the_file_and_logged(default_model_di
         assert f"Q8_0 x 1 -> qlinear q8 {path}" in lines  # the tied output head
     assert "Q8_0 x 1 -> embedding rows dequantized on lookup" in lines
     assert any(f"the file's tensors: {file_bytes / 1e6:.1f} MB" in line for line in lines)
+
+
+def test_device_cuda_without_a_usable_gpu_is_refused_by_the_scheduler(monkeypatch):
+    """The scheduler's own check (launch.py's only sees a CPU build): one ConfigError line
+    naming why, for a CPU build and for a CUDA build that finds no GPU."""
+    from common.config import ConfigError
+    from scheduler_worker.loader import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ConfigError, match=r"^--device cuda: this torch is a CPU build; "):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(
+        ConfigError,
+        match=rf"^--device cuda: torch {re.escape(torch.__version__)} \(CUDA 12.8\) finds no usable GPU; ",
+    ):
+        resolve_device("cuda")
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
