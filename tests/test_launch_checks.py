@@ -1,7 +1,7 @@
 """launch.py's checks before any child starts: several frontends need a fixed port; every
 tcp endpoint its children bind (port + I for frontend I and replica K past the first) is one
-port of its own, and free on this host; `--device cuda` needs a GPU build of torch. Each refusal is one line and exit 2, before the
-model is resolved or a process is spawned."""
+port of its own, and free on this host; `--device cuda` needs a GPU build of torch. Each
+refusal is one line and exit 2, before the model is resolved or a process is spawned."""
 
 from __future__ import annotations
 
@@ -161,8 +161,11 @@ def test_the_installed_torch_is_read_as_torch_itself_says():
     assert (build.cuda, build.hip) == (torch.version.cuda, torch.version.hip)
 
 
+INSTALLED = torch_build.installed_torch_build()
+
+
 @pytest.mark.skipif(
-    (torch_build.installed_torch_build() or torch_build.TorchBuild("", "?", None)).has_gpu_support,
+    INSTALLED is None or INSTALLED.has_gpu_support,
     reason="a GPU build of torch: the scheduler refuses a missing GPU itself",
 )
 def test_device_cuda_on_a_cpu_build_is_refused_in_one_line_before_anything_starts():
@@ -176,7 +179,7 @@ def test_device_cuda_on_a_cpu_build_is_refused_in_one_line_before_anything_start
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stdout == ""
     assert run.stderr.splitlines() == [
-        f"launch.py: --device cuda: this torch ({torch_build.installed_torch_build().version}) "
+        f"launch.py: --device cuda: this torch ({INSTALLED.version}) "
         "is a CPU build; install a CUDA build of torch on a GPU machine (README, 'GPU "
         "install'), or serve with --device cpu"
     ]
