@@ -52,7 +52,9 @@ def graph_like_execute(engine: LLMEngine, max_rows: int):
     def execute(seqs, argmax_vocab=None):
         if not all(len(s.token_ids) == 1 for s in seqs):
             return real(seqs, argmax_vocab)  # the prompts: the real forward
-        inputs.fill(seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long))
+        inputs.fill(
+            seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long), engine.scheduler.tables
+        )
         return logits[: len(seqs)]
 
     return execute
@@ -62,13 +64,13 @@ def publisher(engine: LLMEngine):
     """SchedulerWorker.publish over a stand-in worker: the message encoded, not sent."""
     fake = SimpleNamespace(
         requests={},
+        unannounced=set(),
         engine=engine,
         step_no=0,
         replica=0,
         inbox_ep="ipc://bench",
         to_detok=SimpleNamespace(put=lambda msg, timeout_ms=None: encode(msg)),
         ipc_time=0.0,
-        _timings=SchedulerWorker._timings,
     )
     return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
 

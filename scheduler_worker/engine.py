@@ -32,6 +32,7 @@ from scheduler_worker.sampling import (
     DeviceSample,
     Sampler,
     SamplingRow,
+    TokenLogprobs,
     has_penalty,
     make_generator,
     prompt_logprob_entries,
@@ -69,6 +70,7 @@ class LLMEngine:
             self.eos_token_ids,
             sliding_window=args.kv_window,
         )
+        self.runner.backend.block_tables = self.scheduler.tables
         self.sampler = Sampler(
             args.vocab_size,
             self.eos_token_ids,
@@ -252,6 +254,7 @@ class LLMEngine:
                 sample,
                 _prompt_logits(req, n) if req.reads_history else 0,
                 prev.get(req.request_id, -1) if req.num_pending else -1,
+                req.slot,
             )
             for (req, n), sample in zip(entries, sampling)
         ]
@@ -300,32 +303,49 @@ class LLMEngine:
         result = step.sample.result() if step.sample is not None else None
         stats.sample += time.perf_counter() - t0
         outputs: list[RequestOutput] = []
+        self.counters.num_steps += 1
+        if result is None:  # no row sampled (prompt chunks only)
+            return outputs
         grammars = self.grammars if self.grammars.matchers else None  # none: no row has one
-        resolve = self.scheduler.resolve
-        for i, (req, index) in enumerate(step.sampled):
-            assert result is not None  # rows were sampled
-            was_finished = req.status.finished
-            token = result.token_ids[i]
+        resolve, append = self.scheduler.resolve, outputs.append
+        for (req, index), token, lp in zip(step.sampled, result.token_ids, result.logprobs):
+            if req.status.finished:  # aborted, or stopped at its previous token:
+                resolve(req, index, token)  # nothing more to send
+                continue
             resolve(req, index, token)
-            if was_finished:
-                continue  # aborted, or stopped at its previous token: nothing more to send
             if grammars is not None and grammars.advance(req, token) and not req.status.finished:
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
-            if req.status.finished:
-                del self.requests[req.request_id]
-                self.grammars.drop(req.request_id)
-            lp = result.logprobs[i]
-            out = request_output(req, [token], [lp] if lp is not None else None)
-            if req.reads_history and req.wants_prompt_logprobs:  # its prompt is done: they go
-                # with this token; a 1-token prompt: this
-                first: list = [req.prompt_token_ids[0], None, []]
-                out.prompt_logprobs = req.prompt_logprobs or [first]
-                req.prompt_logprobs = None
-                req.prompt_logprobs_sent = True
-            outputs.append(out)
-        self.counters.num_steps += 1
+            if req.status.finished or req.reads_history:
+                append(self._last_output(req, token, lp))
+                continue
+            # most rows (request_output, inlined: a row's one object a step)
+            append(
+                RequestOutput(
+                    req.request_id,
+                    [token],
+                    None,
+                    None if lp is None else [lp],
+                    req.num_prompt_tokens,
+                    len(req.token_ids) - req.num_prompt_tokens,
+                    req.num_cached_tokens,
+                )
+            )
         self.counters.generation_tokens += len(outputs)
         return outputs
+
+    def _last_output(self, req: Request, token: int, lp: TokenLogprobs | None) -> RequestOutput:
+        """The output of a row that finished, or that may send its prompt logprobs."""
+        if req.status.finished:
+            del self.requests[req.request_id]
+            self.grammars.drop(req.request_id)
+        out = request_output(req, [token], [lp] if lp is not None else None)
+        if req.reads_history and req.wants_prompt_logprobs:  # its prompt is done: they go
+            # with this token; a 1-token prompt: this
+            first: list = [req.prompt_token_ids[0], None, []]
+            out.prompt_logprobs = req.prompt_logprobs or [first]
+            req.prompt_logprobs = None
+            req.prompt_logprobs_sent = True
+        return out
 
     def _keep_prompt_logprobs(
         self, entries: list[tuple[Request, int]], prompt_logits: list

@@ -53,6 +53,10 @@ class Request:
     num_cached_tokens: int = 0  # prefix-cache hit at (latest) admission
     num_hashed_blocks: int = 0
     num_freed_blocks: int = 0  # leading block_table entries given back (sliding window)
+    slot: int = -1  # its row of the scheduler's BlockTables while running
+    # the tokens that may stop it (stop_token_ids, and the EOS unless ignore_eos): set by
+    # Scheduler.add, read for every token it samples
+    stop_tokens: frozenset[int] = frozenset()
     num_preemptions: int = 0
     in_prefill_queue: bool = False
     num_pending: int = 0  # placeholder tokens at the end of token_ids (Scheduler.advance)

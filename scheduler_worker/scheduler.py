@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.config import CacheConfig, SchedulerConfig
+from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.block_manager import BlockManager
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 
@@ -77,6 +78,8 @@ class Scheduler:
         self.block_size = cache.block_size
         self.eos_token_ids = list(eos_token_ids)
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+        # the running requests' tables, a row each (Request.slot), for the step's inputs
+        self.tables = BlockTables(sched.num_seqs, pad=num_blocks)
         self.waiting: deque[Request] = deque()
         self.prefilling: deque[Request] = deque()
         self.active: deque[tuple[Request, int]] = deque()  # (request, queue_epoch)
@@ -90,6 +93,10 @@ class Scheduler:
         return len(self.live)
 
     def add(self, req: Request) -> None:
+        p = req.params
+        req.stop_tokens = frozenset(p.stop_token_ids or ()) | (
+            frozenset() if p.ignore_eos else frozenset(self.eos_token_ids)
+        )
         self.waiting.append(req)
         self.num_waiting += 1
 
@@ -159,6 +166,8 @@ class Scheduler:
             self.blocks.free(blocks)
             return 0
         req.block_table = blocks + self.blocks.allocate(need)
+        req.slot = self.tables.take()
+        self.tables.write(req.slot, 0, req.block_table)
         req.num_computed_tokens = req.num_cached_tokens = num_cached
         req.num_hashed_blocks = len(blocks)
         req.status = RequestStatus.RUNNING
@@ -182,7 +191,10 @@ class Scheduler:
             batch.entries.pop(victim.request_id, None)
             if victim is req:
                 return False
-        req.block_table.extend(self.blocks.allocate(need))
+        if need:
+            new = self.blocks.allocate(need)
+            self.tables.write(req.slot, len(req.block_table), new)
+            req.block_table.extend(new)
         return True
 
     def preempt(self, req: Request) -> None:
@@ -197,6 +209,9 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.blocks.free(req.block_table[req.num_freed_blocks :])
         req.block_table = []
+        if req.slot >= 0:
+            self.tables.give(req.slot)
+            req.slot = -1
         req.num_computed_tokens = req.num_hashed_blocks = req.num_freed_blocks = 0
         req.queue_epoch += 1
         self.live.pop(req.request_id, None)
@@ -268,12 +283,17 @@ class Scheduler:
             del req.output_token_ids[index - req.num_prompt_tokens :]
             return None
         req.token_ids[index] = token
-        req.output_token_ids[index - req.num_prompt_tokens] = token
-        if req.status is RequestStatus.RUNNING:
-            self._hash_blocks(req)
+        n_out = index + 1 - req.num_prompt_tokens
+        req.output_token_ids[n_out - 1] = token
+        if req.status is RequestStatus.RUNNING:  # _hash_blocks' test, inlined: every row
+            known = min(req.num_computed_tokens, len(req.token_ids) - req.num_pending)
+            if known // self.block_size > req.num_hashed_blocks:
+                self._hash_blocks(req)
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
-        status = self._finish_status(req, token, index - req.num_prompt_tokens + 1)
+        if token not in req.stop_tokens and n_out < req.max_tokens:
+            return None  # most rows: neither a stop token nor the last
+        status = self._finish_status(req, token, n_out)
         if status is not None:
             # a placeholder after this one (the step in flight) is no token of its output
             del req.token_ids[index + 1 :]
@@ -324,9 +344,9 @@ class Scheduler:
             return
         table = req.block_table
         self.blocks.free(table[req.num_freed_blocks : upto])
-        table[req.num_freed_blocks : upto] = [self.placeholder_block] * (
-            upto - req.num_freed_blocks
-        )
+        gone = [self.placeholder_block] * (upto - req.num_freed_blocks)
+        table[req.num_freed_blocks : upto] = gone
+        self.tables.write(req.slot, req.num_freed_blocks, gone)
         req.num_freed_blocks = upto
 
     def _leave_prefill_queue(self, req: Request) -> None:

@@ -10,7 +10,7 @@ from scheduler_worker.request import Request
 from scheduler_worker.sampling import DeviceSample, TokenLogprobs
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     new_token_ids: list[int]

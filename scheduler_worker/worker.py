@@ -39,10 +39,7 @@ from common.messages import (
     GenerateRequest,
     NewRequest,
     RequestError,
-    StepOutput,
     WireError,
-    pack_ids,
-    pack_step_outputs,
     unpack_ids,
 )
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
@@ -51,6 +48,7 @@ from scheduler_worker.engine import LLMEngine, RequestOutput
 from scheduler_worker.engine_status import MemoryCadence, busy_split, engine_status
 from scheduler_worker.heap import release_freed_heap
 from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
+from scheduler_worker.step_message import step_message
 from scheduler_worker.structured import spare_core
 
 log = get_logger("scheduler")
@@ -106,6 +104,7 @@ class SchedulerWorker:
         self.pre_aborted: OrderedDict[str, float] = OrderedDict()
         self.frontend_pids: dict[str, int] = {}  # "frontend.I" -> its pid, from its beats
         self.requests: dict[str, RequestRecord] = {}  # until the finishing output is sent
+        self.unannounced: set[str] = set()  # requests whose first output is still to go
         self.step_no = 0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
         self.memory = MemoryCadence(self.engine, config.heartbeat_s)  # for the beats
@@ -175,6 +174,7 @@ class SchedulerWorker:
             msg.frontend,
         )
         self.requests[msg.rid] = RequestRecord(msg.origin, msg.frontend, msg.tokenized_time, detok)
+        self.unannounced.add(msg.rid)
 
     def _remember_abort(self, rid: str) -> None:
         now = time.monotonic()
@@ -199,40 +199,15 @@ class SchedulerWorker:
         if not outputs:
             return
         t0 = time.perf_counter()
-        new_requests, entries = [], []
-        to_wall = time.time() - time.monotonic()
-        for o in outputs:
-            rec = self.requests.get(o.request_id)
-            if rec is not None and not rec.announced:
-                new_requests.append(rec.detok_settings)
-                rec.announced = True
-            timings = None
-            if o.finish_reason is not None:
-                self.requests.pop(o.request_id, None)
-                timings = self._timings(o, rec, to_wall)
-            logprobs = None
-            if o.logprobs:
-                logprobs = [
-                    [lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]]
-                    for lp in o.logprobs
-                ]
-            entries.append(
-                StepOutput(
-                    o.request_id,
-                    pack_ids(o.new_token_ids),
-                    o.finish_reason,
-                    o.num_prompt_tokens,
-                    o.num_output_tokens,
-                    logprobs,
-                    timings,
-                    o.stop_token_id,
-                    o.prompt_logprobs,
-                )
-            )
         bm = self.engine.block_manager
-        prefix = [bm.prefix_cache_queries, bm.prefix_cache_hits]
-        msg = pack_step_outputs(
-            self.step_no, entries, new_requests, self.replica, self.inbox_ep, prefix
+        msg = step_message(
+            self.step_no,
+            outputs,
+            self.requests,
+            self.unannounced,
+            replica=self.replica,
+            inbox=self.inbox_ep,
+            prefix_cache=[bm.prefix_cache_queries, bm.prefix_cache_hits],
         )
         try:
             self.to_detok.put(msg, timeout_ms=None)
@@ -241,22 +216,6 @@ class SchedulerWorker:
         except WireError as e:  # a bug, not the client's: say so loudly, keep serving
             log.error("step %d could not be encoded, dropped: %s", self.step_no, e)
         self.ipc_time += time.perf_counter() - t0
-
-    @staticmethod
-    def _timings(o: RequestOutput, rec: RequestRecord | None, to_wall: float) -> dict:
-        """Wall-clock stage stamps of a finished request (seconds since the epoch; every
-        process on one host reads the same clock — across hosts, keep clocks in sync). The
-        arrival time is the frontend's own: it never left it."""
-        st = o.stage_times or {}
-        out: dict = {"tokenized_time": None if rec is None else rec.tokenized_time}
-        for key in ("received", "first_scheduled", "first_token", "finished"):
-            v = st.get(key)
-            out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (
-                None if v is None else v + to_wall
-            )
-        out["num_cached_tokens"] = st.get("num_cached_tokens", 0)
-        out["num_preemptions"] = st.get("num_preemptions", 0)
-        return out
 
     def busy_split(self) -> dict[str, float]:
         """Cumulative seconds of the scheduler's busy time by part."""
@@ -310,6 +269,7 @@ class SchedulerWorker:
                 self.step_no += 1
                 for rid in self.engine.take_failed():
                     rec = self.requests.pop(rid, None)
+                    self.unannounced.discard(rid)
                     self._send_error(
                         rid,
                         0 if rec is None else rec.frontend,

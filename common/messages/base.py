@@ -106,14 +106,15 @@ def _check_json_dict(v: Any) -> dict:
     return check_json(v)
 
 
-def _list_of(item: Checker, exact: type | None) -> Checker:
+def _list_of(item: Checker, exact: frozenset[type] | None) -> Checker:
     def check(v: Any) -> list:
         if type(v) is not list and type(v) is not tuple:
             raise _fail("list", v)
         if len(v) > MAX_LIST:
             raise WireError(f"list longer than {MAX_LIST}")
-        if exact is not None and all(type(x) is exact for x in v):
-            return v if type(v) is list else list(v)  # fast path: list[int] / list[str] / ...
+        # fast path (list[int], list[str | None], ...): the items' types in one C-level pass
+        if exact is not None and set(map(type, v)) <= exact:
+            return v if type(v) is list else list(v)
         return [item(x) for x in v]
 
     return check
@@ -205,7 +206,19 @@ _SCALARS: dict[Any, Checker] = {
     dict: _check_json_dict,
     Any: check_json,
 }
-_EXACT_ITEMS = {int: int, str: str, bool: bool, bytes: bytes}
+_EXACT_ITEMS = (int, str, bool, bytes)
+
+
+def _exact_types(tp: Any) -> frozenset[type] | None:
+    """The types an item of `tp` may have when each is taken as is (int, str, bool, bytes,
+    a union of them, None included); None where an item needs its checker."""
+    if tp in _EXACT_ITEMS:
+        return frozenset((tp,))
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if all(a in _EXACT_ITEMS or a is type(None) for a in args):
+            return frozenset(args)
+    return None
 
 
 def checker_for(tp: Any) -> Checker:
@@ -218,7 +231,7 @@ def checker_for(tp: Any) -> Checker:
         options = tuple(checker_for(a) for a in args if a is not type(None))
         return _union_of(options, allow_none=type(None) in args)
     if origin is list and len(args) == 1:
-        return _list_of(checker_for(args[0]), _EXACT_ITEMS.get(args[0]))
+        return _list_of(checker_for(args[0]), _exact_types(args[0]))
     if origin is tuple and args and args[-1] is not Ellipsis:
         return _tuple_of(tuple(checker_for(a) for a in args))
     if origin is dict and args[:1] == (str,):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from scheduler_worker.attention import AttentionMetadata
+from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -36,6 +37,9 @@ class SeqInput:
     # overlapped scheduling: a decode whose token the step in flight is still sampling has
     # token_ids [-1] and here that step's row of it (the token is read on the device)
     prev_row: int = -1
+    # its row of the scheduler's BlockTables (Backend.block_tables), which hold block_table
+    # as well; -1: none (a step built by hand), block_table is read
+    slot: int = -1
 
     def slots(self, block_size: int) -> list[int]:
         """The cache slot of each of this step's tokens (positions num_computed ...);
@@ -66,6 +70,8 @@ class Backend:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.prev_tokens: torch.Tensor | None = None  # the step in flight's sampled tokens
         self.chained = False  # this step launches while the one before it is in flight
+        # the scheduler's tables (SeqInput.slot), set by the engine: a step's rows gathered
+        self.block_tables: BlockTables | None = None
 
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:

@@ -313,7 +313,7 @@ class CudaBackend(Backend):
             and all(len(s.token_ids) == 1 and s.sample for s in seqs)
         ):
             with torch.inference_mode():
-                out = g.replay(seqs, self.prev_tokens)
+                out = g.replay(seqs, self.prev_tokens, self.block_tables)
         elif self.mixed is not None and self.mixed.fits(seqs):
             with torch.inference_mode():
                 out = self.mixed.replay(seqs, self.prev_tokens)

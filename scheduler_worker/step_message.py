@@ -1,0 +1,116 @@
+"""A step's RequestOutputs -> the one StepOutputs message the detokenizer gets.
+
+The columns are built straight from the outputs with C-level passes (map over an
+attrgetter), not a record per row: at 256 rows a step the row-by-row build was a fifth of
+the host's step (docs/benchmarks.md, "Host step"). Rows that finish, announce their
+request or carry logprobs are looked at one by one; the common row is not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
+from typing import Any, Protocol
+
+from common.messages import NewRequest, StepOutputs, pack_ids
+from scheduler_worker.step_output import RequestOutput
+
+_RID = attrgetter("request_id")
+_TOKENS = attrgetter("new_token_ids")
+_REASON = attrgetter("finish_reason")
+_NUM_PROMPT = attrgetter("num_prompt_tokens")
+_NUM_OUTPUT = attrgetter("num_output_tokens")
+_LOGPROBS = attrgetter("logprobs")
+_PROMPT_LOGPROBS = attrgetter("prompt_logprobs")
+
+
+class Record(Protocol):
+    """What the worker keeps of a request (worker.RequestRecord)."""
+
+    tokenized_time: float
+    detok_settings: NewRequest
+    announced: bool
+
+
+def step_message(
+    step: int,
+    outputs: Sequence[RequestOutput],
+    records: dict[str, Any],
+    unannounced: set[str],
+    **fields: Any,
+) -> StepOutputs:
+    """The StepOutputs of one step. `records`: the worker's records by request id, a
+    finished request's popped; `unannounced`: ids whose detokenizer settings have not gone
+    out yet (they go with the request's first output, in `new_requests`). `fields`: the
+    message's replica, inbox and prefix_cache."""
+    new_requests: list[NewRequest] = []
+    if unannounced:
+        for rid in map(_RID, outputs):
+            if rid in unannounced:
+                unannounced.discard(rid)
+                rec = records.get(rid)
+                if rec is not None:
+                    new_requests.append(rec.detok_settings)
+                    rec.announced = True
+    reasons = list(map(_REASON, outputs))
+    timings: list[dict | None] | None = None
+    stop_ids: list[int | None] | None = None
+    if reasons.count(None) != len(reasons):  # some request finished
+        timings, stop_ids = [None] * len(outputs), [None] * len(outputs)
+        to_wall = time.time() - time.monotonic()
+        for i, o in enumerate(outputs):
+            if o.finish_reason is not None:
+                unannounced.discard(o.request_id)
+                timings[i] = finished_timings(o, records.pop(o.request_id, None), to_wall)
+                stop_ids[i] = o.stop_token_id
+        if stop_ids.count(None) == len(stop_ids):
+            stop_ids = None
+    return StepOutputs(
+        step=step,
+        rids=list(map(_RID, outputs)),
+        new_token_ids=list(map(pack_ids, map(_TOKENS, outputs))),
+        finish_reasons=reasons,
+        num_prompt_tokens=list(map(_NUM_PROMPT, outputs)),
+        num_output_tokens=list(map(_NUM_OUTPUT, outputs)),
+        logprobs=_optional(map(_LOGPROBS, outputs), _wire_logprobs),
+        new_requests=new_requests,
+        timings=timings,
+        sent_time=time.time(),
+        stop_token_ids=stop_ids,
+        prompt_logprobs=_optional(map(_PROMPT_LOGPROBS, outputs)),
+        **fields,
+    )
+
+
+def _optional(values: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> list | None:
+    """An optional column: None when no row has a value, else one entry a row."""
+    col = list(values)
+    if col.count(None) == len(col):
+        return None
+    if convert is None:
+        return col
+    return [None if v is None else convert(v) for v in col]
+
+
+def _wire_logprobs(lps: list) -> list | None:
+    """A row's TokenLogprobs as the wire has them: [logprob, [[id, logprob], ...]] a token."""
+    if not lps:
+        return None
+    return [[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]] for lp in lps]
+
+
+def finished_timings(o: RequestOutput, rec: Record | None, to_wall: float) -> dict:
+    """Wall-clock stage stamps of a finished request (seconds since the epoch; every
+    process on one host reads the same clock — across hosts, keep clocks in sync). The
+    arrival time is the frontend's own: it never left it."""
+    st = o.stage_times or {}
+    out: dict = {"tokenized_time": None if rec is None else rec.tokenized_time}
+    for key in ("received", "first_scheduled", "first_token", "finished"):
+        v = st.get(key)
+        out[f"{key}_time" if key != "received" else "scheduler_received_time"] = (
+            None if v is None else v + to_wall
+        )
+    out["num_cached_tokens"] = st.get("num_cached_tokens", 0)
+    out["num_preemptions"] = st.get("num_preemptions", 0)
+    return out
