@@ -42,7 +42,7 @@ def _check(s: Scheduler) -> None:
 
 def _run(s: Scheduler, steps: int, rng: random.Random) -> None:
     n = 0
-    for step in range(steps):
+    for _ in range(steps):
         if rng.random() < 0.7:
             prompt = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 30))]
             s.add(Request(f"r{n}", prompt, SamplingParams(max_tokens=rng.randrange(1, 60))))
