@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from common.messages import encode  # noqa: E402
 from common.sampling_params import SamplingParams  # noqa: E402
+from scheduler_worker.backends.base import DecodeRows  # noqa: E402
 from scheduler_worker.backends.graphs import StaticDecodeInputs  # noqa: E402
 from scheduler_worker.engine import LLMEngine  # noqa: E402
 from scheduler_worker.worker import SchedulerWorker  # noqa: E402
@@ -50,11 +51,9 @@ def graph_like_execute(engine: LLMEngine, max_rows: int):
     real = runner.execute
 
     def execute(seqs, argmax_vocab=None):
-        if not all(len(s.token_ids) == 1 for s in seqs):
+        if not isinstance(seqs, DecodeRows):
             return real(seqs, argmax_vocab)  # the prompts: the real forward
-        inputs.fill(
-            seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long), engine.scheduler.tables
-        )
+        inputs.fill(seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long))
         return logits[: len(seqs)]
 
     return execute

@@ -26,7 +26,7 @@ from common.model_facts import context_length
 from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.heap import keep_step_buffers_in_heap
-from scheduler_worker.model_runner import ModelRunner, SeqInput
+from scheduler_worker.model_runner import ModelRunner
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import (
     DeviceSample,
@@ -38,6 +38,7 @@ from scheduler_worker.sampling import (
     prompt_logprob_entries,
 )
 from scheduler_worker.scheduler import ScheduledBatch, Scheduler
+from scheduler_worker.step_inputs import decode_rows, seq_inputs
 from scheduler_worker.step_output import (
     EngineCounters,
     InFlight,
@@ -70,7 +71,6 @@ class LLMEngine:
             self.eos_token_ids,
             sliding_window=args.kv_window,
         )
-        self.runner.backend.block_tables = self.scheduler.tables
         self.sampler = Sampler(
             args.vocab_size,
             self.eos_token_ids,
@@ -245,19 +245,11 @@ class LLMEngine:
         # core is spare, else now: scheduler_worker/structured.py)
         samplers = [req for (req, _), s in zip(entries, sampling) if s]
         masks = self.grammars.start(samplers)
-        prev = self._in_flight.rows if self._in_flight is not None else {}
-        inputs = [
-            SeqInput(
-                req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
-                req.num_computed_tokens,
-                req.block_table,
-                sample,
-                _prompt_logits(req, n) if req.reads_history else 0,
-                prev.get(req.request_id, -1) if req.num_pending else -1,
-                req.slot,
-            )
-            for (req, n), sample in zip(entries, sampling)
-        ]
+        inputs = (
+            decode_rows(samplers, self.scheduler.tables)
+            if batch.num_decode == len(entries)
+            else seq_inputs(entries, sampling)
+        )
         # plain greedy rows (the common case) need no SamplingRow: only their argmax
         plain = masks is None and all(req.plain for req in samplers)
         rows = [
@@ -271,7 +263,7 @@ class LLMEngine:
         backend = self.runner.backend
         backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
         backend.chained = self._in_flight is not None
-        if any(s.prompt_logits for s in inputs):
+        if isinstance(inputs, list) and any(s.prompt_logits for s in inputs):
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
             self._keep_prompt_logprobs(entries, prompt_logits)
         else:
@@ -294,7 +286,7 @@ class LLMEngine:
         stats.sample += time.perf_counter() - t2
         self.counters.prompt_tokens += batch.num_prefill_tokens
         sampled = self.scheduler.advance(batch, sampling)
-        return InFlight(sampled, sample, {req.request_id: i for i, (req, _) in enumerate(sampled)})
+        return InFlight(sampled, sample)
 
     def _resolve(self, step: InFlight, stats: StepStats) -> list[RequestOutput]:
         """Step's tokens on the host (waiting for the device if need be) into its requests:
@@ -381,16 +373,6 @@ class LLMEngine:
                 if out.request_id in results:
                     results[out.request_id].extend(out.new_token_ids)
         return [results[f"{base}{i}"] for i in range(len(prompts))]
-
-
-def _prompt_logits(req: Request, n: int) -> int:
-    """How many of the chunk's n tokens need logits for prompt logprobs: those before
-    the prompt's last token (each scores the next prompt token)."""
-    if not req.wants_prompt_logprobs:
-        return 0
-    return max(
-        0, min(req.num_computed_tokens + n, req.num_prompt_tokens - 1) - req.num_computed_tokens
-    )
 
 
 def _eos_ids(hf: dict, model_dir: Path) -> list[int]:

@@ -17,7 +17,7 @@ from common.config import CacheConfig, ConfigError, EngineConfig
 from common.log import get_logger
 from common.model_facts import context_length
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends.base import SeqInput, step_order
+from scheduler_worker.backends.base import SeqInput, StepInputs, step_order
 from scheduler_worker.backends.select import make_backend
 from scheduler_worker.loader import TORCH_DTYPES, load, resolve_device, resolve_dtype
 from scheduler_worker.quant.linear import QuantLinear, StepRows
@@ -122,12 +122,12 @@ class ModelRunner:
             return need
         return blocks
 
-    def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def prepare(self, seqs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The step's flat inputs and attention metadata, built by the backend."""
         return self.backend.prepare(seqs)
 
     @torch.inference_mode()
-    def execute(self, seqs: list[SeqInput], argmax_vocab: int | None = None) -> torch.Tensor:
+    def execute(self, seqs: StepInputs, argmax_vocab: int | None = None) -> torch.Tensor:
         """Run one forward; returns float32 logits [num sampling seqs, vocab]. With
         `argmax_vocab` (the caller takes every row's argmax of the raw logits: a greedy
         step), int64 tokens [num sampling seqs] instead where the model's head takes the

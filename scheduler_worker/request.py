@@ -54,6 +54,7 @@ class Request:
     num_hashed_blocks: int = 0
     num_freed_blocks: int = 0  # leading block_table entries given back (sliding window)
     slot: int = -1  # its row of the scheduler's BlockTables while running
+    flight_row: int = -1  # with num_pending: its placeholder's row in the step in flight
     # the tokens that may stop it (stop_token_ids, and the EOS unless ignore_eos): set by
     # Scheduler.add, read for every token it samples
     stop_tokens: frozenset[int] = frozenset()

@@ -53,9 +53,11 @@ class ScheduledBatch:
 
     def sampling(self) -> list[bool]:
         """Per entry: its chunk reaches the request's last token, so the request samples
-        one token after the forward (the last prompt chunk, and every decode). Read it
-        before update()."""
-        return [req.num_computed_tokens + n == req.num_tokens for req, n in self.entries.values()]
+        one token after the forward (the last prompt chunk, and every decode: the first
+        num_decode entries). Read it before update()."""
+        head = [True] * self.num_decode
+        rest = list(self.entries.values())[self.num_decode :]
+        return head + [req.num_computed_tokens + n == req.num_tokens for req, n in rest]
 
 
 class Scheduler:
@@ -126,6 +128,8 @@ class Scheduler:
             entries[req.request_id] = (req, 1)
             batch.num_decode += 1
         budget -= batch.num_decode
+        preemptions = self.num_preemptions
+        admitted = 0
         for req in list(self.prefilling):  # a copy: preemption may remove entries
             if budget <= 0:
                 break
@@ -150,6 +154,10 @@ class Scheduler:
             self.num_waiting -= 1
             batch.entries[req.request_id] = (req, n)
             budget -= n
+            admitted += n
+        if self.num_preemptions == preemptions:
+            batch.num_prefill_tokens += admitted
+            return batch
         # preemption may have dropped entries: count what is really scheduled
         batch.num_decode = sum(1 for r, n in batch.entries.values() if not r.in_prefill_queue)
         batch.num_prefill_tokens = sum(n for r, n in batch.entries.values() if r.in_prefill_queue)
@@ -255,11 +263,18 @@ class Scheduler:
             sampling = batch.sampling()
         out: list[tuple[Request, int]] = []
         active, window = self.active, self.sliding_window is not None
+        bs = self.block_size
         for (req, n), sample in zip(entries, sampling):
-            self._advance(req, n, window)
+            req.num_computed_tokens += n  # _advance, inlined: every row
+            known = min(req.num_computed_tokens, len(req.token_ids) - req.num_pending)
+            if known // bs > req.num_hashed_blocks:
+                self._hash_blocks(req)
+            if window:
+                self._free_outside_window(req)
             if not sample:
                 continue
             index = len(req.token_ids)
+            req.flight_row = len(out)
             out.append((req, index))
             req.token_ids.append(PLACEHOLDER)
             req.output_token_ids.append(PLACEHOLDER)
@@ -313,13 +328,6 @@ class Scheduler:
         if n_out >= req.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
-
-    def _advance(self, req: Request, n: int, window: bool = True) -> None:
-        """After the forward: n more tokens of req are in the KV cache."""
-        req.num_computed_tokens += n
-        self._hash_blocks(req)
-        if window and self.sliding_window is not None:
-            self._free_outside_window(req)
 
     def _hash_blocks(self, req: Request) -> None:
         """Register req's blocks that filled in the prefix cache: those whose tokens are

@@ -32,7 +32,6 @@ class InFlight:
 
     sampled: list[tuple[Request, int]]  # (request, its placeholder's index), in row order
     sample: DeviceSample | None  # the tokens (and logprobs) on the device, being copied
-    rows: dict[str, int]  # request id -> its row in `sample` (the next step's prev_row)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from scheduler_worker.attention import AttentionMetadata
@@ -26,7 +27,7 @@ from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqInput:
     token_ids: list[int]  # tokens to compute this step (1 for a decode); -1: see below
     num_computed: int  # tokens of this sequence already in the KV cache
@@ -37,9 +38,7 @@ class SeqInput:
     # overlapped scheduling: a decode whose token the step in flight is still sampling has
     # token_ids [-1] and here that step's row of it (the token is read on the device)
     prev_row: int = -1
-    # its row of the scheduler's BlockTables (Backend.block_tables), which hold block_table
-    # as well; -1: none (a step built by hand), block_table is read
-    slot: int = -1
+    slot: int = -1  # its row of the scheduler's BlockTables (-1: none, a step built by hand)
 
     def slots(self, block_size: int) -> list[int]:
         """The cache slot of each of this step's tokens (positions num_computed ...);
@@ -52,6 +51,60 @@ class SeqInput:
         if len(table) * block_size < end:
             raise ValueError(f"block table covers {len(table) * block_size} tokens, need {end}")
         return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+@dataclass(slots=True)
+class DecodeRows:
+    """A decode-only step as columns, every row sampled: row i computes one token at
+    positions[i] over the blocks of row slots[i] of `tables`. The engine builds it in a few
+    C-level passes where a SeqInput a row cost more than the rest of the row's staging
+    (docs/benchmarks.md, "Host step"); a path that reads rows one by one takes seqs()."""
+
+    token_ids: list[int]  # -1: a placeholder, the step in flight's token of prev_rows[i]
+    positions: list[int]
+    slots: list[int]
+    prev_rows: list[int]
+    tables: BlockTables
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @classmethod
+    def of(cls, seqs: list[SeqInput], pad: int) -> DecodeRows:
+        """Decode SeqInputs (one token each, sampled) as columns over tables of their own."""
+        width = max(len(s.block_table) for s in seqs)
+        tables = BlockTables(len(seqs), pad, width=max(1, width))
+        for s in seqs:
+            tables.write(tables.take(), 0, s.block_table)
+        return cls(
+            [s.token_ids[0] for s in seqs],
+            [s.num_computed for s in seqs],
+            list(range(len(seqs))),
+            [s.prev_row for s in seqs],
+            tables,
+        )
+
+    def seqs(self) -> list[SeqInput]:
+        """The rows as SeqInputs."""
+        rows = zip(self.token_ids, self.positions, self.slots, self.prev_rows)
+        return [SeqInput([t], p, self.tables.row(s), True, 0, r, s) for t, p, s, r in rows]
+
+    def staged(self, bs: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """positions [n], block tables [n, width] (past a row's blocks: the tables' pad)
+        and cache slots [n], as int64; ValueError when a row's table does not cover its
+        token."""
+        pos = np.array(self.positions, dtype=np.int64)
+        idx = np.array(self.slots, dtype=np.int64)
+        if (pos // bs >= self.tables.lengths[idx]).any():
+            raise ValueError("a decode row's block table does not cover its token")
+        have = min(width, self.tables.width)
+        tables = np.full((len(pos), width), self.tables.pad, dtype=np.int64)
+        tables[:, :have] = self.tables.array[idx, :have]
+        slots = tables[np.arange(len(pos)), pos // bs] * bs + pos % bs
+        return pos, tables, slots
+
+
+StepInputs = list[SeqInput] | DecodeRows
 
 
 def step_order(seqs: list[SeqInput]) -> list[int]:
@@ -70,8 +123,6 @@ class Backend:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.prev_tokens: torch.Tensor | None = None  # the step in flight's sampled tokens
         self.chained = False  # this step launches while the one before it is in flight
-        # the scheduler's tables (SeqInput.slot), set by the engine: a step's rows gathered
-        self.block_tables: BlockTables | None = None
 
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:
@@ -91,7 +142,7 @@ class Backend:
         """Once the pool exists: warm-up, graph capture."""
 
     # ---- a step ---------------------------------------------------------------
-    def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def prepare(self, seqs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         raise NotImplementedError
 
     def before_forward(self, meta: AttentionMetadata) -> None:
@@ -101,7 +152,7 @@ class Backend:
         self,
         model: torch.nn.Module,
         kv_caches: list[KVCache],
-        seqs: list[SeqInput],
+        seqs: StepInputs,
         argmax_vocab: int | None = None,
     ) -> torch.Tensor:
         """One forward; float32 logits [sampling seqs, vocab], or with `argmax_vocab` int64

@@ -19,7 +19,14 @@ from scheduler_worker.attention import (
     PrefillSlice,
     choose_decode_kernel,
 )
-from scheduler_worker.backends.base import Backend, KVCache, SeqInput, step_order
+from scheduler_worker.backends.base import (
+    Backend,
+    DecodeRows,
+    KVCache,
+    SeqInput,
+    StepInputs,
+    step_order,
+)
 from scheduler_worker.backends.ops import CpuKernelOps
 from scheduler_worker.kv_pool import allocate_kv_pool
 from scheduler_worker.loader import TORCH_DTYPES
@@ -54,21 +61,19 @@ class DecodeInputs:
         self.rows_index = torch.arange(r, dtype=torch.long)
         self.np = [t.numpy() for t in (self.ids, self.pos, self.slots, self.ctx, self.tables)]
 
-    def fill(self, seqs: list[SeqInput], bucket_width: bool) -> int:
-        """Write the rows of `seqs` (all decodes); returns the block-table width used."""
-        n, bs = len(seqs), self.block_size
-        ctx_max = max(s.num_computed for s in seqs) + 1
-        w = -(-ctx_max // bs)
+    def fill(self, rows: DecodeRows, bucket_width: bool) -> int:
+        """Write the decode rows; returns the block-table width used."""
+        n, bs = len(rows), self.block_size
+        w = max(rows.positions) // bs + 1
         w = width_bucket(w) if bucket_width else w
         if n > self.rows or w > self.width:
             self._grow(max(n, 2 * self.rows) if n > self.rows else 0, width_bucket(w))
         ids, pos, slots, ctx, tables = self.np
-        tables[:n, :w] = 0
-        for i, s in enumerate(seqs):
-            p = s.num_computed
-            table = s.block_table[:w]
-            ids[i], pos[i], ctx[i], slots[i] = s.token_ids[0], p, p + 1, s.slots(bs)[0]
-            tables[i, : len(table)] = table
+        # past a row's blocks: the tables' pad, a block of the pool no kernel reads
+        p, tables[:n, :w], slots[:n] = rows.staged(bs, w)
+        ids[:n] = rows.token_ids  # a placeholder (-1): CpuBackend._resolve
+        pos[:n] = p
+        ctx[:n] = p + 1
         return w
 
 
@@ -120,14 +125,16 @@ class CpuBackend(Backend):
         self.step_rows.set_step(meta.num_decode)
 
     # ---- step inputs ---------------------------------------------------------------
-    def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def prepare(self, seqs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flatten the step's tokens (decodes first) and build the attention metadata.
 
         Returns (input_ids, positions, metadata); metadata.logits_indices lists the last
         token of each sequence with `sample` set, in the order of `seqs`.
         """
-        if all(len(s.token_ids) == 1 for s in seqs):
+        if isinstance(seqs, DecodeRows):
             return self._prepare_decode(self.decode_inputs, seqs)
+        if all(len(s.token_ids) == 1 and s.sample for s in seqs):
+            return self._prepare_decode(self.decode_inputs, DecodeRows.of(seqs, pad=0))
         bs = self.block_size
         order = step_order(seqs)
         num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)
@@ -172,27 +179,24 @@ class CpuBackend(Backend):
                 )
         ids = torch.tensor(input_ids, dtype=torch.long)
         pos = torch.tensor(positions, dtype=torch.long)
-        self._resolve(ids, [seqs[i] for i in order[:num_decode]])
+        self._resolve(ids, [seqs[i].prev_row for i in order[:num_decode]])
         if self.decode_kernel == "paged":
             _paged_rows(meta, [seqs[i] for i in order], bs, pos)
         return ids, pos, meta
 
-    def _resolve(self, ids: torch.Tensor, decodes: list[SeqInput]) -> None:
+    def _resolve(self, ids: torch.Tensor, prev_rows: list[int]) -> None:
         """Placeholder tokens (overlapped scheduling) of the leading decode rows."""
-        pairs = [(s.prev_row, i) for i, s in enumerate(decodes) if s.prev_row >= 0]
+        pairs = [(r, i) for i, r in enumerate(prev_rows) if r >= 0]
         if pairs:
             self.resolve_prev(ids, [p for p, _ in pairs], [i for _, i in pairs])
 
     def _prepare_decode(
-        self, buf: DecodeInputs, seqs: list[SeqInput]
+        self, buf: DecodeInputs, rows: DecodeRows
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """prepare() for a decode-only step, from the kept buffers."""
-        w = buf.fill(seqs, self.decode_kernel == "paged")
-        n = m = len(seqs)
-        if all(s.sample for s in seqs):
-            logits_indices = buf.rows_index[:n]
-        else:
-            logits_indices = torch.tensor([i for i, s in enumerate(seqs) if s.sample])
+        """prepare() for a decode-only step (every row sampled), from the kept buffers."""
+        w = buf.fill(rows, self.decode_kernel == "paged")
+        m = len(rows)
+        logits_indices = buf.rows_index[:m]
         ctx_t = buf.ctx[:m]
         meta = AttentionMetadata(
             slot_mapping=buf.slots[:m],
@@ -202,12 +206,12 @@ class CpuBackend(Backend):
             kernel_isa=self.isa_index,
             decode_block_tables=buf.tables[:m, :w],
             decode_context_lens=ctx_t,
-            decode_max_context=max(s.num_computed for s in seqs) + 1,
+            decode_max_context=max(rows.positions) + 1,
         )
         if self.decode_kernel != "paged":
             cols = w * self.block_size
             meta.decode_mask = (torch.arange(cols)[None, :] < ctx_t[:, None]).view(m, 1, 1, -1)
-        self._resolve(buf.ids, seqs)
+        self._resolve(buf.ids, rows.prev_rows)
         return buf.ids[:m], buf.pos[:m], meta
 
     def _prefill_slice(self, offset: int, n: int, start: int, table: list[int]) -> PrefillSlice:

@@ -23,7 +23,14 @@ from common.log import get_logger
 from scheduler_worker.activations import GELU_TANH_ACTS
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends import triton_decode, triton_ops, triton_prefill
-from scheduler_worker.backends.base import Backend, KVCache, SeqInput, step_order
+from scheduler_worker.backends.base import (
+    Backend,
+    DecodeRows,
+    KVCache,
+    SeqInput,
+    StepInputs,
+    step_order,
+)
 from scheduler_worker.backends.device_clock import DeviceClock
 from scheduler_worker.backends.graphs import (
     DecodeGraphs,
@@ -310,11 +317,19 @@ class CudaBackend(Backend):
         if (
             g is not None
             and len(seqs) <= g.max_size
-            and all(len(s.token_ids) == 1 and s.sample for s in seqs)
+            and (
+                isinstance(seqs, DecodeRows)
+                or all(len(s.token_ids) == 1 and s.sample for s in seqs)
+            )
         ):
             with torch.inference_mode():
-                out = g.replay(seqs, self.prev_tokens, self.block_tables)
-        elif self.mixed is not None and self.mixed.fits(seqs):
+                out = g.replay(seqs, self.prev_tokens)
+            if clock is not None and started is not None:
+                clock.end(started)
+            return out
+        if isinstance(seqs, DecodeRows):  # past the largest graph, or no graphs
+            seqs = seqs.seqs()
+        if self.mixed is not None and self.mixed.fits(seqs):
             with torch.inference_mode():
                 out = self.mixed.replay(seqs, self.prev_tokens)
         else:
@@ -323,10 +338,12 @@ class CudaBackend(Backend):
             clock.end(started)
         return out
 
-    def prepare(self, seqs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def prepare(self, seqs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Varlen metadata for the Triton kernels: per sequence, in the step's order, its
         query rows, its context after the step and its block table; a decode-only step
         also gets the decode kernel's (eager: past the largest graph, --enforce-eager)."""
+        if isinstance(seqs, DecodeRows):
+            seqs = seqs.seqs()
         bs, dev = self.block_size, self.device
         order = step_order(seqs)
         num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)

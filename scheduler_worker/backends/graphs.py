@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends.base import KVCache, SeqInput
-from scheduler_worker.backends.block_tables import BlockTables
+from scheduler_worker.backends.base import DecodeRows, KVCache, StepInputs
 
 # staged per row before its block table: token, position, slot, context length, and the
 # row of the step in flight whose sampled token is this row's (-1: the token is known)
@@ -122,59 +121,41 @@ class StaticDecodeInputs:
 
     def fill(
         self,
-        seqs: list[SeqInput],
+        rows: StepInputs,
         b: int,
         prev_tokens: torch.Tensor | None = None,
-        tables: BlockTables | None = None,
     ) -> int:
-        """Stage the n rows of `seqs` (decodes) and the padding up to b, copy them to the
-        static inputs, a placeholder token read from `prev_tokens` (the step in flight's
-        sampled tokens, on the device); returns the number of such rows. With `tables`
-        (the scheduler's) and every row's slot in it, the block tables are gathered from
-        it in one numpy index; else from each row's list."""
-        n, bs = len(seqs), self.block_size
-        pos = [s.num_computed for s in seqs]
-        slots = [s.slot for s in seqs]
-        w = max(pos) // bs + 1
+        """Stage the n decode rows and the padding up to b, copy them to the static
+        inputs, a placeholder token read from `prev_tokens` (the step in flight's sampled
+        tokens, on the device); returns the number of such rows."""
+        if not isinstance(rows, DecodeRows):
+            rows = DecodeRows.of(rows, self.scratch_block)
+        n, bs = len(rows), self.block_size
+        w = max(rows.positions) // bs + 1
         if w > self.max_blocks:
             raise ValueError(f"a decode of {w} blocks, past the graphs' {self.max_blocks}")
+        pos, tables, slots = rows.staged(bs, w)
         width = COLS + w
         host = self.host[self.turn]
         self.turn ^= 1
-        rows = host[: b * width].view(b, width)
-        a = rows.numpy()
+        staged_rows = host[: b * width].view(b, width)
+        a = staged_rows.numpy()
         a[n:, 0:2] = 0
         a[n:, 2] = self.scratch_block * bs  # padding: K/V into the scratch slot, and
         a[n:, 3] = 1  # attends it alone
         a[n:, 4] = -1
         a[n:, COLS:] = self.scratch_block
-        prev_rows = [s.prev_row for s in seqs]
-        a[:n, 0] = [s.token_ids[0] for s in seqs]
+        a[:n, 0] = rows.token_ids
         np.maximum(a[:n, 0], 0, out=a[:n, 0])  # a placeholder (-1): read from prev_tokens
-        p = a[:n, 1]
-        p[:] = pos
-        a[:n, 3] = p + 1
-        a[:n, 4] = prev_rows
-        if tables is not None and min(slots) >= 0:
-            idx = np.array(slots)
-            if (p // bs >= tables.lengths[idx]).any():
-                raise ValueError("a row's block table does not cover its next token")
-            # past a row's blocks: `pad`, read by no kernel
-            np.copyto(a[:n, COLS:], tables.array[idx, :w], casting="unsafe")
-        else:
-            # columns built as lists and written at once: numpy's per-element writes were
-            # most of the host's time in a 128-row step
-            lists = [s.block_table for s in seqs]
-            for q, t in zip(pos, lists):
-                if len(t) * bs <= q:
-                    raise ValueError(f"block table covers {len(t) * bs} tokens, need {q + 1}")
-            pad = [self.scratch_block] * w
-            a[:n, COLS:] = [t[:w] if len(t) >= w else t + pad[len(t) :] for t in lists]
-        a[:n, 2] = a[np.arange(n), COLS + p // bs] * bs + p % bs
-        num_prev = n - prev_rows.count(-1)
+        a[:n, 1] = pos
+        a[:n, 2] = slots
+        a[:n, 3] = pos + 1
+        a[:n, 4] = rows.prev_rows
+        a[:n, COLS:] = tables  # past a row's blocks: read by no kernel
+        num_prev = n - rows.prev_rows.count(-1)
         # one copy, from pinned memory: a pageable one may wait for the step in flight
         staged = self.staged[: b * width].view(b, width)
-        staged.copy_(rows, non_blocking=True)
+        staged.copy_(staged_rows, non_blocking=True)
         if num_prev:
             assert prev_tokens is not None, "a placeholder token with no step in flight"
             prev = staged[:, 4]
@@ -257,17 +238,12 @@ class DecodeGraphs(GraphSet):
 
         return run
 
-    def replay(
-        self,
-        seqs: list[SeqInput],
-        prev_tokens: torch.Tensor | None,
-        tables: BlockTables | None = None,
-    ) -> torch.Tensor:
+    def replay(self, rows: StepInputs, prev_tokens: torch.Tensor | None) -> torch.Tensor:
         """Logits [n, vocab] of a decode-only step of n <= max_size rows (a view of the
         graph's output: valid until the next replay of that graph)."""
-        n = len(seqs)
+        n = len(rows)
         b = self.bucket(n)
         assert b is not None, f"{n} rows past the largest graph ({self.max_size})"
-        self.inputs.fill(seqs, b, prev_tokens, tables)
+        self.inputs.fill(rows, b, prev_tokens)
         self.graphs[b].replay()
         return self.outputs[b][:n]

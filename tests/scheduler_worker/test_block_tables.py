@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
+import pytest
 import torch
 
 from common.config import CacheConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
-from scheduler_worker.backends.base import SeqInput
+from scheduler_worker.backends.base import DecodeRows, SeqInput
 from scheduler_worker.backends.block_tables import BlockTables
-from scheduler_worker.backends.graphs import COLS, StaticDecodeInputs
+from scheduler_worker.backends.cpu import CpuBackend
+from scheduler_worker.backends.graphs import StaticDecodeInputs
+from scheduler_worker.quant.linear import StepRows
 from scheduler_worker.request import Request
 from scheduler_worker.scheduler import Scheduler
 
@@ -69,10 +71,14 @@ def test_tables_follow_a_sliding_window():
     _run(s, 300, random.Random(2))
 
 
-def test_decode_staging_from_tables_equals_from_lists():
-    rng = random.Random(3)
-    bs, n, scratch = 4, 12, 500
-    tables = BlockTables(16, pad=scratch)
+def _rows(rng: random.Random, n: int, bs: int, scratch: int):
+    """n decode rows two ways: SeqInputs with their own lists, and DecodeRows over the
+    tables the scheduler would keep (a table for each, in slots taken in some order)."""
+    tables = BlockTables(2 * n, pad=scratch)
+    for _ in range(n):  # slots not 0..n-1: some taken and given back first
+        tables.take()
+    for s in range(0, n, 2):
+        tables.give(s)
     seqs = []
     for i in range(n):
         pos = rng.randrange(0, 60)
@@ -81,19 +87,67 @@ def test_decode_staging_from_tables_equals_from_lists():
         tables.write(slot, 0, blocks)
         prev = rng.choice([-1, i])
         seqs.append(SeqInput([-1 if prev >= 0 else 9], pos, blocks, True, 0, prev, slot))
+    rows = DecodeRows(
+        [s.token_ids[0] for s in seqs],
+        [s.num_computed for s in seqs],
+        [s.slot for s in seqs],
+        [s.prev_row for s in seqs],
+        tables,
+    )
+    return seqs, rows
+
+
+def test_decode_staging_from_tables_equals_from_lists():
+    rng = random.Random(3)
+    bs, n, scratch = 4, 12, 500
+    seqs, rows = _rows(rng, n, bs, scratch)
+    assert [s.block_table for s in rows.seqs()] == [s.block_table for s in seqs]
     prev_tokens = torch.arange(100, 100 + n)
     staged = []
-    for t in (tables, None):
+    for step in (rows, seqs):
         inp = StaticDecodeInputs(16, 32, torch.device("cpu"), False, scratch, bs)
-        inp.fill(seqs, 16, prev_tokens, t)
-        staged.append([x.clone() for x in (inp.ids, inp.pos, inp.slots, inp.ctx)])
+        inp.fill(step, 16, prev_tokens)
+        staged.append([x.clone() for x in (inp.ids, inp.pos, inp.slots, inp.ctx, inp.tables)])
         w = max(s.num_computed for s in seqs) // bs + 1
-        tab = inp.tables[:n, :w]
-        for s, row in zip(seqs, tab.tolist()):  # a row's own blocks; the rest no kernel reads
-            k = s.num_computed // bs + 1
+        for s, row in zip(seqs, inp.tables[:n, :w].tolist()):
+            k = s.num_computed // bs + 1  # a row's own blocks; the rest no kernel reads
             assert row[:k] == s.block_table[:k]
+            assert row[len(s.block_table) :] == [scratch] * (w - len(s.block_table))
     for a, b in zip(*staged):
         torch.testing.assert_close(a, b)
     ids = staged[0][0][:n].tolist()
     assert ids == [100 + i if s.prev_row >= 0 else 9 for i, s in enumerate(seqs)]
-    assert COLS == 5 and np.int32 == tables.array.dtype
+    pos = staged[0][1][:n].tolist()
+    slots = staged[0][2][:n].tolist()
+    assert slots == [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]
+
+
+def test_cpu_decode_inputs_from_rows_equal_those_from_seq_inputs():
+    rng = random.Random(4)
+    bs, n, scratch = 4, 9, 300
+    seqs, rows = _rows(rng, n, bs, scratch)
+    backend = CpuBackend(torch.float32, bs, None, StepRows())
+    backend.prev_tokens = torch.arange(50, 50 + n)
+    got = []
+    for step in (rows, seqs):
+        ids, pos, meta = backend.prepare(step)
+        w = meta.decode_block_tables.shape[1]
+        assert w >= max(s.num_computed for s in seqs) // bs + 1
+        got.append(
+            [ids.clone(), pos.clone(), meta.slot_mapping.clone(), meta.decode_context_lens.clone()]
+        )
+        for s, row in zip(seqs, meta.decode_block_tables.tolist()):
+            k = s.num_computed // bs + 1
+            assert row[:k] == s.block_table[:k]
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b)
+    assert got[0][0].tolist() == [50 + i if s.prev_row >= 0 else 9 for i, s in enumerate(seqs)]
+
+
+def test_a_table_that_does_not_cover_the_token_is_refused():
+    tables = BlockTables(2, pad=0)
+    slot = tables.take()
+    tables.write(slot, 0, [3])
+    rows = DecodeRows([1], [4], [slot], [-1], tables)  # position 4: a second block of 4
+    with pytest.raises(ValueError, match="does not cover"):
+        rows.staged(4, 2)

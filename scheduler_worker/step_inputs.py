@@ -1,0 +1,57 @@
+"""A scheduled batch's requests -> the step's inputs for the backend.
+
+    decode-only step    DecodeRows: a column each (tokens, positions, table rows, rows of
+                        the step in flight), a few C-level passes over the rows; the
+                        tables are the scheduler's own (BlockTables), not copied
+    prompt chunks       a SeqInput a row (its chunk's tokens, its table, prompt logits)
+
+A placeholder token (overlapped scheduling) is -1, with its row in the step in flight.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+from scheduler_worker.backends.base import DecodeRows, SeqInput
+from scheduler_worker.backends.block_tables import BlockTables
+from scheduler_worker.request import Request
+
+_SLOT = attrgetter("slot")
+
+
+def decode_rows(reqs: list[Request], tables: BlockTables) -> DecodeRows:
+    """A decode-only step's inputs (every row samples its next token)."""
+    positions = [r.num_computed_tokens for r in reqs]
+    return DecodeRows(
+        [r.token_ids[p] for r, p in zip(reqs, positions)],
+        positions,
+        list(map(_SLOT, reqs)),
+        [r.flight_row if r.num_pending else -1 for r in reqs],
+        tables,
+    )
+
+
+def seq_inputs(entries: list[tuple[Request, int]], sampling: list[bool]) -> list[SeqInput]:
+    """A step with prompt chunks: a SeqInput a (request, tokens to compute) entry."""
+    return [
+        SeqInput(
+            req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
+            req.num_computed_tokens,
+            req.block_table,
+            sample,
+            _prompt_logits(req, n) if req.reads_history else 0,
+            req.flight_row if req.num_pending else -1,
+            req.slot,
+        )
+        for (req, n), sample in zip(entries, sampling)
+    ]
+
+
+def _prompt_logits(req: Request, n: int) -> int:
+    """How many of the chunk's n tokens need logits for prompt logprobs: those before
+    the prompt's last token (each scores the next prompt token)."""
+    if not req.wants_prompt_logprobs:
+        return 0
+    return max(
+        0, min(req.num_computed_tokens + n, req.num_prompt_tokens - 1) - req.num_computed_tokens
+    )
