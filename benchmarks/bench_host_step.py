@@ -9,7 +9,7 @@ The sampler, the scheduler, the outputs and the worker's encoding for the detoke
 (SchedulerWorker.publish, the message encoded, not sent) run for real. Prints µs a step and a
 row, and with --profile the functions that take the time.
 
-    .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256
+    .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat]
 """
 
 from __future__ import annotations
@@ -37,24 +37,49 @@ from scheduler_worker.backends.graphs import StaticDecodeInputs  # noqa: E402
 from scheduler_worker.engine import LLMEngine  # noqa: E402
 from scheduler_worker.worker import SchedulerWorker  # noqa: E402
 
-VOCAB = 64  # the stand-in logits' width: the device's argmax costs the host nothing
+VOCAB = 64  # greedy: the stand-in logits' width (the device's argmax costs the host nothing)
+SCHEMA = (
+    '{"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}}'
+)
 
 
-def graph_like_execute(engine: LLMEngine, max_rows: int):
-    """runner.execute as a replayed decode graph costs the host: its inputs staged."""
+def chat_mix(i: int) -> SamplingParams:
+    """Request i of issue 52's chat mix: a quarter greedy, the rest temperature 0.7 and
+    top_p 0.9; a quarter seeded; one in eight with logprobs 5, one in eight with
+    presence_penalty 0.5, one in sixteen with a json_schema."""
+    kw: dict = {"max_tokens": 480, "ignore_eos": True, "temperature": 0.0}
+    if i % 4:
+        kw.update(temperature=0.7, top_p=0.9)
+    if i % 4 == 1:
+        kw["seed"] = 1000 + i
+    if i % 8 == 2:
+        kw["logprobs"] = 5
+    if i % 8 == 3:
+        kw["presence_penalty"] = 0.5
+    if i % 16 == 6:
+        kw["structured"] = {"kind": "json", "spec": SCHEMA}
+    return SamplingParams(**kw)
+
+
+def graph_like_execute(engine: LLMEngine, max_rows: int, vocab: int = VOCAB):
+    """runner.execute as a replayed decode graph costs the host: its inputs staged. The
+    chat mix gets logits as wide as the vocabulary (a grammar allows the model's own
+    tokens: cut to a few, a row can be left with none)."""
     runner = engine.runner
     inputs = StaticDecodeInputs(
         max_rows, 64, torch.device("cpu"), False, runner.num_blocks, runner.block_size
     )
-    logits = torch.zeros(max_rows, VOCAB)
-    logits[:, 7] = 1.0  # every row's argmax: token 7 (not an EOS: ignore_eos anyway)
+    logits = torch.randn(max_rows, vocab, generator=torch.Generator().manual_seed(0))
+    # peaked as a model's: the byte-level tokens hold ~95% of the mass (a flat row makes
+    # top_p 0.9 keep tens of thousands of tokens, which no model's logits do)
+    logits[:, :256] += 8.0
     real = runner.execute
 
     def execute(seqs, argmax_vocab=None):
         if not isinstance(seqs, DecodeRows):
             return real(seqs, argmax_vocab)  # the prompts: the real forward
         inputs.fill(seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long))
-        return logits[: len(seqs)]
+        return logits[: len(seqs)].clone()  # fresh, as a step's: the grammar masks write into them
 
     return execute
 
@@ -74,7 +99,17 @@ def publisher(engine: LLMEngine):
     return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
 
 
-def run(model_dir: Path, rows: int, steps: int, profile: bool, kernels: str = "auto") -> float:
+def run(
+    model_dir: Path,
+    rows: int,
+    steps: int,
+    profile: bool,
+    kernels: str = "auto",
+    mix: str = "greedy",
+) -> tuple[float, float, float]:
+    """Seconds a step, a row (the rows each step decoded, counted: a grammar's JSON may
+    end before max_tokens), and a step in the sampler (on a CPU its torch ops are the
+    device's work: the chat mix's top-p sort over the vocabulary is most of them)."""
     cfg = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
@@ -85,20 +120,24 @@ def run(model_dir: Path, rows: int, steps: int, profile: bool, kernels: str = "a
     engine = LLMEngine(cfg, model_dir)
     gc.collect()  # as a served worker once ready (WorkerShell.start)
     gc.freeze()
-    engine.runner.execute = graph_like_execute(engine, rows)  # type: ignore[method-assign]
+    vocab = VOCAB if mix == "greedy" else engine.vocab_size
+    engine.runner.execute = graph_like_execute(engine, rows, vocab)  # type: ignore[method-assign]
     publish = publisher(engine)
     rng = random.Random(0)
-    params = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
     for i in range(rows):
+        params = greedy if mix == "greedy" else chat_mix(i)
         engine.add_request(f"r{i}", [rng.randrange(100, 1000) for _ in range(20)], params)
     while any(r.num_output_tokens < 2 for r in engine.requests.values()):
         publish(engine.step())
     for _ in range(10):
         publish(engine.step())
-    t = time.perf_counter()
+    t, num_rows, sampler = time.perf_counter(), 0, 0.0
     for _ in range(steps):
         publish(engine.step())
-    seconds = (time.perf_counter() - t) / steps
+        num_rows += engine.last_step.num_decode
+        sampler += engine.last_step.sample
+    seconds = time.perf_counter() - t
     if profile:
         pr = cProfile.Profile()
         pr.enable()
@@ -107,7 +146,7 @@ def run(model_dir: Path, rows: int, steps: int, profile: bool, kernels: str = "a
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     gc.unfreeze()
-    return seconds
+    return seconds / steps, seconds / max(1, num_rows), sampler / steps
 
 
 def main() -> None:
@@ -115,6 +154,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 256])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--mix", choices=("greedy", "chat"), default="greedy", help="sampling options")
     ap.add_argument("--model", type=Path, help="a model directory (default: a tiny llama)")
     ap.add_argument(
         "--kernels", default="auto", help="the prompts' forward: auto, or torch (no C++ build)"
@@ -123,13 +163,20 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
-        if model_dir is None:
-            from tests.conftest import make_tiny_model
+        if model_dir is None:  # with the default model's tokenizer (a grammar needs one)
+            from common.model_files.model_source import resolve_model
+            from tests.conftest import copy_tokenizer_files, make_tiny_model
 
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
+            copy_tokenizer_files(resolve_model("smollm2"), model_dir)
         for rows in args.rows:
-            s = run(model_dir, rows, args.steps, args.profile, args.kernels)
-            print(f"rows {rows:4d}: {s * 1e6:8.0f} µs a step, {s * 1e6 / rows:6.2f} µs a row")
+            step, row, sampler = run(
+                model_dir, rows, args.steps, args.profile, args.kernels, args.mix
+            )
+            print(
+                f"rows {rows:4d} ({args.mix}): {step * 1e6:8.0f} µs a step, "
+                f"{row * 1e6:6.2f} µs a row; sampler {sampler * 1e6:6.0f} µs a step"
+            )
 
 
 if __name__ == "__main__":
