@@ -42,7 +42,7 @@
 # Knobs: ZS_BUDGET_S (330), ZS_WAVES (16 waves of requests a level), ZS_WHEELS (.gpu/whl), ZS_SKIP_INSTALL=1, ZS_PY (python3),
 # ZS_MODELS ("l1b m135"; l8b: the 8B shape), ZS_CONC (1,8,32,128), ZS_OUTPUT_LEN (128, bench tokens out),
 # ZS_STARTUP_MODEL (l8b: the model started cold then warm), ZS_CONC_8B (1,64), ZS_PYTEST (1),
-# ZS_PROFILE (1), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
+# ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
 # ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128),
@@ -102,7 +102,7 @@ export ZEROSERVE_CACHE_DIR="$W/zs-cache"
 export PYTHONPATH="$ZS"
 BOOK="$ZS/benchmarks/data/pride_and_prejudice_ch1-6.txt"
 declare -A PORT=([m135]=18731 [l1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [l1b_1fe]=18735
-  [l8b]=18736 [l8b_cold]=18737 [l1b_cold]=18738)
+  [l8b]=18736 [l8b_cold]=18737 [l1b_cold]=18738 [m135_cold]=18739)
 
 has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
 is_dummy() { [[ " $DUMMY " == *" $1 "* ]]; }
@@ -235,7 +235,8 @@ serve() {
   grep -i -E 'graph|\bKV\b|warm-up|compiled kernels' "$W/server_$tag.log" | grep -v -E '(GET|POST) /' |
     head -8 | cut -c1-200 | sed 's/^/      /' | tee -a "$RUNLOG"
   # the first request after /health (nothing else sent yet) against the steady ones
-  stage "first_$tag" 60 "$PY" "$G/client.py" first "$url" "$W/first_$tag.json"
+  stage "first_$tag" 60 "$PY" "$G/client.py" first "$url" "$W/first_$tag.json" \
+    --steady "${ZS_FIRST_STEADY:-8}"
   grep -E 'first request' "$W/logs/first_$tag.log" | cut -c1-250 | sed 's/^/      /' | tee -a "$RUNLOG"
   if [ -s "$ref" ]; then
     stage "check_$tag" 60 "$PY" "$G/client.py" check "$url" "$ref" "$W/check_$tag.json"
