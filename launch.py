@@ -47,7 +47,9 @@ from common.env import runtime_dir
 from common.log import get_logger
 from common.model_files.model_source import (
     ModelSourceError,
+    check_load_format,
     check_quantization_source,
+    check_weight_source,
     resolve_model,
 )
 from common.process import die_with_parent
@@ -299,9 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         check_device_choice(mc.device)  # a CPU build of torch and --device cuda
         check_port_free(config.server.host, config.server.port)
         check_endpoints_free(config)
+        check_load_format(mc.load_format, mc.model)  # before any conversion
         model_dir = resolve_model(mc.model, mc.resolved_cache_dir)
+        check_weight_source(mc.load_format, model_dir)  # before any child starts
         log.info("model %s ready at %s", mc.model, model_dir)
-        check_quantization_source(mc.quantization, model_dir)  # before any child starts
+        check_quantization_source(mc.quantization, model_dir)
         check_kernel_choice(mc.kernels)
         ensure_run_dir(run_dir)  # --run-dir: made (0700) if missing, checked private
         config_path = run_dir / "config.json"

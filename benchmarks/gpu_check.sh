@@ -8,35 +8,49 @@
 # $W/logs/<stage>.log, and a failed stage does not stop the rest; a stage the budget cannot
 # hold is skipped with the reason. The stages, most important first (the last are dropped
 # first when time runs short):
-#   1. environment, the carried wheels, the random-weight models (/tmp/m135, /tmp/m1b)
-#   2. the Triton/CUDA kernel tests on the GPU (pytest)
-#   3. transformers: prompt-logprob reference (fp32 oracle, bf16 yardstick) and the
-#      generate + static cache + torch.compile baseline, batch 1 and 32, both models
-#   4. per model: launch.py --device cuda, start-up time to /health, correctness check,
+#   1. environment, the carried wheels, the models: /tmp/m135 (SmolLM2-135M's config,
+#      random weights saved as safetensors), /tmp/l1b and /tmp/l8b (Llama-3.2-1B's and
+#      Llama-3.1-8B's published configs and a 128,256-id tokenizer, no weights: served
+#      with --load-format dummy)
+#   2. the Triton/CUDA kernel tests on the GPU (pytest; ZS_PYTEST=0: skipped)
+#   3. transformers: prompt-logprob reference (fp32 oracle, bf16 yardstick; m135, the model
+#      with weights on disk) and the generate + static cache + torch.compile baseline,
+#      batch 1 and 32 (l1b from its config, m135)
+#   4. per model: launch.py --device cuda, start-up time to /health, the first request's
+#      TTFT against the steady one (client.py first), correctness check (m135),
 #      bench at 1, 8, 32, 128 streams (nvidia-smi at 32)
 #   5. m135 served in float32: the fp32 correctness check
 #   6. prefix cache: the same prompt twice (inside every correctness check)
 #   7. a json_schema response_format request and a tool_choice "required" request
 #   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
-#   9. an in-process profile of m1b decode steps (and of steps that admit a prompt)
+#   9. an in-process profile of l1b (else l8b) decode steps (and of steps that admit a
+#      prompt; ZS_PROFILE=0: skipped)
 #  8b. every family (Gemma 3, Qwen3, GPT-2, ...) on the real kernels and graphs (pytest)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py)
-# (after 4 for m1b: m1b again with one frontend, 32 streams: the A/B of the default's
+# (after 4 for l1b: l1b again with one frontend, 32 streams: the A/B of the default's
 # several frontends, ZS_AB_FRONTENDS=1)
+#  11. ZS_STARTUP_MODEL (l8b): a cold start (an empty ZEROSERVE_CACHE_DIR: no compiled
+#      kernel cached), stopped, then a warm one (the same dir), each with its first-request
+#      check; the warm server is benched at ZS_CONC_8B (1,64)
+# One run holds l1b and m135 in ~6 minutes; the 8B shape is a second run:
+#     ZS_MODELS=l8b ZS_PYTEST=0 ZS_FP32_CHECK=0 ZS_GGUF_CHECK=0 bash benchmarks/gpu_check.sh
 # (2 and 3 run side by side: the compile warm-up overlaps the tests and the reference, and
 # the baseline is timed once the GPU is otherwise idle; see benchmarks/gpu/hf_compile.py.)
 # Results in $OUT (at most 8 files): summary.txt (the table), summary.json, details.json,
 # run.log, stages.log, servers.log, pytest.log, profile.txt.
 #
 # Knobs: ZS_BUDGET_S (330), ZS_WAVES (16 waves of requests a level), ZS_WHEELS (.gpu/whl), ZS_SKIP_INSTALL=1, ZS_PY (python3),
-# ZS_MODELS ("m135 m1b"), ZS_CONC (1,8,32,128), ZS_OUTPUT_LEN (128, bench tokens out),
-# ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: m1b again with one
+# ZS_MODELS ("l1b m135"; l8b: the 8B shape), ZS_CONC (1,8,32,128), ZS_OUTPUT_LEN (128, bench tokens out),
+# ZS_STARTUP_MODEL (l8b: the model started cold then warm), ZS_CONC_8B (1,64), ZS_PYTEST (1),
+# ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
+# ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
 # ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
 # ZS_MODEL_ROOT (/tmp), ZS_SITE (/tmp/site), ZS_GPU_CHECK_DEVICE=cpu (a local dry run:
 # ZS_SERVER_FLAGS defaults to "--kernels torch", transformers is timed without compile,
-# the kernel tests run under TRITON_INTERPRET=1, stage timeouts x3: ZS_TIMEOUT_SCALE).
+# the kernel tests run under TRITON_INTERPRET=1, stage timeouts x3: ZS_TIMEOUT_SCALE; the
+# dummy models get --max-model-len 2048, a CPU's KV pool).
 set -u
 T0=$(date +%s)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" # benchmarks/
@@ -47,13 +61,16 @@ OUT="${OUT:-/tmp/zs-gpu-out}"
 W="${ZS_WORK:-/tmp/zs-gpu-work}"
 PY="${ZS_PY:-python3}"
 DEV="${ZS_GPU_CHECK_DEVICE:-cuda}"
-MODELS="${ZS_MODELS:-m135 m1b}"
+MODELS="${ZS_MODELS:-l1b m135}"
 MODELS="${MODELS//,/ }"
 BUDGET="${ZS_BUDGET_S:-330}"
 WHL="${ZS_WHEELS:-$ZS/.gpu/whl}"
 SITE="${ZS_SITE:-/tmp/site}"
 MROOT="${ZS_MODEL_ROOT:-/tmp}"
 CONC="${ZS_CONC:-1,8,32,128}"
+CONC_8B="${ZS_CONC_8B:-1,64}"
+STARTUP_MODEL="${ZS_STARTUP_MODEL:-l8b}"
+DUMMY="l1b l8b" # config.json and a tokenizer only: --load-format dummy
 OUTPUT_LEN="${ZS_OUTPUT_LEN:-128}"
 FP32_CHECK="${ZS_FP32_CHECK:-1}"
 HF_NEW="${ZS_HF_NEW_TOKENS:-128}"
@@ -84,9 +101,19 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export ZEROSERVE_CACHE_DIR="$W/zs-cache"
 export PYTHONPATH="$ZS"
 BOOK="$ZS/benchmarks/data/pride_and_prejudice_ch1-6.txt"
-declare -A PORT=([m135]=18731 [m1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [m1b_1fe]=18735)
+declare -A PORT=([m135]=18731 [l1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [l1b_1fe]=18735
+  [l8b]=18736 [l8b_cold]=18737 [l1b_cold]=18738 [m135_cold]=18739
+  [l1b_warm]=18740 [m135_warm]=18741)
 
 has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
+is_dummy() { [[ " $DUMMY " == *" $1 "* ]]; }
+model_flags() { # MODEL: what launch.py needs for it beyond SERVER_FLAGS
+  if is_dummy "$1"; then
+    echo "--load-format dummy"
+    [ "$DEV" = cpu ] && echo "--max-model-len 2048"
+  fi
+  return 0
+}
 elapsed() { echo $(($(date +%s) - T0)); }
 left() { echo $((BUDGET - $(elapsed))); }
 say() { echo "[$(elapsed)s] $*" | tee -a "$RUNLOG"; }
@@ -132,6 +159,7 @@ children_of() { # pids whose parent is $1 (from /proc: no pgrep needed)
 SPID=""
 STAG=""
 SPAWN=""
+SERVER_ENV=() # VAR=value words for the next server's environment (the cold / warm start)
 start_server() { # TAG MODEL_DIR PORT [flags...]
   local tag=$1 model=$2 port=$3
   shift 3
@@ -141,10 +169,11 @@ start_server() { # TAG MODEL_DIR PORT [flags...]
   # children (each in a session of its own) in order; cwd $W so `python -m` finds no stray
   # package in the working directory
   # shellcheck disable=SC2086
-  (cd "$W" && exec setsid "$PY" "$ZS/launch.py" --model "$model" --device "$DEV" \
-    --port "$port" --drain-timeout 5 $SERVER_FLAGS "$@") >"$W/server_$tag.log" 2>&1 &
+  (cd "$W" && exec env "${SERVER_ENV[@]}" setsid "$PY" "$ZS/launch.py" --model "$model" --device "$DEV" \
+    --port "$port" --drain-timeout 5 $SERVER_FLAGS $(model_flags "$(basename "$model")") "$@") \
+    >"$W/server_$tag.log" 2>&1 &
   SPID=$!
-  say "server $tag: pid $SPID, launch.py --model $model --device $DEV --port $port --drain-timeout 5 $SERVER_FLAGS $*"
+  say "server $tag: pid $SPID, ${SERVER_ENV[*]} launch.py --model $model --device $DEV --port $port --drain-timeout 5 $SERVER_FLAGS $(model_flags "$(basename "$model")" | tr '\n' ' ')$*"
 }
 
 stop_server() {
@@ -194,6 +223,7 @@ trap 'say "interrupted"; exit 130' INT TERM
 serve() {
   local tag=$1 model=$2 port=$3 ref=$4 wait_s=90
   shift 4
+  [[ "$tag" == l8b* ]] && wait_s=150 # the 8B's cold start: every kernel compiled
   [ "$DEV" = cpu ] && wait_s=150
   start_server "$tag" "$model" "$port" "$@"
   local url="http://127.0.0.1:$port"
@@ -203,13 +233,17 @@ serve() {
   fi
   sleep 0.3 # launch.py logs its line after its own /health poll
   say "server $tag: $(grep -o 'zeroserve ready.*' "$W/server_$tag.log" | head -1 | cut -c1-200)"
-  grep -i -E 'graph|\bKV\b' "$W/server_$tag.log" | grep -v -E '(GET|POST) /' | head -6 |
-    cut -c1-200 | sed 's/^/      /' | tee -a "$RUNLOG"
+  grep -i -E 'graph|\bKV\b|warm-up|compiled kernels' "$W/server_$tag.log" | grep -v -E '(GET|POST) /' |
+    head -8 | cut -c1-200 | sed 's/^/      /' | tee -a "$RUNLOG"
+  # the first request after /health (nothing else sent yet) against the steady ones
+  stage "first_$tag" 60 "$PY" "$G/client.py" first "$url" "$W/first_$tag.json" \
+    --steady "${ZS_FIRST_STEADY:-8}"
+  grep -E 'first request' "$W/logs/first_$tag.log" | cut -c1-250 | sed 's/^/      /' | tee -a "$RUNLOG"
   if [ -s "$ref" ]; then
     stage "check_$tag" 60 "$PY" "$G/client.py" check "$url" "$ref" "$W/check_$tag.json"
     grep -E 'max\|dlp\||greedy|chat stream|same prompt' "$W/logs/check_$tag.log" |
       cut -c1-250 | sed 's/^/      /' >>"$RUNLOG"
-  else
+  elif [ -n "$ref" ]; then
     skip "check_$tag" "no transformers reference ($ref)"
   fi
   return 0
@@ -249,6 +283,10 @@ answered() { # TAG: the check's requests were answered (or there was no referenc
   [ ! -s "$W/ref_$1.json" ] || grep -q '"greedy": {' "$W/check_$1.json" 2>/dev/null
 }
 
+ok_first() { # TAG: the first-request check's requests were answered (a stall is no reason to stop)
+  grep -q '"all_tokens": true' "$W/first_$1.json" 2>/dev/null
+}
+
 say "zeroserve GPU check: device=$DEV models='$MODELS' budget=${BUDGET}s python=$PY out=$OUT work=$W wheels=$WHL"
 
 # ---- 1. wheels, environment, models --------------------------------------------------
@@ -280,7 +318,7 @@ fi
 
 # ---- 2 + 3. kernel tests, transformers reference and compile baseline, side by side -----
 GO="$W/go_compile"
-HOLD=150 # the servers' minimum (m1b and m135: start, check, a short bench, stop)
+HOLD=150 # the servers' minimum (l1b and m135: start, check, a short bench, stop)
 ((HOLD > BUDGET / 2)) && HOLD=$((BUDGET / 2))
 tests=()
 missing=()
@@ -290,7 +328,10 @@ for f in tests/scheduler_worker/test_cuda_backend.py tests/scheduler_worker/test
   if [ -f "$f" ]; then tests+=("$f"); else missing+=("$f"); fi
 done
 printf '%s\n' "${missing[@]}" >"$W/pytest_missing.txt"
-if ((${#tests[@]})); then
+if [ "${ZS_PYTEST:-1}" != 1 ]; then
+  skip pytest "ZS_PYTEST=${ZS_PYTEST}"
+  P_TEST=""
+elif ((${#tests[@]})); then
   # -o addopts="": not the repo's `-m 'not slow'`; without pytest-timeout the ini's
   # `timeout` key only warns. rc 5 (nothing collected) is reported, not an error.
   # the families' sweep (every family on the real kernels) runs later, as time allows:
@@ -302,8 +343,8 @@ else
   skip pytest "none of the kernel test files exists yet (${missing[*]})"
   P_TEST=""
 fi
-REFS=()
-for m in m1b m135; do has_model $m && REFS+=("$m"); done
+REFS=() # transformers loads the same weights: the models with weights on disk
+for m in m135; do has_model $m && REFS+=("$m"); done
 (
   for m in "${REFS[@]}"; do
     # shellcheck disable=SC2086
@@ -314,12 +355,13 @@ for m in m1b m135; do has_model $m && REFS+=("$m"); done
   done
 ) &
 P_REF=$!
-CDIRS=()
-for m in "${REFS[@]}"; do CDIRS+=("$MROOT/$m"); done
+CDIRS=() # the compile baseline: speed only, so a config's random init will do (not the 8B)
+for m in l1b m135; do has_model $m && CDIRS+=("$MROOT/$m"); done
 if ((${#CDIRS[@]})); then
   # shellcheck disable=SC2086
   stage hf_compile 170 "${PAR[@]}" "$PY" "$G/hf_compile.py" "$W/compile.json" "${CDIRS[@]}" \
-    --new-tokens "$HF_NEW" --device "$DEV" --go-file "$GO" --max-wait 140 $COMPILE_FLAG &
+    --new-tokens "$HF_NEW" --device "$DEV" --go-file "$GO" --max-wait 140 \
+    --batches "${ZS_HF_BATCHES:-1,32}" $COMPILE_FLAG &
   P_COMP=$!
 else
   skip hf_compile "no model directory"
@@ -336,12 +378,12 @@ grep -E 'tok/s|failed|done' "$W/logs/hf_compile.log" 2>/dev/null | cut -c1-250 |
   sed 's/^/      /' | tee -a "$RUNLOG"
 BGPIDS=""
 
-# ---- 4-8. the servers: m1b, then m135 (+ structured output, fault), then m135 in fp32 ----
-if has_model m1b; then
+# ---- 4-8. the servers: l1b, then m135 (+ structured output, fault), then m135 in fp32 ----
+if has_model l1b; then
   HOLD=0
   has_model m135 && HOLD=70 # m135's start, check, a short bench
-  if serve m1b "$MROOT/m1b" "${PORT[m1b]}" "$W/ref_m1b.json"; then
-    if answered m1b; then bench m1b 75; else skip bench_m1b "the server did not answer the check"; fi
+  if serve l1b "$MROOT/l1b" "${PORT[l1b]}" ""; then
+    if ok_first l1b; then bench l1b 75; else skip bench_l1b "the server did not answer"; fi
   fi
   HOLD=0
   stop_server
@@ -352,16 +394,16 @@ if has_model m1b; then
   ab_default=1
   [ "$DEV" = cpu ] && ab_default=0 # one frontend is the CPU's default already
   if [ "${ZS_AB_FRONTENDS:-$ab_default}" != 1 ]; then
-    skip m1b_1fe "ZS_AB_FRONTENDS=${ZS_AB_FRONTENDS:-$ab_default} (device $DEV)"
+    skip l1b_1fe "ZS_AB_FRONTENDS=${ZS_AB_FRONTENDS:-$ab_default} (device $DEV)"
   elif [[ "$SERVER_FLAGS" == *--api-server* ]]; then
-    skip m1b_1fe "ZS_SERVER_FLAGS sets the frontends already"
-  elif [ ! -s "$W/bench_m1b.json" ]; then
-    skip m1b_1fe "no m1b bench to compare with"
+    skip l1b_1fe "ZS_SERVER_FLAGS sets the frontends already"
+  elif [ ! -s "$W/bench_l1b.json" ]; then
+    skip l1b_1fe "no l1b bench to compare with"
   elif (($(left) - RESERVE - HOLD < 45)); then
-    skip m1b_1fe "budget ($(left)s left, ${HOLD}s held)"
+    skip l1b_1fe "budget ($(left)s left, ${HOLD}s held)"
   else
-    if serve m1b_1fe "$MROOT/m1b" "${PORT[m1b_1fe]}" "" --api-servers 1; then
-      bench m1b_1fe 25 "$MROOT/m1b" "${ZS_AB_CONC:-32}" m1b
+    if serve l1b_1fe "$MROOT/l1b" "${PORT[l1b_1fe]}" "" --api-servers 1; then
+      bench l1b_1fe 25 "$MROOT/l1b" "${ZS_AB_CONC:-32}" l1b
     fi
     stop_server
   fi
@@ -412,6 +454,37 @@ if has_model m135; then
   fi
 fi
 
+# ---- 11. cold and warm start (ZS_STARTUP_MODEL, l8b), the warm server benched ---------
+# cold: an empty ZEROSERVE_CACHE_DIR and no TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR,
+# so the scheduler compiles every kernel (its cache goes under that dir); warm: the same
+# dir again. Each start's first request is checked against its steady ones.
+SM="$STARTUP_MODEL"
+if ! has_model "$SM"; then
+  skip "startup_$SM" "$SM is not in ZS_MODELS ($MODELS)"
+elif (($(left) - RESERVE < 60)); then
+  skip "startup_$SM" "budget ($(left)s left)"
+else
+  COLD="$W/cold-cache"
+  rm -rf "$COLD"
+  SERVER_ENV=(-u TRITON_CACHE_DIR -u TORCHINDUCTOR_CACHE_DIR "ZEROSERVE_CACHE_DIR=$COLD")
+  HOLD=40 # the warm start and its first-request check
+  serve "${SM}_cold" "$MROOT/$SM" "${PORT[${SM}_cold]}" ""
+  HOLD=0
+  stop_server
+  say "cold start left $(find "$COLD" -type f 2>/dev/null | wc -l) files in $COLD ($(du -sh "$COLD" 2>/dev/null | cut -f1))"
+  if (($(left) - RESERVE < 30)); then
+    skip "startup_${SM}_warm" "budget ($(left)s left)"
+  else
+    WT="$SM" # the 8B's warm server is its only one; another model's has served already
+    [ "$SM" != l8b ] && WT="${SM}_warm"
+    if serve "$WT" "$MROOT/$SM" "${PORT[$WT]}" ""; then
+      if [ "$WT" = l8b ] && ok_first l8b; then bench l8b 90 "$MROOT/l8b" "$CONC_8B"; fi
+    fi
+  fi
+  stop_server
+  SERVER_ENV=()
+fi
+
 # ---- 8b. every family on the real kernels and graphs (test_cuda_backend.py) ----------
 if [ ! -f tests/scheduler_worker/test_cuda_backend.py ]; then
   skip pytest_families "tests/scheduler_worker/test_cuda_backend.py is not there"
@@ -424,14 +497,18 @@ else
 fi
 
 # ---- 9. profile ----------------------------------------------------------------------
-if ! has_model m1b; then
-  skip profile "no m1b model"
+PM=""
+for m in l1b l8b; do has_model $m && [ -z "$PM" ] && PM=$m; done
+if [ "${ZS_PROFILE:-1}" != 1 ]; then
+  skip profile "ZS_PROFILE=${ZS_PROFILE}"
+elif [ -z "$PM" ]; then
+  skip profile "no l1b or l8b model"
 elif (($(left) - RESERVE < 30)); then
   skip profile "budget ($(left)s left)"
 else
-  # shellcheck disable=SC2086
-  stage profile 90 "$PY" "$G/profile_step.py" "$MROOT/m1b" --device "$DEV" --batches 1,32,128 \
-    --steps 20 --mixed 4 --cprofile 30 -- $SERVER_FLAGS
+  # shellcheck disable=SC2046,SC2086
+  stage profile 90 "$PY" "$G/profile_step.py" "$MROOT/$PM" --device "$DEV" --batches 1,32,128 \
+    --steps 20 --mixed 4 --cprofile 30 -- $SERVER_FLAGS $(model_flags $PM)
 fi
 
 # ---- 10. the host's share of a decode step (CPU only: the forward stubbed as a graph) ---

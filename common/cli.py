@@ -16,6 +16,7 @@ from common.config import (
     DTYPES,
     KERNELS,
     KV_DTYPES,
+    LOAD_FORMATS,
     QUANTIZATIONS,
     ROUTINGS,
     Config,
@@ -43,6 +44,14 @@ GROUPS: dict[str, list[Flag]] = {
         Flag("--device", _M, "device", str, "where the model runs", DEVICES),
         Flag("--quantization", _M, "quantization", str, "weight format", QUANTIZATIONS),
         Flag("--kernels", _M, "kernels", str, "CPU kernel set", KERNELS),
+        Flag(
+            "--load-format",
+            _M,
+            "load_format",
+            str,
+            "dummy: random weights from config.json, no weight files (benchmarks, sizing)",
+            LOAD_FORMATS,
+        ),
         Flag("--max-model-len", _M, "max_model_len", int, "context length; none: the model's"),
     ],
     "engine": [

@@ -26,6 +26,9 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 # the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
+# where the weights come from: auto, the model's files; dummy, random weights made on the
+# device from config.json alone (benchmarks, sizing a deployment; as vLLM's)
+LOAD_FORMATS = ("auto", "dummy")
 ROUTINGS = ("least_loaded", "round_robin")
 MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
 # how tool calls are read from a chat completion's text (frontend/tools/parsers/); None:
@@ -83,6 +86,7 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's own context length
     cache_dir: str | None = None  # where GGUF conversions live; None: default_cache_dir()
     quantization: str = "auto"  # see QUANTIZATIONS
+    load_format: str = "auto"  # see LOAD_FORMATS
     kernels: str = "auto"  # see KERNELS
     # keep a bfloat16 copy of each quantized weight for prompt tokens on CPUs where a dense
     # bf16 GEMM beats the integer kernels on long steps (AMX; AVX2 with native bf16): faster
@@ -102,6 +106,15 @@ class ModelConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(
+                f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}"
+            )
+        if self.load_format == "dummy" and self.quantization == "gguf":
+            raise ConfigError(
+                "load_format dummy makes float weights from config.json; quantization gguf "
+                "serves a GGUF file's own blocks: pick one"
             )
         if self.kernels not in KERNELS:
             raise ConfigError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")

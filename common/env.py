@@ -10,6 +10,9 @@
                                 AVX2-only CPU (common/cpu.py; for measuring that path on a
                                 newer CPU, docs/benchmarks.md)
     XDG_CACHE_HOME, XDG_RUNTIME_DIR   the usual base directories, when set
+    TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR   where compiled kernels are kept; the
+                                scheduler points them under the cache dir when unset
+                                (use_compile_caches)
 
 Child processes get the environment as it is (subprocess copies it); that is not a read.
 """
@@ -47,3 +50,18 @@ def default_cache_dir() -> Path:
 def cpu_kind_override() -> str | None:
     """ZEROSERVE_CPU_KIND, lower-cased, or None when unset or empty."""
     return (env("CPU_KIND") or "").strip().lower() or None
+
+
+# the compilers' own cache variables, and their folders under zeroserve's cache dir
+COMPILE_CACHES = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+
+
+def use_compile_caches(cache_dir: Path) -> dict[str, str]:
+    """Point Triton's and torch inductor's kernel caches under `cache_dir` (the one a user
+    sets, ZEROSERVE_CACHE_DIR or the config's cache_dir), where the user has not set them:
+    compiled kernels then outlive a restart wherever the model cache does (a volume, not a
+    container's home). Call before anything compiles. Returns each variable's value."""
+    for name, sub in COMPILE_CACHES.items():
+        if not os.environ.get(name):
+            os.environ[name] = str(Path(cache_dir).expanduser().absolute() / sub)
+    return {name: os.environ[name] for name in COMPILE_CACHES}

@@ -29,7 +29,12 @@ from common.config import ConfigError, EngineConfig
 from common.cpu import has_native_bf16
 from common.log import get_logger
 from common.model_files.gguf_convert import gguf_matrices
-from common.model_files.model_source import check_quantization_source, gguf_source
+from common.model_files.model_source import (
+    check_quantization_source,
+    check_weight_source,
+    gguf_source,
+)
+from scheduler_worker.dummy_weights import fill_random
 from scheduler_worker.models import (
     MODEL_REGISTRY,
     architecture_of,
@@ -147,6 +152,8 @@ class LoadedModel:
 def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
     """The model of `model_dir` with its weights as `config` asks, eval mode, on its device."""
     device = resolve_device(config.model.device)
+    dummy = config.model.load_format == "dummy"
+    check_weight_source(config.model.load_format, model_dir)
     check_quantization_source(config.model.quantization, model_dir)
     gguf = gguf_source(model_dir)
     plan = plan_weights(config.model, device, gguf)
@@ -188,12 +195,19 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
     else:
         # a GPU: the parameters made in the model's dtype on the device, and each tensor of
         # the checkpoint (a GGUF matrix dequantized one at a time) copied in and converted
-        # there, so no float32 copy of the model is ever held on the host
+        # there, so no float32 copy of the model is ever held on the host; random weights
+        # (--load-format dummy) are made in the model's dtype on any device
         target = "cpu" if device.type == "cpu" else device
-        if device.type != "cpu":
+        if device.type != "cpu" or dummy:
             model = model.to(dtype=dtype)
         model = model.to_empty(device=target)
         model.post_init()  # re-tie weights and rebuild rope tables lost on the meta device
+        if dummy:
+            fill_random(model)
+            log.info("weights: random, from config.json (--load-format dummy)")
+            model = model.to(device=device, dtype=dtype).eval()  # buffers as a real load's
+            _quantize_float(model, plan, dtype, t0)
+            return _loaded(model, args, plan, dtype, device, None, t0)
         weights = iter_safetensors(model_dir)
         if gguf is not None:  # the lean cache has the norms; the matrices are in the file
             matrices = (
@@ -204,6 +218,18 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
         model.load_weights(weights)
         model = model.to(device=device, dtype=dtype).eval()
         _quantize_float(model, plan, dtype, t0)
+    return _loaded(model, args, plan, dtype, device, blocks, t0)
+
+
+def _loaded(
+    model: CausalLM,
+    args: ModelArgs,
+    plan: WeightPlan,
+    dtype: torch.dtype,
+    device: torch.device,
+    blocks: GGUFBlocks | None,
+    t0: float,
+) -> LoadedModel:
     memory = weight_memory(model, blocks.tensor_bytes() if blocks is not None else None)
     log.info(
         "loaded %s (%s, %s) in %.1fs; %s",

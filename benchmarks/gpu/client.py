@@ -6,6 +6,8 @@ python client.py wait  URL PID TIMEOUT_S OUT.json [SPAWN_EPOCH]
 python client.py check URL REF.json OUT.json
     prompt logprobs and greedy vs transformers (hf_ref.py's REF), the same prompts
     twice (prompt logprobs recomputed, then one token fresh and from the prefix cache)
+python client.py first URL OUT.json [--steady 8] [--max-tokens 8]
+    the first request after /health against the steady ones (client_first.py)
 python client.py structured URL OUT.json
     a response_format json_schema chat request and a tool_choice "required" request:
     does the output parse (JSON / the tool call's arguments)?
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
+from client_first import first
 from client_load import fault, structured
 from client_util import alive, dump, log, post
 
@@ -279,6 +282,9 @@ def main() -> int:
         return wait(a[1], int(a[2]), float(a[3]), a[4], spawn)
     if cmd == "check":
         return check(a[1], a[2], a[3])
+    if cmd == "first":
+        opts = dict(zip(a[3::2], a[4::2]))
+        return first(a[1], a[2], int(opts.get("--steady", 8)), int(opts.get("--max-tokens", 8)))
     if cmd == "structured":
         return structured(a[1], a[2])
     if cmd == "fault":

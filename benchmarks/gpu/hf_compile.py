@@ -3,6 +3,7 @@ and its automatic torch.compile (mode reduce-overhead: CUDA graphs), ~100-token 
 batch 1 and 32, for each model directory given.
 
     python hf_compile.py OUT.json MODEL_DIR [MODEL_DIR ...] [--batches 1,32]
+    (a directory without weights: transformers' random init from its config.json)
         [--new-tokens 128] [--prompt-tokens 100] [--device cuda] [--go-file PATH]
         [--max-wait S] [--no-compile]
 
@@ -70,7 +71,16 @@ def worker(args: argparse.Namespace) -> int:
     try:
         with contextlib.suppress(AttributeError):
             torch._dynamo.config.cache_size_limit = 64  # never fall back to eager silently
-        m = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).to(dev).eval()
+        if any(Path(args.model).glob("*.safetensors")):
+            m = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
+        else:  # a config-only directory (served --load-format dummy): random, on the device
+            from transformers import AutoConfig
+
+            with torch.device(dev):
+                m = AutoModelForCausalLM.from_config(
+                    AutoConfig.from_pretrained(args.model), dtype=torch.bfloat16
+                )
+        m = m.to(dev).eval()
         m.generation_config.cache_implementation = "static"
         if args.no_compile:
             m.generation_config.disable_compile = True

@@ -13,11 +13,10 @@ import re
 import sys
 from pathlib import Path
 
-from summary_text import fmt, table
+from summary_text import table
+from targets import targets
 
-LEVELS = ("1", "8", "32", "128")
-BF16_SLACK = 0.05  # bf16 may be this much further from the oracle than transformers' bf16
-FP32_TOL = 1e-4
+LEVELS = ("1", "8", "32", "64", "128", "256")
 
 
 def load(p: Path):
@@ -117,6 +116,15 @@ def model_summary(work: Path, tag: str) -> dict:
         out["not_ready"] = {k: ready.get(k) for k in ("why", "last")}
     if check:
         out["check"] = check_summary(check)
+    first = load(work / f"first_{tag}.json")
+    if first:
+        out["first"] = {
+            "first_ttft_ms": (first.get("first") or {}).get("ttft_ms"),
+            "steady_median_ttft_ms": first.get("steady_median_ttft_ms"),
+            "ratio": first.get("ratio"),
+            "all_tokens": first.get("all_tokens"),
+            "errors": (first.get("errors") or [])[:2],
+        }
     levels = {}
     for c, e in (bench.get("levels") or {}).items():
         if "skipped" in e:
@@ -293,77 +301,15 @@ def speed_row(tag: str, m: dict, hf: dict) -> dict:
     return row
 
 
-def verdict(value, ok) -> str:
-    if value is None:
-        return "n/a "
-    return "PASS" if ok else "FAIL"
-
-
-def targets(models: dict, rows: dict) -> list[dict]:
-    m1b, m135 = rows.get("m1b") or {}, rows.get("m135") or {}
-    t: list[dict] = []
-
-    def add(name: str, value, ok, shown=None, nd=3) -> None:
-        t.append(
-            {
-                "target": name,
-                "value": value,
-                "shown": shown if shown is not None else fmt(value, nd),
-                "verdict": verdict(value, ok),
-            }
-        )
-
-    v = m1b.get("tpot_1_ms")
-    add("1B: 1-stream TPOT <= 1.5 ms", v, v is not None and v <= 1.5)
-    v = m1b.get("tok_s_32")
-    add("1B: 32 streams >= 12,000 tok/s", v, v is not None and v >= 12000, nd=0)
-    v = m1b.get("tok_s_128")
-    add("1B: 128 streams >= 25,000 tok/s", v, v is not None and v >= 25000, nd=0)
-    v = m1b.get("gpu_busy_32")
-    add("1B: GPU busy >= 80% at 32 streams", v, v is not None and v >= 80, nd=1)
-    v = m1b.get("ratio_b1")
-    add("1B: >= 4x transformers+compile, batch 1", v, v is not None and v >= 4, nd=2)
-    v = m1b.get("ratio_b32")
-    add("1B: >= 1.7x transformers+compile, batch 32", v, v is not None and v >= 1.7, nd=2)
-    v = m135.get("tpot_1_ms")
-    add("135M: 1-stream TPOT <= 1.0 ms", v, v is not None and v <= 1.0)
-    v = m135.get("tok_s_32")
-    add("135M: 32 streams >= 15,000 tok/s", v, v is not None and v >= 15000, nd=0)
-    c32 = (models.get("m135_fp32") or {}).get("check") or {}
-    d, g = c32.get("max_abs_vs_hf_fp32"), c32.get("greedy") or {}
-    eq = g.get("n") is not None and g.get("agree_hf_fp32") == g.get("n")
-    add(
-        "fp32 (m135): logprobs within 1e-4 of transformers fp32, greedy equal",
-        d,
-        d is not None and d <= FP32_TOL and eq,
-        f"max|d| {fmt(d, 6)}, greedy {g.get('agree_hf_fp32')}/{g.get('n')}" if c32 else None,
-    )
-    for tag in ("m1b", "m135"):
-        c = (models.get(tag) or {}).get("check") or {}
-        e = c.get("max_excess_over_hf_bf16")
-        add(
-            f"bf16 ({tag}): within transformers' bf16-to-fp32 distance + {BF16_SLACK}",
-            e,
-            e is not None and e <= BF16_SLACK,
-            f"max|d| {fmt(c.get('max_abs_vs_hf_fp32'), 4)} vs yardstick "
-            f"{fmt(c.get('hf_bf16_vs_fp32_max_abs'), 4)} (excess {fmt(e, 4)})"
-            if c
-            else None,
-        )
-    v = m1b.get("startup_s")
-    add("1B: start-up (spawn -> /health 200) <= 15 s", v, v is not None and v <= 15, nd=2)
-    return t
-
-
 def main() -> int:
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
     elapsed, budget = int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None
     tags = [p.stem.removeprefix("server_") for p in sorted(work.glob("server_*.log"))]
-    order = {"m1b": 0, "m135": 1, "m135_fp32": 2}
+    order = {"l1b": 0, "l1b_1fe": 1, "m135": 2, "m135_fp32": 3, "l8b_cold": 4, "l8b": 5}
     tags.sort(key=lambda t: order.get(t, 9))
     models = {t: model_summary(work, t) for t in tags}
     hf = compile_summary(work)
-    speed = {t: speed_row(t, models[t], hf) for t in tags if t in ("m1b", "m135")}
+    speed = {t: speed_row(t, models[t], hf) for t in tags if t in ("l1b", "l8b", "m135")}
     prof_log = work / "logs" / "profile.log"
     prof = []
     if prof_log.exists():
@@ -372,15 +318,17 @@ def main() -> int:
         "elapsed_s": elapsed,
         "budget_s": budget,
         "note": "servers: launch.py --model DIR --device cuda --port P --drain-timeout 5 "
-        "(+ ZS_SERVER_FLAGS); m135_fp32 adds --dtype float32. Random weights: transformers "
-        "init, seed 0, tied embedding scaled for logit std ~4. bench: ~100 tokens in, 128 out.",
+        "(+ ZS_SERVER_FLAGS); m135_fp32 adds --dtype float32. m135: SmolLM2-135M's config, "
+        "transformers init, seed 0, tied embedding scaled for logit std ~4; l1b / l8b: "
+        "Llama-3.2-1B's / Llama-3.1-8B's config (vocab 128,256), --load-format dummy. "
+        "bench: ~100 tokens in, 128 out.",
         "env": load(work / "env.json"),
         "stages": stages(work),
         "pytest": pytest_result(work),
         "pytest_families": pytest_result(work, "pytest_families"),
         "speed": speed,
         "hf_compile": hf,
-        "hf_ref": {t: hf_ref_summary(work, t) for t in ("m1b", "m135")},
+        "hf_ref": {t: hf_ref_summary(work, t) for t in ("m135",)},
         "models": models,
         "profile": prof,
     }

@@ -15,14 +15,14 @@ def fmt(x, nd=1) -> str:
 
 
 def frontends_ab(models: dict) -> list[str]:
-    """m1b at 32 streams (ZS_AB_CONC) with the default's frontends and with one
+    """l1b at 32 streams (ZS_AB_CONC) with the default's frontends and with one
     (gpu_check.sh's A/B)."""
-    levels = list(((models.get("m1b_1fe") or {}).get("bench") or {}).keys())
+    levels = list(((models.get("l1b_1fe") or {}).get("bench") or {}).keys())
     if not levels:
         return []
     c = "32" if "32" in levels else levels[0]  # ZS_AB_CONC
-    L = [f"A/B, m1b at {c} streams in this run: the default's frontends against one"]
-    for tag in ("m1b", "m1b_1fe"):
+    L = [f"A/B, l1b at {c} streams in this run: the default's frontends against one"]
+    for tag in ("l1b", "l1b_1fe"):
         b = ((models.get(tag) or {}).get("bench") or {}).get(c) or {}
         n = sum(1 for k in b.get("cpu_pct") or {} if k.startswith("frontend"))
         L.append(
@@ -66,7 +66,8 @@ def table(s: dict) -> str:
             L.append(f"   {f}")
     L.append("")
     hdr = (
-        f"{'model':<6} {'1 str':>8} {'8':>8} {'32':>8} {'128':>8} {'TPOT1 ms':>9} {'GPU%@32':>8}"
+        f"{'model':<6} {'1 str':>8} {'8':>8} {'32':>8} {'64':>8} {'128':>8} {'256':>8} "
+        f"{'TPOT1 ms':>9} {'GPU%@32':>8}"
         f" {'HF+c b1':>8} {'HF+c b32':>9} {'x b1':>6} {'x b32':>6} {'start s':>8}"
     )
     L.append("output tok/s (128 out, ~100 in); HF+c = transformers generate, static cache +")
@@ -75,12 +76,23 @@ def table(s: dict) -> str:
     for tag, row in (s.get("speed") or {}).items():
         L.append(
             f"{tag:<6} {fmt(row['tok_s_1'], 0):>8} {fmt(row['tok_s_8'], 0):>8} "
-            f"{fmt(row['tok_s_32'], 0):>8} {fmt(row['tok_s_128'], 0):>8} "
+            f"{fmt(row['tok_s_32'], 0):>8} {fmt(row['tok_s_64'], 0):>8} "
+            f"{fmt(row['tok_s_128'], 0):>8} {fmt(row['tok_s_256'], 0):>8} "
             f"{fmt(row['tpot_1_ms'], 3):>9} {fmt(row['gpu_busy_32']):>8} "
             f"{fmt(row['hf_b1'], 0):>8} {fmt(row['hf_b32'], 0):>9} {fmt(row['ratio_b1'], 2):>6} "
             f"{fmt(row['ratio_b32'], 2):>6} {fmt(row['startup_s'], 2):>8}"
         )
+    L.append("l1b / l8b: Llama-3.2-1B's / Llama-3.1-8B's shapes (vocab 128,256), random weights")
     models = s.get("models") or {}
+    L.append("start-up (spawn -> /health 200) and the first request's TTFT against the steady")
+    L.append("median (client_first.py; *_cold: an empty kernel cache):")
+    for tag, m in models.items():
+        f = m.get("first") or {}
+        L.append(
+            f"   {tag}: start {fmt(m.get('startup_s'), 2)} s; first TTFT "
+            f"{fmt(f.get('first_ttft_ms'))} ms, steady {fmt(f.get('steady_median_ttft_ms'))} ms, "
+            f"ratio {fmt(f.get('ratio'), 2)}{' ' + str(f['errors']) if f.get('errors') else ''}"
+        )
     for tag, m in models.items():
         for c, b in (m.get("bench") or {}).items():
             if "skipped" in b:
@@ -118,8 +130,8 @@ def table(s: dict) -> str:
     L.append("correctness:")
     for tag, m in models.items():
         c = m.get("check")
-        if tag == "m1b_1fe":
-            continue  # the A/B's server: m1b's weights and flags but one, checked as m1b
+        if tag == "l1b_1fe":
+            continue  # the A/B's server: l1b's model and flags but one frontend
         if not c:
             L.append(
                 f"   {tag}: no correctness check ({'server not ready' if not m.get('ready') else 'see stages.log'})"
@@ -176,7 +188,7 @@ def table(s: dict) -> str:
     prof = s.get("profile") or []
     if prof:
         L.append("")
-        L.append("profile (m1b, in process):")
+        L.append("profile (l1b or l8b, in process):")
         L.extend(f"   {p}" for p in prof)
     L.append("")
     L.append("TARGETS")

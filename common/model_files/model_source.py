@@ -127,6 +127,8 @@ def check_quantization_source(quantization: str, model_dir: Path) -> None:
 
 
 def check_hf_dir(path: Path) -> Path:
+    """What every component reads from an HF directory: config.json and a tokenizer. The
+    weights are the engine's alone (check_weight_source)."""
     try:
         read_hf_config(path)
     except FileNotFoundError:
@@ -135,17 +137,49 @@ def check_hf_dir(path: Path) -> Path:
         ) from None
     except ValueError as e:
         raise ModelSourceError(f"not a valid config.json: {e}") from e
-    if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
-        raise ModelSourceError(
-            f"model directory {path} has no *.safetensors weights "
-            "(nor model.safetensors.index.json)"
-        )
     tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json")
     if not any((path / name).is_file() for name in tokenizer_files):
         raise ModelSourceError(
             f"model directory {path} has no tokenizer (one of {', '.join(tokenizer_files)})"
         )
     return path
+
+
+def check_load_format(load_format: str, model: str | os.PathLike) -> None:
+    """--load-format dummy makes random weights from an HF directory's config.json: refuse,
+    before any conversion, a model argument that is the alias or a GGUF file (its weights
+    are in the file, and its config only comes out of converting it)."""
+    if load_format != "dummy":
+        return
+    path = Path(model).expanduser()
+    if str(model) == DEFAULT_MODEL_ALIAS or not path.is_dir():
+        raise ModelSourceError(
+            f"--load-format dummy needs a Hugging Face model directory (config.json and a "
+            f"tokenizer; no weights needed), not {str(model)!r}; a GGUF file carries its "
+            "weights: serve it without --load-format"
+        )
+
+
+def check_weight_source(load_format: str, model_dir: Path) -> None:
+    """The engine's weights: a GGUF file's (cached conversion), a directory's safetensors,
+    or with --load-format dummy none at all (random, from config.json)."""
+    if load_format == "dummy":
+        if gguf_source(model_dir) is not None:
+            raise ModelSourceError(
+                "--load-format dummy needs a Hugging Face model directory, not a GGUF "
+                "file: serve the file without --load-format"
+            )
+        return
+    if gguf_source(model_dir) is not None:
+        return
+    if not (
+        list(model_dir.glob("*.safetensors"))
+        or (model_dir / "model.safetensors.index.json").is_file()
+    ):
+        raise ModelSourceError(
+            f"model directory {model_dir} has no *.safetensors weights (nor "
+            "model.safetensors.index.json); --load-format dummy serves random ones"
+        )
 
 
 def _has_gguf_magic(path: Path) -> bool:

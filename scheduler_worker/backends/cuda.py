@@ -41,6 +41,7 @@ from scheduler_worker.backends.graphs import (
 from scheduler_worker.backends.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from scheduler_worker.backends.ops import TorchOps
 from scheduler_worker.backends.triton_attention import table_width
+from scheduler_worker.backends.warm_up import warm_up
 from scheduler_worker.loader import TORCH_DTYPES
 
 log = get_logger("cuda")
@@ -229,6 +230,7 @@ class CudaBackend(Backend):
     def start(self, model: torch.nn.Module, kv_caches: list[KVCache], vocab: int) -> None:
         """Capture the decode graphs, largest first, into one pool. Out of memory: fewer
         sizes (the ones captured so far), or eager if none; said in the log."""
+        self.facts["warm_up_seconds"] = warm_up(self, model, kv_caches, SPLIT_CHOICES)
         if self.enforce_eager:
             log.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
             return

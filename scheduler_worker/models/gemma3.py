@@ -44,6 +44,7 @@ from scheduler_worker.rope import RotaryEmbedding, rotate
 
 class GemmaRMSNorm(nn.Module):
     ops: TorchOps = TORCH_OPS  # the device backend's op set (ModelRunner sets it)
+    weight_offset = 1.0  # the gain is 1 + weight
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -53,7 +54,7 @@ class GemmaRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Gemma's norm of x, in out_dtype (a float32 residual stream's norm in the
         model's dtype), else x's."""
-        return self.ops.rms_norm(x, None, self.weight, self.eps, 1.0, out_dtype)
+        return self.ops.rms_norm(x, None, self.weight, self.eps, self.weight_offset, out_dtype)
 
 
 def _rope_settings(hf: dict[str, Any]) -> dict[str, tuple[float, dict[str, Any] | None]]:

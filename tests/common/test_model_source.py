@@ -26,6 +26,7 @@ from common.model_files.model_source import (
     COMPLETE_MARKER,
     ModelSourceError,
     cache_dir_for,
+    check_weight_source,
     default_gguf_path,
     hf_reference_dir,
     resolve_model,
@@ -168,13 +169,16 @@ def test_bad_hf_dirs(tmp_path):
     with pytest.raises(ModelSourceError, match="not a valid config.json"):
         resolve_model(str(d))
     (d / "config.json").write_text("{}")
-    with pytest.raises(ModelSourceError, match="no \\*.safetensors"):
-        resolve_model(str(d))
-    (d / "model.safetensors").write_bytes(b"")
     with pytest.raises(ModelSourceError, match="no tokenizer"):
         resolve_model(str(d))
     (d / "tokenizer.json").write_text("{}")
-    assert resolve_model(str(d)) == d
+    assert resolve_model(str(d)) == d  # what the tokenizer and detokenizer need
+    # the weights are the engine's: refused there (and by launch.py) unless dummy
+    with pytest.raises(ModelSourceError, match="no \\*.safetensors"):
+        check_weight_source("auto", d)
+    check_weight_source("dummy", d)
+    (d / "model.safetensors").write_bytes(b"")
+    check_weight_source("auto", d)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,64 @@
+"""The CUDA backend's eager kernels compiled at start, not on a request.
+
+Triton compiles a kernel variant on its first launch (a cold cache: a second or more, every
+stream stalled behind it). The graphs compile the decode kernel at their sizes' split counts
+for the longest context, the mixed graphs and the profile step the prompt path; what an eager
+step may still launch first is compiled here:
+
+    a 17-token prompt step          the prompt path, where the profile step (skipped under
+                                    --num-kv-blocks) and the mixed graphs (--enforce-eager)
+                                    did not run
+    a decode row at every split     an eager decode takes its split count from its actual
+    count (1, 2, 4, 16)             contexts: kernel and merge, each count its own variant
+
+Every write goes to the scratch block (the slot padded graph rows write), never read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from common.log import get_logger
+from scheduler_worker.backends.base import KVCache, SeqInput
+
+if TYPE_CHECKING:
+    from scheduler_worker.backends.cuda import CudaBackend
+
+log = get_logger("cuda")
+
+PROMPT_TOKENS = 17  # no multiple of 16: neither the profile's count nor a graph's
+
+
+def warm_up(
+    backend: CudaBackend,
+    model: torch.nn.Module,
+    kv_caches: list[KVCache],
+    split_choices: tuple[int, ...],
+) -> float:
+    """Run the steps above eagerly; returns the seconds they took."""
+    t0 = time.perf_counter()
+    bs, scratch = backend.block_size, backend.scratch_block
+    # keys enough for every split to have some, within the rope tables' positions
+    context = min(max(split_choices) * 64, backend.max_model_len)
+    steps: list[tuple[SeqInput, int | None]] = [
+        (SeqInput([0] * PROMPT_TOKENS, 0, [scratch] * -(-PROMPT_TOKENS // bs)), None)
+    ]
+    decode = SeqInput([0], context - 1, [scratch] * -(-context // bs))
+    steps += [(decode, splits) for splits in split_choices]
+    with torch.inference_mode():
+        for seq, splits in steps:
+            ids, positions, meta = backend.prepare([seq])
+            if splits is not None:
+                meta.num_splits = splits
+            model(ids, positions, kv_caches, meta)
+    if backend.device.type == "cuda":
+        torch.cuda.synchronize(backend.device)
+    seconds = time.perf_counter() - t0
+    log.info(
+        "warm-up: a %d-token prompt step and decode at %s splits, eager, in %.2f s",
+        PROMPT_TOKENS, "/".join(map(str, split_choices)), seconds,
+    )  # fmt: skip
+    return seconds
