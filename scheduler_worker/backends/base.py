@@ -107,6 +107,11 @@ class DecodeRows:
 StepInputs = list[SeqInput] | DecodeRows
 
 
+def decode_only(seqs: StepInputs) -> bool:
+    """Every row computes one token and samples it (a decode graph's step)."""
+    return isinstance(seqs, DecodeRows) or all(len(s.token_ids) == 1 and s.sample for s in seqs)
+
+
 def step_order(seqs: list[SeqInput]) -> list[int]:
     """The order of the sequences' tokens in a step: decodes (one token) first."""
     return sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)

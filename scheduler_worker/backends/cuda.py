@@ -29,6 +29,7 @@ from scheduler_worker.backends.base import (
     KVCache,
     SeqInput,
     StepInputs,
+    decode_only,
     step_order,
 )
 from scheduler_worker.backends.device_clock import DeviceClock
@@ -316,26 +317,15 @@ class CudaBackend(Backend):
         clock = self.clock
         started = clock.start(self.chained) if clock is not None else None
         g = self.graphs
-        if (
-            g is not None
-            and len(seqs) <= g.max_size
-            and (
-                isinstance(seqs, DecodeRows)
-                or all(len(s.token_ids) == 1 and s.sample for s in seqs)
-            )
-        ):
-            with torch.inference_mode():
+        if isinstance(seqs, DecodeRows) and (g is None or len(seqs) > g.max_size):
+            seqs = seqs.seqs()  # eager: past the largest graph, or no graphs
+        with torch.inference_mode():
+            if g is not None and len(seqs) <= g.max_size and decode_only(seqs):
                 out = g.replay(seqs, self.prev_tokens)
-            if clock is not None and started is not None:
-                clock.end(started)
-            return out
-        if isinstance(seqs, DecodeRows):  # past the largest graph, or no graphs
-            seqs = seqs.seqs()
-        if self.mixed is not None and self.mixed.fits(seqs):
-            with torch.inference_mode():
+            elif self.mixed is not None and self.mixed.fits(seqs):
                 out = self.mixed.replay(seqs, self.prev_tokens)
-        else:
-            out = super().execute(model, kv_caches, seqs, argmax_vocab)
+            else:
+                out = super().execute(model, kv_caches, seqs, argmax_vocab)
         if clock is not None and started is not None:
             clock.end(started)
         return out
