@@ -33,8 +33,6 @@ from scheduler_worker.sampling import (
     Sampler,
     SamplingRow,
     TokenLogprobs,
-    has_penalty,
-    make_generator,
     prompt_logprob_entries,
 )
 from scheduler_worker.scheduler import ScheduledBatch, Scheduler
@@ -144,8 +142,6 @@ class LLMEngine:
         if not checked:
             self.validate(prompt_token_ids, params)
         req = Request(request_id, list(prompt_token_ids), params)
-        if params.seed is not None:
-            req.generator = make_generator(params.seed, self.runner.device)
         self.grammars.add(req)  # structured outputs: its matcher
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -166,9 +162,10 @@ class LLMEngine:
         outputs of the step whose tokens reached the host.
 
         Overlapped (a GPU): step N+1 is scheduled and launched before step N's tokens
-        are read, its decode rows taking step N's tokens on the device (SeqInput.prev_row).
-        A step whose rows need the tokens on the host first (grammar masks, penalties,
-        min_tokens, prompt logprobs) resolves the step in flight before it launches."""
+        are read, its decode rows taking step N's tokens on the device (SeqInput.prev_row;
+        penalties count them there too). A row whose grammar needs its token on the host
+        sits this step out (Scheduler.defer): only it waits. A step with prompt logprobs
+        to compute resolves the step in flight before it launches."""
         outputs = [request_output(r, []) for r in self._aborted]
         self._aborted.clear()
         t0 = time.perf_counter()
@@ -176,7 +173,9 @@ class LLMEngine:
         t1 = time.perf_counter()
         stats = StepStats(schedule=t1 - t0)
         pending = self._in_flight
-        if pending is not None and (not self.overlap or self._needs_history(batch)):
+        if pending is not None and self.overlap and self.grammars.matchers:
+            self.scheduler.defer(batch, _grammar_waits(batch))
+        if pending is not None and (not self.overlap or _wants_prompt_logprobs(batch)):
             outputs += self._resolve(pending, stats)
             pending = self._in_flight = None
             for rid in [rid for rid, (r, _) in batch.entries.items() if r.status.finished]:
@@ -219,20 +218,6 @@ class LLMEngine:
         failed, self.failed = self.failed, []
         return failed
 
-    def _needs_history(self, batch: ScheduledBatch) -> bool:
-        """Some row of the batch reads its output tokens' values before it samples
-        (grammar, penalties) or asks for prompt logprobs. (min_tokens counts them: a
-        placeholder counts as well as its token.)"""
-        return any(
-            req.reads_history
-            and (
-                req.params.structured is not None
-                or has_penalty(req.params)
-                or req.wants_prompt_logprobs
-            )
-            for req, _ in batch.entries.values()
-        )
-
     @torch.inference_mode()  # the sampler writes masks into the step's (inference) logits
     def _launch(self, batch: ScheduledBatch, stats: StepStats) -> InFlight:
         """Run the step's forward and sampling on the device and start copying its tokens
@@ -253,7 +238,12 @@ class LLMEngine:
         # plain greedy rows (the common case) need no SamplingRow: only their argmax
         plain = masks is None and all(req.plain for req in samplers)
         rows = [
-            SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, req.generator)
+            SamplingRow(
+                req.params,
+                req.prompt_token_ids,
+                req.output_token_ids,
+                req.flight_row if req.num_pending else -1,
+            )
             for req in ([] if plain else samplers)
         ]
         # a greedy step without grammar masks needs only each row's argmax: the model's
@@ -279,7 +269,8 @@ class LLMEngine:
         elif plain:
             sample = self.sampler.greedy(logits)
         else:
-            sample = self.sampler.sample(logits, rows, writable=True) if rows else None
+            prev = in_flight.token_ids if in_flight is not None else None
+            sample = self.sampler.sample(logits, rows, True, prev) if rows else None
         if sample is not None:
             sample.start_copy()
         stats.forward += t2 - t1
@@ -373,6 +364,19 @@ class LLMEngine:
                 if out.request_id in results:
                     results[out.request_id].extend(out.new_token_ids)
         return [results[f"{base}{i}"] for i in range(len(prompts))]
+
+
+def _grammar_waits(batch: ScheduledBatch) -> list[Request]:
+    """The rows whose grammar needs the token the step in flight is sampling."""
+    return [
+        req
+        for req, _ in batch.entries.values()
+        if req.num_pending and req.params.structured is not None
+    ]
+
+
+def _wants_prompt_logprobs(batch: ScheduledBatch) -> bool:
+    return any(req.reads_history and req.wants_prompt_logprobs for req, _ in batch.entries.values())
 
 
 def _eos_ids(hf: dict, model_dir: Path) -> list[int]:

@@ -28,7 +28,9 @@ class SamplingRow:
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
-    generator: torch.Generator | None = None  # on the logits' device (make_generator)
+    # overlapped scheduling: the row of the step in flight whose token is this row's last
+    # output (a placeholder in output_token_ids), read on the device; -1: none
+    pending_row: int = -1
     # structured outputs: the grammar's packed bitmask, int32 [ceil(vocab / 32)], bit j of
     # word w set where token 32 w + j is allowed (scheduler_worker.structured)
     token_bitmask: torch.Tensor | None = None
@@ -53,11 +55,12 @@ def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = 
 
 
 def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """row * vocab + token id for every token (< vocab) of every sequence."""
+    """row * vocab + token id for every token (< vocab) of every sequence; a placeholder
+    (-1: the token the step in flight is sampling) is left out (`_in_flight`)."""
     lens = torch.tensor([len(s) for s in seqs])
     rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
     ids = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.long)
-    keep = ids < vocab
+    keep = (ids >= 0) & (ids < vocab)
     return _to(rows[keep] * vocab + ids[keep], device)
 
 
@@ -128,10 +131,29 @@ def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     return logits
 
 
-def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def _in_flight(
+    rows: list[SamplingRow], idx: list[int], prev_tokens: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(positions in idx, their tokens) of the rows among idx whose last output token is the
+    step in flight's (pending_row), read from its sampled tokens on the device: penalties
+    count it without waiting for it to reach the host."""
+    pend = [(k, rows[i].pending_row) for k, i in enumerate(idx) if rows[i].pending_row >= 0]
+    if not pend:
+        return None
+    assert prev_tokens is not None, "a pending token with no step in flight"
+    dev = prev_tokens.device
+    where = _tensor([k for k, _ in pend], dev)
+    return where, prev_tokens.index_select(0, _tensor([r for _, r in pend], dev))
+
+
+def apply_penalties(
+    logits: torch.Tensor, rows: list[SamplingRow], prev_tokens: torch.Tensor | None = None
+) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
-    Returns a new tensor; rows without penalties are unchanged."""
+    A row's token still in flight (pending_row) counts, from `prev_tokens` (the step in
+    flight's tokens, on the device). Returns a new tensor; rows without penalties are
+    unchanged."""
     idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
         return logits
@@ -140,6 +162,7 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     rows_t = _tensor(idx, dev)
     sub = logits.index_select(0, rows_t)  # a contiguous copy
     vocab = sub.shape[1]
+    pending = _in_flight(rows, idx, prev_tokens)
     if any(p.repetition_penalty != 1.0 for p in params):
         rep = _tensor([p.repetition_penalty for p in params], dev)[:, None]
         seqs = [
@@ -150,6 +173,8 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         ]
         seen = torch.zeros_like(sub, dtype=torch.bool)
         seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
+        if pending is not None:
+            seen.index_put_(pending, torch.ones_like(pending[0], dtype=torch.bool))
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
         pres = _tensor([p.presence_penalty for p in params], dev)[:, None]
@@ -157,5 +182,8 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         counts = torch.zeros_like(sub)
         flat = _flat_index([rows[i].output_token_ids for i in idx], vocab, dev)
         counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
+        if pending is not None:
+            one = torch.ones_like(pending[0], dtype=sub.dtype)
+            counts.index_put_(pending, one, accumulate=True)
         sub = sub - pres * (counts > 0).to(sub.dtype) - freq * counts
     return logits.clone().index_copy_(0, rows_t, sub)

@@ -18,8 +18,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from common.sampling_params import SamplingParams
 from scheduler_worker.logits_processors import has_penalty
 from scheduler_worker.sampling import plain_greedy_params
@@ -61,7 +59,6 @@ class Request:
     num_preemptions: int = 0
     in_prefill_queue: bool = False
     num_pending: int = 0  # placeholder tokens at the end of token_ids (Scheduler.advance)
-    generator: torch.Generator | None = None
     # bumped whenever the request leaves the active queue (finish, abort, preemption), so
     # stale queue entries are recognised and dropped lazily instead of searched for
     queue_epoch: int = 0

@@ -37,9 +37,10 @@ tokens come out with probability p / sum(p), from ~450 random numbers per row wh
 race over the whole vocabulary draws a random number and a log per token (~10 ms of a
 ~35 ms step at 32 rows on 2 cores, against ~1 ms). A race keeps what the one over the
 vocabulary had: a logit that moves by an ulp changes the winner only at a near-tie (an
-inverse CDF would add the rounding up over the vocabulary). Seeds: a seeded row draws its
-uniforms from its own generator (on the logits' device), so its samples do not depend on
-what else is in the batch; unseeded rows share the default generator.
+inverse CDF would add the rounding up over the vocabulary). Seeds: a seeded row's uniforms
+are a hash of (seed, its token's index, column) (`seeded_uniforms`, one computation for
+every seeded row of the step), so its samples do not depend on what else is in the batch;
+unseeded rows share the default generator.
 Top-k and top-p cut by value: tokens tied with the last one kept are kept too.
 """
 
@@ -121,10 +122,31 @@ class DeviceSample:
         return SamplerOutput(tokens, out)
 
 
-def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.manual_seed(seed % (1 << 64))  # validated seeds may be negative
-    return g
+_M32 = 0xFFFFFFFF
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (T. Mueller's) on int64 tensors holding values < 2**32: every
+    product stays under 2**63, so no overflow on any device."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    return (x >> 16) ^ x
+
+
+def seeded_uniforms(
+    seeds: Sequence[int], counters: Sequence[int], n: int, device: torch.device
+) -> torch.Tensor:
+    """[rows, n] uniforms in (0, 1), each a function of (seed, counter, column) alone, for
+    every seeded row at once (a counter-based generator, as Philox is): a seeded request's
+    i-th token draws the same numbers whatever else is in the batch, on any device, after a
+    preemption too, with no generator call a row. counters: each row's output tokens so far."""
+    keys = _tensor(
+        [[s & _M32, (s >> 32) & _M32, c & _M32] for s, c in zip(seeds, counters)], device
+    )
+    k = _mix(_mix(_mix(keys[:, 0] ^ 0x9E3779B9) ^ keys[:, 1]) ^ keys[:, 2])
+    cols = _mix(torch.arange(n, device=device) + 0x632BE5AB)
+    x = _mix(k[:, None] ^ cols[None, :])
+    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits, never 0 or 1
 
 
 def is_greedy(p: SamplingParams) -> bool:
@@ -272,12 +294,17 @@ class Sampler:
         return self.sample(logits, rows, writable).result()
 
     def sample(
-        self, logits: torch.Tensor, rows: list[SamplingRow], writable: bool = False
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        writable: bool = False,
+        prev_tokens: torch.Tensor | None = None,
     ) -> DeviceSample:
         """One token per row, left on the logits' device: on a GPU this only enqueues work
         (no host sync). `writable`: the caller hands `logits` over (the engine, a step's
         own): grammar masks go into them in place unless a row asks for logprobs (which
-        are the raw logits')."""
+        are the raw logits'). `prev_tokens`: the step in flight's tokens, where a row's
+        last output is still one of them (SamplingRow.pending_row)."""
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         params = [r.params for r in rows]
@@ -288,7 +315,7 @@ class Sampler:
         in_place = writable and all(p.logprobs is None for p in params)
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
         stopped = mask_stop_tokens(masked, rows, self.eos_token_ids)
-        processed = apply_penalties(apply_logit_bias(stopped, rows), rows)
+        processed = apply_penalties(apply_logit_bias(stopped, rows), rows, prev_tokens)
         rand = [i for i, p in enumerate(params) if not is_greedy(p)]
         if len(rand) == len(rows):
             tokens = self._sample(processed, rows)
@@ -316,16 +343,18 @@ class Sampler:
     @staticmethod
     def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         probs = sampling_probs(logits, [r.params for r in rows])
-        n = num_uniforms(probs.shape[1])
-        u = torch.empty(len(rows), n, device=probs.device)
-        shared = [i for i, r in enumerate(rows) if r.generator is None]
-        if len(shared) == len(rows):
-            u.uniform_()
-        elif shared:
-            u.index_copy_(0, _tensor(shared, u.device), torch.rand(len(shared), n, device=u.device))
-        for i, r in enumerate(rows):
-            if r.generator is not None:
-                u[i].uniform_(generator=r.generator)
+        n, dev = num_uniforms(probs.shape[1]), probs.device
+        seeded = [i for i, r in enumerate(rows) if r.params.seed is not None]
+        if not seeded:  # unseeded rows share the default generator
+            return sample_from(probs, torch.rand(len(rows), n, device=dev))
+        seeds = [rows[i].params.seed or 0 for i in seeded]
+        counters = [len(rows[i].output_token_ids) for i in seeded]
+        u = seeded_uniforms(seeds, counters, n, dev)
+        if len(seeded) < len(rows):
+            shared = [i for i, r in enumerate(rows) if r.params.seed is None]
+            full = torch.empty(len(rows), n, device=dev)
+            full.index_copy_(0, _tensor(shared, dev), torch.rand(len(shared), n, device=dev))
+            u = full.index_copy_(0, _tensor(seeded, dev), u)
         return sample_from(probs, u)
 
     @staticmethod

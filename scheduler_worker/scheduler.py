@@ -163,6 +163,14 @@ class Scheduler:
         batch.num_prefill_tokens = sum(n for r, n in batch.entries.values() if r.in_prefill_queue)
         return batch
 
+    def defer(self, batch: ScheduledBatch, reqs: list[Request]) -> None:
+        """Take decode rows out of a scheduled batch, back to the front of the active queue
+        (first in the next step), their blocks kept."""
+        for req in reqs:
+            if batch.entries.pop(req.request_id, None) is not None:
+                batch.num_decode -= 1
+                self.active.appendleft((req, req.queue_epoch))
+
     def _admit(self, req: Request, budget: int) -> int:
         # prompt logprobs need the logits of every prompt position: no cached prefix then
         blocks, num_cached = (

@@ -10,6 +10,8 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.request import PLACEHOLDER
+from scheduler_worker.sampling import Sampler
+from scheduler_worker.scheduler import Scheduler
 from tests.scheduler_worker.test_engine import _prompts, make_engine, run_staggered
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -102,16 +104,60 @@ def test_abort_while_a_token_is_in_flight(llama):
     engine.block_manager.check_integrity()
 
 
-def test_rows_that_need_their_tokens_fall_back_to_synchronous(llama):
-    """Penalties read the output tokens' values: such a step resolves the step in flight
-    first; the result equals the synchronous engine's, with no placeholder left."""
-    params = SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3)
-    prompts = [[5, 6, 7], [9, 8, 7, 6]]
+def _spy_pending(monkeypatch) -> list[list[int]]:
+    """The pending_row of every row the sampler gets, a list a call."""
+    calls: list[list[int]] = []
+    real = Sampler.sample
+
+    def sample(self, logits, rows, *args, **kw):
+        calls.append([r.pending_row for r in rows])
+        return real(self, logits, rows, *args, **kw)
+
+    monkeypatch.setattr(Sampler, "sample", sample)
+    return calls
+
+
+def test_penalty_rows_stay_overlapped_and_equal_synchronous(llama, monkeypatch):
+    """Penalties count the token in flight on the device (pending_row): the step does not
+    wait for it, and the tokens equal the synchronous engine's, no placeholder left."""
+    pens = [
+        SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3),
+        SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=1.5, ignore_eos=True),
+        SamplingParams(max_tokens=10, temperature=0.0, frequency_penalty=2.0, ignore_eos=True),
+    ]
+    prompts = [[5, 6, 7], [9, 8, 7, 6], [3, 3, 3], [1, 2]]
     sync, overlap = both(llama)
-    want = sync.generate(prompts, [params, GREEDY])
-    got = overlap.generate(prompts, [params, GREEDY])
+    want = sync.generate(prompts, [*pens, GREEDY])
+    calls = _spy_pending(monkeypatch)
+    got = overlap.generate(prompts, [*pens, GREEDY])
     assert got == want
     assert all(PLACEHOLDER not in o for o in got)
+    assert sum(r >= 0 for rows in calls for r in rows) >= 3 * 8  # read on the device
+
+
+def test_a_grammar_row_waits_alone(llama, monkeypatch):
+    """A constrained row needs its token on the host for its next mask: it sits out the
+    step after each of its tokens (Scheduler.defer) while the other rows go on overlapped;
+    every row's tokens equal the synchronous engine's."""
+    constrained = SamplingParams(
+        max_tokens=8, temperature=0.0, structured={"kind": "regex", "spec": "[a-z]{2,12}"}
+    )
+    prompts = [[5, 6, 7], [9, 8, 7, 6], [1, 2]]
+    sync, overlap = both(llama)
+    want = sync.generate(prompts, [constrained, GREEDY, GREEDY])
+    deferred: list[tuple[int, int]] = []  # (rows deferred, rows launched) a step
+    real = Scheduler.defer
+
+    def defer(self, batch, reqs):
+        real(self, batch, reqs)
+        deferred.append((len(reqs), len(batch.entries)))
+
+    monkeypatch.setattr(Scheduler, "defer", defer)
+    got = overlap.generate(prompts, [constrained, GREEDY, GREEDY])
+    assert got == want
+    # the constrained row sat steps out while the two others launched, overlapped
+    assert (1, 2) in deferred
+    overlap.block_manager.check_integrity()
 
 
 def test_seeded_sampling_is_the_same_overlapped(llama):

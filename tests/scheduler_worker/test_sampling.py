@@ -8,7 +8,7 @@ import torch
 from common.sampling_params import SamplingParams
 from scheduler_worker import sampling
 from scheduler_worker.logits_processors import apply_logit_bias, apply_penalties
-from scheduler_worker.sampling import Sampler, SamplingRow, make_generator, sampling_probs
+from scheduler_worker.sampling import Sampler, SamplingRow, sampling_probs, seeded_uniforms
 
 EOS = 2
 
@@ -17,8 +17,7 @@ def _row(
     output: list[int] | None = None, prompt: list[int] | None = None, seed: int | None = None, **kw
 ) -> SamplingRow:
     params = SamplingParams(seed=seed, **kw)
-    gen = make_generator(seed) if seed is not None else None
-    return SamplingRow(params, prompt or [], output or [], gen)
+    return SamplingRow(params, prompt or [], output or [])
 
 
 def _counts(tokens: list[int], vocab: int) -> list[int]:
@@ -214,7 +213,9 @@ def test_logit_bias_leaves_the_fast_path_and_keeps_the_grammar(monkeypatch):
     # a token the grammar forbids stays forbidden whatever its bias
     words = torch.full((2,), -1, dtype=torch.int32)  # tokens 0..63 allowed
     words[0] &= ~(1 << 3)  # but 3
-    row = SamplingRow(SamplingParams(temperature=0.0, logit_bias={3: 100.0}), [], [], None, words)
+    row = SamplingRow(
+        SamplingParams(temperature=0.0, logit_bias={3: 100.0}), [], [], token_bitmask=words
+    )
     assert Sampler(64, [EOS])(logits[1:], [row]).token_ids != [3]
     monkeypatch.setattr(sampling, "apply_logit_bias", lambda lg, rows: lg)  # the bias undone
     assert Sampler(64, [EOS])(logits, [greedy, biased]).token_ids[1] != 3
@@ -275,7 +276,25 @@ def test_different_seeds_differ_and_unseeded_rows_vary():
     assert len(set(draws.values())) > 1
     unseeded = Sampler(1000, [])(torch.zeros(50, 1000), [_row()] * 50).token_ids
     assert len(set(unseeded)) > 25
-    assert make_generator(-5).initial_seed() == (1 << 64) - 5
+
+
+def test_seeded_uniforms_are_a_function_of_seed_counter_and_column():
+    """The counter-based draws: the same (seed, counter) gives the same row in any batch;
+    the seed's high and low words, the counter and the column each change them; they are
+    in (0, 1) and look uniform (mean, spread, every tenth of the range hit evenly)."""
+    cpu = torch.device("cpu")
+    seeds, counters = [7, 7, 7, -5, 2**63 + 7, 7 + (1 << 32)], [0, 1, 0, 0, 0, 0]
+    u = seeded_uniforms(seeds, counters, 600, cpu)
+    assert u.shape == (6, 600) and bool((u > 0).all() and (u < 1).all())
+    assert torch.equal(u[0], u[2]) and not torch.equal(u[0], u[1])
+    assert len({tuple(r.tolist()) for r in u[[0, 1, 3, 4, 5]]}) == 5
+    alone = seeded_uniforms([7], [1], 600, cpu)
+    assert torch.equal(alone[0], u[1])  # whatever the other rows
+    big = seeded_uniforms(list(range(200)), [3] * 200, 500, cpu).flatten()
+    assert abs(big.mean().item() - 0.5) < 0.005 and abs(big.std().item() - 12**-0.5) < 0.005
+    tenths = torch.bincount((big * 10).long(), minlength=10).float() / big.numel()
+    assert bool(((tenths - 0.1).abs() < 0.004).all())
+    assert len(set(u[0].tolist())) > 590  # few repeats within a row
 
 
 @pytest.mark.parametrize(
@@ -329,8 +348,9 @@ def test_top_p_support_matches_a_full_sort():
 def test_mixed_filters_in_one_batch():
     torch.manual_seed(0)
     n = 3000
-    rows = [_row(top_k=2), _row(top_p=0.65), _row(), _row(top_k=3, seed=9)]
-    tokens = Sampler(5, [])(LOGITS.expand(n, -1), [rows[i % 4] for i in range(n)]).token_ids
+    rows = [_row(top_k=2), _row(top_p=0.65), _row()]
+    batch = [rows[i % 4] if i % 4 < 3 else _row(top_k=3, seed=9 + i) for i in range(n)]
+    tokens = Sampler(5, [])(LOGITS.expand(n, -1), batch).token_ids
     per_kind = [set(tokens[k::4]) for k in range(4)]
     assert per_kind == [{0, 1}, {0, 1}, {0, 1, 2, 3, 4}, {0, 1, 2}]
 
@@ -442,3 +462,17 @@ def test_a_seeded_sample_survives_an_ulp_of_noise():
     a = Sampler(49152, [])(logits, [_row(seed=i) for i in range(2000)]).token_ids
     b = Sampler(49152, [])(noisy, [_row(seed=i) for i in range(2000)]).token_ids
     assert sum(x != y for x, y in zip(a, b)) <= 4
+
+
+def test_penalties_count_the_token_in_flight_read_on_the_device():
+    """A row whose last output is still being sampled by the step in flight (its
+    placeholder, -1, and pending_row) is penalized as if the token were on the host."""
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(6))
+    prev_tokens = torch.tensor([4, 11, 9])  # the step in flight's tokens, by its rows
+    kw = dict(repetition_penalty=1.5, presence_penalty=0.7, frequency_penalty=0.4)
+    known = [_row([3, 11, 11], [1, 2], **kw), _row([5, 9], [7], **kw), _row([2], [2])]
+    pending = [_row([3, 11, -1], [1, 2], **kw), _row([5, -1], [7], **kw), _row([2], [2])]
+    pending[0].pending_row, pending[1].pending_row = 1, 2
+    want = apply_penalties(logits, known)
+    assert torch.equal(apply_penalties(logits, pending, prev_tokens), want)
+    assert not torch.equal(apply_penalties(logits, [_row([3, 11], [1, 2], **kw)] + known[1:]), want)

@@ -10,7 +10,7 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker import sampling
-from scheduler_worker.sampling import DeviceSample, Sampler, SamplingRow, make_generator
+from scheduler_worker.sampling import DeviceSample, Sampler, SamplingRow
 
 EOS, STOP = 2, 5
 VOCAB = 1000
@@ -64,13 +64,14 @@ def _allowed(words: torch.Tensor) -> torch.Tensor:
 
 
 def _rows(device: str, names: list[str] = NAMES) -> list[SamplingRow]:
-    """Fresh rows (fresh generators on `device`) of the named kinds."""
+    """Fresh rows of the named kinds."""
     rows = []
     for i, name in enumerate(names):
         kw, prompt, output, masked = KINDS[name]
         params = SamplingParams(**kw)
-        gen = make_generator(params.seed, device) if params.seed is not None else None
-        rows.append(SamplingRow(params, prompt, output, gen, _words(i) if masked else None))
+        rows.append(
+            SamplingRow(params, prompt, output, token_bitmask=_words(i) if masked else None)
+        )
     return rows
 
 
@@ -139,7 +140,7 @@ def test_sample_does_not_modify_its_input():
     before = logits.clone()
     Sampler(VOCAB, [EOS]).sample(logits, _rows("cpu")).result()
     assert torch.equal(logits, before)
-    greedy = [SamplingRow(SamplingParams(temperature=0.0), [], [], None, _words(0))]
+    greedy = [SamplingRow(SamplingParams(temperature=0.0), [], [], token_bitmask=_words(0))]
     Sampler(VOCAB, [EOS]).sample(logits[:1], greedy).result()
     assert torch.equal(logits, before)
 
@@ -161,7 +162,7 @@ def test_sample_on_cuda_never_waits_for_the_device(dtype):
     sampler = Sampler(VOCAB, [EOS])
     plain_rows = [  # one argmax (the fast path), one through a grammar mask
         SamplingRow(SamplingParams(temperature=0.0), [], []),
-        SamplingRow(SamplingParams(temperature=0.0), [], [], None, _words(1)),
+        SamplingRow(SamplingParams(temperature=0.0), [], [], token_bitmask=_words(1)),
     ]
     sampler.sample(logits, _rows("cuda")).result()  # lazy initializations, outside the check
     sampler.sample(logits[:2], plain_rows).result()
@@ -209,16 +210,16 @@ def test_sample_on_cuda_never_waits_for_the_device(dtype):
 
 
 @cuda
-def test_seeded_rows_on_cuda_repeat_with_fresh_generators():
+def test_seeded_rows_on_cuda_repeat_and_match_the_cpu():
     logits = torch.zeros(len(NAMES), VOCAB, device="cuda")  # flat: the seed decides
     sampler = Sampler(VOCAB, [EOS])
-    seeded = [i for i, r in enumerate(_rows("cuda")) if r.generator is not None]
+    seeded = [i for i, r in enumerate(_rows("cuda")) if r.params.seed is not None]
     runs = []
     for unseeded_seed in (1, 2):
         torch.cuda.manual_seed(unseeded_seed)  # the other rows draw differently
-        rows = _rows("cuda")
-        assert all(rows[i].generator.device.type == "cuda" for i in seeded)  # type: ignore[union-attr]
-        runs.append(sampler.sample(logits, rows).result().token_ids)
+        runs.append(sampler.sample(logits, _rows("cuda")).result().token_ids)
+    on_cpu = sampler.sample(logits.cpu(), _rows("cpu")).result().token_ids
+    assert [on_cpu[i] for i in seeded] == [runs[0][i] for i in seeded]  # one hash, any device
     assert [runs[0][i] for i in seeded] == [runs[1][i] for i in seeded]
     assert len({runs[0][i] for i in seeded}) > 1  # the seeds differ, so do their draws
     assert runs[0] != runs[1]  # the unseeded rows did move

@@ -197,20 +197,19 @@ def test_sampler_masks_only_constrained_rows():
     allowed = torch.zeros(100, dtype=torch.bool)
     allowed[[5, 17, 60]] = True
     words = pack(allowed)
-    sp = SamplingParams(temperature=1.0, logprobs=2)
-    for _ in range(20):
+    for step in range(20):
+        sp = [SamplingParams(temperature=1.0, logprobs=2, seed=100 * step + i) for i in range(4)]
         rows = [
-            SamplingRow(sp, [1], [], torch.Generator().manual_seed(i), words if i % 2 else None)
-            for i in range(4)
+            SamplingRow(sp[i], [1], [], token_bitmask=words if i % 2 else None) for i in range(4)
         ]
-        free = [SamplingRow(sp, [1], [], torch.Generator().manual_seed(i)) for i in range(4)]
+        free = [SamplingRow(sp[i], [1], []) for i in range(4)]
         out, ref = Sampler(100, [2])(logits, rows), Sampler(100, [2])(logits, free)
         assert out.token_ids[1] in (5, 17, 60) and out.token_ids[3] in (5, 17, 60)
         assert out.token_ids[0] == ref.token_ids[0] and out.token_ids[2] == ref.token_ids[2]
         # logprobs are the model's, before the mask: the same top-N as unconstrained
         assert out.logprobs[1].top_ids == ref.logprobs[1].top_ids  # type: ignore[union-attr]
     greedy = SamplingParams(temperature=0.0)
-    rows = [SamplingRow(greedy, [1], [], None, words), SamplingRow(greedy, [1], [], None)]
+    rows = [SamplingRow(greedy, [1], [], token_bitmask=words), SamplingRow(greedy, [1], [])]
     out = Sampler(100, [2])(logits[:2], rows)
     assert out.token_ids[0] == int(torch.tensor([5, 17, 60])[logits[0, [5, 17, 60]].argmax()])
     assert out.token_ids[1] == int(logits[1].argmax())
@@ -337,7 +336,9 @@ def test_token_masks_follow_the_bit_order():
     sp = SamplingParams()
     for vocab in (40 * 32 - 7, 40 * 32 + 9):
         logits = torch.randn(4, vocab, generator=gen)
-        rows = [SamplingRow(sp, [1], [], None, w) for w in words] + [SamplingRow(sp, [1], [])]
+        rows = [SamplingRow(sp, [1], [], token_bitmask=w) for w in words] + [
+            SamplingRow(sp, [1], [])
+        ]
         want = logits.clone()
         allowed = unpack(words, min(vocab, 40 * 32))
         for r in range(3):
