@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import os
 import pstats
 import random
 import sys
@@ -144,7 +145,7 @@ def run(
         for _ in range(steps):
             publish(engine.step())
         pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+        pstats.Stats(pr).sort_stats(os.environ.get("ZS_SORT", "tottime")).print_stats(25)
     gc.unfreeze()
     return seconds / steps, seconds / max(1, num_rows), sampler / steps
 

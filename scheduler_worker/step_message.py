@@ -69,7 +69,7 @@ def step_message(
     return StepOutputs(
         step=step,
         rids=list(map(_RID, outputs)),
-        new_token_ids=list(map(pack_ids, map(_TOKENS, outputs))),
+        new_token_ids=_packed_ids(list(map(_TOKENS, outputs))),
         finish_reasons=reasons,
         num_prompt_tokens=list(map(_NUM_PROMPT, outputs)),
         num_output_tokens=list(map(_NUM_OUTPUT, outputs)),
@@ -81,6 +81,15 @@ def step_message(
         prompt_logprobs=_optional(map(_PROMPT_LOGPROBS, outputs)),
         **fields,
     )
+
+
+def _packed_ids(tokens: list[list[int]]) -> list[bytes]:
+    """pack_ids of each row's tokens; a step where every row has one token (most) packs
+    them all at once and cuts the bytes."""
+    if set(map(len, tokens)) != {1}:
+        return list(map(pack_ids, tokens))
+    whole = pack_ids([t[0] for t in tokens])
+    return [whole[i : i + 4] for i in range(0, len(whole), 4)]
 
 
 def _optional(values: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> list | None:

@@ -1,0 +1,44 @@
+"""scheduler_worker.step_message: a step's RequestOutputs as one StepOutputs, its columns
+built without a record a row, read back by the detokenizer's own unpacking."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from common.messages import decode, encode, unpack_ids, unpack_step_outputs
+from scheduler_worker.sampling import TokenLogprobs
+from scheduler_worker.step_message import step_message
+from scheduler_worker.step_output import RequestOutput
+
+
+def _record(rid: str):
+    return SimpleNamespace(tokenized_time=5.0, detok_settings=(rid, [], True, False, 0))
+
+
+def test_columns_round_trip_through_the_wire():
+    lp = TokenLogprobs(9, -0.5, [9, 4], [-0.5, -1.5])
+    outs = [
+        RequestOutput("a", [7], None, None, 3, 1, 0),
+        RequestOutput("b", [8, 9], "stop", [lp, lp], 4, 6, 2, 9, {"received": 1.0}),
+        RequestOutput("c", [], "abort", None, 2, 0, 0),
+        RequestOutput("d", [123456], None, None, 1, 2, 0),
+    ]
+    records = {rid: _record(rid) for rid in "abcd"}
+    unannounced = {"a", "d", "z"}
+    msg = step_message(3, outs, records, unannounced, replica=1, inbox="ipc://x")
+    got = unpack_step_outputs(decode(encode(msg)))
+    assert [g.rid for g in got] == ["a", "b", "c", "d"]
+    assert [unpack_ids(g.new_token_ids) for g in got] == [[7], [8, 9], [], [123456]]
+    assert [g.finish_reason for g in got] == [None, "stop", "abort", None]
+    assert got[1].stop_token_id == 9 and got[0].stop_token_id is None
+    assert got[1].logprobs == [[-0.5, [[9, -0.5], [4, -1.5]]]] * 2 and got[0].logprobs is None
+    assert got[1].timings is not None and got[1].timings["tokenized_time"] == 5.0
+    assert [n[0] for n in msg.new_requests] == ["a", "d"] and unannounced == {"z"}
+    assert set(records) == {"a", "d"}  # the finished ones' records go
+
+
+def test_a_step_of_single_tokens_packs_them_at_once():
+    outs = [RequestOutput(f"r{i}", [i * 1000], None, None, 5, 9, 0) for i in range(50)]
+    msg = step_message(0, outs, {}, set())
+    assert [unpack_ids(b) for b in msg.new_token_ids] == [[i * 1000] for i in range(50)]
+    assert msg.logprobs is None and msg.timings is None and msg.stop_token_ids is None
