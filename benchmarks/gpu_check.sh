@@ -26,7 +26,8 @@
 #   9. an in-process profile of l1b (else l8b) decode steps (and of steps that admit a
 #      prompt; ZS_PROFILE=0: skipped)
 #  8b. every family (Gemma 3, Qwen3, GPT-2, ...) on the real kernels and graphs (pytest)
-#  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py)
+#  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py), greedy
+#      and the chat mix
 # (after 4 for l1b: l1b again with one frontend, 32 streams: the A/B of the default's
 # several frontends, ZS_AB_FRONTENDS=1)
 #  11. ZS_STARTUP_MODEL (l8b): a cold start (an empty ZEROSERVE_CACHE_DIR: no compiled
@@ -515,8 +516,15 @@ fi
 if (($(left) - RESERVE < 20)); then
   skip host_step "budget ($(left)s left)"
 else
-  stage host_step 45 "$PY" "$ZS/benchmarks/bench_host_step.py" --rows 32 128 256 --steps 100 \
-    --kernels torch
+  stage host_step 45 "$PY" "$ZS/benchmarks/bench_host_step.py" --rows 32 128 256 512 \
+    --steps 100 --kernels torch
+fi
+if (($(left) - RESERVE < 30)); then
+  skip host_step_chat "budget ($(left)s left)"
+else
+  # the chat mix: the sampler's torch ops run on this host's CPU here (printed apart)
+  stage host_step_chat 40 "$PY" "$ZS/benchmarks/bench_host_step.py" --rows 32 256 \
+    --steps 30 --kernels torch --mix chat
 fi
 
 # ---- summary (never skipped) ---------------------------------------------------------
@@ -538,7 +546,9 @@ done >"$OUT/servers.log" 2>/dev/null
 [ -f "$W/logs/pytest_families.log" ] && { echo "===== pytest_families"; tail -n 1000 \
   "$W/logs/pytest_families.log" | cut -c1-2000; } >>"$OUT/pytest.log"
 [ -f "$W/logs/profile.log" ] && cut -c1-2000 "$W/logs/profile.log" | head -n 2000 >"$OUT/profile.txt"
-[ -f "$W/logs/host_step.log" ] && grep "^rows" "$W/logs/host_step.log" >>"$OUT/profile.txt"
+for f in host_step host_step_chat; do
+  [ -f "$W/logs/$f.log" ] && grep "^rows" "$W/logs/$f.log" >>"$OUT/profile.txt"
+done
 cat "$W/logs/summary.log"
 say "done in $(elapsed)s; files in $OUT: $(cd "$OUT" && echo *) run.log"
 cp "$RUNLOG" "$OUT/run.log"
