@@ -30,7 +30,7 @@ def busy_split(engine: LLMEngine, ipc_time: float) -> dict[str, float]:
         "schedule": b["schedule"],
         "ipc": ipc_time,
     }
-    clock = getattr(engine.runner.backend, "clock", None)
+    clock = engine.runner.backend.clock
     if clock is not None:  # a GPU's own busy time and waits, beside the host's parts
         clock.collect()  # the forwards the device has passed since the last launch
         split["device"], split["device_wait"] = clock.busy_s, clock.wait_s
@@ -59,7 +59,7 @@ class MemoryCadence:
         if age < keep_s:
             return self.last
         e = self.engine
-        self.last = {**getattr(e.runner.backend, "facts", {}), **memory_figures(e.runner.kv_caches)}
+        self.last = {**e.runner.backend.facts, **memory_figures(e.runner.kv_caches)}
         self.at, self.idle = now, not busy
         return self.last
 

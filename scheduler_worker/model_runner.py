@@ -42,10 +42,10 @@ class ModelRunner:
                 mod.step_rows = self.step_rows
         self.max_model_len = context_length(self.args.hf_config, config.model.max_model_len)
         self.backend = make_backend(config, loaded, self.step_rows, self.max_model_len)
-        self.kernel_isa = getattr(self.backend, "kernel_isa", None)  # C++ path; None: none
+        self.kernel_isa = self.backend.kernel_isa  # C++ path; None: none
         self.use_kernels = self.kernel_isa is not None
-        self.isa_index = getattr(self.backend, "isa_index", 0)
-        self.decode_kernel: str = getattr(self.backend, "decode_kernel", self.backend.ops.name)
+        self.isa_index = self.backend.isa_index
+        self.decode_kernel = self.backend.decode_kernel
         self.use_ops(self.backend.ops)
         if self.use_kernels:
             enable = getattr(self.model, "enable_decode_layers", None)
@@ -90,10 +90,10 @@ class ModelRunner:
         cache = self.config.cache
         if cache.num_blocks is not None:
             return cache.num_blocks
-        profile = getattr(self.backend, "profile_kv_blocks", None)
-        if profile is not None:  # a GPU: what --gpu-memory-utilization leaves
-            tail = (self.args.num_kv_heads, self.args.head_dim)
-            blocks = profile(self.model, tail, self.kv_dtype, self.args.num_layers, self.vocab_size)
+        tail = (self.args.num_kv_heads, self.args.head_dim)
+        args = (self.model, tail, self.kv_dtype, self.args.num_layers, self.vocab_size)
+        blocks = self.backend.profile_kv_blocks(*args)
+        if blocks is not None:  # a GPU: what --gpu-memory-utilization leaves
             if blocks < 1:
                 raise ConfigError(
                     "no GPU memory left for the KV cache after the weights and a largest "

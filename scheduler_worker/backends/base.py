@@ -2,7 +2,7 @@
 
     ModelRunner ── owns ──▶ Backend
                              ├─ ops            the layers' op set (backends/ops.py)
-                             ├─ kv_cache_dtype / allocate_kv_pool / kv_pool_blocks
+                             ├─ kv_cache_dtype / allocate_kv_pool / profile_kv_blocks
                              ├─ prepare(seqs)  step inputs + AttentionMetadata, in its buffers
                              ├─ start(...)     after the KV pool: CUDA graph capture
                              └─ execute(...)   one forward: eager, or a captured graph replayed
@@ -22,6 +22,7 @@ import torch
 
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.block_tables import BlockTables
+from scheduler_worker.backends.device_clock import DeviceClock
 from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -123,9 +124,25 @@ class Backend:
     name = "base"
     ops: TorchOps = TORCH_OPS
     overlap = False  # execute() returns before the device is done (a GPU)
+    # what the runner, the sampler and the status beats read of any backend
+    kernel_isa: str | None = None  # the C++ kernels' path (a CPU); None: none
+    isa_index = 0  # its index (kernels.isa_index), passed to the C++ ops
+    clock: DeviceClock | None = None  # the forwards' device time (a GPU)
+    _decode_kernel: str | None = None
+
+    @property
+    def decode_kernel(self) -> str:
+        """The decode attention's name: the CPU's choice (attention.choose_decode_kernel),
+        else its op set's."""
+        return self._decode_kernel or self.ops.name
+
+    @decode_kernel.setter
+    def decode_kernel(self, name: str) -> None:
+        self._decode_kernel = name
 
     def __init__(self, device: torch.device, dtype: torch.dtype, block_size: int) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.facts: dict[str, float] = {}  # logged and exported: memory, capture
         self.prev_tokens: torch.Tensor | None = None  # the step in flight's sampled tokens
         self.chained = False  # this step launches while the one before it is in flight
 
@@ -138,7 +155,14 @@ class Backend:
     ) -> list[KVCache]:
         raise NotImplementedError
 
-    def kv_pool_blocks(self, bytes_per_block: int) -> int | None:
+    def profile_kv_blocks(
+        self,
+        model: torch.nn.Module,
+        kv_shape_tail: tuple[int, ...],
+        kv_dtype: torch.dtype,
+        num_layers: int,
+        vocab: int,
+    ) -> int | None:
         """The pool's blocks where the backend sizes it itself (a GPU: what is left of
         --gpu-memory-utilization); None: the memory budget of --kv-cache-memory-gb."""
         return None

@@ -100,6 +100,7 @@ def test_the_default_kv_budget_grows_to_one_sequence_of_the_context():
     set the budget or the context, or the model needs more than the limit."""
     from types import SimpleNamespace
 
+    from scheduler_worker.backends.base import Backend
     from scheduler_worker.model_runner import KV_GROW_LIMIT_GB, ModelRunner
 
     def blocks(context: int, per_token: int, **cfg) -> int:
@@ -109,11 +110,16 @@ def test_the_default_kv_budget_grows_to_one_sequence_of_the_context():
             args=SimpleNamespace(
                 kv_bytes_per_token=lambda dtype: per_token,
                 hf_config={"max_position_embeddings": context},
+                num_kv_heads=1,
+                head_dim=per_token,
+                num_layers=1,
             ),
+            model=None,
+            vocab_size=1,
             dtype=torch.float32,
             kv_dtype=torch.float32,
             block_size=16,
-            backend=SimpleNamespace(),  # a CPU's: no profile_kv_blocks of its own
+            backend=Backend(torch.device("cpu"), torch.float32, 16),  # no profile: a budget
         )
         return ModelRunner._num_blocks(fake)  # type: ignore[arg-type]
 
