@@ -71,13 +71,18 @@ def cpu_kind() -> str:
     return _kind_of(cpu_flags())
 
 
+def native_cpu_kind() -> str:
+    """The kind of the CPU itself, whatever ZEROSERVE_CPU_KIND presents."""
+    return _kind_of(frozenset(_first("flags").split()))
+
+
 def cpu_kind_label() -> str:
     """cpu_kind() for benchmark records and logs, saying when it is emulated:
     "avx2 (emulated on avx512)" under ZEROSERVE_CPU_KIND=avx2 on an AVX-512 machine."""
     kind = cpu_kind()
     if cpu_kind_override() is None:
         return kind
-    return f"{kind} (emulated on {_kind_of(frozenset(_first('flags').split()))})"
+    return f"{kind} (emulated on {native_cpu_kind()})"
 
 
 # scheduler_worker.kernels' paths, slowest first; "amx" is "avx512" with some linears on the

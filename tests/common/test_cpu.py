@@ -53,5 +53,6 @@ def test_an_emulated_kind_says_so_in_its_label(flags):
     assert cpu.cpu_kind_label() == "avx512"
     flags(ZEN4, "avx2")
     assert cpu.cpu_kind() == "avx2" and cpu.cpu_kind_label() == "avx2 (emulated on avx512)"
+    assert cpu.native_cpu_kind() == "avx512"
     flags(SAPPHIRE_RAPIDS, "avx2")
     assert cpu.cpu_kind_label() == "avx2 (emulated on amx)"

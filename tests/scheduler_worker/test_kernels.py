@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.env import cpu_kind_override
 from scheduler_worker import kernels
 from scheduler_worker.attention import _decode_attention, write_kv
 from scheduler_worker.quant.formats import (
@@ -37,8 +38,14 @@ def _gguf_weight(type_name: str, n: int, k: int, seed: int):
     return from_gguf(raw, type_name, n, k)
 
 
-def test_scalar_path_is_always_there_and_best_isa_matches_the_flags():
-    assert ISAS[0] == "scalar" and ops.cpu_isa() == kernels.isa_index(kernels.best_isa())
+def test_scalar_path_is_always_there_and_best_isa_matches_the_flags(each_cpu_kind):
+    best = kernels.isa_index(kernels.best_isa())
+    assert ISAS[0] == "scalar"
+    # the C++ probe reads the real CPU; an emulated avx2 kind only lowers the choice
+    if cpu_kind_override() is None:
+        assert ops.cpu_isa() == best and ISAS[-1] == kernels.best_isa()
+    else:
+        assert each_cpu_kind == "avx2" and best == kernels.isa_index("avx2") <= ops.cpu_isa()
 
 
 def _qlinear(x: torch.Tensor, bw: BlockWeight, isa: str) -> torch.Tensor:

@@ -119,7 +119,9 @@ def test_prefix_in_cache_then_tail_prefill_equals_full_prefill(tiny_model_dirs, 
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "auto"])
-def test_other_dtypes_run_and_agree_on_top_token(dtype, tiny_model_dirs):
+def test_other_dtypes_run_and_agree_on_top_token(dtype, each_cpu_kind, tiny_model_dirs):
+    """auto: bfloat16 where the CPU multiplies bf16 natively (avx512, amx), else float32
+    (avx2), whose K/V cache is float16 where the paged kernel decodes (kv_cache_dtype)."""
     model_dir = tiny_model_dirs["llama3"]
     ref = _runner(model_dir).execute([SeqInput(PROMPTS[4], 0, list(range(20)))])
     cfg = EngineConfig(
@@ -127,7 +129,10 @@ def test_other_dtypes_run_and_agree_on_top_token(dtype, tiny_model_dirs):
         cache=CacheConfig(block_size=4, num_blocks=64),
     )
     runner = ModelRunner(cfg, model_dir)
-    assert runner.kv_caches[0][0].dtype == runner.dtype
+    auto = torch.float32 if each_cpu_kind == "avx2" else torch.bfloat16
+    assert runner.dtype == (auto if dtype == "auto" else getattr(torch, dtype))
+    f16_cache = runner.dtype == torch.float32 and kernels_built()  # the paged kernel's cache
+    assert runner.kv_caches[0][0].dtype == (torch.float16 if f16_cache else runner.dtype)
     out = runner.execute([SeqInput(PROMPTS[4], 0, list(range(20)))])
     assert torch.isfinite(out).all()
     top_ref = set(ref[0].topk(5).indices.tolist())
