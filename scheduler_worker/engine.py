@@ -178,8 +178,8 @@ class LLMEngine:
         if pending is not None and (not self.overlap or _wants_prompt_logprobs(batch)):
             outputs += self._resolve(pending, stats)
             pending = self._in_flight = None
-            for rid in [rid for rid, (r, _) in batch.entries.items() if r.status.finished]:
-                del batch.entries[rid]  # finished by the tokens just read
+            for req in [r for r, _ in batch.entries.values() if r.status.finished]:
+                batch.drop(req)  # finished by the tokens just read
         launched = None
         if batch.entries:
             try:

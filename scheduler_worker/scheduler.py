@@ -51,6 +51,18 @@ class ScheduledBatch:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def drop(self, req: Request) -> bool:
+        """Take req's entry out (its counts with it: the decodes are the first num_decode
+        entries); False if it had none."""
+        if req.request_id not in self.entries:
+            return False
+        if list(self.entries).index(req.request_id) < self.num_decode:
+            self.num_decode -= 1
+        else:
+            self.num_prefill_tokens -= self.entries[req.request_id][1]
+        del self.entries[req.request_id]
+        return True
+
     def sampling(self) -> list[bool]:
         """Per entry: its chunk reaches the request's last token, so the request samples
         one token after the forward (the last prompt chunk, and every decode: the first
@@ -167,8 +179,7 @@ class Scheduler:
         """Take decode rows out of a scheduled batch, back to the front of the active queue
         (first in the next step), their blocks kept."""
         for req in reqs:
-            if batch.entries.pop(req.request_id, None) is not None:
-                batch.num_decode -= 1
+            if batch.drop(req):
                 self.active.appendleft((req, req.queue_epoch))
 
     def _admit(self, req: Request, budget: int) -> int:

@@ -189,3 +189,36 @@ def test_out_of_device_memory_fails_that_step_and_the_engine_serves_on(llama):
     assert bm.num_free_blocks == bm.num_blocks
     engine.runner.execute = real  # type: ignore[method-assign]
     assert [len(o) for o in engine.generate([[1, 2, 3]], GREEDY)] == [GREEDY.max_tokens]
+
+
+def test_prompt_logprobs_arriving_while_rows_finish(llama):
+    """A step computing prompt logprobs resolves the step in flight first; a row that
+    finishes on that token (a stop token) leaves the scheduled batch with its count
+    (ScheduledBatch.drop), so the prompt chunk beside it is not taken for a row that
+    samples. Every row's tokens equal the synchronous engine's."""
+    a, b, long_prompt = [5, 6, 7], [9, 8, 7, 6], list(range(3, 63))
+    free = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    sync, overlap = both(llama, max_num_batched_tokens=16)
+    first = sync.generate([a], free)[0]
+    stop = first[2]
+    assert stop not in first[:2]
+    stops = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[stop])
+    plp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
+
+    def run(engine):
+        outs: dict[str, list[int]] = {"a": [], "b": [], "p": []}
+        engine.add_request("a", a, stops)
+        engine.add_request("b", b, free)
+        for step in range(100):
+            if step == 1:  # its 60 tokens take steps of 16 while "a" stops
+                engine.add_request("p", long_prompt, plp)
+            for out in engine.step():
+                outs[out.request_id].extend(out.new_token_ids)
+            if not engine.has_unfinished():
+                break
+        engine.block_manager.check_integrity()
+        return outs
+
+    want = run(sync)
+    assert want["a"] == first[:3] and len(want["p"]) == 3
+    assert run(overlap) == want

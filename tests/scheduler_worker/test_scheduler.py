@@ -101,3 +101,24 @@ def test_update_finishes_on_stop_tokens_then_max_tokens():
     assert all(r.first_token_time is not None and not r.block_table for r in finished.values())
     assert s.num_running == 0 and s.blocks.num_used_blocks == 0
     s.blocks.check_integrity()
+
+
+def test_a_dropped_entry_takes_its_count_and_sampling_stays_right():
+    """ScheduledBatch.drop (a deferred row, a row finished by the step in flight): the
+    decode and prompt-token counts follow, so sampling() still marks only the rows that
+    reach their last token, decodes first."""
+    s = _scheduler(max_num_seqs=8, max_num_batched_tokens=64)
+    for i in range(3):
+        s.add(Request(f"d{i}", [1, 2, 3], SamplingParams(max_tokens=50)))
+    _step(s)  # three prompts in: now decoding
+    s.add(Request("p", list(range(1, 40)), SamplingParams(max_tokens=5)))
+    batch = s.schedule()
+    assert batch.num_decode == 3 and batch.num_prefill_tokens == 39 - 0
+    d1 = batch.entries["d1"][0]
+    assert batch.drop(d1) and not batch.drop(d1)
+    assert batch.num_decode == 2 and batch.sampling() == [True, True, True]
+    small = _scheduler(max_num_seqs=8, max_num_batched_tokens=6)
+    small.add(Request("long", list(range(1, 30)), SamplingParams(max_tokens=5)))
+    chunk = small.schedule()  # a mid-prompt chunk: no sample
+    assert chunk.sampling() == [False] and chunk.drop(chunk.entries["long"][0])
+    assert chunk.num_prefill_tokens == 0 and chunk.num_decode == 0
