@@ -262,7 +262,7 @@ def test_decode_graph_logprobs_equal_the_eager_steps(model_dir):
     4-row graph with a padding row."""
     from common.sampling_params import SamplingParams
     from scheduler_worker.logits_processors import SamplingRow
-    from scheduler_worker.sampling import Sampler, make_generator
+    from scheduler_worker.sampling import Sampler
 
     prompts = [list(range(3, 153)), [9] * 40, [(7 * i) % 250 + 3 for i in range(130)]]
     tables = [list(range(10)), [10, 11, 12], list(range(13, 22))]
@@ -282,7 +282,6 @@ def test_decode_graph_logprobs_equal_the_eager_steps(model_dir):
     g4 = graphs.graphs[4]
     g4.replay = lambda r=g4.replay: (replays.append(4), r())[1]  # type: ignore[method-assign]
     sampler = Sampler(256, [2])
-    gens = {"eager": make_generator(11), "graph": make_generator(11)}
     outputs: list[list[int]] = [[], [], []]
     with torch.inference_mode():
         # the prompts' K/V from the torch engine (the interpreter's prefill takes ~10 s)
@@ -297,10 +296,7 @@ def test_decode_graph_logprobs_equal_the_eager_steps(model_dir):
             got = {}
             for name in ("eager", "graph"):
                 backend.graphs = graphs if name == "graph" else None
-                rows = [
-                    SamplingRow(p, prompt, out, gens[name] if p.seed is not None else None)
-                    for p, prompt, out in zip(params, prompts, outputs)
-                ]
+                rows = [SamplingRow(*r) for r in zip(params, prompts, outputs)]
                 got[name] = sampler(runner.execute(seqs).clone(), rows)
             want, replayed = got["eager"], got["graph"]
             assert replayed.token_ids == want.token_ids
