@@ -26,6 +26,8 @@
 #   9. an in-process profile of l1b (else l8b) decode steps (and of steps that admit a
 #      prompt; ZS_PROFILE=0: skipped)
 #  8b. every family (Gemma 3, Qwen3, GPT-2, ...) on the real kernels and graphs (pytest)
+#  9a. decode attention's splits in CUDA graphs at 200 and 2000 keys: the bucket's cap of
+#      splits against caps 2 and 1 (benchmarks/gpu/bench_decode_splits.py)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py), greedy
 #      and the chat mix
 # (after 4 for l1b: l1b again with one frontend, 32 streams: the A/B of the default's
@@ -325,7 +327,7 @@ tests=()
 missing=()
 # the backend's tests first: the kernels' own passed compiled on an H100 (8d77919), these never
 for f in tests/scheduler_worker/test_cuda_backend.py tests/scheduler_worker/test_sampling_device.py \
-  tests/scheduler_worker/test_triton_kernels.py; do
+  tests/scheduler_worker/test_triton_kernels.py tests/scheduler_worker/test_triton_decode_splits.py; do
   if [ -f "$f" ]; then tests+=("$f"); else missing+=("$f"); fi
 done
 printf '%s\n' "${missing[@]}" >"$W/pytest_missing.txt"
@@ -497,6 +499,15 @@ else
     tests/scheduler_worker/test_cuda_backend.py
 fi
 
+# ---- 9a. decode attention's splits in graphs: the bucket's cap against caps 2 and 1 ------
+if [ "$DEV" != cuda ]; then
+  skip decode_splits "not on a GPU"
+elif (($(left) - RESERVE < 25)); then
+  skip decode_splits "budget ($(left)s left)"
+else
+  stage decode_splits 30 "$PY" "$G/bench_decode_splits.py" --batches 1,8,32 --contexts 200,2000
+fi
+
 # ---- 9. profile ----------------------------------------------------------------------
 PM=""
 for m in l1b l8b; do has_model $m && [ -z "$PM" ] && PM=$m; done
@@ -549,6 +560,7 @@ done >"$OUT/servers.log" 2>/dev/null
 for f in host_step host_step_chat; do
   [ -f "$W/logs/$f.log" ] && grep "^rows" "$W/logs/$f.log" >>"$OUT/profile.txt"
 done
+[ -f "$W/logs/decode_splits.log" ] && cat "$W/logs/decode_splits.log" >>"$OUT/profile.txt"
 cat "$W/logs/summary.log"
 say "done in $(elapsed)s; files in $OUT: $(cd "$OUT" && echo *) run.log"
 cp "$RUNLOG" "$OUT/run.log"

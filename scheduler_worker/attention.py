@@ -83,10 +83,11 @@ class AttentionMetadata:
     row_index: torch.Tensor | None = None  # [R] int64
     # (prefill index or -1 for the decodes, window) -> bool mask, built on first use
     window_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    # The GPU's kernels (backends/triton_decode.py, triton_prefill.py): a decode-only step splits each
-    # row's context over num_splits programs; any other step is described per sequence,
-    # in the step's order: its query rows [query_start_loc[s], query_start_loc[s + 1]),
-    # its context after the step (seq_lens), its blocks (block_tables, [S, width])
+    # The GPU's kernels (backends/triton_decode.py, triton_prefill.py): a decode-only step
+    # splits each row's context over up to num_splits programs (as many as its key tiles);
+    # any other step is described per sequence, in the step's order: its query rows
+    # [query_start_loc[s], query_start_loc[s + 1]), its context after the step (seq_lens),
+    # its blocks (block_tables, [S, width])
     num_splits: int = 1
     query_start_loc: torch.Tensor | None = None  # [S + 1] int32
     seq_lens: torch.Tensor | None = None  # [S] int32

@@ -103,6 +103,9 @@ def main() -> int:
                 flush=True,
             )
             print(ev.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
+            if dev == "cuda":  # the kernels by device time: attention's splits and merge
+                print(ev.table(sort_by="self_device_time_total", row_limit=12,
+                               max_name_column_width=60))  # fmt: skip
             if args.mixed:
                 mixed_steps(eng, batch, args, sync)
             if args.cprofile:

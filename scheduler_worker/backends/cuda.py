@@ -218,12 +218,13 @@ class CudaBackend(Backend):
         return blocks
 
     # ---- graphs ---------------------------------------------------------------
-    def splits(self, rows: int, max_context: int | None = None) -> int:
-        """Decode attention's context splits for a step of `rows` rows (graphs: for the
-        longest context a row may have)."""
-        longest = max_context or self.max_model_len
+    def splits(self, rows: int) -> int:
+        """Decode attention's cap of context splits for a step of `rows` rows (a graph's
+        for its bucket), as if every context were max_model_len long; each row then takes
+        no more splits than its own context has key tiles, on the device, so a graph's
+        replay follows the step's contexts (triton_decode.py, _row_splits)."""
         want = triton_decode.num_decode_splits(
-            rows, self.num_kv_heads, longest, self.num_sms, self.head_dim
+            rows, self.num_kv_heads, self.max_model_len, self.num_sms, self.head_dim
         )
         # a few values only: each is a kernel of its own to compile (NUM_SPLITS constexpr)
         return max(s for s in SPLIT_CHOICES if s <= want)
@@ -384,7 +385,7 @@ class CudaBackend(Backend):
         )
         if num_decode == len(ids):
             meta.decode_block_tables, meta.decode_context_lens = tables_t, lens_t
-            meta.num_splits = self.splits(num_decode, max(seq_lens))
+            meta.num_splits = self.splits(num_decode)
         ids_t = put(ids)
         if prev:
             self.resolve_prev(ids_t, [p for p, _ in prev], [r for _, r in prev])

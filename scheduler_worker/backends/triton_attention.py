@@ -18,10 +18,13 @@ Masks: the query at position p attends keys j with j <= p (causal) and, with a s
 log2(e)); a row that has seen no key yet keeps max -inf and sum 0, and a row with no key
 at all (context 0: a padding row) writes zeros, never NaN.
 
-Decode may split a row's context over `num_splits` programs (long contexts, small batches):
-each split takes a contiguous range of the row's key tiles, computed in the kernel from
-context_lens, and writes an unnormalized partial (max, sum, acc) to float32 scratch; a
-second kernel merges the partials by log-sum-exp. Nothing here reads a device value on the
+Decode may split a row's context over up to `num_splits` programs (long contexts, small
+batches): each row takes as many splits as its own context has key tiles, up to that cap,
+computed in the kernel from context_lens (so a graph captured at one cap follows every
+step's contexts; a split past a row's count exits at once); each split takes a contiguous
+range of the row's key tiles and writes an unnormalized partial (max, sum, acc) to
+float32 scratch; a second kernel merges a row's used partials by log-sum-exp (a row of
+one split is written whole, no partial, no merge). Nothing here reads a device value on the
 host, so both entry points can be captured in a CUDA graph.
 """
 

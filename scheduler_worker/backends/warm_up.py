@@ -8,8 +8,9 @@ step may still launch first is compiled here:
     a 17-token prompt step          the prompt path, where the profile step (skipped under
                                     --num-kv-blocks) and the mixed graphs (--enforce-eager)
                                     did not run
-    a decode row at every split     an eager decode takes its split count from its actual
-    count (1, 2, 4, 16)             contexts: kernel and merge, each count its own variant
+    a decode row at every split     an eager decode takes its cap of splits from its rows
+    count (1, 2, 4, 16)             (the graphs' caps: their sizes'): kernel and merge, each
+                                    cap its own variant
 
 Every write goes to the scratch block (the slot padded graph rows write), never read.
 """
@@ -41,7 +42,7 @@ def warm_up(
     """Run the steps above eagerly; returns the seconds they took."""
     t0 = time.perf_counter()
     bs, scratch = backend.block_size, backend.scratch_block
-    # keys enough for every split to have some, within the rope tables' positions
+    # a long context (a few splits' keys), within the rope tables' positions
     context = min(max(split_choices) * 64, backend.max_model_len)
     steps: list[tuple[SeqInput, int | None]] = [
         (SeqInput([0] * PROMPT_TOKENS, 0, [scratch] * -(-PROMPT_TOKENS // bs)), None)

@@ -44,14 +44,17 @@ def cpu_runner(model_dir: Path, dtype: str = "float32") -> ModelRunner:
     return ModelRunner(cfg, model_dir)
 
 
-def triton_runner(model_dir: Path, dtype: str = "float32") -> ModelRunner:
+def triton_runner(
+    model_dir: Path, dtype: str = "float32", max_num_batched_tokens: int = 256
+) -> ModelRunner:
     """A CPU runner whose backend is the CUDA backend on the CPU (interpreted kernels)."""
     runner = cpu_runner(model_dir, dtype)
     args = runner.model.args
     backend = CudaBackend(
         getattr(torch, dtype), 16, num_kv_heads=args.num_kv_heads, max_num_seqs=4,
-        max_num_batched_tokens=256, max_model_len=256, gpu_memory_utilization=0.9,
-        enforce_eager=False, head_dim=args.head_dim, device=torch.device("cpu"),
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=256,
+        gpu_memory_utilization=0.9, enforce_eager=False, head_dim=args.head_dim,
+        device=torch.device("cpu"),
     )  # fmt: skip
     backend.scratch_block = runner.num_blocks
     runner.use_ops(backend.ops)
@@ -249,3 +252,59 @@ def test_every_family_through_the_triton_op_set_equals_the_cpu_engine(family, tm
     got = run_steps(triton_runner(model_dir))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_graph_logprobs_equal_the_eager_steps(model_dir):
+    """The sampler's logprobs (the chosen token's and the top 5) from decode steps replayed
+    in the backend's graphs against the same steps run eagerly just before (each writes the
+    same K/V slots): equal to float32 rounding. Contexts of 130 and 150 keys split in two
+    (128-key tiles, the graphs' cap of 2), the 40-key one does not; three rows replay the
+    4-row graph with a padding row."""
+    from common.sampling_params import SamplingParams
+    from scheduler_worker.logits_processors import SamplingRow
+    from scheduler_worker.sampling import Sampler
+
+    prompts = [list(range(3, 153)), [9] * 40, [(7 * i) % 250 + 3 for i in range(130)]]
+    tables = [list(range(10)), [10, 11, 12], list(range(13, 22))]
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.0, logprobs=5),
+        SamplingParams(max_tokens=8, temperature=0.0, logprobs=5),
+        SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=11, logprobs=5),
+    ]
+    runner = triton_runner(model_dir, max_num_batched_tokens=64)  # one mixed graph
+    backend = runner.backend
+    assert isinstance(backend, CudaBackend)
+    graphs = backend.capture(
+        runner.model, runner.kv_caches, lambda fn: (g := StandInGraph(fn), g.output)
+    )
+    assert graphs is not None and backend.splits(4) == 2
+    replays = []
+    g4 = graphs.graphs[4]
+    g4.replay = lambda r=g4.replay: (replays.append(4), r())[1]  # type: ignore[method-assign]
+    sampler = Sampler(256, [2])
+    outputs: list[list[int]] = [[], [], []]
+    with torch.inference_mode():
+        # the prompts' K/V from the torch engine (the interpreter's prefill takes ~10 s)
+        cpu = cpu_runner(model_dir)
+        cpu.execute([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+        for (k, v), (k_cpu, v_cpu) in zip(runner.kv_caches, cpu.kv_caches):
+            k.copy_(k_cpu)
+            v.copy_(v_cpu)
+        tokens = [5, 6, 7]
+        for step in range(2):
+            seqs = [SeqInput([tok], len(p) + step, t) for tok, p, t in zip(tokens, prompts, tables)]
+            got = {}
+            for name in ("eager", "graph"):
+                backend.graphs = graphs if name == "graph" else None
+                rows = [SamplingRow(*r) for r in zip(params, prompts, outputs)]
+                got[name] = sampler(runner.execute(seqs).clone(), rows)
+            want, replayed = got["eager"], got["graph"]
+            assert replayed.token_ids == want.token_ids
+            for a, b in zip(replayed.logprobs, want.logprobs):
+                assert a is not None and b is not None and a.top_ids == b.top_ids
+                assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+                assert a.top_logprobs == pytest.approx(b.top_logprobs, abs=1e-5)
+            tokens = want.token_ids
+            for out, tok in zip(outputs, tokens):
+                out.append(tok)
+    assert replays == [4, 4]
