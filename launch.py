@@ -14,9 +14,10 @@ starts it (`python -m <component> --config <file>`), sharing one config file wri
 into a private run dir (0700) that also holds the IPC sockets. This process only
 supervises: it resolves the model once (a GGUF conversion happens here, with its
 progress bar, before anything else starts), starts the children, prints the URL once
-GET /health answers 200, restarts a child that dies, and on SIGTERM/SIGINT stops the
-frontend first (it answers 503 to new requests and lets those in flight finish, up to
-server.drain_timeout_s), then the workers, and exits 0.
+GET /health answers 200, restarts a child that dies (one dying too often ends the
+service, unless it is a replica and another serves: that replica alone is given up), and
+on SIGTERM/SIGINT stops the frontend first (it answers 503 to new requests and lets those
+in flight finish, up to server.drain_timeout_s), then the workers, and exits 0.
 GPU replicas: replica K gets its own GPU(s) through CUDA_VISIBLE_DEVICES in its
 environment, set before it starts and kept across its restarts (common/gpus.py).
 Children (and a GGUF conversion in progress) get PR_SET_PDEATHSIG (common/process.py), so
@@ -122,6 +123,7 @@ class Child:
     proc: subprocess.Popen | None = None
     deaths: deque[float] = field(default_factory=deque)
     gpus: list[str] | None = None  # a GPU replica's: its CUDA_VISIBLE_DEVICES, every start
+    given_up: bool = False  # died too often; not restarted (Launcher.reap)
 
 
 class Launcher:
@@ -131,7 +133,7 @@ class Launcher:
         """`gpus`: each replica's GPUs (common.gpus.plan_gpus); None: on the CPU."""
         self.config = config
         self.config_path = config_path
-        self.children: list[Child] = [
+        self.replicas = [
             Child(
                 f"scheduler-{k}",
                 "scheduler_worker",
@@ -140,7 +142,7 @@ class Launcher:
             )
             for k in range(config.data_parallel_size)
         ]
-        self.children.append(Child("detok", "detok_worker"))
+        self.children: list[Child] = [*self.replicas, Child("detok", "detok_worker")]
         self.children += [
             Child(f"tokenizer-{i}", "tokenizer_worker") for i in range(config.tokenize_workers)
         ]
@@ -169,23 +171,32 @@ class Launcher:
             self.spawn(child)
 
     def reap(self) -> bool:
-        """Restart children that died. False when one dies too often (give up)."""
+        """Restart children that died. One that dies too often is given up on: a replica
+        alone while another serves (its GPU may be the fault), else the whole service
+        (False)."""
         for child in self.children:
-            if child.proc is None or (code := child.proc.poll()) is None:
+            if child.given_up or child.proc is None or (code := child.proc.poll()) is None:
                 continue
             now = time.monotonic()
             child.deaths.append(now)
             while child.deaths and child.deaths[0] < now - RESTART_WINDOW_S:
                 child.deaths.popleft()
             if len(child.deaths) > MAX_RESTARTS:
+                others = [c for c in self.replicas if c is not child and not c.given_up]
+                alone = child in self.replicas and bool(others)
                 log.error(
-                    "%s died %d times within %.0f s (last exit code %s); giving up",
+                    "%s%s died %d times within %.0f s (last exit code %s); giving up%s",
                     child.name,
+                    "" if child.gpus is None else f" (GPU {','.join(child.gpus)})",
                     len(child.deaths),
                     RESTART_WINDOW_S,
                     code,
+                    " on it: the other replicas serve on" if alone else "",
                 )
-                return False
+                if not alone:
+                    return False
+                child.given_up = True
+                continue
             log.error(
                 "%s (pid %d) exited with code %s; restarting it", child.name, child.proc.pid, code
             )

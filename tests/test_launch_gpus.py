@@ -1,14 +1,17 @@
 """launch.py's GPU placement as a user meets it, on a CPU with a stand-in GPU count
 (ZEROSERVE_STANDIN_GPU_COUNT): more GPUs asked for than are visible is one line and exit
-2 before anything starts; each replica is spawned with its own CUDA_VISIBLE_DEVICES, and
-a replica that dies is restarted with the same one.
+2 before anything starts; each replica is spawned with its own CUDA_VISIBLE_DEVICES, a
+replica that dies is restarted with the same one, and one that keeps dying (a broken GPU)
+is given up on alone while another serves.
 
 Run as `python -m tests.test_launch_gpus --config FILE --replica-id K` it is the stand-in
-replica those tests spawn: it writes down its environment's GPUs and exits 3."""
+replica those tests spawn: it writes down its environment's GPUs, then exits 3 (or, on a
+GPU other than $BROKEN_GPU when that is set, serves: sleeps until killed)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -68,23 +71,31 @@ def seen_by_replicas(folder: Path, count: int, timeout_s: float = 30) -> list[di
     raise AssertionError(f"{count} replica starts not seen in {timeout_s} s")
 
 
-def test_each_replica_gets_its_gpu_and_keeps_it_when_restarted(tmp_path, monkeypatch):
-    """launch.py's Launcher with its real spawn and reap: replica K of `--dp 2 --gpu-ids
-    2,3` on 4 GPUs starts with CUDA_VISIBLE_DEVICES=2+K; each dies, is restarted, and the
-    new process has the same GPU."""
+def placed_launcher(tmp_path: Path, monkeypatch) -> launch.Launcher:
+    """`--device cuda --dp 2 --gpu-ids 2,3` on 4 stand-in GPUs, its replicas this file's."""
     monkeypatch.setenv("ZEROSERVE_STANDIN_GPU_COUNT", "4")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # launch.py's own: not inherited
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     base = Config(data_parallel_size=2, gpu_ids="2,3")
-    config = replace(
-        base, engine=replace(base.engine, model=replace(base.engine.model, device="cuda"))
-    )
+    model = replace(base.engine.model, device="cuda")
+    config = replace(base, engine=replace(base.engine, model=model))
     placed = launch.plan_gpus(config, None)
     assert placed == [["2"], ["3"]]
     launcher = launch.Launcher(config, tmp_path / "config.json", placed)
-    replicas = [c for c in launcher.children if c.module == "scheduler_worker"]
-    for child in replicas:
+    for child in launcher.replicas:
         child.module = "tests.test_launch_gpus"  # this file's stand-in replica
+    assert all(c.gpus is None for c in launcher.children if c not in launcher.replicas)
+    return launcher
+
+
+def test_each_replica_gets_its_gpu_and_keeps_it_when_restarted(tmp_path, monkeypatch):
+    """launch.py's Launcher with its real spawn and reap: replica K of `--dp 2 --gpu-ids
+    2,3` on 4 GPUs starts with CUDA_VISIBLE_DEVICES=2+K; each dies, is restarted, and the
+    new process has the same GPU."""
+    monkeypatch.delenv("BROKEN_GPU", raising=False)
+    launcher = placed_launcher(tmp_path, monkeypatch)
+    replicas = launcher.replicas
+    for child in replicas:
         launcher.spawn(child)
     try:
         first = seen_by_replicas(tmp_path, 2)
@@ -103,7 +114,58 @@ def test_each_replica_gets_its_gpu_and_keeps_it_when_restarted(tmp_path, monkeyp
     assert {k: [g for g, _ in v] for k, v in gpus.items()} == {"0": ["2", "2"], "1": ["3", "3"]}
     assert all(v[0][1] != v[1][1] for v in gpus.values())  # new processes, same GPUs
     assert {s["replica"] for s in first} == {"0", "1"}
-    assert all(c.gpus is None for c in launcher.children if c not in replicas)  # replicas only
+
+
+class Lines(logging.Handler):
+    """launch.py's log lines, as said (its logger does not propagate to pytest's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_replica_whose_gpu_keeps_failing_is_given_up_alone(tmp_path, monkeypatch):
+    """Replica 1's GPU is broken: it dies at every start. After MAX_RESTARTS restarts
+    launch.py stops restarting it, says so in one line naming its GPU, and serves on with
+    replica 0 (reap stays True); when replica 0 dies too often as well, launch.py gives up."""
+    monkeypatch.setattr(launch, "MAX_RESTARTS", 2)
+    monkeypatch.setenv("BROKEN_GPU", "3")
+    said = Lines()
+    logging.getLogger("zeroserve.launch").addHandler(said)
+    launcher = placed_launcher(tmp_path, monkeypatch)
+    healthy, broken = launcher.replicas
+    for child in launcher.replicas:
+        launcher.spawn(child)
+    try:
+        deadline = time.monotonic() + 60
+        while not broken.given_up:
+            assert time.monotonic() < deadline, "replica 1 never given up"
+            assert launcher.reap()  # replica 0 serves: launch.py goes on
+            time.sleep(0.05)
+        starts = [s["replica"] for s in seen_by_replicas(tmp_path, 4)]
+        assert sorted(starts) == ["0", "1", "1", "1"]  # 1 start and 2 restarts of replica 1
+        assert healthy.proc is not None and healthy.proc.poll() is None
+        time.sleep(0.3)
+        assert launcher.reap() and len(seen_by_replicas(tmp_path, 4)) == 4  # not restarted
+        lines = [line for line in said.lines if "giving up" in line]
+        assert lines == [
+            "scheduler-1 (GPU 3) died 3 times within 60 s (last exit code 3); giving up on "
+            "it: the other replicas serve on"
+        ]
+        for _ in range(3):  # the last replica dies too often: the service gives up
+            assert healthy.proc is not None
+            healthy.proc.kill()
+            healthy.proc.wait(timeout=30)
+            alive = launcher.reap()
+        assert not alive and "scheduler-0 (GPU 2) died 3 times" in said.lines[-1]
+    finally:
+        logging.getLogger("zeroserve.launch").removeHandler(said)
+        for child in launcher.replicas:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.kill()
 
 
 def main() -> None:
@@ -117,6 +179,8 @@ def main() -> None:
     }
     with open(folder / "replicas.jsonl", "a") as f:
         f.write(json.dumps(seen) + "\n")
+    if os.environ.get("BROKEN_GPU") not in (None, seen["gpus"]):
+        time.sleep(600)  # a replica on a good GPU: serves until killed
     sys.exit(3)
 
 
