@@ -14,9 +14,12 @@ starts it (`python -m <component> --config <file>`), sharing one config file wri
 into a private run dir (0700) that also holds the IPC sockets. This process only
 supervises: it resolves the model once (a GGUF conversion happens here, with its
 progress bar, before anything else starts), starts the children, prints the URL once
-GET /health answers 200, restarts a child that dies, and on SIGTERM/SIGINT stops the
-frontend first (it answers 503 to new requests and lets those in flight finish, up to
-server.drain_timeout_s), then the workers, and exits 0.
+GET /health answers 200, restarts a child that dies (one dying too often ends the
+service, unless it is a replica and another serves: that replica alone is given up), and
+on SIGTERM/SIGINT stops the frontend first (it answers 503 to new requests and lets those
+in flight finish, up to server.drain_timeout_s), then the workers, and exits 0.
+GPU replicas: replica K gets its own GPU(s) through CUDA_VISIBLE_DEVICES in its
+environment, set before it starts and kept across its restarts (common/gpus.py).
 Children (and a GGUF conversion in progress) get PR_SET_PDEATHSIG (common/process.py), so
 a `kill -9` of this process takes them along.
 """
@@ -44,6 +47,7 @@ from common.config import Config, ConfigError
 from common.cpu import check_kernel_choice
 from common.endpoints import ensure_run_dir
 from common.env import runtime_dir
+from common.gpus import plan_gpus, replica_environment
 from common.log import get_logger
 from common.model_files.model_source import (
     ModelSourceError,
@@ -53,7 +57,7 @@ from common.model_files.model_source import (
     resolve_model,
 )
 from common.process import die_with_parent
-from common.torch_build import check_device_choice
+from common.torch_build import check_device_choice, installed_torch_build
 
 log = get_logger("launch")
 
@@ -118,17 +122,27 @@ class Child:
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     deaths: deque[float] = field(default_factory=deque)
+    gpus: list[str] | None = None  # a GPU replica's: its CUDA_VISIBLE_DEVICES, every start
+    given_up: bool = False  # died too often; not restarted (Launcher.reap)
 
 
 class Launcher:
-    def __init__(self, config: Config, config_path: Path) -> None:
+    def __init__(
+        self, config: Config, config_path: Path, gpus: list[list[str]] | None = None
+    ) -> None:
+        """`gpus`: each replica's GPUs (common.gpus.plan_gpus); None: on the CPU."""
         self.config = config
         self.config_path = config_path
-        self.children: list[Child] = [
-            Child(f"scheduler-{k}", "scheduler_worker", ["--replica-id", str(k)])
+        self.replicas = [
+            Child(
+                f"scheduler-{k}",
+                "scheduler_worker",
+                ["--replica-id", str(k)],
+                gpus=None if gpus is None else gpus[k],
+            )
             for k in range(config.data_parallel_size)
         ]
-        self.children.append(Child("detok", "detok_worker"))
+        self.children: list[Child] = [*self.replicas, Child("detok", "detok_worker")]
         self.children += [
             Child(f"tokenizer-{i}", "tokenizer_worker") for i in range(config.tokenize_workers)
         ]
@@ -147,31 +161,42 @@ class Launcher:
             stdin=subprocess.DEVNULL,
             preexec_fn=lambda: die_with_parent(parent),
             start_new_session=True,  # Ctrl-C reaches launch.py only; it stops them in order
+            env=None if child.gpus is None else replica_environment(child.gpus),
         )
-        log.info("started %s (pid %d)", child.name, child.proc.pid)
+        on = "" if child.gpus is None else f" on GPU {','.join(child.gpus)}"
+        log.info("started %s (pid %d)%s", child.name, child.proc.pid, on)
 
     def start(self) -> None:
         for child in self.children:
             self.spawn(child)
 
     def reap(self) -> bool:
-        """Restart children that died. False when one dies too often (give up)."""
+        """Restart children that died. One that dies too often is given up on: a replica
+        alone while another serves (its GPU may be the fault), else the whole service
+        (False)."""
         for child in self.children:
-            if child.proc is None or (code := child.proc.poll()) is None:
+            if child.given_up or child.proc is None or (code := child.proc.poll()) is None:
                 continue
             now = time.monotonic()
             child.deaths.append(now)
             while child.deaths and child.deaths[0] < now - RESTART_WINDOW_S:
                 child.deaths.popleft()
             if len(child.deaths) > MAX_RESTARTS:
+                others = [c for c in self.replicas if c is not child and not c.given_up]
+                alone = child in self.replicas and bool(others)
                 log.error(
-                    "%s died %d times within %.0f s (last exit code %s); giving up",
+                    "%s%s died %d times within %.0f s (last exit code %s); giving up%s",
                     child.name,
+                    "" if child.gpus is None else f" (GPU {','.join(child.gpus)})",
                     len(child.deaths),
                     RESTART_WINDOW_S,
                     code,
+                    " on it: the other replicas serve on" if alone else "",
                 )
-                return False
+                if not alone:
+                    return False
+                child.given_up = True
+                continue
             log.error(
                 "%s (pid %d) exited with code %s; restarting it", child.name, child.proc.pid, code
             )
@@ -298,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(config.ipc.run_dir)
     try:
         mc = config.engine.model
+        gpus = plan_gpus(config, installed_torch_build())  # too few GPUs: refused first
         check_device_choice(mc.device)  # a CPU build of torch and --device cuda
         check_port_free(config.server.host, config.server.port)
         check_endpoints_free(config)
@@ -310,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_run_dir(run_dir)  # --run-dir: made (0700) if missing, checked private
         config_path = run_dir / "config.json"
         config.save(config_path)
-        launcher = Launcher(config, config_path)
+        launcher = Launcher(config, config_path, gpus)
 
         def on_signal(signum: int, _frame) -> None:
             if not launcher.stopping:

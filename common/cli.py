@@ -154,6 +154,13 @@ GROUPS: dict[str, list[Flag]] = {
         Flag("--tokenize-workers", (), "tokenize_workers", int, "tokenizer worker processes"),
         Flag("--data-parallel-size", (), "data_parallel_size", int, "scheduler replicas"),
         Flag("--routing", ("server",), "routing", str, "how a replica is picked", ROUTINGS),
+        Flag(
+            "--gpu-ids",
+            (),
+            "gpu_ids",
+            str,
+            "launch.py: the visible GPUs the replicas go on, one each (2,3); none: all",
+        ),
         Flag("--replica-id", (), "replica_id", int, "which replica this scheduler process is"),
         Flag(
             "--api-servers",

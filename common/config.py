@@ -302,8 +302,15 @@ class Config:
     # --api-server-count); every worker sends to each (docs/architecture.md, "Frontends")
     api_servers: int = 1
     frontend_id: int = 0  # which of them a frontend process is (--frontend-id)
+    # GPU replicas: indexes of the visible GPUs launch.py places them on ("2,3"); None:
+    # all, in order (common/gpus.py)
+    gpu_ids: str | None = None
 
     def __post_init__(self) -> None:
+        from common.gpus import parse_gpu_ids
+
+        if self.gpu_ids is not None:
+            parse_gpu_ids(self.gpu_ids)
         _at_least(self, 1, "tokenize_workers", "data_parallel_size", "api_servers")
         _at_least(self, 0, "replica_id", "frontend_id")
         if self.api_servers > MAX_API_SERVERS:
@@ -316,6 +323,11 @@ class Config:
                 f"{self.api_servers} (ids 0..{self.api_servers - 1})"
             )
         _positive_seconds(self, "heartbeat_s")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one scheduler replica spans: 1 until tensor parallelism (issue 57 item 2)."""
+        return 1
 
     @property
     def model_name(self) -> str:

@@ -9,6 +9,10 @@
     ZEROSERVE_CPU_KIND          "avx2": choose kernels, dtype and dense copies as on an
                                 AVX2-only CPU (common/cpu.py; for measuring that path on a
                                 newer CPU, docs/benchmarks.md)
+    ZEROSERVE_STANDIN_GPU_COUNT  launch.py counts this many GPUs instead of the machine's
+                                (tests of replica placement on a CPU; common/gpus.py)
+    CUDA_VISIBLE_DEVICES        the GPUs this process may use; launch.py sets it for
+                                each GPU replica (common/gpus.py)
     XDG_CACHE_HOME, XDG_RUNTIME_DIR   the usual base directories, when set
     TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR   where compiled kernels are kept; the
                                 scheduler points them under the cache dir when unset
@@ -50,6 +54,30 @@ def default_cache_dir() -> Path:
 def cpu_kind_override() -> str | None:
     """ZEROSERVE_CPU_KIND, lower-cased, or None when unset or empty."""
     return (env("CPU_KIND") or "").strip().lower() or None
+
+
+def standin_gpu_count() -> int | None:
+    """ZEROSERVE_STANDIN_GPU_COUNT as an integer >= 0, or None when unset or empty."""
+    text = (env("STANDIN_GPU_COUNT") or "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"ZEROSERVE_STANDIN_GPU_COUNT must be an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def cuda_visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES's entries (indexes or UUIDs), or None when unset. As CUDA reads
+    it, the list ends at the first entry that is not a device ("-1", "")."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return None
+    out = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        out.append(entry)
+    return out
 
 
 # the compilers' own cache variables, and their folders under zeroserve's cache dir

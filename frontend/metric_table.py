@@ -215,6 +215,14 @@ METRICS: tuple[MetricSpec, ...] = (
         ("engine", "part"),
     ),
     S("replica_up", Gauge, "replica_up", "1 while a scheduler replica serves.", ("engine",)),
+    S(
+        "replica_device",
+        Gauge,
+        "replica_device_info",
+        "Where a scheduler replica runs, always 1: device (cpu, or its GPU's name) and gpus "
+        "(its GPU ids as launch.py placed it, CUDA_VISIBLE_DEVICES; empty on a CPU).",
+        ("engine", "device", "gpus"),
+    ),
 )
 
 # the rows exported from the replicas' statuses and step outputs (EngineSeries), not
@@ -236,5 +244,6 @@ FROM_ENGINE = frozenset(
         "replica_weight_bytes",
         "replica_memory",
         "replica_up",
+        "replica_device",
     }
 )

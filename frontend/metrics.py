@@ -109,6 +109,7 @@ class EngineSeries(Collector):
         self.statuses: dict[int, EngineStatus] = {}  # replica -> latest status (counted)
         self.gauges: dict[int, dict[str, float]] = {}  # replica -> its replica_* values
         self.memory: dict[tuple[str, str], float] = {}  # (engine, part) -> bytes
+        self.devices: dict[int, tuple[str, str]] = {}  # replica -> (device, gpus), kept
         self.busy: dict[str, float] = {}  # part -> seconds, summed over the replicas
         self._last_busy: dict[tuple[int, str], float] = {}
         self.prefix = [0, 0]  # queries, hits in tokens, summed over the replicas
@@ -125,6 +126,8 @@ class EngineSeries(Collector):
             "replica_weight_bytes": msg.weight_bytes,
             "replica_up": 1,
         }
+        if msg.device:  # kept while it is down: where it ran, and runs again on restart
+            self.devices[k] = (msg.device[:100], ",".join(msg.gpus)[:200])
         engine = str(k)
         for part, value in (msg.memory or {}).items():
             if part.endswith("_bytes") and isinstance(value, (int, float)) and len(part) <= 40:
@@ -174,6 +177,8 @@ class EngineSeries(Collector):
             return [([part], v) for part, v in self.busy.items()]
         if attr == "replica_memory":
             return [([engine, part], v) for (engine, part), v in self.memory.items()]
+        if attr == "replica_device":
+            return [([str(k), *where], 1) for k, where in self.devices.items()]
         if attr.startswith("replica_"):
             return [([str(k)], g[attr]) for k, g in self.gauges.items() if attr in g]
         return [([], self.totals()[attr])]

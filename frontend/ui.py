@@ -10,7 +10,7 @@ an AbortRequest to the scheduler, as for any other client.
 EngineStatus (sent with every heartbeat, about once a second) and the metrics registry:
 
     {"time": <unix s>,
-     "replicas": [{"id": "0", "model", "alive", "status_age_s",
+     "replicas": [{"id": "0", "model", "alive", "status_age_s", "device", "gpus",
                    "num_requests_running", "num_requests_waiting", "num_requests_in_flight",
                    "kv_cache_usage", "kv_cache_free_blocks", "kv_cache_total_blocks",
                    "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
@@ -90,6 +90,8 @@ def replica_stats(
                     "kv_cache_free_blocks",
                     "kv_cache_total_blocks",
                     "prefix_cache_hit_rate",
+                    "device",
+                    "gpus",
                 )
             )
         )
@@ -105,6 +107,8 @@ def replica_stats(
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=round(hits / queries, 4) if queries > 0 else None,
+        device=engine.device or None,  # "cpu", or its GPU's name
+        gpus=engine.gpus,  # its GPU ids (common/gpus.py), [] on a CPU
     )
     return out
 

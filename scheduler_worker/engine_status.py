@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from common.config import Config
+from common.gpus import own_gpus
 from common.messages import EngineStatus
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.memory_report import memory_figures
@@ -35,6 +38,20 @@ def busy_split(engine: LLMEngine, ipc_time: float) -> dict[str, float]:
         clock.collect()  # the forwards the device has passed since the last launch
         split["device"], split["device_wait"] = clock.busy_s, clock.wait_s
     return split
+
+
+def placement(device: torch.device) -> tuple[str, list[str]]:
+    """Where the replica runs, for its beats and its log line: ("cpu", []), or its GPU's
+    name and id as its launcher named it (common/gpus.py: CUDA_VISIBLE_DEVICES)."""
+    if device.type != "cuda":
+        return device.type, []
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_name(index), own_gpus(index)
+
+
+def placement_text(device: str, gpus: list[str]) -> str:
+    """ "GPU 2 (NVIDIA H200)", or "cpu"."""
+    return f"GPU {','.join(gpus)} ({device})" if gpus else device
 
 
 class MemoryCadence:
@@ -72,6 +89,7 @@ def engine_status(
     memory: dict[str, float],
     inbox: str,
     proof: str | None,
+    where: tuple[str, list[str]],
 ) -> EngineStatus:
     """The replica's EngineStatus of this kind ("ready", "heartbeat") now."""
     bm = engine.block_manager
@@ -96,4 +114,6 @@ def engine_status(
         weight_bytes=engine.runner.weight_memory.held_bytes,
         block_size=engine.scheduler.block_size,
         memory=memory,
+        device=where[0],
+        gpus=where[1],
     )

@@ -45,7 +45,13 @@ from common.messages import (
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
 from scheduler_worker.engine import LLMEngine, RequestOutput
-from scheduler_worker.engine_status import MemoryCadence, busy_split, engine_status
+from scheduler_worker.engine_status import (
+    MemoryCadence,
+    busy_split,
+    engine_status,
+    placement,
+    placement_text,
+)
 from scheduler_worker.heap import release_freed_heap
 from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
 from scheduler_worker.step_message import step_message
@@ -108,6 +114,7 @@ class SchedulerWorker:
         self.step_no = 0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
         self.memory = MemoryCadence(self.engine, config.heartbeat_s)  # for the beats
+        self.where = placement(self.engine.runner.device)  # its device (and GPU), named
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
@@ -228,16 +235,17 @@ class SchedulerWorker:
         self.to_frontend.broadcast(ComponentStatus(self.component, os.getpid(), kind, time.time()))
         busy, memory = self.busy_split(), self.memory.figures()
         status = engine_status(
-            kind, self.engine, self.config, busy, memory, self.inbox_ep, self.proof
+            kind, self.engine, self.config, busy, memory, self.inbox_ep, self.proof, self.where
         )
         self.to_frontend.broadcast(status)
 
     # ---- loop ---------------------------------------------------------------
     def run(self) -> None:
         log.info(
-            "replica %d engine ready at %s: %d KV blocks of %d tokens, max_model_len %d",
+            "replica %d engine ready at %s on %s: %d KV blocks of %d tokens, max_model_len %d",
             self.replica,
             self.inbox_ep,
+            placement_text(*self.where),
             self.engine.runner.num_blocks,
             self.engine.scheduler.block_size,
             self.engine.max_model_len,

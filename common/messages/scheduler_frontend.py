@@ -38,3 +38,7 @@ class EngineStatus(Message):
     # a GPU replica's memory plan, bytes (backends/cuda.py): gpu_total, weights,
     # activation_peak, kv_pool, graphs; utilization (the flag) and graph_capture_seconds
     memory: dict[str, float] = field(default_factory=dict)
+    # where it runs: "cpu", or its GPU's name ("NVIDIA H200"); a GPU replica's GPU ids as
+    # its launcher named them (CUDA_VISIBLE_DEVICES entries, common/gpus.py), [] on a CPU
+    device: str = ""
+    gpus: list[str] = field(default_factory=list)

@@ -23,6 +23,8 @@ def health_report(cluster: Cluster, now: float) -> dict[str, Any]:
             "last_seen_s": age(cluster.last_seen(f"scheduler.{k}")),
             "pid": e.pid,
             "inbox": e.inbox,
+            "device": e.device,
+            "gpus": e.gpus,
             "num_requests_running": e.num_running,
             "num_requests_waiting": e.num_waiting,
             "kv_cache_usage": round(e.kv_usage, 4),

@@ -105,6 +105,8 @@ SAMPLES: list[Message] = [
         512,
         2.0,
         {"forward": 1.5, "sample": 0.25, "schedule": 0.0, "ipc": 0.125},
+        device="NVIDIA H200",
+        gpus=["2", "3"],
     ),
     TextOutputs(
         ["a", "b"],
@@ -166,7 +168,8 @@ def test_round_trip(msg):
 
 
 def test_the_engine_fields_are_a_whole_engine_status():
-    assert decode(raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS)).block_size == 16
+    status = decode(raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS))
+    assert (status.block_size, status.device, status.gpus) == (16, "NVIDIA H200", ["2"])
 
 
 def test_float_field_accepts_int_and_decodes_as_float():
@@ -200,6 +203,7 @@ def test_encode_refuses_schema_violations():
 GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
 WIRE_PARAMS = msgpack.unpackb(encode(GenerateRequest("r", b"", SamplingParams(), 0.0)))[4]
 ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None, 0, 16, {}]
+ENGINE_FIELDS += ["NVIDIA H200", ["2"]]  # device, gpus
 
 
 @pytest.mark.parametrize(
@@ -226,6 +230,7 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, Non
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
+        raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS[:-1], "2"),  # gpus: str, not a list
         raw(
             WIRE_VERSION, GenerateRequest.TAG, "r", "ids", WIRE_PARAMS, 0.0, 0, 0
         ),  # str where bytes

@@ -1,12 +1,18 @@
 """deploy/kubernetes, offline: the manifests against the Kubernetes schemas (where the
 `kubernetes-validate` package is installed), the configs they carry against our own
-config loader, every command line against our own CLI, and the ports against each other."""
+config loader, every command line against our own CLI, and the ports against each other.
+deploy/kubernetes-gpu, the GPU overlay, rendered here (its JSON patches applied to the
+base; against `kubectl kustomize` where kubectl is installed): each replica pod asks for
+its own GPUs, as many as one replica spans."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,7 @@ from common.cli import add_config_args, config_from_args
 from common.config import Config
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+GPU_OVERLAY = K8S.parent / "kubernetes-gpu"
 MODULES = {"frontend", "tokenizer_worker", "detok_worker", "scheduler_worker"}
 SAMPLE_ENV = {"REPLICA_ID": "1", "POD_IP": "10.1.2.3"}  # what the downward API fills in
 
@@ -37,12 +44,39 @@ def configs() -> dict[str, Config]:
     return {name: Config.from_dict(json.loads(text)) for name, text in data.items()}
 
 
-def containers() -> list[dict]:
+def containers(docs: list[dict] | None = None) -> list[dict]:
     out = []
-    for kind in ("Deployment", "StatefulSet"):
-        for workload in by_kind(kind).values():
-            out += workload["spec"]["template"]["spec"]["containers"]
+    for d in documents() if docs is None else docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            out += d["spec"]["template"]["spec"]["containers"]
     return out
+
+
+def gpu_documents() -> list[dict]:
+    """The base with the overlay's patches applied (JSON 6902 `add`, the only op it uses)."""
+    overlay = yaml.safe_load((GPU_OVERLAY / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../kubernetes"]
+    docs = copy.deepcopy(documents())
+    for patch in overlay["patches"]:
+        target = patch["target"]
+        (doc,) = [
+            d
+            for d in docs
+            if (d["kind"], d["metadata"]["name"]) == (target["kind"], target["name"])
+        ]
+        for op in yaml.safe_load(patch["patch"]):
+            assert op["op"] == "add", op
+            *parents, last = [
+                p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
+            ]
+            node = doc
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            if last == "-":
+                node.append(op["value"])
+            else:
+                node[last] = op["value"]
+    return docs
 
 
 def port_of(endpoint: str) -> int:
@@ -127,3 +161,55 @@ def test_ports_agree():
     assert by_kind("StatefulSet")["zeroserve-replica"]["spec"]["serviceName"] == (
         "zeroserve-replica"
     )
+
+
+def test_gpu_replicas_ask_for_their_own_gpus():
+    """Each replica pod of the overlay asks for T GPUs (requests and limits, as the device
+    plugin wants them equal; T = the GPUs one replica spans, from its config) and serves
+    with --device cuda, as the real CLI reads its command line; the hub asks for none."""
+    docs = gpu_documents()
+    replica_cfg = configs()["replica.json"]
+    (replica,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    spec = replica["spec"]["template"]["spec"]
+    (sched,) = spec["containers"]
+    per_replica = str(replica_cfg.gpus_per_replica)
+    assert sched["resources"]["limits"]["nvidia.com/gpu"] == per_replica
+    assert sched["resources"]["requests"]["nvidia.com/gpu"] == per_replica
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_config_args(parser)
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: SAMPLE_ENV[m.group(1)], a) for a in sched["args"]]
+    args = parser.parse_args(argv)
+    args.config = None
+    assert config_from_args(args).engine.model.device == "cuda"
+    hub = [c for c in containers(docs) if c is not sched]
+    assert hub and all("nvidia.com/gpu" not in str(c.get("resources")) for c in hub)
+    assert "nvidia.com/gpu" not in str(containers())  # the base: CPU replicas
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl renders the overlay")
+def test_the_gpu_overlay_renders_with_kustomize_as_here():
+    run = subprocess.run(
+        ["kubectl", "kustomize", str(GPU_OVERLAY)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    rendered = [d for d in yaml.safe_load_all(run.stdout) if d]
+    ours = {(d["kind"], d["metadata"]["name"]): d for d in gpu_documents()}
+    for doc in rendered:  # kustomize adds the base's labels and image tag: compare the rest
+        mine = ours.pop((doc["kind"], doc["metadata"]["name"]))
+        if doc["kind"] == "StatefulSet":
+            got, want = doc["spec"]["template"]["spec"], mine["spec"]["template"]["spec"]
+            for key in ("args", "resources"):
+                assert got["containers"][0][key] == want["containers"][0][key]
+            assert got["tolerations"] == want["tolerations"]
+    assert not ours
+
+
+def test_every_gpu_manifest_is_valid_for_kubernetes():
+    kv = pytest.importorskip(
+        "kubernetes_validate", reason="pip install kubernetes-validate to check the schemas"
+    )
+    for doc in gpu_documents():
+        kv.validate(doc, "1.30", strict=True)

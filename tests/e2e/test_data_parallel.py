@@ -109,6 +109,12 @@ def test_64_streams_spread_over_both_replicas_with_exact_counts(dp):
     metrics = dp.metrics()
     assert 'zeroserve:replica_num_requests_running{engine="1"}' in metrics
     assert 'zeroserve:replica_kv_cache_usage_perc{engine="0"}' in metrics
+    for k in (0, 1):  # where each runs, named (on a GPU: its name and GPU id)
+        assert metrics[f'zeroserve:replica_device_info{{device="cpu",engine="{k}",gpus=""}}'] == 1
+    assert {k: (r["device"], r["gpus"]) for k, r in replicas(dp.url).items()} == {
+        "0": ("cpu", []),
+        "1": ("cpu", []),
+    }
     dp.wait_idle(timeout_s=15)
 
 

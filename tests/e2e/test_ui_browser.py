@@ -164,6 +164,7 @@ def test_the_engine_panel_lists_each_replica_when_there_are_several(browser, pag
             "the per-replica table",
         )
         assert [r[:2] for r in rows] == [["0", "up"], ["1", "up"]], rows
+        assert [r[-1] for r in rows] == ["cpu", "cpu"], rows  # the device column
         assert _wait(lambda: _text(browser, "#stat-running") == "0", 5, "the totals")
         ARTIFACTS.mkdir(exist_ok=True)
         assert browser.save_screenshot(str(ARTIFACTS / "ui-replicas.png"))

@@ -51,6 +51,7 @@ NUM_PROMPT_TOKENS = 5
 MAX_MODEL_LEN = 2048
 BLOCK_SIZE = 4  # not the config's 16: routing must key on the announced one
 WEIGHT_BYTES = 123_456_789  # what the fake replica reports (zeroserve:model_weight_bytes)
+DEVICE, GPUS = "NVIDIA H200", ["3"]  # ... and where it says it runs (launch.py's GPU 3)
 STRANDED_PID = 2**31 - 2  # no such process
 
 
@@ -201,6 +202,8 @@ class FakeBackend:
                 pid=os.getpid(),
                 weight_bytes=WEIGHT_BYTES,
                 block_size=BLOCK_SIZE,
+                device=DEVICE,
+                gpus=GPUS,
             ),
             timeout_ms=1000,
         )

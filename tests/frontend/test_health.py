@@ -222,9 +222,9 @@ def test_replicas_join_and_fail_one_by_one():
     joined: list[tuple[int, str | None]] = []
     m = monitor(failed, joined)
     t = time.monotonic()
-    m.on_engine_status(status(0, pid=20), t)
-    m.on_engine_status(status(1, pid=30), t)
-    m.on_engine_status(status(1, pid=30, kind="heartbeat"), t)
+    m.on_engine_status(status(0, pid=20, device="cpu"), t)
+    m.on_engine_status(status(1, pid=30, device="NVIDIA H200", gpus=["1"]), t)
+    m.on_engine_status(status(1, pid=30, kind="heartbeat", device="NVIDIA H200", gpus=["1"]), t)
     assert joined == [(0, "ipc:///run/scheduler.0.sock"), (1, "ipc:///run/scheduler.1.sock")]
     assert m.alive_replicas(t) == [0, 1]
     m.check(t)
@@ -236,6 +236,8 @@ def test_replicas_join_and_fail_one_by_one():
     report = health_report(m, time.monotonic())["scheduler"]
     assert report["alive"] and report["replicas"]["1"]["alive"] is False
     assert report["replicas"]["0"]["pid"] == 20
+    where = {k: (r["device"], r["gpus"]) for k, r in report["replicas"].items()}
+    assert where == {"0": ("cpu", []), "1": ("NVIDIA H200", ["1"])}  # each one's GPU, named
 
 
 class _Records(logging.Handler):

@@ -50,7 +50,7 @@ def test_every_row_is_exported_by_a_fresh_metrics():
         assert collector in m.own._collector_to_names, s  # on this app's registry
 
 
-def status(replica: int = 0, busy: float = 1.5) -> EngineStatus:
+def status(replica: int = 0, busy: float = 1.5, gpus: list[str] | None = None) -> EngineStatus:
     return EngineStatus(
         kind="heartbeat",
         num_running=3,
@@ -67,6 +67,8 @@ def status(replica: int = 0, busy: float = 1.5) -> EngineStatus:
         busy={"forward": busy},
         replica=replica,
         memory={"resident_bytes": 1000},
+        device="NVIDIA H200" if gpus is None or gpus else "cpu",
+        gpus=[str(2 + replica)] if gpus is None else gpus,
     )
 
 
@@ -131,3 +133,23 @@ def test_engine_series_sum_replicas_and_survive_restarts():
     assert value(m, "replica_num_requests_running", engine="1") == 0
     assert value(m, "replica_up", engine="0") == 1
     assert value(m, "scheduler_memory_bytes", engine="0", part="resident") == 1000
+
+
+def test_each_replica_names_its_device_and_gpus_and_keeps_them_while_down():
+    m = Metrics()
+    m.on_engine_status(status(0))  # launch.py's --gpu-ids 2,3 placement
+    m.on_engine_status(status(1))
+    m.on_engine_status(status(2, gpus=[]))  # one on a CPU
+    m.on_engine_status(status(3, gpus=["0", "1"]))  # one spanning two GPUs
+    info = {
+        s.labels["engine"]: (s.labels["device"], s.labels["gpus"], s.value)
+        for s in families(m)[P + "replica_device_info"].samples
+    }
+    assert info == {
+        "0": ("NVIDIA H200", "2", 1),
+        "1": ("NVIDIA H200", "3", 1),
+        "2": ("cpu", "", 1),
+        "3": ("NVIDIA H200", "0,1", 1),
+    }
+    m.replica_down(1)  # where it ran is still named (replica_up says it is down)
+    assert value(m, "replica_device_info", engine="1", device="NVIDIA H200", gpus="3") == 1

@@ -13,6 +13,7 @@ import pytest
 from common.cli import add_config_args, config_from_args
 from frontend.ui import PAGE
 from tests.frontend.conftest import serve
+from tests.frontend.fake_backend import DEVICE, GPUS
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,6 +23,8 @@ REPLICA_KEYS = {
     "model",
     "alive",
     "status_age_s",
+    "device",
+    "gpus",
     "num_requests_running",
     "num_requests_waiting",
     "num_requests_in_flight",
@@ -75,6 +78,7 @@ def test_stats_has_the_documented_shape_and_counts_output_tokens(served, http):
     assert replica["kv_cache_usage"] == 0.25 and body["totals"]["kv_cache_usage"] == 0.25
     assert replica["prefix_cache_hit_rate"] == 0.4 == body["totals"]["prefix_cache_hit_rate"]
     assert body["totals"]["num_replicas"] == body["totals"]["num_replicas_alive"] == 1
+    assert (replica["device"], replica["gpus"]) == (DEVICE, GPUS)  # its GPU, named
     before = replica["output_tokens_total"]
 
     r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})

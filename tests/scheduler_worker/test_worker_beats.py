@@ -17,10 +17,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from common.messages import AbortRequest, EngineStatus, GenerateRequest, StepOutputs, pack_ids
 from common.sampling_params import SamplingParams
 from common.zmq_queue import PushQueue
+from scheduler_worker.engine_status import placement, placement_text
 from tests.garbage import collect, make_config, running, scheduler_under_test, sockets
 
 pytestmark = pytest.mark.timeout(90)
@@ -71,6 +73,7 @@ def test_a_beat_follows_the_end_of_a_run_not_the_next_heartbeat(run_dir, tiny_ll
             assert time.monotonic() < periodic_due, "the beat came with the periodic one"
             last = [m for m in got if isinstance(m, EngineStatus)][-1]
             assert last.num_running == 0 and last.num_waiting == 0
+            assert (last.device, last.gpus) == ("cpu", [])  # where it runs (a GPU: its id)
             assert last.busy["forward"] > forward  # this run's steps are in it
             forward = last.busy["forward"]
             # the counters are those of the whole run: no step after this beat
@@ -130,3 +133,12 @@ def test_memory_figures_are_measured_while_idle_and_seldom_while_serving(
         got = collect(frontend, lambda ms: sum(isinstance(m, EngineStatus) for m in ms) >= 10)
     statuses = [m for m in got if isinstance(m, EngineStatus)]
     assert all("resident_bytes" in m.memory for m in statuses)
+
+
+def test_a_replica_names_where_it_runs():
+    """Its beats' device and gpus, and its "engine ready" log line: "on cpu", or "on GPU 2
+    (NVIDIA H200)" (the id as launch.py placed it: common/gpus.py)."""
+    assert placement(torch.device("cpu")) == ("cpu", [])
+    assert placement_text("cpu", []) == "cpu"
+    assert placement_text("NVIDIA H200", ["2"]) == "GPU 2 (NVIDIA H200)"
+    assert placement_text("NVIDIA H200", ["0", "1"]) == "GPU 0,1 (NVIDIA H200)"
