@@ -139,6 +139,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument(
+        "--mix",
+        choices=("greedy", "chat"),
+        default="greedy",
+        help="chat: issue 52's chat mix of sampling options per request, each output checked "
+        "(benchmarks/serving/mix.py; streaming)",
+    )
+    s.add_argument(
         "--extra-body",
         type=json.loads,
         default=None,

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from benchmarks.serving.mix import chat_mix, check_output, top_logprobs
 from benchmarks.serving.prompts import Spec, count_tokens
 
 
@@ -20,7 +21,9 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
     return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 
 
-def request_body(args: argparse.Namespace, model: str, spec: Spec) -> dict[str, Any]:
+def request_body(
+    args: argparse.Namespace, model: str, spec: Spec, index: int = 0
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": spec.output_len,
@@ -35,6 +38,8 @@ def request_body(args: argparse.Namespace, model: str, spec: Spec) -> dict[str, 
         body["stream_options"] = {"include_usage": True}
     if args.ignore_eos:
         body["ignore_eos"] = True
+    if getattr(args, "mix", "greedy") == "chat":  # sampling options by the request's index
+        body.update(chat_mix(index, args.endpoint.endswith("/chat/completions")))
     body.update(args.extra_body or {})
     return body
 
@@ -131,7 +136,7 @@ async def send_request(
     """Send one request and fill in `req`; never raises (errors go to req.error).
     `client`: an aiohttp.ClientSession (runner.http_client)."""
     chat = args.endpoint.endswith("/chat/completions")
-    body = request_body(args, model, req.spec)
+    body = request_body(args, model, req.spec, req.index)
     req.sent = time.perf_counter()
     try:
         async with client.post(url, json=body, headers=_headers(args)) as resp:
@@ -139,7 +144,7 @@ async def send_request(
                 text = (await resp.read()).decode("utf-8", "replace")
                 raise RequestFailed(f"HTTP {resp.status}: {text[:300]}")
             if args.stream:
-                await _read_stream(resp, req, chat)
+                await _read_stream(resp, req, chat, getattr(args, "mix", "greedy") == "chat")
             else:
                 _read_reply(json.loads(await resp.read()), req, chat, tokenizer)
         req.end = time.perf_counter()
@@ -151,10 +156,13 @@ async def send_request(
         req.end = time.perf_counter()
 
 
-async def _read_stream(resp, req: _Request, chat: bool) -> None:
+async def _read_stream(resp, req: _Request, chat: bool, checked: bool = False) -> None:
     """The SSE lines of a streamed reply into `req`: each content chunk's arrival time, the
-    usage counts; RequestFailed on an error event or a stream cut short."""
+    usage counts; RequestFailed on an error event or a stream cut short, and with `checked`
+    (the chat mix) on an output that breaks its checks (mix.check_output)."""
     done = False
+    text: list[str] = []
+    positions: list[list[float]] = []
     async for raw in _lines(resp):
         if not raw.startswith(b"data:"):
             continue  # blank separators, ": comments", "event:" lines
@@ -171,6 +179,9 @@ async def _read_stream(resp, req: _Request, chat: bool) -> None:
             req.usage_out = usage.get("completion_tokens", req.usage_out)
             req.usage_in = usage.get("prompt_tokens", req.usage_in)
         for choice in obj.get("choices") or []:
+            if checked:
+                text.append(_content(choice, chat, True))
+                positions += top_logprobs(choice, chat)
             if _content(choice, chat, True):
                 if req.first is None:
                     req.first = now
@@ -179,6 +190,9 @@ async def _read_stream(resp, req: _Request, chat: bool) -> None:
                 req.finished = True
     if not (done or req.finished):
         raise RequestFailed("stream ended without [DONE] or a finish_reason")
+    why = check_output(req.index, "".join(text), positions) if checked else None
+    if why is not None:
+        raise RequestFailed(f"chat mix: {why}")
     req.tokens_from = "usage" if req.usage_out is not None else "chunks"
 
 
