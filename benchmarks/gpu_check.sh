@@ -43,7 +43,8 @@
 # run.log, stages.log, servers.log, pytest.log, profile.txt.
 #
 # Knobs: ZS_BUDGET_S (330), ZS_WAVES (16 waves of requests a level), ZS_WHEELS (.gpu/whl), ZS_SKIP_INSTALL=1, ZS_PY (python3),
-# ZS_MODELS ("l1b m135"; l8b: the 8B shape), ZS_CONC (1,8,32,128), ZS_OUTPUT_LEN (128, bench tokens out),
+# ZS_MODELS ("l1b m135"; l8b: the 8B shape), ZS_CONC (1,8,32,128,256), ZS_CHAT_AT (128,256: those
+# levels again with bench_serving --mix chat), ZS_OUTPUT_LEN (128, bench tokens out),
 # ZS_STARTUP_MODEL (l8b: the model started cold then warm), ZS_CONC_8B (1,64), ZS_PYTEST (1),
 # ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
@@ -70,7 +71,7 @@ BUDGET="${ZS_BUDGET_S:-330}"
 WHL="${ZS_WHEELS:-$ZS/.gpu/whl}"
 SITE="${ZS_SITE:-/tmp/site}"
 MROOT="${ZS_MODEL_ROOT:-/tmp}"
-CONC="${ZS_CONC:-1,8,32,128}"
+CONC="${ZS_CONC:-1,8,32,128,256}"
 CONC_8B="${ZS_CONC_8B:-1,64}"
 STARTUP_MODEL="${ZS_STARTUP_MODEL:-l8b}"
 DUMMY="l1b l8b" # config.json and a tokenizer only: --load-format dummy
@@ -271,8 +272,9 @@ bench() {
   stage "bench_$tag" $((want + 15)) "$PY" "$G/bench.py" "http://127.0.0.1:${PORT[$tag]}" \
     "$model" "$ZS" "$W/bench_$tag.json" --conc "$conc" --factor "$factor" \
     --min-n "$minn" --deadline "$end" --output-len "$OUTPUT_LEN" --label "$tag" \
-    --hint-json "$W/check_$hint.json" --server-pid "$SPID" --one-client-at 32
-  grep -E 'c=[0-9]+(/1client)?: rc|cut|skipped' "$W/logs/bench_$tag.log" | cut -c1-400 |
+    --hint-json "$W/check_$hint.json" --server-pid "$SPID" --one-client-at 32 \
+    --chat-at "${ZS_CHAT_AT-128,256}"
+  grep -E 'c=[0-9]+(/1client|/chat)?: rc|cut|skipped' "$W/logs/bench_$tag.log" | cut -c1-400 |
     sed 's/^/      /' | tee -a "$RUNLOG"
 }
 

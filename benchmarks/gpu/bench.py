@@ -181,6 +181,11 @@ def main() -> int:
     ap.add_argument("--smi-at", type=int, default=32)
     ap.add_argument("--server-pid", type=int, help="launch.py's pid: CPU shares per level")
     ap.add_argument("--one-client-at", type=int, help="run this level again, 1 client process")
+    ap.add_argument(
+        "--chat-at",
+        default="",
+        help="run these levels again with the chat mix (bench_serving --mix chat)",
+    )
     ap.add_argument("--input-len", type=int, default=100)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--label", default="")
@@ -209,6 +214,10 @@ def main() -> int:
     if args.one_client_at is not None and any(c == args.one_client_at for c, _ in plan):
         at = [c for c, _ in plan].index(args.one_client_at)
         plan.insert(at + 1, (args.one_client_at, "/1client"))
+    for chat_c in (int(x) for x in args.chat_at.split(",") if x):
+        if any(c == chat_c and not v for c, v in plan):  # right after its greedy level
+            at = [(c, v) for c, v in plan].index((chat_c, ""))
+            plan.insert(at + 1, (chat_c, "/chat"))
     for c, variant in plan:
         key = f"{c}{variant}"
         n = max(args.min_n, int(args.factor * c))
@@ -262,6 +271,8 @@ def main() -> int:
         ]
         if variant == "/1client":
             cmd += ["--client-processes", "1"]
+        if variant == "/chat":  # sampling options as chat clients send them, outputs checked
+            cmd += ["--mix", "chat"]
         smi = Smi() if c == args.smi_at else None
         t = time.time()
         timeout = max(5.0, args.deadline - t)

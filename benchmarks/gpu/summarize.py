@@ -291,6 +291,9 @@ def speed_row(tag: str, m: dict, hf: dict) -> dict:
     for c in LEVELS:
         row[f"tok_s_{c}"] = (b.get(c) or {}).get("out_tok_s")
     row["tpot_1_ms"] = (b.get("1") or {}).get("tpot_med_ms")
+    for c in ("128", "256"):  # the chat mix against greedy, the same server and run
+        chat, greedy = (b.get(f"{c}/chat") or {}).get("out_tok_s"), row.get(f"tok_s_{c}")
+        row[f"chat_ratio_{c}"] = r(chat / greedy, 3) if chat and greedy else None
     row["gpu_busy_32"] = m.get("gpu_busy_at_32")
     for bs, c in (("1", "1"), ("32", "32")):
         ref = (hf.get(f"{tag}_b{bs}") or {}).get("tok_s")

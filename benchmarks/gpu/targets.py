@@ -36,6 +36,11 @@ def targets(models: dict, rows: dict) -> list[dict]:
     add("1B shape: 1-stream TPOT <= 1.0 ms", v, v is not None and v <= 1.0)
     v = l1b.get("tok_s_256")
     add("1B shape: 256 streams >= 70,000 tok/s", v, v is not None and v >= 70000, nd=0)
+    for c in ("128", "256"):
+        v = l1b.get(f"chat_ratio_{c}")
+        add(
+            f"1B shape: the chat mix at {c} streams >= 90% of greedy", v, v is not None and v >= 0.9
+        )
     v = l1b.get("ratio_b32")
     add("1B shape: >= 1.7x transformers+compile, batch 32", v, v is not None and v >= 1.7, nd=2)
     v = l8b.get("tpot_1_ms")
