@@ -424,6 +424,10 @@ if has_model m135; then
       "$W/structured_m135.json"
     grep -E 'json_schema|tool_required' "$W/logs/structured_m135.log" | cut -c1-250 |
       sed 's/^/      /' >>"$RUNLOG"
+    # seeded alone == among 127 others, a stop string, n=3, a grammar, all overlapped
+    stage overlap_m135 30 "$PY" "$G/client.py" overlap "http://127.0.0.1:${PORT[m135]}" \
+      "$W/overlap_m135.json" --others 127 --tokens 48
+    grep -E 'overlap checks' "$W/logs/overlap_m135.log" | cut -c1-400 | sed 's/^/      /' >>"$RUNLOG"
     if (($(left) - RESERVE - HOLD >= 45)); then
       stage fault_m135 90 "$PY" "$G/client.py" fault "http://127.0.0.1:${PORT[m135]}" "$SPID" \
         "$W/fault_m135.json" --streams 16 --tokens 4096

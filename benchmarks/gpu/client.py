@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 from client_first import first
 from client_load import fault, structured
+from client_overlap import overlap
 from client_util import alive, dump, log, post
 
 
@@ -287,6 +288,9 @@ def main() -> int:
         return first(a[1], a[2], int(opts.get("--steady", 8)), int(opts.get("--max-tokens", 8)))
     if cmd == "structured":
         return structured(a[1], a[2])
+    if cmd == "overlap":
+        opts = dict(zip(a[3::2], a[4::2]))
+        return overlap(a[1], a[2], int(opts.get("--others", 127)), int(opts.get("--tokens", 48)))
     if cmd == "fault":
         opts = dict(zip(a[4::2], a[5::2]))
         streams, tokens = int(opts.get("--streams", 16)), int(opts.get("--tokens", 4096))

@@ -170,6 +170,10 @@ def table(s: dict) -> str:
                 f"{tl.get('finish_reason')}, {tl.get('function')}"
                 f"({tl.get('arguments', tl.get('error', ''))[:60]}))"
             )
+        ov = m.get("overlap")
+        if ov:
+            checks = ", ".join(f"{k} {ov.get(k)}" for k in ("seeded", "stop", "n", "grammar"))
+            L.append(f"   overlapped options ({tag}): {checks}")
         f = m.get("fault")
         if f:
             L.append(
