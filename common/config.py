@@ -32,7 +32,7 @@ LOAD_FORMATS = ("auto", "dummy")
 ROUTINGS = ("least_loaded", "round_robin")
 MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
 # how tool calls are read from a chat completion's text (frontend/tools/parsers/); None:
-# the model family's default (frontend.tools.parsers.default_parser)
+# the model family's default (tokenizer_worker.tool_prompt.default_tool_parser)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "think")  # frontend/reasoning.py
 

@@ -1,5 +1,6 @@
 """Tool-call parsers, one file per model family's format, chosen by name
-(`--tool-call-parser`) or by the model's architecture (`default_parser`)."""
+(`--tool-call-parser`) or by the model's architecture
+(`tokenizer_worker.tool_prompt.default_tool_parser`)."""
 
 from __future__ import annotations
 
