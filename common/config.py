@@ -41,6 +41,17 @@ class ConfigError(ValueError):
     pass
 
 
+def parse_gpu_ids(text: str) -> tuple[int, ...]:
+    """`--gpu-ids 2,3`: distinct indexes into the visible GPUs, in the order given."""
+    entries = [e.strip() for e in text.split(",")]
+    if not entries or not all(e.isdigit() for e in entries):
+        raise ConfigError(f"gpu_ids must be GPU indexes separated by commas (2,3), got {text!r}")
+    ids = tuple(int(e) for e in entries)
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"gpu_ids names a GPU twice: {text!r}")
+    return ids
+
+
 def _at_least(obj: object, low: int, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -307,8 +318,6 @@ class Config:
     gpu_ids: str | None = None
 
     def __post_init__(self) -> None:
-        from common.gpus import parse_gpu_ids
-
         if self.gpu_ids is not None:
             parse_gpu_ids(self.gpu_ids)
         _at_least(self, 1, "tokenize_workers", "data_parallel_size", "api_servers")

@@ -25,23 +25,12 @@ import re
 import subprocess
 from pathlib import Path
 
-from common.config import Config, ConfigError
+from common.config import Config, ConfigError, parse_gpu_ids
 from common.env import cuda_visible_devices, standin_gpu_count
 from common.torch_build import TorchBuild
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU (its PCI address)
 _NVIDIA_SMI_GPU = re.compile(r"^GPU \d+:", re.MULTILINE)  # MIG lines are indented
-
-
-def parse_gpu_ids(text: str) -> tuple[int, ...]:
-    """`--gpu-ids 2,3`: distinct indexes into the visible GPUs, in the order given."""
-    entries = [e.strip() for e in text.split(",")]
-    if not entries or not all(e.isdigit() for e in entries):
-        raise ConfigError(f"gpu_ids must be GPU indexes separated by commas (2,3), got {text!r}")
-    ids = tuple(int(e) for e in entries)
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"gpu_ids names a GPU twice: {text!r}")
-    return ids
 
 
 def visible_gpus() -> list[str] | None:

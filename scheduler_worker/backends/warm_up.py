@@ -18,23 +18,33 @@ Every write goes to the scratch block (the slot padded graph rows write), never 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from common.log import get_logger
-from scheduler_worker.backends.base import KVCache, SeqInput
-
-if TYPE_CHECKING:
-    from scheduler_worker.backends.cuda import CudaBackend
+from scheduler_worker.attention import AttentionMetadata
+from scheduler_worker.backends.base import KVCache, SeqInput, StepInputs
 
 log = get_logger("cuda")
+
+
+class WarmedBackend(Protocol):
+    """What the warm-up reads of the CUDA backend (backends/cuda.py, which calls it)."""
+
+    block_size: int
+    scratch_block: int
+    max_model_len: int
+    device: torch.device
+
+    def prepare(self, seqs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]: ...
+
 
 PROMPT_TOKENS = 17  # no multiple of 16: neither the profile's count nor a graph's
 
 
 def warm_up(
-    backend: CudaBackend,
+    backend: WarmedBackend,
     model: torch.nn.Module,
     kv_caches: list[KVCache],
     split_choices: tuple[int, ...],
