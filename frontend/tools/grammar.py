@@ -5,8 +5,9 @@ llguidance's Lark dialect, handed to constrained decoding as SamplingParams.stru
 The grammar writes the calls in the format of the request's tool-call parser, so the
 parser reads them back; each call's arguments are `%json{<the function's parameters
 schema>}`, so they validate against it (its objects closed, the whitespace bounded: see
-_schema). One call, or with parallel_tool_calls (the
-default) one or more, for "required" any of the tools, for a named choice that one:
+_schema). For "required", one call of any of the tools, or with parallel_tool_calls (the
+default) one or more; for a named choice, one call of that function (as vLLM's: left free
+to repeat it, the default model wrote the same call again until max_tokens):
 
     hermes        <tool_call>\n{"name": "f", "arguments": ARGS}\n</tool_call>  (\n-separated)
     llama3_json   {"name": "f", "parameters": ARGS}                              ("; ")
@@ -83,14 +84,15 @@ def tool_grammar(tools: ToolRequest, parser: str) -> str:
         else:
             raise ValueError(f"no tool-call grammar for parser {parser!r}")
     alternatives = " | ".join(f"fn_{k}" for k in range(len(fns)))
+    repeat = tools.parallel and tools.choice != "named"
     if parser == "hermes":
         call = f"call: {_lit('<tool_call>' + chr(10))} ({alternatives}) {_lit(chr(10) + '</tool_call>')}"
         sep = _lit("\n")
-        top = "start: call" + (f" ({sep} call)*" if tools.parallel else "")
+        top = "start: call" + (f" ({sep} call)*" if repeat else "")
     else:
         call = f"call: {alternatives}"
         sep = _lit("; " if parser == "llama3_json" else ", ")
-        calls = "call" + (f" ({sep} call)*" if tools.parallel else "")
+        calls = "call" + (f" ({sep} call)*" if repeat else "")
         if parser == "llama3_json":
             top = f"start: {calls}"
         elif parser == "mistral":
