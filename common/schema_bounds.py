@@ -9,8 +9,9 @@
     json_object mode: JSON_OBJECT, any object whose numbers are bounded the same way
 
 Each bound is one a JSON value stays valid under for every schema, and none makes a schema
-unsatisfiable: a side the schema bounds itself is kept as written, a bound past ±1e18 (the
-grammar library's limit) is refused naming it, a range too narrow for 10 decimals gets none.
+unsatisfiable: a side the schema bounds itself is kept as written, an enum / const as it
+is, a range too narrow for 10 decimals gets none; a bound past ±1e18 (the grammar
+library's limit) is refused naming it.
 Strings and arrays get no bound (their length is content; a schema's maxLength / maxItems
 are honoured). A number has no exponent once bounded (llguidance writes a bounded number
 in plain digits). The schema's top-level `"x-zeroserve": {"number_bounds": false}` lifts
@@ -114,6 +115,7 @@ def closed_objects(schema: Any, close: bool = True, numbers: bool = True, at: st
             )
     kinds = schema.get("type")
     kinds = kinds if isinstance(kinds, list) else [kinds]
+    numbers = numbers and "enum" not in schema and "const" not in schema  # finite already
     if numbers and "number" in kinds:
         out.update(number_bounds(schema, integer=False))
     elif numbers and "integer" in kinds:

@@ -90,6 +90,9 @@ def test_a_bound_never_makes_a_schema_unsatisfiable(tokenizer):
     assert "multipleOf" not in bounded_schema(tiny)
     assert accepts(tokenizer, tiny, "0.000000000001")
     assert "multipleOf" in bounded_schema({"type": "number", "minimum": 0, "maximum": 1e-10})
+    # an enum (or const) is finite already: its values are kept whatever their digits
+    exact = {"type": "number", "enum": [0.12345678901234, 1e17]}
+    assert bounded_schema(exact) == exact and accepts(tokenizer, exact, "0.12345678901234")
 
 
 @pytest.mark.parametrize(
