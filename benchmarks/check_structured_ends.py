@@ -228,7 +228,13 @@ def langchain(c: Clients, prompt: str, seed: int | None, max_tokens: int) -> Out
         max_retries=0,
         **_sampling(seed),
     )
-    out = llm.with_structured_output(City, method="json_schema", include_raw=True).invoke(prompt)
+    try:
+        out = llm.with_structured_output(City, method="json_schema", include_raw=True).invoke(
+            prompt
+        )
+    except openai.LengthFinishReasonError as e:  # parse() under LangChain, as above
+        usage = e.completion.usage
+        return Outcome(False, "length", "", usage.completion_tokens if usage else 0)
     raw = out["raw"]
     reason = raw.response_metadata.get("finish_reason", "")
     tokens = (raw.usage_metadata or {}).get("output_tokens", 0)
