@@ -4,8 +4,8 @@ benchmarks/check_structured_ends.py, which runs five prompts per dialect).
 
 The schema is the one people write: no additionalProperties, a `number` field. Before
 numbers were bounded, "Describe Oslo as JSON." wrote `"population_millions":
-120000000000…` until max_tokens. Greedy in every dialect, and sampled with a fixed seed in
-those that take a seed (the Responses and Messages APIs take none).
+120000000000…` until max_tokens. Greedy in every dialect, and sampled (temperature 0.7, a
+fixed seed) in those that take a seed (the Responses and Messages APIs take none).
 """
 
 from __future__ import annotations
