@@ -1,6 +1,6 @@
 """Grammar libraries compared on the default model's 49,152-token vocabulary (issue 22).
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_grammar.py
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_grammar.py [--bounds]
 
 llguidance (a runtime dependency) always; xgrammar and outlines-core when importable (they
 are not dependencies: `pip install --no-deps --target /tmp/benchlibs xgrammar
@@ -8,6 +8,10 @@ apache-tvm-ffi outlines-core` and put /tmp/benchlibs on PYTHONPATH). For each li
 tokenizer setup, compile time per real schema (first compile, no cache), and the time
 to compute one token mask, walking a valid instance of each schema token by token (the
 mask before each token, the token then consumed; median and p99 over all steps).
+
+--bounds: llguidance alone, the schemas as written against the same schemas as the server
+compiles them (common.schema_bounds: closed objects, bounded numbers; json_object as
+JSON_OBJECT), alternated over 5 rounds in one process: what the bounds cost a mask.
 """
 
 from __future__ import annotations
@@ -157,6 +161,53 @@ def bench_llguidance(model_dir: Path, eos: int, vocab: int) -> None:
     print(f"  mask      {summary(steps)}")
 
 
+def walk_masks(tok: Any, schema: Any, instance: Any, mask: Any) -> list[float]:
+    """Microseconds per mask, walking `instance` token by token under `schema`."""
+    import llguidance
+    import llguidance.torch as llt
+
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        json.dumps(schema), defaults={"whitespace_flexible": False}
+    )
+    m = llguidance.LLMatcher(tok, grammar)
+    assert not m.is_error(), m.get_error()
+    steps = []
+    for i in tok.tokenize_str(json.dumps(instance, separators=(",", ":"))):
+        _, dt = timed(lambda m=m: llt.fill_next_token_bitmask(m, mask))
+        steps.append(dt * 1e6)
+        assert m.consume_token(i), m.get_error()
+    return steps
+
+
+def bench_bounds(model_dir: Path, eos: int, vocab: int, rounds: int = 5) -> None:
+    import llguidance
+    import llguidance.torch as llt
+
+    from common.schema_bounds import JSON_OBJECT, bounded_schema
+
+    tok = llguidance.LLTokenizer(
+        (model_dir / "tokenizer.json").read_text(), n_vocab=vocab, eos_token=eos
+    )
+    mask = llt.allocate_token_bitmask(1, vocab)
+    served = {
+        n: (JSON_OBJECT if s == {"type": "object"} else bounded_schema(s), i)
+        for n, (s, i) in SCHEMAS.items()
+    }
+    runs: dict[str, list[list[float]]] = {"as written": [], "as served": []}
+    for r in range(rounds):
+        for label, schemas in (("as written", SCHEMAS), ("as served", served)):
+            steps = [t for s, i in schemas.values() for t in walk_masks(tok, s, i, mask)]
+            runs[label].append(steps)
+            print(f"round {r + 1} {label:10s} {summary(steps)}")
+    # each step's best of the rounds: what a mask costs, the machine's noise left out
+    best = {k: [min(t) for t in zip(*v, strict=True)] for k, v in runs.items()}
+    written, served_us = sum(best["as written"]), sum(best["as served"])
+    print(
+        f"best of {rounds} rounds per step, all schemas walked: as written {written:.0f} us, "
+        f"as served {served_us:.0f} us ({served_us / written:.3f}x)"
+    )
+
+
 def bench_xgrammar(model_dir: Path, eos: int, vocab: int) -> None:
     import torch
     import xgrammar as xgr
@@ -249,6 +300,9 @@ def main() -> None:
     print(
         f"model {model_dir.name}: vocab {vocab}, CPU {platform.processor() or platform.machine()}"
     )
+    if "--bounds" in sys.argv[1:]:
+        bench_bounds(model_dir, eos, vocab)
+        return
     for fn in (bench_llguidance, bench_xgrammar, bench_outlines):
         try:
             fn(model_dir, eos, vocab)

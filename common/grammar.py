@@ -13,7 +13,8 @@ schema is turned into a grammar once per process. Torch-free.
 
 JSON without a whitespace_pattern is compact (no whitespace between tokens: a small model
 left free to write whitespace can spend its whole budget on it); with one, that pattern is
-what may appear between tokens. A JSON schema's objects are closed (`closed_objects`).
+what may appear between tokens. A JSON schema is bounded first (common.schema_bounds: its
+objects closed, its numbers of bounded length), and json_object mode is its JSON_OBJECT.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
 from common.model_facts import read_hf_config
+from common.schema_bounds import JSON_OBJECT, SchemaBoundError, bounded_schema
 
 
 class GrammarError(ValueError):
@@ -42,59 +44,6 @@ def _json_options(whitespace_pattern: str | None) -> JsonCompileOptions:
     return {"whitespace_flexible": True, "whitespace_pattern": whitespace_pattern}
 
 
-# keywords whose value is a subschema, a list of them ("items" either), or a map of names to
-# them; _SAME_OBJECT's apply to the object their parent describes, so they stay open
-# (closed, each would forbid the properties that the others add)
-_SUBSCHEMA = {"items", "additionalProperties", "additionalItems", "unevaluatedItems"}
-_SUBSCHEMA |= {"contains", "anyOf", "oneOf", "prefixItems"}
-_MAP = ("properties", "patternProperties", "$defs", "definitions")
-_SAME_OBJECT = ("allOf", "if", "then", "else")
-
-
-SAFE_INTEGER = 2**53 - 1  # JSON's interoperable integers (RFC 8259, section 6)
-_INT_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-
-
-def closed_objects(schema: Any, close: bool = True) -> Any:
-    """A copy of a JSON schema in which an object schema that lists `properties` and says
-    nothing of `additionalProperties` (nor `unevaluatedProperties`) gets
-    `additionalProperties: false`, at every depth: the declared properties only, as
-    xgrammar, outlines and llama.cpp read such a schema. The JSON Schema reading (any
-    other property allowed) lets a small model add properties until max_tokens. An
-    explicit `additionalProperties` is kept; allOf's members (and if / then / else) are
-    left open, their own subschemas closed. An integer with no bound gets JSON's safe
-    range (SAFE_INTEGER), so that its digits end."""
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _MAP and isinstance(value, dict):
-            out[key] = {k: closed_objects(v) for k, v in value.items()}
-        elif key in _SUBSCHEMA or key in _SAME_OBJECT:
-            shut = key not in _SAME_OBJECT
-            if isinstance(value, list):
-                out[key] = [closed_objects(v, shut) for v in value]
-            else:
-                out[key] = closed_objects(value, shut)
-        else:
-            out[key] = value
-    if (
-        close
-        and isinstance(schema.get("properties"), dict)
-        and "additionalProperties" not in schema
-        and "unevaluatedProperties" not in schema
-    ):
-        out["additionalProperties"] = False
-    kinds = schema.get("type")
-    if (kinds == "integer" or (isinstance(kinds, list) and "integer" in kinds)) and not any(
-        k in schema for k in _INT_BOUNDS
-    ):
-        # an integer with no bound is JSON's safe range (llama.cpp caps its digits too):
-        # unbounded, a small model writes digits until max_tokens
-        out["minimum"], out["maximum"] = -SAFE_INTEGER, SAFE_INTEGER
-    return out
-
-
 def grammar_text(structured: dict[str, str]) -> str:
     """The llguidance grammar for a (shape-checked) SamplingParams.structured; GrammarError
     for a spec that is not even well-formed (its grammar is checked by `check`)."""
@@ -102,7 +51,7 @@ def grammar_text(structured: dict[str, str]) -> str:
     ws = structured.get("whitespace_pattern")
     if kind in ("json", "json_object"):
         if kind == "json_object":
-            schema: Any = {"type": "object"}
+            schema: Any = JSON_OBJECT
         else:
             try:
                 schema = json.loads(spec)
@@ -110,7 +59,10 @@ def grammar_text(structured: dict[str, str]) -> str:
                 raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
             if not isinstance(schema, (dict, bool)):
                 raise GrammarError("the JSON schema must be an object (or a boolean)")
-            schema = closed_objects(schema)
+            try:
+                schema = bounded_schema(schema)
+            except SchemaBoundError as e:
+                raise GrammarError(f"JSON schema: {e}") from None
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(
                 schema, overrides=_json_options(ws)

@@ -5,8 +5,9 @@ llguidance's Lark dialect, handed to constrained decoding as SamplingParams.stru
 The grammar writes the calls in the format of the request's tool-call parser, so the
 parser reads them back; each call's arguments are `%json{<the function's parameters
 schema>}`, so they validate against it (its objects closed, the whitespace bounded: see
-_schema). One call, or with parallel_tool_calls (the
-default) one or more, for "required" any of the tools, for a named choice that one:
+_schema). For "required", one call of any of the tools, or with parallel_tool_calls (the
+default) one or more; for a named choice, one call of that function (as vLLM's: left free
+to repeat it, the default model wrote the same call again until max_tokens):
 
     hermes        <tool_call>\n{"name": "f", "arguments": ARGS}\n</tool_call>  (\n-separated)
     llama3_json   {"name": "f", "parameters": ARGS}                              ("; ")
@@ -22,8 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from common.grammar import closed_objects
 from common.sampling_params import SamplingParams
+from common.schema_bounds import SchemaBoundError, closed_objects, split_options
 from frontend.errors import invalid
 from frontend.tools.parsers import ToolParser
 from frontend.tools.request import ToolRequest
@@ -41,25 +42,27 @@ def _lit(text: str) -> str:
 ARGS_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _schema(schema: dict[str, Any]) -> str:
-    """`%json` of a schema with its objects closed (common.grammar.closed_objects) and the
-    whitespace of ARGS_JSON (llguidance's options, in the schema's "x-guidance")."""
-    schema = {"x-guidance": ARGS_JSON, **closed_objects(schema)}
+def _schema(schema: dict[str, Any], numbers: bool) -> str:
+    """`%json` of a schema bounded as common.schema_bounds bounds one (closed objects;
+    bounded numbers unless the parameters' "x-zeroserve" lifts them) and the whitespace
+    of ARGS_JSON (llguidance's options, in the schema's "x-guidance")."""
+    schema = {"x-guidance": ARGS_JSON, **closed_objects(schema, numbers=numbers)}
     return "%json " + json.dumps(schema, ensure_ascii=False, sort_keys=True)
 
 
 def _json_call(fn: dict[str, Any], args_key: str, k: int) -> list[str]:
     head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + f', "{args_key}": '
-    return [f"fn_{k}: {_lit(head)} args_{k} {_lit('}')}", f"args_{k}: {_schema(fn['parameters'])}"]
+    params, numbers = split_options(fn["parameters"])
+    return [f"fn_{k}: {_lit(head)} args_{k} {_lit('}')}", f"args_{k}: {_schema(params, numbers)}"]
 
 
 def _pythonic_call(fn: dict[str, Any], k: int) -> list[str]:
-    params = fn["parameters"]
+    params, numbers = split_options(fn["parameters"])
     props: dict[str, Any] = params.get("properties") or {}
     required = set(params.get("required") or ())
     items, rules = [], []
     for j, (key, sub) in enumerate(props.items()):
-        rules.append(f"v_{k}_{j}: {_schema(sub if isinstance(sub, dict) else {})}")
+        rules.append(f"v_{k}_{j}: {_schema(sub if isinstance(sub, dict) else {}, numbers)}")
         item = f"{_lit(key + '=')} v_{k}_{j} {_lit(', ')}"
         items.append(item if key in required else f"({item})?")
     body = " ".join(items)
@@ -81,14 +84,15 @@ def tool_grammar(tools: ToolRequest, parser: str) -> str:
         else:
             raise ValueError(f"no tool-call grammar for parser {parser!r}")
     alternatives = " | ".join(f"fn_{k}" for k in range(len(fns)))
+    repeat = tools.parallel and tools.choice != "named"
     if parser == "hermes":
         call = f"call: {_lit('<tool_call>' + chr(10))} ({alternatives}) {_lit(chr(10) + '</tool_call>')}"
         sep = _lit("\n")
-        top = "start: call" + (f" ({sep} call)*" if tools.parallel else "")
+        top = "start: call" + (f" ({sep} call)*" if repeat else "")
     else:
         call = f"call: {alternatives}"
         sep = _lit("; " if parser == "llama3_json" else ", ")
-        calls = "call" + (f" ({sep} call)*" if tools.parallel else "")
+        calls = "call" + (f" ({sep} call)*" if repeat else "")
         if parser == "llama3_json":
             top = f"start: {calls}"
         elif parser == "mistral":
@@ -125,6 +129,9 @@ def apply_tools(
         raise invalid(
             f"{param}: {tools.choice!r} needs constrained decoding, which this build lacks", param
         )
-    spec = tool_grammar(tools, parser.name)
+    try:
+        spec = tool_grammar(tools, parser.name)
+    except SchemaBoundError as e:
+        raise invalid(f"tools: a function's parameters: {e}", "tools") from None
     for p in params:
         p.structured = {"kind": "grammar", "spec": spec}

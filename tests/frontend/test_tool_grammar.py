@@ -114,6 +114,15 @@ def test_named_choice_accepts_only_that_function(tokenizer, parser):
     assert not accepts(tokenizer, grammar, SAMPLES[parser][1])
 
 
+def test_named_choice_is_one_call(tokenizer):
+    """Free to repeat the named call, the default model wrote it again until max_tokens;
+    "required" keeps parallel calls (parallel_tool_calls, default true)."""
+    twice = hermes("add", '{"a": 1, "b": 2}') + "\n" + hermes("add", '{"a": 3, "b": 4}')
+    named = {"type": "function", "function": {"name": "add"}}
+    assert not accepts(tokenizer, tool_grammar(tool_request(TOOLS, named, True), "hermes"), twice)
+    assert accepts(tokenizer, tool_grammar(tool_request(TOOLS, "required", True), "hermes"), twice)
+
+
 @pytest.mark.parametrize(
     "text",
     [
