@@ -1,0 +1,102 @@
+"""Seeds and the step in flight: a seeded row's draws (a hash of seed, token index and
+column) whatever the batch, and penalties that count a token still being sampled."""
+
+from __future__ import annotations
+
+import torch
+
+from scheduler_worker.logits_processors import apply_penalties
+from scheduler_worker.sampling import Sampler, seeded_uniforms
+from tests.scheduler_worker.test_sampling import EOS, _row
+
+
+def _seeded_run(batch_builder, steps: int = 12) -> list[int]:
+    """Sample the target request (seed 77, top_p 0.9) for several steps; batch_builder
+    places it in a batch and returns (logits, rows, index of the target)."""
+    vocab = 40
+    step_logits = torch.randn(steps, vocab, generator=torch.Generator().manual_seed(5))
+    target = _row(seed=77, top_p=0.9, temperature=1.3)
+    out: list[int] = []
+    for step in range(steps):
+        target.output_token_ids = list(out)
+        logits, rows, pos = batch_builder(step_logits[step], target, step)
+        out.append(Sampler(vocab, [EOS])(logits, rows).token_ids[pos])
+    return out
+
+
+def test_seed_is_reproducible_whatever_the_batch():
+    def alone(row_logits, target, step):
+        return row_logits[None], [target], 0
+
+    def crowded(row_logits, target, step):
+        torch.manual_seed(1000 + step)  # the unseeded rows' generator moves on differently
+        others = [
+            _row(),
+            _row(seed=step, top_k=5),
+            _row(temperature=0.0),
+            _row(seed=77 + step, min_p=0.2, output=[1], repetition_penalty=1.2),
+        ]
+        pos = step % (len(others) + 1)
+        rows = others[:pos] + [target] + others[pos:]
+        logits = torch.randn(len(rows), row_logits.shape[0])
+        logits[pos] = row_logits
+        return logits, rows, pos
+
+    torch.manual_seed(0)
+    a = _seeded_run(alone)
+    b = _seeded_run(crowded)
+    assert a == b
+    assert len(set(a)) > 3  # really sampling, not a constant
+
+
+def test_different_seeds_differ_and_unseeded_rows_vary():
+    logits = torch.zeros(1, 1000)
+    draws = {seed: Sampler(1000, [])(logits, [_row(seed=seed)]).token_ids[0] for seed in range(5)}
+    assert len(set(draws.values())) > 1
+    unseeded = Sampler(1000, [])(torch.zeros(50, 1000), [_row()] * 50).token_ids
+    assert len(set(unseeded)) > 25
+
+
+def test_seeded_uniforms_are_a_function_of_seed_counter_and_column():
+    """The counter-based draws: the same (seed, counter) gives the same row in any batch;
+    the seed's high and low words, the counter and the column each change them; they are
+    in (0, 1) and look uniform (mean, spread, every tenth of the range hit evenly)."""
+    cpu = torch.device("cpu")
+    seeds, counters = [7, 7, 7, -5, 2**63 + 7, 7 + (1 << 32)], [0, 1, 0, 0, 0, 0]
+    u = seeded_uniforms(seeds, counters, 600, cpu)
+    assert u.shape == (6, 600) and bool((u > 0).all() and (u < 1).all())
+    assert torch.equal(u[0], u[2]) and not torch.equal(u[0], u[1])
+    assert len({tuple(r.tolist()) for r in u[[0, 1, 3, 4, 5]]}) == 5
+    alone = seeded_uniforms([7], [1], 600, cpu)
+    assert torch.equal(alone[0], u[1])  # whatever the other rows
+    big = seeded_uniforms(list(range(200)), [3] * 200, 500, cpu).flatten()
+    assert abs(big.mean().item() - 0.5) < 0.005 and abs(big.std().item() - 12**-0.5) < 0.005
+    tenths = torch.bincount((big * 10).long(), minlength=10).float() / big.numel()
+    assert bool(((tenths - 0.1).abs() < 0.004).all())
+    assert len(set(u[0].tolist())) > 590  # few repeats within a row
+
+
+def test_a_seeded_sample_survives_an_ulp_of_noise():
+    """The race moves only at near-ties: logits nudged by float32 rounding (another
+    batch or a prefix-cache hit computes them in another order) keep nearly every seeded
+    sample, where an inverse CDF would shift every boundary by the sum of the rounding."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(2000, 49152, generator=gen) * 3
+    noisy = logits * (1 + 1e-6 * torch.randn(logits.shape, generator=gen))
+    a = Sampler(49152, [])(logits, [_row(seed=i) for i in range(2000)]).token_ids
+    b = Sampler(49152, [])(noisy, [_row(seed=i) for i in range(2000)]).token_ids
+    assert sum(x != y for x, y in zip(a, b)) <= 4
+
+
+def test_penalties_count_the_token_in_flight_read_on_the_device():
+    """A row whose last output is still being sampled by the step in flight (its
+    placeholder, -1, and pending_row) is penalized as if the token were on the host."""
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(6))
+    prev_tokens = torch.tensor([4, 11, 9])  # the step in flight's tokens, by its rows
+    kw = dict(repetition_penalty=1.5, presence_penalty=0.7, frequency_penalty=0.4)
+    known = [_row([3, 11, 11], [1, 2], **kw), _row([5, 9], [7], **kw), _row([2], [2])]
+    pending = [_row([3, 11, -1], [1, 2], **kw), _row([5, -1], [7], **kw), _row([2], [2])]
+    pending[0].pending_row, pending[1].pending_row = 1, 2
+    want = apply_penalties(logits, known)
+    assert torch.equal(apply_penalties(logits, pending, prev_tokens), want)
+    assert not torch.equal(apply_penalties(logits, [_row([3, 11], [1, 2], **kw)] + known[1:]), want)
