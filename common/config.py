@@ -181,6 +181,8 @@ class CacheConfig:
 # time grows with its rows; a GPU's barely does up to hundreds (vLLM's 256 sequences)
 DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
 ASYNC_SCHEDULING = ("auto", "on", "off")
+SPECULATIVE_METHODS = ("none", "ngram")
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,10 @@ class SchedulerConfig:
     # overlapped scheduling: prepare step N+1 while the device runs step N; auto: where
     # the device runs apart from the host (a GPU)
     async_scheduling: str = "auto"
+    # speculative decoding: who drafts (scheduler_worker/spec/) and at most how many tokens
+    # a row drafts per step
+    speculative_method: str = "none"
+    num_speculative_tokens: int = 3
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
@@ -205,6 +211,17 @@ class SchedulerConfig:
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ConfigError(
                 f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}"
+            )
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ConfigError(
+                f"speculative_method must be one of {SPECULATIVE_METHODS}, "
+                f"got {self.speculative_method!r}"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(
+                f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, "
+                f"got {k!r}"
             )
 
     def resolved(self, device_type: str) -> SchedulerConfig:

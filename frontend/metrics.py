@@ -222,6 +222,8 @@ class Metrics:
     in_flight: Gauge
     prompt_tokens: Counter
     generation_tokens: Counter
+    spec_draft_tokens: Counter
+    spec_accepted_tokens: Counter
     request_success: Counter
     ttft: Histogram
     itl: Histogram
@@ -330,6 +332,10 @@ class Metrics:
         self.e2e.observe(e2e_s)
         self.prompt_tokens.labels(engine=str(replica)).inc(num_prompt_tokens)
         self.generation_tokens.labels(engine=str(replica)).inc(num_output_tokens)
+        if timings and timings.get("num_draft_tokens"):
+            self.spec_draft_tokens.labels(engine=str(replica)).inc(timings["num_draft_tokens"])
+            accepted = timings.get("num_accepted_tokens") or 0
+            self.spec_accepted_tokens.labels(engine=str(replica)).inc(accepted)
         if timings:
             stages = stage_durations(timings)
             for name, hist in (
