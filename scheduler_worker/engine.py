@@ -260,7 +260,8 @@ class LLMEngine:
         backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
         backend.chained = self._in_flight is not None
         if isinstance(inputs, list) and any(s.prompt_logits for s in inputs):
-            logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
+            vocab = self.sampler.vocab_size if argmax else None
+            logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs, vocab)
             if batch.drafts:
                 targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
                 verify = {r: (d, targets[r]) for r, d in batch.drafts.items()}

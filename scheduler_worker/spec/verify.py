@@ -27,7 +27,9 @@ def draft_targets(
     for i, (req, _) in enumerate(entries):
         rows = prompt_logits[i]
         if rows is not None and req.request_id in drafts:
-            targets[req.request_id] = rows[:, :vocab_size].max(dim=-1).indices.tolist()
+            if rows.dtype != torch.long:  # logits, not the head's argmax (same as greedy)
+                rows = rows[:, :vocab_size].max(dim=-1).indices
+            targets[req.request_id] = rows.tolist()
             prompt_logits[i] = None
     return targets
 
