@@ -2,7 +2,7 @@
 engine (the request's `speculative` flag switches it), alternating A/B runs, greedy; the
 outputs must be equal token for token.
 
-    python benchmarks/bench_spec.py --model smollm2 --rounds 3 --max-tokens 128
+    python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128
 
 The prompt asks the model to repeat a passage (prompt lookup pays there). Prints one
 line a run and the ratio of the medians.
@@ -42,11 +42,14 @@ def chat_prompt(model_dir) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def run(engine: LLMEngine, prompt: list[int], max_tokens: int, spec: bool) -> tuple[list, float]:
+def run(
+    engine: LLMEngine, prompt: list[int], max_tokens: int, spec: bool
+) -> tuple[list, float, float]:
+    """The output, wall seconds and this process's CPU seconds (steadier on a shared host)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = engine.generate([prompt], params)[0]
-    return out, time.perf_counter() - t0
+    return out, time.perf_counter() - t0, time.process_time() - c0
 
 
 def main() -> None:
@@ -68,23 +71,31 @@ def main() -> None:
     prompt = chat_prompt(engine.model_dir)
     run(engine, prompt, 8, False)  # warm up
     rates: dict[bool, list[float]] = {False: [], True: []}
+    cpu_rates: dict[bool, list[float]] = {False: [], True: []}
     outs: dict[bool, list[int]] = {}
     for r in range(a.rounds):
         for spec in (False, True) if r % 2 == 0 else (True, False):
             before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
-            out, secs = run(engine, prompt, a.max_tokens, spec)
+            out, secs, cpu = run(engine, prompt, a.max_tokens, spec)
             drafted = engine.counters.draft_tokens - before[0]
             accepted = engine.counters.accepted_tokens - before[1]
             rates[spec].append(len(out) / secs)
+            cpu_rates[spec].append(len(out) / cpu)
             outs.setdefault(spec, out)
             assert out == outs[spec], "greedy outputs differ between rounds"
             print(
                 f"round {r} {'ngram' if spec else 'none '}: {len(out)} tokens in {secs:.2f} s, "
-                f"{len(out) / secs:.1f} tok/s, drafted {drafted}, accepted {accepted}"
+                f"{len(out) / secs:.1f} tok/s, {len(out) / cpu:.1f} tok per CPU s, "
+                f"drafted {drafted}, accepted {accepted}"
             )
     same = outs[True] == outs[False]
     ratio = statistics.median(rates[True]) / statistics.median(rates[False])
     print(f"cpu: {cpu_model_name()}; prompt {len(prompt)} tokens")
+    med = {k: statistics.median(v) for k, v in cpu_rates.items()}
+    print(
+        f"median tok per CPU s: none {med[False]:.1f}, ngram {med[True]:.1f}, "
+        f"ratio {med[True] / med[False]:.2f}x"
+    )
     print(
         f"median tok/s: none {statistics.median(rates[False]):.1f}, ngram "
         f"{statistics.median(rates[True]):.1f}, ratio {ratio:.2f}x; outputs equal: {same}"

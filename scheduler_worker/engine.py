@@ -179,8 +179,9 @@ class LLMEngine:
         if pending is not None and self.overlap and self.grammars.matchers:
             self.scheduler.defer(batch, batch.grammar_waits())
         # a step with drafts runs alone: its rows' next positions depend on what it accepts
-        alone = bool(batch.drafts) or batch.wants_prompt_logprobs()
-        if pending is not None and (not self.overlap or alone):
+        if pending is not None and (
+            not self.overlap or batch.drafts or batch.wants_prompt_logprobs()
+        ):
             outputs += self._resolve(pending, stats)
             pending = self._in_flight = None
             for req in [r for r, _ in batch.entries.values() if r.status.finished]:

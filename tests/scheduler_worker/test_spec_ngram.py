@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from common.cli import parse_config
 from common.config import ConfigError, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.spec.ngram import NgramDrafter
@@ -57,6 +58,17 @@ def test_num_speculative_tokens_out_of_range_refused(k):
         SchedulerConfig(num_speculative_tokens=k)
     with pytest.raises(ConfigError, match="speculative_method"):
         SchedulerConfig(speculative_method="eagle")
+
+
+def test_flags(capsys):
+    cfg = parse_config("t", ["--speculative-method", "ngram", "--num-speculative-tokens", "7"])
+    assert cfg.engine.scheduler.speculative_method == "ngram"
+    assert cfg.engine.scheduler.num_speculative_tokens == 7
+    assert parse_config("t", []).engine.scheduler.speculative_method == "none"
+    with pytest.raises(SystemExit) as e:  # refused at start, in one line
+        parse_config("t", ["--num-speculative-tokens", "17"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "num_speculative_tokens" in err and "\n" not in err
 
 
 def _repetitive(n: int, seed: int) -> list[list[int]]:
@@ -160,6 +172,17 @@ def test_stops_and_max_tokens_inside_an_accepted_run(llama, wrong):
     assert any(len(kept) < len(tokens) for _, tokens, kept in runs)
 
 
+@pytest.mark.timeout(600)
+def test_overlapped_scheduling_stays_exact(llama):
+    """Overlapped: a row whose token is in flight drafts nothing, and a step with drafts
+    runs alone (the step in flight resolved first); outputs as without drafts."""
+    prompts = _repetitive(6, seed=4)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    want, _ = _run(llama, prompts, params, False, async_scheduling="on")
+    got, _ = _run(llama, prompts, params, True, async_scheduling="on")
+    assert got == want
+
+
 def test_request_can_turn_speculation_off(llama):
     prompts = _repetitive(4, seed=3)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculative=False)
@@ -168,3 +191,22 @@ def test_request_can_turn_speculation_off(llama):
     sampled = SamplingParams(max_tokens=30, temperature=0.8, seed=1, ignore_eos=True)
     _, counters = _run(llama, prompts, sampled, True)  # sampled rows draft nothing yet
     assert counters.draft_tokens == 0
+
+
+def test_speculative_extra_body_field_reaches_the_params():
+    import json
+
+    from common.config import ServerConfig
+    from frontend.errors import APIError
+    from frontend.protocol import ChatCompletionRequest, parse, sampling_params
+
+    def params(**extra):
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+        req = parse(ChatCompletionRequest, json.dumps(body).encode())
+        return sampling_params(req, 8, None, None, ServerConfig())[0]
+
+    assert params().speculative is True
+    assert params(speculative=False).speculative is False
+    with pytest.raises(APIError) as e:
+        params(speculative="maybe")
+    assert e.value.status == 400 and "speculative" in str(e.value)
