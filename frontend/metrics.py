@@ -90,12 +90,16 @@ def stage_durations(t: dict[str, Any]) -> dict[str, float]:
 
 def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
     """The stage durations in ms for the client (usage.timings; the caller asks only for
-    a request that set return_timings)."""
+    a request that set return_timings), and its speculative decoding counts if it drafted."""
     if timings is None:
         return None
-    return {
+    shown: dict[str, float] = {
         k.removesuffix("_s") + "_ms": round(v * 1e3, 3) for k, v in stage_durations(timings).items()
     }
+    for key in ("num_draft_tokens", "num_accepted_tokens"):
+        if isinstance(timings.get(key), int):
+            shown[key] = timings[key]
+    return shown
 
 
 class EngineSeries(Collector):

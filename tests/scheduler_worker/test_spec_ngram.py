@@ -210,3 +210,34 @@ def test_speculative_extra_body_field_reaches_the_params():
     with pytest.raises(APIError) as e:
         params(speculative="maybe")
     assert e.value.status == 400 and "speculative" in str(e.value)
+
+
+def test_drafted_and_accepted_counts_reach_the_timings_and_metrics(llama):
+    """Per request in the finishing output's stage times (the usage's `timings`), and
+    summed in /metrics' counters."""
+    from frontend.metrics import Metrics, shown_timings
+    from scheduler_worker.step_message import finished_timings
+
+    engine = make_engine(llama, speculative_method="ngram", num_speculative_tokens=4)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for i, prompt in enumerate(_repetitive(2, seed=5)):
+        engine.add_request(f"r{i}", prompt, params)
+    while engine.has_unfinished():
+        outputs += engine.step()
+    last = [o for o in outputs if o.finish_reason is not None]
+    timings = [finished_timings(o, None, 0.0) for o in last]
+    drafted = sum(t.get("num_draft_tokens", 0) for t in timings)
+    accepted = sum(t.get("num_accepted_tokens", 0) for t in timings)
+    assert drafted == engine.counters.draft_tokens > accepted == engine.counters.accepted_tokens
+    assert accepted > 0
+    shown = [shown_timings(t) or {} for t in timings]  # the usage's, with return_timings
+    assert sum(s.get("num_accepted_tokens", 0) for s in shown) == accepted
+    metrics = Metrics()
+    for o, t in zip(last, timings):
+        metrics.on_finished("length", 1.0, o.num_prompt_tokens, o.num_output_tokens, t)
+    text = metrics.render().decode()
+    assert f'zeroserve:spec_decode_num_draft_tokens_total{{engine="0"}} {float(drafted)}' in text
+    assert (
+        f'zeroserve:spec_decode_num_accepted_tokens_total{{engine="0"}} {float(accepted)}' in text
+    )
