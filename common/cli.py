@@ -19,6 +19,7 @@ from common.config import (
     LOAD_FORMATS,
     QUANTIZATIONS,
     ROUTINGS,
+    SPECULATIVE_METHODS,
     Config,
     ConfigError,
 )
@@ -90,6 +91,21 @@ GROUPS: dict[str, list[Flag]] = {
             "CUDA: share of the GPU's memory to use; the KV pool takes what the rest leaves",
         ),
         Flag("--max-decode-batch", _S, "max_decode_batch", int, "decode rows per step"),
+        Flag(
+            "--speculative-method",
+            _S,
+            "speculative_method",
+            str,
+            "who drafts tokens for greedy rows to verify in one forward (ngram: prompt lookup)",
+            SPECULATIVE_METHODS,
+        ),
+        Flag(
+            "--num-speculative-tokens",
+            _S,
+            "num_speculative_tokens",
+            int,
+            "the most tokens a row drafts per step (1..16)",
+        ),
     ],
     "server": [
         Flag("--host", ("server",), "host", str, "HTTP listen address"),

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from common.config_error import ConfigError as ConfigError  # re-exported
+from common.config_error import parse_gpu_ids
 from common.env import default_cache_dir, env
 from common.ipc_config import ENDPOINT_NAMES as ENDPOINT_NAMES  # re-exported, as IPCConfig
 from common.ipc_config import IPCConfig
@@ -35,21 +37,6 @@ MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
 # the model family's default (tokenizer_worker.tool_prompt.default_tool_parser)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "think")  # frontend/reasoning.py
-
-
-class ConfigError(ValueError):
-    pass
-
-
-def parse_gpu_ids(text: str) -> tuple[int, ...]:
-    """`--gpu-ids 2,3`: distinct indexes into the visible GPUs, in the order given."""
-    entries = [e.strip() for e in text.split(",")]
-    if not entries or not all(e.isdigit() for e in entries):
-        raise ConfigError(f"gpu_ids must be GPU indexes separated by commas (2,3), got {text!r}")
-    ids = tuple(int(e) for e in entries)
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"gpu_ids names a GPU twice: {text!r}")
-    return ids
 
 
 def _at_least(obj: object, low: int, *names: str) -> None:
@@ -181,6 +168,8 @@ class CacheConfig:
 # time grows with its rows; a GPU's barely does up to hundreds (vLLM's 256 sequences)
 DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
 ASYNC_SCHEDULING = ("auto", "on", "off")
+SPECULATIVE_METHODS = ("none", "ngram")
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -192,6 +181,9 @@ class SchedulerConfig:
     # overlapped scheduling: prepare step N+1 while the device runs step N; auto: where
     # the device runs apart from the host (a GPU)
     async_scheduling: str = "auto"
+    # speculative decoding: who drafts (scheduler_worker/spec/), at most how many tokens a row
+    speculative_method: str = "none"
+    num_speculative_tokens: int = 3
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
@@ -205,6 +197,17 @@ class SchedulerConfig:
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ConfigError(
                 f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}"
+            )
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ConfigError(
+                f"speculative_method must be one of {SPECULATIVE_METHODS}, "
+                f"got {self.speculative_method!r}"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(
+                f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, "
+                f"got {k!r}"
             )
 
     def resolved(self, device_type: str) -> SchedulerConfig:
@@ -313,8 +316,7 @@ class Config:
     # --api-server-count); every worker sends to each (docs/architecture.md, "Frontends")
     api_servers: int = 1
     frontend_id: int = 0  # which of them a frontend process is (--frontend-id)
-    # GPU replicas: indexes of the visible GPUs launch.py places them on ("2,3"); None:
-    # all, in order (common/gpus.py)
+    # GPU replicas: indexes of the visible GPUs to place them on ("2,3"); None: all (gpus.py)
     gpu_ids: str | None = None
 
     def __post_init__(self) -> None:

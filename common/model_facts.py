@@ -78,3 +78,21 @@ class ModelFacts:
     @classmethod
     def from_wire(cls, t: tuple[str, int, int, int]) -> ModelFacts:
         return cls(*t)
+
+
+def eos_token_ids(hf: dict, model_dir: Path) -> list[int]:
+    """The model's EOS ids: config.json's, then generation_config.json's."""
+    ids: list[int] = []
+    for source in (hf, _read_json(model_dir / "generation_config.json")):
+        eos = source.get("eos_token_id")
+        for t in eos if isinstance(eos, list) else [eos]:
+            if isinstance(t, int) and t not in ids:
+                ids.append(t)
+    return ids
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

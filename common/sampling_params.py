@@ -72,6 +72,8 @@ class SamplingParams(WireStruct):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured: dict[str, str] | None = None  # constrained decoding (see STRUCTURED_KINDS)
+    # False: no speculative decoding for this request (an extra body field, for A/B runs)
+    speculative: bool = True
     # OpenAI's: added to these tokens' logits after the grammar mask, before penalties and
     # sampling (greedy rows too); the ids are checked against the vocabulary with the
     # prompt (common.limits), the reported logprobs stay the model's own
@@ -102,7 +104,12 @@ class SamplingParams(WireStruct):
             check(abs(v) <= INT64_MAX, name, f"must fit in a 64-bit integer, got {v}")
         # the flags travel on as wire bools (StepOutputs.new_requests): a truthy string here
         # would make the scheduler fail to encode its step
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "include_stop_str_in_output",
+            "speculative",
+        ):
             check(isinstance(getattr(self, name), bool), name, "must be a boolean")
         check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         # the one that bounds the output now: the client's, else the cap (if any)

@@ -90,12 +90,16 @@ def stage_durations(t: dict[str, Any]) -> dict[str, float]:
 
 def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
     """The stage durations in ms for the client (usage.timings; the caller asks only for
-    a request that set return_timings)."""
+    a request that set return_timings), and its speculative decoding counts if it drafted."""
     if timings is None:
         return None
-    return {
+    shown: dict[str, float] = {
         k.removesuffix("_s") + "_ms": round(v * 1e3, 3) for k, v in stage_durations(timings).items()
     }
+    for key in ("num_draft_tokens", "num_accepted_tokens"):
+        if isinstance(timings.get(key), int):
+            shown[key] = timings[key]
+    return shown
 
 
 class EngineSeries(Collector):
@@ -222,6 +226,8 @@ class Metrics:
     in_flight: Gauge
     prompt_tokens: Counter
     generation_tokens: Counter
+    spec_draft_tokens: Counter
+    spec_accepted_tokens: Counter
     request_success: Counter
     ttft: Histogram
     itl: Histogram
@@ -330,6 +336,10 @@ class Metrics:
         self.e2e.observe(e2e_s)
         self.prompt_tokens.labels(engine=str(replica)).inc(num_prompt_tokens)
         self.generation_tokens.labels(engine=str(replica)).inc(num_output_tokens)
+        if timings and timings.get("num_draft_tokens"):
+            self.spec_draft_tokens.labels(engine=str(replica)).inc(timings["num_draft_tokens"])
+            accepted = timings.get("num_accepted_tokens") or 0
+            self.spec_accepted_tokens.labels(engine=str(replica)).inc(accepted)
         if timings:
             stages = stage_durations(timings)
             for name, hist in (

@@ -66,6 +66,7 @@ class _Sampling(BaseModel):
     min_tokens: int | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    speculative: bool | None = None  # extension: False turns speculative decoding off
     n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -316,6 +317,7 @@ def sampling_params(
         "min_tokens",
         "skip_special_tokens",
         "include_stop_str_in_output",
+        "speculative",
     ):
         value = getattr(req, name)
         if value is not None:

@@ -11,7 +11,6 @@ its new token ids and finish reason: one batch per step, never one per token.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -22,7 +21,7 @@ import torch
 from common.config import EngineConfig
 from common.limits import RequestLimits
 from common.log import get_logger
-from common.model_facts import context_length
+from common.model_facts import context_length, eos_token_ids
 from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.heap import keep_step_buffers_in_heap
@@ -35,7 +34,10 @@ from scheduler_worker.sampling import (
     TokenLogprobs,
     prompt_logprob_entries,
 )
-from scheduler_worker.scheduler import ScheduledBatch, Scheduler
+from scheduler_worker.scheduled_batch import ScheduledBatch
+from scheduler_worker.scheduler import Scheduler
+from scheduler_worker.spec import make_drafter
+from scheduler_worker.spec.verify import accepted_tokens, draft_targets
 from scheduler_worker.step_inputs import decode_rows, seq_inputs
 from scheduler_worker.step_output import (
     EngineCounters,
@@ -61,13 +63,14 @@ class LLMEngine:
         self.runner = ModelRunner(config, self.model_dir)
         args = self.runner.args
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
-        self.eos_token_ids = _eos_ids(args.hf_config, self.model_dir)
+        self.eos_token_ids = eos_token_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(
             config.scheduler.resolved(self.runner.device.type),
             config.cache,
             self.runner.num_blocks,
             self.eos_token_ids,
             sliding_window=args.kv_window,
+            drafter=make_drafter(config.scheduler.speculative_method),
         )
         self.sampler = Sampler(
             args.vocab_size,
@@ -174,8 +177,11 @@ class LLMEngine:
         stats = StepStats(schedule=t1 - t0)
         pending = self._in_flight
         if pending is not None and self.overlap and self.grammars.matchers:
-            self.scheduler.defer(batch, _grammar_waits(batch))
-        if pending is not None and (not self.overlap or _wants_prompt_logprobs(batch)):
+            self.scheduler.defer(batch, batch.grammar_waits())
+        # a step with drafts runs alone: its rows' next positions depend on what it accepts
+        if pending is not None and (
+            not self.overlap or batch.drafts or batch.wants_prompt_logprobs()
+        ):
             outputs += self._resolve(pending, stats)
             pending = self._in_flight = None
             for req in [r for r, _ in batch.entries.values() if r.status.finished]:
@@ -189,7 +195,7 @@ class LLMEngine:
         if pending is not None:
             outputs += self._resolve(pending, stats)
         self._in_flight = launched
-        if launched is not None and not self.overlap:
+        if launched is not None and (not self.overlap or launched.drafts):
             outputs += self._resolve(launched, stats)
             self._in_flight = None
         for key in ("schedule", "forward", "sample"):
@@ -232,8 +238,8 @@ class LLMEngine:
         masks = self.grammars.start(samplers)
         inputs = (
             decode_rows(samplers, self.scheduler.tables)
-            if batch.num_decode == len(entries)
-            else seq_inputs(entries, sampling)
+            if batch.num_decode == len(entries) and not batch.drafts
+            else seq_inputs(entries, sampling, batch.drafts)
         )
         # plain greedy rows (the common case) need no SamplingRow: only their argmax
         plain = masks is None and all(req.plain for req in samplers)
@@ -250,11 +256,16 @@ class LLMEngine:
         # head may take it without writing the logits (ModelRunner.execute)
         argmax = bool(samplers) and (plain or masks is None and self.sampler.plain_greedy(rows))
         in_flight = self._in_flight.sample if self._in_flight is not None else None
+        verify: dict[str, tuple[list[int], list[int]]] = {}
         backend = self.runner.backend
         backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
         backend.chained = self._in_flight is not None
         if isinstance(inputs, list) and any(s.prompt_logits for s in inputs):
-            logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs)
+            vocab = self.sampler.vocab_size if argmax else None
+            logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs, vocab)
+            if batch.drafts:
+                targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
+                verify = {r: (d, targets[r]) for r, d in batch.drafts.items()}
             self._keep_prompt_logprobs(entries, prompt_logits)
         else:
             logits = self.runner.execute(inputs, self.sampler.vocab_size if argmax else None)
@@ -277,7 +288,7 @@ class LLMEngine:
         stats.sample += time.perf_counter() - t2
         self.counters.prompt_tokens += batch.num_prefill_tokens
         sampled = self.scheduler.advance(batch, sampling)
-        return InFlight(sampled, sample)
+        return InFlight(sampled, sample, verify)
 
     def _resolve(self, step: InFlight, stats: StepStats) -> list[RequestOutput]:
         """Step's tokens on the host (waiting for the device if need be) into its requests:
@@ -294,6 +305,9 @@ class LLMEngine:
         for (req, index), token, lp in zip(step.sampled, result.token_ids, result.logprobs):
             if req.status.finished:  # aborted, or stopped at its previous token:
                 resolve(req, index, token)  # nothing more to send
+                continue
+            if step.drafts and req.request_id in step.drafts:
+                append(self._verified(req, index, token, *step.drafts[req.request_id]))
                 continue
             resolve(req, index, token)
             if grammars is not None and grammars.advance(req, token) and not req.status.finished:
@@ -315,6 +329,20 @@ class LLMEngine:
             )
         self.counters.generation_tokens += len(outputs)
         return outputs
+
+    def _verified(
+        self, req: Request, index: int, token: int, drafts: list[int], targets: list[int]
+    ) -> RequestOutput:
+        """The output of a row that verified drafts (token: the argmax after the last)."""
+        kept = self.scheduler.accept(req, index, accepted_tokens(drafts, targets, token))
+        req.num_draft_tokens += len(drafts)
+        req.num_accepted_tokens += len(kept) - 1
+        self.counters.draft_tokens += len(drafts)
+        self.counters.accepted_tokens += len(kept) - 1
+        self.counters.generation_tokens += len(kept) - 1  # the row's first: in _resolve
+        if req.status.finished:
+            del self.requests[req.request_id]
+        return request_output(req, kept)
 
     def _last_output(self, req: Request, token: int, lp: TokenLogprobs | None) -> RequestOutput:
         """The output of a row that finished, or that may send its prompt logprobs."""
@@ -364,33 +392,3 @@ class LLMEngine:
                 if out.request_id in results:
                     results[out.request_id].extend(out.new_token_ids)
         return [results[f"{base}{i}"] for i in range(len(prompts))]
-
-
-def _grammar_waits(batch: ScheduledBatch) -> list[Request]:
-    """The rows whose grammar needs the token the step in flight is sampling."""
-    return [
-        req
-        for req, _ in batch.entries.values()
-        if req.num_pending and req.params.structured is not None
-    ]
-
-
-def _wants_prompt_logprobs(batch: ScheduledBatch) -> bool:
-    return any(req.reads_history and req.wants_prompt_logprobs for req, _ in batch.entries.values())
-
-
-def _eos_ids(hf: dict, model_dir: Path) -> list[int]:
-    ids: list[int] = []
-    for source in (hf, _read_json(model_dir / "generation_config.json")):
-        eos = source.get("eos_token_id")
-        for t in eos if isinstance(eos, list) else [eos]:
-            if isinstance(t, int) and t not in ids:
-                ids.append(t)
-    return ids
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}

@@ -138,20 +138,30 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_with_prompt_logits(
-        self, seqs: list[SeqInput]
+        self, seqs: list[SeqInput], argmax_vocab: int | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        """execute(), plus per sequence the float32 logits [prompt_logits, vocab] of its
-        first `prompt_logits` tokens (None where 0): position p's row scores token p + 1.
-        A step whose requests ask for no prompt logprobs takes execute() instead."""
+        """execute() (`argmax_vocab` as there), plus per sequence the float32 logits
+        [prompt_logits, vocab] of its first `prompt_logits` tokens (None where 0): position
+        p's row scores token p + 1; for a `draft` sequence, int64 tokens [prompt_logits]
+        (their argmax over the vocabulary) where the head takes them as execute() does.
+        A step with no such sequence takes execute() instead."""
         input_ids, positions, meta = self.prepare(seqs)
         self.backend.before_forward(meta)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        logits = self.model.compute_logits(hidden[meta.logits_indices]).float()
+        logits = self._head(hidden[meta.logits_indices], argmax_vocab)
         extra: list[torch.Tensor | None] = [None] * len(seqs)
         offset = 0
         for i in step_order(seqs):
             k = seqs[i].prompt_logits
             if k > 0:
-                extra[i] = self.model.compute_logits(hidden[offset : offset + k]).float()
+                rows = hidden[offset : offset + k]
+                extra[i] = self._head(rows, self.vocab_size if seqs[i].draft else None)
             offset += len(seqs[i].token_ids)
         return logits, extra
+
+    def _head(self, hidden: torch.Tensor, argmax_vocab: int | None) -> torch.Tensor:
+        if argmax_vocab is not None:
+            tokens = self.model.greedy_tokens(hidden, argmax_vocab)
+            if tokens is not None:
+                return tokens
+        return self.model.compute_logits(hidden).float()

@@ -67,6 +67,11 @@ class Request:
     # (position 0: logprob None), filled chunk by chunk, sent with the first output
     prompt_logprobs: list[list | None] | None = None
     prompt_logprobs_sent: bool = False
+    # speculative decoding (scheduler_worker/spec/): the drafter's state, and the tokens
+    # drafted / accepted so far
+    draft_state: object | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -89,6 +94,8 @@ class Request:
         self.reads_history = (
             p.structured is not None or has_penalty(p) or p.prompt_logprobs is not None
         )
+        # a greedy row verifies drafts exactly by argmax; sampled rows draft nothing yet
+        self.speculates = self.plain and not self.reads_history and p.speculative
 
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)

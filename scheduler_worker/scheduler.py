@@ -32,44 +32,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from common.config import CacheConfig, SchedulerConfig
 from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.block_manager import BlockManager
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
-
-
-@dataclass
-class ScheduledBatch:
-    entries: dict[str, tuple[Request, int]] = field(
-        default_factory=dict
-    )  # rid -> (req, num_new_tokens)
-    num_decode: int = 0  # entries from the active queue (one token each)
-    num_prefill_tokens: int = 0  # tokens of prompt chunks
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def drop(self, req: Request) -> bool:
-        """Take req's entry out (its counts with it: the decodes are the first num_decode
-        entries); False if it had none."""
-        if req.request_id not in self.entries:
-            return False
-        if list(self.entries).index(req.request_id) < self.num_decode:
-            self.num_decode -= 1
-        else:
-            self.num_prefill_tokens -= self.entries[req.request_id][1]
-        del self.entries[req.request_id]
-        return True
-
-    def sampling(self) -> list[bool]:
-        """Per entry: its chunk reaches the request's last token, so the request samples
-        one token after the forward (the last prompt chunk, and every decode: the first
-        num_decode entries). Read it before update()."""
-        head = [True] * self.num_decode
-        rest = list(self.entries.values())[self.num_decode :]
-        return head + [req.num_computed_tokens + n == req.num_tokens for req, n in rest]
+from scheduler_worker.scheduled_batch import ScheduledBatch
+from scheduler_worker.spec import Drafter
 
 
 class Scheduler:
@@ -80,6 +49,7 @@ class Scheduler:
         num_blocks: int,
         eos_token_ids: Sequence[int] = (),
         sliding_window: int | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         """sliding_window: set when every layer of the model attends at most this many
         latest tokens; a request's blocks wholly before it are then given back as it
@@ -87,6 +57,7 @@ class Scheduler:
         `placeholder_block` (num_blocks: the model runner's scratch block, never handed
         out), which the attention masks never read."""
         self.config = sched
+        self.drafter = drafter  # speculative decoding: who drafts for decode rows
         self.sliding_window = sliding_window
         self.placeholder_block = num_blocks
         self.block_size = cache.block_size
@@ -127,6 +98,8 @@ class Scheduler:
             RequestStatus.RUNNING,
         )
         decodes = min(self.config.decode_batch, budget)
+        # tokens this step's drafts may take, each row's at most num_speculative_tokens
+        spare, most = budget - decodes, self.config.num_speculative_tokens
         while active and batch.num_decode < decodes:
             req, epoch = active.popleft()
             self.num_visited += 1
@@ -137,9 +110,13 @@ class Scheduler:
                 req, 1, batch
             ):
                 continue  # req itself was preempted
-            entries[req.request_id] = (req, 1)
+            n = 1
+            if spare > 0 and self.drafter is not None and req.speculates and not req.num_pending:
+                n += self._draft(req, min(spare, most), batch)
+                spare -= n - 1
+            entries[req.request_id] = (req, n)
             batch.num_decode += 1
-        budget -= batch.num_decode
+        budget -= batch.num_decode + sum(map(len, batch.drafts.values()))
         preemptions = self.num_preemptions
         admitted = 0
         for req in list(self.prefilling):  # a copy: preemption may remove entries
@@ -170,10 +147,28 @@ class Scheduler:
         if self.num_preemptions == preemptions:
             batch.num_prefill_tokens += admitted
             return batch
+        batch.drafts = {r: d for r, d in batch.drafts.items() if r in entries}  # not preempted
         # preemption may have dropped entries: count what is really scheduled
         batch.num_decode = sum(1 for r, n in batch.entries.values() if not r.in_prefill_queue)
         batch.num_prefill_tokens = sum(n for r, n in batch.entries.values() if r.in_prefill_queue)
         return batch
+
+    def _draft(self, req: Request, spare: int, batch: ScheduledBatch) -> int:
+        """Drafts for decode row req: at most `spare`, none past its max_tokens, and only
+        into blocks free now (a draft never preempts). Returns how many."""
+        k = min(spare, req.max_tokens - req.num_output_tokens - 1)
+        if k <= 0 or self.drafter is None:
+            return 0
+        drafts, req.draft_state = self.drafter.propose(req.token_ids, req.draft_state, k)
+        end = req.num_computed_tokens + 1 + len(drafts)
+        need = self._blocks_needed(len(req.block_table), end)
+        if need and not self.blocks.can_allocate(need):
+            drafts = drafts[: len(req.block_table) * self.block_size - end + len(drafts)]
+        elif need:
+            self._extend(req, self.blocks.allocate(need))
+        if drafts:
+            batch.drafts[req.request_id] = drafts
+        return len(drafts)
 
     def defer(self, batch: ScheduledBatch, reqs: list[Request]) -> None:
         """Take decode rows out of a scheduled batch, back to the front of the active queue
@@ -219,10 +214,12 @@ class Scheduler:
             if victim is req:
                 return False
         if need:
-            new = self.blocks.allocate(need)
-            self.tables.write(req.slot, len(req.block_table), new)
-            req.block_table.extend(new)
+            self._extend(req, self.blocks.allocate(need))
         return True
+
+    def _extend(self, req: Request, blocks: list[int]) -> None:
+        self.tables.write(req.slot, len(req.block_table), blocks)
+        req.block_table.extend(blocks)
 
     def preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
@@ -282,9 +279,10 @@ class Scheduler:
             sampling = batch.sampling()
         out: list[tuple[Request, int]] = []
         active, window = self.active, self.sliding_window is not None
-        bs = self.block_size
+        bs, drafts = self.block_size, batch.drafts
         for (req, n), sample in zip(entries, sampling):
-            req.num_computed_tokens += n  # _advance, inlined: every row
+            # _advance, inlined: every row (a drafted row's drafts count once accepted)
+            req.num_computed_tokens += 1 if drafts and req.request_id in drafts else n
             known = min(req.num_computed_tokens, len(req.token_ids) - req.num_pending)
             if known // bs > req.num_hashed_blocks:
                 self._hash_blocks(req)
@@ -334,6 +332,23 @@ class Scheduler:
             del req.output_token_ids[index + 1 - req.num_prompt_tokens :]
             self.finish(req, status)
         return status
+
+    def accept(self, req: Request, index: int, tokens: list[int]) -> list[int]:
+        """resolve() for a row that verified drafts (spec/verify.py): its accepted tokens,
+        one by one as if sampled so (a stop or max_tokens cuts the run); returns those kept.
+        Rejected drafts' K/V lies past num_computed_tokens (overwritten later)."""
+        self.resolve(req, index, tokens[0])
+        kept = tokens[:1]
+        for token in tokens[1:]:
+            if req.status.finished:
+                break
+            req.num_computed_tokens += 1  # the accepted draft before this token
+            req.token_ids.append(PLACEHOLDER)
+            req.output_token_ids.append(PLACEHOLDER)
+            req.num_pending += 1
+            self.resolve(req, len(req.token_ids) - 1, token)
+            kept.append(token)
+        return kept
 
     def _finish_status(self, req: Request, token: int, n_out: int) -> RequestStatus | None:
         """A stop token (an EOS unless ignore_eos, or one of stop_token_ids) once min_tokens

@@ -4,6 +4,7 @@
                         the step in flight), a few C-level passes over the rows; the
                         tables are the scheduler's own (BlockTables), not copied
     prompt chunks       a SeqInput a row (its chunk's tokens, its table, prompt logits)
+    or drafts           (a drafted row: [its last token, drafts...], logits at every one)
 
 A placeholder token (overlapped scheduling) is -1, with its row in the step in flight.
 """
@@ -31,8 +32,14 @@ def decode_rows(reqs: list[Request], tables: BlockTables) -> DecodeRows:
     )
 
 
-def seq_inputs(entries: list[tuple[Request, int]], sampling: list[bool]) -> list[SeqInput]:
-    """A step with prompt chunks: a SeqInput a (request, tokens to compute) entry."""
+def seq_inputs(
+    entries: list[tuple[Request, int]],
+    sampling: list[bool],
+    drafts: dict[str, list[int]] | None = None,
+) -> list[SeqInput]:
+    """A step with prompt chunks or drafts: a SeqInput a (request, tokens to compute)
+    entry. A drafted row computes its last token then its drafts, with the logits of
+    each (the leading ones as `prompt_logits`): the engine verifies them."""
     return [
         SeqInput(
             req.token_ids[req.num_computed_tokens : req.num_computed_tokens + n],
@@ -43,8 +50,16 @@ def seq_inputs(entries: list[tuple[Request, int]], sampling: list[bool]) -> list
             req.flight_row if req.num_pending else -1,
             req.slot,
         )
+        if not drafts or req.request_id not in drafts
+        else _drafted(req, drafts[req.request_id])
         for (req, n), sample in zip(entries, sampling)
     ]
+
+
+def _drafted(req: Request, drafts: list[int]) -> SeqInput:
+    start = req.num_computed_tokens  # its last token (known: a drafting row has no placeholder)
+    tokens = [req.token_ids[start], *drafts]
+    return SeqInput(tokens, start, req.block_table, True, len(drafts), -1, req.slot, True)
 
 
 def _prompt_logits(req: Request, n: int) -> int:

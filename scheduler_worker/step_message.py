@@ -122,4 +122,7 @@ def finished_timings(o: RequestOutput, rec: Record | None, to_wall: float) -> di
         )
     out["num_cached_tokens"] = st.get("num_cached_tokens", 0)
     out["num_preemptions"] = st.get("num_preemptions", 0)
+    if "num_draft_tokens" in st:  # speculative decoding drafted for it
+        out["num_draft_tokens"] = st["num_draft_tokens"]
+        out["num_accepted_tokens"] = st["num_accepted_tokens"]
     return out

@@ -32,6 +32,8 @@ class InFlight:
 
     sampled: list[tuple[Request, int]]  # (request, its placeholder's index), in row order
     sample: DeviceSample | None  # the tokens (and logprobs) on the device, being copied
+    # rid -> (drafts, argmax at the positions before the last) of the rows that drafted
+    drafts: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -50,6 +52,8 @@ class EngineCounters:
     num_steps: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted, and accepted of them
+    accepted_tokens: int = 0
     busy_time: dict[str, float] = field(
         default_factory=lambda: {"schedule": 0.0, "forward": 0.0, "sample": 0.0}
     )
@@ -69,6 +73,9 @@ def request_output(req: Request, tokens: list[int], logprobs=None) -> RequestOut
             "num_cached_tokens": req.num_cached_tokens,
             "num_preemptions": req.num_preemptions,
         }
+        if req.num_draft_tokens:
+            stages["num_draft_tokens"] = req.num_draft_tokens
+            stages["num_accepted_tokens"] = req.num_accepted_tokens
     return RequestOutput(
         req.request_id,
         tokens,

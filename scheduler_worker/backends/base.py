@@ -40,6 +40,7 @@ class SeqInput:
     # token_ids [-1] and here that step's row of it (the token is read on the device)
     prev_row: int = -1
     slot: int = -1  # its row of the scheduler's BlockTables (-1: none, a step built by hand)
+    draft: bool = False  # its prompt_logits verify drafts: their argmax will do
 
     def slots(self, block_size: int) -> list[int]:
         """The cache slot of each of this step's tokens (positions num_computed ...);

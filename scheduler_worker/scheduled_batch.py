@@ -1,0 +1,55 @@
+"""What one engine step computes: Scheduler.schedule()'s result, read by the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_worker.request import Request
+
+
+@dataclass
+class ScheduledBatch:
+    entries: dict[str, tuple[Request, int]] = field(
+        default_factory=dict
+    )  # rid -> (req, num_new_tokens)
+    num_decode: int = 0  # entries from the active queue (one token each)
+    num_prefill_tokens: int = 0  # tokens of prompt chunks
+    # rid -> the tokens drafted for that decode row (its entry computes 1 + len of them)
+    drafts: dict[str, list[int]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def drop(self, req: Request) -> bool:
+        """Take req's entry out (its counts with it: the decodes are the first num_decode
+        entries); False if it had none."""
+        if req.request_id not in self.entries:
+            return False
+        if list(self.entries).index(req.request_id) < self.num_decode:
+            self.num_decode -= 1
+        else:
+            self.num_prefill_tokens -= self.entries[req.request_id][1]
+        del self.entries[req.request_id]
+        self.drafts.pop(req.request_id, None)
+        return True
+
+    def sampling(self) -> list[bool]:
+        """Per entry: its chunk reaches the request's last token, so the request samples
+        one token after the forward (the last prompt chunk, and every decode: the first
+        num_decode entries). Read it before update()."""
+        head = [True] * self.num_decode
+        rest = list(self.entries.values())[self.num_decode :]
+        return head + [req.num_computed_tokens + n == req.num_tokens for req, n in rest]
+
+    def grammar_waits(self) -> list[Request]:
+        """The rows whose grammar needs the token the step in flight is sampling."""
+        return [
+            req
+            for req, _ in self.entries.values()
+            if req.num_pending and req.params.structured is not None
+        ]
+
+    def wants_prompt_logprobs(self) -> bool:
+        return any(
+            req.reads_history and req.wants_prompt_logprobs for req, _ in self.entries.values()
+        )

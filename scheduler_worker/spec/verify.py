@@ -1,0 +1,44 @@
+"""Verifying a step's drafts, greedy and exact: a drafted row's chunk is [its last token,
+d1..dk] and the forward gives the logits at each, so its argmaxes t0..tk are the tokens
+one-by-one decoding would have sampled as long as the drafts agree: d_i == t_(i-1) for
+i <= m means t0..tm are its next m + 1 tokens (m accepted drafts, then one more).
+
+    chunk     [ last | d1 | d2 | d3 ]
+    argmax    [  t0  | t1 | t2 | t3 ]     d1 == t0, d2 != t1: tokens t0, t1 (m = 1)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scheduler_worker.request import Request
+
+
+def draft_targets(
+    entries: list[tuple[Request, int]],
+    prompt_logits: list[torch.Tensor | None],
+    drafts: dict[str, list[int]],
+    vocab_size: int,
+) -> dict[str, list[int]]:
+    """The argmax t0..t(k-1) at each drafted row's leading k positions (the step's last
+    position's, tk, is the row's sampled token). Takes those rows' logits out of
+    prompt_logits (they are no prompt logprobs)."""
+    targets: dict[str, list[int]] = {}
+    for i, (req, _) in enumerate(entries):
+        rows = prompt_logits[i]
+        if rows is not None and req.request_id in drafts:
+            if rows.dtype != torch.long:  # logits, not the head's argmax (same as greedy)
+                rows = rows[:, :vocab_size].max(dim=-1).indices
+            targets[req.request_id] = rows.tolist()
+            prompt_logits[i] = None
+    return targets
+
+
+def accepted_tokens(drafts: list[int], targets: list[int], last: int) -> list[int]:
+    """The row's next tokens: t0..tm, m the longest run of drafts equal to the targets
+    (`last`: tk, the argmax after the last draft)."""
+    full = [*targets, last]
+    m = 0
+    while m < len(drafts) and drafts[m] == full[m]:
+        m += 1
+    return full[: m + 1]

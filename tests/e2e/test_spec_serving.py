@@ -1,0 +1,63 @@
+"""Speculative decoding through the real processes: a server with ngram drafts answers
+the OpenAI SDK with the same greedy text whether the request drafts or not
+("speculative": false as an extra body field), streamed or whole, reports the counts in
+usage.timings and /metrics, and refuses a bad --num-speculative-tokens at start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from benchmarks.bench_spec import PASSAGE
+from tests.e2e.conftest import REPO, served
+
+pytestmark = pytest.mark.timeout(300)
+
+MESSAGES = [
+    {"role": "user", "content": f"Repeat the following passage word for word.\n\n{PASSAGE}"}
+]
+
+
+@pytest.fixture(scope="module")
+def spec_server(default_model_dir):
+    yield from served("--speculative-method", "ngram", "--num-speculative-tokens", "4", workers=1)
+
+
+def test_same_text_with_and_without_drafts(spec_server):
+    client = openai.OpenAI(
+        base_url=spec_server.url + "/v1", api_key="x", max_retries=0, timeout=120
+    )
+
+    def ask(spec: bool, stream: bool = False) -> tuple[str, dict]:
+        extra = {"speculative": spec, "return_timings": True}
+        kw = dict(model="smollm2", messages=MESSAGES, max_tokens=64, temperature=0)
+        if not stream:
+            r = client.chat.completions.create(**kw, extra_body=extra)  # type: ignore[call-overload]
+            return r.choices[0].message.content, (r.usage.model_extra or {}).get("timings") or {}
+        chunks = client.chat.completions.create(**kw, stream=True, extra_body=extra)  # type: ignore[call-overload]
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), {}
+
+    plain, plain_timings = ask(False)
+    drafted, timings = ask(True)
+    assert drafted == plain and len(plain) > 100
+    assert "num_draft_tokens" not in plain_timings
+    assert timings["num_accepted_tokens"] > 10  # the passage was drafted from the prompt
+    assert ask(True, stream=True)[0] == plain
+    m = spec_server.wait_idle()
+    assert m['zeroserve:spec_decode_num_accepted_tokens_total{engine="0"}'] >= 2 * 10
+
+
+def test_out_of_range_speculative_tokens_refused_at_start():
+    r = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), "--num-speculative-tokens", "17", "--port", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 2
+    assert "num_speculative_tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1
