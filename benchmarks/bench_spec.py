@@ -4,8 +4,8 @@ outputs must be equal token for token.
 
     python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128
 
-The prompt asks the model to repeat a passage (prompt lookup pays there). Prints one
-line a run and the ratio of the medians.
+The `repeat` prompt asks the model to repeat a passage (prompt lookup pays there), `chat`
+asks for a story (little to look up). Prints one line a run and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ PASSAGE = (
 )
 
 
-def chat_prompt(model_dir) -> list[int]:
+ASKS = {
+    "repeat": f"Repeat the following passage word for word.\n\n{PASSAGE}",
+    # little to look up: what the drafts cost when they are refused
+    "chat": "Write a short story about a dragon who learns to cook.",
+}
+
+
+def chat_prompt(model_dir, workload: str = "repeat") -> list[int]:
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    messages = [
-        {
-            "role": "user",
-            "content": f"Repeat the following passage word for word.\n\n{PASSAGE}",
-        }
-    ]
+    messages = [{"role": "user", "content": ASKS[workload]}]
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
@@ -59,6 +61,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--workload", choices=sorted(ASKS), default="repeat")
     a = ap.parse_args()
     engine = LLMEngine(
         EngineConfig(
@@ -68,7 +71,7 @@ def main() -> None:
             ),
         )
     )
-    prompt = chat_prompt(engine.model_dir)
+    prompt = chat_prompt(engine.model_dir, a.workload)
     run(engine, prompt, 8, False)  # warm up
     rates: dict[bool, list[float]] = {False: [], True: []}
     cpu_rates: dict[bool, list[float]] = {False: [], True: []}
