@@ -1,6 +1,6 @@
-"""No two product modules import each other, directly or around a loop: every import
-statement counts (top level, inside a function, under TYPE_CHECKING), so a cycle cannot
-hide behind a lazy import. Read with ast; nothing is imported."""
+"""No two product modules (nor two benchmark modules) import each other, directly or
+around a loop: every import statement counts (top level, inside a function, under
+TYPE_CHECKING), so a cycle cannot hide behind a lazy import. Read with ast; nothing is imported."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def imports_of(path: Path, modules: set[str], root: Path = REPO) -> set[str]:
     return out
 
 
-def product_graph(root: Path = REPO) -> dict[str, set[str]]:
-    files = [p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")]
+def product_graph(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    files = [p for pkg in packages for p in (root / pkg).rglob("*.py")]
     files.append(root / "launch.py")
     modules = {module_name(p, root) for p in files}
     return {module_name(p, root): imports_of(p, modules, root) for p in files}
@@ -87,4 +87,10 @@ def test_the_finder_sees_a_lazy_import_loop(tmp_path):
 def test_product_packages_have_no_import_cycle():
     graph = product_graph()
     assert "tokenizer_worker.worker" in graph and len(graph) > 50
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_benchmarks_have_no_import_cycle():
+    graph = product_graph(packages=(*PACKAGES, "benchmarks"))
+    assert "benchmarks.serving.runner" in graph and "benchmarks.serving.workers" in graph
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])

@@ -134,7 +134,7 @@ async def send_request(
     client, args: argparse.Namespace, url: str, model: str, req: _Request, tokenizer=None
 ) -> None:
     """Send one request and fill in `req`; never raises (errors go to req.error).
-    `client`: an aiohttp.ClientSession (runner.http_client)."""
+    `client`: an aiohttp.ClientSession (submit.http_client)."""
     chat = args.endpoint.endswith("/chat/completions")
     body = request_body(args, model, req.spec, req.index)
     req.sent = time.perf_counter()

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,12 +16,8 @@ from benchmarks.serving.client import _Request, fetch_model, send_request
 from benchmarks.serving.prompts import Spec, build_specs, load_tokenizer
 from benchmarks.serving.schedule import arrival_offsets
 from benchmarks.serving.stats import peak_concurrency, summarize, token_time_series
-
-
-async def _sleep_until(target: float) -> None:
-    """Sleep until perf_counter() >= target (never wakes early)."""
-    while (now := time.perf_counter()) < target:
-        await asyncio.sleep(target - now)
+from benchmarks.serving.submit import http_client, submit_all
+from benchmarks.serving.workers import run_in_processes
 
 
 def resolve_client_processes(
@@ -39,48 +33,6 @@ def resolve_client_processes(
         cpus = (os.cpu_count() or 1) if cpu_count is None else cpu_count
         requested = min(4, cpus // 2, concurrency // 8)
     return max(1, min(requested, concurrency))
-
-
-def http_client(args: argparse.Namespace, n_requests: int, max_concurrency: int | None):
-    """The aiohttp.ClientSession of one process: a connection per request it may have in
-    flight; --timeout bounds each request whole. aiohttp (vLLM's benchmark client too): its
-    C parser costs ~45 µs of CPU a streamed token where httpx cost ~150 (docs/benchmarks.md)."""
-    import aiohttp
-
-    n_conn = max(1, min(max_concurrency or n_requests, n_requests))
-    connector = aiohttp.TCPConnector(limit=n_conn + 1)
-    timeout = aiohttp.ClientTimeout(total=args.timeout, connect=min(args.timeout, 60.0))
-    # no proxy from the environment: the server under test is where --base-url says
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
-
-
-async def submit_all(
-    client,
-    args: argparse.Namespace,
-    url: str,
-    model: str,
-    reqs: list[_Request],
-    tokenizer,
-    max_concurrency: int | None,
-    t0: float,
-    on_done: Callable[[], None] | None = None,
-) -> float:
-    """Send each request at t0 + its scheduled_s (at most max_concurrency in flight) and
-    wait for all; returns perf_counter() at the end."""
-    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-
-    async def one(req: _Request) -> None:
-        async with sem if sem is not None else contextlib.nullcontext():
-            await send_request(client, args, url, model, req, tokenizer)
-        if on_done is not None:
-            on_done()
-
-    tasks = []
-    for req in reqs:
-        await _sleep_until(t0 + req.scheduled_s)
-        tasks.append(asyncio.create_task(one(req)))
-    await asyncio.gather(*tasks)
-    return time.perf_counter()
 
 
 async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,8 +69,6 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             )
             duration = end - t0
     if n_procs > 1:  # after the warm-up client is closed: see workers.py
-        from benchmarks.serving.workers import run_in_processes
-
         t0, duration = await asyncio.to_thread(
             run_in_processes, args, url, model, reqs, n_procs, bar
         )

@@ -25,6 +25,7 @@ from typing import Any
 
 from benchmarks.serving.client import _Request
 from benchmarks.serving.prompts import load_tokenizer
+from benchmarks.serving.submit import http_client, submit_all
 
 START_LEAD_S = 0.1  # t0 is this long after the last process reports ready
 READY_TIMEOUT_S = 120.0  # spawning, importing, loading the tokenizer
@@ -144,8 +145,6 @@ def _worker(w, args, url, model, share, limit, go, start, done, results) -> None
 
 
 async def _run(w, args, url, model, reqs, tokenizer, limit, go, start, done, results) -> float:
-    from benchmarks.serving.runner import http_client, submit_all
-
     def tick() -> None:
         with done.get_lock():
             done.value += 1
