@@ -159,3 +159,35 @@ def pids_before(server) -> list[int]:
     pids = sorted(server.pids())
     assert len(pids) >= 5, pids  # frontend, 2 tokenizers, scheduler, detok
     return pids
+
+
+# the chats the serving tests send (tests/e2e/test_serving*.py)
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name three primary colors."},
+    ],
+]
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    """The prompt token ids of `messages` under the tokenizer's chat template."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client on the shared server (a module may define its own)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    """The default model's tokenizer, as transformers loads it."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(default_model_dir)

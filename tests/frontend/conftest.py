@@ -35,6 +35,29 @@ class Served:
         return httpx.Client(base_url=self.url, **{"timeout": 10.0, **kwargs})
 
 
+def requests_for(served: Served, response_id: str) -> list:
+    """The requests the fake backend received for one response (rids `<id>-<choice>`)."""
+    with served.backend.lock:
+        return sorted(
+            (r for r in served.backend.requests if r.rid.startswith(response_id + "-")),
+            key=lambda r: r.rid,
+        )
+
+
+def last_request(served: Served):
+    """The last request the fake backend received."""
+    with served.backend.lock:
+        return served.backend.requests[-1]
+
+
+def openai_error(r: httpx.Response, status: int) -> dict:
+    """The response's OpenAI-style error (after checking its status and its four keys)."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err
+
+
 def wait_until(cond, what: str, timeout_s: float = 5.0) -> None:
     """Poll cond() until it is true; fail naming `what` after timeout_s."""
     deadline = time.monotonic() + timeout_s

@@ -1,12 +1,12 @@
 """logit_bias at the frontend: passed on to the tokenizer workers as OpenAI's map (string
 keys), a bad one a 400 naming it. (Ids past the vocabulary are the tokenizer worker's
-400: tests/tokenizer_worker/test_tokenization.py, tests/e2e/test_serving.py.)"""
+400: tests/tokenizer_worker/test_tokenization.py, tests/e2e/test_serving_sampling.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.frontend.test_api import _requests_for
+from tests.frontend.conftest import requests_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -21,12 +21,12 @@ def test_logit_bias_reaches_the_tokenizer(served, http, path, body):
     bias = {"5": -100, "1234": 50.5, "0": 100}
     r = http.post(path, json={**body, "logit_bias": bias, "n": 2, "temperature": 0.5})
     assert r.status_code == 200, r.text
-    reqs = _requests_for(served, r.json()["id"])
+    reqs = requests_for(served, r.json()["id"])
     ids = {int(t): b for t, b in bias.items()}  # token ids, as the struct holds them
     assert len(reqs) == 2 and all(req.params.logit_bias == ids for req in reqs)
     r = http.post(path, json={**body, "logit_bias": {}})  # asks for nothing
     assert r.status_code == 200, r.text
-    (req,) = _requests_for(served, r.json()["id"])
+    (req,) = requests_for(served, r.json()["id"])
     assert req.params.logit_bias is None
 
 

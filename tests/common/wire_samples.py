@@ -1,0 +1,152 @@
+"""One sample of every wire message, and raw frames built by hand, for the wire tests
+(test_messages.py, test_messages_malformed.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+
+from common.messages import (
+    WIRE_VERSION,
+    AbortRequest,
+    ComponentStatus,
+    EngineStatus,
+    GenerateRequest,
+    Message,
+    RequestError,
+    StepOutputs,
+    TextOutputs,
+    TokenizerCall,
+    TokenizeRequest,
+    TokenizerReply,
+    encode,
+    pack_ids,
+)
+from common.sampling_params import SamplingParams
+
+PARAMS = SamplingParams(max_tokens=8, stop=["\n"], seed=3)
+
+
+IDS = pack_ids([0, 1, 49151, 2**31 - 1])
+
+
+SAMPLES: list[Message] = [
+    TokenizeRequest("r1", "completion", "Hello 你好 🎉", None, None, PARAMS),
+    TokenizeRequest(
+        "r2",
+        "completion",
+        None,
+        IDS,
+        None,
+        SamplingParams(max_tokens=None, max_tokens_cap=16),
+        4321,
+    ),
+    TokenizeRequest(
+        "r3",
+        "chat",
+        None,
+        None,
+        [{"role": "user", "content": "hi"}, {"role": "system", "content": ""}],
+        PARAMS,
+        1,
+    ),
+    TokenizeRequest(  # chat with tools (frontend.tools.request)
+        "r4",
+        "chat",
+        None,
+        None,
+        [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}],
+        PARAMS,
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    ),
+    GenerateRequest("r1", IDS, PARAMS, 2.0, 4321),
+    GenerateRequest("", b"", SamplingParams(), 0.0),
+    AbortRequest("r1", "client_disconnect"),
+    StepOutputs(
+        7,
+        ["a", "b"],
+        [pack_ids([5]), b""],
+        [None, "abort"],
+        [3, 4],
+        [1, 0],
+        [[[-0.5, [[5, -0.5], [6, -1.25]]]], None],
+        [("a", ["</s>", "\n\n"], True, False, 0), ("b", [], False, True, 0)],
+        [{"arrival": 1.0, "first_token": 2.5}, None],
+        123.25,
+    ),
+    StepOutputs(0, [], [], [], [], [], None, [], None, 0.0),
+    EngineStatus("ready", 0, 0, 0.0, 100, 100, 0, 0, "smollm2", 8192, 49152, 1.0),
+    EngineStatus("heartbeat", 3, 1, 0.25, 75, 100, 640, 320, "m", 2048, 512, 2.0),
+    EngineStatus(
+        "heartbeat",
+        3,
+        1,
+        0.25,
+        75,
+        100,
+        640,
+        320,
+        "m",
+        2048,
+        512,
+        2.0,
+        {"forward": 1.5, "sample": 0.25, "schedule": 0.0, "ipc": 0.125},
+        device="NVIDIA H200",
+        gpus=["2", "3"],
+    ),
+    TextOutputs(
+        ["a", "b"],
+        ["Hé", ""],
+        ["stop", None],
+        [3, 4],
+        [2, 1],
+        [IDS, b""],
+        None,
+        None,
+        ["\n", None],
+        5.0,
+    ),
+    TextOutputs([], [], [], [], [], [], [], [], [], 0.0),
+    RequestError("r9", 400, "max_tokens: must be >= 1", "invalid_request_error", "max_tokens"),
+    RequestError("r9", 500, "", "internal_error", None),
+    ComponentStatus("detok", 1234, "stopping", 3.0),
+    ComponentStatus("tokenizer", 77, "ready", 3.0, ("smollm2", 49152, 8192, 0)),
+    TokenizerCall("c1", "tokenize", {"prompt": "Hé", "add_special_tokens": True}),
+    TokenizerReply("c1", 200, {"count": 2, "tokens": [1, 2], "token_strs": None}),
+    TokenizerReply("c2", 400, {"message": "tokens: bad", "param": "tokens"}),
+    StepOutputs(
+        1,
+        ["a"],
+        [pack_ids([5])],
+        [None],
+        [2],
+        [1],
+        None,
+        [],
+        None,
+        1.0,
+        None,
+        [[[7, None, []], [8, -0.5, [[8, -0.5], [9, -1.0]]]]],
+    ),
+]
+
+
+def raw(*items) -> bytes:
+    return msgpack.packb(list(items), use_bin_type=True)
+
+
+def fields_of(msg: Message) -> list:
+    return [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+
+
+GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
+
+
+WIRE_PARAMS = msgpack.unpackb(encode(GenerateRequest("r", b"", SamplingParams(), 0.0)))[4]
+
+
+ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None, 0, 16, {}]
+
+
+ENGINE_FIELDS += ["NVIDIA H200", ["2"]]  # device, gpus
