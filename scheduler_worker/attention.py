@@ -43,10 +43,8 @@ from common.env import env
 # Prefill chunks of at most this many tokens of context (cached prefix + chunk) are attended
 # by the C++ paged kernel, token by token, rather than by torch's SDPA (one call per
 # sequence and layer, over K/V cast from the cache's float16). A query reads its
-# sequence's K/V again from cache, which stays cheap while they fit in L2. 512-token prefill
-# steps in process (SmolLM2 Q4_K_M, avx512, 2 threads, steps alternating SDPA / kernel):
-# prompts of 128 tokens 298 -> 274 ms, 256: 317 -> 292, 384: 399 -> 349, 512: 395 -> 403;
-# Gemma 3, 256: 376 -> 338. Longer contexts stay on SDPA, which tiles the queries.
+# sequence's K/V again from cache, which stays cheap while they fit in L2; longer contexts
+# stay on SDPA, which tiles the queries (docs/benchmarks.md, "Eighth round").
 PAGED_PREFILL_MAX_CONTEXT = 384
 
 
@@ -250,13 +248,11 @@ def choose_decode_kernel(
     """ "paged" (the C++ kernel reading the KV blocks in place, scheduler_worker/kernels)
     on the CPU in float32 or bfloat16 whenever the kernels are built (`paged`): it skips
     the gather, the padding mask and the casts, and measured faster than both torch paths
-    on every batch and context (docs/benchmarks.md). Otherwise:
-    SDPA, except for half precision on a CPU without AMX. Measured at 2 threads
-    (docs/benchmarks.md): with AMX (Intel Sapphire Rapids and later) the fused bf16 SDPA
-    kernel beats matmul + softmax + matmul by 2.5-10x on decode shapes; without it (an
-    AMD EPYC with AVX512-BF16 only) the same kernel is 3-5x *slower* than the matmuls,
-    and took 70% of a batch-64 step. float32 and CUDA: SDPA everywhere. The environment
-    variable ZEROSERVE_DECODE_ATTENTION=sdpa|matmul overrides the choice."""
+    on every batch and context. Otherwise: SDPA, except for half precision on a CPU
+    without AMX, where the fused bf16 SDPA kernel is slower than matmul + softmax +
+    matmul (docs/benchmarks.md, "Serving vs the engine it wraps, transformers and
+    llama.cpp", "Decode attention kernel"). float32 and CUDA: SDPA everywhere. The
+    environment variable ZEROSERVE_DECODE_ATTENTION=sdpa|matmul overrides the choice."""
     forced = env("DECODE_ATTENTION")
     if forced:
         if forced not in DECODE_KERNELS:

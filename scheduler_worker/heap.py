@@ -1,15 +1,15 @@
 """Large step buffers from the heap, not from fresh page-faulted maps.
 
-glibc's malloc serves a request above its mmap threshold (dynamic, at most 32 MiB) with
-a new anonymous map and unmaps it when freed, so such a buffer is zero-filled by the
-kernel page by page each time it is made again. An engine makes the same large buffers
-every step: the [rows, vocab] logits and the sampler's copies of them are 32 MiB at 32
-rows of Gemma 3's 262,144-token vocabulary, and `nan_to_num` on one took 16.6 ms that
-way against 2.9 ms from the heap (AMD EPYC Zen 4, one thread). The engine raises the
-mmap threshold (and the trim threshold, so the heap keeps what it freed) once at start:
-its buffers are then reused from the heap. The heap keeps its high-water mark of step
-buffers (tens of MB) instead of handing them back between steps; the KV pool and the
-GGUF file are maps of their own.
+glibc's malloc serves a request above its mmap threshold (dynamic, at most 32 MiB) with a
+new anonymous map and unmaps it when freed, so such a buffer is zero-filled by the kernel
+page by page each time it is made again. An engine makes the same large buffers every
+step: the [rows, vocab] logits and the sampler's copies of them are 32 MiB at 32 rows of
+Gemma 3's 262,144-token vocabulary, and a pass over one took several times as long that
+way as from the heap (docs/benchmarks.md, "Start-up, where it went and what changed").
+The engine raises the mmap threshold (and the trim threshold, so the heap keeps what it
+freed) once at start: its buffers are then reused from the heap. The heap keeps its
+high-water mark of step buffers (tens of MB) instead of handing them back between steps;
+the KV pool and the GGUF file are maps of their own.
 
 What start-up freed is given back once (`release_freed_heap`, malloc_trim): repacking a
 GGUF file's tied head peaks at hundreds of MiB of temporaries (558 MiB for Gemma 3's

@@ -8,16 +8,16 @@
     finish / abort ─▶ drop(rid)
 
 The mask a row needs after forward N depends only on the tokens sampled up to step N-1.
-Where a core is left over beside torch's threads, it is computed in a thread while forward
-N runs (llguidance's mask computation and torch's ops both release the GIL). Where torch
-has every core (the default), start() computes it at once instead: a thread would take a
-core from one of the forward's threads in the middle of a parallel region, and the other
-would wait at its barrier, which cost twice the mask's own time (measured: 16 masks took
-3.2 ms overlapped against 0.9 ms before the forward; 1-stream TPOT 1.06-1.09x against
-1.00-1.03x; docs/benchmarks.md). The masks stay llguidance's packed words (int32, bit j
-of word w = token 32 w + j allowed) all the way to the sampler, whose C++ op reads them
-directly. EOS (every id the engine stops on) is allowed exactly when the matcher accepts;
-a request whose matcher is stopped (nothing but EOS could follow) finishes there ("stop").
+Where a core is left over beside torch's threads, it is computed in a thread while
+forward N runs (llguidance's mask computation and torch's ops both release the GIL).
+Where torch has every core (the default), start() computes it at once instead: a thread
+would take a core from one of the forward's threads in the middle of a parallel region,
+and the other would wait at its barrier, which cost twice the mask's own time
+(docs/benchmarks.md, "Structured outputs: the cost of grammar masks"). The masks stay
+llguidance's packed words (int32, bit j of word w = token 32 w + j allowed) all the way
+to the sampler, whose C++ op reads them directly. EOS (every id the engine stops on) is
+allowed exactly when the matcher accepts; a request whose matcher is stopped (nothing but
+EOS could follow) finishes there ("stop").
 
 Preemption by recompute keeps the request's output tokens, so its matcher (which has
 consumed exactly those tokens) stays valid as is; `rebuild` replays them into a fresh
@@ -163,8 +163,8 @@ class GrammarMatchers:
 
     def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
         # one row after the other on this thread: llguidance's parallel fill (a pool of a
-        # thread per core) fought torch's threads for the cores; 16 masks made the
-        # 32-stream step's forward 1.7-3.5 ms longer with it, 0.15-0.6 ms without
+        # thread per core) fought torch's threads for the cores (docs/benchmarks.md,
+        # "Structured outputs: the cost of grammar masks")
         bitmask = llg_np.allocate_token_bitmask(len(todo), self.vocab_size)
         for j, (_, m) in enumerate(todo):
             llg_np.fill_next_token_bitmask(m, bitmask, j)

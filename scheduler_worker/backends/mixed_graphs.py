@@ -10,8 +10,9 @@
          replay graph t ──▶ logits of the sampled rows (static output)
 
 Every row, decodes included, goes through the varlen prefill kernel, whose grid needs only
-t and s (triton_prefill.py). Eager, such a step launched ~150 kernels from Python: 10-16 ms
-on the H100 against a 1.3 ms decode step, for every request that arrived mid-stream.
+t and s (triton_prefill.py). Eager, such a step launched ~150 kernels from Python, several
+decode steps' time for every request that arrived mid-stream (docs/benchmarks.md, "Second
+GPU session").
 """
 
 from __future__ import annotations

@@ -39,10 +39,8 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 # Tile sizes and launch parameters, keyed by "small" (head_dim <= 128) and "large" head
-# dims; warps and stages are ignored by the interpreter. Measured on an H100 (bf16, block
-# size 16, shuffled tables, CUDA-graph replay): decode of Llama-1B shapes (H 32, Hkv 8,
-# D 64) at batch 128 x 2000 keys 192 us (SDPA on a contiguous copy: 175 us), batch 1 x
-# 2000 keys with 16 splits 5.9 us; a 2048-token prefill 120 us (flash SDPA: 58 us).
+# dims; warps and stages are ignored by the interpreter. Chosen on an H100:
+# docs/benchmarks.md, "Triton attention tiles".
 DECODE_TILE = {"small": {"block_n": 128, "num_warps": 4}, "large": {"block_n": 32, "num_warps": 4}}
 PREFILL_TILE = {
     "small": {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2},

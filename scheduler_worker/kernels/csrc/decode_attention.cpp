@@ -89,12 +89,8 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64
   // asks for the next block a share at a time while it computes this one: per KV head,
   // and in the vector blocks per query head (scores) or per key (values). A whole block
   // asked for at once (~100 lines) waits on the miss buffers, and the loads of the block
-  // in hand wait behind it: compute and memory then run one after the other. 32
-  // sequences of 192 tokens, avx512 (Zen 4, 2 threads), whole block -> per KV head ->
-  // per query head / key: SmolLM2's shape 10.0-11.4 -> 7.2-7.6 -> 6.3-7.0 ms a step (from
-  // L3 alone: ~6 ms); Gemma 3's (one KV head of 256) 7.8-8.0 (per KV head) -> 6.5 ms.
-  // The engine's decode step at 32 rows, alternate steps: SmolLM2 Q4_K_M 35.6 -> 32.9 ->
-  // 32.7 ms, Gemma 3 61.9 -> 60.6 ms (its 262k-row output head is half of that step).
+  // in hand wait behind it: compute and memory then run one after the other (the figures:
+  // docs/benchmarks.md, "Sixth round").
   auto each_block = [&](const C* cache, auto&& fn) __attribute__((always_inline)) {
     for (int64_t t0 = first; t0 < L; t0 += bs) {
       const bool more = t0 + bs < L;

@@ -21,12 +21,8 @@ namespace zs_ops {
 // heads of each), ahead of their use: the blocks lie scattered in the pool, where the
 // hardware prefetchers do not follow. Into L2 (prefetcht1), not L1: a block is ~100 lines
 // (SmolLM2: 16 tokens x 3 KV heads x 64 float16 = 6 KB), more than L1's miss buffers
-// hold, and prefetches into L1 that wait for one stall the loads of the block in hand.
-// SmolLM2's shape, 32 sequences of 192 tokens, float16 caches from DRAM, avx512 (AMD
-// EPYC Zen 4, 2 threads): 13.7-14.3 ms a step with prefetcht0, 10.3-11.0 with prefetcht1;
-// 15.0 without any prefetch. The engine's whole decode step (SmolLM2 Q4_K_M, contexts of
-// 128-256, old and new on alternate steps): 32 rows 42.6 -> 37.5 ms, 8 rows 14.2 -> 13.2,
-// 1 row unchanged.
+// hold, and prefetches into L1 that wait for one stall the loads of the block in hand
+// (the figures: docs/benchmarks.md, "Sixth round").
 template <typename C>
 ZS_INLINE void prefetch_rows(const C* p, int64_t row, int64_t n, int64_t width) {
   const int64_t bytes = width * static_cast<int64_t>(sizeof(C));
@@ -141,12 +137,9 @@ ZS_TARGET_AVX512 __attribute__((noinline)) void block_values_avx512(const float*
 }
 
 // ---- AVX2 blocks: the same work on 8 lanes (F16C widens float16). Without them the
-// portable loops widened each float16 value on its own: the float16 cache of a float32
-// model (the default) made the AVX2 path's attention 5x slower than a float32 cache
-// (SmolLM2's shape, 32 x 192 tokens, on a Zen 4 forced to the AVX2 path: 114 vs 21 ms a
-// step; with these blocks 10.0 and 13.6 ms). The default model's whole decode step at 32
-// rows on that forced AVX2 path (ZEROSERVE_CPU_KIND=avx2; not an AVX2-only CPU): 157-161
-// -> 50-52 ms.
+// portable loops widened each float16 value on its own, and the float16 cache of a float32
+// model (the default) made the AVX2 path's attention several times slower than a float32
+// cache (docs/benchmarks.md, "Fifth round", "AVX2 vector blocks for decode attention").
 
 template <typename C>
 ZS_TARGET_AVX2 inline __m256 load8_f32(const C* p) {

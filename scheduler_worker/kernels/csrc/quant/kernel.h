@@ -72,11 +72,9 @@ inline int32_t load_i32(const int8_t* p) {
 // next group's first, which the same thread reads next), by the first tile of rows of a
 // group only: the later ones find the group's weights in cache. In the model a linear's
 // weights come from DRAM, and from a few activation rows on the tiles alternate between
-// waiting on them and computing: prefetched, the two overlap (SmolLM2 Q4_K_M decode step in
-// process, avx512: 8 rows 11.7-14.5 -> 9.8-10.6 ms, 32 rows 33.8-35.0 -> 26.5-27.2 ms).
-// Below 4 rows a tile streams the weights with little work between loads, the hardware
-// prefetcher keeps up, and the prefetch instructions only cost (Gemma 3's 262k-row Q8_0
-// output head at 1 row: 12.1-13.8 ms a step without, 12.1-15.4 with).
+// waiting on them and computing: prefetched, the two overlap. Below 4 rows a tile streams
+// the weights with little work between loads, the hardware prefetcher keeps up, and the
+// prefetch instructions only cost (docs/benchmarks.md, "Fifth round").
 constexpr int64_t PF_BLOCKS = 8;
 inline bool prefetch_weights(int64_t M) { return M >= 4; }
 
@@ -90,11 +88,8 @@ inline void prefetch_block_ahead(const uint8_t* block) {
 // for into L2 by the last tile of rows of the groups in hand, a share per block. Where a
 // group takes more than one tile of rows, only its first tile streams the weights from
 // DRAM; the later tiles compute from cache, and without this the memory sat idle through
-// them (decode at 8 rows: one tile streams, one computes). Decode steps in process,
-// avx512 (Zen 4, 2 threads), steps alternating without/with: SmolLM2 Q6_K 8 rows
-// 12.6 -> 10.2 ms, 32 rows 30.8 -> 27.7; Gemma 3 Q4_K_M 20.8 -> 16.5, 55.9 -> 51.6; SmolLM2
-// Q4_K_M 9.9 -> 9.3, 28.3 -> 27.6 (its Q5_0 tiles compute more per byte). The AVX2 path
-// (emulated on the same CPU), Q6_K: 18.8 -> 18.3, 62.3 -> 61.3.
+// them (decode at 8 rows: one tile streams, one computes). The figures: docs/benchmarks.md,
+// "Seventh round".
 struct Ahead {
   const uint8_t* q = nullptr;  // the next groups' first byte; null: nothing to ask for
   int64_t per_block = 0;       // bytes per block of the tile in hand (a multiple of 64)

@@ -15,16 +15,10 @@
 // 64), and every block's dots go out as a tile store before the float epilogue (per row a
 // load, a conversion and two FMAs per 16 outputs). A slab is 16 rows x 2 groups; the tiles
 // of block b + 1 are issued before block b's epilogue runs (C tiles 0-1 and 2-3
-// alternate), so the tile unit works while the vector unit does. What bounds it is the
-// tile side, not the epilogue (docs/benchmarks.md, twelfth round): the epilogue's 32
-// accumulators spill here, yet with them in registers (a slab's dots made 16 blocks at a
-// time, then a row at a time) Gemma 3's head at 32 rows got no faster (19.0 -> 19.2 ms),
-// and in that version two thirds of the slab's perf samples sat on the tile loads,
-// `tdpbsud` and stores.
-//
-// Measured (amx kind: Intel Xeon, KVM; one linear, 2 threads, against the VNNI tiles on
-// the same weight): Q8_0 1.21-1.50x at 16-32 rows, 0.99-1.33x at 64-512; the 5-bit panel
-// 1.03-1.26x on the models' shapes. Served: docs/benchmarks.md ("Tenth round").
+// alternate), so the tile unit works while the vector unit does. The tile side bounds it,
+// not the epilogue (whose 32 accumulators spill here): docs/benchmarks.md, "Twelfth round",
+// "The AMX slab with its epilogue in registers". Speed against the VNNI tiles, per format
+// and row count: docs/benchmarks.md, "Tenth round".
 //
 // The tile configuration lives in static storage: built on the stack, GCC may drop the
 // stores before `ldtilecfg` reads them (llama.cpp's AMX path crashes so, its issue

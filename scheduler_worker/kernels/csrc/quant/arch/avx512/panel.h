@@ -8,15 +8,8 @@
 // every activation row over the panel as the 8-bit tile does (q4_q8.h): two weight
 // loads and one broadcast per row feed 2 dpbusd per 4 inputs, nothing unpacked twice.
 // While the rows run over a pair, the first tile asks for the next pair's weights (Ahead,
-// ../../kernel.h): the unpacking alone streams them from DRAM, and without it a 32-row
-// decode step was 3% slower.
-//
-// Measured (avx512, Zen 4, 2 threads; alternating calls or steps in one process):
-//   one Q5_0 linear (bench_quant.py shapes 1536x576, 576x1536): 16 rows even, 32 rows
-//   1.05-1.07x, 128 rows 1.13x, 512 rows 1.08-1.15x the row tiles (Q5_1 1.02 / 1.08 /
-//   1.08-1.11x); Q4_K, with no fifth bit to merge, 0.96x at 32 rows: it keeps the tiles;
-//   512-token prefill steps: SmolLM2 Q4_K_M 310 -> 295 ms, Gemma 3 Q4_K_M 365 -> 348 ms,
-//   SmolLM2 Q5_K_M 377 -> 371 ms; decode steps of up to 32 rows: no change.
+// ../../kernel.h): the unpacking alone streams them from DRAM. Speed against the row tiles
+// (Q4_K, with no fifth bit to merge, keeps them): docs/benchmarks.md, "Eighth round".
 //
 // Panel, per group of 16 output rows and block b of 32 inputs:
 //   q  [512 bytes]: register k (0..7) holds q of inputs 4k..4k+3 of rows 0..15, byte 4r + j
@@ -39,13 +32,9 @@ namespace zs_qgemm {
 // Activation rows from which a step takes the panel path (even with the tiles at 16).
 constexpr int64_t PANEL_MIN_ROWS = 32;
 
-// Outputs up to which the AMX kind runs the panel's rows on the tile unit (../amx/amx.h).
-// One Q5_0 linear, 2 threads, amx kind (Intel Xeon), tile unit against the VNNI tiles over
-// the same panel, medians of 7 alternating rounds, the step buffers in the heap as the
-// engine keeps them (scheduler_worker/heap.py): the models' shapes (4096 / 1536 x 640,
-// 3072 / 1536 x 576) 1.03-1.26x at 32-512 rows; 16384 x 640 1.14-1.15x at 64-128 rows
-// (0.92x at 512); but 32768 x 640 0.69-0.95x and 65536 x 640 0.66-0.98x at 64-512 rows (no
-// model has a 5-bit weight that wide: the output heads are Q8_0 or Q6_K).
+// Outputs up to which the AMX kind runs the panel's rows on the tile unit (../amx/amx.h):
+// wider weights ran slower there than on the VNNI tiles, and no model has a 5-bit weight
+// that wide (docs/benchmarks.md, "Tenth round").
 constexpr int64_t PANEL_AMX_MAX_N = 16384;
 
 struct Panel {  // a thread's panel of RG groups
