@@ -91,7 +91,8 @@ class Clients:
         return cls(o, a, url)
 
 
-# sampled at a usual setting: at 1.0 a string (unbounded by design: README) can ramble on
+# sampled at a usual setting: at 1.0 a string (unbounded by design:
+# docs/structured-outputs.md) can ramble on
 SAMPLED_TEMPERATURE = 0.7
 
 

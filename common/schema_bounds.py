@@ -15,7 +15,7 @@ library's limit) is refused naming it.
 Strings and arrays get no bound (their length is content; a schema's maxLength / maxItems
 are honoured). A number has no exponent once bounded (llguidance writes a bounded number
 in plain digits). The schema's top-level `"x-zeroserve": {"number_bounds": false}` lifts
-the number and integer bounds (README, Structured outputs). Torch-free, llguidance-free.
+the number and integer bounds (docs/structured-outputs.md). Torch-free, llguidance-free.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A chat prompt with tools: the model's own chat template when it handles tools, else a
-tool-use system prompt in the family's format (the fallback documented in the README).
+tool-use system prompt in the family's format (the fallback in docs/tool-calling.md, "The
+prompt").
 
     template source mentions `tools` ─▶ template.render(messages, tools=tools)
     otherwise (SmolLM2's template, for one) ─▶ fallback (also for a history with tool
