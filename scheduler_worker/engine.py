@@ -268,6 +268,7 @@ class LLMEngine:
             vocab = self.sampler.vocab_size if argmax else None
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs, vocab)
             if batch.drafts:
+                self.counters.verify_steps += 1
                 targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
                 verify = {r: (d, targets[r]) for r, d in batch.drafts.items()}
             self._keep_prompt_logprobs(entries, prompt_logits)

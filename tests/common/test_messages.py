@@ -170,6 +170,7 @@ def test_round_trip(msg):
 def test_the_engine_fields_are_a_whole_engine_status():
     status = decode(raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS))
     assert (status.block_size, status.device, status.gpus) == (16, "NVIDIA H200", ["2"])
+    assert (status.spec, status.spec_method) == ({"verify_steps": 3}, "ngram")
 
 
 def test_float_field_accepts_int_and_decodes_as_float():
@@ -204,6 +205,7 @@ GOOD_ABORT = [WIRE_VERSION, AbortRequest.TAG, "rid", "why"]
 WIRE_PARAMS = msgpack.unpackb(encode(GenerateRequest("r", b"", SamplingParams(), 0.0)))[4]
 ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, None, None, 0, 16, {}]
 ENGINE_FIELDS += ["NVIDIA H200", ["2"]]  # device, gpus
+ENGINE_FIELDS += [{"verify_steps": 3}, "ngram"]  # spec, spec_method
 
 
 @pytest.mark.parametrize(
@@ -230,7 +232,8 @@ ENGINE_FIELDS += ["NVIDIA H200", ["2"]]  # device, gpus
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-        raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS[:-1], "2"),  # gpus: str, not a list
+        raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS[:-3], "2", *ENGINE_FIELDS[-2:]),  # gpus
+        raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS[:-2], [], "ngram"),  # spec: a list
         raw(
             WIRE_VERSION, GenerateRequest.TAG, "r", "ids", WIRE_PARAMS, 0.0, 0, 0
         ),  # str where bytes
