@@ -20,6 +20,7 @@ from common.config import (
     QUANTIZATIONS,
     ROUTINGS,
     SPECULATIVE_METHODS,
+    SPECULATIVE_POLICIES,
     Config,
     ConfigError,
 )
@@ -105,6 +106,14 @@ GROUPS: dict[str, list[Flag]] = {
             "num_speculative_tokens",
             int,
             "the most tokens a row drafts per step (1..16)",
+        ),
+        Flag(
+            "--speculative-policy",
+            _S,
+            "speculative_policy",
+            str,
+            "adaptive: draft only where the measured verify cost pays; always: every draft",
+            SPECULATIVE_POLICIES,
         ),
     ],
     "server": [

@@ -169,6 +169,7 @@ class CacheConfig:
 DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
 ASYNC_SCHEDULING = ("auto", "on", "off")
 SPECULATIVE_METHODS = ("none", "ngram")
+SPECULATIVE_POLICIES = ("adaptive", "always")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -184,25 +185,23 @@ class SchedulerConfig:
     # speculative decoding: who drafts (scheduler_worker/spec/), at most how many tokens a row
     speculative_method: str = "none"
     num_speculative_tokens: int = 3
+    # adaptive: draft only where the measured verify cost pays (spec/policy.py); always
+    speculative_policy: str = "adaptive"
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs is not None and self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ConfigError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
-        if self.max_decode_batch is not None and self.max_decode_batch < 1:
-            raise ConfigError(f"max_decode_batch must be >= 1, got {self.max_decode_batch}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_decode_batch"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ConfigError(
                 f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}"
             )
-        if self.speculative_method not in SPECULATIVE_METHODS:
-            raise ConfigError(
-                f"speculative_method must be one of {SPECULATIVE_METHODS}, "
-                f"got {self.speculative_method!r}"
-            )
+        for name, allowed in (
+            ("speculative_method", SPECULATIVE_METHODS),
+            ("speculative_policy", SPECULATIVE_POLICIES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(

@@ -237,6 +237,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "(its GPU ids as launch.py placed it, CUDA_VISIBLE_DEVICES; empty on a CPU).",
         ("engine", "device", "gpus"),
     ),
+    S(
+        "replica_spec_steps",
+        Counter,
+        "spec_decode_num_steps",
+        "Speculative decoding steps by kind: verify (steps that verified drafts) and "
+        "switched_off (steps whose drafts the measured costs said would not pay).",
+        ("engine", "method", "kind"),
+    ),
 )
 
 # the rows exported from the replicas' statuses and step outputs (EngineSeries), not
@@ -259,5 +267,6 @@ FROM_ENGINE = frozenset(
         "replica_memory",
         "replica_up",
         "replica_device",
+        "replica_spec_steps",
     }
 )

@@ -114,6 +114,7 @@ class EngineSeries(Collector):
         self.gauges: dict[int, dict[str, float]] = {}  # replica -> its replica_* values
         self.memory: dict[tuple[str, str], float] = {}  # (engine, part) -> bytes
         self.devices: dict[int, tuple[str, str]] = {}  # replica -> (device, gpus), kept
+        self.spec: dict[tuple[str, str, str], float] = {}  # (engine, method, kind) -> steps
         self.busy: dict[str, float] = {}  # part -> seconds, summed over the replicas
         self._last_busy: dict[tuple[int, str], float] = {}
         self.prefix = [0, 0]  # queries, hits in tokens, summed over the replicas
@@ -133,6 +134,10 @@ class EngineSeries(Collector):
         if msg.device:  # kept while it is down: where it ran, and runs again on restart
             self.devices[k] = (msg.device[:100], ",".join(msg.gpus)[:200])
         engine = str(k)
+        for kind in ("verify", "switched_off"):
+            steps = (msg.spec or {}).get(f"{kind}_steps")
+            if msg.spec_method and isinstance(steps, (int, float)):
+                self.spec[(engine, msg.spec_method[:32], kind)] = steps
         for part, value in (msg.memory or {}).items():
             if part.endswith("_bytes") and isinstance(value, (int, float)) and len(part) <= 40:
                 self.memory[(engine, part.removesuffix("_bytes"))] = value
@@ -181,6 +186,8 @@ class EngineSeries(Collector):
             return [([part], v) for part, v in self.busy.items()]
         if attr == "replica_memory":
             return [([engine, part], v) for (engine, part), v in self.memory.items()]
+        if attr == "replica_spec_steps":
+            return [(list(key), v) for key, v in self.spec.items()]
         if attr == "replica_device":
             return [([str(k), *where], 1) for k, where in self.devices.items()]
         if attr.startswith("replica_"):

@@ -14,14 +14,16 @@ EngineStatus (sent with every heartbeat, about once a second) and the metrics re
                    "num_requests_running", "num_requests_waiting", "num_requests_in_flight",
                    "kv_cache_usage", "kv_cache_free_blocks", "kv_cache_total_blocks",
                    "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
-                   "output_tokens_per_s", "output_tokens_total"}],
+                   "output_tokens_per_s", "output_tokens_total", "spec_method",
+                   "spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance_rate"}],
      "totals": {the counts summed over replicas, "kv_cache_usage" and "prefix_cache_hit_rate"
                 over them all, "num_replicas", "num_replicas_alive"}}
 
 One entry per scheduler replica the frontend has admitted (frontend.cluster's table), by
 id; the in-flight and token counts are what the frontend routed there. Figures the
 frontend has not heard yet are null. `output_tokens_per_s` is over the last RATE_WINDOW_S;
-`prefix_cache_hit_rate` is hits / queries (in tokens) since the scheduler started.
+`prefix_cache_hit_rate` is hits / queries (in tokens) since the scheduler started;
+`spec_acceptance_rate` accepted / drafted tokens (speculative decoding), null without.
 Like /health and /metrics, /stats needs no API key: it holds the same numbers as /metrics
 and no request content. With server.ui off, / is a 404 (and /stats stays).
 """
@@ -92,9 +94,12 @@ def replica_stats(
                     "prefix_cache_hit_rate",
                     "device",
                     "gpus",
+                    "spec_method",
+                    "spec_acceptance_rate",
                 )
             )
         )
+        out["spec_draft_tokens"] = out["spec_accepted_tokens"] = None
         out["prefix_cache_queries"] = out["prefix_cache_hits"] = None
         return out
     queries, hits = engine.prefix_cache_queries, engine.prefix_cache_hits
@@ -110,6 +115,14 @@ def replica_stats(
         device=engine.device or None,  # "cpu", or its GPU's name
         gpus=engine.gpus,  # its GPU ids (common/gpus.py), [] on a CPU
     )
+    spec = engine.spec or {}
+    drafted, accepted = spec.get("draft_tokens"), spec.get("accepted_tokens", 0)
+    out.update(
+        spec_method=engine.spec_method or None,
+        spec_draft_tokens=drafted,
+        spec_accepted_tokens=accepted,
+        spec_acceptance_rate=round(accepted / drafted, 4) if drafted else None,
+    )
     return out
 
 
@@ -121,6 +134,9 @@ def totals(replicas: list[dict[str, Any]]) -> dict[str, Any]:
     queries = sum(r["prefix_cache_queries"] or 0 for r in replicas)
     hits = sum(r["prefix_cache_hits"] or 0 for r in replicas)
     out["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries > 0 else None
+    drafted = sum(r["spec_draft_tokens"] or 0 for r in replicas)
+    accepted = sum(r["spec_accepted_tokens"] or 0 for r in replicas)
+    out["spec_acceptance_rate"] = round(accepted / drafted, 4) if drafted > 0 else None
     free, total = out["kv_cache_free_blocks"], out["kv_cache_total_blocks"]
     out["kv_cache_usage"] = round(1 - free / total, 4) if total else None
     out["num_replicas"] = len(replicas)

@@ -37,6 +37,7 @@ from scheduler_worker.sampling import (
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.spec import make_drafter
+from scheduler_worker.spec.policy import verified
 from scheduler_worker.spec.verify import accepted_tokens, draft_targets
 from scheduler_worker.step_inputs import decode_rows, seq_inputs
 from scheduler_worker.step_output import (
@@ -200,6 +201,9 @@ class LLMEngine:
             self._in_flight = None
         for key in ("schedule", "forward", "sample"):
             self.counters.busy_time[key] += getattr(stats, key)
+        if stats.num_decode and not stats.num_prefill_tokens:  # what drafts cost (spec/policy)
+            drafts = sum(map(len, batch.drafts.values()))
+            self.scheduler.policy.record(stats.num_decode, drafts, time.perf_counter() - t0)
         self.last_step = stats
         return outputs
 
@@ -264,6 +268,7 @@ class LLMEngine:
             vocab = self.sampler.vocab_size if argmax else None
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs, vocab)
             if batch.drafts:
+                self.counters.verify_steps += 1
                 targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
                 verify = {r: (d, targets[r]) for r, d in batch.drafts.items()}
             self._keep_prompt_logprobs(entries, prompt_logits)
@@ -335,6 +340,7 @@ class LLMEngine:
     ) -> RequestOutput:
         """The output of a row that verified drafts (token: the argmax after the last)."""
         kept = self.scheduler.accept(req, index, accepted_tokens(drafts, targets, token))
+        verified(req, len(drafts), len(kept) - 1)
         req.num_draft_tokens += len(drafts)
         req.num_accepted_tokens += len(kept) - 1
         self.counters.draft_tokens += len(drafts)

@@ -116,4 +116,20 @@ def engine_status(
         memory=memory,
         device=where[0],
         gpus=where[1],
+        **spec_figures(engine, config),
     )
+
+
+def spec_figures(engine: LLMEngine, config: Config) -> dict:
+    """EngineStatus.spec and .spec_method: {} and "" without speculative decoding."""
+    method = config.engine.scheduler.speculative_method
+    if method == "none":
+        return {}
+    c = engine.counters
+    spec = {
+        "draft_tokens": c.draft_tokens,
+        "accepted_tokens": c.accepted_tokens,
+        "verify_steps": c.verify_steps,
+        "switched_off_steps": engine.scheduler.policy.num_switched_off,
+    }
+    return {"spec": spec, "spec_method": method}

@@ -72,6 +72,8 @@ class Request:
     draft_state: object | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    spec_accepted: float = 0.0  # recent verifies, decayed (spec/policy.py: its acceptance)
+    spec_refused: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None

@@ -7,9 +7,8 @@ they reach the front, never searched for):
        ▲                    │                          │
        └──── preempt (newest first, to the front) ◀────┘
 
-Per-step work is bounded by the batch: a step touches at most `decode_batch` live
-entries of the active queue, the prefilling requests it schedules, the waiting requests
-it admits, and each dead entry once.
+Per-step work is bounded by the batch: at most `decode_batch` live entries of the active
+queue, the prefilling requests it schedules and admits, and each dead entry once.
 
 A step is `schedule()`, the forward and sampling (the engine), then `update()`: the
 tokens go into the requests, and each one finishes or goes back to its queue. With
@@ -23,8 +22,8 @@ N's tokens reach the host:
     resolve(req, i, token)  when the token is on the host: placeholder i becomes the token,
                             and the request finishes (stop token, max_tokens) or goes on
 
-A request with a placeholder is not re-admitted (after a preemption) before its token
-is resolved: its prompt to recompute would hold an unknown token.
+A request with a placeholder is not re-admitted (after a preemption) before its token is
+resolved. Speculative decoding: spec/ (who drafts, and when it pays: spec/policy.py).
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from scheduler_worker.block_manager import BlockManager
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.spec import Drafter
+from scheduler_worker.spec.policy import SpecPolicy
 
 
 class Scheduler:
@@ -51,13 +51,12 @@ class Scheduler:
         sliding_window: int | None = None,
         drafter: Drafter | None = None,
     ) -> None:
-        """sliding_window: set when every layer of the model attends at most this many
-        latest tokens; a request's blocks wholly before it are then given back as it
-        advances (_free_outside_window), their table entries replaced by
-        `placeholder_block` (num_blocks: the model runner's scratch block, never handed
-        out), which the attention masks never read."""
+        """sliding_window: every layer attends at most this many latest tokens; blocks
+        wholly before it go back as a request advances (_free_outside_window), their
+        entries `placeholder_block` (the runner's scratch block, never read)."""
         self.config = sched
-        self.drafter = drafter  # speculative decoding: who drafts for decode rows
+        self.drafter = drafter  # speculative decoding: who drafts for decode rows, and when
+        self.policy = SpecPolicy(sched.speculative_policy)
         self.sliding_window = sliding_window
         self.placeholder_block = num_blocks
         self.block_size = cache.block_size
@@ -86,10 +85,9 @@ class Scheduler:
         self.num_waiting += 1
 
     def schedule(self) -> ScheduledBatch:
-        """Decodes first (one token each, round-robin over the active queue), then the
-        prompt chunks of prefilling requests, then new admissions, all within the step's
-        token budget. A request is admitted when a running slot is free and the blocks for
-        its first chunk are; a decode that finds no free block preempts the newest request."""
+        """Decodes first (one token each, and drafts; round-robin over the active queue),
+        then prompt chunks, then admissions (a free slot and its first chunk's blocks),
+        within the step's token budget; a decode without a free block preempts the newest."""
         batch, budget = ScheduledBatch(), self.config.num_batched_tokens
         active, entries, bs, running = (
             self.active,
@@ -100,6 +98,8 @@ class Scheduler:
         decodes = min(self.config.decode_batch, budget)
         # tokens this step's drafts may take, each row's at most num_speculative_tokens
         spare, most = budget - decodes, self.config.num_speculative_tokens
+        if self.drafter is not None and not self.policy.start_step(min(decodes, len(active))):
+            spare = 0
         while active and batch.num_decode < decodes:
             req, epoch = active.popleft()
             self.num_visited += 1
@@ -116,6 +116,8 @@ class Scheduler:
                 spare -= n - 1
             entries[req.request_id] = (req, n)
             batch.num_decode += 1
+        if batch.drafts:
+            self.policy.settle(batch)
         budget -= batch.num_decode + sum(map(len, batch.drafts.values()))
         preemptions = self.num_preemptions
         admitted = 0
@@ -156,7 +158,7 @@ class Scheduler:
     def _draft(self, req: Request, spare: int, batch: ScheduledBatch) -> int:
         """Drafts for decode row req: at most `spare`, none past its max_tokens, and only
         into blocks free now (a draft never preempts). Returns how many."""
-        k = min(spare, req.max_tokens - req.num_output_tokens - 1)
+        k = self.policy.row_tokens(req, min(spare, req.max_tokens - req.num_output_tokens - 1))
         if k <= 0 or self.drafter is None:
             return 0
         drafts, req.draft_state = self.drafter.propose(req.token_ids, req.draft_state, k)
@@ -171,8 +173,7 @@ class Scheduler:
         return len(drafts)
 
     def defer(self, batch: ScheduledBatch, reqs: list[Request]) -> None:
-        """Take decode rows out of a scheduled batch, back to the front of the active queue
-        (first in the next step), their blocks kept."""
+        """Decode rows out of the batch, first in the next step, their blocks kept."""
         for req in reqs:
             if batch.drop(req):
                 self.active.appendleft((req, req.queue_epoch))

@@ -54,6 +54,7 @@ class EngineCounters:
     generation_tokens: int = 0
     draft_tokens: int = 0  # speculative decoding: tokens drafted, and accepted of them
     accepted_tokens: int = 0
+    verify_steps: int = 0  # steps that verified drafts
     busy_time: dict[str, float] = field(
         default_factory=lambda: {"schedule": 0.0, "forward": 0.0, "sample": 0.0}
     )

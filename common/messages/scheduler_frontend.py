@@ -42,3 +42,7 @@ class EngineStatus(Message):
     # its launcher named them (CUDA_VISIBLE_DEVICES entries, common/gpus.py), [] on a CPU
     device: str = ""
     gpus: list[str] = field(default_factory=list)
+    # speculative decoding, cumulative: draft_tokens, accepted_tokens, verify_steps (steps
+    # with drafts), switched_off_steps (spec/policy.py: drafts that would not pay); its method
+    spec: dict[str, float] = field(default_factory=dict)
+    spec_method: str = ""

@@ -52,6 +52,7 @@ def test_round_trip(msg):
 def test_the_engine_fields_are_a_whole_engine_status():
     status = decode(raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS))
     assert (status.block_size, status.device, status.gpus) == (16, "NVIDIA H200", ["2"])
+    assert (status.spec, status.spec_method) == ({"verify_steps": 3}, "ngram")
 
 
 def test_float_field_accepts_int_and_decodes_as_float():

@@ -51,7 +51,8 @@ from tests.common.wire_samples import ENGINE_FIELDS, GOOD_ABORT, SAMPLES, WIRE_P
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", True, *ENGINE_FIELDS[2:]),  # bool where int
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 0, 0, "0.5", *ENGINE_FIELDS[4:]),
         raw(WIRE_VERSION, EngineStatus.TAG, "ready", 1.0, *ENGINE_FIELDS[2:]),  # float where int
-        raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS[:-1], "2"),  # gpus: str, not a list
+        raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS[:-3], "2", *ENGINE_FIELDS[-2:]),  # gpus
+        raw(WIRE_VERSION, EngineStatus.TAG, *ENGINE_FIELDS[:-2], [], "ngram"),  # spec: a list
         raw(
             WIRE_VERSION, GenerateRequest.TAG, "r", "ids", WIRE_PARAMS, 0.0, 0, 0
         ),  # str where bytes

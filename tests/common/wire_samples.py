@@ -150,3 +150,4 @@ ENGINE_FIELDS = ["ready", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 32, 0.0, {}, 0, 1, Non
 
 
 ENGINE_FIELDS += ["NVIDIA H200", ["2"]]  # device, gpus
+ENGINE_FIELDS += [{"verify_steps": 3}, "ngram"]  # spec, spec_method

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
+import httpx
 import openai
 import pytest
 
@@ -16,6 +18,7 @@ from tests.e2e.conftest import REPO, served
 
 pytestmark = pytest.mark.timeout(300)
 
+STEP_LABELS = {"engine": "0", "method": "ngram", "kind": "verify"}
 MESSAGES = [
     {"role": "user", "content": f"Repeat the following passage word for word.\n\n{PASSAGE}"}
 ]
@@ -48,6 +51,22 @@ def test_same_text_with_and_without_drafts(spec_server):
     assert ask(True, stream=True)[0] == plain
     m = spec_server.wait_idle()
     assert m['zeroserve:spec_decode_num_accepted_tokens_total{engine="0"}'] >= 2 * 10
+    stats: dict = {}
+    for _ in range(100):  # the replica's next beat carries its counts
+        stats = httpx.get(spec_server.url + "/stats", timeout=10).json()["replicas"][0]
+        if stats["spec_draft_tokens"]:
+            break
+        time.sleep(0.1)
+    assert stats["spec_method"] == "ngram" and 0 < stats["spec_acceptance_rate"] <= 1
+    assert stats["spec_accepted_tokens"] >= 2 * 10
+    m = spec_server.wait_idle()
+    (verify,) = [
+        v
+        for k, v in m.items()
+        if k.startswith("zeroserve:spec_decode_num_steps_total{")
+        and all(f'{label}="{want}"' in k for label, want in STEP_LABELS.items())
+    ]
+    assert verify > 0
 
 
 def test_out_of_range_speculative_tokens_refused_at_start():

@@ -69,6 +69,8 @@ def status(replica: int = 0, busy: float = 1.5, gpus: list[str] | None = None) -
         memory={"resident_bytes": 1000},
         device="NVIDIA H200" if gpus is None or gpus else "cpu",
         gpus=[str(2 + replica)] if gpus is None else gpus,
+        spec={"verify_steps": 7, "switched_off_steps": 2},
+        spec_method="ngram",
     )
 
 
@@ -153,3 +155,12 @@ def test_each_replica_names_its_device_and_gpus_and_keeps_them_while_down():
     }
     m.replica_down(1)  # where it ran is still named (replica_up says it is down)
     assert value(m, "replica_device_info", engine="1", device="NVIDIA H200", gpus="3") == 1
+
+
+def test_speculative_steps_by_replica_method_and_kind():
+    m = Metrics()
+    m.on_engine_status(status(0))
+    m.on_engine_status(status(1))
+    assert value(m, "spec_decode_num_steps_total", engine="1", method="ngram", kind="verify") == 7
+    kind = "switched_off"
+    assert value(m, "spec_decode_num_steps_total", engine="0", method="ngram", kind=kind) == 2

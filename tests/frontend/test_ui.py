@@ -36,6 +36,10 @@ REPLICA_KEYS = {
     "prefix_cache_hit_rate",
     "output_tokens_per_s",
     "output_tokens_total",
+    "spec_method",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_acceptance_rate",
 }
 TOTALS_KEYS = {
     "num_requests_running",
@@ -47,6 +51,7 @@ TOTALS_KEYS = {
     "output_tokens_per_s",
     "output_tokens_total",
     "prefix_cache_hit_rate",
+    "spec_acceptance_rate",
     "num_replicas",
     "num_replicas_alive",
 }
@@ -79,6 +84,7 @@ def test_stats_has_the_documented_shape_and_counts_output_tokens(served, http):
     assert replica["prefix_cache_hit_rate"] == 0.4 == body["totals"]["prefix_cache_hit_rate"]
     assert body["totals"]["num_replicas"] == body["totals"]["num_replicas_alive"] == 1
     assert (replica["device"], replica["gpus"]) == (DEVICE, GPUS)  # its GPU, named
+    assert replica["spec_acceptance_rate"] is None  # no speculative decoding there
     before = replica["output_tokens_total"]
 
     r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})

@@ -106,7 +106,9 @@ def _run(model_dir, prompts, params, spec, runs: list | None = None, **setup):
     """Outputs and counters of an engine with ngram drafts (spec True), another drafter's,
     or none (False); `runs` collects (request id, tokens verified, tokens kept) of each
     verified row."""
+    # "always": every draft verified (the adaptive switch is test_spec_policy.py's)
     extra = dict(speculative_method="ngram", num_speculative_tokens=4) if spec else {}
+    extra |= {"speculative_policy": "always"} if spec else {}
     engine = make_engine(model_dir, **{**setup, **extra})
     if spec not in (True, False):
         engine.scheduler.drafter = spec

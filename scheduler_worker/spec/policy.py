@@ -1,0 +1,164 @@
+"""When speculation pays: the step's measured costs against each row's acceptance.
+
+A step of N decode rows takes T0(N) without drafts. Drafting D tokens in it costs
+c1(N) once (the chunked verify path instead of the one-token decode) plus c2(N) a draft
+token; a row's i-th draft is accepted with probability alpha**i (alpha: the row's recent
+acceptance, a geometric run). A draft token pays when its expected tokens exceed its
+share of the step's time at the step's rate, alpha**i >= c2 * N / T0 (the threshold, per
+row, sets k); the step drafts at all only when its expected extra tokens beat c1 + c2 * D
+at that rate. T0, c1 and c2 are a least-squares fit per batch-size bucket (powers of two)
+of the steps' wall times, decayed so that the fit follows the load; until a bucket has
+seen steps with and without drafts it learns (drafting, one step in four without), and
+then one step in PROBE_EVERY drafts everything and one drafts nothing, so that its costs
+stay measured whatever the policy chose.
+
+    policy "always": every proposed draft, no fit (the A/B baseline and the tests').
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduler_worker.request import Request
+from scheduler_worker.scheduled_batch import ScheduledBatch
+
+DECAY = 0.98  # a step's weight in the fit halves in ~35 steps of its bucket
+MIN_STEPS = 4  # steps with and without drafts before the fit decides
+PROBE_EVERY = 32  # a switched-off bucket drafts one step in this many
+PRIOR = (1.0, 1.0)  # a row's acceptance prior: one accepted draft, one refused
+ROW_DECAY = 0.9  # a row's acceptance counts decay per verify (and per step it sits out)
+
+
+def bucket(num_rows: int) -> int:
+    return max(num_rows - 1, 0).bit_length()
+
+
+class _Fit:
+    """Weighted least squares of t = a + b * [d > 0] + c * d, decayed per sample."""
+
+    def __init__(self) -> None:
+        self.xx = [[0.0] * 3 for _ in range(3)]
+        self.xy = [0.0] * 3
+        self.with_drafts = 0  # samples seen, undecayed (readiness, not weight)
+        self.without = 0
+        self.steps = 0  # steps started in this bucket (the probe's clock)
+
+    def add(self, drafts: int, seconds: float) -> None:
+        x = (1.0, 1.0 if drafts else 0.0, float(drafts))
+        for i in range(3):
+            self.xy[i] = self.xy[i] * DECAY + x[i] * seconds
+            for j in range(3):
+                self.xx[i][j] = self.xx[i][j] * DECAY + x[i] * x[j]
+        self.with_drafts += 1 if drafts else 0
+        self.without += 0 if drafts else 1
+
+    def ready(self) -> bool:
+        return self.with_drafts >= MIN_STEPS and self.without >= MIN_STEPS
+
+    def solve(self) -> tuple[float, float, float]:
+        """(T0, c1, c2); a tiny ridge keeps it solvable when the draft counts never vary
+        (then c1 and c2 share the cost, c2 by the mean count)."""
+        a = [row[:] + [y] for row, y in zip(self.xx, self.xy)]
+        for i in (1, 2):
+            a[i][i] += 1e-6 * (a[0][0] or 1.0)
+        for col in range(3):  # Gauss-Jordan, 3x3
+            piv = max(range(col, 3), key=lambda r: abs(a[r][col]))
+            a[col], a[piv] = a[piv], a[col]
+            if abs(a[col][col]) < 1e-30:
+                return 0.0, 0.0, 0.0
+            for r in range(3):
+                if r != col:
+                    f = a[r][col] / a[col][col]
+                    a[r] = [v - f * w for v, w in zip(a[r], a[col])]
+        t0, c1, c2 = (a[i][3] / a[i][i] for i in range(3))
+        return t0, max(c1, 0.0), max(c2, 0.0)
+
+
+class SpecPolicy:
+    """The per-step and per-row drafting decisions (Scheduler.schedule / _draft) and what
+    they learn from (LLMEngine.step: record; LLMEngine._verified: verified)."""
+
+    def __init__(self, mode: str = "adaptive") -> None:
+        self.adaptive = mode == "adaptive"
+        self.fits: dict[int, _Fit] = {}
+        self.threshold = 0.0  # this step's: a draft token's acceptance must reach it
+        self.costs: tuple[float, float, float] | None = None  # this step's (T0, c1, c2)
+        self.num_switched_off = 0  # steps whose drafts did not pay (a counter, /metrics)
+
+    # ---- deciding ----------------------------------------------------------
+    def start_step(self, num_rows: int) -> bool:
+        """Before a step's decode rows draft (num_rows: about how many): may they?"""
+        self.threshold, self.costs = 0.0, None
+        if not self.adaptive or num_rows <= 0:
+            return True
+        fit = self.fits.setdefault(bucket(num_rows), _Fit())
+        fit.steps += 1
+        phase = fit.steps % PROBE_EVERY
+        if not fit.ready():  # learning: a step without drafts one in four until seen
+            return fit.without >= MIN_STEPS or phase % 4 != 0
+        if phase == PROBE_EVERY // 2:  # a step without drafts keeps T0 measured
+            return False
+        t0, c1, c2 = fit.solve()
+        if t0 <= 0.0 or phase == 0:  # a probe: every draft, so c1 and c2 stay measured
+            return True
+        self.costs = (t0, c1, c2)
+        self.threshold = c2 * num_rows / t0
+        if self.threshold < 1.0:
+            return True
+        self.num_switched_off += 1  # no acceptance pays a draft token
+        return False
+
+    def row_tokens(self, req: Request, k: int) -> int:
+        """How many of its k drafts a row may propose: while alpha**i reaches the threshold."""
+        if self.threshold <= 0.0:
+            return k
+        alpha = acceptance(req)
+        if alpha <= self.threshold:
+            req.spec_refused *= ROW_DECAY  # sits out: drift back to the prior, to retry
+            req.spec_accepted *= ROW_DECAY
+            return 0
+        if alpha >= 1.0:
+            return k
+        return min(k, int(math.log(self.threshold) / math.log(alpha)))
+
+    def settle(self, batch: ScheduledBatch) -> None:
+        """After the rows drafted: their drafts go unless the step's expected gain beats
+        its verify cost (the blocks they took stay with their rows, for later tokens)."""
+        if self.costs is None or not batch.drafts:
+            return
+        t0, c1, c2 = self.costs
+        drafted = [(batch.entries[r][0], len(d)) for r, d in batch.drafts.items()]
+        gain = sum(_expected(acceptance(req), n) for req, n in drafted)
+        tokens = sum(n for _, n in drafted)
+        rows = batch.num_decode
+        if (rows + gain) * t0 > rows * (t0 + c1 + c2 * tokens):
+            return
+        self.num_switched_off += 1
+        for req, _ in drafted:
+            batch.entries[req.request_id] = (req, 1)
+        batch.drafts = {}
+
+    # ---- learning ----------------------------------------------------------
+    def record(self, num_rows: int, num_drafts: int, seconds: float) -> None:
+        """A decode-only step's wall time (steps with prompt tokens say nothing here)."""
+        if self.adaptive and num_rows > 0:
+            self.fits.setdefault(bucket(num_rows), _Fit()).add(num_drafts, seconds)
+
+
+def verified(req: Request, drafted: int, accepted: int) -> None:
+    """A row's verify: `accepted` of its `drafted` tokens (a geometric run: each accepted
+    draft one success, the first refused one failure)."""
+    req.spec_accepted = req.spec_accepted * ROW_DECAY + accepted
+    req.spec_refused = req.spec_refused * ROW_DECAY + (1.0 if accepted < drafted else 0.0)
+
+
+def acceptance(req: Request) -> float:
+    s, f = req.spec_accepted + PRIOR[0], req.spec_refused + PRIOR[1]
+    return s / (s + f)
+
+
+def _expected(alpha: float, n: int) -> float:
+    """Expected accepted tokens of n drafts, each accepted with alpha after the last was."""
+    if alpha >= 1.0:
+        return float(n)
+    return alpha * (1.0 - alpha**n) / (1.0 - alpha)
