@@ -37,7 +37,9 @@ def prompts(model_dir, workload: str, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
         if workload == "repeat":
-            ask = f"Repeat the following passage word for word.\n\n{paragraphs[i % len(paragraphs)]}"
+            ask = (
+                f"Repeat the following passage word for word.\n\n{paragraphs[i % len(paragraphs)]}"
+            )
         else:
             ask = f"Write a short story about {SUBJECTS[i % len(SUBJECTS)]} (take {i})."
         ids = tok.apply_chat_template(
