@@ -285,6 +285,9 @@ def device_busy(bench: dict, level: str, part: str = "device") -> float | None:
     return r(100.0 * (b - a) / float(span))
 
 
+SPEED_TAGS = ("l1b", "l8b", "m135", "l1b_fp8", "l8b_fp8")  # the servers in the speed table
+
+
 def speed_row(tag: str, m: dict, hf: dict) -> dict:
     b = m.get("bench") or {}
     row: dict = {"model": tag}
@@ -308,11 +311,12 @@ def main() -> int:
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
     elapsed, budget = int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None
     tags = [p.stem.removeprefix("server_") for p in sorted(work.glob("server_*.log"))]
-    order = {"l1b": 0, "l1b_1fe": 1, "m135": 2, "m135_fp32": 3, "l8b_cold": 4, "l8b": 5}
+    order = {"l1b": 0, "l1b_fp8": 1, "l1b_1fe": 2, "m135": 3, "m135_fp32": 4, "l8b_cold": 5,
+             "l8b": 6, "l8b_fp8": 7}  # fmt: skip
     tags.sort(key=lambda t: order.get(t, 9))
     models = {t: model_summary(work, t) for t in tags}
     hf = compile_summary(work)
-    speed = {t: speed_row(t, models[t], hf) for t in tags if t in ("l1b", "l8b", "m135")}
+    speed = {t: speed_row(t, models[t], hf) for t in tags if t in SPEED_TAGS}
     prof_log = work / "logs" / "profile.log"
     prof = []
     if prof_log.exists():
