@@ -50,7 +50,7 @@
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
 # ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
-# l8b, served with ZS_FP8_FLAGS, "--quantization fp8"; benched at ZS_CONC_FP8 1,256 and
+# l8b, served with ZS_FP8_FLAGS, "--quantization fp8 --kv-cache-dtype fp8"; benched at ZS_CONC_FP8 1,256 and
 # ZS_CONC_8B_FP8 1,64),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
 # ZS_MODEL_ROOT (/tmp), ZS_SITE (/tmp/site), ZS_GPU_CHECK_DEVICE=cpu (a local dry run:
@@ -111,7 +111,7 @@ declare -A PORT=([m135]=18731 [l1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [l
   [l8b]=18736 [l8b_cold]=18737 [l1b_cold]=18738 [m135_cold]=18739
   [l1b_warm]=18740 [m135_warm]=18741 [l1b_fp8]=18742 [l8b_fp8]=18743)
 FP8="${ZS_FP8:-1}"
-FP8_FLAGS="${ZS_FP8_FLAGS---quantization fp8}" # the FP8 servers' extra launch.py flags
+FP8_FLAGS="${ZS_FP8_FLAGS---quantization fp8 --kv-cache-dtype fp8}" # the FP8 servers' flags
 
 has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
 is_dummy() { [[ " $DUMMY " == *" $1 "* ]]; }

@@ -20,7 +20,7 @@ from common.ipc_config import IPCConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-KV_DTYPES = DTYPES  # of the KV cache: CacheConfig.kv_cache_dtype
+KV_DTYPES = (*DTYPES, "fp8")  # of the KV cache: CacheConfig.kv_cache_dtype (fp8: a GPU's)
 # weight formats of the linears (scheduler_worker/quant): auto: gguf for a GGUF model on a
 # CPU, else none; gguf: the file's own blocks; int8/int4: Q8_0/Q4_1-style blocks (CPU);
 # fp8: E4M3 per channel, FP8 matmuls from sm_89, emulated in float32 on a CPU (docs/fp8.md)

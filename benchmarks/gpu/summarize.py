@@ -102,6 +102,18 @@ def launch_seconds(log: Path) -> float | None:
     return float(m.group(1)) if m else None
 
 
+_KV_POOL = re.compile(r"KV pool [0-9.]+ GiB, \d+ blocks of \d+ tokens \((\d+) tokens\)")
+
+
+def kv_pool_tokens(log: Path) -> int | None:
+    """The tokens the CUDA backend's KV pool holds, from its sizing line (cuda.py)."""
+    try:
+        m = _KV_POOL.search(log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
 def model_summary(work: Path, tag: str) -> dict:
     ready = load(work / f"ready_{tag}.json") or {}
     check = load(work / f"check_{tag}.json") or {}
@@ -158,6 +170,7 @@ def model_summary(work: Path, tag: str) -> dict:
     out["gpu_busy_at_32"] = dev if dev is not None else out["smi_busy_at_32"]
     out["server_graph_lines"] = server_lines(log, r"graph")
     out["server_kv_lines"] = server_lines(log, r"\bKV\b")
+    out["kv_pool_tokens"] = kv_pool_tokens(log)
     out["server_facts"] = server_lines(
         log, r"zeroserve.loader: loaded", r"decode attention", r"backend", r"engine ready"
     )

@@ -142,6 +142,12 @@ def _cuda_scaled_mm(
     return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
 
 
+# linears --quantization fp8 leaves in the model's dtype: the output head, as llm-compressor's
+# FP8 recipes do (`ignore: [lm_head]`); quantized, it moved the default model's perplexity
+# twice as far (docs/benchmarks.md, "FP8 weights")
+FP8_KEEP = ("lm_head",)
+
+
 def quantize_model_fp8(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
     """Every nn.Linear of a float model (names ending in one of `skip` excepted) replaced by
     its per-channel Fp8Linear, in place; returns how many. A tied output head gets an E4M3
@@ -170,3 +176,8 @@ def fp8_capability_problem(capability: tuple[int, int]) -> str | None:
         f"this GPU is sm_{major}{minor}; FP8 tensor cores need CUDA capability 8.9 or later "
         "(Ada, Hopper, Blackwell)"
     )
+
+
+def fp8_device_problem(device: torch.device) -> str | None:
+    """fp8_capability_problem of a CUDA device."""
+    return fp8_capability_problem(torch.cuda.get_device_capability(device))

@@ -21,7 +21,7 @@ import torch
 from common.config import ConfigError, ModelConfig
 from common.cpu import check_kernel_choice, cpu_flags, has_native_bf16
 from scheduler_worker import kernels
-from scheduler_worker.quant.fp8 import fp8_capability_problem
+from scheduler_worker.quant.fp8 import fp8_device_problem
 from scheduler_worker.quant.linear import dense_dtype_for
 
 
@@ -77,7 +77,7 @@ def plan_fp8(method: str, why: str, device: torch.device, checkpoint: bool) -> W
     A GPU without FP8 tensor cores refuses fp8 in one line; auto dequantizes there."""
     problem = None
     if device.type == "cuda":
-        problem = fp8_capability_problem(torch.cuda.get_device_capability(device))
+        problem = fp8_device_problem(device)
     if method == "auto":
         if problem is not None:
             return WeightPlan("none", None, f"auto: an FP8 checkpoint dequantized ({problem})")

@@ -85,14 +85,16 @@ def test_fp8_linear_block_scales_are_weight_only():
         Fp8Linear(q, scale, None, group_size=64)  # 5 groups of 64, not 3
 
 
-def test_quantize_model_swaps_every_linear_and_keeps_a_tied_embedding():
+def test_quantize_model_swaps_every_linear_but_those_kept():
     emb = nn.Embedding(32, 16)
     model = nn.ModuleDict({"embed": emb, "proj": nn.Linear(16, 16), "lm_head": nn.Linear(16, 32)})
     model["lm_head"].weight = emb.weight  # tied
     assert quantize_model_fp8(model) == 2
     assert isinstance(model["lm_head"], Fp8Linear) and model["embed"] is emb
     assert emb.weight.dtype == torch.float32  # the embedding itself is untouched
-    assert quantize_model_fp8(nn.ModuleDict({"lm_head": nn.Linear(4, 4)}), ("lm_head",)) == 0
+    kept = nn.ModuleDict({"lm_head": nn.Linear(4, 4), "o_proj": nn.Linear(4, 4)})
+    assert quantize_model_fp8(kept, fp8.FP8_KEEP) == 1  # the loader's: the head stays float
+    assert isinstance(kept["lm_head"], nn.Linear) and isinstance(kept["o_proj"], Fp8Linear)
 
 
 def test_cuda_path_calls_scaled_mm_as_its_contract_asks(monkeypatch):
