@@ -140,6 +140,7 @@ def test_triton_per_token_kernel_equals_quantize_rows(monkeypatch):
         tf = importlib.reload(tf)  # decorated under the interpreter
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     dev = "cpu" if interpreted else "cuda"
+    assert (tf.FP8, tf.FP8_MAX) == (FP8, FP8_MAX)  # its own copy of the format's constants
     torch.manual_seed(5)
     for dtype, k in ((torch.bfloat16, 3000), (torch.float32, 64), (torch.float16, 1024)):
         x = (torch.randn(5, k) * torch.logspace(-2, 2, 5).unsqueeze(1)).to(dtype).to(dev)
