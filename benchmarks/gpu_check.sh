@@ -49,7 +49,9 @@
 # ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
-# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128),
+# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
+# l8b, served with ZS_FP8_FLAGS, "--quantization fp8 --kv-cache-dtype fp8"; benched at ZS_CONC_FP8 1,256 and
+# ZS_CONC_8B_FP8 1,64),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
 # ZS_MODEL_ROOT (/tmp), ZS_SITE (/tmp/site), ZS_GPU_CHECK_DEVICE=cpu (a local dry run:
 # ZS_SERVER_FLAGS defaults to "--kernels torch", transformers is timed without compile,
@@ -107,7 +109,9 @@ export PYTHONPATH="$ZS"
 BOOK="$ZS/benchmarks/data/pride_and_prejudice_ch1-6.txt"
 declare -A PORT=([m135]=18731 [l1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [l1b_1fe]=18735
   [l8b]=18736 [l8b_cold]=18737 [l1b_cold]=18738 [m135_cold]=18739
-  [l1b_warm]=18740 [m135_warm]=18741)
+  [l1b_warm]=18740 [m135_warm]=18741 [l1b_fp8]=18742 [l8b_fp8]=18743)
+FP8="${ZS_FP8:-1}"
+FP8_FLAGS="${ZS_FP8_FLAGS---quantization fp8 --kv-cache-dtype fp8}" # the FP8 servers' flags
 
 has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
 is_dummy() { [[ " $DUMMY " == *" $1 "* ]]; }
@@ -392,6 +396,21 @@ if has_model l1b; then
   fi
   HOLD=0
   stop_server
+  # FP8 weights on the same shape, 1 and 256 streams (issue 57: TPOT <= 0.65 ms, >= 1.2x
+  # the bf16 server's 256-stream tok/s just measured)
+  HOLD=0
+  has_model m135 && HOLD=70
+  if [ "$FP8" != 1 ]; then
+    skip l1b_fp8 "ZS_FP8=$FP8"
+  elif (($(left) - RESERVE - HOLD < 45)); then
+    skip l1b_fp8 "budget ($(left)s left, ${HOLD}s held)"
+  else
+    # shellcheck disable=SC2086
+    if serve l1b_fp8 "$MROOT/l1b" "${PORT[l1b_fp8]}" "" $FP8_FLAGS; then
+      if ok_first l1b_fp8; then bench l1b_fp8 40 "$MROOT/l1b" "${ZS_CONC_FP8:-1,256}"; fi
+    fi
+    stop_server
+  fi
   # the A/B of several frontends (the GPU default, min(4, cpus // 4)) against one, at 32
   # streams in the same run: the GPU-busy target's figure either way (ZS_AB_FRONTENDS=0: off)
   HOLD=0
@@ -492,6 +511,20 @@ else
   fi
   stop_server
   SERVER_ENV=()
+fi
+# the 8B shape with FP8 weights: 1-stream TPOT <= 3.0 ms (issue 57)
+if ! has_model l8b; then
+  skip l8b_fp8 "l8b is not in ZS_MODELS ($MODELS)"
+elif [ "$FP8" != 1 ]; then
+  skip l8b_fp8 "ZS_FP8=$FP8"
+elif (($(left) - RESERVE < 60)); then
+  skip l8b_fp8 "budget ($(left)s left)"
+else
+  # shellcheck disable=SC2086
+  if serve l8b_fp8 "$MROOT/l8b" "${PORT[l8b_fp8]}" "" $FP8_FLAGS; then
+    if ok_first l8b_fp8; then bench l8b_fp8 45 "$MROOT/l8b" "${ZS_CONC_8B_FP8:-1,64}"; fi
+  fi
+  stop_server
 fi
 
 # ---- 8b. every family on the real kernels and graphs (test_cuda_backend.py) ----------

@@ -20,11 +20,11 @@ from common.ipc_config import IPCConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-KV_DTYPES = DTYPES  # of the KV cache: CacheConfig.kv_cache_dtype
-# weight formats of the linears (CPU; scheduler_worker/quant): auto picks gguf for a GGUF
-# model whose linears the kernels serve, else none; gguf serves the file's own blocks;
-# int8/int4 quantize float weights into Q8_0/Q4_1-style blocks
-QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
+KV_DTYPES = (*DTYPES, "fp8")  # of the KV cache: CacheConfig.kv_cache_dtype (fp8: a GPU's)
+# weight formats of the linears (scheduler_worker/quant): auto: gguf for a GGUF model on a
+# CPU, else none; gguf: the file's own blocks; int8/int4: Q8_0/Q4_1-style blocks (CPU);
+# fp8: E4M3 per channel, FP8 matmuls from sm_89, emulated in float32 on a CPU (docs/fp8.md)
+QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4", "fp8")
 # the C++ kernel path for quantized linears: auto (the best the CPU has), one ISA, or
 # "torch" (no C++: dequantized weights in pure torch, the oracle)
 KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
@@ -117,10 +117,11 @@ class ModelConfig:
         if self.kernels not in KERNELS:
             raise ConfigError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
         if self.quantization not in ("auto", "none") and (
-            self.dtype == "float16" or self.device == "cuda"
+            self.dtype == "float16" or (self.device == "cuda" and self.quantization != "fp8")
         ):
+            where = "CPU or GPU" if self.quantization == "fp8" else "the CPU"
             raise ConfigError(
-                f"quantization {self.quantization!r} runs on the CPU with dtype "
+                f"quantization {self.quantization!r} runs on {where} with dtype "
                 f"bfloat16 or float32 (got device {self.device!r}, dtype {self.dtype!r})"
             )
         if self.device not in DEVICES:

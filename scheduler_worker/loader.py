@@ -1,12 +1,14 @@
 """Loading a model: its weights, in the form the plan picks, onto the device.
 
-    model dir ──plan_weights──▶ "none" | "int8"/"int4" | "gguf"
-      "none", "int8"/"int4":  built on the meta device, float weights loaded (a GGUF model's
-                              matrices dequantized from the file), then quantized if asked
+    model dir ──plan_weights──▶ "none" | "int8"/"int4" | "fp8" | "gguf"
+      "none", "int8"/"int4",  built on the meta device, float weights loaded (a GGUF model's
+      "fp8":                  matrices dequantized from the file), then quantized if asked
       "gguf":                 built on the meta device; every linear and the embedding
                               swapped for modules over the file's own tensors (memory
                               map); only the norms and biases are allocated as float and
                               loaded from the conversion cache
+      an FP8 checkpoint:      its E4M3 linears as stored (quant/fp8_checkpoint.py), or
+                              dequantized (--quantization none)
 
 So the default path never holds a float copy of a quantized matrix: the scheduler's weight
 memory is the file's (WeightMemory, logged at start and exported in /metrics).
@@ -32,6 +34,7 @@ from common.model_files.gguf_convert import gguf_matrices
 from common.model_files.model_source import (
     check_quantization_source,
     check_weight_source,
+    checkpoint_fp8_layout,
     gguf_source,
 )
 from scheduler_worker.dummy_weights import fill_random
@@ -44,6 +47,13 @@ from scheduler_worker.models import (
 from scheduler_worker.models.common import CausalLM, ModelArgs
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
+from scheduler_worker.quant.fp8 import FP8_KEEP, Fp8Linear, quantize_model_fp8
+from scheduler_worker.quant.fp8_checkpoint import (
+    dequantize_fp8,
+    fp8_weight_shapes,
+    fp8_weights,
+    swap_in_fp8,
+)
 from scheduler_worker.quant.gguf_weights import GGUFBlocks, swap_in_gguf
 from scheduler_worker.quant.linear import DENSE_ABOVE_ROWS, QuantLinear, quantize_model
 from scheduler_worker.quant.mapped import drop_map_pages
@@ -53,7 +63,7 @@ from scheduler_worker.weight_report import WeightMemory, kernel_lines, weight_me
 log = get_logger("loader")
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_QUANT_MODULES = (QuantLinear, DequantLinear, QuantEmbedding)
+_QUANT_MODULES = (QuantLinear, DequantLinear, QuantEmbedding, Fp8Linear)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -156,7 +166,8 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
     check_weight_source(config.model.load_format, model_dir)
     check_quantization_source(config.model.quantization, model_dir)
     gguf = gguf_source(model_dir)
-    plan = plan_weights(config.model, device, gguf)
+    fp8 = checkpoint_fp8_layout(model_dir)
+    plan = plan_weights(config.model, device, gguf, fp8 is not None)
     dtype = resolve_dtype(config.model.dtype, device, plan.method != "none")
     if plan.method != "none" and dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"quantized weights need dtype float32 or bfloat16, not {dtype}")
@@ -167,6 +178,18 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
     with on_meta():
         model = MODEL_REGISTRY[arch](args)
     blocks = GGUFBlocks(gguf) if gguf is not None else None
+    if fp8 is not None and not dummy:  # an FP8 checkpoint as stored (quant/fp8_checkpoint.py)
+        shapes = fp8_weight_shapes(model_dir)
+        n = swap_in_fp8(model, shapes, fp8)
+        _cast_dense(model, dtype)  # on the meta device: the float parameters made in dtype
+        model = model.to_empty(device=device)
+        model.post_init()
+        model.load_weights(fp8_weights(iter_safetensors(model_dir), fp8, shapes))
+        _cast_dense(model, dtype)
+        if plan.method == "none":
+            dequantize_fp8(model, dtype)
+        log.info("weights: %s, %d linears (%s)", fp8.describe(), n, plan.reason)
+        return _loaded(model.eval(), args, plan, dtype, device, None, t0)
     if plan.method == "gguf":
         assert blocks is not None  # check_quantization_source / plan_weights
         with one_thread():
@@ -277,6 +300,13 @@ def _cast_dense(model: nn.Module, dtype: torch.dtype) -> None:
 def _quantize_float(model: nn.Module, plan: WeightPlan, dtype: torch.dtype, t0: float) -> None:
     if plan.method == "none":
         log.info("weights: float %s (%s)", str(dtype).removeprefix("torch."), plan.reason)
+        return
+    if plan.method == "fp8":
+        n = quantize_model_fp8(model, FP8_KEEP)
+        log.info(
+            "weights: %d linears quantized to FP8 E4M3 per channel, the output head kept in "
+            "%s (%s)", n, str(dtype).removeprefix("torch."), plan.reason,
+        )  # fmt: skip
         return
     n = quantize_model(model, plan.method, dtype, plan.isa, plan.dense_dtype)
     log.info(

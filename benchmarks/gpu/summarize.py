@@ -102,6 +102,18 @@ def launch_seconds(log: Path) -> float | None:
     return float(m.group(1)) if m else None
 
 
+_KV_POOL = re.compile(r"KV pool [0-9.]+ GiB, \d+ blocks of \d+ tokens \((\d+) tokens\)")
+
+
+def kv_pool_tokens(log: Path) -> int | None:
+    """The tokens the CUDA backend's KV pool holds, from its sizing line (cuda.py)."""
+    try:
+        m = _KV_POOL.search(log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
 def model_summary(work: Path, tag: str) -> dict:
     ready = load(work / f"ready_{tag}.json") or {}
     check = load(work / f"check_{tag}.json") or {}
@@ -158,6 +170,7 @@ def model_summary(work: Path, tag: str) -> dict:
     out["gpu_busy_at_32"] = dev if dev is not None else out["smi_busy_at_32"]
     out["server_graph_lines"] = server_lines(log, r"graph")
     out["server_kv_lines"] = server_lines(log, r"\bKV\b")
+    out["kv_pool_tokens"] = kv_pool_tokens(log)
     out["server_facts"] = server_lines(
         log, r"zeroserve.loader: loaded", r"decode attention", r"backend", r"engine ready"
     )
@@ -285,6 +298,9 @@ def device_busy(bench: dict, level: str, part: str = "device") -> float | None:
     return r(100.0 * (b - a) / float(span))
 
 
+SPEED_TAGS = ("l1b", "l8b", "m135", "l1b_fp8", "l8b_fp8")  # the servers in the speed table
+
+
 def speed_row(tag: str, m: dict, hf: dict) -> dict:
     b = m.get("bench") or {}
     row: dict = {"model": tag}
@@ -308,11 +324,12 @@ def main() -> int:
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
     elapsed, budget = int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None
     tags = [p.stem.removeprefix("server_") for p in sorted(work.glob("server_*.log"))]
-    order = {"l1b": 0, "l1b_1fe": 1, "m135": 2, "m135_fp32": 3, "l8b_cold": 4, "l8b": 5}
+    order = {"l1b": 0, "l1b_fp8": 1, "l1b_1fe": 2, "m135": 3, "m135_fp32": 4, "l8b_cold": 5,
+             "l8b": 6, "l8b_fp8": 7}  # fmt: skip
     tags.sort(key=lambda t: order.get(t, 9))
     models = {t: model_summary(work, t) for t in tags}
     hf = compile_summary(work)
-    speed = {t: speed_row(t, models[t], hf) for t in tags if t in ("l1b", "l8b", "m135")}
+    speed = {t: speed_row(t, models[t], hf) for t in tags if t in SPEED_TAGS}
     prof_log = work / "logs" / "profile.log"
     prof = []
     if prof_log.exists():

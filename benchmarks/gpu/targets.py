@@ -69,6 +69,7 @@ def targets(models: dict, rows: dict) -> list[dict]:
         if c
         else None,
     )
+    fp8_targets(models, rows, add)
     for tag, limit in (("l8b_cold", 60), ("l8b", 20)):
         v = (models.get(tag) or {}).get("startup_s")
         kind = "cold (empty kernel cache)" if tag.endswith("_cold") else "warm"
@@ -83,3 +84,33 @@ def targets(models: dict, rows: dict) -> list[dict]:
         ", ".join(f"{k} {v}x" for k, v in firsts.items()) if firsts else None,
     )
     return t
+
+
+FP8_TPOT_1B_MS, FP8_TPOT_8B_MS, FP8_GAIN_256, FP8_KV_POOL = 0.65, 3.0, 1.2, 1.9
+
+
+def fp8_targets(models: dict, rows: dict, add) -> None:
+    """Issue 57's FP8 targets: l1b_fp8 / l8b_fp8 are the same shapes served with
+    --quantization fp8 --kv-cache-dtype fp8 (gpu_check.sh, ZS_FP8_FLAGS), in the same run as
+    l1b / l8b. The KV pools' ratio has the FP8 weights' freed memory in it too (1B: ~1 GiB)."""
+    pools = [(models.get(t) or {}).get("kv_pool_tokens") for t in ("l1b", "l1b_fp8")]
+    v = round(pools[1] / pools[0], 3) if all(pools) else None
+    add(f"1B shape: KV pool with --kv-cache-dtype fp8 >= {FP8_KV_POOL}x bf16's tokens", v,
+        v is not None and v >= FP8_KV_POOL, nd=2)  # fmt: skip
+    l1b, f1b, f8b = (rows.get(t) or {} for t in ("l1b", "l1b_fp8", "l8b_fp8"))
+    v = f1b.get("tpot_1_ms")
+    add(
+        f"1B shape FP8: 1-stream TPOT <= {FP8_TPOT_1B_MS} ms",
+        v,
+        v is not None and v <= FP8_TPOT_1B_MS,
+    )
+    ours, base = f1b.get("tok_s_256"), l1b.get("tok_s_256")
+    v = round(ours / base, 3) if ours and base else None
+    add(f"1B shape FP8: 256 streams >= {FP8_GAIN_256}x bf16's tok/s", v,
+        v is not None and v >= FP8_GAIN_256, nd=2)  # fmt: skip
+    v = f8b.get("tpot_1_ms")
+    add(
+        f"8B shape FP8: 1-stream TPOT <= {FP8_TPOT_8B_MS} ms",
+        v,
+        v is not None and v <= FP8_TPOT_8B_MS,
+    )

@@ -31,6 +31,7 @@ from common.config import ConfigError
 from common.env import default_cache_dir
 from common.log import get_logger
 from common.model_facts import read_hf_config
+from common.model_files.fp8_config import CheckpointQuantError, Fp8Layout, fp8_layout
 from common.process import die_with_parent
 
 log = get_logger("model_source")
@@ -118,12 +119,33 @@ def hf_reference_dir(model_dir: Path) -> Path:
 
 
 def check_quantization_source(quantization: str, model_dir: Path) -> None:
-    """--quantization gguf serves a GGUF file's own blocks: refuse it for an HF directory."""
+    """--quantization gguf serves a GGUF file's own blocks: refuse it for an HF directory.
+    A quantized checkpoint (config.json's quantization_config) must be FP8 (fp8_config.py),
+    served as stored (auto, fp8) or dequantized (none)."""
     if quantization == "gguf" and gguf_source(model_dir) is None:
         raise ConfigError(
             "--quantization gguf needs a GGUF model (the alias 'smollm2' or a "
             f".gguf file); {model_dir} is a Hugging Face directory"
         )
+    layout = checkpoint_fp8_layout(model_dir)
+    if layout is not None and quantization not in ("auto", "fp8", "none"):
+        raise ConfigError(
+            f"--quantization {quantization}: {model_dir} is an {layout.describe()}; serve it "
+            "with --quantization auto or fp8 (as stored) or none (dequantized)"
+        )
+
+
+def checkpoint_fp8_layout(model_dir: Path) -> Fp8Layout | None:
+    """The FP8 layout of an HF directory's checkpoint (None: not quantized, or no
+    config.json to read); ConfigError for a quantization the engine cannot serve."""
+    try:
+        hf = read_hf_config(model_dir)
+    except (FileNotFoundError, ValueError):
+        return None  # refused elsewhere, with its own message
+    try:
+        return fp8_layout(hf)
+    except CheckpointQuantError as e:
+        raise ConfigError(f"model {model_dir}: {e}") from e
 
 
 def check_hf_dir(path: Path) -> Path:

@@ -104,6 +104,11 @@ class CpuBackend(Backend):
         11-bit mantissa keeps the scores within ~1e-3. Else the model's dtype. A type other
         than the model's needs the paged kernel (the torch paths read the cache as is)."""
         paged_f32 = self.decode_kernel == "paged" and self.dtype == torch.float32
+        if want == "fp8":
+            raise ConfigError(
+                "--kv-cache-dtype fp8 is the GPU's (sm_89 and later); the CPU's cache is "
+                "float16, bfloat16 or float32"
+            )
         if want == "auto":
             return torch.float16 if paged_f32 else self.dtype
         dtype = TORCH_DTYPES[want]

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from common.config import ConfigError
 from common.log import get_logger
 from scheduler_worker.activations import GELU_TANH_ACTS
 from scheduler_worker.attention import AttentionMetadata
@@ -44,6 +45,7 @@ from scheduler_worker.backends.ops import TorchOps
 from scheduler_worker.backends.triton_attention import table_width
 from scheduler_worker.backends.warm_up import warm_up
 from scheduler_worker.loader import TORCH_DTYPES
+from scheduler_worker.quant.fp8 import fp8_device_problem
 
 log = get_logger("cuda")
 
@@ -144,8 +146,13 @@ class CudaBackend(Backend):
 
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:
-        """auto: the model's dtype. The kernels read any of float32 / bfloat16 / float16."""
-        return self.dtype if want == "auto" else TORCH_DTYPES[want]
+        """auto: the model's dtype. The kernels read float32 / bfloat16 / float16, and fp8:
+        E4M3 at scale 1, half bf16's bytes, twice the tokens (docs/fp8.md), sm_89 on."""
+        if want != "fp8":
+            return self.dtype if want == "auto" else TORCH_DTYPES[want]
+        if self.device.type == "cuda" and (why := fp8_device_problem(self.device)):
+            raise ConfigError(f"--kv-cache-dtype fp8: {why}")
+        return torch.float8_e4m3fn
 
     def allocate_kv_pool(
         self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype

@@ -23,6 +23,7 @@ import triton.language as tl
 from scheduler_worker.backends.triton_attention import cache_strides
 
 NUM_WARPS = 4  # a launch parameter only; the interpreter ignores it
+FP8_KV_MAX = 448.0  # E4M3's largest value: an FP8 cache's K/V saturate there (scale 1)
 
 
 @triton.jit
@@ -210,6 +211,7 @@ def _rope_write_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_KV_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    KV_MAX: tl.constexpr,
 ):
     stride_kc_b, stride_kc_r, stride_kc_h, stride_vc_b, stride_vc_r, stride_vc_h = kv_strides
     tok = tl.program_id(0).to(tl.int64)
@@ -247,6 +249,9 @@ def _rope_write_kv_kernel(
     kc = k_cache_ptr + block * stride_kc_b + blk_row * stride_kc_r
     kc_offs = offs_h[:, None] * stride_kc_h + offs_d[None, :]
     k_dtype = k_cache_ptr.dtype.element_ty
+    if KV_MAX > 0:  # an FP8 cache (scale 1): saturate, E4M3 has no infinity
+        k1 = tl.clamp(k1.to(tl.float32), -KV_MAX, KV_MAX)
+        k2 = tl.clamp(k2.to(tl.float32), -KV_MAX, KV_MAX)
     tl.store(kc + kc_offs, k1.to(k_dtype), mask=k_mask & write)
     tl.store(kc + kc_offs + half, k2.to(k_dtype), mask=k_mask & write)
     v_src = row + q_width + kv_width + offs_h[:, None] * head_dim + offs_d[None, :]
@@ -255,6 +260,9 @@ def _rope_write_kv_kernel(
     v_dtype = v_cache_ptr.dtype.element_ty
     v1 = tl.load(v_src, mask=k_mask, other=0.0)
     v2 = tl.load(v_src + half, mask=k_mask, other=0.0)
+    if KV_MAX > 0:
+        v1 = tl.clamp(v1.to(tl.float32), -KV_MAX, KV_MAX)
+        v2 = tl.clamp(v2.to(tl.float32), -KV_MAX, KV_MAX)
     tl.store(vc + vc_offs, v1.to(v_dtype), mask=k_mask & write)
     tl.store(vc + vc_offs + half, v2.to(v_dtype), mask=k_mask & write)
 
@@ -277,7 +285,8 @@ def rope_write_kv(
     tables indexed by position. Rotate-half (Hugging Face Llama) layout: with x1, x2 the
     two halves of a head, out = [x1 c - x2 s, x2 c + x1 s], in float32 rounded to qkv's
     dtype. The rotated k and the unrotated v go to k_cache / v_cache [NB, BS, Hkv, Dh] at
-    block slot // BS, row slot % BS, cast to the cache dtype; a negative slot (padding row)
+    block slot // BS, row slot % BS, cast to the cache dtype (an FP8 cache: scale 1,
+    saturated at +-448); a negative slot (padding row)
     writes nothing. Returns q [T, H, Dh] and k [T, Hkv, Dh] (rotated), new tensors.
     """
     num_tokens = qkv.shape[0]
@@ -311,6 +320,7 @@ def rope_write_kv(
         BLOCK_H=triton.next_power_of_2(num_heads),
         BLOCK_KV_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        KV_MAX=FP8_KV_MAX if k_cache.dtype == torch.float8_e4m3fn else 0.0,
         num_warps=NUM_WARPS,
     )
     return q, k

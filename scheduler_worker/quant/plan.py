@@ -1,7 +1,8 @@
 """Which weights a model's linears get, and which kernel path serves them, with the reason
 the server logs.
 
-    --quantization auto ─▶ a GGUF model on the CPU: "gguf" (the file's own blocks: the
+    --quantization auto ─▶ an FP8 checkpoint: "fp8" (as stored; quant/fp8.py)
+                         ─▶ a GGUF model on the CPU: "gguf" (the file's own blocks: the
                            model the user downloaded; formats without a kernel are
                            dequantized row by row on the fly, never held as floats)
                          ─▶ anything else: "none" (float weights, exact)
@@ -20,19 +21,24 @@ import torch
 from common.config import ConfigError, ModelConfig
 from common.cpu import check_kernel_choice, cpu_flags, has_native_bf16
 from scheduler_worker import kernels
+from scheduler_worker.quant.fp8 import fp8_device_problem
 from scheduler_worker.quant.linear import dense_dtype_for
 
 
 @dataclass(frozen=True)
 class WeightPlan:
-    method: str  # "none" | "gguf" | "int8" | "int4"
+    method: str  # "none" | "gguf" | "int8" | "int4" | "fp8"
     isa: str | None  # kernel path for quantized linears; None: pure torch
     reason: str
     dense_dtype: torch.dtype | None = None  # dense copy for prompt tokens, big batches
 
 
-def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> WeightPlan:
+def plan_weights(
+    cfg: ModelConfig, device: torch.device, gguf: Path | None, fp8_checkpoint: bool = False
+) -> WeightPlan:
     method, why = cfg.quantization, f"--quantization {cfg.quantization}"
+    if fp8_checkpoint or method == "fp8":
+        return plan_fp8(method, why, device, fp8_checkpoint)
     if method == "auto":
         if device.type != "cpu":
             method, why = "none", f"auto on {device.type}: the quantized kernels are CPU-only"
@@ -63,6 +69,27 @@ def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> W
     if cfg.prefill_dense_copy and dense is None:
         why += "; --prefill-dense-copy: no copy kept (the integer kernels are faster on this CPU)"
     return WeightPlan(method, isa, why, dense)
+
+
+def plan_fp8(method: str, why: str, device: torch.device, checkpoint: bool) -> WeightPlan:
+    """fp8 (E4M3 weights, quant/fp8.py) or none for --quantization fp8, or for an FP8
+    checkpoint (auto: as stored, where FP8 matmuls run or are emulated; none: dequantized).
+    A GPU without FP8 tensor cores refuses fp8 in one line; auto dequantizes there."""
+    problem = None
+    if device.type == "cuda":
+        problem = fp8_device_problem(device)
+    if method == "auto":
+        if problem is not None:
+            return WeightPlan("none", None, f"auto: an FP8 checkpoint dequantized ({problem})")
+        on = "emulated in float32 on the CPU" if device.type == "cpu" else "FP8 matmuls"
+        return WeightPlan("fp8", None, f"auto: the FP8 checkpoint as stored, {on}")
+    if method == "none":
+        return WeightPlan("none", None, f"{why}: the FP8 checkpoint dequantized")
+    if problem is not None:
+        raise ConfigError(f"--quantization fp8: {problem}; serve with --quantization none")
+    if device.type == "cpu":
+        why += ": E4M3 weights, the FP8 matmul emulated in float32 on the CPU (slow)"
+    return WeightPlan("fp8", None, why)
 
 
 def kernel_path(choice: str) -> str | None:
