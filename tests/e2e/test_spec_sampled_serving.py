@@ -11,7 +11,7 @@ import pytest
 from benchmarks.bench_spec import PASSAGE
 from tests.e2e.conftest import served
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 MESSAGES = [
     {"role": "user", "content": f"Repeat the following passage word for word.\n\n{PASSAGE}"}
@@ -27,7 +27,7 @@ def test_seeded_sampled_text_same_with_and_without_drafts(spec_server):
     client = openai.OpenAI(
         base_url=spec_server.url + "/v1", api_key="x", max_retries=0, timeout=120
     )
-    kw = dict(model="smollm2", messages=MESSAGES, max_tokens=80, temperature=0.7, seed=42)
+    kw = dict(model="smollm2", messages=MESSAGES, max_tokens=48, temperature=0.7, seed=42)
 
     def ask(spec: bool, stream: bool = False, **more) -> tuple[str, dict, list]:
         extra = {"speculative": spec, "return_timings": True}
@@ -41,9 +41,9 @@ def test_seeded_sampled_text_same_with_and_without_drafts(spec_server):
 
     plain, plain_timings, _ = ask(False)
     drafted, timings, _ = ask(True)
-    assert drafted == plain and len(plain) > 100
+    assert drafted == plain and len(plain) > 60
     assert "num_draft_tokens" not in plain_timings
-    assert timings["num_accepted_tokens"] > 10  # the passage was drafted from the prompt
+    assert timings["num_accepted_tokens"] > 5  # the passage was drafted from the prompt
     assert ask(True, stream=True)[0] == plain
     # another seed, another text (the seed is used), the same with drafts
     kw["seed"] = 7
@@ -52,7 +52,7 @@ def test_seeded_sampled_text_same_with_and_without_drafts(spec_server):
     # logprobs of the accepted drafts: one per token, as without drafts
     text, _, lps = ask(True, logprobs=True, top_logprobs=2)
     want_text, _, want = ask(False, logprobs=True, top_logprobs=2)
-    assert text == want_text and len(lps) == len(want) > 20
+    assert text == want_text and len(lps) == len(want) > 10
     for got, exp in zip(lps, want):
         assert got.token == exp.token and got.logprob == pytest.approx(exp.logprob, abs=1e-3)
         assert [t.token for t in got.top_logprobs] == [t.token for t in exp.top_logprobs]
