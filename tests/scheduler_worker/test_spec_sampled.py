@@ -1,7 +1,8 @@
 """Speculative decoding for rows that sample (scheduler_worker/spec/sampled.py): a seeded
 row's tokens and logprobs with drafts equal those without, whatever its sampling options
 (temperature, top-k/p, min-p, penalties, min_tokens, logit_bias, logprobs); unseeded rows
-keep the target distribution (a chi-square test on the tokens of verified positions)."""
+keep the target distribution (a chi-square test on the tokens of verified positions).
+Every proposed draft is verified here (policy "always"; the adaptive switch: test_spec_policy.py)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,9 @@ def test_seeded_sampled_equal_with_drafts(tiny, name, wrong):
     params = SAMPLED[name]
     prompts = _repetitive(6, seed=7)
     want = _collect(make_engine(tiny), prompts, params)
-    engine = make_engine(tiny, speculative_method="ngram", num_speculative_tokens=4)
+    engine = make_engine(
+        tiny, speculative_method="ngram", num_speculative_tokens=4, speculative_policy="always"
+    )
     engine.scheduler.drafter = OracleDrafter(prompts, [t for t, _ in want], wrong)
     got = _collect(engine, prompts, params)
     _assert_same(got, want, params.logprobs is not None)
@@ -100,7 +103,13 @@ def test_seeded_sampled_equal_with_preemption(tiny):
     prompts = _repetitive(8, seed=9)
     setup = dict(num_blocks=24, max_num_seqs=8)
     want = _collect(make_engine(tiny, **setup), prompts, params)
-    engine = make_engine(tiny, speculative_method="ngram", num_speculative_tokens=4, **setup)
+    engine = make_engine(
+        tiny,
+        speculative_method="ngram",
+        num_speculative_tokens=4,
+        speculative_policy="always",
+        **setup,
+    )
     engine.scheduler.drafter = OracleDrafter(prompts, [t for t, _ in want], wrong=True)
     got = _collect(engine, prompts, params)
     _assert_same(got, want, False)
@@ -152,7 +161,13 @@ def test_unseeded_distribution_kept_chi_square(tiny_model_dirs):
     }
     samples = {}
     for spec in (False, True):
-        engine = make_engine(model, **setup, speculative_method="ngram", num_speculative_tokens=2)
+        engine = make_engine(
+            model,
+            **setup,
+            speculative_method="ngram",
+            num_speculative_tokens=2,
+            speculative_policy="always",
+        )
         engine.scheduler.drafter = TableDrafter(len(prompt), table) if spec else None
         torch.manual_seed(1)
         samples[spec] = Counter(map(tuple, engine.generate([prompt] * n, params)))
@@ -197,7 +212,10 @@ def test_default_model_seeded_equal_with_ngram(default_model_dir, quantization):
             model=ModelConfig(model="smollm2", dtype="float32", quantization=quantization),
             cache=CacheConfig(num_blocks=128),
             scheduler=SchedulerConfig(
-                max_num_seqs=4, speculative_method="ngram", num_speculative_tokens=5
+                max_num_seqs=4,
+                speculative_method="ngram",
+                num_speculative_tokens=5,
+                speculative_policy="always",
             ),
         ),
         default_model_dir,
