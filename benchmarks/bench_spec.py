@@ -1,8 +1,8 @@
 """Speculative decoding at one stream: output tok/s with and without ngram drafts in one
-engine (the request's `speculative` flag switches it), alternating A/B runs, greedy; the
-outputs must be equal token for token.
+engine (the request's `speculative` flag switches it), alternating A/B runs, greedy (or
+`--sampled`: temperature 0.7, top_p 0.9, a seed); the outputs must be equal token for token.
 
-    python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128
+    python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128 [--sampled]
 
 The `repeat` prompt asks the model to repeat a passage (prompt lookup pays there), `chat`
 asks for a story (little to look up). Prints one line a run and the ratio of the medians.
@@ -45,10 +45,14 @@ def chat_prompt(model_dir, workload: str = "repeat") -> list[int]:
 
 
 def run(
-    engine: LLMEngine, prompt: list[int], max_tokens: int, spec: bool
+    engine: LLMEngine, prompt: list[int], max_tokens: int, spec: bool, sampled: bool = False
 ) -> tuple[list, float, float]:
     """The output, wall seconds and this process's CPU seconds (steadier on a shared host)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
+    if sampled:  # a seeded chat-like row
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=1234, speculative=spec
+        )
     t0, c0 = time.perf_counter(), time.process_time()
     out = engine.generate([prompt], params)[0]
     return out, time.perf_counter() - t0, time.process_time() - c0
@@ -62,6 +66,7 @@ def main() -> None:
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--workload", choices=sorted(ASKS), default="repeat")
+    ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top_p 0.9, seeded")
     a = ap.parse_args()
     engine = LLMEngine(
         EngineConfig(
@@ -79,13 +84,13 @@ def main() -> None:
     for r in range(a.rounds):
         for spec in (False, True) if r % 2 == 0 else (True, False):
             before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
-            out, secs, cpu = run(engine, prompt, a.max_tokens, spec)
+            out, secs, cpu = run(engine, prompt, a.max_tokens, spec, a.sampled)
             drafted = engine.counters.draft_tokens - before[0]
             accepted = engine.counters.accepted_tokens - before[1]
             rates[spec].append(len(out) / secs)
             cpu_rates[spec].append(len(out) / cpu)
             outs.setdefault(spec, out)
-            assert out == outs[spec], "greedy outputs differ between rounds"
+            assert out == outs[spec], "outputs differ between rounds"
             print(
                 f"round {r} {'ngram' if spec else 'none '}: {len(out)} tokens in {secs:.2f} s, "
                 f"{len(out) / secs:.1f} tok/s, {len(out) / cpu:.1f} tok per CPU s, "
@@ -104,7 +109,7 @@ def main() -> None:
         f"{statistics.median(rates[True]):.1f}, ratio {ratio:.2f}x; outputs equal: {same}"
     )
     if not same:
-        raise SystemExit("ngram output differs from the plain greedy output")
+        raise SystemExit("ngram output differs from the output without drafts")
 
 
 if __name__ == "__main__":

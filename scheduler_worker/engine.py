@@ -38,6 +38,7 @@ from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.spec import make_drafter
 from scheduler_worker.spec.policy import verified
+from scheduler_worker.spec.sampled import SampledVerify, sample_drafts
 from scheduler_worker.spec.verify import accepted_tokens, draft_targets
 from scheduler_worker.step_inputs import decode_rows, seq_inputs
 from scheduler_worker.step_output import (
@@ -196,7 +197,7 @@ class LLMEngine:
         if pending is not None:
             outputs += self._resolve(pending, stats)
         self._in_flight = launched
-        if launched is not None and (not self.overlap or launched.drafts):
+        if launched is not None and (not self.overlap or launched.verifies):
             outputs += self._resolve(launched, stats)
             self._in_flight = None
         for key in ("schedule", "forward", "sample"):
@@ -256,21 +257,26 @@ class LLMEngine:
             )
             for req in ([] if plain else samplers)
         ]
+        if batch.drafts and rows:  # a drafted row's last position follows all its drafts
+            for row, req in zip(rows, samplers):
+                row.draft_token_ids = batch.drafts.get(req.request_id, ())
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
         argmax = bool(samplers) and (plain or masks is None and self.sampler.plain_greedy(rows))
         in_flight = self._in_flight.sample if self._in_flight is not None else None
         verify: dict[str, tuple[list[int], list[int]]] = {}
+        sampled_verify: SampledVerify | None = None
         backend = self.runner.backend
         backend.prev_tokens = in_flight.token_ids if in_flight is not None else None
         backend.chained = self._in_flight is not None
         if isinstance(inputs, list) and any(s.prompt_logits for s in inputs):
             vocab = self.sampler.vocab_size if argmax else None
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs, vocab)
-            if batch.drafts:
+            if batch.drafts:  # sampled rows' first (spec/sampled.py), then greedy ones
                 self.counters.verify_steps += 1
+                sampled_verify = sample_drafts(self.sampler, entries, prompt_logits, batch.drafts)
                 targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
-                verify = {r: (d, targets[r]) for r, d in batch.drafts.items()}
+                verify = {r: (batch.drafts[r], t) for r, t in targets.items()}
             self._keep_prompt_logprobs(entries, prompt_logits)
         else:
             logits = self.runner.execute(inputs, self.sampler.vocab_size if argmax else None)
@@ -293,7 +299,7 @@ class LLMEngine:
         stats.sample += time.perf_counter() - t2
         self.counters.prompt_tokens += batch.num_prefill_tokens
         sampled = self.scheduler.advance(batch, sampling)
-        return InFlight(sampled, sample, verify)
+        return InFlight(sampled, sample, verify, sampled_verify)
 
     def _resolve(self, step: InFlight, stats: StepStats) -> list[RequestOutput]:
         """Step's tokens on the host (waiting for the device if need be) into its requests:
@@ -306,13 +312,16 @@ class LLMEngine:
         if result is None:  # no row sampled (prompt chunks only)
             return outputs
         grammars = self.grammars if self.grammars.matchers else None  # none: no row has one
+        drafts: dict = step.drafts
+        if step.sampled_drafts is not None:
+            drafts = {**drafts, **step.sampled_drafts.targets()}
         resolve, append = self.scheduler.resolve, outputs.append
         for (req, index), token, lp in zip(step.sampled, result.token_ids, result.logprobs):
             if req.status.finished:  # aborted, or stopped at its previous token:
                 resolve(req, index, token)  # nothing more to send
                 continue
-            if step.drafts and req.request_id in step.drafts:
-                append(self._verified(req, index, token, *step.drafts[req.request_id]))
+            if drafts and req.request_id in drafts:
+                append(self._verified(req, index, token, lp, *drafts[req.request_id]))
                 continue
             resolve(req, index, token)
             if grammars is not None and grammars.advance(req, token) and not req.status.finished:
@@ -336,9 +345,17 @@ class LLMEngine:
         return outputs
 
     def _verified(
-        self, req: Request, index: int, token: int, drafts: list[int], targets: list[int]
+        self,
+        req: Request,
+        index: int,
+        token: int,
+        lp: TokenLogprobs | None,
+        drafts: list[int],
+        targets: list[int],
+        lps: list[TokenLogprobs | None] | None = None,
     ) -> RequestOutput:
-        """The output of a row that verified drafts (token: the argmax after the last)."""
+        """The output of a row that verified drafts (token, lp: its sample after the last;
+        lps: the logprobs of targets, for a row that asked for them)."""
         kept = self.scheduler.accept(req, index, accepted_tokens(drafts, targets, token))
         verified(req, len(drafts), len(kept) - 1)
         req.num_draft_tokens += len(drafts)
@@ -348,7 +365,8 @@ class LLMEngine:
         self.counters.generation_tokens += len(kept) - 1  # the row's first: in _resolve
         if req.status.finished:
             del self.requests[req.request_id]
-        return request_output(req, kept)
+        logprobs = None if lp is None or lps is None else [*lps, lp][: len(kept)]
+        return request_output(req, kept, logprobs)
 
     def _last_output(self, req: Request, token: int, lp: TokenLogprobs | None) -> RequestOutput:
         """The output of a row that finished, or that may send its prompt logprobs."""

@@ -34,6 +34,9 @@ class SamplingRow:
     # structured outputs: the grammar's packed bitmask, int32 [ceil(vocab / 32)], bit j of
     # word w set where token 32 w + j is allowed (scheduler_worker.structured)
     token_bitmask: torch.Tensor | None = None
+    # speculative decoding: the drafts before this position of a verify chunk (spec/
+    # sampled.py), output tokens as far as its sample goes (seed counter, min_tokens, penalties)
+    draft_token_ids: Sequence[int] = ()
 
 
 def has_penalty(p: SamplingParams) -> bool:
@@ -71,7 +74,7 @@ def mask_stop_tokens(
     vocab = logits.shape[1]
     flat: list[int] = []
     for i, r in enumerate(rows):
-        if len(r.output_token_ids) < r.params.min_tokens:
+        if len(r.output_token_ids) + len(r.draft_token_ids) < r.params.min_tokens:
             stop = chain(eos_token_ids, r.params.stop_token_ids)
             flat += [i * vocab + t for t in stop if t < vocab]
     if not flat:
@@ -146,6 +149,15 @@ def _in_flight(
     return where, prev_tokens.index_select(0, _tensor([r for _, r in pend], dev))
 
 
+def _outputs(row: SamplingRow) -> Sequence[int]:
+    """The row's output tokens before the position it samples (its drafts included)."""
+    return (
+        [*row.output_token_ids, *row.draft_token_ids]
+        if row.draft_token_ids
+        else row.output_token_ids
+    )
+
+
 def apply_penalties(
     logits: torch.Tensor, rows: list[SamplingRow], prev_tokens: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -166,7 +178,7 @@ def apply_penalties(
     if any(p.repetition_penalty != 1.0 for p in params):
         rep = _tensor([p.repetition_penalty for p in params], dev)[:, None]
         seqs = [
-            list(chain(rows[i].prompt_token_ids, rows[i].output_token_ids))
+            list(chain(rows[i].prompt_token_ids, rows[i].output_token_ids, rows[i].draft_token_ids))
             if p.repetition_penalty != 1.0
             else []
             for i, p in zip(idx, params)
@@ -180,7 +192,7 @@ def apply_penalties(
         pres = _tensor([p.presence_penalty for p in params], dev)[:, None]
         freq = _tensor([p.frequency_penalty for p in params], dev)[:, None]
         counts = torch.zeros_like(sub)
-        flat = _flat_index([rows[i].output_token_ids for i in idx], vocab, dev)
+        flat = _flat_index([_outputs(rows[i]) for i in idx], vocab, dev)
         counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
         if pending is not None:
             one = torch.ones_like(pending[0], dtype=sub.dtype)

@@ -96,8 +96,9 @@ class Request:
         self.reads_history = (
             p.structured is not None or has_penalty(p) or p.prompt_logprobs is not None
         )
-        # a greedy row verifies drafts exactly by argmax; sampled rows draft nothing yet
-        self.speculates = self.plain and not self.reads_history and p.speculative
+        # a plain greedy row verifies drafts by argmax (spec/verify.py), the others by
+        # sampling every position (spec/sampled.py); grammar rows draft nothing yet
+        self.speculates = p.speculative and p.structured is None
 
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)

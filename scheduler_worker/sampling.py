@@ -331,7 +331,8 @@ class Sampler:
         """Every row takes the argmax of its raw logits (after any grammar mask): greedy,
         with no penalty, no logit_bias, no logprobs and no min_tokens still blocking EOS."""
         return all(
-            plain_greedy_params(r.params) and len(r.output_token_ids) >= r.params.min_tokens
+            plain_greedy_params(r.params)
+            and len(r.output_token_ids) + len(r.draft_token_ids) >= r.params.min_tokens
             for r in rows
         )
 
@@ -347,7 +348,7 @@ class Sampler:
         if not seeded:  # unseeded rows share the default generator
             return sample_from(probs, torch.rand(len(rows), n, device=dev))
         seeds = [rows[i].params.seed or 0 for i in seeded]
-        counters = [len(rows[i].output_token_ids) for i in seeded]
+        counters = [len(rows[i].output_token_ids) + len(rows[i].draft_token_ids) for i in seeded]
         u = seeded_uniforms(seeds, counters, n, dev)
         if len(seeded) < len(rows):
             shared = [i for i, r in enumerate(rows) if r.params.seed is None]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from scheduler_worker.request import Request
 from scheduler_worker.sampling import DeviceSample, TokenLogprobs
+from scheduler_worker.spec.sampled import SampledVerify
 
 
 @dataclass(slots=True)
@@ -34,6 +35,13 @@ class InFlight:
     sample: DeviceSample | None  # the tokens (and logprobs) on the device, being copied
     # rid -> (drafts, argmax at the positions before the last) of the rows that drafted
     drafts: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    # the rows that verify drafts by sampling (spec/sampled.py), their tokens on the device
+    sampled_drafts: SampledVerify | None = None
+
+    @property
+    def verifies(self) -> bool:
+        """Some row verified drafts: its next position waits for what it accepts."""
+        return bool(self.drafts) or self.sampled_drafts is not None
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Speculative decoding's drafting seam: a drafter proposes up to k next tokens for a
 request from its own tokens; the scheduler gives the row a (1 + k)-token chunk and the
-engine verifies every draft in the step's one batched forward (engine._accept_drafts).
+engine verifies every draft in the step's one batched forward: by argmax for plain greedy
+rows (verify.py), by sampling each position for the others (sampled.py).
 
     method  file       drafts from
     ngram   ngram.py   the request's prompt and output (prompt lookup)

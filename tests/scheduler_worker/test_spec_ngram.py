@@ -190,8 +190,10 @@ def test_request_can_turn_speculation_off(llama):
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculative=False)
     _, counters = _run(llama, prompts, params, True)
     assert counters.draft_tokens == 0
-    sampled = SamplingParams(max_tokens=30, temperature=0.8, seed=1, ignore_eos=True)
-    _, counters = _run(llama, prompts, sampled, True)  # sampled rows draft nothing yet
+    sampled = SamplingParams(
+        max_tokens=30, temperature=0.8, seed=1, ignore_eos=True, speculative=False
+    )
+    _, counters = _run(llama, prompts, sampled, True)  # sampled rows: the same switch
     assert counters.draft_tokens == 0
 
 
