@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from common.sampling_params import SamplingParams
 from scheduler_worker.logits_processors import has_penalty
 from scheduler_worker.sampling import plain_greedy_params
+from scheduler_worker.spec.prediction import Prediction
 
 # a token still being sampled on the device (overlapped scheduling: Scheduler.advance)
 PLACEHOLDER = -1
@@ -70,6 +71,8 @@ class Request:
     # speculative decoding (scheduler_worker/spec/): the drafter's state, and the tokens
     # drafted / accepted so far
     draft_state: object | None = None
+    # OpenAI's `prediction` (spec/prediction.py): drafts from it, and its usage counts
+    prediction: Prediction | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     spec_accepted: float = 0.0  # recent verifies, decayed (spec/policy.py: its acceptance)

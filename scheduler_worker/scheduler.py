@@ -81,6 +81,8 @@ class Scheduler:
         req.stop_tokens = frozenset(p.stop_token_ids or ()) | (
             frozenset() if p.ignore_eos else frozenset(self.eos_token_ids)
         )
+        # a prediction drafts whatever the server's method is (spec/prediction.py)
+        req.speculates = req.speculates and (self.drafter is not None or req.prediction is not None)
         self.waiting.append(req)
         self.num_waiting += 1
 
@@ -111,7 +113,7 @@ class Scheduler:
             ):
                 continue  # req itself was preempted
             n = 1
-            if spare > 0 and self.drafter is not None and req.speculates and not req.num_pending:
+            if spare > 0 and req.speculates and not req.num_pending:
                 n += self._draft(req, min(spare, most), batch)
                 spare -= n - 1
             entries[req.request_id] = (req, n)
@@ -159,9 +161,12 @@ class Scheduler:
         """Drafts for decode row req: at most `spare`, none past its max_tokens, and only
         into blocks free now (a draft never preempts). Returns how many."""
         k = self.policy.row_tokens(req, min(spare, req.max_tokens - req.num_output_tokens - 1))
-        if k <= 0 or self.drafter is None:
+        if k <= 0:
             return 0
-        drafts, req.draft_state = self.drafter.propose(req.token_ids, req.draft_state, k)
+        # the request's prediction first; where it has nothing, the server's drafter
+        drafts = [] if req.prediction is None else req.prediction.propose(req.token_ids, k)
+        if not drafts and self.drafter is not None:
+            drafts, req.draft_state = self.drafter.propose(req.token_ids, req.draft_state, k)
         end = req.num_computed_tokens + 1 + len(drafts)
         need = self._blocks_needed(len(req.block_table), end)
         if need and not self.blocks.can_allocate(need):
