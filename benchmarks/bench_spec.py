@@ -90,9 +90,12 @@ def run(
     return outs, time.perf_counter() - t0, time.process_time() - c0
 
 
-def measure(engine: LLMEngine, workload: str, rounds: int, max_tokens: int) -> None:
-    """Alternating A/B rounds of one workload; prints a line a run and the medians' ratio."""
-    work = prompts(engine.model_dir, workload)
+def measure(
+    engine: LLMEngine, workload: str, rounds: int, max_tokens: int, num_prompts: int | None
+) -> bool:
+    """Alternating A/B rounds of one workload (its first num_prompts prompts, None: all);
+    prints a line a run and the medians' ratio. Returns whether the outputs were equal."""
+    work = prompts(engine.model_dir, workload)[:num_prompts]
     rates: dict[bool, list[float]] = {False: [], True: []}
     cpu_rates: dict[bool, list[float]] = {False: [], True: []}
     outs: dict[bool, list[list[int]]] = {}
@@ -126,7 +129,11 @@ def measure(engine: LLMEngine, workload: str, rounds: int, max_tokens: int) -> N
         f"{statistics.median(rates[True]):.1f}, ratio {ratio:.2f}x; outputs equal: {same}"
     )
     if not same:
-        raise SystemExit(f"{workload}: output with drafts differs from the plain greedy output")
+        first = next(i for i, (a, b) in enumerate(zip(outs[True], outs[False])) if a != b)
+        a, b = outs[True][first], outs[False][first]
+        at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        print(f"{workload}: prompt {first} differs first at output token {at}")
+    return same
 
 
 def main() -> None:
@@ -137,6 +144,7 @@ def main() -> None:
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--workload", choices=sorted(WORKLOADS), nargs="+", default=["repeat"])
+    ap.add_argument("--prompts", type=int, default=None, help="each workload's first N prompts")
     a = ap.parse_args()
     engine = LLMEngine(
         EngineConfig(
@@ -147,8 +155,9 @@ def main() -> None:
         )
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0.0))  # warm up
-    for workload in a.workload:
-        measure(engine, workload, a.rounds, a.max_tokens)
+    equal = [measure(engine, w, a.rounds, a.max_tokens, a.prompts) for w in a.workload]
+    if not all(equal):
+        raise SystemExit("output with drafts differs from the plain greedy output")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.bench_spec import EDIT_FILE
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
 SOURCE = EDIT_FILE.read_text()
 ASK = (
@@ -21,13 +21,25 @@ ASK = (
 MESSAGES = [{"role": "user", "content": ASK}]
 
 
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+
+
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    return _client(server)
+
+
+@pytest.fixture(scope="module")
+def float_client(float_server):
+    """Float32 weights and KV: there a verify step writes the K/V a decode step would, bit
+    for bit on this prompt; on the default quantized path they differ in the last bits,
+    and this prompt's greedy text flips at a near-tie (docs/predicted_outputs.md)."""
+    return _client(float_server)
 
 
 def _ask(client, prediction=None, stream=False, **kw):
-    args = dict(model="smollm2", messages=MESSAGES, max_tokens=96, temperature=0, **kw)
+    args = dict(model="smollm2", messages=MESSAGES, max_tokens=64, temperature=0, **kw)
     if prediction is not None:
         args["prediction"] = prediction
     if not stream:
@@ -40,7 +52,8 @@ def _ask(client, prediction=None, stream=False, **kw):
     return text, chunks[-1].usage
 
 
-def test_same_text_and_the_prediction_counts(client):
+def test_same_text_and_the_prediction_counts(float_client):
+    client = float_client
     plain, plain_usage = _ask(client)
     assert len(plain) > 100
     assert plain_usage.completion_tokens_details is None  # no prediction: no counts
@@ -80,8 +93,9 @@ def test_completions_take_a_prediction(client):
     )
     assert r.choices[0].text == guess
     details = r.usage.completion_tokens_details
-    assert details.accepted_prediction_tokens == plain.usage.completion_tokens
-    assert details.rejected_prediction_tokens == 0
+    # the text re-tokenized may split a token or two otherwise than the model did
+    assert details.accepted_prediction_tokens >= plain.usage.completion_tokens - 2 > 10
+    assert details.rejected_prediction_tokens <= 2
 
 
 @pytest.mark.parametrize(
@@ -133,7 +147,7 @@ def test_responses_api_has_no_prediction(server):
             "max_output_tokens": 4,
             "prediction": {"type": "content", "content": "hello"},
         },
-        timeout=60,
+        timeout=300,
     )
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "prediction"
