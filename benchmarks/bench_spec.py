@@ -86,8 +86,21 @@ def run(
     seconds (steadier on a shared host)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
     t0, c0 = time.perf_counter(), time.process_time()
-    outs = [engine.generate([p], params, [pred if spec else None])[0] for p, pred in work]
+    outs = [generate(engine, p, params, pred if spec else None) for p, pred in work]
     return outs, time.perf_counter() - t0, time.process_time() - c0
+
+
+def generate(
+    engine: LLMEngine, prompt: list[int], params: SamplingParams, prediction: list[int] | None
+) -> list[int]:
+    """One request to its end (LLMEngine.generate, with a prediction)."""
+    rid = f"bench-{time.monotonic_ns()}"
+    engine.add_request(rid, prompt, params, prediction=prediction)
+    out: list[int] = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            out += o.new_token_ids if o.request_id == rid else []
+    return out
 
 
 def measure(

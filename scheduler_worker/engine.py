@@ -38,7 +38,6 @@ from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.spec import make_drafter
 from scheduler_worker.spec.policy import verified
-from scheduler_worker.spec.prediction import Prediction
 from scheduler_worker.spec.verify import accepted_tokens, draft_targets
 from scheduler_worker.step_inputs import decode_rows, seq_inputs
 from scheduler_worker.step_output import (
@@ -121,20 +120,13 @@ class LLMEngine:
         return self.scheduler.blocks
 
     # ---- requests -----------------------------------------------------------
-    def validate(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        prediction: Sequence[int] | None = None,
-    ) -> None:
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """InvalidParameterError (RequestRejectedError: it can never fit) if the request
         cannot be served: the offline API's check, and the serving path's for a request
         nothing proves came through the frontend's intake (common.auth.passed_intake)."""
         params.validate(self.vocab_size)
         self.limits.check_token_ids(prompt_token_ids)
         self.limits.check(prompt_token_ids, params)
-        if prediction is not None:
-            self.limits.check_prediction(prediction)
 
     def add_request(
         self,
@@ -146,18 +138,17 @@ class LLMEngine:
     ) -> None:
         """Queue a request. `checked`: validated at intake, its limits checked by a
         tokenizer worker whose model facts the frontend matched with this replica's, and
-        this KV pool holds a whole context (check_kv_pool): nothing to check again.
-        `prediction`: OpenAI's predicted output, as token ids (spec/prediction.py)."""
+        this KV pool holds a whole context (check_kv_pool): nothing to check again."""
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         if params.max_tokens is None:  # unset: settled for this prompt, on a copy (the
             params = replace(params)  # caller may share one SamplingParams among prompts)
             checked = False
         if not checked:
-            self.validate(prompt_token_ids, params, prediction)
-        req = Request(request_id, list(prompt_token_ids), params)
-        if prediction is not None:
-            req.prediction = Prediction(list(prediction), req.num_prompt_tokens)
+            self.validate(prompt_token_ids, params)
+            if prediction is not None:  # OpenAI's predicted output (spec/prediction.py)
+                self.limits.check_prediction(prediction)
+        req = Request(request_id, list(prompt_token_ids), params, prediction_token_ids=prediction)
         self.grammars.add(req)  # structured outputs: its matcher
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -397,16 +388,13 @@ class LLMEngine:
         self,
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
-        predictions: Sequence[Sequence[int] | None] | None = None,
     ) -> list[list[int]]:
-        """Run prompts (token ids) to completion; returns each one's generated token ids.
-        `predictions`: each prompt's predicted output (token ids) or None."""
+        """Run prompts (token ids) to completion; returns each one's generated token ids."""
         params = params if params is not None else SamplingParams()
         plist = list(params) if not isinstance(params, SamplingParams) else [params] * len(prompts)
-        preds = list(predictions) if predictions is not None else [None] * len(prompts)
         base = f"gen-{time.monotonic_ns()}-"
-        for i, (prompt, p, pred) in enumerate(zip(prompts, plist, preds)):
-            self.add_request(f"{base}{i}", prompt, p, prediction=pred)
+        for i, (prompt, p) in enumerate(zip(prompts, plist)):
+            self.add_request(f"{base}{i}", prompt, p)
         results: dict[str, list[int]] = {f"{base}{i}": [] for i in range(len(prompts))}
         while self.has_unfinished():
             for out in self.step():

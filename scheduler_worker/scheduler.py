@@ -37,7 +37,7 @@ from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.block_manager import BlockManager
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.scheduled_batch import ScheduledBatch
-from scheduler_worker.spec import Drafter
+from scheduler_worker.spec import Drafter, propose
 from scheduler_worker.spec.policy import SpecPolicy
 
 
@@ -81,8 +81,7 @@ class Scheduler:
         req.stop_tokens = frozenset(p.stop_token_ids or ()) | (
             frozenset() if p.ignore_eos else frozenset(self.eos_token_ids)
         )
-        # a prediction drafts whatever the server's method is (spec/prediction.py)
-        req.speculates = req.speculates and (self.drafter is not None or req.prediction is not None)
+        req.speculates &= self.drafter is not None or req.prediction is not None
         self.waiting.append(req)
         self.num_waiting += 1
 
@@ -163,10 +162,7 @@ class Scheduler:
         k = self.policy.row_tokens(req, min(spare, req.max_tokens - req.num_output_tokens - 1))
         if k <= 0:
             return 0
-        # the request's prediction first; where it has nothing, the server's drafter
-        drafts = [] if req.prediction is None else req.prediction.propose(req.token_ids, k)
-        if not drafts and self.drafter is not None:
-            drafts, req.draft_state = self.drafter.propose(req.token_ids, req.draft_state, k)
+        drafts = propose(req, self.drafter, k)
         end = req.num_computed_tokens + 1 + len(drafts)
         need = self._blocks_needed(len(req.block_table), end)
         if need and not self.blocks.can_allocate(need):
