@@ -1,11 +1,15 @@
-"""Speculative decoding at one stream: output tok/s with and without ngram drafts in one
-engine (the request's `speculative` flag switches it), alternating A/B runs, greedy (or
-`--sampled`: temperature 0.7, top_p 0.9, a seed); the outputs must be equal token for token.
+"""Speculative decoding at one stream: output tok/s with and without drafts in one engine
+(the request's `speculative` flag switches it), alternating A/B runs, greedy; the outputs
+must be equal token for token (`--sampled`: temperature 0.7, top_p 0.9, a seed).
 
-    python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128 [--sampled]
+    python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128
+    python benchmarks/bench_spec.py --workload edit edit-lookup --max-tokens 256
 
 The `repeat` prompt asks the model to repeat a passage (prompt lookup pays there), `chat`
-asks for a story (little to look up). Prints one line a run and the ratio of the medians.
+asks for a story (little to look up); `edit` asks for a rename in a source file
+(benchmarks/data/edit_inventory.py.txt) with the file as the prediction (OpenAI's
+Predicted Outputs), `edit-lookup` the same without it (ngram drafts from the prompt's
+copy). Prints one line a run and the ratio of the medians, per workload.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from common.config import EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_model_name
@@ -28,34 +34,129 @@ PASSAGE = (
 )
 
 
-ASKS = {
-    "repeat": f"Repeat the following passage word for word.\n\n{PASSAGE}",
+EDIT_FILE = Path(__file__).parent / "data" / "edit_inventory.py.txt"
+# (what to rename, its new name): one thing each, in the file's first 256 tokens or so
+RENAMES = [("load_items", "read_items"), ("save_items", "store_items"), ("total", "subtotal")]
+
+
+def _edit_asks(with_prediction: bool) -> list[tuple[str, str | None]]:
+    source = EDIT_FILE.read_text()
+    return [
+        (
+            f"Rename `{old}` to `{new}` everywhere in this Python file. Reply with the whole "
+            f"updated file and nothing else.\n\n```python\n{source}```",
+            source if with_prediction else None,
+        )
+        for old, new in RENAMES
+    ]
+
+
+# workload -> (the user's message, the prediction or None) a prompt
+WORKLOADS: dict[str, Callable[[], list[tuple[str, str | None]]]] = {
+    "repeat": lambda: [(f"Repeat the following passage word for word.\n\n{PASSAGE}", None)],
     # little to look up: what the drafts cost when they are refused
-    "chat": "Write a short story about a dragon who learns to cook.",
+    "chat": lambda: [("Write a short story about a dragon who learns to cook.", None)],
+    # predicted outputs: the file as `prediction`; edit-lookup: the same, prompt lookup only
+    "edit": lambda: _edit_asks(True),
+    "edit-lookup": lambda: _edit_asks(False),
 }
 
 
-def chat_prompt(model_dir, workload: str = "repeat") -> list[int]:
+def prompts(model_dir, workload: str) -> list[tuple[list[int], list[int] | None]]:
+    """(chat prompt ids, prediction ids or None) of each of the workload's prompts."""
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    messages = [{"role": "user", "content": ASKS[workload]}]
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    out = []
+    for ask, prediction in WORKLOADS[workload]():
+        messages = [{"role": "user", "content": ask}]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        pred = None if prediction is None else tok.encode(prediction, add_special_tokens=False)
+        out.append((list(ids["input_ids"] if hasattr(ids, "keys") else ids), pred))
+    return out
 
 
 def run(
-    engine: LLMEngine, prompt: list[int], max_tokens: int, spec: bool, sampled: bool = False
-) -> tuple[list, float, float]:
-    """The output, wall seconds and this process's CPU seconds (steadier on a shared host)."""
+    engine: LLMEngine,
+    work: list[tuple[list[int], list[int] | None]],
+    max_tokens: int,
+    spec: bool,
+    sampled: bool = False,
+) -> tuple[list[list[int]], float, float]:
+    """The outputs (one prompt at a time: one stream), wall seconds and this process's CPU
+    seconds (steadier on a shared host)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
     if sampled:  # a seeded chat-like row
         params = SamplingParams(
             max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=1234, speculative=spec
         )
     t0, c0 = time.perf_counter(), time.process_time()
-    out = engine.generate([prompt], params)[0]
-    return out, time.perf_counter() - t0, time.process_time() - c0
+    outs = [generate(engine, p, params, pred if spec else None) for p, pred in work]
+    return outs, time.perf_counter() - t0, time.process_time() - c0
+
+
+def generate(
+    engine: LLMEngine, prompt: list[int], params: SamplingParams, prediction: list[int] | None
+) -> list[int]:
+    """One request to its end (LLMEngine.generate, with a prediction)."""
+    rid = f"bench-{time.monotonic_ns()}"
+    engine.add_request(rid, prompt, params, prediction=prediction)
+    out: list[int] = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            out += o.new_token_ids if o.request_id == rid else []
+    return out
+
+
+def measure(
+    engine: LLMEngine,
+    workload: str,
+    rounds: int,
+    max_tokens: int,
+    num_prompts: int | None,
+    sampled: bool = False,
+) -> bool:
+    """Alternating A/B rounds of one workload (its first num_prompts prompts, None: all);
+    prints a line a run and the medians' ratio. Returns whether the outputs were equal."""
+    work = prompts(engine.model_dir, workload)[:num_prompts]
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    cpu_rates: dict[bool, list[float]] = {False: [], True: []}
+    outs: dict[bool, list[list[int]]] = {}
+    for r in range(rounds):
+        for spec in (False, True) if r % 2 == 0 else (True, False):
+            before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
+            out, secs, cpu = run(engine, work, max_tokens, spec, sampled)
+            drafted = engine.counters.draft_tokens - before[0]
+            accepted = engine.counters.accepted_tokens - before[1]
+            n = sum(map(len, out))
+            rates[spec].append(n / secs)
+            cpu_rates[spec].append(n / cpu)
+            outs.setdefault(spec, out)
+            assert out == outs[spec], "greedy outputs differ between rounds"
+            print(
+                f"{workload} round {r} {'spec' if spec else 'none'}: {n} tokens in "
+                f"{secs:.2f} s, {n / secs:.1f} tok/s, {n / cpu:.1f} tok per CPU s, "
+                f"drafted {drafted}, accepted {accepted}"
+            )
+    same = outs[True] == outs[False]
+    ratio = statistics.median(rates[True]) / statistics.median(rates[False])
+    sizes = ", ".join(str(len(p)) for p, _ in work)
+    print(f"{workload}: cpu {cpu_model_name()}; prompts of {sizes} tokens")
+    med = {k: statistics.median(v) for k, v in cpu_rates.items()}
+    print(
+        f"{workload}: median tok per CPU s: none {med[False]:.1f}, spec {med[True]:.1f}, "
+        f"ratio {med[True] / med[False]:.2f}x"
+    )
+    print(
+        f"{workload}: median tok/s: none {statistics.median(rates[False]):.1f}, spec "
+        f"{statistics.median(rates[True]):.1f}, ratio {ratio:.2f}x; outputs equal: {same}"
+    )
+    if not same:
+        first = next(i for i, (a, b) in enumerate(zip(outs[True], outs[False])) if a != b)
+        a, b = outs[True][first], outs[False][first]
+        at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        print(f"{workload}: prompt {first} differs first at output token {at}")
+    return same
 
 
 def main() -> None:
@@ -65,7 +166,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--workload", choices=sorted(ASKS), default="repeat")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), nargs="+", default=["repeat"])
+    ap.add_argument("--prompts", type=int, default=None, help="each workload's first N prompts")
     ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top_p 0.9, seeded")
     a = ap.parse_args()
     engine = LLMEngine(
@@ -76,40 +178,10 @@ def main() -> None:
             ),
         )
     )
-    prompt = chat_prompt(engine.model_dir, a.workload)
-    run(engine, prompt, 8, False)  # warm up
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    cpu_rates: dict[bool, list[float]] = {False: [], True: []}
-    outs: dict[bool, list[int]] = {}
-    for r in range(a.rounds):
-        for spec in (False, True) if r % 2 == 0 else (True, False):
-            before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
-            out, secs, cpu = run(engine, prompt, a.max_tokens, spec, a.sampled)
-            drafted = engine.counters.draft_tokens - before[0]
-            accepted = engine.counters.accepted_tokens - before[1]
-            rates[spec].append(len(out) / secs)
-            cpu_rates[spec].append(len(out) / cpu)
-            outs.setdefault(spec, out)
-            assert out == outs[spec], "outputs differ between rounds"
-            print(
-                f"round {r} {'ngram' if spec else 'none '}: {len(out)} tokens in {secs:.2f} s, "
-                f"{len(out) / secs:.1f} tok/s, {len(out) / cpu:.1f} tok per CPU s, "
-                f"drafted {drafted}, accepted {accepted}"
-            )
-    same = outs[True] == outs[False]
-    ratio = statistics.median(rates[True]) / statistics.median(rates[False])
-    print(f"cpu: {cpu_model_name()}; prompt {len(prompt)} tokens")
-    med = {k: statistics.median(v) for k, v in cpu_rates.items()}
-    print(
-        f"median tok per CPU s: none {med[False]:.1f}, ngram {med[True]:.1f}, "
-        f"ratio {med[True] / med[False]:.2f}x"
-    )
-    print(
-        f"median tok/s: none {statistics.median(rates[False]):.1f}, ngram "
-        f"{statistics.median(rates[True]):.1f}, ratio {ratio:.2f}x; outputs equal: {same}"
-    )
-    if not same:
-        raise SystemExit("ngram output differs from the output without drafts")
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0.0))  # warm up
+    equal = [measure(engine, w, a.rounds, a.max_tokens, a.prompts, a.sampled) for w in a.workload]
+    if not all(equal):
+        raise SystemExit("output with drafts differs from the plain greedy output")
 
 
 if __name__ == "__main__":

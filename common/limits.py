@@ -63,6 +63,17 @@ class RequestLimits:
                 param, f"{param}: token ids {bad[:4]} are outside the vocabulary (size {vocab})"
             )
 
+    def check_prediction(self, ids: Sequence[int]) -> None:
+        """OpenAI's `prediction`, tokenized: within the vocabulary, and no longer than the
+        context (it drafts the output, which the context bounds)."""
+        self.check_token_ids(ids, "prediction")
+        if len(ids) > self.max_model_len:
+            raise RequestRejectedError(
+                "prediction",
+                f"prediction is too long: {len(ids)} tokens, but this model's maximum "
+                f"context length is {self.max_model_len} tokens",
+            )
+
     def check(
         self, prompt_ids: Sequence[int], params: SamplingParams, where: str = "prompt"
     ) -> None:

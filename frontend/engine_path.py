@@ -123,10 +123,12 @@ class EnginePath:
         prompts: list[Prompt] | None = None,
         tools: list | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        prediction: str | None = None,
     ) -> list[TokenizeRequest]:
         """One TokenizeRequest per choice, the only place they are built; sub-request ids
         `<rid>-<i>`, signed for the scheduler (common.auth). With `prompts` (a batch), the
-        choices are prompt by prompt, len(params) each."""
+        choices are prompt by prompt, len(params) each. `prediction`: OpenAI's predicted
+        output's text (frontend.prediction)."""
         if prompts is None:
             prompts = [(prompt, prompt_token_ids, None)]
         return [
@@ -141,6 +143,7 @@ class EnginePath:
                 frontend=self.config.frontend_id,
                 tools=tools,
                 chat_template_kwargs=template_kwargs,
+                prediction=prediction,
             )
             for j, (text, packed, _) in enumerate(prompts)
             for i, p in enumerate(params)

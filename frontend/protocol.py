@@ -29,6 +29,7 @@ from common.messages import WireError, pack_ids
 from common.model_facts import ModelFacts
 from common.sampling_params import InvalidParameterError, SamplingParams
 from frontend.errors import APIError, invalid, renamed
+from frontend.prediction import PredictionContent
 from frontend.structured import structured_from_request
 
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's default for /v1/completions
@@ -104,6 +105,7 @@ class CompletionRequest(_Sampling):
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
+    prediction: PredictionContent | None = None  # OpenAI's chat field, here too
 
 
 class ContentPart(BaseModel):
@@ -144,7 +146,7 @@ class ChatCompletionRequest(_Sampling):
     function_call: str | dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: Any = None
-    prediction: Any = None
+    prediction: PredictionContent | None = None  # OpenAI's Predicted Outputs
     # the chat template's thinking switch (frontend.reasoning.template_kwargs)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # more chat template variables
@@ -169,7 +171,6 @@ def check_unsupported(req: _Sampling) -> None:
         "function_call": lambda v: v in ("none", "auto"),
         "modalities": lambda v: v == ["text"],
         "audio": lambda v: False,
-        "prediction": lambda v: False,
         "web_search_options": lambda v: False,
     }
     for name, harmless in off.items():

@@ -56,6 +56,9 @@ class Delta:
     # `text`, and the output tokens so far that were reasoning
     reasoning: str = ""
     num_reasoning_tokens: int = 0
+    # with the finishing output of a request with a prediction (frontend.prediction):
+    # (accepted_prediction_tokens, rejected_prediction_tokens)
+    prediction: tuple[int, int] | None = None
 
 
 def merged(a: Delta, b: Delta) -> Delta:
@@ -75,6 +78,7 @@ def merged(a: Delta, b: Delta) -> Delta:
         b.num_cached_tokens,
         a.reasoning + b.reasoning,
         b.num_reasoning_tokens,
+        b.prediction,
     )
 
 

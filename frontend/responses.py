@@ -25,6 +25,7 @@ from frontend.logprobs import (
 )
 from frontend.reasoning import ReasoningSplit
 from frontend.request_handle import Delta
+from frontend.usage import usage, usage_of
 
 
 def dumps(obj: Any) -> str:
@@ -58,6 +59,7 @@ class Choice:
         "logprobs",
         "offsets",
         "timings",
+        "prediction",
     )
 
     def __init__(self, index: int, prompt_index: int = 0) -> None:
@@ -77,6 +79,7 @@ class Choice:
         self.logprobs: list[TokenLogprob] = []
         self.offsets: list[int] = []
         self.timings: dict[str, Any] | None = None
+        self.prediction: tuple[int, int] | None = None  # (accepted, rejected), at the finish
 
     def add(self, d: Delta, keep: bool) -> tuple[int, list[TokenLogprob]]:
         """Account for d; keep its text/logprobs when the whole response is built at the end.
@@ -91,6 +94,8 @@ class Choice:
             self.num_cached_tokens = d.num_cached_tokens
         if d.timings is not None:
             self.timings = d.timings
+        if d.prediction is not None:
+            self.prediction = d.prediction
         lps = token_logprobs(d)
         if d.prompt_logprobs:
             self.prompt_logprobs = prompt_token_logprobs(d)
@@ -105,36 +110,6 @@ class Choice:
     @property
     def text(self) -> str:
         return "".join(self.texts)
-
-
-def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": num_prompt_tokens,
-        "completion_tokens": num_output_tokens,
-        "total_tokens": num_prompt_tokens + num_output_tokens,
-    }
-
-
-def usage(choices: list[Choice], details: bool = True, reasoning: bool = False) -> dict[str, Any]:
-    """OpenAI's usage; `details`: with prompt_tokens_details.cached_tokens, the prompt
-    tokens served from the prefix cache (a prompt with n choices: the fewest any found);
-    `reasoning`: with completion_tokens_details.reasoning_tokens."""
-    prompts: dict[int, int] = {}  # each prompt counts once, however many choices it has
-    cached: dict[int, int] = {}
-    for c in choices:
-        i = c.prompt_index
-        prompts[i] = max(prompts.get(i, 0), c.num_prompt_tokens)
-        cached[i] = min(cached.get(i, c.num_cached_tokens), c.num_cached_tokens)
-    out = usage_of(sum(prompts.values()), sum(c.num_output_tokens for c in choices))
-    if details:
-        out["prompt_tokens_details"] = {"cached_tokens": sum(cached.values())}
-    if reasoning:
-        num = sum(c.num_reasoning_tokens for c in choices)
-        out["completion_tokens_details"] = {"reasoning_tokens": num}
-    timings = [c.timings for c in choices]
-    if any(t is not None for t in timings):  # extension, only with return_timings
-        out["timings"] = timings[0] if len(timings) == 1 else timings
-    return out
 
 
 class ResponseFormat:

@@ -27,6 +27,7 @@ from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import EnginePath, read_body
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
+from frontend.prediction import prediction_text
 from frontend.protocol import (
     DEFAULT_MAX_NEW_TOKENS_GENERATE,
     DEFAULT_MAX_TOKENS_COMPLETION,
@@ -109,7 +110,10 @@ class Serving:
             facts=self.client.cluster.facts(),
         )
         rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = self.path.tokenize_requests(rid, params, req, kind="completion", prompts=prompts)
+        prediction = prediction_text(req.prediction, len(params) * len(prompts))
+        reqs = self.path.tokenize_requests(
+            rid, params, req, kind="completion", prompts=prompts, prediction=prediction
+        )
         echo = await self._echo_texts(prompts) if req.echo else None
         fmt = CompletionFormat(
             rid,
@@ -195,6 +199,7 @@ class Serving:
             messages=messages,
             tools=tools.tools if tools is not None else None,
             template_kwargs=extra,
+            prediction=prediction_text(req.prediction, len(params)),
         )
         args = (rid, self.model_name, int(wall), logprobs is not None)
         fmt: ResponseFormat = (

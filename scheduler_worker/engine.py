@@ -135,6 +135,7 @@ class LLMEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         checked: bool = False,
+        prediction: Sequence[int] | None = None,
     ) -> None:
         """Queue a request. `checked`: validated at intake, its limits checked by a
         tokenizer worker whose model facts the frontend matched with this replica's, and
@@ -146,7 +147,9 @@ class LLMEngine:
             checked = False
         if not checked:
             self.validate(prompt_token_ids, params)
-        req = Request(request_id, list(prompt_token_ids), params)
+            if prediction is not None:  # OpenAI's predicted output (spec/prediction.py)
+                self.limits.check_prediction(prediction)
+        req = Request(request_id, list(prompt_token_ids), params, prediction_token_ids=prediction)
         self.grammars.add(req)  # structured outputs: its matcher
         self.requests[request_id] = req
         self.scheduler.add(req)

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import InitVar, dataclass, field
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.logits_processors import has_penalty
 from scheduler_worker.sampling import plain_greedy_params
+from scheduler_worker.spec.prediction import Prediction
 
 # a token still being sampled on the device (overlapped scheduling: Scheduler.advance)
 PLACEHOLDER = -1
@@ -70,6 +72,8 @@ class Request:
     # speculative decoding (scheduler_worker/spec/): the drafter's state, and the tokens
     # drafted / accepted so far
     draft_state: object | None = None
+    # OpenAI's `prediction` (spec/prediction.py): drafts from it, and its usage counts
+    prediction: Prediction | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     spec_accepted: float = 0.0  # recent verifies, decayed (spec/policy.py: its acceptance)
@@ -77,10 +81,13 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    prediction_token_ids: InitVar[Sequence[int] | None] = None  # makes `prediction`
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, prediction_token_ids: Sequence[int] | None) -> None:
         self.token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
+        if prediction_token_ids is not None:
+            self.prediction = Prediction(list(prediction_token_ids), self.num_prompt_tokens)
         # kept beside token_ids (not sliced from it) so that reading it every step is O(1):
         # the sampler's penalties and min_tokens read it for every sampled row
         self.output_token_ids: list[int] = []

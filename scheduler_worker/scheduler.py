@@ -37,7 +37,7 @@ from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.block_manager import BlockManager
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.scheduled_batch import ScheduledBatch
-from scheduler_worker.spec import Drafter
+from scheduler_worker.spec import Drafter, propose
 from scheduler_worker.spec.policy import SpecPolicy
 
 
@@ -81,6 +81,7 @@ class Scheduler:
         req.stop_tokens = frozenset(p.stop_token_ids or ()) | (
             frozenset() if p.ignore_eos else frozenset(self.eos_token_ids)
         )
+        req.speculates &= self.drafter is not None or req.prediction is not None
         self.waiting.append(req)
         self.num_waiting += 1
 
@@ -111,7 +112,7 @@ class Scheduler:
             ):
                 continue  # req itself was preempted
             n = 1
-            if spare > 0 and self.drafter is not None and req.speculates and not req.num_pending:
+            if spare > 0 and req.speculates and not req.num_pending:
                 n += self._draft(req, min(spare, most), batch)
                 spare -= n - 1
             entries[req.request_id] = (req, n)
@@ -159,9 +160,9 @@ class Scheduler:
         """Drafts for decode row req: at most `spare`, none past its max_tokens, and only
         into blocks free now (a draft never preempts). Returns how many."""
         k = self.policy.row_tokens(req, min(spare, req.max_tokens - req.num_output_tokens - 1))
-        if k <= 0 or self.drafter is None:
+        if k <= 0:
             return 0
-        drafts, req.draft_state = self.drafter.propose(req.token_ids, req.draft_state, k)
+        drafts = propose(req, self.drafter, k)
         end = req.num_computed_tokens + 1 + len(drafts)
         need = self._blocks_needed(len(req.block_table), end)
         if need and not self.blocks.can_allocate(need):

@@ -125,4 +125,7 @@ def finished_timings(o: RequestOutput, rec: Record | None, to_wall: float) -> di
     if "num_draft_tokens" in st:  # speculative decoding drafted for it
         out["num_draft_tokens"] = st["num_draft_tokens"]
         out["num_accepted_tokens"] = st["num_accepted_tokens"]
+    if "accepted_prediction_tokens" in st:  # it had a prediction
+        out["accepted_prediction_tokens"] = st["accepted_prediction_tokens"]
+        out["rejected_prediction_tokens"] = st["rejected_prediction_tokens"]
     return out

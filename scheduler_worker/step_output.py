@@ -85,6 +85,10 @@ def request_output(req: Request, tokens: list[int], logprobs=None) -> RequestOut
         if req.num_draft_tokens:
             stages["num_draft_tokens"] = req.num_draft_tokens
             stages["num_accepted_tokens"] = req.num_accepted_tokens
+        if req.prediction is not None:  # OpenAI's usage counts (spec/prediction.py)
+            req.prediction.advance(req.token_ids)
+            stages["accepted_prediction_tokens"] = req.prediction.num_matched
+            stages["rejected_prediction_tokens"] = req.prediction.num_rejected
     return RequestOutput(
         req.request_id,
         tokens,

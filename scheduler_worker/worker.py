@@ -167,8 +167,13 @@ class SchedulerWorker:
             params = msg.params  # typed on the wire (common.sampling_params)
             # a signed id: the frontend validated it, the tokenizer checked its limits
             checked = passed_intake(self.config.ipc.secret, msg.rid)
+            pred = msg.prediction_token_ids
             self.engine.add_request(
-                msg.rid, unpack_ids(msg.prompt_token_ids), params, checked=checked
+                msg.rid,
+                unpack_ids(msg.prompt_token_ids),
+                params,
+                checked=checked,
+                prediction=None if pred is None else unpack_ids(pred),
             )
         except ValueError as e:  # InvalidParameterError, RequestRejectedError, a duplicate id
             self._send_error(msg.rid, msg.frontend, str(e), getattr(e, "param", None))

@@ -4,8 +4,9 @@ Chat requests are rendered with the model's chat template first. What depends on
 prompt is checked here, once, before it costs the scheduler anything: an empty prompt,
 token ids outside the vocabulary, prompt + max_tokens beyond the context length
 (common.limits, which also cuts an unset max_tokens to the prompt's room), a structured
-output's spec (compiled). The parameters were validated at the frontend's intake; they
-are checked again only when the request's id is not signed (common.auth.passed_intake).
+output's spec (compiled), a prediction longer than the context. The parameters were
+validated at the frontend's intake; they are checked again only when the request's id
+is not signed (common.auth.passed_intake).
 No sockets (tokenizer_worker.worker carries the results), no torch: only `tokenizers`
 and the model's config.json.
 """
@@ -148,11 +149,25 @@ class Tokenization:
             except GrammarError as e:
                 raise Rejected(400, f"structured: {e}", "structured") from None
         ids, where = self.prompt_ids(req)
+        # OpenAI's `prediction`: its text as the output would hold it (no special tokens)
+        pred = (
+            None
+            if req.prediction is None
+            else self.tokenizer.encode(req.prediction, add_special_tokens=False).ids
+        )
         try:
             self.limits.check_token_ids(ids, where)  # a client's ids, or text's past the model
             self.limits.check(ids, params, where)  # settles an unset max_tokens
+            if pred is not None:
+                self.limits.check_prediction(pred)
         except InvalidParameterError as e:
             raise Rejected(400, str(e), e.param) from None
         return GenerateRequest(
-            req.rid, pack_ids(ids), params, time.time(), req.origin, req.frontend
+            req.rid,
+            pack_ids(ids),
+            params,
+            time.time(),
+            req.origin,
+            req.frontend,
+            None if pred is None else pack_ids(pred),
         )

@@ -31,6 +31,8 @@ class TokenizeRequest(Message):
     tools: list | None = None
     # chat: more chat template variables (chat_template_kwargs, enable_thinking), or None
     chat_template_kwargs: dict | None = None
+    # OpenAI's `prediction` (its text; frontend.prediction), or None
+    prediction: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ class GenerateRequest(Message):
     tokenized_time: float  # wall clock (the arrival time stays in the frontend)
     origin: int = 0  # TokenizeRequest.origin, passed through
     frontend: int = 0  # TokenizeRequest.frontend, passed through
+    # TokenizeRequest.prediction tokenized (pack_ids), or None: drafts for speculative decoding
+    prediction_token_ids: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

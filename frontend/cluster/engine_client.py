@@ -51,6 +51,7 @@ from frontend.cluster.tokenizer_link import TokenizerLink
 from frontend.errors import APIError, renamed, unavailable
 from frontend.frontends import PeerStats, own_figures
 from frontend.metrics import Metrics, shown_timings
+from frontend.prediction import prediction_counts
 from frontend.request_handle import Delta, Receive, RequestHandle
 from frontend.tokenizer_calls import TokenizerCalls
 
@@ -247,6 +248,7 @@ class EngineClient(FailingRequests):
                     shown_timings(timings) if handle.return_timings else None,
                     o.prompt_logprobs,
                     int(timings.get("num_cached_tokens") or 0) if timings is not None else 0,
+                    prediction=prediction_counts(timings),
                 )
             )
 

@@ -5,6 +5,7 @@ rows (verify.py), by sampling each position for the others (sampled.py).
 
     method  file       drafts from
     ngram   ngram.py   the request's prompt and output (prompt lookup)
+    (any)   prediction.py  the request's OpenAI `prediction`, aligned with its output
 
 A drafter keeps its per-request state on the request (Request.draft_state), so that
 it goes with the request through preemption and is dropped when the request is.
@@ -12,10 +13,13 @@ it goes with the request through preemption and is dropped when the request is.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from common.config import ConfigError
 from scheduler_worker.spec.ngram import NgramDrafter
+
+if TYPE_CHECKING:
+    from scheduler_worker.request import Request
 
 
 class Drafter(Protocol):
@@ -25,6 +29,15 @@ class Drafter(Protocol):
         """Up to k tokens likely to follow token_ids (all known: no placeholder), and the
         request's drafter state for the next call (`state`: the last call's, None at first)."""
         ...
+
+
+def propose(req: Request, drafter: Drafter | None, k: int) -> list[int]:
+    """Up to k drafts for req: from its prediction (prediction.py) first, whatever the
+    method; where that has none, from the server's drafter (its state kept on req)."""
+    drafts = [] if req.prediction is None else req.prediction.propose(req.token_ids, k)
+    if not drafts and drafter is not None:
+        drafts, req.draft_state = drafter.propose(req.token_ids, req.draft_state, k)
+    return drafts
 
 
 def make_drafter(method: str) -> Drafter | None:
