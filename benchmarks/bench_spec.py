@@ -1,11 +1,14 @@
-"""Speculative decoding at one stream: output tok/s with and without ngram drafts in one
-engine (the request's `speculative` flag switches it), alternating A/B runs, greedy; the
-outputs must be equal token for token.
+"""Speculative decoding at one stream: output tok/s with and without drafts in one engine
+(the request's `speculative` flag switches it; each method's drafter set per run),
+alternating runs, greedy; the outputs must be equal token for token.
 
     python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128
+    python benchmarks/bench_spec.py --workload agent --methods ngram,suffix --max-tokens 256
 
 The `repeat` prompt asks the model to repeat a passage (prompt lookup pays there), `chat`
-asks for a story (little to look up). Prints one line a run and the ratio of the medians.
+asks for a story (little to look up); `agent` and `extract` (benchmarks/spec_workloads.py)
+are several requests run one after another. Prints one line a run and the ratios of the
+medians, each method against none.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from common.config import EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_model_name
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
+from scheduler_worker.spec import Drafter, make_drafter
+
+try:
+    from benchmarks.spec_workloads import WORKLOADS
+except ImportError:  # run as a script: benchmarks/ is on the path
+    from spec_workloads import WORKLOADS  # type: ignore[no-redef]
 
 PASSAGE = (
     "The committee met on Tuesday to review the budget for the coming year. After a long "
@@ -36,22 +45,54 @@ ASKS = {
 
 
 def chat_prompt(model_dir, workload: str = "repeat") -> list[int]:
+    return chat_prompts(model_dir, [[{"role": "user", "content": ASKS[workload]}]])[0]
+
+
+def chat_prompts(model_dir, conversations: list[list[dict]]) -> list[list[int]]:
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    messages = [{"role": "user", "content": ASKS[workload]}]
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    out = []
+    for messages in conversations:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def workload_prompts(model_dir, workload: str) -> list[list[int]]:
+    """The workload's requests (token ids), run one after another in this order."""
+    if workload in ASKS:
+        return [chat_prompt(model_dir, workload)]
+    return chat_prompts(model_dir, WORKLOADS[workload]())
+
+
+def make_method_drafter(method: str) -> Drafter | None:
+    """A fresh drafter a run: the suffix store starts empty, so that a run learns only
+    from its own earlier requests, never from the previous run's same outputs."""
+    return None if method == "none" else make_drafter(method)
 
 
 def run(
-    engine: LLMEngine, prompt: list[int], max_tokens: int, spec: bool
-) -> tuple[list, float, float]:
-    """The output, wall seconds and this process's CPU seconds (steadier on a shared host)."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
+    engine: LLMEngine, prompts: list[list[int]], max_tokens: int, method: str
+) -> tuple[list[list[int]], float, float, float]:
+    """The outputs, wall seconds, this process's CPU seconds (steadier on a shared host)
+    and the wall seconds before each request's first token (prefill), summed."""
+    engine.scheduler.drafter = make_method_drafter(method)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=method != "none")
+    outs: list[list[int]] = []
     t0, c0 = time.perf_counter(), time.process_time()
-    out = engine.generate([prompt], params)[0]
-    return out, time.perf_counter() - t0, time.process_time() - c0
+    first = 0.0
+    for i, prompt in enumerate(prompts):
+        t = time.perf_counter()
+        engine.add_request(f"{method}-{i}", prompt, params)
+        out: list[int] = []
+        while engine.has_unfinished():
+            for o in engine.step():
+                if not out and o.new_token_ids:
+                    first += time.perf_counter() - t
+                out += o.new_token_ids
+        outs.append(out)
+    return outs, time.perf_counter() - t0, time.process_time() - c0, first
 
 
 def main() -> None:
@@ -61,50 +102,64 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--workload", choices=sorted(ASKS), default="repeat")
+    ap.add_argument("--workload", choices=sorted([*ASKS, *WORKLOADS]), default="repeat")
+    ap.add_argument("--methods", default="ngram", help="comma-separated, each against none")
     a = ap.parse_args()
+    methods = ["none", *a.methods.split(",")]
     engine = LLMEngine(
         EngineConfig(
             model=ModelConfig(model=a.model, num_threads=a.threads),
             scheduler=SchedulerConfig(
-                speculative_method="ngram", num_speculative_tokens=a.num_speculative_tokens
+                speculative_method=methods[1], num_speculative_tokens=a.num_speculative_tokens
             ),
         )
     )
-    prompt = chat_prompt(engine.model_dir, a.workload)
-    run(engine, prompt, 8, False)  # warm up
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    cpu_rates: dict[bool, list[float]] = {False: [], True: []}
-    outs: dict[bool, list[int]] = {}
+    prompts = workload_prompts(engine.model_dir, a.workload)
+    run(engine, prompts[:1], 8, "none")  # warm up
+    rates: dict[str, list[float]] = {m: [] for m in methods}
+    cpu_rates: dict[str, list[float]] = {m: [] for m in methods}
+    decode_rates: dict[str, list[float]] = {m: [] for m in methods}
+    outs: dict[str, list[list[int]]] = {}
     for r in range(a.rounds):
-        for spec in (False, True) if r % 2 == 0 else (True, False):
+        for method in methods if r % 2 == 0 else methods[::-1]:
             before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
-            out, secs, cpu = run(engine, prompt, a.max_tokens, spec)
+            out, secs, cpu, first = run(engine, prompts, a.max_tokens, method)
             drafted = engine.counters.draft_tokens - before[0]
             accepted = engine.counters.accepted_tokens - before[1]
-            rates[spec].append(len(out) / secs)
-            cpu_rates[spec].append(len(out) / cpu)
-            outs.setdefault(spec, out)
-            assert out == outs[spec], "greedy outputs differ between rounds"
+            n = sum(map(len, out))
+            rates[method].append(n / secs)
+            cpu_rates[method].append(n / cpu)
+            decode_rates[method].append((n - len(out)) / (secs - first))
+            outs.setdefault(method, out)
+            assert out == outs[method], "greedy outputs differ between rounds"
             print(
-                f"round {r} {'ngram' if spec else 'none '}: {len(out)} tokens in {secs:.2f} s, "
-                f"{len(out) / secs:.1f} tok/s, {len(out) / cpu:.1f} tok per CPU s, "
-                f"drafted {drafted}, accepted {accepted}"
+                f"round {r} {method:6}: {n} tokens in {secs:.2f} s, {n / secs:.1f} tok/s, "
+                f"{n / cpu:.1f} tok per CPU s, decode {decode_rates[method][-1]:.1f} tok/s, "
+                f"drafted {drafted}, accepted {accepted}",
+                flush=True,
             )
-    same = outs[True] == outs[False]
-    ratio = statistics.median(rates[True]) / statistics.median(rates[False])
-    print(f"cpu: {cpu_model_name()}; prompt {len(prompt)} tokens")
-    med = {k: statistics.median(v) for k, v in cpu_rates.items()}
+    lens = sorted(map(len, prompts))
     print(
-        f"median tok per CPU s: none {med[False]:.1f}, ngram {med[True]:.1f}, "
-        f"ratio {med[True] / med[False]:.2f}x"
+        f"cpu: {cpu_model_name()}; workload {a.workload}: {len(prompts)} request(s), prompts "
+        f"{lens[0]}-{lens[-1]} tokens, outputs {sorted(map(len, outs['none']))} tokens"
     )
-    print(
-        f"median tok/s: none {statistics.median(rates[False]):.1f}, ngram "
-        f"{statistics.median(rates[True]):.1f}, ratio {ratio:.2f}x; outputs equal: {same}"
-    )
-    if not same:
-        raise SystemExit("ngram output differs from the plain greedy output")
+    med = {m: statistics.median(v) for m, v in rates.items()}
+    cpu_med = {m: statistics.median(v) for m, v in cpu_rates.items()}
+    dec_med = {m: statistics.median(v) for m, v in decode_rates.items()}
+    spread = [f"{m} {med[m]:.1f} ({min(rates[m]):.1f}-{max(rates[m]):.1f})" for m in methods]
+    print(f"median tok/s (range): {', '.join(spread)}")
+    bad = []
+    for m in methods[1:]:
+        same = outs[m] == outs["none"]
+        print(
+            f"{m} vs none: {med[m] / med['none']:.2f}x wall, "
+            f"{cpu_med[m] / cpu_med['none']:.2f}x CPU s, "
+            f"{dec_med[m] / dec_med['none']:.2f}x decode (after the first token); "
+            f"outputs equal: {same}"
+        )
+        bad += [] if same else [m]
+    if bad:
+        raise SystemExit(f"{', '.join(bad)} output differs from the plain greedy output")
 
 
 if __name__ == "__main__":

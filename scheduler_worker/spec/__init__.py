@@ -4,6 +4,8 @@ engine verifies every draft in the step's one batched forward (engine._accept_dr
 
     method  file       drafts from
     ngram   ngram.py   the request's prompt and output (prompt lookup)
+    suffix  suffix.py  the same and a bounded store of recent requests' outputs, shared
+                       by the scheduler process's requests (observe() feeds it)
 
 A drafter keeps its per-request state on the request (Request.draft_state), so that
 it goes with the request through preemption and is dropped when the request is.
@@ -15,6 +17,7 @@ from typing import Protocol
 
 from common.config import ConfigError
 from scheduler_worker.spec.ngram import NgramDrafter
+from scheduler_worker.spec.suffix import SuffixDrafter
 
 
 class Drafter(Protocol):
@@ -25,6 +28,11 @@ class Drafter(Protocol):
         request's drafter state for the next call (`state`: the last call's, None at first)."""
         ...
 
+    def observe(self, prompt_token_ids: list[int], output_token_ids: list[int]) -> None:
+        """A request finished (or was aborted) with these tokens: a drafter that learns
+        across requests keeps them."""
+        ...
+
 
 def make_drafter(method: str) -> Drafter | None:
     """The drafter of --speculative-method; None: no speculation."""
@@ -32,4 +40,6 @@ def make_drafter(method: str) -> Drafter | None:
         return None
     if method == "ngram":
         return NgramDrafter()
+    if method == "suffix":
+        return SuffixDrafter()
     raise ConfigError(f"unknown speculative method {method!r}")
