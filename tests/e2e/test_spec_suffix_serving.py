@@ -23,7 +23,11 @@ def test_later_requests_draft_from_earlier_outputs(suffix_server):
     client = openai.OpenAI(
         base_url=suffix_server.url + "/v1", api_key="x", max_retries=0, timeout=120
     )
-    messages = agent_messages()[2]  # a session's third turn: two calls and results so far
+    # a session's third turn: two calls and their results so far (as user messages: the
+    # API wants a tool message to answer an assistant's tool_calls entry)
+    messages = [
+        {**m, "role": "user"} if m["role"] == "tool" else m for m in agent_messages()[2]
+    ]
 
     def ask(spec: bool, stream: bool = False) -> tuple[str, dict]:
         extra = {"speculative": spec, "return_timings": True}

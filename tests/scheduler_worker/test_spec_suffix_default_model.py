@@ -35,7 +35,7 @@ def test_default_model_greedy_equal_with_suffix(default_model_dir, quantization)
         for spec in (False, True):  # one engine: the request's flag switches the drafts
             engine.scheduler.drafter = SuffixDrafter()  # the store starts empty each time
             before = engine.counters.accepted_tokens
-            params = SamplingParams(max_tokens=96, temperature=0.0, speculative=spec)
+            params = SamplingParams(max_tokens=64, temperature=0.0, speculative=spec)
             for prompt in prompts:  # one after another: the store fills as they finish
                 outs[spec] += engine.generate([prompt], params)
             accepted = engine.counters.accepted_tokens - before
