@@ -16,7 +16,15 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def suffix_server(default_model_dir):
-    yield from served("--speculative-method", "suffix", "--num-speculative-tokens", "4", workers=1)
+    yield from served(
+        "--speculative-method",
+        "suffix",
+        "--num-speculative-tokens",
+        "4",
+        "--speculative-policy",
+        "always",  # every draft verified: the counts below are the drafter's
+        workers=1,
+    )
 
 
 def test_later_requests_draft_from_earlier_outputs(suffix_server):
@@ -25,9 +33,7 @@ def test_later_requests_draft_from_earlier_outputs(suffix_server):
     )
     # a session's third turn: two calls and their results so far (as user messages: the
     # API wants a tool message to answer an assistant's tool_calls entry)
-    messages = [
-        {**m, "role": "user"} if m["role"] == "tool" else m for m in agent_messages()[2]
-    ]
+    messages = [{**m, "role": "user"} if m["role"] == "tool" else m for m in agent_messages()[2]]
 
     def ask(spec: bool, stream: bool = False) -> tuple[str, dict]:
         extra = {"speculative": spec, "return_timings": True}

@@ -22,7 +22,10 @@ def test_default_model_greedy_equal_with_suffix(default_model_dir, quantization)
             model=ModelConfig(model="smollm2", dtype="float32", quantization=quantization),
             cache=CacheConfig(num_blocks=256),
             scheduler=SchedulerConfig(
-                max_num_seqs=4, speculative_method="suffix", num_speculative_tokens=5
+                max_num_seqs=4,
+                speculative_method="suffix",
+                num_speculative_tokens=5,
+                speculative_policy="always",
             ),
         ),
         default_model_dir,
