@@ -97,7 +97,8 @@ GROUPS: dict[str, list[Flag]] = {
             _S,
             "speculative_method",
             str,
-            "who drafts tokens for greedy rows to verify in one forward (ngram: prompt lookup)",
+            "who drafts tokens for greedy rows to verify in one forward (ngram: prompt lookup; "
+            "suffix: the request's tokens and recent requests' outputs)",
             SPECULATIVE_METHODS,
         ),
         Flag(

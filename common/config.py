@@ -169,7 +169,7 @@ class CacheConfig:
 # time grows with its rows; a GPU's barely does up to hundreds (vLLM's 256 sequences)
 DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
 ASYNC_SCHEDULING = ("auto", "on", "off")
-SPECULATIVE_METHODS = ("none", "ngram")
+SPECULATIVE_METHODS = ("none", "ngram", "suffix")
 SPECULATIVE_POLICIES = ("adaptive", "always")
 MAX_SPECULATIVE_TOKENS = 16
 

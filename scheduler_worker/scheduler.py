@@ -250,8 +250,9 @@ class Scheduler:
             self._release(req)
         elif req.status is RequestStatus.WAITING:
             self.num_waiting -= 1  # its queue entry is dropped lazily
-        req.status = status
-        req.finished_time = time.monotonic()
+        req.status, req.finished_time = status, time.monotonic()
+        if self.drafter is not None:  # what later requests may repeat (spec/suffix.py)
+            self.drafter.observe(req.prompt_token_ids, req.output_token_ids)
 
     def update(self, batch: ScheduledBatch, token_ids: Sequence[int]) -> list[Request]:
         """After the forward: every entry's tokens are in the KV cache, and the requests

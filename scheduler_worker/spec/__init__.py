@@ -6,6 +6,8 @@ rows (verify.py), by sampling each position for the others (sampled.py).
     method  file       drafts from
     ngram   ngram.py   the request's prompt and output (prompt lookup)
     (any)   prediction.py  the request's OpenAI `prediction`, aligned with its output
+    suffix  suffix.py  the same and a bounded store of recent requests' outputs, shared
+                       by the scheduler process's requests (observe() feeds it)
 
 A drafter keeps its per-request state on the request (Request.draft_state), so that
 it goes with the request through preemption and is dropped when the request is.
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from common.config import ConfigError
 from scheduler_worker.spec.ngram import NgramDrafter
+from scheduler_worker.spec.suffix import SuffixDrafter
 
 if TYPE_CHECKING:
     from scheduler_worker.request import Request
@@ -28,6 +31,11 @@ class Drafter(Protocol):
     ) -> tuple[list[int], object]:
         """Up to k tokens likely to follow token_ids (all known: no placeholder), and the
         request's drafter state for the next call (`state`: the last call's, None at first)."""
+        ...
+
+    def observe(self, prompt_token_ids: list[int], output_token_ids: list[int]) -> None:
+        """A request finished (or was aborted) with these tokens: a drafter that learns
+        across requests keeps them."""
         ...
 
 
@@ -46,4 +54,6 @@ def make_drafter(method: str) -> Drafter | None:
         return None
     if method == "ngram":
         return NgramDrafter()
+    if method == "suffix":
+        return SuffixDrafter()
     raise ConfigError(f"unknown speculative method {method!r}")

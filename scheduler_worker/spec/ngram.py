@@ -26,6 +26,9 @@ class NgramDrafter:
             raise ValueError(f"ngram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
+    def observe(self, prompt_token_ids: list[int], output_token_ids: list[int]) -> None:
+        pass  # drafts from the request's own tokens only
+
     def propose(
         self, token_ids: list[int], state: object | None, k: int
     ) -> tuple[list[int], NgramIndex]:
