@@ -26,13 +26,13 @@ from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.heap import keep_step_buffers_in_heap
 from scheduler_worker.model_runner import ModelRunner
+from scheduler_worker.offline import run_to_end
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import (
     DeviceSample,
     Sampler,
     SamplingRow,
     TokenLogprobs,
-    prompt_logprob_entries,
 )
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
@@ -46,6 +46,7 @@ from scheduler_worker.step_output import (
     InFlight,
     RequestOutput,
     StepStats,
+    keep_prompt_logprobs,
     request_output,
 )
 from scheduler_worker.structured import GrammarMatchers
@@ -280,7 +281,7 @@ class LLMEngine:
                 sampled_verify = sample_drafts(self.sampler, entries, prompt_logits, batch.drafts)
                 targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
                 verify = {r: (batch.drafts[r], t) for r, t in targets.items()}
-            self._keep_prompt_logprobs(entries, prompt_logits)
+            keep_prompt_logprobs(entries, prompt_logits, self.vocab_size)
         else:
             logits = self.runner.execute(inputs, self.sampler.vocab_size if argmax else None)
         t2 = time.perf_counter()
@@ -360,12 +361,7 @@ class LLMEngine:
         """The output of a row that verified drafts (token, lp: its sample after the last;
         lps: the logprobs of targets, for a row that asked for them)."""
         kept = self.scheduler.accept(req, index, accepted_tokens(drafts, targets, token))
-        verified(req, len(drafts), len(kept) - 1)
-        req.num_draft_tokens += len(drafts)
-        req.num_accepted_tokens += len(kept) - 1
-        self.counters.draft_tokens += len(drafts)
-        self.counters.accepted_tokens += len(kept) - 1
-        self.counters.generation_tokens += len(kept) - 1  # the row's first: in _resolve
+        verified(req, len(drafts), len(kept) - 1, self.counters)
         if req.status.finished:
             del self.requests[req.request_id]
         logprobs = None if lp is None or lps is None else [*lps, lp][: len(kept)]
@@ -385,37 +381,11 @@ class LLMEngine:
             req.prompt_logprobs_sent = True
         return out
 
-    def _keep_prompt_logprobs(
-        self, entries: list[tuple[Request, int]], prompt_logits: list
-    ) -> None:
-        """Each chunk's prompt logprobs into its request (positions start + 1 ...)."""
-        for (req, _), rows in zip(entries, prompt_logits):
-            if rows is None:
-                continue
-            if req.prompt_logprobs is None:  # position 0 has no logprob (OpenAI's null)
-                req.prompt_logprobs = [None] * req.num_prompt_tokens
-                req.prompt_logprobs[0] = [req.prompt_token_ids[0], None, []]
-            start = req.num_computed_tokens + 1
-            targets = req.prompt_token_ids[start : start + len(rows)]
-            k = req.params.prompt_logprobs or 0
-            got = prompt_logprob_entries(rows[:, : self.vocab_size], targets, k)
-            req.prompt_logprobs[start : start + len(got)] = got
-
     # ---- offline ------------------------------------------------------------
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[list[int]]:
-        """Run prompts (token ids) to completion; returns each one's generated token ids."""
-        params = params if params is not None else SamplingParams()
-        plist = list(params) if not isinstance(params, SamplingParams) else [params] * len(prompts)
-        base = f"gen-{time.monotonic_ns()}-"
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            self.add_request(f"{base}{i}", prompt, p)
-        results: dict[str, list[int]] = {f"{base}{i}": [] for i in range(len(prompts))}
-        while self.has_unfinished():
-            for out in self.step():
-                if out.request_id in results:
-                    results[out.request_id].extend(out.new_token_ids)
-        return [results[f"{base}{i}"] for i in range(len(prompts))]
+        """Run prompts (token ids) to completion; each one's generated token ids."""
+        return run_to_end(self, prompts, params)

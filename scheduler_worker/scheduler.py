@@ -376,12 +376,10 @@ class Scheduler:
             )
 
     def _free_outside_window(self, req: Request) -> None:
-        """Give back the blocks no later query of req reads: the next query sits at
-        position p = num_computed_tokens and reads keys > p - window, so block i is done
-        with once (i + 1) * block_size <= p - window + 1. The last hashed block is kept:
-        the prefix-cache chain of the blocks after it starts from its hash. A freed block
-        keeps its hash on the free list (its KV is still that prefix's), so a later
-        request with the same prefix can take it back until it is evicted."""
+        """Give back the blocks no later query reads (the next query at p reads keys >
+        p - window: block i is done once (i + 1) * block_size <= p - window + 1), but the
+        last hashed one (the prefix chain starts from its hash); a freed block keeps its
+        hash on the free list, for a later request with that prefix until evicted."""
         assert self.sliding_window is not None
         done = (req.num_computed_tokens - self.sliding_window + 1) // self.block_size
         upto = min(done, req.num_hashed_blocks - 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scheduler_worker.request import Request
-from scheduler_worker.sampling import DeviceSample, TokenLogprobs
+from scheduler_worker.sampling import DeviceSample, TokenLogprobs, prompt_logprob_entries
 from scheduler_worker.spec.sampled import SampledVerify
 
 
@@ -100,3 +100,20 @@ def request_output(req: Request, tokens: list[int], logprobs=None) -> RequestOut
         req.stop_token_id if reason is not None else None,
         stages,
     )
+
+
+def keep_prompt_logprobs(
+    entries: list[tuple[Request, int]], prompt_logits: list, vocab_size: int
+) -> None:
+    """Each chunk's prompt logprobs into its request (positions start + 1 ...)."""
+    for (req, _), rows in zip(entries, prompt_logits):
+        if rows is None:
+            continue
+        if req.prompt_logprobs is None:  # position 0 has no logprob (OpenAI's null)
+            req.prompt_logprobs = [None] * req.num_prompt_tokens
+            req.prompt_logprobs[0] = [req.prompt_token_ids[0], None, []]
+        start = req.num_computed_tokens + 1
+        targets = req.prompt_token_ids[start : start + len(rows)]
+        k = req.params.prompt_logprobs or 0
+        got = prompt_logprob_entries(rows[:, :vocab_size], targets, k)
+        req.prompt_logprobs[start : start + len(got)] = got

@@ -18,9 +18,13 @@ stay measured whatever the policy chose.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from scheduler_worker.request import Request
 from scheduler_worker.scheduled_batch import ScheduledBatch
+
+if TYPE_CHECKING:
+    from scheduler_worker.step_output import EngineCounters
 
 DECAY = 0.98  # a step's weight in the fit halves in ~35 steps of its bucket
 MIN_STEPS = 4  # steps with and without drafts before the fit decides
@@ -145,9 +149,18 @@ class SpecPolicy:
             self.fits.setdefault(bucket(num_rows), _Fit()).add(num_drafts, seconds)
 
 
-def verified(req: Request, drafted: int, accepted: int) -> None:
+def verified(
+    req: Request, drafted: int, accepted: int, counters: EngineCounters | None = None
+) -> None:
     """A row's verify: `accepted` of its `drafted` tokens (a geometric run: each accepted
-    draft one success, the first refused one failure)."""
+    draft one success, the first refused one failure), counted on the request and the
+    engine's counters (generation_tokens: the row's first token is counted elsewhere)."""
+    req.num_draft_tokens += drafted
+    req.num_accepted_tokens += accepted
+    if counters is not None:
+        counters.draft_tokens += drafted
+        counters.accepted_tokens += accepted
+        counters.generation_tokens += accepted
     req.spec_accepted = req.spec_accepted * ROW_DECAY + accepted
     req.spec_refused = req.spec_refused * ROW_DECAY + (1.0 if accepted < drafted else 0.0)
 
