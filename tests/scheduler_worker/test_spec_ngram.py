@@ -92,6 +92,9 @@ class OracleDrafter:
         self.known = {tuple(p): o for p, o in zip(prompts, outputs)}
         self.wrong = wrong
 
+    def observe(self, prompt_token_ids, output_token_ids):
+        pass  # learns nothing across requests
+
     def propose(self, token_ids, state, k):
         if state is None:
             state = next(p for p in self.known if list(p) == token_ids[: len(p)])

@@ -123,6 +123,9 @@ class TableDrafter:
     def __init__(self, prompt_len: int, table: dict[int, list[int]]) -> None:
         self.prompt_len, self.table = prompt_len, table
 
+    def observe(self, prompt_token_ids, output_token_ids):
+        pass  # learns nothing across requests
+
     def propose(self, token_ids, state, k):
         if len(token_ids) != self.prompt_len + 1:
             return [], state
