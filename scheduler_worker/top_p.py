@@ -124,8 +124,7 @@ def radix_threshold(
     rows, dev = probs.shape[0], probs.device
     goal = top_p.double().clamp(min=_TINY)
     src = probs.double()
-    idx = torch.empty(probs.shape, dtype=torch.long, device=dev)
-    idx.copy_(probs.view(torch.int16)[:, 1::2]).clamp_(0, _HIGH)  # the high 16 bits
+    idx = probs.view(torch.int16)[:, 1::2].clamp(0, _HIGH).long()  # the high 16 bits
     hist = torch.zeros(rows, 1 << 14, dtype=torch.float64, device=dev)
     b1, reached = _crossing(hist.scatter_add_(1, idx, src), goal, 1 << 7 if grouped else 0)
     # pass 2: b1's values by their low 16 bits; every value above b1 lands in the top bin
