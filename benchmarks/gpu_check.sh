@@ -28,6 +28,9 @@
 #  8b. every family (Gemma 3, Qwen3, GPT-2, ...) on the real kernels and graphs (pytest)
 #  9a. decode attention's splits in CUDA graphs at 200 and 2000 keys: the bucket's cap of
 #      splits against caps 2 and 1 (benchmarks/gpu/bench_decode_splits.py)
+#  9b. top-p without a sort: the sampler's top-p step, main's full sort against the radix
+#      search, at 256 x 128,256 / 256 x 49,152 / 32 x 128,256, chat and flat rows
+#      (benchmarks/bench_top_p.py; ZS_TOP_P=0: skipped)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py), greedy
 #      and the chat mix
 # (after 4 for l1b: l1b again with one frontend, 32 streams: the A/B of the default's
@@ -49,7 +52,7 @@
 # ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
-# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
+# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
 # l8b, served with ZS_FP8_FLAGS, "--quantization fp8 --kv-cache-dtype fp8"; benched at ZS_CONC_FP8 1,256 and
 # ZS_CONC_8B_FP8 1,64),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
@@ -332,9 +335,11 @@ HOLD=150 # the servers' minimum (l1b and m135: start, check, a short bench, stop
 tests=()
 missing=()
 # the backend's tests first: the kernels' own passed compiled on an H100 (8d77919), these never
+# (a file::test runs that test alone: the top-p search's CUDA check, not its file's CPU tests)
 for f in tests/scheduler_worker/test_cuda_backend.py tests/scheduler_worker/test_sampling_device.py \
-  tests/scheduler_worker/test_triton_kernels.py tests/scheduler_worker/test_triton_decode_splits.py; do
-  if [ -f "$f" ]; then tests+=("$f"); else missing+=("$f"); fi
+  tests/scheduler_worker/test_triton_kernels.py tests/scheduler_worker/test_triton_decode_splits.py \
+  tests/scheduler_worker/test_top_p.py::test_the_radix_search_on_cuda_keeps_what_the_cpu_keeps_and_never_waits; do
+  if [ -f "${f%%::*}" ]; then tests+=("$f"); else missing+=("$f"); fi
 done
 printf '%s\n' "${missing[@]}" >"$W/pytest_missing.txt"
 if [ "${ZS_PYTEST:-1}" != 1 ]; then
@@ -547,6 +552,20 @@ else
   stage decode_splits 30 "$PY" "$G/bench_decode_splits.py" --batches 1,8,32 --contexts 200,2000
 fi
 
+# ---- 9b. top-p without a sort: main's full sort against the radix search ---------------
+if [ "${ZS_TOP_P:-1}" != 1 ]; then
+  skip top_p "ZS_TOP_P=${ZS_TOP_P}"
+elif (($(left) - RESERVE < 25)); then
+  skip top_p "budget ($(left)s left)"
+elif [ "$DEV" = cuda ]; then
+  stage top_p 40 "$PY" "$ZS/benchmarks/bench_top_p.py" --device cuda --repeat 10
+else # the plumbing only: a CPU's sort of 256 x 128,256 rows takes seconds
+  stage top_p 40 "$PY" "$ZS/benchmarks/bench_top_p.py" --device cpu --shapes 32x49152 \
+    --dists chat --repeat 1
+fi
+[ -f "$W/logs/top_p.log" ] && grep -E '^(cpu|cuda)' "$W/logs/top_p.log" | cut -c1-300 |
+  sed 's/^/      /' | tee -a "$RUNLOG"
+
 # ---- 9. profile ----------------------------------------------------------------------
 PM=""
 for m in l1b l8b; do has_model $m && [ -z "$PM" ] && PM=$m; done
@@ -600,6 +619,7 @@ for f in host_step host_step_chat; do
   [ -f "$W/logs/$f.log" ] && grep "^rows" "$W/logs/$f.log" >>"$OUT/profile.txt"
 done
 [ -f "$W/logs/decode_splits.log" ] && cat "$W/logs/decode_splits.log" >>"$OUT/profile.txt"
+[ -f "$W/logs/top_p.log" ] && cat "$W/logs/top_p.log" >>"$OUT/profile.txt"
 cat "$W/logs/summary.log"
 say "done in $(elapsed)s; files in $OUT: $(cd "$OUT" && echo *) run.log"
 cp "$RUNLOG" "$OUT/run.log"

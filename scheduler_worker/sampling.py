@@ -27,9 +27,10 @@ No host sync on a GPU: `Sampler.sample` only enqueues work and returns a DeviceS
 that event alone), so the engine can launch the next step first. Host lists reach the
 device through pinned memory, non-blocking (`logits_processors._to`); rows move by
 index_select / index_copy_ / index_fill_, never a bool mask; nothing branches on the
-data: one full sort for top-p and the +inf/NaN repair on every row, where a CPU
-(`_async_device`) tries the TOP_P_CANDIDATES first and repairs only the rows that need
-it, for the same tokens.
+data: top-p by a radix search of the threshold (scheduler_worker.top_p, no sort of the
+vocabulary) and the +inf/NaN repair on every row, where a CPU (`_async_device`) tries a
+window of the most likely tokens first and repairs only the rows that need it, for the
+same tokens. A top-k row's top-p cut comes from its top-k candidates alone.
 
 Drawing (`sample_from`): an exponential race (argmax p / q, q ~ Exp(1)) among blocks of
 SAMPLE_BLOCK tokens by their sums, then among the tokens of the block that won: the
@@ -41,7 +42,8 @@ inverse CDF would add the rounding up over the vocabulary). Seeds: a seeded row'
 are a hash of (seed, its token's index, column) (`seeded_uniforms`, one computation for
 every seeded row of the step), so its samples do not depend on what else is in the batch;
 unseeded rows share the default generator.
-Top-k and top-p cut by value: tokens tied with the last one kept are kept too.
+Top-k and top-p cut by value: tokens tied with the last one kept are kept too; top-p sums
+the mass above a token in float64 (the same cut on every device).
 """
 
 from __future__ import annotations
@@ -61,9 +63,9 @@ from scheduler_worker.logits_processors import (
     has_penalty,
     mask_stop_tokens,
 )
+from scheduler_worker.top_p import top_p_thresholds
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy: logits / T would overflow
-TOP_P_CANDIDATES = (256, 4096)  # on a CPU, top-p tries these many tokens before a full sort
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
 
 
@@ -175,11 +177,14 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     if any(p.temperature != 1.0 for p in params):
         logits = logits / _tensor([p.temperature for p in params], dev)[:, None]
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    candidates = None  # each row's max(ks) largest logits' ids: a top-k row's top-p window
     if any(ks):
         k = _tensor([k or 1 for k in ks], dev)[:, None]
-        kth = logits.topk(max(ks), dim=-1).values.gather(1, k - 1)
+        top = logits.topk(max(ks), dim=-1)
+        kth = top.values.gather(1, k - 1)
         kth.masked_fill_(_tensor([n == 0 for n in ks], dev)[:, None], float("-inf"))  # off
         logits = logits.masked_fill(logits < kth, float("-inf"))
+        candidates = top.indices
     # an extreme penalty or temperature can push logits to +inf (a repetition_penalty of
     # 1e-38 divides them by it), and a +inf or NaN logit makes its whole row NaN: such
     # rows again with the largest finite value for +inf. On a CPU only the rows that need
@@ -191,16 +196,13 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
         bad = probs[:, 0].isnan()
         if bool(bad.any()):
             probs[bad] = _finite(logits[bad]).softmax(dim=-1)
-    thresh = probs.new_zeros(len(params), 1)  # the smallest probability each row keeps
-    top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
-    if top_p_rows:
-        top_p = _tensor([params[i].top_p for i in top_p_rows], dev)[:, None]
-        sel = _tensor(top_p_rows, dev)
-        thresh.index_copy_(0, sel, _top_p_threshold(probs.index_select(0, sel), top_p))
+    # the smallest probability each row keeps
+    top_ps = [p.top_p for p in params]
+    thresh = top_p_thresholds(probs, top_ps, ks, candidates, not _async_device(dev))
     if any(p.min_p > 0.0 for p in params):
         min_p = _tensor([p.min_p for p in params], dev)[:, None]
         thresh = torch.maximum(thresh, probs.amax(dim=-1, keepdim=True) * min_p)
-    if top_p_rows or any(p.min_p > 0.0 for p in params):
+    if any(p < 1.0 for p in top_ps) or any(p.min_p > 0.0 for p in params):
         probs.masked_fill_(probs < thresh, 0.0)
     return probs
 
@@ -238,36 +240,6 @@ def _race(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def _finite(logits: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
-
-
-def _top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Per row, the probability of the last token of the smallest set (by descending
-    probability) holding top_p of the mass. On a GPU one full sort (no branch on the
-    data). Sorting the whole vocabulary is slow on a CPU, so there the most likely
-    TOP_P_CANDIDATES[0] tokens are tried first, and only the rows where they hold less
-    than top_p go on to the next size, up to a full sort (the same cut: a prefix of it)."""
-    vocab = probs.shape[1]
-    if _async_device(probs.device):
-        return _cut(probs.sort(dim=-1, descending=True).values, top_p)
-    sizes = [n for n in TOP_P_CANDIDATES if n < vocab] + [vocab]
-    thresh = torch.empty_like(top_p)
-    todo = torch.arange(probs.shape[0])
-    for num in sizes:
-        sub = probs[todo]
-        top = sub.sort(dim=-1, descending=True).values if num == vocab else sub.topk(num).values
-        done = (top.sum(dim=-1) >= top_p[todo, 0]) | (num == vocab)
-        thresh[todo[done]] = _cut(top[done], top_p[todo[done]])
-        todo = todo[~done]
-        if len(todo) == 0:
-            break
-    return thresh
-
-
-def _cut(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # 0 for the first: always kept
-    # at least one: a top_p that is 0 in float32 (< ~1e-45) or NaN probabilities keep none
-    num_keep = (mass_above < top_p).sum(dim=-1, keepdim=True).clamp_(min=1)
-    return sorted_probs.gather(1, num_keep - 1)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from scheduler_worker import sampling
+from scheduler_worker import sampling, top_p
 from scheduler_worker.sampling import DeviceSample, Sampler, SamplingRow
 
 EOS, STOP = 2, 5
@@ -108,13 +108,13 @@ def test_sample_then_result_is_what_call_gives_on_cpu(dtype):
 
 
 def test_the_device_path_picks_what_the_cpu_path_picks(monkeypatch):
-    """The GPU's algorithms (one full sort for top-p, the +inf/NaN repair on every row),
-    run on a CPU: the same tokens and logprobs as the CPU's own, on rows of every kind,
-    on rows holding +inf and NaN, and on top-p nuclei past TOP_P_CANDIDATES."""
+    """The GPU's algorithms (top-p's radix search on every row, the +inf/NaN repair on
+    every row), run on a CPU: the same tokens and logprobs as the CPU's own, on rows of
+    every kind, on rows holding +inf and NaN, and on top-p nuclei past TOP_P_WINDOWS."""
     logits = _logits("cpu")
     logits[NAMES.index("temperature"), 17] = float("inf")
     logits[NAMES.index("top_p"), 3] = float("nan")
-    wide = torch.randn(4, 6000, generator=torch.Generator().manual_seed(2)) * 0.3
+    wide = torch.randn(4, 6000, generator=torch.Generator().manual_seed(2)) * 0.3  # > SORT_VOCAB
     wide_params = [SamplingParams(top_p=p) for p in (0.5, 0.9, 0.99, 0.2)]
 
     def run() -> list:
@@ -132,7 +132,7 @@ def test_the_device_path_picks_what_the_cpu_path_picks(monkeypatch):
     i = NAMES.index("bias_banned")  # banned, yet the top logprob: the model's own
     assert tokens[i] != BANNED and lps[i]["top_ids"] == [BANNED]
     assert torch.equal(cpu[1], dev[1])
-    assert (cpu[1] > 0).sum(-1).max() > max(sampling.TOP_P_CANDIDATES)  # the full sort's case
+    assert (cpu[1] > 0).sum(-1).max() > max(top_p.TOP_P_WINDOWS)  # the radix search's case
 
 
 def test_sample_does_not_modify_its_input():
