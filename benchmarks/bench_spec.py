@@ -5,12 +5,16 @@ outputs must be equal token for token.
     python benchmarks/bench_spec.py --model smollm2 --rounds 4 --max-tokens 128
 
 The `repeat` prompt asks the model to repeat a passage (prompt lookup pays there), `chat`
-asks for a story (little to look up). Prints one line a run and the ratio of the medians.
+asks for a story (little to look up), `json` asks for an order record from the prompt back as
+JSON under a schema (structured outputs: the drafts are checked against the grammar, which
+refuses the prompt's spaces between tokens). Prints one line a run and the ratio of the
+medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -28,11 +32,39 @@ PASSAGE = (
 )
 
 
+ORDER = {
+    "order_id": "A-20931",
+    "customer": "Margaret Okafor",
+    "email": "margaret.okafor@example.org",
+    "city": "Lisbon",
+    "country": "Portugal",
+    "product": "ergonomic office chair",
+    "quantity": 2,
+    "status": "shipped",
+    "carrier": "DHL Express",
+    "tracking": "JD014600003828",
+}
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        k: {"type": "integer" if isinstance(v, int) else "string"} for k, v in ORDER.items()
+    },
+    "required": list(ORDER),
+    "additionalProperties": False,
+}
+
 ASKS = {
     "repeat": f"Repeat the following passage word for word.\n\n{PASSAGE}",
     # little to look up: what the drafts cost when they are refused
     "chat": "Write a short story about a dragon who learns to cook.",
+    # the record as json.dumps writes it (", ", ": "); the compact grammar has no spaces
+    "json": (
+        f"Here is an order record from our database:\n\n{json.dumps(ORDER)}\n\n"
+        "Return the record as JSON with the same fields and values."
+    ),
 }
+# the workloads with structured outputs: SamplingParams.structured
+STRUCTURED = {"json": {"kind": "json", "spec": json.dumps(ORDER_SCHEMA)}}
 
 
 def chat_prompt(model_dir, workload: str = "repeat") -> list[int]:
@@ -45,13 +77,33 @@ def chat_prompt(model_dir, workload: str = "repeat") -> list[int]:
 
 
 def run(
-    engine: LLMEngine, prompt: list[int], max_tokens: int, spec: bool
+    engine: LLMEngine,
+    prompt: list[int],
+    max_tokens: int,
+    spec: bool,
+    structured: dict[str, str] | None = None,
 ) -> tuple[list, float, float]:
     """The output, wall seconds and this process's CPU seconds (steadier on a shared host)."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, speculative=spec, structured=structured
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     out = engine.generate([prompt], params)[0]
     return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+class Proposals:
+    """Counts the drafter's proposals (before a grammar cuts them)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.drafter, self.count = engine.scheduler.drafter, 0
+        engine.scheduler.drafter = self
+
+    def propose(self, token_ids: list[int], state: object | None, k: int):
+        assert self.drafter is not None
+        drafts, state = self.drafter.propose(token_ids, state, k)
+        self.count += len(drafts)
+        return drafts, state
 
 
 def main() -> None:
@@ -72,14 +124,17 @@ def main() -> None:
         )
     )
     prompt = chat_prompt(engine.model_dir, a.workload)
-    run(engine, prompt, 8, False)  # warm up
+    structured = STRUCTURED.get(a.workload)
+    run(engine, prompt, 8, False, structured)  # warm up (and the grammar compiled)
+    proposed = Proposals(engine)
     rates: dict[bool, list[float]] = {False: [], True: []}
     cpu_rates: dict[bool, list[float]] = {False: [], True: []}
     outs: dict[bool, list[int]] = {}
     for r in range(a.rounds):
         for spec in (False, True) if r % 2 == 0 else (True, False):
             before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
-            out, secs, cpu = run(engine, prompt, a.max_tokens, spec)
+            masks, proposed.count = engine.grammars.step_time, 0
+            out, secs, cpu = run(engine, prompt, a.max_tokens, spec, structured)
             drafted = engine.counters.draft_tokens - before[0]
             accepted = engine.counters.accepted_tokens - before[1]
             rates[spec].append(len(out) / secs)
@@ -91,6 +146,9 @@ def main() -> None:
                 f"{len(out) / secs:.1f} tok/s, {len(out) / cpu:.1f} tok per CPU s, "
                 f"drafted {drafted}, accepted {accepted}"
             )
+            if structured:  # what the grammar cut, and the time its masks took
+                ms = (engine.grammars.step_time - masks) * 1e3
+                print(f"  proposed {proposed.count} (the rest cut), grammar masks {ms:.1f} ms")
     same = outs[True] == outs[False]
     ratio = statistics.median(rates[True]) / statistics.median(rates[False])
     print(f"cpu: {cpu_model_name()}; prompt {len(prompt)} tokens")

@@ -235,7 +235,9 @@ class LLMEngine:
         # the grammar masks of this step's constrained rows (during the forward where a
         # core is spare, else now: scheduler_worker/structured.py)
         samplers = [req for (req, _), s in zip(entries, sampling) if s]
-        masks = self.grammars.start(samplers)
+        # constrained rows' drafts: cut where the grammar refuses, a mask per position
+        spec_masks = self.grammars.check_drafts(batch) if batch.drafts else {}
+        masks = self.grammars.start(samplers, spec_masks)
         inputs = (
             decode_rows(samplers, self.scheduler.tables)
             if batch.num_decode == len(entries) and not batch.drafts
@@ -264,7 +266,10 @@ class LLMEngine:
             vocab = self.sampler.vocab_size if argmax else None
             logits, prompt_logits = self.runner.execute_with_prompt_logits(inputs, vocab)
             if batch.drafts:
-                targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
+                isa = self.sampler.kernel_isa
+                targets = draft_targets(
+                    entries, prompt_logits, batch.drafts, self.vocab_size, spec_masks, isa
+                )
                 verify = {r: (d, targets[r]) for r, d in batch.drafts.items()}
             self._keep_prompt_logprobs(entries, prompt_logits)
         else:
@@ -334,7 +339,12 @@ class LLMEngine:
         self, req: Request, index: int, token: int, drafts: list[int], targets: list[int]
     ) -> RequestOutput:
         """The output of a row that verified drafts (token: the argmax after the last)."""
-        kept = self.scheduler.accept(req, index, accepted_tokens(drafts, targets, token))
+        tokens, done = accepted_tokens(drafts, targets, token), False
+        if req.request_id in self.grammars:  # its matcher takes exactly the tokens kept
+            tokens, done = self.grammars.advance_all(req, tokens)
+        kept = self.scheduler.accept(req, index, tokens)
+        if done and not req.status.finished:
+            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
         req.num_draft_tokens += len(drafts)
         req.num_accepted_tokens += len(kept) - 1
         self.counters.draft_tokens += len(drafts)
@@ -342,6 +352,7 @@ class LLMEngine:
         self.counters.generation_tokens += len(kept) - 1  # the row's first: in _resolve
         if req.status.finished:
             del self.requests[req.request_id]
+            self.grammars.drop(req.request_id)
         return request_output(req, kept)
 
     def _last_output(self, req: Request, token: int, lp: TokenLogprobs | None) -> RequestOutput:

@@ -90,12 +90,14 @@ class Request:
         # read their tokens on the host before they sample (a grammar, penalties, prompt
         # logprobs)
         p = self.params
-        self.plain = plain_greedy_params(p) and p.min_tokens == 0 and p.structured is None
+        greedy = plain_greedy_params(p) and p.min_tokens == 0
+        self.plain = greedy and p.structured is None
         self.reads_history = (
             p.structured is not None or has_penalty(p) or p.prompt_logprobs is not None
         )
-        # a greedy row verifies drafts exactly by argmax; sampled rows draft nothing yet
-        self.speculates = self.plain and not self.reads_history and p.speculative
+        # a greedy row verifies drafts exactly by argmax (with a grammar: of the masked
+        # logits, GrammarMatchers.check_drafts); sampled rows draft nothing yet
+        self.speculates = greedy and p.prompt_logprobs is None and p.speculative
 
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)

@@ -59,7 +59,8 @@ def seq_inputs(
 def _drafted(req: Request, drafts: list[int]) -> SeqInput:
     start = req.num_computed_tokens  # its last token (known: a drafting row has no placeholder)
     tokens = [req.token_ids[start], *drafts]
-    return SeqInput(tokens, start, req.block_table, True, len(drafts), -1, req.slot, True)
+    # a plain row's drafts verify by argmax; a grammar's need the logits, to mask them
+    return SeqInput(tokens, start, req.block_table, True, len(drafts), -1, req.slot, req.plain)
 
 
 def _prompt_logits(req: Request, n: int) -> int:
