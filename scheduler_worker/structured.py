@@ -236,10 +236,13 @@ class GrammarMatchers:
 
     def advance_all(self, req: Request, tokens: list[int]) -> tuple[list[int], bool]:
         """advance() by each of a row's verified tokens: those up to the one that stops it
-        (its grammar complete or broken), and whether one did."""
+        (its grammar complete or broken: True), or up to a stop token (Scheduler.accept
+        ends the row there)."""
         for j, t in enumerate(tokens):
             if self.advance(req, t):
                 return tokens[: j + 1], True
+            if t in req.stop_tokens:
+                return tokens[: j + 1], False
         return tokens, False
 
     # ---- after sampling -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from benchmarks.bench_spec import ASKS, ORDER_SCHEMA
 from tests.e2e.conftest import served
 from tests.e2e.test_tool_calls import ADD, CALLED_BEFORE, WEATHER, WEATHER_SCHEMA
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def client(default_model_dir):
     for server in served(
         "--speculative-method", "ngram", "--num-speculative-tokens", "4", workers=1
     ):
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=240)
 
 
 def _ask(client: openai.OpenAI, spec: bool, stream: bool = False, **kw):

@@ -202,3 +202,20 @@ def test_default_model_json_schema_equal_with_ngram(default_model_dir, quantizat
     jsonschema.validate(json.loads(text), ORDER_SCHEMA)
     assert len(engine.grammars) == 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.timeout(900)
+def test_stops_and_max_tokens_inside_accepted_drafts(llama, prompts, caplog):
+    """A stop token or max_tokens inside a run of accepted drafts of a constrained row ends
+    it there, as without drafts (the matcher takes nothing after it: no refusal logged)."""
+    spec = SPECS[0]
+    want, _ = _run(llama, prompts[:1], _params(spec))
+    (out, _), oracle = want[0], OracleDrafter(prompts[:1], [want[0][0]])
+    stops = [t for j, t in enumerate(out[:10]) if t not in out[:j]]
+    cases = [_params(spec, stop_token_ids=[t]) for t in stops]
+    cases += [_params(spec, max_tokens=m) for m in range(1, 10)]
+    for params in cases:
+        want, _ = _run(llama, prompts[:1], params)
+        got, _ = _run(llama, prompts[:1], params, oracle)
+        assert got == want, params
+    assert "grammar refused" not in caplog.text
