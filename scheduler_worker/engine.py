@@ -5,8 +5,7 @@
     abort(rid)                                   any state; idempotent
     generate(prompts, params)                    offline loop on top of the above
 
-`step()` reports, for every request that produced tokens or finished in that step,
-its new token ids and finish reason: one batch per step, never one per token.
+`step()` reports each request's new tokens and finish reason: a batch a step, not a token.
 """
 
 from __future__ import annotations
@@ -244,7 +243,9 @@ class LLMEngine:
         # the grammar masks of this step's constrained rows (during the forward where a
         # core is spare, else now: scheduler_worker/structured.py)
         samplers = [req for (req, _), s in zip(entries, sampling) if s]
-        masks = self.grammars.start(samplers)
+        # constrained rows' drafts: cut where the grammar refuses, a mask per position
+        spec_masks = self.grammars.check_drafts(batch) if batch.drafts else {}
+        masks = self.grammars.start(samplers, spec_masks)
         inputs = (
             decode_rows(samplers, self.scheduler.tables)
             if batch.num_decode == len(entries) and not batch.drafts
@@ -279,7 +280,10 @@ class LLMEngine:
             if batch.drafts:  # sampled rows' first (spec/sampled.py), then greedy ones
                 self.counters.verify_steps += 1
                 sampled_verify = sample_drafts(self.sampler, entries, prompt_logits, batch.drafts)
-                targets = draft_targets(entries, prompt_logits, batch.drafts, self.vocab_size)
+                isa = self.sampler.kernel_isa
+                targets = draft_targets(
+                    entries, prompt_logits, batch.drafts, self.vocab_size, spec_masks, isa
+                )
                 verify = {r: (batch.drafts[r], t) for r, t in targets.items()}
             keep_prompt_logprobs(entries, prompt_logits, self.vocab_size)
         else:
@@ -360,10 +364,16 @@ class LLMEngine:
     ) -> RequestOutput:
         """The output of a row that verified drafts (token, lp: its sample after the last;
         lps: the logprobs of targets, for a row that asked for them)."""
-        kept = self.scheduler.accept(req, index, accepted_tokens(drafts, targets, token))
+        tokens, done = accepted_tokens(drafts, targets, token), False
+        if req.request_id in self.grammars:  # its matcher takes exactly the tokens kept
+            tokens, done = self.grammars.advance_all(req, tokens)
+        kept = self.scheduler.accept(req, index, tokens)
+        if done and not req.status.finished:
+            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
         verified(req, len(drafts), len(kept) - 1, self.counters)
         if req.status.finished:
             del self.requests[req.request_id]
+            self.grammars.drop(req.request_id)
         logprobs = None if lp is None or lps is None else [*lps, lp][: len(kept)]
         return request_output(req, kept, logprobs)
 

@@ -99,13 +99,17 @@ class Request:
         # read their tokens on the host before they sample (a grammar, penalties, prompt
         # logprobs)
         p = self.params
-        self.plain = plain_greedy_params(p) and p.min_tokens == 0 and p.structured is None
+        greedy = plain_greedy_params(p) and p.min_tokens == 0
+        self.plain = greedy and p.structured is None
         self.reads_history = (
             p.structured is not None or has_penalty(p) or p.prompt_logprobs is not None
         )
-        # a plain greedy row verifies drafts by argmax (spec/verify.py), the others by
-        # sampling every position (spec/sampled.py); grammar rows draft nothing yet
-        self.speculates = p.speculative and p.structured is None
+        # a greedy row verifies drafts by argmax (spec/verify.py; with a grammar, of the
+        # masked logits: GrammarMatchers.check_drafts), the others by sampling every
+        # position (spec/sampled.py); a sampled row with a grammar drafts nothing yet
+        self.speculates = p.speculative and (
+            p.structured is None or greedy and p.prompt_logprobs is None
+        )
 
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)

@@ -33,6 +33,16 @@ class ScheduledBatch:
         self.drafts.pop(req.request_id, None)
         return True
 
+    def cut_drafts(self, req: Request, n: int) -> None:
+        """Keep the first n of req's drafts (none: a plain decode row); the blocks taken
+        for the others stay in its table, as a rejected draft's do."""
+        drafts = self.drafts[req.request_id][:n]
+        if drafts:
+            self.drafts[req.request_id] = drafts
+        else:
+            del self.drafts[req.request_id]
+        self.entries[req.request_id] = (req, 1 + n)
+
     def sampling(self) -> list[bool]:
         """Per entry: its chunk reaches the request's last token, so the request samples
         one token after the forward (the last prompt chunk, and every decode: the first

@@ -59,7 +59,8 @@ def seq_inputs(
 def _drafted(req: Request, drafts: list[int]) -> SeqInput:
     start = req.num_computed_tokens  # its last token (known: a drafting row has no placeholder)
     tokens = [req.token_ids[start], *drafts]
-    # a plain greedy row verifies by argmax; the others need the logits (spec/sampled.py)
+    # a plain greedy row verifies by argmax; the others need the logits (to sample, or
+    # to mask with a grammar)
     return SeqInput(tokens, start, req.block_table, True, len(drafts), -1, req.slot, req.plain)
 
 

@@ -5,6 +5,9 @@
              forward N (model) ...                                        │
              wait() ◀─────────────────────────────────────────────────────┘
              sampler: -inf where the bitmask forbids ─▶ advance(req, token)
+    a drafted row (speculative decoding): check_drafts(batch) ─▶ its drafts cut at the first
+             token refused, a mask for each of its 1 + k positions (spec/verify.py masks
+             the leading k, the sampler the last) ─▶ advance_all(req, tokens kept)
     finish / abort ─▶ drop(rid)
 
 The mask a row needs after forward N depends only on the tokens sampled up to step N-1.
@@ -42,6 +45,7 @@ from common.grammar import GrammarError, check, grammar_text, llg_tokenizer
 from common.log import get_logger
 from common.sampling_params import InvalidParameterError
 from scheduler_worker.request import Request
+from scheduler_worker.scheduled_batch import ScheduledBatch
 
 log = get_logger("structured")
 
@@ -134,22 +138,28 @@ class GrammarMatchers:
         self.matchers.pop(rid, None)
 
     # ---- masks ----------------------------------------------------------------------------
-    def start(self, rows: list[Request]) -> Future[dict[int, torch.Tensor]] | None:
+    def start(
+        self, rows: list[Request], drafted: dict[str, torch.Tensor] | None = None
+    ) -> Future[dict[int, torch.Tensor]] | None:
         """Begin the masks of the constrained ones among `rows` (the batch's sampling rows,
         in order); wait() gives {row index: int32 [W] packed bitmask}. None if none is
-        constrained."""
+        constrained. A row with `drafted` masks (check_drafts) samples after its drafts:
+        its last one."""
         if not self.matchers:  # no constrained request anywhere: nothing to do
             return None
-        todo = [
-            (i, self.matchers[r.request_id]) for i, r in enumerate(rows) if r.request_id in self
-        ]
-        if not todo:
+        todo, known = [], {}
+        for i, r in enumerate(rows):
+            if drafted and r.request_id in drafted:
+                known[i] = drafted[r.request_id][-1]
+            elif r.request_id in self:
+                todo.append((i, self.matchers[r.request_id]))
+        if not todo and not known:
             return None
-        if self.overlap:
-            return self._pool.submit(self._masks, todo)
+        if self.overlap and todo:
+            return self._pool.submit(lambda: {**known, **self._masks(todo)})
         t0 = time.perf_counter()
         done: Future[dict[int, torch.Tensor]] = Future()
-        done.set_result(self._masks(todo))
+        done.set_result({**known, **self._masks(todo)} if todo else known)
         self.step_time += time.perf_counter() - t0
         return done
 
@@ -167,15 +177,73 @@ class GrammarMatchers:
         # "Structured outputs: the cost of grammar masks")
         bitmask = llg_np.allocate_token_bitmask(len(todo), self.vocab_size)
         for j, (_, m) in enumerate(todo):
-            llg_np.fill_next_token_bitmask(m, bitmask, j)
-        # every EOS id the engine stops on, not only llguidance's: allowed iff accepting
-        words = bitmask.view(np.uint32)
-        accepting = np.array([m.is_accepting() for _, m in todo])
-        for t in self.eos_token_ids:
-            w, bit = t >> 5, np.uint32(1 << (t & 31))
-            words[:, w] = np.where(accepting, words[:, w] | bit, words[:, w] & ~bit)
+            self._fill(m, bitmask, j)
         packed = torch.from_numpy(bitmask)
         return {i: packed[j] for j, (i, _) in enumerate(todo)}
+
+    def _fill(self, m: llguidance.LLMatcher, bitmask: np.ndarray, j: int) -> None:
+        """Row j of bitmask: the tokens m allows next, and every EOS id the engine stops
+        on (not only llguidance's) exactly when m accepts."""
+        llg_np.fill_next_token_bitmask(m, bitmask, j)
+        words, accepting = bitmask[j].view(np.uint32), m.is_accepting()
+        for t in self.eos_token_ids:
+            w, bit = t >> 5, np.uint32(1 << (t & 31))
+            words[w] = words[w] | bit if accepting else words[w] & ~bit
+
+    # ---- speculative decoding (scheduler_worker/spec/) ------------------------------------
+    def check_drafts(self, batch: ScheduledBatch) -> dict[str, torch.Tensor]:
+        """Cut each constrained row's drafts at the first token its grammar refuses (and
+        after a token that ends the row: a stop token, or one that completes the grammar),
+        and make its masks for the 1 + k positions of its chunk: int32 [1 + k, W], row i
+        the grammar's state after drafts 1..i (the matcher is walked through them, then
+        rolled back). An EOS leaves the state as it was, as in advance()."""
+        out: dict[str, torch.Tensor] = {}
+        if not self.matchers:
+            return out
+        t0 = time.perf_counter()
+        for rid, drafts in list(batch.drafts.items()):
+            m = self.matchers.get(rid)
+            if m is None:
+                continue
+            req = batch.entries[rid][0]
+            bitmask = llg_np.allocate_token_bitmask(1 + len(drafts), self.vocab_size)
+            words = bitmask.view(np.uint32)
+            kept = consumed = 0
+            while True:
+                self._fill(m, bitmask, kept)
+                if kept == len(drafts) or m.is_stopped():
+                    break
+                t = drafts[kept]
+                if not words[kept, t >> 5] >> (t & 31) & 1:
+                    break  # refused
+                kept += 1
+                if t in req.stop_tokens:  # the row ends here if it is accepted: the
+                    bitmask[kept] = bitmask[kept - 1]  # token after it is never sent
+                    break
+                if t not in self.eos_token_ids:
+                    if not m.consume_token(t):  # the mask allowed it: not expected
+                        log.warning("%s: grammar refused draft %d: %s", rid, t, m.get_error())
+                        self.rebuild(req)
+                        consumed, kept = 0, kept - 1
+                        break
+                    consumed += 1
+            m.rollback(consumed)
+            if kept < len(drafts):
+                batch.cut_drafts(req, kept)
+            out[rid] = torch.from_numpy(bitmask[: kept + 1])
+        self.step_time += time.perf_counter() - t0
+        return out
+
+    def advance_all(self, req: Request, tokens: list[int]) -> tuple[list[int], bool]:
+        """advance() by each of a row's verified tokens: those up to the one that stops it
+        (its grammar complete or broken: True), or up to a stop token (Scheduler.accept
+        ends the row there)."""
+        for j, t in enumerate(tokens):
+            if self.advance(req, t):
+                return tokens[: j + 1], True
+            if t in req.stop_tokens:
+                return tokens[: j + 1], False
+        return tokens, False
 
     # ---- after sampling -------------------------------------------------------------------
     def advance(self, req: Request, token: int) -> bool:

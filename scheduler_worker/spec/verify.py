@@ -5,13 +5,19 @@ i <= m means t0..tm are its next m + 1 tokens (m accepted drafts, then one more)
 
     chunk     [ last | d1 | d2 | d3 ]
     argmax    [  t0  | t1 | t2 | t3 ]     d1 == t0, d2 != t1: tokens t0, t1 (m = 1)
+
+A row with a grammar takes each argmax of its logits masked by the grammar's state after
+the drafts before it (GrammarMatchers.check_drafts made the masks, its drafts cut where
+the grammar refuses one): the token one-by-one constrained decoding would have taken.
 """
 
 from __future__ import annotations
 
 import torch
 
+from scheduler_worker.logits_processors import SamplingRow, apply_token_masks
 from scheduler_worker.request import Request
+from scheduler_worker.sampling import greedy_tokens
 
 
 def draft_targets(
@@ -19,16 +25,24 @@ def draft_targets(
     prompt_logits: list[torch.Tensor | None],
     drafts: dict[str, list[int]],
     vocab_size: int,
+    masks: dict[str, torch.Tensor] | None = None,
+    isa: int | None = None,
 ) -> dict[str, list[int]]:
     """The argmax t0..t(k-1) at each drafted row's leading k positions (the step's last
-    position's, tk, is the row's sampled token). Takes those rows' logits out of
-    prompt_logits (they are no prompt logprobs)."""
+    position's, tk, is the row's sampled token); `masks`: a constrained row's packed
+    masks [1 + k, W] (the sampler's op applies them: `isa` as there). Takes those rows'
+    logits out of prompt_logits (they are no prompt logprobs)."""
     targets: dict[str, list[int]] = {}
     for i, (req, _) in enumerate(entries):
         rows = prompt_logits[i]
         if rows is not None and req.request_id in drafts:
             if rows.dtype != torch.long:  # logits, not the head's argmax (same as greedy)
-                rows = rows[:, :vocab_size].max(dim=-1).indices
+                rows = rows[:, :vocab_size]
+                words = masks.get(req.request_id) if masks else None
+                if words is not None:
+                    masked = [SamplingRow(req.params, (), (), -1, w) for w in words[:-1]]
+                    rows = apply_token_masks(rows, masked, isa, in_place=True)
+                rows = greedy_tokens(rows)
             targets[req.request_id] = rows.tolist()
             prompt_logits[i] = None
     return targets
