@@ -55,14 +55,17 @@ def sample_drafts(
     prompt_logits: list[torch.Tensor | None],
     drafts: dict[str, list[int]],
 ) -> SampledVerify | None:
-    """Sample the leading k positions of each drafted row that is not plain greedy (those
-    verify by argmax: verify.draft_targets); takes their logits out of prompt_logits."""
+    """Sample the leading k positions of each drafted row that is not greedy (plain or
+    under a grammar: those verify by argmax, verify.draft_targets); takes their logits
+    out of prompt_logits."""
     pieces: list[torch.Tensor] = []
     rows: list[SamplingRow] = []
     spans: dict[str, tuple[list[int], int]] = {}
     for i, (req, _) in enumerate(entries):
         logits = prompt_logits[i]
-        if logits is None or req.plain or req.request_id not in drafts:
+        if logits is None or req.request_id not in drafts or req.plain:
+            continue
+        if req.params.structured is not None:  # greedy under a grammar: verify.draft_targets
             continue
         d = drafts[req.request_id]
         spans[req.request_id] = (d, len(rows))

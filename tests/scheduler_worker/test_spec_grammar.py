@@ -38,6 +38,9 @@ class NoisyDrafter:
         self.oracle, self.rng = oracle, random.Random(seed)
         self.proposed = 0
 
+    def observe(self, prompt_token_ids, output_token_ids):
+        pass  # learns nothing across requests
+
     def propose(self, token_ids, state, k):
         drafts, state = self.oracle.propose(token_ids, state, k)
         if self.rng.random() < 0.5:
@@ -51,6 +54,9 @@ class NoisyDrafter:
 class Counted:
     def __init__(self, drafter) -> None:
         self.drafter, self.proposed = drafter, 0
+
+    def observe(self, prompt_token_ids, output_token_ids):
+        self.drafter.observe(prompt_token_ids, output_token_ids)
 
     def propose(self, token_ids, state, k):
         drafts, state = self.drafter.propose(token_ids, state, k)
