@@ -4,10 +4,7 @@ reasoning tokens, and Predicted Outputs' accepted / rejected prediction tokens."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from frontend.responses import Choice
+from typing import Any
 
 
 def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
@@ -18,7 +15,7 @@ def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
     }
 
 
-def usage(choices: list[Choice], details: bool = True, reasoning: bool = False) -> dict[str, Any]:
+def usage(choices: list[Any], details: bool = True, reasoning: bool = False) -> dict[str, Any]:
     """OpenAI's usage; `details`: with prompt_tokens_details.cached_tokens, the prompt
     tokens served from the prefix cache (a prompt with n choices: the fewest any found);
     `reasoning`: with completion_tokens_details.reasoning_tokens. A request with a

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from common.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from scheduler_worker.engine import LLMEngine
+
+class LLMEngine(Protocol):
+    """What the loop reads of scheduler_worker.engine.LLMEngine (no import: that imports this)."""
+
+    def add_request(self, request_id: str, prompt: Any, params: SamplingParams) -> Any: ...
+    def has_unfinished(self) -> bool: ...
+    def step(self) -> list[Any]: ...
 
 
 def run_to_end(
