@@ -96,7 +96,6 @@ class LLMEngine:
         self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
 
-    # ---- read-only accessors -------------------------------------------------
     @property
     def vocab_size(self) -> int:
         return self.runner.vocab_size
