@@ -1,8 +1,6 @@
-"""One frozen configuration, built and validated once, shared by every process.
-
-The environment is read in common/env.py (ZEROSERVE_API_KEY, ZEROSERVE_CACHE_DIR and
-ZEROSERVE_RUN_DIR fill in what a config leaves unset); socket paths come from
-common/endpoints.py, which needs no zmq; the `ipc` section is common/ipc_config.py.
+"""One frozen configuration, built and validated once, shared by every process. The
+environment is read in common/env.py (ZEROSERVE_API_KEY, _CACHE_DIR, _RUN_DIR fill in what
+a config leaves unset); socket paths: common/endpoints.py; the `ipc` section: ipc_config.py.
 """
 
 from __future__ import annotations
@@ -95,10 +93,16 @@ class ModelConfig:
     num_threads: int | None = None
     # CUDA: no graph capture, every step eager (start-up faster, decode slower)
     enforce_eager: bool = False
+    # ranks a replica's model is split over (scheduler_worker/parallel/); how long a collective
+    # waits for the other ranks before the replica stops
+    tensor_parallel_size: int = 1
+    collective_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
+        _at_least(self, 1, "tensor_parallel_size")
         if self.num_threads is not None:
             _at_least(self, 1, "num_threads")
+        _positive_seconds(self, "collective_timeout_s")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
@@ -337,8 +341,8 @@ class Config:
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs one scheduler replica spans: 1 until tensor parallelism (issue 57 item 2)."""
-        return 1
+        """GPUs one scheduler replica spans: one per tensor-parallel rank."""
+        return self.engine.model.tensor_parallel_size
 
     @property
     def model_name(self) -> str:

@@ -13,6 +13,10 @@
                                 (tests of replica placement on a CPU; common/gpus.py)
     CUDA_VISIBLE_DEVICES        the GPUs this process may use; launch.py sets it for
                                 each GPU replica (common/gpus.py)
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK   torchrun's: a scheduler
+                                process's place among a replica's tensor-parallel ranks
+                                (scheduler_worker/parallel/ranks.py; rank 0 sets them for
+                                the ranks it starts itself)
     XDG_CACHE_HOME, XDG_RUNTIME_DIR   the usual base directories, when set
     TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR   where compiled kernels are kept; the
                                 scheduler points them under the cache dir when unset
@@ -78,6 +82,24 @@ def cuda_visible_devices() -> list[str] | None:
             break
         out.append(entry)
     return out
+
+
+def torchrun_rank() -> tuple[int, int, str, int, int] | None:
+    """(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) as torchrun sets them, or
+    None when WORLD_SIZE is unset; ValueError naming a variable that is not a number."""
+    world = os.environ.get("WORLD_SIZE")
+    if not world:
+        return None
+    values = {}
+    for name, default in (("RANK", "0"), ("MASTER_PORT", "29500"), ("LOCAL_RANK", None)):
+        text = os.environ.get(name, default) or os.environ.get("RANK", "0")
+        if not text.strip().isdigit():
+            raise ValueError(f"{name} must be an integer >= 0, got {text!r}")
+        values[name] = int(text)
+    if not world.strip().isdigit() or int(world) < 1:
+        raise ValueError(f"WORLD_SIZE must be an integer >= 1, got {world!r}")
+    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    return values["RANK"], int(world), addr, values["MASTER_PORT"], values["LOCAL_RANK"]
 
 
 # the compilers' own cache variables, and their folders under zeroserve's cache dir

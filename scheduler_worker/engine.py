@@ -90,6 +90,9 @@ class LLMEngine:
         self.last_step = StepStats()
         want = config.scheduler.async_scheduling
         self.overlap = want == "on" or (want == "auto" and self.runner.backend.overlap)
+        # tensor parallelism: the followers take each step's tokens from its inputs, so no
+        # step launches before the previous one's tokens are on the host
+        self.overlap = self.overlap and self.runner.tp is None
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")

@@ -1,7 +1,8 @@
 """Which weights a model's linears get, and which kernel path serves them, with the reason
 the server logs.
 
-    --quantization auto ─▶ a GGUF model on the CPU: "gguf" (the file's own blocks: the
+    --quantization auto ─▶ tensor parallelism: "none" (each rank's float shard)
+                       ─▶ a GGUF model on the CPU: "gguf" (the file's own blocks: the
                            model the user downloaded; formats without a kernel are
                            dequantized row by row on the fly, never held as floats)
                          ─▶ anything else: "none" (float weights, exact)
@@ -33,8 +34,20 @@ class WeightPlan:
 
 def plan_weights(cfg: ModelConfig, device: torch.device, gguf: Path | None) -> WeightPlan:
     method, why = cfg.quantization, f"--quantization {cfg.quantization}"
+    tp = cfg.tensor_parallel_size
+    if tp > 1 and method not in ("auto", "none"):
+        raise ConfigError(
+            f"--quantization {method} with --tensor-parallel-size {tp}: the ranks' shards are "
+            "float weights for now (--quantization auto or none)"
+        )
     if method == "auto":
-        if device.type != "cpu":
+        if tp > 1:
+            method, why = (
+                "none",
+                f"auto with --tensor-parallel-size {tp}: float shards"
+                + (f" (the GGUF's matrices dequantized at load, {gguf.name})" if gguf else ""),
+            )
+        elif device.type != "cpu":
             method, why = "none", f"auto on {device.type}: the quantized kernels are CPU-only"
         elif cfg.dtype == "float16":
             method, why = (
