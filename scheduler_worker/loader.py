@@ -45,7 +45,7 @@ from scheduler_worker.models.common import CausalLM, ModelArgs
 from scheduler_worker.parallel.group import tp_group
 from scheduler_worker.parallel.layers import shard_modules
 from scheduler_worker.parallel.partition import Partition, plan_partition
-from scheduler_worker.parallel.weights import iter_safetensors_shard, shard_arrays
+from scheduler_worker.parallel.weights import gguf_shards, iter_safetensors_shard
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
 from scheduler_worker.quant.gguf_weights import GGUFBlocks, swap_in_gguf
@@ -223,11 +223,14 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
         )
         if gguf is not None:  # the lean cache has the norms; the matrices are in the file
             matrices = (
-                (n, torch.from_numpy(np.require(a, requirements="W")))
-                for n, a in gguf_matrices(gguf)
+                (
+                    (n, torch.from_numpy(np.require(a, requirements="W")))
+                    for n, a in gguf_matrices(gguf)
+                )
+                if part is None
+                else gguf_shards(gguf, part, args)
             )
-            shards = matrices if part is None else shard_arrays(matrices, part, args)
-            weights = itertools.chain(weights, shards)
+            weights = itertools.chain(weights, matrices)
         model.load_weights(weights)
         model = model.to(device=device, dtype=dtype).eval()
         _quantize_float(model, plan, dtype, t0)

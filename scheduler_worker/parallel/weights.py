@@ -2,9 +2,11 @@
 
     safetensors     each tensor's slice read from the file (safe_open's get_slice): a
                     rank reads only its rows / columns, never the whole matrix
-    GGUF            the float path: each matrix dequantized (gguf_matrices, one at a time)
-                    and sliced; the rank keeps float weights of its shard only. Splitting
-                    the file's quantized blocks (at block boundaries) is not done yet
+    GGUF            the file's quantized rows sliced, and its columns at block boundaries
+                    (a split inside a block: the rows dequantized whole, then cut), before
+                    they are dequantized: a rank dequantizes about its shard only, and
+                    keeps float weights of it (serving the shard from the quantized blocks
+                    themselves, as the one-process CPU path does, is not done yet)
 
 By Hugging Face name (the loader stacks q/k/v and gate/up afterwards, with the rank's
 local sizes): q/k/v and gate/up rows, o_proj / down_proj input columns (their bias
@@ -14,7 +16,7 @@ head's vocabulary rows (the last rank's padded with zeros); everything else (nor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +74,63 @@ def _fused(t: Any, pieces: list[tuple[int, tuple[int, int]]]) -> torch.Tensor:
     return torch.cat([_rows(t, base + a, base + b) for base, (a, b) in pieces])
 
 
-def shard_arrays(
-    weights: Iterable[tuple[str, Any]], part: Partition, args: ModelArgs
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, this rank's part) of in-memory tensors or arrays (the GGUF float path)."""
-    for name, t in weights:
-        yield name, shard_tensor(name, t, list(t.shape), part, args)
+class GGUFMatrix:
+    """A GGUF matrix (HF shape [rows, cols]) that dequantizes only the part asked for:
+    m[a:b] (rows), m[:, a:b] (columns: whole blocks where a and b fall on block
+    boundaries), m[:] (all)."""
+
+    def __init__(self, raw: np.ndarray, qtype: Any) -> None:
+        from gguf import GGML_QUANT_SIZES
+
+        self.raw, self.qtype = raw, qtype
+        self.block, self.block_bytes = GGML_QUANT_SIZES[qtype]
+        self.packed = raw.dtype == np.uint8 and self.block_bytes != 1  # rows of blocks
+        cols = raw.shape[1] // self.block_bytes * self.block if self.packed else raw.shape[1]
+        self.shape = [raw.shape[0], cols]
+
+    def _dequantize(self, part: np.ndarray) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        w = dequantize(np.ascontiguousarray(part), self.qtype).astype(np.float32, copy=False)
+        return torch.from_numpy(np.require(w, requirements=["C", "W"]))
+
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        rows, cols = key if isinstance(key, tuple) else (key, slice(None))
+        part = self.raw[rows]
+        if cols == slice(None):
+            return self._dequantize(part)
+        a, b = cols.start, cols.stop
+        if not self.packed:
+            return self._dequantize(part[:, a:b])
+        if a % self.block or b % self.block:
+            return self._dequantize(part)[:, a:b].contiguous()
+        per = self.block_bytes
+        return self._dequantize(part[:, a // self.block * per : b // self.block * per])
+
+
+def gguf_shards(path: Path, part: Partition, args: ModelArgs) -> Iterator[tuple[str, torch.Tensor]]:
+    """gguf_convert.gguf_matrices, each matrix cut to this rank's part before it is
+    dequantized (llama.cpp's q/k row permutation undone on the rows of blocks first)."""
+    from common.families import gguf_spec
+    from common.model_files.gguf_config import read_field
+    from common.model_files.gguf_convert import inspect_gguf, is_matrix, unpermute
+    from common.model_files.gguf_names import hf_name
+    from common.model_files.model_source import ModelSourceError
+
+    reader = inspect_gguf(Path(path))
+    arch = read_field(reader, "general.architecture")
+    permuted = gguf_spec(arch).qk_permuted
+    for t in reader.tensors:
+        if not is_matrix(t):
+            continue
+        name = hf_name(t.name, arch)
+        if name is None:
+            raise ModelSourceError(f"GGUF file {path}: unexpected tensor {t.name}")
+        raw = t.data
+        if permuted and (".q_proj." in name or ".k_proj." in name):
+            raw = unpermute(raw, args.num_heads if ".q_proj." in name else args.num_kv_heads)
+        m = GGUFMatrix(raw, t.tensor_type)
+        yield name, shard_tensor(name, m, m.shape, part, args)
 
 
 def iter_safetensors_shard(

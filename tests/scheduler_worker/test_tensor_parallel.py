@@ -175,3 +175,31 @@ def test_step_channel_round_trips_both_forms():
     for bs in (4, 8):  # what the backends stage from them is the same
         for x, y in zip(got.staged(bs, 4), rows.staged(bs, 4)):
             np.testing.assert_array_equal(x, y)
+
+
+def test_gguf_shards_put_together_are_the_dequantized_matrices(default_model_dir):
+    """The default model's GGUF (Q8_0 embedding, Q4_1 layers, llama.cpp's permuted q/k):
+    each rank's rows and block-aligned columns, dequantized, side by side equal the whole
+    matrices dequantized (gguf_matrices, the float path's oracle)."""
+    from itertools import islice
+
+    from common.model_facts import read_hf_config
+    from common.model_files.gguf_convert import gguf_matrices
+    from common.model_files.model_source import gguf_source
+    from scheduler_worker.models import architecture_of, servable_args
+    from scheduler_worker.parallel.weights import gguf_shards
+
+    hf = read_hf_config(default_model_dir)
+    args = servable_args(hf, architecture_of(hf))
+    gguf = gguf_source(default_model_dir)
+    assert gguf is not None
+    parts = [plan_partition(args, r, 2) for r in range(2)]
+    shards = [gguf_shards(gguf, p, args) for p in parts]
+    names = set()
+    for (name, whole), (n0, a), (n1, b) in islice(zip(gguf_matrices(gguf), *shards), 12):
+        assert name == n0 == n1
+        names.add(name.split(".")[-2])
+        dim = 1 if name.split(".")[-2] in ("o_proj", "down_proj") else 0
+        joined = torch.cat([a, b], dim=dim)[: whole.shape[0]]
+        torch.testing.assert_close(joined, torch.from_numpy(whole), rtol=0, atol=0)
+    assert {"embed_tokens", "q_proj", "k_proj", "o_proj", "down_proj", "gate_proj"} <= names
