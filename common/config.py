@@ -5,9 +5,11 @@ a config leaves unset); socket paths: common/endpoints.py; the `ipc` section: ip
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from common.config_error import ConfigError as ConfigError  # re-exported
@@ -349,8 +351,6 @@ class Config:
         return self.server.served_model_name or self.engine.model.model
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)
 
     @classmethod
@@ -376,28 +376,19 @@ class Config:
     @classmethod
     def load(cls, path: str | Path) -> Config:
         """A JSON or TOML file with the sections of `to_dict()`."""
-        import json
-
         path = Path(path)
         try:
             text = path.read_text()
         except OSError as e:
             raise ConfigError(f"cannot read config file {path}: {e}") from e
         try:
-            if path.suffix == ".toml":
-                import tomllib
-
-                data = tomllib.loads(text)
-            else:
-                data = json.loads(text)
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except ValueError as e:
             raise ConfigError(f"config file {path} does not parse: {e}") from e
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
         """Write the config readable by this user only: it may hold ipc.secret."""
-        import json
-
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(self.to_dict(), indent=2))

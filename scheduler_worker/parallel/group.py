@@ -18,6 +18,7 @@ cast back, which also makes the sum's rounding the float32 one.
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +70,8 @@ class TPGroup:
             torch.cuda.set_device(rdv.local_rank)
             self.device = torch.device("cuda", rdv.local_rank)
         self.started = False
-        self.all_reduces = 0  # counted: docs/benchmarks.md gives them a step
+        self.all_reduces = 0  # counted and timed: docs/benchmarks.md gives them a step
+        self.reduce_s = 0.0  # in the model's collectives (all-reduces and the head's gather)
 
     def announce(self) -> None:
         """A follower: say in rank 0's store that this rank is joining (rank 0 waits for
@@ -105,24 +107,30 @@ class TPGroup:
     # ---- collectives ------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the ranks of x (in place where it can)."""
+        t0 = time.perf_counter()
         self.all_reduces += 1
         if self.backend == "gloo" and x.dtype not in GLOO_REDUCE_DTYPES:
             wide = x.float()
             dist.all_reduce(wide)
-            return wide.to(x.dtype)
-        dist.all_reduce(x)
+            x = wide.to(x.dtype)
+        else:
+            dist.all_reduce(x)
+        self.reduce_s += time.perf_counter() - t0
         return x
 
     def gather_columns(self, x: torch.Tensor, width: int) -> torch.Tensor:
         """Rank 0: the ranks' x [rows, cols] side by side, cut to `width` columns; the
         other ranks get x back (only rank 0 samples)."""
+        t0 = time.perf_counter()
         wide = x.float() if self.backend == "gloo" and x.dtype not in GLOO_REDUCE_DTYPES else x
         wide = wide.contiguous()
         if self.rank == 0:
             parts = [torch.empty_like(wide) for _ in range(self.world)]
             dist.gather(wide, parts, dst=0)
-            return torch.cat(parts, dim=1)[:, :width].to(x.dtype)
-        dist.gather(wide, None, dst=0)
+            x = torch.cat(parts, dim=1)[:, :width].to(x.dtype)
+        else:
+            dist.gather(wide, None, dst=0)
+        self.reduce_s += time.perf_counter() - t0
         return x
 
     def broadcast(self, x: torch.Tensor) -> None:

@@ -21,6 +21,7 @@ collectives (the group's timeout); its cost a step is in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,11 +123,13 @@ class StepChannel:
     def __init__(self, group: TPGroup) -> None:
         self.group = group
         self.first = torch.zeros(FIRST_WORDS, dtype=torch.int64, device=group.device)
-        self.broadcasts = 0  # counted: docs/benchmarks.md gives them a step
+        self.broadcasts = 0  # counted, and timed (encoding included): docs/benchmarks.md
+        self.send_s = 0.0
 
     def send(self, kind: int, seqs: StepInputs | None = None, vocab: int | None = None) -> None:
-        message = encode(kind, seqs, vocab)
-        self._broadcast(message)
+        t0 = time.perf_counter()
+        self._broadcast(encode(kind, seqs, vocab))
+        self.send_s += time.perf_counter() - t0
 
     def _broadcast(self, message: np.ndarray) -> None:
         head = min(len(message), FIRST_WORDS)
