@@ -1,24 +1,30 @@
 """Tensor parallelism on the CPU: tp=2 against tp=1, in one run, at 1 and N streams.
 
-    python benchmarks/bench_tp.py --model smollm2 --tp 1,2 --streams 1,32 \
+    python benchmarks/bench_tp.py --model smollm2 --engines 1x2,1x1,2x1 --streams 1,32 \
         --input-len 64 --output-len 64 --json bench_results/tp.json
 
-Each engine is in process (this process is rank 0; tp=2 starts rank 1), float32, the
+Each engine is in process (this process is rank 0 of each; tp=2 starts a rank 1), the
+runs of the engines alternated over --rounds and their medians reported; float32, the
 float path (a GGUF's matrices dequantized: what tensor parallelism serves today), the
 same prompts, greedy, ignore_eos. Per run: output tok/s and, per engine step, the step
 broadcast's count and time (rank 0's side: encoding and the broadcast), the model's
-collectives (all-reduces, the head's gather) and their time on rank 0. Threads: tp=1 gets
-every core, each tp=2 rank cores // 2 (parallel/ranks.py). On two cores tp=2 is not
-expected to win: the figures say what it costs (docs/benchmarks.md).
+collectives (all-reduces, the head's gather) and their time on rank 0. Each engine's torch
+threads a rank are given (1x2: one process on two threads; 2x1: two ranks on one each,
+what --tp 2 gives on two cores). On two cores tp=2 is not expected to win: the figures say
+what it costs (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import statistics
 import time
 from pathlib import Path
+
+import torch
 
 from common.config import CacheConfig, Config, EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_kind_label, cpu_model_name
@@ -68,52 +74,73 @@ def run_one(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--tp", default="1,2")
+    ap.add_argument(
+        "--engines",
+        default="1x2,1x1,2x1",
+        help="TPxTHREADS each: tp ranks, torch threads a rank (1x2: one process on 2 threads)",
+    )
     ap.add_argument("--streams", default="1,32")
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each, alternated; medians")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     model_dir = resolve_model(a.model)
     rng = random.Random(0)
-    widest = max(int(s) for s in a.streams.split(","))
-    prompts = [[rng.randrange(100, 40000) for _ in range(a.input_len)] for _ in range(widest)]
+    streams = [int(s) for s in a.streams.split(",")]
+    prompts = [[rng.randrange(100, 40000) for _ in range(a.input_len)] for _ in range(max(streams))]
+    cores = len(os.sched_getaffinity(0))
+    # every engine lives through the whole run (tp=1 ones first: no group exists yet), so
+    # that their runs alternate and a noisy machine's drift falls on both alike
+    specs = [tuple(int(v) for v in e.split("x")) for e in a.engines.split(",")]
+    engines: dict[str, tuple[LLMEngine, int]] = {}
+    ranks = []
+    try:  # tp=1 engines first: they must be built while no group exists
+        for tp, threads in sorted(specs, key=lambda e: e[0]):
+            config = EngineConfig(
+                model=ModelConfig(
+                    model=str(model_dir),
+                    dtype="float32",
+                    quantization="none",
+                    tensor_parallel_size=tp,
+                    num_threads=threads,
+                    collective_timeout_s=3600.0,  # a follower waits while the others run
+                ),
+                cache=CacheConfig(kv_cache_memory_gb=0.5),
+                scheduler=SchedulerConfig(max_num_seqs=max(streams)),
+            )
+            r = start_ranks(Config(engine=config))
+            ranks += [r] if r is not None else []
+            engines[f"{tp}x{threads}"] = (LLMEngine(config, model_dir), threads)
+        runs: dict[tuple[str, int], list[dict]] = {}
+        for _ in range(a.rounds):
+            for name, (engine, threads) in engines.items():
+                torch.set_num_threads(threads)  # this process's: each engine's rank 0
+                engine.generate([prompts[0]], SamplingParams(max_tokens=2, ignore_eos=True))
+                for n in streams:
+                    got = run_one(engine, prompts[:n], a.output_len)
+                    runs.setdefault((name, n), []).append(got)
+    finally:
+        for r in ranks:
+            r.stop()
     results = []
-    for tp in (int(t) for t in a.tp.split(",")):
-        config = EngineConfig(
-            model=ModelConfig(
-                model=str(model_dir), dtype="float32", quantization="none", tensor_parallel_size=tp
-            ),
-            cache=CacheConfig(kv_cache_memory_gb=0.5),
-            scheduler=SchedulerConfig(max_num_seqs=widest),
+    for (name, n), got in runs.items():
+        med = {k: statistics.median(g[k] for g in got) for k in got[0]}
+        results.append({"engine": name, **med, "runs": got})
+        print(
+            f"tp x threads {name} streams={n:3d}: {med['tokens_per_s']:7.1f} tok/s, "
+            f"{med['ms_per_step']:6.1f} ms/step; a step: "
+            f"{med['broadcasts_per_step']:.2f} broadcasts {med['broadcast_us_per_step']:6.0f} µs, "
+            f"{med['collectives_per_step']:.0f} all-reduces + 1 gather "
+            f"{med['collective_ms_per_step']:.1f} ms (medians of {len(got)})",
+            flush=True,
         )
-        ranks = start_ranks(Config(engine=config))
-        try:
-            engine = LLMEngine(config, model_dir)
-            engine.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm
-            for n in (int(s) for s in a.streams.split(",")):
-                r = {"tp": tp, **run_one(engine, prompts[:n], a.output_len)}
-                results.append(r)
-                print(
-                    f"tp={tp} streams={n:3d}: {r['tokens_per_s']:7.1f} tok/s, "
-                    f"{r['ms_per_step']:6.1f} ms/step; a step: "
-                    f"{r['broadcasts_per_step']:.2f} broadcasts {r['broadcast_us_per_step']:6.0f} µs, "
-                    f"{r['collectives_per_step']:.0f} all-reduces + 1 gather "
-                    f"{r['collective_ms_per_step']:.1f} ms",
-                    flush=True,
-                )
-        finally:
-            if ranks is not None:
-                ranks.stop()
-    cpu = f"{cpu_model_name()} ({cpu_kind_label()})"
+    cpu = f"{cpu_model_name()} ({cpu_kind_label()}), {cores} cores, load {os.getloadavg()[0]:.1f}"
     print(f"CPU: {cpu}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(
-            json.dumps(
-                {"cpu": cpu, "args": vars(a) | {"json": str(a.json)}, "results": results}, indent=2
-            )
-        )
+        out = {"cpu": cpu, "args": {**vars(a), "json": str(a.json)}, "results": results}
+        a.json.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -85,21 +85,24 @@ def cuda_visible_devices() -> list[str] | None:
 
 
 def torchrun_rank() -> tuple[int, int, str, int, int] | None:
-    """(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) as torchrun sets them, or
-    None when WORLD_SIZE is unset; ValueError naming a variable that is not a number."""
-    world = os.environ.get("WORLD_SIZE")
-    if not world:
+    """(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) as torchrun sets them (RANK
+    0, port 29500, LOCAL_RANK = RANK where unset), or None when WORLD_SIZE is unset;
+    ValueError naming a variable that is not a number."""
+    if not os.environ.get("WORLD_SIZE"):
         return None
-    values = {}
-    for name, default in (("RANK", "0"), ("MASTER_PORT", "29500"), ("LOCAL_RANK", None)):
-        text = os.environ.get(name, default) or os.environ.get("RANK", "0")
-        if not text.strip().isdigit():
+
+    def number(name: str, default: str) -> int:
+        text = (os.environ.get(name) or default).strip()
+        if not text.isdigit():
             raise ValueError(f"{name} must be an integer >= 0, got {text!r}")
-        values[name] = int(text)
-    if not world.strip().isdigit() or int(world) < 1:
-        raise ValueError(f"WORLD_SIZE must be an integer >= 1, got {world!r}")
+        return int(text)
+
+    rank = number("RANK", "0")
+    world = number("WORLD_SIZE", "1")
+    if world < 1:
+        raise ValueError("WORLD_SIZE must be at least 1")
     addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    return values["RANK"], int(world), addr, values["MASTER_PORT"], values["LOCAL_RANK"]
+    return rank, world, addr, number("MASTER_PORT", "29500"), number("LOCAL_RANK", str(rank))
 
 
 # the compilers' own cache variables, and their folders under zeroserve's cache dir

@@ -118,7 +118,8 @@ class SchedulerWorker:
         self.step_no = 0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
         self.memory = MemoryCadence(self.engine, config.heartbeat_s)  # for the beats
-        self.where = placement(self.engine.runner.device)  # its device (and GPU), named
+        # its device and GPUs, named (every rank's)
+        self.where = placement(self.engine.runner.device, config.engine.model.tensor_parallel_size)
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:

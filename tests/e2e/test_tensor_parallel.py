@@ -9,7 +9,9 @@ hung rank (SIGSTOP) fails its replica after --collective-timeout; SIGTERM stops 
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -17,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.conftest import REPO, Server, free_port, start_server
 from tests.e2e.test_data_parallel import replica_pid, tokens_by_replica, wait_replica
 from tests.e2e.test_faults import open_streams
 from tests.frontend.sse import parse_sse
@@ -161,3 +163,37 @@ def test_sigkill_of_rank_1_restarts_its_replica_while_the_other_serves(dp2tp2):
     )
     assert r.status_code == 200, r.text
     assert "restarting it" in dp2tp2.log()  # SIGTERM at teardown: serve() checks every rank
+
+
+def test_a_torchrun_replica_joins_and_stops_on_sigterm(tp2):
+    """torchrun starts a replica's two ranks itself (its RANK / WORLD_SIZE / MASTER_ADDR
+    environment, the shape of a replica that spans hosts): they join the running server as
+    replica 1, serve a pinned request, and SIGTERM to torchrun stops both."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    args = ["--config", str(tp2.run_dir / "config.json"), "--replica-id", "1", "--tp", "2"]
+    log = tp2.run_dir.parent / f"{tp2.run_dir.name}-torchrun.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*torchrun, "--master-port", str(free_port()), "-m", "scheduler_worker", *args],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+        )  # fmt: skip
+    try:
+        wait_replica(tp2.url, 1, alive=True, timeout_s=START_S)
+        r = httpx.post(
+            tp2.url + "/v1/completions",
+            json={"prompt": "Hello", "max_tokens": 4, "data_parallel_rank": 1},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)  # torchrun's own code on a signal is its business
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "tensor-parallel rank 1 of 2 joined" in text and "stopped by rank 0" in text, text
+    wait_replica(tp2.url, 1, alive=False, timeout_s=30)
+    left = subprocess.run(["pgrep", "-f", "--replica-id 1 --tp 2"], capture_output=True)
+    assert left.stdout == b"", "a torchrun rank outlived SIGTERM"
