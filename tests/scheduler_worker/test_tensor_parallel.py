@@ -114,6 +114,45 @@ def test_tp2_prompt_logits_and_logits_equal_tp1(tmp_path):
     torch.testing.assert_close(pa, pb, atol=1e-4, rtol=1e-4)
 
 
+def test_tp2_with_ngram_drafts_equals_tp1(tmp_path):
+    """Speculative verify steps (drafted chunks whose argmaxes the head takes per position,
+    the prompt-logits call) run on both ranks alike: the same tokens as tp=1's."""
+    from dataclasses import replace
+
+    model_dir = _save("llama-gqa", tmp_path / "m")
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [9, 10, 11] * 5]
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+    outs = []
+    for tp in (1, 2):
+        config = engine_config(model_dir, tp)
+        config = replace(config, scheduler=replace(config.scheduler, speculative_method="ngram"))
+        ranks = start_ranks(Config(engine=config))
+        try:
+            engine = LLMEngine(config, model_dir)
+            outs.append(engine.generate(prompts, params))
+            assert engine.counters.draft_tokens > 0
+        finally:
+            if ranks is not None:
+                ranks.stop()
+    assert outs[0] == outs[1]
+
+
+def test_a_dead_follower_is_named_at_rank_0s_next_beat(tmp_path):
+    model_dir = _save("llama-kv1", tmp_path / "m")
+    ranks = start_ranks(Config(engine=engine_config(model_dir, 2)))
+    assert ranks is not None
+    try:
+        LLMEngine(engine_config(model_dir, 2), model_dir)
+        ranks.keepalive()  # both there: a no-op step
+        ranks.procs[0].kill()
+        ranks.procs[0].wait()
+        with pytest.raises(RuntimeError, match="rank 1 .* exited with code -9"):
+            ranks.keepalive()
+    finally:
+        ranks.stop(graceful=False)
+        ranks.group.close()  # this process's group, for the next test's
+
+
 def _args(heads: int, kv: int, arch: str = "LlamaForCausalLM", vocab: int = 10) -> ModelArgs:
     return ModelArgs(
         arch, vocab, 64, 30, 2, heads, kv, 16, 64, 1e-6, "silu", False, False, False, False, {}
