@@ -20,7 +20,7 @@ from common.config import Config
 from common.log import get_logger
 from common.model_files.model_source import DEFAULT_MODEL_ALIAS, resolve_model
 from scheduler_worker.parallel.group import Rendezvous, TPGroup, set_tp_group
-from scheduler_worker.parallel.ranks import STOP_TIMEOUT_S, threads_per_rank
+from scheduler_worker.parallel.ranks import STOP_TIMEOUT_S, device_type, threads_per_rank
 from scheduler_worker.parallel.step_channel import EXECUTE, NOOP, PROMPT_LOGITS, STOP, StepChannel
 
 log = get_logger("parallel")
@@ -63,10 +63,7 @@ def serve(config: Config, rdv: Rendezvous) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    device = (
-        model.device if model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    )
-    group = TPGroup(rdv, device, model.collective_timeout_s, host_store=False)
+    group = TPGroup(rdv, device_type(config), model.collective_timeout_s, host_store=False)
     group.announce()
     group.start()
     set_tp_group(group)
@@ -78,13 +75,15 @@ def serve(config: Config, rdv: Rendezvous) -> int:
             step = channel.receive()
             if step.kind == STOP:
                 break
+            if step.kind == NOOP:
+                continue
             if step.kind == EXECUTE:
                 assert step.seqs is not None
                 runner.execute(step.seqs, step.argmax_vocab)
             elif step.kind == PROMPT_LOGITS:
                 assert isinstance(step.seqs, list)
                 runner.execute_with_prompt_logits(step.seqs, step.argmax_vocab)
-            elif step.kind != NOOP:
+            else:
                 raise ValueError(f"unknown step kind {step.kind}")
             steps += 1
     except RuntimeError as e:  # a collective failed: rank 0 is gone or hung

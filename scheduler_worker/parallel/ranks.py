@@ -126,7 +126,7 @@ def start_ranks(config: Config) -> Ranks | None:
         torch.set_num_threads(config.engine.model.num_threads)
     own = torchrun_rank() is None  # else torchrun started every rank
     timeout = config.engine.model.collective_timeout_s
-    group = TPGroup(rdv, _device_type(config), timeout, host_store=own)
+    group = TPGroup(rdv, device_type(config), timeout, host_store=own)
     ranks = Ranks(group)
     try:
         if own:
@@ -140,7 +140,8 @@ def start_ranks(config: Config) -> Ranks | None:
     return ranks
 
 
-def _device_type(config: Config) -> str:
+def device_type(config: Config) -> str:
+    """The ranks' device kind: the backend follows it (gloo on a CPU, NCCL on CUDA)."""
     device = config.engine.model.device
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
