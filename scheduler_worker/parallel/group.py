@@ -118,20 +118,21 @@ class TPGroup:
         self.reduce_s += time.perf_counter() - t0
         return x
 
-    def gather_columns(self, x: torch.Tensor, width: int) -> torch.Tensor:
-        """Rank 0: the ranks' x [rows, cols] side by side, cut to `width` columns; the
-        other ranks get x back (only rank 0 samples)."""
+    def gather(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """Rank 0: every rank's x (same shape), in rank order; the other ranks: None."""
         t0 = time.perf_counter()
         wide = x.float() if self.backend == "gloo" and x.dtype not in GLOO_REDUCE_DTYPES else x
         wide = wide.contiguous()
-        if self.rank == 0:
-            parts = [torch.empty_like(wide) for _ in range(self.world)]
-            dist.gather(wide, parts, dst=0)
-            x = torch.cat(parts, dim=1)[:, :width].to(x.dtype)
-        else:
-            dist.gather(wide, None, dst=0)
+        parts = [torch.empty_like(wide) for _ in range(self.world)] if self.rank == 0 else None
+        dist.gather(wide, parts, dst=0)
         self.reduce_s += time.perf_counter() - t0
-        return x
+        return None if parts is None else [p.to(x.dtype) for p in parts]
+
+    def gather_columns(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """Rank 0: the ranks' x [rows, cols] side by side, cut to `width` columns; the
+        other ranks get x back (only rank 0 samples)."""
+        parts = self.gather(x)
+        return x if parts is None else torch.cat(parts, dim=1)[:, :width]
 
     def broadcast(self, x: torch.Tensor) -> None:
         """x from rank 0 into every rank's x (same shape and dtype everywhere)."""

@@ -8,7 +8,8 @@
     embed_tokens             vocabulary-parallel: the rank's rows, zeros for the ids it
                              does not hold, one all-reduce
     lm_head                  vocabulary-parallel: the rank's logits, gathered on rank 0
-                             (cut to the vocabulary), where sampling runs
+                             (cut to the vocabulary), where sampling runs; a greedy step
+                             gathers each rank's best logit and its id only (argmax)
 
 A step so runs 2 all-reduces a layer, 1 for the embeddings and one gather of the logits.
 The modules keep nn.Linear / nn.Embedding as their bases, so the models' own tying
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scheduler_worker.models.common import ArgmaxHead
 from scheduler_worker.parallel.group import TPGroup
 from scheduler_worker.parallel.partition import Partition
 
@@ -48,14 +50,35 @@ class VocabParallelEmbedding(nn.Embedding):
         return self.group.all_reduce(out)
 
 
-class ParallelLMHead(nn.Linear):
+class ParallelLMHead(nn.Linear, ArgmaxHead):
     def __init__(self, part: Partition, dim: int, vocab: int, group: TPGroup) -> None:
         super().__init__(dim, part.vocab_rows, bias=False)
         self.vocab = vocab
+        self.start, self.stop = part.vocab
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.gather_columns(F.linear(x, self.weight), self.vocab)
+
+    def argmax(self, hidden: torch.Tensor, vocab: int) -> torch.Tensor:
+        """A greedy step's tokens (rank 0's; the others' are their own rows' best): each
+        rank's best logit of its rows under `vocab` and its id, [rows, 2] float64, gathered;
+        the first rank holding the highest wins, so ties go to the lowest id, as one
+        argmax over the whole row does. Not the [rows, vocab / T] logits."""
+        logits = F.linear(hidden, self.weight)
+        real = max(0, min(vocab, self.stop) - self.start)
+        if real:
+            best, ids = logits[:, :real].max(dim=-1)
+        else:  # this rank's rows are all past `vocab`
+            best = torch.full(logits.shape[:1], float("-inf"), device=logits.device)
+            ids = torch.zeros(logits.shape[:1], dtype=torch.long, device=logits.device)
+        pair = torch.stack([best.double(), (ids + self.start).double()], dim=1)
+        parts = self.group.gather(pair)
+        if parts is None:
+            return ids + self.start
+        every = torch.stack(parts)  # [ranks, rows, 2]
+        winner = every[:, :, 0].argmax(dim=0)
+        return every[winner, torch.arange(every.shape[1]), 1].long()
 
 
 def shard_modules(model: nn.Module, part: Partition, group: TPGroup) -> None:

@@ -97,17 +97,26 @@ def test_tp2_greedy_equals_tp1_and_transformers(name, tmp_path):
 
 def test_tp2_prompt_logits_and_logits_equal_tp1(tmp_path):
     """The step with prompt logits (followers make the same per-sequence head calls) and
-    a mixed step's logits agree with tp=1's to float32 rounding."""
+    a mixed step's logits agree with tp=1's to float32 rounding; a greedy step's tokens
+    from the vocabulary-parallel head's argmax are the full logits' argmax."""
     model_dir = _save("llama-gqa", tmp_path / "m")
     seqs = [
         SeqInput(list(range(3, 20)), 0, list(range(1, 6)), prompt_logits=16),
         SeqInput([9, 8, 7], 0, [10], prompt_logits=0),
     ]
     got = []
+    decode = [SeqInput([11], 17, list(range(1, 6))), SeqInput([12], 3, [10])]
     for tp in (1, 2):
         with tp_engine(model_dir, tp) as engine:
             logits, extra = engine.runner.execute_with_prompt_logits(seqs)
             got.append((logits, extra[0]))
+            # a greedy step: the head's own argmax (tp=2: each rank's best, compared on
+            # rank 0) is the argmax of the whole logits, and the vocabulary cut holds
+            full = engine.runner.execute(decode)
+            for vocab in (501, 300, 200) if tp == 2 else ():
+                tokens = engine.runner.execute(decode, argmax_vocab=vocab)
+                assert tokens.dtype == torch.long
+                assert tokens.tolist() == full[:, :vocab].argmax(-1).tolist()
     (a, pa), (b, pb) = got
     assert a.shape == b.shape == (2, 501) and pa is not None and pb is not None
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
