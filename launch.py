@@ -2,7 +2,9 @@
 
 ```
  launch.py ─┬─ python -m scheduler_worker --replica-id K   × dp: the engines (each loads
-            │                                               the model, has its KV pool)
+            │                                               the model, has its KV pool;
+            │                                               with --tp T it starts T - 1 more
+            │                                               ranks of its own)
             ├─ python -m detok_worker
             ├─ python -m tokenizer_worker × N
             └─ python -m frontend --frontend-id I   × api_servers: HTTP on one port
@@ -287,8 +289,9 @@ def build_config(argv: list[str] | None) -> tuple[Config, bool]:
     # the port opens once every component is up: "port open" means ready here
     config = replace(config, server=replace(config.server, listen_when_ready=True))
     n, mc = config.data_parallel_size, config.engine.model
-    if n > 1 and mc.num_threads is None:  # replicas must not oversubscribe the cores
-        threads = max(1, len(os.sched_getaffinity(0)) // n)
+    ranks = n * mc.tensor_parallel_size  # scheduler processes: each replica's ranks
+    if ranks > 1 and mc.num_threads is None:  # they must not oversubscribe the cores
+        threads = max(1, len(os.sched_getaffinity(0)) // ranks)
         config = replace(
             config, engine=replace(config.engine, model=replace(mc, num_threads=threads))
         )

@@ -179,13 +179,27 @@ GROUPS: dict[str, list[Flag]] = {
     "cluster": [
         Flag("--tokenize-workers", (), "tokenize_workers", int, "tokenizer worker processes"),
         Flag("--data-parallel-size", (), "data_parallel_size", int, "scheduler replicas"),
+        Flag(
+            "--tensor-parallel-size",
+            _M,
+            "tensor_parallel_size",
+            int,
+            "processes (ranks) one replica's model is split over: gloo on a CPU, NCCL on GPUs",
+        ),
+        Flag(
+            "--collective-timeout",
+            _M,
+            "collective_timeout_s",
+            float,
+            "seconds a tensor-parallel collective waits for the other ranks; then the replica stops",
+        ),
         Flag("--routing", ("server",), "routing", str, "how a replica is picked", ROUTINGS),
         Flag(
             "--gpu-ids",
             (),
             "gpu_ids",
             str,
-            "launch.py: the visible GPUs the replicas go on, one each (2,3); none: all",
+            "launch.py: the visible GPUs the replicas go on, tp each (2,3); none: all",
         ),
         Flag("--replica-id", (), "replica_id", int, "which replica this scheduler process is"),
         Flag(
@@ -201,7 +215,11 @@ GROUPS: dict[str, list[Flag]] = {
     ],
 }
 _FLAGS = [f for flags in GROUPS.values() for f in flags]
-_SHORT = {"--data-parallel-size": "--dp", "--api-servers": "--api-server-count"}
+_SHORT = {
+    "--data-parallel-size": "--dp",
+    "--tensor-parallel-size": "--tp",
+    "--api-servers": "--api-server-count",
+}
 
 
 def _default(path: tuple[str, ...], name: str) -> object:

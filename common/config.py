@@ -1,15 +1,15 @@
-"""One frozen configuration, built and validated once, shared by every process.
-
-The environment is read in common/env.py (ZEROSERVE_API_KEY, ZEROSERVE_CACHE_DIR and
-ZEROSERVE_RUN_DIR fill in what a config leaves unset); socket paths come from
-common/endpoints.py, which needs no zmq; the `ipc` section is common/ipc_config.py.
+"""One frozen configuration, built and validated once, shared by every process. The
+environment is read in common/env.py (ZEROSERVE_API_KEY, _CACHE_DIR, _RUN_DIR fill in what
+a config leaves unset); socket paths: common/endpoints.py; the `ipc` section: ipc_config.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from common.config_error import ConfigError as ConfigError  # re-exported
@@ -95,10 +95,16 @@ class ModelConfig:
     num_threads: int | None = None
     # CUDA: no graph capture, every step eager (start-up faster, decode slower)
     enforce_eager: bool = False
+    # ranks a replica's model is split over (scheduler_worker/parallel/); how long a collective
+    # waits for the other ranks before the replica stops
+    tensor_parallel_size: int = 1
+    collective_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
+        _at_least(self, 1, "tensor_parallel_size")
         if self.num_threads is not None:
             _at_least(self, 1, "num_threads")
+        _positive_seconds(self, "collective_timeout_s")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
@@ -337,16 +343,14 @@ class Config:
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs one scheduler replica spans: 1 until tensor parallelism (issue 57 item 2)."""
-        return 1
+        """GPUs one scheduler replica spans: one per tensor-parallel rank."""
+        return self.engine.model.tensor_parallel_size
 
     @property
     def model_name(self) -> str:
         return self.server.served_model_name or self.engine.model.model
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)
 
     @classmethod
@@ -372,28 +376,19 @@ class Config:
     @classmethod
     def load(cls, path: str | Path) -> Config:
         """A JSON or TOML file with the sections of `to_dict()`."""
-        import json
-
         path = Path(path)
         try:
             text = path.read_text()
         except OSError as e:
             raise ConfigError(f"cannot read config file {path}: {e}") from e
         try:
-            if path.suffix == ".toml":
-                import tomllib
-
-                data = tomllib.loads(text)
-            else:
-                data = json.loads(text)
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except ValueError as e:
             raise ConfigError(f"config file {path} does not parse: {e}") from e
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
         """Write the config readable by this user only: it may hold ipc.secret."""
-        import json
-
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(self.to_dict(), indent=2))

@@ -13,6 +13,10 @@
                                 (tests of replica placement on a CPU; common/gpus.py)
     CUDA_VISIBLE_DEVICES        the GPUs this process may use; launch.py sets it for
                                 each GPU replica (common/gpus.py)
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK   torchrun's: a scheduler
+                                process's place among a replica's tensor-parallel ranks
+                                (scheduler_worker/parallel/ranks.py; rank 0 sets them for
+                                the ranks it starts itself)
     XDG_CACHE_HOME, XDG_RUNTIME_DIR   the usual base directories, when set
     TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR   where compiled kernels are kept; the
                                 scheduler points them under the cache dir when unset
@@ -78,6 +82,27 @@ def cuda_visible_devices() -> list[str] | None:
             break
         out.append(entry)
     return out
+
+
+def torchrun_rank() -> tuple[int, int, str, int, int] | None:
+    """(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) as torchrun sets them (RANK
+    0, port 29500, LOCAL_RANK = RANK where unset), or None when WORLD_SIZE is unset;
+    ValueError naming a variable that is not a number."""
+    if not os.environ.get("WORLD_SIZE"):
+        return None
+
+    def number(name: str, default: str) -> int:
+        text = (os.environ.get(name) or default).strip()
+        if not text.isdigit():
+            raise ValueError(f"{name} must be an integer >= 0, got {text!r}")
+        return int(text)
+
+    rank = number("RANK", "0")
+    world = number("WORLD_SIZE", "1")
+    if world < 1:
+        raise ValueError("WORLD_SIZE must be at least 1")
+    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    return rank, world, addr, number("MASTER_PORT", "29500"), number("LOCAL_RANK", str(rank))
 
 
 # the compilers' own cache variables, and their folders under zeroserve's cache dir

@@ -1,11 +1,9 @@
 """The engine: scheduler + model runner + sampler behind a step-level API.
 
-    add_request(rid, prompt_token_ids, params)   validate (unless checked upstream), queue
-    step() -> list[RequestOutput]                one forward over the scheduled batch
-    abort(rid)                                   any state; idempotent
-    generate(prompts, params)                    offline loop on top of the above
-
-`step()` reports each request's new tokens and finish reason: a batch a step, not a token.
+add_request(rid, prompt_token_ids, params)   validate (unless checked upstream), queue
+step() -> list[RequestOutput]                one forward: each request's new tokens
+abort(rid)                                   any state; idempotent
+generate(prompts, params)                    offline loop on top of the above
 """
 
 from __future__ import annotations
@@ -91,7 +89,9 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.last_step = StepStats()
         want = config.scheduler.async_scheduling
-        self.overlap = want == "on" or (want == "auto" and self.runner.backend.overlap)
+        # not under tensor parallelism: the followers take each step's tokens from its inputs
+        on = want == "on" or (want == "auto" and self.runner.backend.overlap)
+        self.overlap = on and self.runner.tp is None
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")

@@ -40,13 +40,14 @@ def busy_split(engine: LLMEngine, ipc_time: float) -> dict[str, float]:
     return split
 
 
-def placement(device: torch.device) -> tuple[str, list[str]]:
+def placement(device: torch.device, ranks: int = 1) -> tuple[str, list[str]]:
     """Where the replica runs, for its beats and its log line: ("cpu", []), or its GPU's
-    name and id as its launcher named it (common/gpus.py: CUDA_VISIBLE_DEVICES)."""
+    name and the ids of its `ranks` GPUs (tensor parallelism: rank r on the r-th) as its
+    launcher named them (common/gpus.py: CUDA_VISIBLE_DEVICES)."""
     if device.type != "cuda":
         return device.type, []
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_name(index), own_gpus(index)
+    return torch.cuda.get_device_name(index), [g for i in range(ranks) for g in own_gpus(index + i)]
 
 
 def placement_text(device: str, gpus: list[str]) -> str:

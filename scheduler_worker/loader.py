@@ -45,6 +45,10 @@ from scheduler_worker.models import (
     servable_args,
 )
 from scheduler_worker.models.common import CausalLM, ModelArgs
+from scheduler_worker.parallel.group import tp_group
+from scheduler_worker.parallel.layers import shard_modules
+from scheduler_worker.parallel.partition import Partition, plan_partition
+from scheduler_worker.parallel.weights import gguf_shards, iter_safetensors_shard
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
 from scheduler_worker.quant.fp8 import FP8_KEEP, Fp8Linear, quantize_model_fp8
@@ -175,8 +179,12 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
     hf = _read_config(model_dir)
     arch = architecture_of(hf)
     args = servable_args(hf, arch)
+    tp = tp_group()  # tensor parallelism: this rank's shard (scheduler_worker/parallel/)
+    part = plan_partition(args, tp.rank, tp.world) if tp is not None else None
     with on_meta():
-        model = MODEL_REGISTRY[arch](args)
+        model = MODEL_REGISTRY[arch](args if part is None else part.local_args(args))
+        if tp is not None and part is not None:
+            shard_modules(model, part, tp)
     blocks = GGUFBlocks(gguf) if gguf is not None else None
     if fp8 is not None and not dummy:  # an FP8 checkpoint as stored (quant/fp8_checkpoint.py)
         shapes = fp8_weight_shapes(model_dir)
@@ -230,18 +238,32 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
             log.info("weights: random, from config.json (--load-format dummy)")
             model = model.to(device=device, dtype=dtype).eval()  # buffers as a real load's
             _quantize_float(model, plan, dtype, t0)
-            return _loaded(model, args, plan, dtype, device, None, t0)
-        weights = iter_safetensors(model_dir)
+            return _loaded(model, _local(args, part), plan, dtype, device, None, t0)
+        weights = (
+            iter_safetensors(model_dir)
+            if part is None
+            else iter_safetensors_shard(model_dir, part, args)
+        )
         if gguf is not None:  # the lean cache has the norms; the matrices are in the file
             matrices = (
-                (n, torch.from_numpy(np.require(a, requirements="W")))
-                for n, a in gguf_matrices(gguf)
+                (
+                    (n, torch.from_numpy(np.require(a, requirements="W")))
+                    for n, a in gguf_matrices(gguf)
+                )
+                if part is None
+                else gguf_shards(gguf, part, args)
             )
             weights = itertools.chain(weights, matrices)
         model.load_weights(weights)
         model = model.to(device=device, dtype=dtype).eval()
         _quantize_float(model, plan, dtype, t0)
-    return _loaded(model, args, plan, dtype, device, blocks, t0)
+    return _loaded(model, _local(args, part), plan, dtype, device, blocks, t0)
+
+
+def _local(args: ModelArgs, part: Partition | None) -> ModelArgs:
+    """The shapes this process's modules and KV cache have (a rank's, under tensor
+    parallelism)."""
+    return args if part is None else part.local_args(args)
 
 
 def _loaded(

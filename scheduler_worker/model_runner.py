@@ -20,6 +20,8 @@ from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import SeqInput, StepInputs, step_order
 from scheduler_worker.backends.select import make_backend
 from scheduler_worker.loader import TORCH_DTYPES, load, resolve_device, resolve_dtype
+from scheduler_worker.parallel.group import tp_group
+from scheduler_worker.parallel.step_channel import EXECUTE, PROMPT_LOGITS, StepChannel
 from scheduler_worker.quant.linear import QuantLinear, StepRows
 
 __all__ = ["TORCH_DTYPES", "ModelRunner", "SeqInput", "resolve_device", "resolve_dtype"]
@@ -33,6 +35,10 @@ KV_GROW_LIMIT_GB = 2.0
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         self.config = config
+        # tensor parallelism (scheduler_worker/parallel/): this rank's shard; rank 0 sends
+        # each step to the other ranks, which make the same calls (parallel/follower.py)
+        self.tp = tp_group()
+        self.channel = StepChannel(self.tp) if self.tp is not None and self.tp.rank == 0 else None
         loaded = load(config, model_dir)  # scheduler_worker.loader: weights, quantization
         self.model, self.args, self.weights = loaded.model, loaded.args, loaded.plan
         self.device, self.dtype, self.weight_memory = loaded.device, loaded.dtype, loaded.memory
@@ -61,6 +67,8 @@ class ModelRunner:
         log.info("KV cache: %s", str(self.kv_dtype).removeprefix("torch."))
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
+        if self.tp is not None:  # every rank's pool holds the same blocks (its heads' part)
+            self.num_blocks = self.tp.min_int(self.num_blocks)
         # one block more than the block manager hands out: the scratch block, the placeholder
         # a sliding-window request's table holds for the blocks it gave back (never read:
         # every windowed layer masks it out; scheduler.placeholder_block), and where a
@@ -134,6 +142,8 @@ class ModelRunner:
         argmax of the first argmax_vocab logits itself (CausalLM.greedy_tokens): Gemma 3's
         262k-token logits, 33.5 MB a step at 32 rows, are then never written or read back.
         On a GPU the result is on the device and may not be computed yet."""
+        if self.channel is not None:
+            self.channel.send(EXECUTE, seqs, argmax_vocab)
         return self.backend.execute(self.model, self.kv_caches, seqs, argmax_vocab)
 
     @torch.inference_mode()
@@ -145,6 +155,8 @@ class ModelRunner:
         p's row scores token p + 1; for a `draft` sequence, int64 tokens [prompt_logits]
         (their argmax over the vocabulary) where the head takes them as execute() does.
         A step with no such sequence takes execute() instead."""
+        if self.channel is not None:
+            self.channel.send(PROMPT_LOGITS, seqs, argmax_vocab)
         input_ids, positions, meta = self.prepare(seqs)
         self.backend.before_forward(meta)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)

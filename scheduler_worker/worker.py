@@ -53,6 +53,7 @@ from scheduler_worker.engine_status import (
     placement_text,
 )
 from scheduler_worker.heap import release_freed_heap
+from scheduler_worker.parallel.ranks import Ranks, rendezvous, start_ranks
 from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
 from scheduler_worker.step_message import step_message
 from scheduler_worker.structured import spare_core
@@ -79,8 +80,11 @@ class RequestRecord:
 
 
 class SchedulerWorker:
-    def __init__(self, config: Config, engine: LLMEngine | None = None) -> None:
+    def __init__(
+        self, config: Config, engine: LLMEngine | None = None, ranks: Ranks | None = None
+    ) -> None:
         self.config = config
+        self.ranks = ranks  # tensor parallelism: the replica's other ranks (rank 0's handle)
         self.replica = config.replica_id
         self.component = f"scheduler.{self.replica}"  # its ComponentStatus name
         bind = inbox_endpoint(config)  # before the model loads: a duplicate fails fast
@@ -114,7 +118,8 @@ class SchedulerWorker:
         self.step_no = 0
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
         self.memory = MemoryCadence(self.engine, config.heartbeat_s)  # for the beats
-        self.where = placement(self.engine.runner.device)  # its device (and GPU), named
+        # its device and GPUs, named (every rank's)
+        self.where = placement(self.engine.runner.device, config.engine.model.tensor_parallel_size)
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:
@@ -301,6 +306,8 @@ class SchedulerWorker:
             if quiet or time.monotonic() - shell.last_beat >= beat_s:
                 shell.beat()
                 unsaid_idle = False
+                if self.ranks is not None:  # the followers wait on the group: keep it live
+                    self.ranks.keepalive()
         shell.finish(self._last_word)
 
     def _last_word(self) -> None:
@@ -326,8 +333,19 @@ class SchedulerWorker:
 
 
 def run(config: Config) -> None:
-    """Process entry: load the model, then serve until SIGTERM/SIGINT."""
+    """Process entry: load the model, then serve until SIGTERM/SIGINT. Under tensor
+    parallelism this is rank 0 (it starts the other ranks) or, with a RANK other than 0,
+    a follower (scheduler_worker/parallel/)."""
     install_stack_dump()
+    try:
+        rdv = rendezvous(config)
+    except ConfigError as e:
+        log.error("%s", e)
+        sys.exit(2)
+    if rdv is not None and rdv.rank != 0:
+        from scheduler_worker.parallel.follower import serve
+
+        sys.exit(serve(config, rdv))
     log.info(
         "scheduler replica %d starting (pid %d), model %s",
         config.replica_id,
@@ -338,10 +356,29 @@ def run(config: Config) -> None:
         import torch
 
         torch.set_num_threads(config.engine.model.num_threads)
+    ranks: Ranks | None = None
     try:
-        worker = SchedulerWorker(config)
+        ranks = start_ranks(config)
+        worker = SchedulerWorker(config, ranks=ranks)
     except ConfigError as e:
         log.error("%s", e)
+        if ranks is not None:
+            ranks.stop(graceful=False)
         sys.exit(2)
     on_stop_signals(worker.stop)
-    worker.run()
+    if ranks is None:
+        worker.run()
+        return
+    try:
+        worker.run()
+    except RuntimeError as e:  # a collective failed: a rank died or hung
+        log.error(
+            "replica %d stops: its tensor-parallel group failed (%s): %s",
+            config.replica_id,
+            ranks.dead() or "a rank hung or its connection broke",
+            str(e).splitlines()[0][:300] if str(e) else type(e).__name__,
+        )
+        ranks.stop(graceful=False)
+        worker.shell.finish(worker._last_word)  # what is in flight fails now
+        sys.exit(1)
+    ranks.stop()

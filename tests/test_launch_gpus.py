@@ -60,6 +60,21 @@ def test_gpu_ids_on_the_cpu_is_refused_in_one_line():
     ]
 
 
+def test_tensor_parallel_replicas_get_consecutive_gpu_sets_or_one_line(monkeypatch):
+    """`--dp 2 --tp 2`: two replicas of two GPUs each, {0,1} and {2,3} of 4 stand-in GPUs;
+    on 2 it is refused in one line before anything starts."""
+    monkeypatch.setenv("ZEROSERVE_STANDIN_GPU_COUNT", "4")
+    base = Config(data_parallel_size=2)
+    model = replace(base.engine.model, device="cuda", tensor_parallel_size=2)
+    config = replace(base, engine=replace(base.engine, model=model))
+    assert config.gpus_per_replica == 2
+    assert launch.plan_gpus(config, None) == [["0", "1"], ["2", "3"]]
+    run = run_launch("--device", "cuda", "--dp", "2", "--tp", "2", gpus=2)
+    assert run.returncode == 2 and run.stderr.splitlines() == [
+        "launch.py: --data-parallel-size 2 needs 4 GPU(s) (2 per replica); 2 visible (0, 1)"
+    ]
+
+
 def seen_by_replicas(folder: Path, count: int, timeout_s: float = 30) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     path = folder / "replicas.jsonl"

@@ -128,9 +128,17 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
 
+class ArgmaxHead(nn.Module):
+    """An output head that takes the argmax of its logits itself (a tensor-parallel one:
+    each rank's best of its vocabulary rows, compared on rank 0)."""
+
+    def argmax(self, hidden: torch.Tensor, vocab: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
 def head_argmax(head: nn.Module, hidden: torch.Tensor, vocab: int) -> torch.Tensor | None:
     """CausalLM.greedy_tokens of a model whose logits are `head`(hidden)."""
-    return head.argmax(hidden, vocab) if isinstance(head, QuantLinear) else None
+    return head.argmax(hidden, vocab) if isinstance(head, (QuantLinear, ArgmaxHead)) else None
 
 
 class WeightLoader:

@@ -2,10 +2,11 @@
 the server logs.
 
     --quantization auto ─▶ an FP8 checkpoint: "fp8" (as stored; quant/fp8.py)
-                         ─▶ a GGUF model on the CPU: "gguf" (the file's own blocks: the
+                       ─▶ tensor parallelism: "none" (each rank's float shard)
+                       ─▶ a GGUF model on the CPU: "gguf" (the file's own blocks: the
                            model the user downloaded; formats without a kernel are
                            dequantized row by row on the fly, never held as floats)
-                         ─▶ anything else: "none" (float weights, exact)
+                       ─▶ anything else: "none" (float weights, exact)
     --kernels auto ──────▶ the best ISA path the CPU has (AMX, AVX-512 VNNI, AVX2, scalar C++),
                            or pure torch (dequantized weights) when the C++ kernels cannot
                            be built here
@@ -37,10 +38,23 @@ def plan_weights(
     cfg: ModelConfig, device: torch.device, gguf: Path | None, fp8_checkpoint: bool = False
 ) -> WeightPlan:
     method, why = cfg.quantization, f"--quantization {cfg.quantization}"
+    tp = cfg.tensor_parallel_size
+    if tp > 1 and (fp8_checkpoint or method not in ("auto", "none")):
+        raise ConfigError(
+            f"--quantization {method} with --tensor-parallel-size {tp}: the ranks' shards are "
+            "float weights for now (--quantization auto or none"
+            + (", of a float or GGUF checkpoint)" if fp8_checkpoint else ")")
+        )
     if fp8_checkpoint or method == "fp8":
         return plan_fp8(method, why, device, fp8_checkpoint)
     if method == "auto":
-        if device.type != "cpu":
+        if tp > 1:
+            method, why = (
+                "none",
+                f"auto with --tensor-parallel-size {tp}: float shards"
+                + (f" (the GGUF's matrices dequantized at load, {gguf.name})" if gguf else ""),
+            )
+        elif device.type != "cpu":
             method, why = "none", f"auto on {device.type}: the quantized kernels are CPU-only"
         elif cfg.dtype == "float16":
             method, why = (
