@@ -53,6 +53,7 @@ from common.gpus import plan_gpus, replica_environment
 from common.log import get_logger
 from common.model_files.model_source import (
     ModelSourceError,
+    check_draft_model,
     check_load_format,
     check_quantization_source,
     check_weight_source,
@@ -335,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         check_weight_source(mc.load_format, model_dir)  # before any child starts
         log.info("model %s ready at %s", mc.model, model_dir)
         check_quantization_source(mc.quantization, model_dir)
+        check_draft_model(config.engine, model_dir)  # --speculative-model: the same tokenizer
         check_kernel_choice(mc.kernels)
         ensure_run_dir(run_dir)  # --run-dir: made (0700) if missing, checked private
         config_path = run_dir / "config.json"

@@ -109,6 +109,14 @@ GROUPS: dict[str, list[Flag]] = {
             "the most tokens a row drafts per step (1..16)",
         ),
         Flag(
+            "--speculative-model",
+            _S,
+            "speculative_model",
+            str,
+            "a smaller model with the same tokenizer (GGUF file or HF directory) drafting "
+            "for rows the method has no draft for (alone: --speculative-method draft)",
+        ),
+        Flag(
             "--speculative-policy",
             _S,
             "speculative_policy",

@@ -175,7 +175,7 @@ class CacheConfig:
 # time grows with its rows; a GPU's barely does up to hundreds (vLLM's 256 sequences)
 DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
 ASYNC_SCHEDULING = ("auto", "on", "off")
-SPECULATIVE_METHODS = ("none", "ngram", "suffix")
+SPECULATIVE_METHODS = ("none", "ngram", "suffix", "draft")
 SPECULATIVE_POLICIES = ("adaptive", "always")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -194,6 +194,7 @@ class SchedulerConfig:
     num_speculative_tokens: int = 3
     # adaptive: draft only where the measured verify cost pays (spec/policy.py); always
     speculative_policy: str = "adaptive"
+    speculative_model: str | None = None  # a draft model (spec/draft_model.py): method draft
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_decode_batch"):
@@ -209,6 +210,10 @@ class SchedulerConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.speculative_model and self.speculative_method == "none":
+            object.__setattr__(self, "speculative_method", "draft")
+        if self.speculative_method == "draft" and not self.speculative_model:
+            raise ConfigError("speculative_method draft needs a speculative_model (a path)")
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(

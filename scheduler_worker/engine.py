@@ -33,7 +33,7 @@ from scheduler_worker.sampling import (
 )
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.spec import make_drafter
+from scheduler_worker.spec import engine_drafter
 from scheduler_worker.spec.policy import verified
 from scheduler_worker.spec.sampled import SampledVerify, sample_drafts
 from scheduler_worker.spec.verify import accepted_tokens, draft_targets
@@ -70,7 +70,7 @@ class LLMEngine:
             self.runner.num_blocks,
             self.eos_token_ids,
             sliding_window=args.kv_window,
-            drafter=make_drafter(config.scheduler.speculative_method),
+            drafter=engine_drafter(config, self.runner, self.model_dir, type(self)),
         )
         self.sampler = Sampler(
             args.vocab_size,

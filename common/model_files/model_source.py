@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.config import ConfigError
+from common.config import ConfigError, EngineConfig
 from common.env import default_cache_dir
 from common.log import get_logger
 from common.model_facts import read_hf_config
@@ -132,6 +132,22 @@ def check_quantization_source(quantization: str, model_dir: Path) -> None:
         raise ConfigError(
             f"--quantization {quantization}: {model_dir} is an {layout.describe()}; serve it "
             "with --quantization auto or fp8 (as stored) or none (dequantized)"
+        )
+
+
+def check_draft_model(engine: EngineConfig, model_dir: Path) -> None:
+    """--speculative-model: it resolves (converted once, as the served model) and shares
+    the served model's tokenizer (a draft's token ids must mean the same tokens)."""
+    draft = engine.scheduler.speculative_model
+    if draft is None:
+        return
+    from common.model_files.tokenizer_files import same_tokenizer  # (imports tokenizers)
+
+    why = same_tokenizer(model_dir, resolve_model(draft, engine.model.resolved_cache_dir))
+    if why is not None:
+        raise ConfigError(
+            f"--speculative-model {draft}: {why}; the draft model must share the served "
+            "model's tokenizer"
         )
 
 

@@ -62,3 +62,25 @@ def load_decode_tokenizer(model_dir: Path) -> Tokenizer:
     """A tokenizer that decodes as model_dir's tokenizer.json does (it may not encode)."""
     slim = model_dir / DECODE_TOKENIZER
     return Tokenizer.from_file(str(slim if slim.is_file() else model_dir / "tokenizer.json"))
+
+
+def same_tokenizer(target_dir: Path, draft_dir: Path) -> str | None:
+    """None when both directories' tokenizer.json map the same tokens to the same ids,
+    else why not (a draft's ids mean nothing to a target with another vocabulary)."""
+
+    def vocab(d: Path) -> tuple[dict, list] | None:
+        try:
+            tok = json.loads((d / "tokenizer.json").read_text())
+        except (OSError, ValueError):
+            return None
+        added = sorted((t.get("id"), t.get("content")) for t in tok.get("added_tokens") or [])
+        return (tok.get("model") or {}).get("vocab") or {}, added
+
+    a, b = vocab(target_dir), vocab(draft_dir)
+    if a is None or b is None:
+        return "no tokenizer.json to compare in " + str(draft_dir if b is None else target_dir)
+    if a[0] != b[0]:
+        return "the tokenizers' vocabularies differ"
+    if a[1] != b[1]:
+        return "the tokenizers' added tokens differ"
+    return None

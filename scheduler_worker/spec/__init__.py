@@ -8,6 +8,8 @@ rows (verify.py), by sampling each position for the others (sampled.py).
     (any)   prediction.py  the request's OpenAI `prediction`, aligned with its output
     suffix  suffix.py  the same and a bounded store of recent requests' outputs, shared
                        by the scheduler process's requests (observe() feeds it)
+    draft   draft_model.py  a second, smaller model with the same tokenizer
+                       (--speculative-model; after ngram or suffix where they have none)
 
 A drafter keeps its per-request state on the request (Request.draft_state), so that
 it goes with the request through preemption and is dropped when the request is.
@@ -15,13 +17,16 @@ it goes with the request through preemption and is dropped when the request is.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from common.config import ConfigError
+from common.config import ConfigError, EngineConfig
 from scheduler_worker.spec.ngram import NgramDrafter
 from scheduler_worker.spec.suffix import SuffixDrafter
 
 if TYPE_CHECKING:
+    from scheduler_worker.model_runner import ModelRunner
     from scheduler_worker.request import Request
 
 
@@ -48,9 +53,26 @@ def propose(req: Request, drafter: Drafter | None, k: int) -> list[int]:
     return drafts
 
 
+def engine_drafter(
+    config: EngineConfig, runner: ModelRunner, model_dir: Path, engine: Callable[..., Any]
+) -> Drafter | None:
+    """The engine's drafter: --speculative-method's, and the draft model's where one is
+    given (draft_model.py: an `engine` (the LLMEngine class) of its own, loaded here)."""
+    method, model = config.scheduler.speculative_method, config.scheduler.speculative_model
+    cheap = make_drafter(method)
+    if model is None:
+        return cheap
+    from scheduler_worker.spec.draft_model import ChainDrafter, DraftModelDrafter
+
+    drafter = DraftModelDrafter.build(
+        engine, config, runner.num_blocks, model_dir, runner.vocab_size
+    )
+    return drafter if cheap is None else ChainDrafter(cheap, drafter)
+
+
 def make_drafter(method: str) -> Drafter | None:
-    """The drafter of --speculative-method; None: no speculation."""
-    if method == "none":
+    """The model-free drafter of --speculative-method; None: none (or the draft model's)."""
+    if method in ("none", "draft"):
         return None
     if method == "ngram":
         return NgramDrafter()
