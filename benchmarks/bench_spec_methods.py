@@ -1,9 +1,11 @@
 """Speculative decoding by method at one stream: output tok/s with each drafter (ngram,
-suffix) against none in one engine (the request's `speculative` flag switches it; each
+suffix, draft: --draft-model) against none in one engine (the request's `speculative` flag switches it; each
 method's drafter set per run), alternating runs, greedy; the outputs must be equal token
 for token. (bench_spec.py: predicted outputs and sampled rows.)
 
     python benchmarks/bench_spec_methods.py --workload agent --methods ngram,suffix --max-tokens 256
+    python benchmarks/bench_spec_methods.py --workload chat --methods draft --draft-model smollm2 \
+        --dtype float32 --quantization none   # the Q4_1 file drafting for float32 weights
 
 The `repeat` prompt asks the model to repeat a passage (prompt lookup pays there), `chat`
 asks for a story (little to look up); `agent` and `extract` (benchmarks/spec_workloads.py)
@@ -73,11 +75,16 @@ def make_method_drafter(method: str) -> Drafter | None:
 
 
 def run(
-    engine: LLMEngine, prompts: list[list[int]], max_tokens: int, method: str
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    max_tokens: int,
+    method: str,
+    draft: Drafter | None = None,
 ) -> tuple[list[list[int]], float, float, float]:
     """The outputs, wall seconds, this process's CPU seconds (steadier on a shared host)
-    and the wall seconds before each request's first token (prefill), summed."""
-    engine.scheduler.drafter = make_method_drafter(method)
+    and the wall seconds before each request's first token (prefill), summed. `draft`:
+    the engine's draft-model drafter, kept across runs (its model loads once)."""
+    engine.scheduler.drafter = draft if method == "draft" else make_method_drafter(method)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=method != "none")
     outs: list[list[int]] = []
     t0, c0 = time.perf_counter(), time.process_time()
@@ -104,16 +111,28 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--workload", choices=sorted([*ASKS, *WORKLOADS]), default="repeat")
     ap.add_argument("--methods", default="ngram", help="comma-separated, each against none")
+    ap.add_argument("--draft-model", default=None, help="method draft's model (GGUF, alias, dir)")
+    ap.add_argument("--policy", default="adaptive", choices=["adaptive", "always"])
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--quantization", default="auto")
     a = ap.parse_args()
     methods = ["none", *a.methods.split(",")]
+    if ("draft" in methods) != (a.draft_model is not None):
+        raise SystemExit("--methods draft and --draft-model go together")
     engine = LLMEngine(
         EngineConfig(
-            model=ModelConfig(model=a.model, num_threads=a.threads),
+            model=ModelConfig(
+                model=a.model, num_threads=a.threads, dtype=a.dtype, quantization=a.quantization
+            ),
             scheduler=SchedulerConfig(
-                speculative_method=methods[1], num_speculative_tokens=a.num_speculative_tokens
+                speculative_method="draft" if a.draft_model else methods[1],
+                speculative_model=a.draft_model,
+                num_speculative_tokens=a.num_speculative_tokens,
+                speculative_policy=a.policy,
             ),
         )
     )
+    draft = engine.scheduler.drafter if a.draft_model else None
     prompts = workload_prompts(engine.model_dir, a.workload)
     run(engine, prompts[:1], 8, "none")  # warm up
     rates: dict[str, list[float]] = {m: [] for m in methods}
@@ -123,7 +142,7 @@ def main() -> None:
     for r in range(a.rounds):
         for method in methods if r % 2 == 0 else methods[::-1]:
             before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
-            out, secs, cpu, first = run(engine, prompts, a.max_tokens, method)
+            out, secs, cpu, first = run(engine, prompts, a.max_tokens, method, draft)
             drafted = engine.counters.draft_tokens - before[0]
             accepted = engine.counters.accepted_tokens - before[1]
             n = sum(map(len, out))
