@@ -4,9 +4,11 @@ GGUF conversion (common.model_files), the engine's loader and its models.
     Family
       hf_architectures   the HF `architectures` names it serves
       layers             which shared layer stack runs it (scheduler_worker.models.LAYERS):
-                         "decoder" (llama layout, with the knobs of ModelArgs), "gemma3", "gpt2"
+                         "decoder" (models/layers.py, shaped by `recipe`), "gpt2"
+      recipe             LayerRecipe: how the shared decoder layers are put together
       args(hf)           ModelArgs' fields from an HF config.json (decoder_args: the llama
-                         layout's, a family overrides what differs)
+                         layout's, a family overrides what differs; a "recipe" entry
+                         replaces the family's where the config changes it)
       sliding            where its config's sliding window applies (layer_windows)
       decode_style       the one-call C++ decode step's style flags (models/decode_plan.py:
                          "qk_norm", "sandwich", "gelu_tanh"); None: the family never takes it
@@ -57,6 +59,20 @@ Read = Callable[[str, Any], Any]  # a GGUF metadata key's value, or the default 
 
 
 @dataclass(frozen=True)
+class LayerRecipe:
+    """How the shared decoder layers (scheduler_worker/models/layers.py) make a family's
+    layer. The defaults are the llama layout:  h += attn(norm(h)); h += mlp(norm(h))."""
+
+    norm_weight_offset: float = 0.0  # 1.0: an RMSNorm's gain is 1 + w, in float32
+    post_norm: bool = False  # attention and MLP outputs normed before the residual add
+    qk_norm: str | None = None  # q and k RMS-normed before RoPE: "head" (each head)
+
+    def __post_init__(self) -> None:
+        if self.qk_norm not in (None, "head"):
+            raise ValueError(f"unknown qk_norm {self.qk_norm!r}")
+
+
+@dataclass(frozen=True)
 class GGUFSpec:
     arch: str
     model_type: str
@@ -83,6 +99,7 @@ class Family:
     hf_architectures: tuple[str, ...]
     args: Callable[[dict], dict]
     layers: str = "decoder"
+    recipe: LayerRecipe = LayerRecipe()
     decode_style: tuple[str, ...] | None = ()
     sliding: str = "layer_types"  # how its config places sliding windows (layer_windows)
     gguf: GGUFSpec | None = None

@@ -12,14 +12,12 @@ from safetensors import safe_open
 from common.families import BY_ARCHITECTURE
 from common.model_facts import read_hf_config
 from scheduler_worker.models.common import CausalLM, ModelArgs
-from scheduler_worker.models.gemma3 import Gemma3ForCausalLM
+from scheduler_worker.models.decoder import DecoderForCausalLM
 from scheduler_worker.models.gpt2 import GPT2LMHeadModel
-from scheduler_worker.models.llama import LlamaForCausalLM
 
 # the shared layer stacks a family runs on (common.families.base.Family.layers)
 LAYERS: dict[str, type[CausalLM]] = {
-    "decoder": LlamaForCausalLM,
-    "gemma3": Gemma3ForCausalLM,
+    "decoder": DecoderForCausalLM,
     "gpt2": GPT2LMHeadModel,
 }
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {

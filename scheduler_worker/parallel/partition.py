@@ -22,7 +22,7 @@ from common.families import BY_ARCHITECTURE
 from scheduler_worker.models.common import ModelArgs
 
 # the layer stacks whose modules parallel/layers.py knows how to shard
-SHARDED_LAYERS = ("decoder", "gemma3")
+SHARDED_LAYERS = ("decoder",)
 
 
 def _even(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -78,8 +78,7 @@ def plan_partition(args: ModelArgs, rank: int, world: int) -> Partition:
     tp = f"--tensor-parallel-size {world}"
     if family.layers not in SHARDED_LAYERS:
         raise ConfigError(
-            f"{tp}: tensor parallelism serves the llama-layout decoder and Gemma 3, "
-            f"not {args.architecture} yet"
+            f"{tp}: tensor parallelism serves the shared decoder, not {args.architecture} yet"
         )
     heads, kv = args.num_heads, args.num_kv_heads
     group = heads // kv
