@@ -11,6 +11,7 @@ from common.families.gemma3 import GEMMA3
 from common.families.gpt2 import GPT2
 from common.families.granite import GRANITE
 from common.families.llama import LLAMA, MISTRAL
+from common.families.olmo2 import OLMO2
 from common.families.phi3 import PHI3
 from common.families.qwen import QWEN2, QWEN3
 
@@ -23,6 +24,7 @@ FAMILIES: tuple[Family, ...] = (
     GPT2,
     GEMMA3,
     GRANITE,
+    OLMO2,
 )
 
 BY_ARCHITECTURE = {arch: f for f in FAMILIES for arch in f.hf_architectures}

@@ -64,12 +64,15 @@ class LayerRecipe:
     layer. The defaults are the llama layout:  h += attn(norm(h)); h += mlp(norm(h))."""
 
     norm_weight_offset: float = 0.0  # 1.0: an RMSNorm's gain is 1 + w, in float32
-    post_norm: bool = False  # attention and MLP outputs normed before the residual add
-    qk_norm: str | None = None  # q and k RMS-normed before RoPE: "head" (each head)
+    pre_norm: bool = True  # the attention's and the MLP's inputs normed
+    post_norm: bool = False  # their outputs normed before the residual add (both: sandwich)
+    qk_norm: str | None = None  # q and k RMS-normed before RoPE: "head" (each head) or "full"
 
     def __post_init__(self) -> None:
-        if self.qk_norm not in (None, "head"):
+        if self.qk_norm not in (None, "head", "full"):
             raise ValueError(f"unknown qk_norm {self.qk_norm!r}")
+        if not (self.pre_norm or self.post_norm):
+            raise ValueError("a layer needs pre or post norms")
 
 
 @dataclass(frozen=True)

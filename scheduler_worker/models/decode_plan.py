@@ -36,12 +36,13 @@ def plan_style(args: ModelArgs) -> int | None:
     """The op's flags for this model, or None where its family never takes the op or
     its recipe has what the op lacks (the layers then run one by one): the op knows
     pre-norm layers, sandwich ones (SANDWICH), per-head QK-norm (QK_NORM), SiLU or
-    GELU-tanh (GELU_TANH), no residual multiplier."""
+    GELU-tanh (GELU_TANH), no residual multiplier; no post-norm alone."""
     if args.decode_style is None:
         return None
     style, r = style_of(args.decode_style), args.recipe
     fits = (
-        r.post_norm == bool(style & SANDWICH)
+        r.pre_norm
+        and r.post_norm == bool(style & SANDWICH)
         and r.qk_norm == ("head" if style & QK_NORM else None)
         and args.residual_multiplier == 1.0
         and args.hidden_act in (GELU_TANH_ACTS if style & GELU_TANH else ("silu", "swish"))

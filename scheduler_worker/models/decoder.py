@@ -1,5 +1,5 @@
 """The decoder model every family of `layers="decoder"` runs (common/families): Llama,
-SmolLM2, Mistral, Qwen2 / 3, Phi-3, Granite, Gemma 3. Its layers are
+SmolLM2, Mistral, Qwen2 / 3, Phi-3, Granite, Gemma 3, OLMo 2. Its layers are
 models/layers.py's, made by the family's LayerRecipe; the checkpoint's numbers
 (ModelArgs) scale the embeddings and logits, cap the logits and pick each layer's RoPE:
 the windowed layers' own base (local_rope) where the family has one, else the global.

@@ -2,11 +2,12 @@
 (common/families/base.py) with its checkpoint's numbers (ModelArgs):
 
     norm       RMSNorm (gain w, or 1 + w in float32: norm_weight_offset)
-    attention  stacked q/k/v; QK-norm per head (qk_norm); RoPE; the softmax scale; the
-               layer's window
+    attention  stacked q/k/v; QK-norm per head or over all heads (qk_norm); RoPE; the
+               softmax scale; the layer's window
     mlp        act(gate) * up
-    layer      pre-norm:               h += attn(norm(h));   h += mlp(norm(h))
-               with post_norm:         h += norm(attn(norm(h)));   h += norm(mlp(norm(h)))
+    layer      pre_norm:   h += attn(norm(h));   h += mlp(norm(h))
+               post_norm:  h += norm(attn(h));   h += norm(mlp(h))
+               both:       h += norm(attn(norm(h)));   h += norm(mlp(norm(h)))
                (attention and MLP outputs times residual_multiplier where it is not 1)
 
 Module names are Hugging Face's, so checkpoints load by name: the MLP's input norm is
@@ -54,15 +55,19 @@ class Attention(AttentionProjections):
         self.scale = self.head_dim**-0.5 if scale is None else scale
         self.qk_norm = args.recipe.qk_norm
         eps, offset = args.norm_eps, args.recipe.norm_weight_offset
-        if self.qk_norm is not None:  # each head's dims
-            self.q_norm = RMSNorm(self.head_dim, eps, offset)
-            self.k_norm = RMSNorm(self.head_dim, eps, offset)
+        if self.qk_norm is not None:  # each head's dims, or all of q's and all of k's
+            full = self.qk_norm == "full"
+            q_dim, k_dim = (self.q_size, self.kv_size) if full else (self.head_dim,) * 2
+            self.q_norm = RMSNorm(q_dim, eps, offset)
+            self.k_norm = RMSNorm(k_dim, eps, offset)
 
     def _norm_qk(self, qkv: torch.Tensor) -> None:
         """QK-norm in place on the q and k columns of qkv, so both rope paths follow."""
         t, q_size, kv_size = qkv.shape[0], self.q_size, self.kv_size
-        q = qkv[:, :q_size].reshape(t * self.num_heads, self.head_dim)
-        k = qkv[:, q_size : q_size + kv_size].reshape(t * self.num_kv_heads, self.head_dim)
+        q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
+        if self.qk_norm == "head":
+            q = q.reshape(t * self.num_heads, self.head_dim)
+            k = k.reshape(t * self.num_kv_heads, self.head_dim)
         qkv[:, :q_size] = self.q_norm(q).view(t, q_size)
         qkv[:, q_size : q_size + kv_size] = self.k_norm(k).view(t, kv_size)
 
@@ -97,18 +102,20 @@ class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
         r = args.recipe
-        self.post_norm = r.post_norm
+        self.pre_norm, self.post_norm = r.pre_norm, r.post_norm
         # the pre-norm layout alone: each input norm adds the previous output in one pass
-        self.fused = not r.post_norm
+        self.fused = r.pre_norm and not r.post_norm
         dim = args.hidden_size
-        self.input_layernorm = make_norm(args, dim)
+        if r.pre_norm:
+            self.input_layernorm = make_norm(args, dim)
         self.self_attn = Attention(args, layer_index)
         if r.post_norm:
             self.post_attention_layernorm = make_norm(args, dim)
         self.mlp_norm_name = (
             "pre_feedforward_layernorm" if r.post_norm else "post_attention_layernorm"
         )
-        setattr(self, self.mlp_norm_name, make_norm(args, dim))
+        if r.pre_norm:
+            setattr(self, self.mlp_norm_name, make_norm(args, dim))
         self.mlp = MLP(args)
         if r.post_norm:
             self.post_feedforward_layernorm = make_norm(args, dim)
@@ -133,11 +140,12 @@ class DecoderLayer(nn.Module):
     def forward(self, rope, h, kv_cache, meta, dtype: torch.dtype) -> torch.Tensor:
         """Any layout: h the residual stream (the op set's residual_dtype where it has
         one, else the model's `dtype`), returned updated; the branches run in `dtype`."""
-        a = self.self_attn(rope, self.input_layernorm(h, out_dtype=dtype), kv_cache, meta)
+        x = self.input_layernorm(h, out_dtype=dtype) if self.pre_norm else h.to(dtype)
+        a = self.self_attn(rope, x, kv_cache, meta)
         if self.post_norm:
             a = self.post_attention_layernorm(a)
         h = h + self._scaled(a)
-        m = self.mlp(self.mlp_norm(h, out_dtype=dtype))
+        m = self.mlp(self.mlp_norm(h, out_dtype=dtype) if self.pre_norm else h.to(dtype))
         if self.post_norm:
             m = self.post_feedforward_layernorm(m)
         return h + self._scaled(m)

@@ -80,6 +80,8 @@ def plan_partition(args: ModelArgs, rank: int, world: int) -> Partition:
         raise ConfigError(
             f"{tp}: tensor parallelism serves the shared decoder, not {args.architecture} yet"
         )
+    if args.recipe.qk_norm == "full":
+        raise ConfigError(f"{tp}: {args.architecture}'s QK-norm over all heads is not sharded yet")
     heads, kv = args.num_heads, args.num_kv_heads
     group = heads // kv
     if kv >= world:
