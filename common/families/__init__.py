@@ -9,6 +9,7 @@ from __future__ import annotations
 from common.families.base import Family, GGUFSpec
 from common.families.gemma3 import GEMMA3
 from common.families.gpt2 import GPT2
+from common.families.gpt_neox import GPT_NEOX
 from common.families.granite import GRANITE
 from common.families.llama import LLAMA, MISTRAL
 from common.families.olmo2 import OLMO2
@@ -25,6 +26,7 @@ FAMILIES: tuple[Family, ...] = (
     GEMMA3,
     GRANITE,
     OLMO2,
+    GPT_NEOX,
 )
 
 BY_ARCHITECTURE = {arch: f for f in FAMILIES for arch in f.hf_architectures}

@@ -48,8 +48,11 @@ def check_servable(args: ModelArgs) -> None:
         problems.append(
             f"{args.num_heads} query heads are not a multiple of {args.num_kv_heads} KV heads"
         )
-    if args.head_dim < 2 or args.head_dim % 2:
-        problems.append(f"head_dim {args.head_dim} is not even (rotary embeddings need pairs)")
+    if args.rotary_dim < 2 or args.rotary_dim % 2:
+        problems.append(
+            f"rotary dims {args.rotary_dim} of head_dim {args.head_dim} are not even "
+            "(rotary embeddings need pairs)"
+        )
     if any(w is not None and w < 1 for w in args.layer_windows):
         problems.append(f"sliding windows {args.layer_windows} must be >= 1")
     if problems:

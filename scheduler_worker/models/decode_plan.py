@@ -35,15 +35,19 @@ def style_of(names: tuple[str, ...]) -> int:
 def plan_style(args: ModelArgs) -> int | None:
     """The op's flags for this model, or None where its family never takes the op or
     its recipe has what the op lacks (the layers then run one by one): the op knows
-    pre-norm layers, sandwich ones (SANDWICH), per-head QK-norm (QK_NORM), SiLU or
-    GELU-tanh (GELU_TANH), no residual multiplier; no post-norm alone."""
+    pre-norm RMSNorm layers, sandwich ones (SANDWICH), per-head QK-norm (QK_NORM),
+    SiLU or GELU-tanh (GELU_TANH) gated MLPs, full rotary, no residual multiplier."""
     if args.decode_style is None:
         return None
     style, r = style_of(args.decode_style), args.recipe
     fits = (
-        r.pre_norm
+        r.norm == "rms"
+        and r.pre_norm
         and r.post_norm == bool(style & SANDWICH)
         and r.qk_norm == ("head" if style & QK_NORM else None)
+        and r.gated_mlp
+        and not r.parallel_residual
+        and args.rotary_dim == args.head_dim
         and args.residual_multiplier == 1.0
         and args.hidden_act in (GELU_TANH_ACTS if style & GELU_TANH else ("silu", "swish"))
     )

@@ -1,5 +1,5 @@
 """The decoder model every family of `layers="decoder"` runs (common/families): Llama,
-SmolLM2, Mistral, Qwen2 / 3, Phi-3, Granite, Gemma 3, OLMo 2. Its layers are
+SmolLM2, Mistral, Qwen2 / 3, Phi-3, Granite, Gemma 3, OLMo 2, GPT-NeoX. Its layers are
 models/layers.py's, made by the family's LayerRecipe; the checkpoint's numbers
 (ModelArgs) scale the embeddings and logits, cap the logits and pick each layer's RoPE:
 the windowed layers' own base (local_rope) where the family has one, else the global.
@@ -64,15 +64,16 @@ class DecoderForCausalLM(CausalLM):
         a = self.args
         hf = a.hf_config
         theta, scaling = a.global_rope or (rope_theta_of(hf), rope_scaling_of(hf))
-        # no tables where two bases would each hold one (Gemma 3's 32k context: 67 MB)
-        table = a.local_rope is None
+        # no tables where two bases would each hold one (Gemma 3's 32k context: 67 MB), nor
+        # for partial rotary (the torch rotation reads cos / sin)
+        table = a.local_rope is None and a.rotary_dim == a.head_dim
         ropes = {}
         if a.local_rope is not None:  # first: the decode op's rope pair 0
             ropes["local"] = RotaryEmbedding(
-                a.head_dim, a.max_position_embeddings, *a.local_rope, table=False
+                a.rotary_dim, a.max_position_embeddings, *a.local_rope, table=False
             )
         ropes["global"] = RotaryEmbedding(
-            a.head_dim, a.max_position_embeddings, theta, scaling, table=table
+            a.rotary_dim, a.max_position_embeddings, theta, scaling, table=table
         )
         return nn.ModuleDict(ropes)
 
@@ -123,7 +124,7 @@ class DecoderForCausalLM(CausalLM):
         ropes = [cast(RotaryEmbedding, r) for r in self.ropes.values()]
         if all(r.table for r in ropes):  # the op reads the tables at the positions
             rows, tables = positions, [t for r in ropes for t in r.tables_f32()]
-        else:  # this step's float32 [T, head_dim / 2], row t token t's
+        else:  # this step's float32 [T, rotary_dim / 2], row t token t's
             rows, tables = torch.arange(h.shape[0], device=h.device), []
             for r in ropes:
                 freqs = r.freqs(positions)

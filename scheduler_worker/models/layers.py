@@ -1,13 +1,15 @@
 """The shared decoder layers in plain torch, put together by a family's LayerRecipe
 (common/families/base.py) with its checkpoint's numbers (ModelArgs):
 
-    norm       RMSNorm (gain w, or 1 + w in float32: norm_weight_offset)
-    attention  stacked q/k/v; QK-norm per head or over all heads (qk_norm); RoPE; the
-               softmax scale; the layer's window
-    mlp        act(gate) * up
-    layer      pre_norm:   h += attn(norm(h));   h += mlp(norm(h))
-               post_norm:  h += norm(attn(h));   h += norm(mlp(h))
-               both:       h += norm(attn(norm(h)));   h += norm(mlp(norm(h)))
+    norm       RMSNorm (gain w, or 1 + w in float32: norm_weight_offset) or LayerNorm
+               with bias
+    attention  stacked q/k/v; QK-norm per head or over all heads (qk_norm); RoPE on each
+               head's first rotary_dim dims; the softmax scale; the layer's window
+    mlp        act(gate) * up (gated_mlp), else act(up)
+    layer      pre_norm:           h += attn(norm(h));   h += mlp(norm(h))
+               post_norm:          h += norm(attn(h));   h += norm(mlp(h))
+               both:               h += norm(attn(norm(h)));   h += norm(mlp(norm(h)))
+               parallel_residual:  h += attn(norm(h)) + mlp(norm'(h))
                (attention and MLP outputs times residual_multiplier where it is not 1)
 
 Module names are Hugging Face's, so checkpoints load by name: the MLP's input norm is
@@ -18,11 +20,14 @@ post norms, where `post_attention_layernorm` is the attention output's norm.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from scheduler_worker.activations import ACTIVATIONS
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.models.common import AttentionProjections, ModelArgs
+from scheduler_worker.rope import rotate
 
 
 class RMSNorm(nn.Module):
@@ -42,8 +47,28 @@ class RMSNorm(nn.Module):
         return self.ops.rms_norm(x, residual, self.weight, self.eps, self.weight_offset, out_dtype)
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm with bias, computed in float32, with RMSNorm's call shape."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x, residual=None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = out_dtype or x.dtype
+        if residual is not None:
+            x = residual.add_(x)
+        w, b = self.weight.float(), self.bias.float()
+        return F.layer_norm(x.float(), w.shape, w, b, self.eps).to(dtype)
+
+
 def make_norm(args: ModelArgs, dim: int) -> nn.Module:
-    return RMSNorm(dim, args.norm_eps, args.recipe.norm_weight_offset)
+    r = args.recipe
+    if r.norm == "layer_norm":
+        return LayerNorm(dim, args.norm_eps)
+    return RMSNorm(dim, args.norm_eps, r.norm_weight_offset)
 
 
 class Attention(AttentionProjections):
@@ -53,6 +78,7 @@ class Attention(AttentionProjections):
         super().__init__(args, layer_index)
         scale = args.attention_scale
         self.scale = self.head_dim**-0.5 if scale is None else scale
+        self.rotary_dim = args.rotary_dim
         self.qk_norm = args.recipe.qk_norm
         eps, offset = args.norm_eps, args.recipe.norm_weight_offset
         if self.qk_norm is not None:  # each head's dims, or all of q's and all of k's
@@ -71,15 +97,28 @@ class Attention(AttentionProjections):
         qkv[:, :q_size] = self.q_norm(q).view(t, q_size)
         qkv[:, q_size : q_size + kv_size] = self.k_norm(k).view(t, kv_size)
 
+    def _partial_rope_write_kv(self, qkv, cos_sin, kv_cache, meta: AttentionMetadata):
+        """RoPE on each head's first rotary_dim dims (cos_sin: the torch pair), the rest
+        as they are; k and v written into the cache."""
+        t, d, r = qkv.shape[0], self.head_dim, self.rotary_dim
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, d)
+        qk = torch.cat((rotate(qk[..., :r], *cos_sin), qk[..., r:]), dim=-1)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, d)
+        self.ops.write_kv(k, v, kv_cache, meta)
+        return q, k, v
+
     def forward(self, rope, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """rope: what the op set's rope_inputs() made for this step (once for all layers)."""
         qkv = self.qkv_proj(x)
         if self.qk_norm is not None:
             self._norm_qk(qkv)
-        # rotate q, k and write k, v into the cache (one pass where the op set fuses it)
-        q, k, v = self.ops.rope_write_kv(
-            qkv, rope, kv_cache, meta, self.num_heads, self.num_kv_heads
-        )
+        if self.rotary_dim == self.head_dim:  # one pass where the op set fuses it
+            q, k, v = self.ops.rope_write_kv(
+                qkv, rope, kv_cache, meta, self.num_heads, self.num_kv_heads
+            )
+        else:
+            q, k, v = self._partial_rope_write_kv(qkv, rope, kv_cache, meta)
         o = self.ops.attention(q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(o.reshape(-1, self.q_size))
 
@@ -90,21 +129,27 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         hidden, inter, bias = args.hidden_size, args.intermediate_size, args.mlp_bias
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
+        self.gated = args.recipe.gated_mlp
+        if self.gated:
+            self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
+        else:
+            self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
         self.act = args.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.act_mul(self.gate_up_proj(x), self.act))
+        if self.gated:
+            return self.down_proj(self.ops.act_mul(self.gate_up_proj(x), self.act))
+        return self.down_proj(ACTIVATIONS[self.act](self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer_index: int = 0) -> None:
         super().__init__()
         r = args.recipe
-        self.pre_norm, self.post_norm = r.pre_norm, r.post_norm
+        self.pre_norm, self.post_norm, self.parallel = r.pre_norm, r.post_norm, r.parallel_residual
         # the pre-norm layout alone: each input norm adds the previous output in one pass
-        self.fused = r.pre_norm and not r.post_norm
+        self.fused = r.pre_norm and not r.post_norm and not r.parallel_residual
         dim = args.hidden_size
         if r.pre_norm:
             self.input_layernorm = make_norm(args, dim)
@@ -144,6 +189,9 @@ class DecoderLayer(nn.Module):
         a = self.self_attn(rope, x, kv_cache, meta)
         if self.post_norm:
             a = self.post_attention_layernorm(a)
+        if self.parallel:
+            m = self.mlp(self.mlp_norm(h, out_dtype=dtype))
+            return h + (self._scaled(m) + self._scaled(a))
         h = h + self._scaled(a)
         m = self.mlp(self.mlp_norm(h, out_dtype=dtype) if self.pre_norm else h.to(dtype))
         if self.post_norm:

@@ -82,6 +82,8 @@ def plan_partition(args: ModelArgs, rank: int, world: int) -> Partition:
         )
     if args.recipe.qk_norm == "full":
         raise ConfigError(f"{tp}: {args.architecture}'s QK-norm over all heads is not sharded yet")
+    if family.weights is not None:
+        raise ConfigError(f"{tp}: {args.architecture}'s checkpoint layout is not sharded yet")
     heads, kv = args.num_heads, args.num_kv_heads
     group = heads // kv
     if kv >= world:

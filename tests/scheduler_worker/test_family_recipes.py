@@ -1,8 +1,9 @@
 """The families added as a family file over the shared layers' recipe (common/families):
-OLMo 2 (post-norm blocks, QK-norm over all heads). Tiny random checkpoints served by the
-engine over the paged KV cache equal transformers, token for token and in logits
-(float32); the one-call C++ decode step refuses their recipes and their layers run one by
-one; tensor parallelism refuses them in one line."""
+OLMo 2 (post-norm blocks, QK-norm over all heads) and GPT-NeoX / Pythia (parallel
+attention and MLP, partial rotary, LayerNorm with bias, its own fused q/k/v layout). Tiny
+random checkpoints served by the engine over the paged KV cache equal transformers, token
+for token and in logits (float32); the one-call C++ decode step refuses their recipes and
+their layers run one by one; tensor parallelism refuses them in one line."""
 
 from __future__ import annotations
 
@@ -24,7 +25,20 @@ def _olmo2():
     return Olmo2ForCausalLM(tiny_config("Olmo2Config", **COMMON))
 
 
-FAMILIES = {"olmo2": _olmo2}
+def _gpt_neox(parallel: bool = True):
+    from transformers import GPTNeoXForCausalLM
+
+    # Pythia's rotary_pct: RoPE on 4 of each head's 16 dims
+    return GPTNeoXForCausalLM(
+        tiny_config("GPTNeoXConfig", **COMMON, use_parallel_residual=parallel)
+    )
+
+
+FAMILIES = {
+    "olmo2": _olmo2,
+    "gpt_neox": _gpt_neox,
+    "gpt_neox_serial": lambda: _gpt_neox(parallel=False),  # the pre-norm layout
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +48,10 @@ def family_dirs(tmp_path_factory):
     for kind, make in FAMILIES.items():
         torch.manual_seed(7)
         model = make().eval()
-        with torch.no_grad():  # norms start at 1: make them random
+        with torch.no_grad():  # norms (and their biases) start at 1 and 0: make them random
             for name, p in model.named_parameters():
                 if "norm" in name:
-                    p.normal_(0.0, 0.3).add_(1.0)
+                    p.normal_(0.0, 0.3).add_(1.0 if name.endswith("weight") else 0.0)
         model.save_pretrained(root / kind)
         dirs[kind] = root / kind
     return dirs
