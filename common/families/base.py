@@ -3,9 +3,8 @@ GGUF conversion (common.model_files), the engine's loader and its models.
 
     Family
       hf_architectures   the HF `architectures` names it serves
-      layers             which shared layer stack runs it (scheduler_worker.models.LAYERS):
-                         "decoder" (models/layers.py, shaped by `recipe`), "gpt2"
-      recipe             LayerRecipe: how the shared decoder layers are put together
+      recipe             LayerRecipe: how the shared decoder layers (scheduler_worker/
+                         models/layers.py) make its layer
       args(hf)           ModelArgs' fields from an HF config.json (decoder_args: the llama
                          layout's, a family overrides what differs; a "recipe" entry
                          replaces the family's where the config changes it)
@@ -74,6 +73,7 @@ class LayerRecipe:
     qk_norm: str | None = None  # q and k RMS-normed before RoPE: "head" (each head) or "full"
     parallel_residual: bool = False  # h += attn(norm(h)) + mlp(norm'(h)), from one h
     gated_mlp: bool = True  # act(gate) * up; False: act(up)
+    learned_positions: bool = False  # a position embedding added to the tokens', no RoPE
 
     def __post_init__(self) -> None:
         if self.norm not in ("rms", "layer_norm") or self.qk_norm not in (None, "head", "full"):
@@ -108,7 +108,6 @@ class Family:
     name: str
     hf_architectures: tuple[str, ...]
     args: Callable[[dict], dict]
-    layers: str = "decoder"
     recipe: LayerRecipe = LayerRecipe()
     weights: Weights | None = None
     decode_style: tuple[str, ...] | None = ()

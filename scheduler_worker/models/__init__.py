@@ -1,5 +1,5 @@
-"""Model registry: HF `architectures` name -> its family's plain-torch layer stack (the
-families themselves: common/families, one file each)."""
+"""Model registry: HF `architectures` name -> the shared decoder, which every family
+runs (the families themselves: common/families, one file each)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,8 @@ from common.families import BY_ARCHITECTURE
 from common.model_facts import read_hf_config
 from scheduler_worker.models.common import CausalLM, ModelArgs
 from scheduler_worker.models.decoder import DecoderForCausalLM
-from scheduler_worker.models.gpt2 import GPT2LMHeadModel
 
-# the shared layer stacks a family runs on (common.families.base.Family.layers)
-LAYERS: dict[str, type[CausalLM]] = {
-    "decoder": DecoderForCausalLM,
-    "gpt2": GPT2LMHeadModel,
-}
-MODEL_REGISTRY: dict[str, type[CausalLM]] = {
-    arch: LAYERS[family.layers] for arch, family in BY_ARCHITECTURE.items()
-}
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {arch: DecoderForCausalLM for arch in BY_ARCHITECTURE}
 
 
 class UnsupportedModelError(ValueError):
@@ -48,7 +40,7 @@ def check_servable(args: ModelArgs) -> None:
         problems.append(
             f"{args.num_heads} query heads are not a multiple of {args.num_kv_heads} KV heads"
         )
-    if args.rotary_dim < 2 or args.rotary_dim % 2:
+    if args.rotary_dim % 2 or (args.rotary_dim < 2 and not args.recipe.learned_positions):
         problems.append(
             f"rotary dims {args.rotary_dim} of head_dim {args.head_dim} are not even "
             "(rotary embeddings need pairs)"

@@ -47,6 +47,7 @@ def plan_style(args: ModelArgs) -> int | None:
         and r.qk_norm == ("head" if style & QK_NORM else None)
         and r.gated_mlp
         and not r.parallel_residual
+        and not r.learned_positions
         and args.rotary_dim == args.head_dim
         and args.residual_multiplier == 1.0
         and args.hidden_act in (GELU_TANH_ACTS if style & GELU_TANH else ("silu", "swish"))

@@ -1,5 +1,5 @@
 """The decoder model every family of `layers="decoder"` runs (common/families): Llama,
-SmolLM2, Mistral, Qwen2 / 3, Phi-3, Granite, Gemma 3, OLMo 2, GPT-NeoX. Its layers are
+SmolLM2, Mistral, Qwen2 / 3, Phi-3, Granite, Gemma 3, OLMo 2, GPT-NeoX, GPT-2. Its layers are
 models/layers.py's, made by the family's LayerRecipe; the checkpoint's numbers
 (ModelArgs) scale the embeddings and logits, cap the logits and pick each layer's RoPE:
 the windowed layers' own base (local_rope) where the family has one, else the global.
@@ -51,6 +51,8 @@ class DecoderForCausalLM(CausalLM):
         self.decode_plan: DecodePlan | None = None  # set by enable_decode_layers()
         self.softcap = args.logit_softcap
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        if args.recipe.learned_positions:
+            self.embed_positions = nn.Embedding(args.max_position_embeddings, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = make_norm(args, args.hidden_size)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
@@ -67,7 +69,9 @@ class DecoderForCausalLM(CausalLM):
         # no tables where two bases would each hold one (Gemma 3's 32k context: 67 MB), nor
         # for partial rotary (the torch rotation reads cos / sin)
         table = a.local_rope is None and a.rotary_dim == a.head_dim
-        ropes = {}
+        ropes: dict[str, nn.Module] = {}
+        if a.rotary_dim == 0:  # learned positions
+            return nn.ModuleDict(ropes)
         if a.local_rope is not None:  # first: the decode op's rope pair 0
             ropes["local"] = RotaryEmbedding(
                 a.rotary_dim, a.max_position_embeddings, *a.local_rope, table=False
@@ -136,6 +140,8 @@ class DecoderForCausalLM(CausalLM):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        if self.args.recipe.learned_positions:
+            h = h + self.embed_positions(positions)
         if self.args.embedding_scale != 1.0:  # as transformers: the scale in the model's dtype
             h = h * torch.tensor(self.args.embedding_scale, dtype=h.dtype)
         plan = self.decode_plan
@@ -151,12 +157,12 @@ class DecoderForCausalLM(CausalLM):
             # x: the previous layer's MLP output, added into the residual by the next norm
             residual, x = residual_stream(h, self.ops.residual_dtype)
             for layer, kind, kv_cache in zip(layers, self.layer_rope, kv_caches):
-                x = layer.forward_fused(rope[kind], x, residual, kv_cache, meta)
+                x = layer.forward_fused(rope.get(kind), x, residual, kv_cache, meta)
             return self.norm(x, residual)
         if self.ops.residual_dtype is not None:
             h = h.to(self.ops.residual_dtype)  # the residual stream (TorchOps.residual_dtype)
         for layer, kind, kv_cache in zip(layers, self.layer_rope, kv_caches):
-            h = layer(rope[kind], h, kv_cache, meta, dtype)
+            h = layer(rope.get(kind), h, kv_cache, meta, dtype)
         return self.norm(h, out_dtype=dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@
     norm       RMSNorm (gain w, or 1 + w in float32: norm_weight_offset) or LayerNorm
                with bias
     attention  stacked q/k/v; QK-norm per head or over all heads (qk_norm); RoPE on each
-               head's first rotary_dim dims; the softmax scale; the layer's window
+               head's first rotary_dim dims (none: learned positions); the softmax scale;
+               the layer's window
     mlp        act(gate) * up (gated_mlp), else act(up)
     layer      pre_norm:           h += attn(norm(h));   h += mlp(norm(h))
                post_norm:          h += norm(attn(h));   h += norm(mlp(h))
@@ -98,11 +99,12 @@ class Attention(AttentionProjections):
         qkv[:, q_size : q_size + kv_size] = self.k_norm(k).view(t, kv_size)
 
     def _partial_rope_write_kv(self, qkv, cos_sin, kv_cache, meta: AttentionMetadata):
-        """RoPE on each head's first rotary_dim dims (cos_sin: the torch pair), the rest
-        as they are; k and v written into the cache."""
+        """RoPE on each head's first rotary_dim dims (cos_sin: the torch pair; none where
+        rotary_dim is 0), the rest as they are; k and v written into the cache."""
         t, d, r = qkv.shape[0], self.head_dim, self.rotary_dim
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, d)
-        qk = torch.cat((rotate(qk[..., :r], *cos_sin), qk[..., r:]), dim=-1)
+        if r:
+            qk = torch.cat((rotate(qk[..., :r], *cos_sin), qk[..., r:]), dim=-1)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, d)
         self.ops.write_kv(k, v, kv_cache, meta)
