@@ -43,3 +43,13 @@ def gguf_spec(arch: str) -> GGUFSpec:
 
 def gguf_family(arch: str) -> Family:
     return BY_GGUF_ARCH[arch]
+
+
+def family_of_config(hf: dict) -> Family | None:
+    """The family of an HF config.json: by its `architectures`, else by its `model_type`
+    (a family's name); None for a family not served."""
+    for arch in hf.get("architectures") or []:
+        if arch in BY_ARCHITECTURE:
+            return BY_ARCHITECTURE[arch]
+    kind = str(hf.get("model_type", "")).lower()
+    return next((f for f in FAMILIES if f.name == kind), None)

@@ -11,6 +11,9 @@ GGUF conversion (common.model_files), the engine's loader and its models.
       weights            checkpoint (name, tensor) -> HF llama-layout ones, for a family
                          whose checkpoints name or lay out their tensors otherwise
       sliding            where its config's sliding window applies (layer_windows)
+      tool_format        the tool-call format of its chat templates and fine-tunes
+                         (frontend/tools/parsers), unless its template holds a marker of
+                         tool_format_markers: (template text, format)
       decode_style       the one-call C++ decode step's style flags (models/decode_plan.py:
                          "qk_norm", "sandwich", "gelu_tanh"); None: the family never takes it
       gguf               GGUFSpec, where llama.cpp has an architecture for it:
@@ -112,6 +115,8 @@ class Family:
     weights: Weights | None = None
     decode_style: tuple[str, ...] | None = ()
     sliding: str = "layer_types"  # how its config places sliding windows (layer_windows)
+    tool_format: str = "hermes"
+    tool_format_markers: tuple[tuple[str, str], ...] = ()
     gguf: GGUFSpec | None = None
 
 
