@@ -21,27 +21,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from common.families import family_of_config
 from tokenizer_worker.chat_template import ChatTemplate
-
-# architecture (config.json model_type) -> the format its chat templates and fine-tunes use
-_FAMILY = {
-    "qwen2": "hermes",
-    "qwen2_moe": "hermes",
-    "qwen3": "hermes",
-    "qwen3_moe": "hermes",
-    "mistral": "mistral",
-    "mixtral": "mistral",
-    "llama4": "pythonic",
-}
 
 
 def default_tool_parser(hf: dict[str, Any], template: ChatTemplate | None) -> str:
-    """hermes for llama (SmolLM2), qwen2/3 and unknown families; llama3_json for a llama
-    whose template is Llama 3.1's (<|python_tag|>); mistral; pythonic for llama4."""
-    kind = str(hf.get("model_type", "")).lower()
-    if kind == "llama" and template is not None and "<|python_tag|>" in template.source:
-        return "llama3_json"
-    return _FAMILY.get(kind, "hermes")
+    """The model family's tool-call format (common/families: its tool_format, or that of
+    a marker its template holds, as Llama 3.1's <|python_tag|>); hermes for a config of
+    no family."""
+    family = family_of_config(hf)
+    if family is None:
+        return "hermes"
+    for marker, fmt in family.tool_format_markers:
+        if template is not None and marker in template.source:
+            return fmt
+    return family.tool_format
 
 
 def has_tool_traces(messages: list[dict[str, Any]]) -> bool:

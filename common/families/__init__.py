@@ -9,8 +9,10 @@ from __future__ import annotations
 from common.families.base import Family, GGUFSpec
 from common.families.gemma3 import GEMMA3
 from common.families.gpt2 import GPT2
+from common.families.gpt_neox import GPT_NEOX
 from common.families.granite import GRANITE
 from common.families.llama import LLAMA, MISTRAL
+from common.families.olmo2 import OLMO2
 from common.families.phi3 import PHI3
 from common.families.qwen import QWEN2, QWEN3
 
@@ -23,6 +25,8 @@ FAMILIES: tuple[Family, ...] = (
     GPT2,
     GEMMA3,
     GRANITE,
+    OLMO2,
+    GPT_NEOX,
 )
 
 BY_ARCHITECTURE = {arch: f for f in FAMILIES for arch in f.hf_architectures}
@@ -39,3 +43,13 @@ def gguf_spec(arch: str) -> GGUFSpec:
 
 def gguf_family(arch: str) -> Family:
     return BY_GGUF_ARCH[arch]
+
+
+def family_of_config(hf: dict) -> Family | None:
+    """The family of an HF config.json: by its `architectures`, else by its `model_type`
+    (a family's name); None for a family not served."""
+    for arch in hf.get("architectures") or []:
+        if arch in BY_ARCHITECTURE:
+            return BY_ARCHITECTURE[arch]
+    kind = str(hf.get("model_type", "")).lower()
+    return next((f for f in FAMILIES if f.name == kind), None)

@@ -3,11 +3,17 @@ GGUF conversion (common.model_files), the engine's loader and its models.
 
     Family
       hf_architectures   the HF `architectures` names it serves
-      layers             which shared layer stack runs it (scheduler_worker.models.LAYERS):
-                         "decoder" (llama layout, with the knobs of ModelArgs), "gemma3", "gpt2"
+      recipe             LayerRecipe: how the shared decoder layers (scheduler_worker/
+                         models/layers.py) make its layer
       args(hf)           ModelArgs' fields from an HF config.json (decoder_args: the llama
-                         layout's, a family overrides what differs)
+                         layout's, a family overrides what differs; a "recipe" entry
+                         replaces the family's where the config changes it)
+      weights            checkpoint (name, tensor) -> HF llama-layout ones, for a family
+                         whose checkpoints name or lay out their tensors otherwise
       sliding            where its config's sliding window applies (layer_windows)
+      tool_format        the tool-call format of its chat templates and fine-tunes
+                         (frontend/tools/parsers), unless its template holds a marker of
+                         tool_format_markers: (template text, format)
       decode_style       the one-call C++ decode step's style flags (models/decode_plan.py:
                          "qk_norm", "sandwich", "gelu_tanh"); None: the family never takes it
       gguf               GGUFSpec, where llama.cpp has an architecture for it:
@@ -24,7 +30,7 @@ A new family: a file here with its Family, and its line in `__init__.py` (FAMILI
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +60,29 @@ STACKED: Mapping[str, tuple[str, ...]] = {
 }
 
 Read = Callable[[str, Any], Any]  # a GGUF metadata key's value, or the default given
+# a checkpoint's (name, tensor) pairs and its config.json -> the llama layout's pairs
+Weights = Callable[[Iterable[tuple[str, Any]], dict], Iterator[tuple[str, Any]]]
+
+
+@dataclass(frozen=True)
+class LayerRecipe:
+    """How the shared decoder layers (scheduler_worker/models/layers.py) make a family's
+    layer. The defaults are the llama layout:  h += attn(norm(h)); h += mlp(norm(h))."""
+
+    norm: str = "rms"  # "rms" (RMSNorm) or "layer_norm" (LayerNorm with bias)
+    norm_weight_offset: float = 0.0  # 1.0: an RMSNorm's gain is 1 + w, in float32
+    pre_norm: bool = True  # the attention's and the MLP's inputs normed
+    post_norm: bool = False  # their outputs normed before the residual add (both: sandwich)
+    qk_norm: str | None = None  # q and k RMS-normed before RoPE: "head" (each head) or "full"
+    parallel_residual: bool = False  # h += attn(norm(h)) + mlp(norm'(h)), from one h
+    gated_mlp: bool = True  # act(gate) * up; False: act(up)
+    learned_positions: bool = False  # a position embedding added to the tokens', no RoPE
+
+    def __post_init__(self) -> None:
+        if self.norm not in ("rms", "layer_norm") or self.qk_norm not in (None, "head", "full"):
+            raise ValueError(f"unknown norm {self.norm!r} or qk_norm {self.qk_norm!r}")
+        if not (self.pre_norm or self.post_norm) or (self.parallel_residual and self.post_norm):
+            raise ValueError("a layer needs pre or post norms; parallel ones take pre norms")
 
 
 @dataclass(frozen=True)
@@ -82,9 +111,12 @@ class Family:
     name: str
     hf_architectures: tuple[str, ...]
     args: Callable[[dict], dict]
-    layers: str = "decoder"
+    recipe: LayerRecipe = LayerRecipe()
+    weights: Weights | None = None
     decode_style: tuple[str, ...] | None = ()
     sliding: str = "layer_types"  # how its config places sliding windows (layer_windows)
+    tool_format: str = "hermes"
+    tool_format_markers: tuple[tuple[str, str], ...] = ()
     gguf: GGUFSpec | None = None
 
 
@@ -122,7 +154,7 @@ def decoder_args(hf: dict) -> dict:
     hidden = hf["hidden_size"]
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
-    if partial != 1.0:
+    if partial != 1.0:  # a family whose transformers model rotates part sets rotary_fraction
         raise ValueError(
             f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported"
         )

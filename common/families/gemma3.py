@@ -1,10 +1,22 @@
-"""Gemma 3 text (scheduler_worker/models/gemma3.py): sandwich norms, per-head QK-norm,
-GELU-tanh, local and global layers with their own RoPE bases; llama.cpp stores its norm
-weights as 1 + w and fixes in code what its files leave out (`_gguf_config`)."""
+"""Gemma 3 text: sandwich norms computing x * (1 + w), per-head QK-norm, GELU-tanh,
+embeddings times sqrt(hidden), the softmax scale query_pre_attn_scalar^-0.5, local
+(windowed) and global layers with their own RoPE bases, softcapped logits; llama.cpp
+stores its norm weights as 1 + w and fixes in code what its files leave out
+(`_gguf_config`)."""
 
 from __future__ import annotations
 
-from common.families.base import LLAMA_LAYERS, QK_NORM_LAYERS, Family, GGUFSpec, Read, decoder_args
+from typing import Any
+
+from common.families.base import (
+    LLAMA_LAYERS,
+    QK_NORM_LAYERS,
+    Family,
+    GGUFSpec,
+    LayerRecipe,
+    Read,
+    decoder_args,
+)
 
 # Gemma's turn format (the chat format of every Gemma 3 checkpoint, base ones included),
 # for gemma3 files published without a tokenizer.chat_template: a system message opens
@@ -46,11 +58,37 @@ def _gguf_config(read: Read, config: dict) -> dict:
     }
 
 
+def _rope(params: dict[str, Any], theta: float) -> tuple[float, dict[str, Any] | None]:
+    p = dict(params)
+    theta = float(p.pop("rope_theta", theta))
+    return theta, None if p.get("rope_type", p.get("type", "default")) == "default" else p
+
+
+def _args(hf: dict) -> dict:
+    if hf.get("attn_logit_softcapping") is not None:
+        raise ValueError("attention logit softcapping (Gemma 2) is not supported")
+    args = decoder_args(hf)
+    # transformers 5's nested `rope_parameters`, or the older rope_theta /
+    # rope_local_base_freq / rope_scaling
+    params = hf.get("rope_parameters") or {}
+    full = params.get("full_attention") or hf.get("rope_scaling") or {}
+    local = params.get("sliding_attention") or {}
+    softcap = hf.get("final_logit_softcapping")
+    return {
+        **args,
+        "embedding_scale": hf["hidden_size"] ** 0.5,
+        "attention_scale": float(hf.get("query_pre_attn_scalar") or args["head_dim"]) ** -0.5,
+        "logit_softcap": float(softcap) if softcap else None,
+        "global_rope": _rope(full, hf.get("rope_theta", 1_000_000.0)),
+        "local_rope": _rope(local, hf.get("rope_local_base_freq", 10_000.0)),
+    }
+
+
 GEMMA3 = Family(
     "gemma3",
     ("Gemma3ForCausalLM",),
-    decoder_args,
-    layers="gemma3",
+    _args,
+    recipe=LayerRecipe(norm_weight_offset=1.0, post_norm=True, qk_norm="head"),
     decode_style=("qk_norm", "sandwich", "gelu_tanh"),
     gguf=GGUFSpec(
         "gemma3",

@@ -1,8 +1,27 @@
-"""GPT-2: learned positions, LayerNorm, fused c_attn (scheduler_worker/models/gpt2.py)."""
+"""GPT-2 (GPT2LMHeadModel): learned positions, LayerNorm with bias, a gate-less GELU-tanh
+MLP, the head tied to the embeddings. Its checkpoints name tensors their own way and store
+the projections as Conv1D ([in, out]): `_weights` gives the llama layout's."""
 
 from __future__ import annotations
 
-from common.families.base import Family
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from common.families.base import Family, LayerRecipe
+
+# checkpoint name piece -> the llama layout's
+NAMES = (
+    ("wte.", "embed_tokens."),
+    ("wpe.", "embed_positions."),
+    (".ln_1.", ".input_layernorm."),
+    (".ln_2.", ".post_attention_layernorm."),
+    (".attn.c_attn.", ".self_attn.qkv_proj."),
+    (".attn.c_proj.", ".self_attn.o_proj."),
+    (".mlp.c_fc.", ".mlp.up_proj."),
+    (".mlp.c_proj.", ".mlp.down_proj."),
+    ("ln_f.", "norm."),
+)
+_CONV1D = ("qkv_proj.weight", "o_proj.weight", "up_proj.weight", "down_proj.weight")
 
 
 def _args(hf: dict) -> dict:
@@ -23,7 +42,27 @@ def _args(hf: dict) -> dict:
         qkv_bias=True,
         o_bias=True,
         mlp_bias=True,
+        rotary_fraction=0.0,
     )
 
 
-GPT2 = Family("gpt2", ("GPT2LMHeadModel",), _args, layers="gpt2", decode_style=None)
+def _weights(weights: Iterable[tuple[str, Any]], hf: dict) -> Iterator[tuple[str, Any]]:
+    for name, t in weights:
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # old checkpoints' causal-mask buffers
+        name = name.removeprefix("transformer.")
+        if name.startswith("h."):
+            name = "layers." + name.removeprefix("h.")
+        for theirs, ours in NAMES:
+            name = name.replace(theirs, ours)
+        yield name, (t.t() if name.endswith(_CONV1D) else t)
+
+
+GPT2 = Family(
+    "gpt2",
+    ("GPT2LMHeadModel",),
+    _args,
+    recipe=LayerRecipe(norm="layer_norm", gated_mlp=False, learned_positions=True),
+    weights=_weights,
+    decode_style=None,
+)

@@ -12,15 +12,15 @@ from common.families.base import Family, GGUFSpec, Read, decoder_args
 def _args(hf: dict) -> dict:
     return {
         **decoder_args(hf),
-        "embedding_multiplier": float(hf.get("embedding_multiplier", 1.0)),
-        "attention_multiplier": float(hf.get("attention_multiplier", 1.0)),
+        "embedding_scale": float(hf.get("embedding_multiplier", 1.0)),
+        "attention_scale": float(hf.get("attention_multiplier", 1.0)),
         "residual_multiplier": float(hf.get("residual_multiplier", 1.0)),
-        "logits_scaling": float(hf.get("logits_scaling", 1.0)),
+        "logit_divisor": float(hf.get("logits_scaling", 1.0)),
     }
 
 
 def _gguf_config(read: Read, config: dict) -> dict:
-    return {  # llama.cpp: no attention.scale is 1/sqrt(head_dim)
+    return {  # config.json's keys; llama.cpp: no attention.scale is 1/sqrt(head_dim)
         "embedding_multiplier": read("granite.embedding_scale", 1.0),
         "attention_multiplier": read("granite.attention.scale", config["head_dim"] ** -0.5),
         "residual_multiplier": read("granite.residual_scale", 1.0),

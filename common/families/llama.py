@@ -9,6 +9,7 @@ LLAMA = Family(
     "llama",
     ("LlamaForCausalLM",),
     decoder_args,
+    tool_format_markers=(("<|python_tag|>", "llama3_json"),),  # Llama 3.1's template
     gguf=GGUFSpec("llama", "llama", qk_permuted=True),
 )
 MISTRAL = Family(
@@ -16,4 +17,5 @@ MISTRAL = Family(
     ("MistralForCausalLM",),
     decoder_args,
     sliding="every_layer",  # its sliding_window: every layer
+    tool_format="mistral",
 )

@@ -3,7 +3,14 @@ RoPE); a sliding window on the layers from max_window_layers where use_sliding_w
 
 from __future__ import annotations
 
-from common.families.base import LLAMA_LAYERS, QK_NORM_LAYERS, Family, GGUFSpec, decoder_args
+from common.families.base import (
+    LLAMA_LAYERS,
+    QK_NORM_LAYERS,
+    Family,
+    GGUFSpec,
+    LayerRecipe,
+    decoder_args,
+)
 
 QWEN2 = Family(
     "qwen2",
@@ -15,7 +22,8 @@ QWEN2 = Family(
 QWEN3 = Family(
     "qwen3",
     ("Qwen3ForCausalLM",),
-    lambda hf: {**decoder_args(hf), "qk_norm": True},
+    decoder_args,
+    recipe=LayerRecipe(qk_norm="head"),
     sliding="qwen",
     decode_style=("qk_norm",),
     gguf=GGUFSpec("qwen3", "qwen3", {**LLAMA_LAYERS, **QK_NORM_LAYERS}),

@@ -137,9 +137,13 @@ class CpuKernelOps(TorchOps):
         return super().act_mul(gate_up, act)
 
     def rope_inputs(self, rope, positions, dtype):
+        if not rope.table:  # computed per step (no tables): the torch path
+            return super().rope_inputs(rope, positions, dtype)
         return (positions, *rope.tables_f32())  # the kernel reads float32 tables
 
     def rope_write_kv(self, qkv, rope, kv_cache, meta, num_heads, num_kv_heads):
+        if len(rope) == 2:  # (cos, sin) of a rope without tables
+            return super().rope_write_kv(qkv, rope, kv_cache, meta, num_heads, num_kv_heads)
         q, k = torch.ops.zeroserve.rope_write_kv(
             qkv,
             *rope,

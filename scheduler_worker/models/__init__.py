@@ -1,5 +1,5 @@
-"""Model registry: HF `architectures` name -> its family's plain-torch layer stack (the
-families themselves: common/families, one file each)."""
+"""Model registry: HF `architectures` name -> the shared decoder, which every family
+runs (the families themselves: common/families, one file each)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,9 @@ from safetensors import safe_open
 from common.families import BY_ARCHITECTURE
 from common.model_facts import read_hf_config
 from scheduler_worker.models.common import CausalLM, ModelArgs
-from scheduler_worker.models.gemma3 import Gemma3ForCausalLM
-from scheduler_worker.models.gpt2 import GPT2LMHeadModel
-from scheduler_worker.models.llama import LlamaForCausalLM
+from scheduler_worker.models.decoder import DecoderForCausalLM
 
-# the shared layer stacks a family runs on (common.families.base.Family.layers)
-LAYERS: dict[str, type[CausalLM]] = {
-    "decoder": LlamaForCausalLM,
-    "gemma3": Gemma3ForCausalLM,
-    "gpt2": GPT2LMHeadModel,
-}
-MODEL_REGISTRY: dict[str, type[CausalLM]] = {
-    arch: LAYERS[family.layers] for arch, family in BY_ARCHITECTURE.items()
-}
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {arch: DecoderForCausalLM for arch in BY_ARCHITECTURE}
 
 
 class UnsupportedModelError(ValueError):
@@ -50,8 +40,11 @@ def check_servable(args: ModelArgs) -> None:
         problems.append(
             f"{args.num_heads} query heads are not a multiple of {args.num_kv_heads} KV heads"
         )
-    if args.head_dim < 2 or args.head_dim % 2:
-        problems.append(f"head_dim {args.head_dim} is not even (rotary embeddings need pairs)")
+    if args.rotary_dim % 2 or (args.rotary_dim < 2 and not args.recipe.learned_positions):
+        problems.append(
+            f"rotary dims {args.rotary_dim} of head_dim {args.head_dim} are not even "
+            "(rotary embeddings need pairs)"
+        )
     if any(w is not None and w < 1 for w in args.layer_windows):
         problems.append(f"sliding windows {args.layer_windows} must be >= 1")
     if problems:

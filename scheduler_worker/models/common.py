@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from common.families import BY_ARCHITECTURE
-from common.families.base import layer_windows
+from common.families.base import LayerRecipe, layer_windows
 from scheduler_worker.quant.linear import QuantLinear
 
 
@@ -54,7 +54,7 @@ class ModelArgs:
     mlp_bias: bool
     hf_config: dict[str, Any]
     layer_windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = global
-    qk_norm: bool = False  # q and k RMS-normed per head before RoPE (Qwen 3)
+    recipe: LayerRecipe = LayerRecipe()  # how the shared layers make a layer (its family's)
 
     @property
     def kv_window(self) -> int | None:
@@ -64,11 +64,23 @@ class ModelArgs:
             return None
         return max(w for w in self.layer_windows if w is not None)
 
-    # the llama layout's knobs (Granite's multipliers); 1.0 / None: as Llama
-    embedding_multiplier: float = 1.0  # embeddings scaled by it
-    attention_multiplier: float | None = None  # the softmax scale; None: head_dim ** -0.5
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each head that RoPE rotates (all but for partial rotary)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    # a checkpoint's numbers for the shared layers, set by its family's args(); the defaults
+    # change nothing
+    embedding_scale: float = 1.0  # embeddings times it (rounded to the model's dtype)
+    attention_scale: float | None = None  # the softmax scale; None: head_dim ** -0.5
     residual_multiplier: float = 1.0  # attention and MLP outputs scaled before the residual
-    logits_scaling: float = 1.0  # logits divided by it
+    logit_divisor: float = 1.0  # logits divided by it
+    logit_softcap: float | None = None  # logits -> tanh(logits / cap) * cap
+    rotary_fraction: float = 1.0  # the part of each head RoPE rotates
+    # RoPE (theta, scaling) of the global layers (None: the config's rope_theta and
+    # rope_scaling) and of the windowed ones where they have their own (None: the global)
+    global_rope: tuple[float, dict[str, Any] | None] | None = None
+    local_rope: tuple[float, dict[str, Any] | None] | None = None
     # the one-call C++ decode step's style flags (common.families.base.Family.decode_style);
     # None: the family never takes it
     decode_style: tuple[str, ...] | None = ()
@@ -76,12 +88,14 @@ class ModelArgs:
     @classmethod
     def from_hf(cls, hf: dict[str, Any], architecture: str) -> ModelArgs:
         family = BY_ARCHITECTURE[architecture]
+        fields = family.args(hf)
         return cls(
             architecture=architecture,
             hf_config=hf,
             decode_style=family.decode_style,
             layer_windows=layer_windows(hf, family.sliding),
-            **family.args(hf),
+            recipe=fields.pop("recipe", family.recipe),
+            **fields,
         )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
@@ -196,7 +210,8 @@ def load_stacked_weights(
 ) -> None:
     """Load an HF decoder checkpoint into a module whose q/k/v and gate/up projections
     are stacked (qkv_proj, gate_up_proj); checkpoints that already hold them fused
-    (Phi-3) load as they are. Names lose their `model.` prefix; a tied lm_head is skipped."""
+    (Phi-3) load as they are. Names lose their `model.` prefix; a tied lm_head is skipped;
+    a family's own checkpoint layout goes through its `weights` conversion first."""
     loader = WeightLoader(module)
     shard_sizes = {
         "qkv_proj": [
@@ -206,6 +221,9 @@ def load_stacked_weights(
         ],
         "gate_up_proj": [args.intermediate_size, args.intermediate_size],
     }
+    convert = BY_ARCHITECTURE[args.architecture].weights
+    if convert is not None:
+        weights = convert(weights, args.hf_config)
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name:
             continue
@@ -213,7 +231,8 @@ def load_stacked_weights(
         if args.tie_word_embeddings and name.startswith("lm_head."):
             continue
         for piece, (fused, idx) in STACKED_PIECES.items():
-            if f".{piece}." in name:
+            # a gate-less MLP's up_proj is a parameter of its own
+            if f".{piece}." in name and name.replace(piece, fused) in loader.params:
                 sizes = shard_sizes[fused]
                 loader.load_shard(name.replace(piece, fused), tensor, sum(sizes[:idx]), sizes[idx])
                 break

@@ -1,9 +1,9 @@
 """A decode step's decoder layers as one C++ call (torch.ops.zeroserve.decode_layers,
 kernels/csrc/decode_model.cpp): the plan holds, flat and in the op's order, every layer's
 norm weights and integer-kernel blocks, with the per-layer sliding windows and RoPE table
-choice and the model's style flags (its family's decode_style, common/families). The
-decoder (llama.py) and Gemma 3 (gemma3.py) build one at load when every decoder linear
-takes the kernels.
+choice and the model's style flags (its family's decode_style, common/families, checked
+against its recipe: plan_style). The decoder (decoder.py) builds one at load when every
+decoder linear takes the kernels.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from scheduler_worker.activations import GELU_TANH_ACTS
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.models.common import ModelArgs
 from scheduler_worker.quant.linear import QuantLinear
@@ -29,6 +30,29 @@ def style_of(names: tuple[str, ...]) -> int:
     for name in names:
         flags |= STYLE_FLAGS[name]
     return flags
+
+
+def plan_style(args: ModelArgs) -> int | None:
+    """The op's flags for this model, or None where its family never takes the op or
+    its recipe has what the op lacks (the layers then run one by one): the op knows
+    pre-norm RMSNorm layers, sandwich ones (SANDWICH), per-head QK-norm (QK_NORM),
+    SiLU or GELU-tanh (GELU_TANH) gated MLPs, full rotary, no residual multiplier."""
+    if args.decode_style is None:
+        return None
+    style, r = style_of(args.decode_style), args.recipe
+    fits = (
+        r.norm == "rms"
+        and r.pre_norm
+        and r.post_norm == bool(style & SANDWICH)
+        and r.qk_norm == ("head" if style & QK_NORM else None)
+        and r.gated_mlp
+        and not r.parallel_residual
+        and not r.learned_positions
+        and args.rotary_dim == args.head_dim
+        and args.residual_multiplier == 1.0
+        and args.hidden_act in (GELU_TANH_ACTS if style & GELU_TANH else ("silu", "swish"))
+    )
+    return style if fits else None
 
 
 @dataclass

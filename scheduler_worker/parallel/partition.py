@@ -21,9 +21,6 @@ from common.config import ConfigError
 from common.families import BY_ARCHITECTURE
 from scheduler_worker.models.common import ModelArgs
 
-# the layer stacks whose modules parallel/layers.py knows how to shard
-SHARDED_LAYERS = ("decoder", "gemma3")
-
 
 def _even(total: int, parts: int, index: int) -> tuple[int, int]:
     """[start, stop) of part `index` of `total` split in `parts` as evenly as it goes."""
@@ -76,11 +73,10 @@ def plan_partition(args: ModelArgs, rank: int, world: int) -> Partition:
     split over `world` ranks."""
     family = BY_ARCHITECTURE[args.architecture]
     tp = f"--tensor-parallel-size {world}"
-    if family.layers not in SHARDED_LAYERS:
-        raise ConfigError(
-            f"{tp}: tensor parallelism serves the llama-layout decoder and Gemma 3, "
-            f"not {args.architecture} yet"
-        )
+    if args.recipe.qk_norm == "full":
+        raise ConfigError(f"{tp}: {args.architecture}'s QK-norm over all heads is not sharded yet")
+    if family.weights is not None:
+        raise ConfigError(f"{tp}: {args.architecture}'s checkpoint layout is not sharded yet")
     heads, kv = args.num_heads, args.num_kv_heads
     group = heads // kv
     if kv >= world:

@@ -184,7 +184,8 @@ def test_history_calls_are_written_as_the_parser_reads_them(parser):
         ({"model_type": "llama"}, "{{ '<|python_tag|>' }}", "llama3_json"),  # Llama 3.1
         ({"model_type": "qwen2"}, "{{ tools }}", "hermes"),
         ({"model_type": "mistral"}, "x", "mistral"),
-        ({"model_type": "llama4"}, "x", "pythonic"),
+        ({"architectures": ["MistralForCausalLM"], "model_type": "x"}, None, "mistral"),
+        ({"model_type": "llama4"}, "x", "hermes"),  # no family: the default
         ({"model_type": "gpt2"}, None, "hermes"),
     ],
 )
