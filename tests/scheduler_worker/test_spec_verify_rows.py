@@ -88,6 +88,20 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(runner):
 
 def test_decode_row_alone_equals_the_same_row_among_eight(runner):
     """A decode row's logits alone and as row 0, 3 and 7 of an 8-row step, bit for bit."""
+    _alone_and_among_eight(runner)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="float32 linears are torch's GEMM (oneDNN / MKL), whose result for a row depends "
+    "on how many rows the call has (1 row: a GEMV), so float32 verify rows and decode rows "
+    "may differ in the last bits: exact only with a row-invariant float GEMM (issue 53)",
+)
+def test_float32_decode_row_alone_equals_the_same_row_among_eight(tiny_llama_dir):
+    _alone_and_among_eight(_runner(tiny_llama_dir, "none"))
+
+
+def _alone_and_among_eight(runner: ModelRunner) -> None:
     tables = [list(range(1 + 6 * i, 7 + 6 * i)) for i in range(8)]
     for i, table in enumerate(tables):
         runner.execute([SeqInput([20 + i, *PROMPT], 0, table)])
