@@ -20,6 +20,8 @@ import argparse
 import statistics
 import time
 
+import torch
+
 try:
     import bench_spec
     import bench_spec_methods
@@ -142,6 +144,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--policy", default="always", choices=["always", "adaptive"])
     a = ap.parse_args()
+    if a.threads is not None:  # the offline engine leaves torch's pool as it is
+        torch.set_num_threads(a.threads)
     k = a.num_speculative_tokens
     engine = LLMEngine(
         EngineConfig(
