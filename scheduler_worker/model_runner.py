@@ -23,6 +23,7 @@ from scheduler_worker.loader import TORCH_DTYPES, load, resolve_device, resolve_
 from scheduler_worker.parallel.group import tp_group
 from scheduler_worker.parallel.step_channel import EXECUTE, PROMPT_LOGITS, StepChannel
 from scheduler_worker.quant.linear import QuantLinear, StepRows
+from scheduler_worker.spec.verify_rows import expand, placement, token_offsets
 
 __all__ = ["TORCH_DTYPES", "ModelRunner", "SeqInput", "resolve_device", "resolve_dtype"]
 
@@ -157,6 +158,8 @@ class ModelRunner:
         A step with no such sequence takes execute() instead."""
         if self.channel is not None:
             self.channel.send(PROMPT_LOGITS, seqs, argmax_vocab)
+        if self.backend.verify_as_decode_rows and any(s.verify for s in seqs):
+            return self._verify_as_decode_rows(seqs, argmax_vocab)
         input_ids, positions, meta = self.prepare(seqs)
         self.backend.before_forward(meta)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
@@ -169,6 +172,32 @@ class ModelRunner:
                 rows = hidden[offset : offset + k]
                 extra[i] = self._head(rows, self.vocab_size if seqs[i].draft else None)
             offset += len(seqs[i].token_ids)
+        return logits, extra
+
+    def _verify_as_decode_rows(
+        self, seqs: list[SeqInput], argmax_vocab: int | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """execute_with_prompt_logits with each drafted row as 1 + k decode rows
+        (spec/verify_rows.py) and one head call over every sampled row: the argmax where
+        every drafted row is plain greedy (`draft`), else the logits."""
+        rows = expand(seqs)
+        input_ids, positions, meta = self.prepare(rows)
+        self.backend.before_forward(meta)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        plain = all(s.draft for s in seqs if s.verify)
+        out = self._head(hidden[meta.logits_indices], argmax_vocab if plain else None)
+        extra: list[torch.Tensor | None] = [None] * len(seqs)
+        offsets = token_offsets(rows)
+        last: list[int] = []
+        for i, (s, (row, first, n)) in enumerate(zip(seqs, placement(seqs))):
+            if s.verify:
+                extra[i] = out[first : first + n - 1]
+            elif s.prompt_logits:  # prompt logprobs of a chunk in the same step
+                at = offsets[row]
+                extra[i] = self._head(hidden[at : at + s.prompt_logits], None)
+            if n:
+                last.append(first + n - 1)
+        logits = out if len(last) == out.shape[0] else out[torch.tensor(last)]
         return logits, extra
 
     def _head(self, hidden: torch.Tensor, argmax_vocab: int | None) -> torch.Tensor:

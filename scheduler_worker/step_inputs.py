@@ -61,7 +61,9 @@ def _drafted(req: Request, drafts: list[int]) -> SeqInput:
     tokens = [req.token_ids[start], *drafts]
     # a plain greedy row verifies by argmax; the others need the logits (to sample, or
     # to mask with a grammar)
-    return SeqInput(tokens, start, req.block_table, True, len(drafts), -1, req.slot, req.plain)
+    return SeqInput(
+        tokens, start, req.block_table, True, len(drafts), -1, req.slot, req.plain, True
+    )
 
 
 def _prompt_logits(req: Request, n: int) -> int:

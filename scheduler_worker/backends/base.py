@@ -41,6 +41,7 @@ class SeqInput:
     prev_row: int = -1
     slot: int = -1  # its row of the scheduler's BlockTables (-1: none, a step built by hand)
     draft: bool = False  # its prompt_logits verify drafts: their argmax will do
+    verify: bool = False  # a drafted row, [its last token, drafts...] (spec/verify_rows.py)
 
     def slots(self, block_size: int) -> list[int]:
         """The cache slot of each of this step's tokens (positions num_computed ...);
@@ -124,6 +125,8 @@ class Backend:
 
     name = "base"
     ops: TorchOps = TORCH_OPS
+    # a drafted row's verify runs as 1 + k decode rows (spec/verify_rows.py), not as a chunk
+    verify_as_decode_rows = False
     overlap = False  # execute() returns before the device is done (a GPU)
     # what the runner, the sampler and the status beats read of any backend
     kernel_isa: str | None = None  # the C++ kernels' path (a CPU); None: none

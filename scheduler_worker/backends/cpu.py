@@ -93,6 +93,8 @@ class CpuBackend(Backend):
         if kernel_isa is not None:
             self.ops = CpuKernelOps(self.isa_index)
         self.decode_kernel = choose_decode_kernel(self.device, dtype, paged=kernel_isa is not None)
+        # the paged kernel's rows are computed alone: a verify as decode rows is exact
+        self.verify_as_decode_rows = self.decode_kernel == "paged"
         self.step_rows = step_rows  # which rows of a step the integer kernels take
         self.decode_inputs = DecodeInputs(block_size)
 

@@ -2,7 +2,7 @@
 
     message   [kind, argmax_vocab (-1: none), form, length, payload ...]   int64
     form 0    a list of SeqInput: n, then per sequence (tokens, num_computed, table
-              length, sample, prompt_logits, prev_row, slot, draft), then every
+              length, sample, prompt_logits, prev_row, slot, draft, verify), then every
               sequence's tokens, then every table
     form 1    DecodeRows: n, pad, width, then token_ids, positions, prev_rows, table
               lengths (n each) and the rows' tables [n, width] (gathered from the
@@ -35,7 +35,7 @@ FIRST_WORDS = 1024
 HEADER = 4
 # kinds of step
 NOOP, STOP, EXECUTE, PROMPT_LOGITS = 0, 1, 2, 3
-SEQ_FIELDS = 8
+SEQ_FIELDS = 9
 
 
 def encode(kind: int, seqs: StepInputs | None, argmax_vocab: int | None) -> np.ndarray:
@@ -70,6 +70,7 @@ def encode(kind: int, seqs: StepInputs | None, argmax_vocab: int | None) -> np.n
                 s.prev_row,
                 s.slot,
                 s.draft,
+                s.verify,
             )
             for s in seqs
         ]
@@ -110,10 +111,11 @@ def decode(message: np.ndarray) -> Step:
     words = p[1 + n * SEQ_FIELDS :].tolist()  # every sequence's tokens, then every table
     at, table_at = 0, sum(h[0] for h in heads)
     out: list[SeqInput] = []
-    for ntok, computed, ntable, sample, logits, prev, slot, draft in heads:
+    for ntok, computed, ntable, sample, logits, prev, slot, draft, verify in heads:
         ids, table = words[at : at + ntok], words[table_at : table_at + ntable]
         at, table_at = at + ntok, table_at + ntable
-        out.append(SeqInput(ids, computed, table, bool(sample), logits, prev, slot, bool(draft)))
+        flags = bool(sample), logits, prev, slot, bool(draft), bool(verify)
+        out.append(SeqInput(ids, computed, table, *flags))
     return Step(kind, out, vocab)
 
 

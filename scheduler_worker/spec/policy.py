@@ -1,7 +1,7 @@
 """When speculation pays: the step's measured costs against each row's acceptance.
 
 A step of N decode rows takes T0(N) without drafts. Drafting D tokens in it costs
-c1(N) once (the chunked verify path instead of the one-token decode) plus c2(N) a draft
+c1(N) once (the verify path instead of the one-token decode) plus c2(N) a draft
 token; a row's i-th draft is accepted with probability alpha**i (alpha: the row's recent
 acceptance, a geometric run). A draft token pays when its expected tokens exceed its
 share of the step's time at the step's rate, alpha**i >= c2 * N / T0 (the threshold, per

@@ -214,6 +214,7 @@ def test_step_channel_round_trips_both_forms():
     seqs = [
         SeqInput([1, 2, 3], 4, [7, 8], sample=False, prompt_logits=2),
         SeqInput([9], 12, [3, 4, 5, 6], prev_row=1, slot=5, draft=True),
+        SeqInput([5, 6, 7], 9, [3, 4, 5], True, 2, slot=2, draft=True, verify=True),
     ]
     step = decode(encode(EXECUTE, seqs, 77))
     assert step.kind == EXECUTE and step.argmax_vocab == 77 and step.seqs == seqs
