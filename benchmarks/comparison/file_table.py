@@ -31,6 +31,10 @@ def scheduler_rss(row: dict[str, Any], key: str = "memory") -> tuple[int | None,
     )
 
 
+def _load(la: list[float] | tuple[float, ...]) -> str:
+    return "/".join(f"{x:.2f}" for x in la)
+
+
 def _mb(v: int | float | None) -> str:
     return "n/a" if v is None else f"{v / 1e6:.0f} MB"
 
@@ -93,6 +97,11 @@ def file_block(f: dict[str, Any], streams: list[int]) -> list[str]:
             lines.append(f"  warning ({name}): {w}")
     for n in f.get("notes") or []:
         lines.append(f"  note: {n}")
+    if f.get("loadavg_before") is not None:
+        lines.append(
+            f"  {f.get('order', '')}; load average (1/5/15 min) "
+            f"{_load(f['loadavg_before'])} before, {_load(f['loadavg_after'])} after"
+        )
     return lines
 
 
@@ -142,5 +151,10 @@ def format_files(res: dict[str, Any]) -> str:
         lines.append(
             f"\nCPUs busy from other processes: {res['cpu_busy_before']:.0%} before, "
             f"{res['cpu_busy_after']:.0%} after the run"
+        )
+    if res.get("loadavg_before") is not None:
+        lines.append(
+            f"Load average (1/5/15 min): {_load(res['loadavg_before'])} at the start, "
+            f"{_load(res['loadavg_after'])} at the end"
         )
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import shlex
 import time
@@ -123,7 +124,7 @@ def zeroserve_row(
     args: argparse.Namespace, model: str, p: FilePrompts, log_dir: Path, tag: str
 ) -> dict[str, Any]:
     server = Zeroserve(model, shlex.split(args.engine_args), log_dir / f"{tag}-zeroserve.log")
-    row: dict[str, Any] = {"server": "zeroserve"}
+    row: dict[str, Any] = {"server": "zeroserve", "started_at": time.time()}
     try:
         log(f"{tag}: starting zeroserve --model {model}")
         server.start(args.startup_timeout)
@@ -177,7 +178,11 @@ def llama_row(
         str(args.threads),
         *shlex.split(args.llama_args),
     ]
-    row: dict[str, Any] = {"server": "llama-server", "command": shlex.join(argv)}
+    row: dict[str, Any] = {
+        "server": "llama-server",
+        "command": shlex.join(argv),
+        "started_at": time.time(),
+    }
     log(f"{tag}: starting {row['command']}")
     t0 = time.perf_counter()
     proc = Process(argv, log_dir / f"{tag}-llama-server.log", f"http://127.0.0.1:{port}")
@@ -242,9 +247,16 @@ def compare_file(
         "long_prompt_tokens": prompts.long_tokens,
         "notes": [why] if why else [],
     }
-    out["zeroserve"] = zeroserve_row(args, model, prompts, log_dir, tag)
-    if binary:
-        out["llama_server"] = llama_row(args, binary, gguf, prompts, log_dir, tag)
-    else:
+    out["loadavg_before"] = os.getloadavg()
+    if not binary:
         out["llama_server"] = {"status": "skipped", "error": "no llama-server binary"}
+    elif getattr(args, "llama_first", False):
+        out["llama_server"] = llama_row(args, binary, gguf, prompts, log_dir, tag)
+    out["zeroserve"] = zeroserve_row(args, model, prompts, log_dir, tag)
+    if binary and "llama_server" not in out:
+        out["llama_server"] = llama_row(args, binary, gguf, prompts, log_dir, tag)
+    out["order"] = (
+        "llama-server first" if getattr(args, "llama_first", False) else "zeroserve first"
+    )
+    out["loadavg_after"] = os.getloadavg()
     return out

@@ -56,7 +56,7 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
         *("--llama-server", str(fake), "--file", "smollm2", "--file", str(unknown)),
         *("--streams", "1,2", "--min-requests", "2", "--input-len", "16", "--output-len", "4"),
         *("--long-len", "64", "--long-requests", "2", "--llama-np", "2", "--threads", "2"),
-        *("--json", str(out)),
+        *("--json", str(out), "--llama-first"),
     ]
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "compare_files.py"), *argv],
@@ -88,6 +88,9 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     (sched,) = z["memory"].values()  # one scheduler replica
     assert sched["rss"] > default["tensor_bytes"] and sched["peak_rss"] >= sched["rss"]
     assert z["launch_startup_s"] is not None and z["exit_code"] == 0
+    assert default["order"] == "llama-server first"  # --llama-first: llama-server measured first
+    assert ll["started_at"] < z["started_at"]
+    assert len(res["loadavg_before"]) == 3 and len(default["loadavg_after"]) == 3
     # the file zeroserve cannot serve: its error in the row, llama-server still measured
     assert refused["zeroserve"]["status"] == "error"
     assert "nosucharch" in refused["zeroserve"]["error"]
@@ -100,4 +103,5 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     table = format_files(res)
     assert "output tok/s, 2 stream(s)" in table and "| unknown.gguf |" in table
     assert "zeroserve: ERROR" in table
+    assert "llama-server first; load average" in table and "Load average (1/5/15 min)" in table
     assert text.count("| SmolLM2-135M-Instruct.Q4_1.gguf |") == 1
