@@ -41,7 +41,10 @@ class FilePrompts:
         rng = random.Random(args.seed)
         n_short = 1 + max(max(args.stream_list), args.min_requests)
         short = bench_serving.random_prompts(n_short, args.input_len, 1, 0.0, rng, tok)
-        long = bench_serving.random_prompts(args.long_requests, args.long_len, 1, 0.0, rng, tok)
+        n_long = args.long_requests
+        long = (
+            bench_serving.random_prompts(n_long, args.long_len, 1, 0.0, rng, tok) if n_long else []
+        )
         self.tokenizer_dir = tokenizer_dir
         self.warmup = self._jsonl(tmp / "warmup.jsonl", [short[0].prompt], 16)
         self.short = [s.prompt for s in short[1:]]

@@ -48,6 +48,18 @@ def test_tensor_types_of_a_written_file(tmp_path):
     assert f.file_bytes > f.tensor_bytes
 
 
+def test_no_long_prompts_when_none_asked(tmp_path, default_model_dir):
+    from argparse import Namespace
+
+    from benchmarks.comparison.per_file import FilePrompts
+
+    args = Namespace(
+        seed=0, stream_list=[1, 2], min_requests=2, input_len=16, long_requests=0, long_len=64
+    )
+    p = FilePrompts(args, default_model_dir, tmp_path)
+    assert len(p.short) == 2 and p.long == [] and p.long_tokens == []
+
+
 def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     fake = write_script(tmp_path / "llama-server", FAKE_LLAMA)
     unknown = write_unknown_arch_gguf(tmp_path / "unknown.gguf")
