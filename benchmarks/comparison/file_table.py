@@ -18,6 +18,12 @@ def _stream(row: dict[str, Any], c: str, key: str) -> float | None:
     return (row.get("streams") or {}).get(c, {}).get(key)
 
 
+def _per_cpu(row: dict[str, Any], c: str) -> float | None:
+    """Output tokens per CPU second of the server's processes at c streams."""
+    cpu, n = _stream(row, c, "cpu_s"), _stream(row, c, "output_tokens")
+    return n / cpu if cpu and n is not None else None
+
+
 def scheduler_rss(row: dict[str, Any], key: str = "memory") -> tuple[int | None, int | None]:
     """(RSS, peak RSS) summed over the row's measured processes, bytes."""
     mem = row.get(key) or {}
@@ -68,6 +74,7 @@ def file_block(f: dict[str, Any], streams: list[int]) -> list[str]:
     for c in (str(s) for s in streams):
         for label, key, fmt, unit in per_stream:
             line(label.format(c=c), _stream(z, c, key), _stream(ll, c, key), fmt, unit)
+        line("  output tok per CPU s, " + c, _per_cpu(z, c), _per_cpu(ll, c), ".1f")
     zl, ll_long = z.get("long") or {}, ll.get("long") or {}
     toks = f["long_prompt_tokens"]
     tok_range = f"{min(toks)}-{max(toks)}" if toks else "?"

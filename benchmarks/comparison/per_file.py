@@ -27,7 +27,7 @@ from benchmarks.comparison.metrics import parse_metrics
 from benchmarks.comparison.process import Process, free_port
 from benchmarks.comparison.server_runs import bench
 from benchmarks.comparison.util import log, median
-from benchmarks.comparison.zeroserve_proc import Zeroserve, proc_memory
+from benchmarks.comparison.zeroserve_proc import Zeroserve, proc_cpu_s, proc_memory, tree_pids
 
 DEFAULT_ALIAS = "smollm2"
 
@@ -68,12 +68,17 @@ class FilePrompts:
         return self._jsonl(self.tmp / f"{name}-long.jsonl", self.long, output_len)
 
 
-def measure(args: argparse.Namespace, base_url: str, p: FilePrompts, name: str) -> dict[str, Any]:
-    """The loads of one server: per stream count, then the long prompts one at a time."""
+def measure(
+    args: argparse.Namespace, base_url: str, p: FilePrompts, name: str, pids: list[int]
+) -> dict[str, Any]:
+    """The loads of one server: per stream count, then the long prompts one at a time.
+    pids: the server's processes, whose CPU seconds per stream count are recorded (on a
+    shared machine tokens per CPU second move less with the load than tokens per second)."""
     bench(args, base_url, p.warmup, 1, 16, 1, f"{name} warm-up", p.tokenizer_dir)
     out: dict[str, Any] = {"streams": {}, "warnings": []}
     for c in args.stream_list:
         n = max(c, args.min_requests)
+        cpu0 = proc_cpu_s(pids)
         res = bench(
             args,
             base_url,
@@ -91,6 +96,7 @@ def measure(args: argparse.Namespace, base_url: str, p: FilePrompts, name: str) 
             "ttft_median_ms": res["median_ttft_ms"],
             "failed": res["failed"],
             "output_tokens": res["total_output_tokens"],
+            "cpu_s": proc_cpu_s(pids) - cpu0,
         }
         if res["failed"] or res["total_output_tokens"] != n * args.output_len:
             out["warnings"].append(
@@ -134,7 +140,8 @@ def zeroserve_row(
         row["command"] = server.command
         row["startup_s"] = server.startup_s
         row["memory_after_start"] = server.scheduler_memory()
-        row.update(measure(args, server.proc.base_url, p, f"{tag}-zeroserve"))
+        pids = tree_pids(server.proc.proc.pid)
+        row.update(measure(args, server.proc.base_url, p, f"{tag}-zeroserve", pids))
         row["launch_startup_s"] = server.launch_reported_startup_s()  # printed after /health
         row["memory"] = server.scheduler_memory()
         row["weight_metrics"] = weight_metrics(server.proc.base_url)
@@ -193,7 +200,7 @@ def llama_row(
         proc.wait_healthy(args.startup_timeout)
         row["startup_s"] = time.perf_counter() - t0
         row["memory_after_start"] = {str(proc.proc.pid): proc_memory(proc.proc.pid)}
-        row.update(measure(args, proc.base_url, p, f"{tag}-llama"))
+        row.update(measure(args, proc.base_url, p, f"{tag}-llama", [proc.proc.pid]))
         row["memory"] = {str(proc.proc.pid): proc_memory(proc.proc.pid)}
         row["status"] = "ok"
     except Exception as e:
