@@ -115,7 +115,11 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     assert got["-m"] == str(unknown) and got["-np"] == "2" and got["-t"] == "2"
     assert int(got["-c"]) % 256 == 0 and int(got["-c"]) >= 2 * (64 + 8)
     table = format_files(res)
-    assert "output tok per CPU s, 2" in table and "output tok/s, 2 stream(s)" in table and "| unknown.gguf |" in table
+    assert (
+        "output tok per CPU s, 2" in table
+        and "output tok/s, 2 stream(s)" in table
+        and "| unknown.gguf |" in table
+    )
     assert "zeroserve: ERROR" in table
     assert "llama-server first; load average" in table and "Load average (1/5/15 min)" in table
     assert text.count("| SmolLM2-135M-Instruct.Q4_1.gguf |") == 1
