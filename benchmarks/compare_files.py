@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -70,6 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-np", type=int, default=32, help="llama-server -np")
     p.add_argument("--threads", type=int, default=None, help="llama-server -t (default: torch's)")
     p.add_argument("--llama-args", default="", help="more llama-server flags")
+    p.add_argument(
+        "--llama-first",
+        action="store_true",
+        help="run llama-server before zeroserve on each file (alternate runs to even out drift)",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
@@ -110,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else tmp
     log_dir.mkdir(parents=True, exist_ok=True)
     busy_before = cpu_busy()
+    load_before = os.getloadavg()
     files = []
     try:
         for i, spec in enumerate(args.file):
@@ -132,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "cpu_busy_before": busy_before,
         "cpu_busy_after": cpu_busy(),
+        "loadavg_before": load_before,  # 1, 5, 15 min, as `uptime` prints
+        "loadavg_after": os.getloadavg(),
         "files": files,
     }
     print(format_files(res), flush=True)

@@ -18,6 +18,12 @@ def _stream(row: dict[str, Any], c: str, key: str) -> float | None:
     return (row.get("streams") or {}).get(c, {}).get(key)
 
 
+def _per_cpu(row: dict[str, Any], c: str) -> float | None:
+    """Output tokens per CPU second of the server's processes at c streams."""
+    cpu, n = _stream(row, c, "cpu_s"), _stream(row, c, "output_tokens")
+    return n / cpu if cpu and n is not None else None
+
+
 def scheduler_rss(row: dict[str, Any], key: str = "memory") -> tuple[int | None, int | None]:
     """(RSS, peak RSS) summed over the row's measured processes, bytes."""
     mem = row.get(key) or {}
@@ -29,6 +35,10 @@ def scheduler_rss(row: dict[str, Any], key: str = "memory") -> tuple[int | None,
         sum(rss) if all(v is not None for v in rss) else None,
         sum(peak) if all(v is not None for v in peak) else None,
     )
+
+
+def _load(la: list[float] | tuple[float, ...]) -> str:
+    return "/".join(f"{x:.2f}" for x in la)
 
 
 def _mb(v: int | float | None) -> str:
@@ -64,6 +74,7 @@ def file_block(f: dict[str, Any], streams: list[int]) -> list[str]:
     for c in (str(s) for s in streams):
         for label, key, fmt, unit in per_stream:
             line(label.format(c=c), _stream(z, c, key), _stream(ll, c, key), fmt, unit)
+        line("  output tok per CPU s, " + c, _per_cpu(z, c), _per_cpu(ll, c), ".1f")
     zl, ll_long = z.get("long") or {}, ll.get("long") or {}
     toks = f["long_prompt_tokens"]
     tok_range = f"{min(toks)}-{max(toks)}" if toks else "?"
@@ -93,6 +104,11 @@ def file_block(f: dict[str, Any], streams: list[int]) -> list[str]:
             lines.append(f"  warning ({name}): {w}")
     for n in f.get("notes") or []:
         lines.append(f"  note: {n}")
+    if f.get("loadavg_before") is not None:
+        lines.append(
+            f"  {f.get('order', '')}; load average (1/5/15 min) "
+            f"{_load(f['loadavg_before'])} before, {_load(f['loadavg_after'])} after"
+        )
     return lines
 
 
@@ -142,5 +158,10 @@ def format_files(res: dict[str, Any]) -> str:
         lines.append(
             f"\nCPUs busy from other processes: {res['cpu_busy_before']:.0%} before, "
             f"{res['cpu_busy_after']:.0%} after the run"
+        )
+    if res.get("loadavg_before") is not None:
+        lines.append(
+            f"Load average (1/5/15 min): {_load(res['loadavg_before'])} at the start, "
+            f"{_load(res['loadavg_after'])} at the end"
         )
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import shlex
 import time
@@ -26,7 +27,7 @@ from benchmarks.comparison.metrics import parse_metrics
 from benchmarks.comparison.process import Process, free_port
 from benchmarks.comparison.server_runs import bench
 from benchmarks.comparison.util import log, median
-from benchmarks.comparison.zeroserve_proc import Zeroserve, proc_memory
+from benchmarks.comparison.zeroserve_proc import Zeroserve, proc_cpu_s, proc_memory, tree_pids
 
 DEFAULT_ALIAS = "smollm2"
 
@@ -40,7 +41,10 @@ class FilePrompts:
         rng = random.Random(args.seed)
         n_short = 1 + max(max(args.stream_list), args.min_requests)
         short = bench_serving.random_prompts(n_short, args.input_len, 1, 0.0, rng, tok)
-        long = bench_serving.random_prompts(args.long_requests, args.long_len, 1, 0.0, rng, tok)
+        n_long = args.long_requests
+        long = (
+            bench_serving.random_prompts(n_long, args.long_len, 1, 0.0, rng, tok) if n_long else []
+        )
         self.tokenizer_dir = tokenizer_dir
         self.warmup = self._jsonl(tmp / "warmup.jsonl", [short[0].prompt], 16)
         self.short = [s.prompt for s in short[1:]]
@@ -64,12 +68,17 @@ class FilePrompts:
         return self._jsonl(self.tmp / f"{name}-long.jsonl", self.long, output_len)
 
 
-def measure(args: argparse.Namespace, base_url: str, p: FilePrompts, name: str) -> dict[str, Any]:
-    """The loads of one server: per stream count, then the long prompts one at a time."""
+def measure(
+    args: argparse.Namespace, base_url: str, p: FilePrompts, name: str, pids: list[int]
+) -> dict[str, Any]:
+    """The loads of one server: per stream count, then the long prompts one at a time.
+    pids: the server's processes, whose CPU seconds per stream count are recorded (on a
+    shared machine tokens per CPU second move less with the load than tokens per second)."""
     bench(args, base_url, p.warmup, 1, 16, 1, f"{name} warm-up", p.tokenizer_dir)
     out: dict[str, Any] = {"streams": {}, "warnings": []}
     for c in args.stream_list:
         n = max(c, args.min_requests)
+        cpu0 = proc_cpu_s(pids)
         res = bench(
             args,
             base_url,
@@ -87,6 +96,7 @@ def measure(args: argparse.Namespace, base_url: str, p: FilePrompts, name: str) 
             "ttft_median_ms": res["median_ttft_ms"],
             "failed": res["failed"],
             "output_tokens": res["total_output_tokens"],
+            "cpu_s": proc_cpu_s(pids) - cpu0,
         }
         if res["failed"] or res["total_output_tokens"] != n * args.output_len:
             out["warnings"].append(
@@ -123,14 +133,15 @@ def zeroserve_row(
     args: argparse.Namespace, model: str, p: FilePrompts, log_dir: Path, tag: str
 ) -> dict[str, Any]:
     server = Zeroserve(model, shlex.split(args.engine_args), log_dir / f"{tag}-zeroserve.log")
-    row: dict[str, Any] = {"server": "zeroserve"}
+    row: dict[str, Any] = {"server": "zeroserve", "started_at": time.time()}
     try:
         log(f"{tag}: starting zeroserve --model {model}")
         server.start(args.startup_timeout)
         row["command"] = server.command
         row["startup_s"] = server.startup_s
         row["memory_after_start"] = server.scheduler_memory()
-        row.update(measure(args, server.proc.base_url, p, f"{tag}-zeroserve"))
+        pids = tree_pids(server.proc.proc.pid)
+        row.update(measure(args, server.proc.base_url, p, f"{tag}-zeroserve", pids))
         row["launch_startup_s"] = server.launch_reported_startup_s()  # printed after /health
         row["memory"] = server.scheduler_memory()
         row["weight_metrics"] = weight_metrics(server.proc.base_url)
@@ -177,7 +188,11 @@ def llama_row(
         str(args.threads),
         *shlex.split(args.llama_args),
     ]
-    row: dict[str, Any] = {"server": "llama-server", "command": shlex.join(argv)}
+    row: dict[str, Any] = {
+        "server": "llama-server",
+        "command": shlex.join(argv),
+        "started_at": time.time(),
+    }
     log(f"{tag}: starting {row['command']}")
     t0 = time.perf_counter()
     proc = Process(argv, log_dir / f"{tag}-llama-server.log", f"http://127.0.0.1:{port}")
@@ -185,7 +200,7 @@ def llama_row(
         proc.wait_healthy(args.startup_timeout)
         row["startup_s"] = time.perf_counter() - t0
         row["memory_after_start"] = {str(proc.proc.pid): proc_memory(proc.proc.pid)}
-        row.update(measure(args, proc.base_url, p, f"{tag}-llama"))
+        row.update(measure(args, proc.base_url, p, f"{tag}-llama", [proc.proc.pid]))
         row["memory"] = {str(proc.proc.pid): proc_memory(proc.proc.pid)}
         row["status"] = "ok"
     except Exception as e:
@@ -242,9 +257,16 @@ def compare_file(
         "long_prompt_tokens": prompts.long_tokens,
         "notes": [why] if why else [],
     }
-    out["zeroserve"] = zeroserve_row(args, model, prompts, log_dir, tag)
-    if binary:
-        out["llama_server"] = llama_row(args, binary, gguf, prompts, log_dir, tag)
-    else:
+    out["loadavg_before"] = os.getloadavg()
+    if not binary:
         out["llama_server"] = {"status": "skipped", "error": "no llama-server binary"}
+    elif getattr(args, "llama_first", False):
+        out["llama_server"] = llama_row(args, binary, gguf, prompts, log_dir, tag)
+    out["zeroserve"] = zeroserve_row(args, model, prompts, log_dir, tag)
+    if binary and "llama_server" not in out:
+        out["llama_server"] = llama_row(args, binary, gguf, prompts, log_dir, tag)
+    out["order"] = (
+        "llama-server first" if getattr(args, "llama_first", False) else "zeroserve first"
+    )
+    out["loadavg_after"] = os.getloadavg()
     return out

@@ -95,6 +95,24 @@ def child_pids(parent: int) -> list[int]:
     return out
 
 
+def tree_pids(parent: int) -> list[int]:
+    """parent and its children (launch.py's are the scheduler, frontend, detok, tokenizers)."""
+    return [parent, *child_pids(parent)]
+
+
+def proc_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used so far (those gone count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -48,6 +48,18 @@ def test_tensor_types_of_a_written_file(tmp_path):
     assert f.file_bytes > f.tensor_bytes
 
 
+def test_no_long_prompts_when_none_asked(tmp_path, default_model_dir):
+    from argparse import Namespace
+
+    from benchmarks.comparison.per_file import FilePrompts
+
+    args = Namespace(
+        seed=0, stream_list=[1, 2], min_requests=2, input_len=16, long_requests=0, long_len=64
+    )
+    p = FilePrompts(args, default_model_dir, tmp_path)
+    assert len(p.short) == 2 and p.long == [] and p.long_tokens == []
+
+
 def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     fake = write_script(tmp_path / "llama-server", FAKE_LLAMA)
     unknown = write_unknown_arch_gguf(tmp_path / "unknown.gguf")
@@ -56,7 +68,7 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
         *("--llama-server", str(fake), "--file", "smollm2", "--file", str(unknown)),
         *("--streams", "1,2", "--min-requests", "2", "--input-len", "16", "--output-len", "4"),
         *("--long-len", "64", "--long-requests", "2", "--llama-np", "2", "--threads", "2"),
-        *("--json", str(out)),
+        *("--json", str(out), "--llama-first"),
     ]
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "compare_files.py"), *argv],
@@ -85,9 +97,14 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
         assert len(row["long"]["ttft_ms"]) == 2 and row["long"]["failed"] == 0
         assert row["startup_s"] > 0 and row["warnings"] == []
     assert min(z["long"]["server_prompt_tokens"]) >= 60  # ~64-token windows, as counted
+    # zeroserve's processes worked for those tokens (the stand-in llama may take < 1 tick)
+    assert all(c["cpu_s"] > 0 for c in z["streams"].values())
     (sched,) = z["memory"].values()  # one scheduler replica
     assert sched["rss"] > default["tensor_bytes"] and sched["peak_rss"] >= sched["rss"]
     assert z["launch_startup_s"] is not None and z["exit_code"] == 0
+    assert default["order"] == "llama-server first"  # --llama-first: llama-server measured first
+    assert ll["started_at"] < z["started_at"]
+    assert len(res["loadavg_before"]) == 3 and len(default["loadavg_after"]) == 3
     # the file zeroserve cannot serve: its error in the row, llama-server still measured
     assert refused["zeroserve"]["status"] == "error"
     assert "nosucharch" in refused["zeroserve"]["error"]
@@ -98,6 +115,11 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     assert got["-m"] == str(unknown) and got["-np"] == "2" and got["-t"] == "2"
     assert int(got["-c"]) % 256 == 0 and int(got["-c"]) >= 2 * (64 + 8)
     table = format_files(res)
-    assert "output tok/s, 2 stream(s)" in table and "| unknown.gguf |" in table
+    assert (
+        "output tok per CPU s, 2" in table
+        and "output tok/s, 2 stream(s)" in table
+        and "| unknown.gguf |" in table
+    )
     assert "zeroserve: ERROR" in table
+    assert "llama-server first; load average" in table and "Load average (1/5/15 min)" in table
     assert text.count("| SmolLM2-135M-Instruct.Q4_1.gguf |") == 1
