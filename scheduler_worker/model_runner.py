@@ -36,6 +36,8 @@ KV_GROW_LIMIT_GB = 2.0
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         self.config = config
+        if config.model.num_threads is not None:  # the offline engine too, not only the worker
+            torch.set_num_threads(config.model.num_threads)
         # tensor parallelism (scheduler_worker/parallel/): this rank's shard; rank 0 sends
         # each step to the other ranks, which make the same calls (parallel/follower.py)
         self.tp = tp_group()

@@ -217,3 +217,20 @@ def test_rejects_requests_it_can_never_serve(qwen2):
     with pytest.raises(ValueError, match="temperature"):
         engine.add_request("d", [5], SamplingParams(temperature=-1))
     assert engine.num_unfinished == 0
+
+
+def test_offline_engine_takes_its_thread_count(tiny_llama_dir):
+    """ModelConfig.num_threads sets torch's threads in the offline engine too (the worker
+    is not the only caller: benchmarks build engines in process)."""
+    import torch
+
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    try:
+        LLMEngine(
+            EngineConfig(model=ModelConfig(model=str(tiny_llama_dir), num_threads=want)),
+            tiny_llama_dir,
+        )
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)
