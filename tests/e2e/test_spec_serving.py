@@ -5,6 +5,8 @@ usage.timings and /metrics, and refuses a bad --num-speculative-tokens at start.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -88,3 +90,33 @@ def test_out_of_range_speculative_tokens_refused_at_start():
     )
     assert r.returncode == 2
     assert "num_speculative_tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sigkill_of_the_scheduler_during_speculative_steps(spec_server):
+    """SIGKILL of the scheduler while 16 streams verify drafts: every stream ends with an
+    error event within the fault tests' bound, the replica comes back and serves."""
+    from tests.e2e.test_faults import (
+        END_WITHIN_S,
+        N_STREAMS,
+        component_pid,
+        recovered,
+        streams_under_fault,
+    )
+
+    victim = component_pid(spec_server, "scheduler_worker")
+    verifies: list[float] = []
+
+    def kill() -> None:
+        deadline = time.monotonic() + 20  # until the replica's beat shows verify steps
+        while not verifies or (verifies[-1] == 0 and time.monotonic() < deadline):
+            m = spec_server.metrics()
+            steps = "zeroserve:spec_decode_num_steps_total{"
+            verifies.append(sum(v for k, v in m.items() if k.startswith(steps)))
+            time.sleep(0.1)
+        os.kill(victim, signal.SIGKILL)
+
+    outcomes, last_end = streams_under_fault(spec_server, kill, max_tokens=400)
+    assert verifies[-1] > 0  # drafts were being verified when it died
+    assert outcomes == ["error"] * N_STREAMS, outcomes
+    assert last_end <= END_WITHIN_S, f"a stream ended {last_end:.1f} s after the kill"
+    recovered(spec_server)

@@ -248,3 +248,32 @@ def test_drafted_and_accepted_counts_reach_the_timings_and_metrics(llama):
     assert (
         f'zeroserve:spec_decode_num_accepted_tokens_total{{engine="0"}} {float(accepted)}' in text
     )
+
+
+def test_abort_between_verify_steps_frees_every_block(llama):
+    """Rows aborted right after a verify step (their drafts' blocks taken, some drafts
+    refused) give every block back; the other rows' outputs are unchanged."""
+    prompts = _repetitive(4, seed=3)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    plain, _ = _run(llama, prompts, params, False)
+    engine = make_engine(
+        llama, speculative_method="ngram", num_speculative_tokens=4, speculative_policy="always"
+    )
+    engine.scheduler.drafter = OracleDrafter(prompts, plain, wrong=True)
+    outs: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+        outs[f"r{i}"] = []
+    aborted = False
+    while engine.has_unfinished():
+        verifies = engine.counters.verify_steps
+        for out in engine.step():
+            outs[out.request_id].extend(out.new_token_ids)
+        if not aborted and engine.counters.verify_steps > verifies and len(outs["r1"]) > 4:
+            assert engine.abort("r1") and engine.abort("r3")  # mid-generation, drafts held
+            aborted = True
+    assert aborted
+    assert outs["r0"] == plain[0] and outs["r2"] == plain[2]
+    assert len(outs["r1"]) < 30 and len(outs["r3"]) < 30
+    engine.block_manager.check_integrity()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
