@@ -7,6 +7,7 @@ responses.py       OpenAI response shapes            request_handle.py  a reques
 metrics.py         Prometheus (metric_table.py)                         timeout, disconnect watch
 server.py          run(config): uvicorn              errors.py          OpenAI error JSON
 frontends.py       several frontends on one port (--api-servers): the port, what they share
+request_body.py    reading a request's body: JSON only, size-capped
 chat_history.py    chat messages as templates take them
 cluster/           the cluster table (who is in, who is up, what a dead one held), replica
                    routing, /health, the sockets and EngineClient (submit, inbox dispatch)

@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from common.config import Config
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
-from frontend.engine_path import EnginePath, read_body
+from frontend.engine_path import EnginePath
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
 from frontend.prediction import prediction_text
@@ -44,6 +44,7 @@ from frontend.protocol import (
     sampling_params,
 )
 from frontend.reasoning import ReasoningSplit, template_kwargs
+from frontend.request_body import read_body
 from frontend.responses import ChatFormat, CompletionFormat, ResponseFormat
 from frontend.structured import structured_alias
 from frontend.tools.chat_format import ToolChatFormat

@@ -28,9 +28,9 @@ from frontend.api.anthropic_format import AnthropicFormat, error_body
 from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
-from frontend.engine_path import read_body
 from frontend.errors import APIError
 from frontend.protocol import parse
+from frontend.request_body import read_body
 from frontend.responses import ResponseFormat
 from frontend.serving import Serving
 from frontend.tokenizer_api import call_tokenizer
