@@ -33,13 +33,13 @@ from common.config import Config
 from common.log import get_logger
 from common.messages import TokenizeRequest
 from common.sampling_params import SamplingParams
+from frontend.api.openai_format import Choice, ResponseFormat
 from frontend.cluster.engine_client import EngineClient
 from frontend.cluster.routing import prefix_key
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, Prompt
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
-from frontend.responses import Choice, ResponseFormat
 
 RANK_HEADER = "x-data-parallel-rank"
 

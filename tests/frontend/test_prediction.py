@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from frontend.api.openai_format import Choice
 from frontend.errors import APIError
 from frontend.prediction import prediction_counts, prediction_text
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse
-from frontend.responses import Choice
 from frontend.usage import usage
 
 MESSAGES = [{"role": "user", "content": "hi"}]
