@@ -12,6 +12,7 @@ cluster/           the cluster table (who is in, who is up, what a dead one held
                    routing, /health, the sockets and EngineClient (submit, inbox dispatch)
 tools/             tool calling: request checks, grammars, parsers, streamed calls
 api/               the dialects' shapes: openai_format.py (chat and completions responses),
+                   openai_usage.py (their usage object),
                    anthropic*.py (/v1/messages), openai_responses.py, responses_*.py,
                    response_store.py (/v1/responses)
 """
