@@ -1,14 +1,14 @@
 """/generate's response shape (the seed server's): one JSON, or the text alone as plain
-chunks; the OpenAI shapes are in frontend.responses."""
+chunks; the OpenAI shapes are in frontend.api.openai_format."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from frontend.api.openai_format import Choice, usage
 from frontend.errors import APIError
 from frontend.logprobs import TokenLogprob
 from frontend.request_handle import Delta
-from frontend.responses import Choice, usage
 
 
 class GenerateFormat:

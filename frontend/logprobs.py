@@ -1,5 +1,5 @@
 """Log-probabilities as the detok worker sends them, turned into named tokens for the
-response formats (frontend.responses).
+response formats (frontend.api.openai_format).
 
 An entry per token is [logprob, [[top id, logprob], ...], [token str, top strs...]?]; the
 third item is the detok's decoded strings. Where it is missing or malformed, tokens are

@@ -3,7 +3,7 @@ shape, on completions), `{"type": "content", "content": str | [{"type": "text", 
 str}, ...]}`. Its text travels to the tokenizer pool (TokenizeRequest.prediction), which
 tokenizes it and refuses one longer than the context; the scheduler drafts from it
 (scheduler_worker/spec/prediction.py) and reports accepted_prediction_tokens /
-rejected_prediction_tokens (frontend.usage). As OpenAI, a prediction with more
+rejected_prediction_tokens (frontend.api.openai_usage). As OpenAI, a prediction with more
 than one choice is refused (docs/predicted_outputs.md).
 """
 

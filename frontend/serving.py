@@ -7,7 +7,7 @@ path every dialect shares (frontend/engine_path.py).
    ─▶ EnginePath: TokenizeRequest × n ─submit─▶ stream or one JSON
 ```
 The three endpoints differ only in how they read the body and in their response format
-(frontend.responses: OpenAI's, or /generate's plain text). `chat_request` is also the
+(frontend.api.openai_format: OpenAI's, or /generate's plain text). `chat_request` is also the
 engine path of the dialects in frontend/api/ that translate their bodies into a chat one.
 """
 
@@ -22,9 +22,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from common.config import Config
+from frontend.api.openai_format import ChatFormat, CompletionFormat, ResponseFormat
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
-from frontend.engine_path import EnginePath, read_body
+from frontend.engine_path import EnginePath
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
 from frontend.prediction import prediction_text
@@ -44,7 +45,7 @@ from frontend.protocol import (
     sampling_params,
 )
 from frontend.reasoning import ReasoningSplit, template_kwargs
-from frontend.responses import ChatFormat, CompletionFormat, ResponseFormat
+from frontend.request_body import read_body
 from frontend.structured import structured_alias
 from frontend.tools.chat_format import ToolChatFormat
 from frontend.tools.grammar import apply_tools

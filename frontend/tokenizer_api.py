@@ -26,9 +26,9 @@ from pydantic import BaseModel
 from common.messages.base import INT32_MAX
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
-from frontend.engine_path import read_body
 from frontend.errors import invalid, unavailable
 from frontend.protocol import STRICT, ChatMessage, parse
+from frontend.request_body import read_body
 from frontend.serving import Serving
 
 

@@ -26,12 +26,12 @@ from pydantic import BaseModel
 from common.log import get_logger
 from frontend.api.anthropic_format import AnthropicFormat, error_body
 from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
+from frontend.api.openai_format import ResponseFormat
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
-from frontend.engine_path import read_body
 from frontend.errors import APIError
 from frontend.protocol import parse
-from frontend.responses import ResponseFormat
+from frontend.request_body import read_body
 from frontend.serving import Serving
 from frontend.tokenizer_api import call_tokenizer
 from frontend.tools.parsers import ToolParser

@@ -1,6 +1,6 @@
 """The chat path's outputs in Anthropic's Messages shapes: one message, or its events.
 
-A whole response is the chat response (frontend.responses.ChatFormat, or ToolChatFormat
+A whole response is the chat response (frontend.api.openai_format.ChatFormat, or ToolChatFormat
 when the text is parsed for tool calls) translated: reasoning_content (--reasoning-parser)
 → a thinking block first (`signature` ""), content → a text block, each tool call → a
 tool_use block (`input`: the arguments as an object), finish_reason → stop_reason.
@@ -28,10 +28,10 @@ import json
 import uuid
 from typing import Any
 
+from frontend.api.openai_format import Choice, ResponseFormat, dumps
 from frontend.errors import APIError
 from frontend.logprobs import TokenLogprob
 from frontend.request_handle import Delta
-from frontend.responses import Choice, ResponseFormat, dumps
 from frontend.tools.parsers import ToolParser
 from frontend.tools.stream import ToolStream
 

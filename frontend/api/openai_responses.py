@@ -43,10 +43,10 @@ from frontend.api.responses_protocol import (
     rename,
 )
 from frontend.cluster.engine_client import EngineClient
-from frontend.engine_path import read_body
 from frontend.errors import APIError, invalid
 from frontend.frontends import responses_db
 from frontend.protocol import parse
+from frontend.request_body import read_body
 from frontend.serving import Serving
 
 

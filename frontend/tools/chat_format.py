@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from frontend.api.openai_format import ChatFormat, Choice, sse
 from frontend.logprobs import TokenLogprob
 from frontend.request_handle import Delta
-from frontend.responses import ChatFormat, Choice, sse
 from frontend.tools.parsers import ToolParser
 from frontend.tools.stream import ToolStream, message_calls
 

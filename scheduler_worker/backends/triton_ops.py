@@ -1,6 +1,6 @@
-"""Triton kernels for the elementwise parts of one decoder layer on the GPU backend.
-
-Three fused ops, each one launch over a flat token dimension T (contiguous rows):
+"""`TritonOps`, the GPU backend's layer ops, and the Triton kernels for the elementwise
+parts of one decoder layer: three fused ops, each one launch over a flat token dimension T
+(contiguous rows):
 
 - `rms_norm`: optional residual add (in place) then RMS normalization, Llama or Gemma style;
 - `act_mul`: SiLU / GELU-tanh of the gate half times the up half of a fused gate_up row;
@@ -20,6 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from scheduler_worker.activations import GELU_TANH_ACTS
+from scheduler_worker.backends import triton_decode, triton_prefill
+from scheduler_worker.backends.ops import TorchOps
 from scheduler_worker.backends.triton_attention import cache_strides
 
 NUM_WARPS = 4  # a launch parameter only; the interpreter ignores it
@@ -324,3 +327,56 @@ def rope_write_kv(
         num_warps=NUM_WARPS,
     )
     return q, k
+
+
+class TritonOps(TorchOps):
+    """The layer ops on a GPU: one Triton kernel each (above), attention straight from the
+    paged cache (backends/triton_decode.py, triton_prefill.py)."""
+
+    name = "triton"
+    # the running hidden state in float32 between layers, whatever the model's dtype: a
+    # bfloat16 one rounds at every layer's two adds, the largest part of bf16's distance
+    # from float32 (docs/benchmarks.md, "A float32 residual stream"); it costs 4 bytes a
+    # hidden unit a token where bf16 takes 2, next to the weights' 2 bytes a parameter
+    residual_dtype = torch.float32
+
+    def rms_norm(self, x, residual, weight, eps, weight_offset=0.0, out_dtype=None):
+        return rms_norm(x, residual, weight, eps, weight_offset, out_dtype)
+
+    def act_mul(self, gate_up, act):
+        if act in ("silu", "swish"):
+            return act_mul(gate_up, "silu")
+        if act in GELU_TANH_ACTS:
+            return act_mul(gate_up, "gelu_tanh")
+        return super().act_mul(gate_up, act)
+
+    def rope_inputs(self, rope, positions, dtype):
+        if not rope.table:  # computed per step (Gemma 3's long context): the torch path
+            return super().rope_inputs(rope, positions, dtype)
+        return (positions, *rope.tables_f32())
+
+    def rope_write_kv(self, qkv, rope, kv_cache, meta, num_heads, num_kv_heads):
+        if len(rope) == 2:
+            return super().rope_write_kv(qkv, rope, kv_cache, meta, num_heads, num_kv_heads)
+        positions, cos, sin = rope
+        q, k = rope_write_kv(
+            qkv, positions, cos, sin, kv_cache[0], kv_cache[1], meta.slot_mapping,
+            num_heads, num_kv_heads,
+        )  # fmt: skip
+        t, head_dim = qkv.shape[0], kv_cache[0].shape[-1]
+        v = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(t, num_kv_heads, head_dim)
+        return q, k, v
+
+    def attention(self, q, k, v, kv_cache, meta, scale, window=None):
+        if meta.decode_block_tables is not None and meta.num_decode == q.shape[0]:
+            assert meta.decode_context_lens is not None
+            return triton_decode.paged_decode_attention(
+                q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens,
+                scale, window or 0, num_splits=meta.num_splits,
+            )  # fmt: skip
+        assert meta.query_start_loc is not None and meta.seq_lens is not None
+        assert meta.block_tables is not None
+        return triton_prefill.paged_prefill_attention(
+            q, kv_cache[0], kv_cache[1], meta.block_tables, meta.query_start_loc, meta.seq_lens,
+            scale, window or 0,
+        )  # fmt: skip

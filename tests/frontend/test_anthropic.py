@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from frontend.api.anthropic_format import AnthropicFormat, stop_reason, usage_of
+from frontend.api.openai_format import ChatFormat, Choice
 from frontend.request_handle import Delta
-from frontend.responses import ChatFormat, Choice
 from frontend.tools.chat_format import ToolChatFormat
 from frontend.tools.parsers import get_parser
 from tests.frontend.conftest import Served, serve

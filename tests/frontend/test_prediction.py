@@ -1,6 +1,6 @@
 """OpenAI's `prediction` at the frontend's intake (frontend/prediction.py) and in the
-usage (frontend/usage.py): the shapes OpenAI takes, the ones it refuses (400 naming the
-field), n > 1 refused, and the accepted / rejected counts as OpenAI reports them."""
+usage (frontend/api/openai_usage.py): the shapes OpenAI takes, the ones it refuses (400
+naming the field), n > 1 refused, and the accepted / rejected counts as OpenAI reports them."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 
 import pytest
 
+from frontend.api.openai_format import Choice
+from frontend.api.openai_usage import usage
 from frontend.errors import APIError
 from frontend.prediction import prediction_counts, prediction_text
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse
-from frontend.responses import Choice
-from frontend.usage import usage
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

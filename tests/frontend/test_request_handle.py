@@ -11,10 +11,10 @@ import time
 import pytest
 
 from common.messages import pack_ids
+from frontend.api.openai_format import Choice, CompletionFormat
 from frontend.errors import APIError
 from frontend.logprobs import token_logprobs
 from frontend.request_handle import Delta, RequestHandle
-from frontend.responses import Choice, CompletionFormat
 
 
 def delta(index, text, n_out, tid, finish=None, lp=None, prompt_lps=None, cached=0):

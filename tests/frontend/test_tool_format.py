@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from frontend.api.openai_format import Choice
 from frontend.request_handle import Delta
-from frontend.responses import Choice
 from frontend.tools.chat_format import ToolChatFormat
 from frontend.tools.parsers import get_parser
 

@@ -15,6 +15,7 @@ import dataclasses
 import json
 from typing import Any
 
+from frontend.api.openai_usage import usage, usage_of
 from frontend.errors import APIError
 from frontend.logprobs import (
     TokenLogprob,
@@ -25,7 +26,6 @@ from frontend.logprobs import (
 )
 from frontend.reasoning import ReasoningSplit
 from frontend.request_handle import Delta
-from frontend.usage import usage, usage_of
 
 
 def dumps(obj: Any) -> str:

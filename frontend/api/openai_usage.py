@@ -1,5 +1,5 @@
 """OpenAI's usage object of a chat or completion response, from its choices
-(frontend.responses.Choice): tokens in and out, the prompt tokens the prefix cache served,
+(openai_format.Choice): tokens in and out, the prompt tokens the prefix cache served,
 reasoning tokens, and Predicted Outputs' accepted / rejected prediction tokens."""
 
 from __future__ import annotations
