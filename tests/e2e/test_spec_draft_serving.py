@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import served
+from tests.e2e.test_spec_serving import ask_greedy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,13 +37,7 @@ def test_draft_model_serves_the_same_text(draft_server):
     )
 
     def ask(spec: bool, stream: bool = False) -> tuple[str, dict]:
-        extra = {"speculative": spec, "return_timings": True}
-        kw = dict(model="smollm2", messages=MESSAGES, max_tokens=40, temperature=0)
-        if not stream:
-            r = client.chat.completions.create(**kw, extra_body=extra)  # type: ignore[call-overload]
-            return r.choices[0].message.content, (r.usage.model_extra or {}).get("timings") or {}
-        chunks = client.chat.completions.create(**kw, stream=True, extra_body=extra)  # type: ignore[call-overload]
-        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), {}
+        return ask_greedy(client, MESSAGES, 40, spec, stream)
 
     plain, plain_timings = ask(False)
     drafted, timings = ask(True)

@@ -26,6 +26,19 @@ MESSAGES = [
 ]
 
 
+def ask_greedy(
+    client: openai.OpenAI, messages: list, max_tokens: int, spec: bool, stream: bool = False
+) -> tuple[str, dict]:
+    """A greedy chat answer with or without drafts: (text, usage.timings; {} streamed)."""
+    extra = {"speculative": spec, "return_timings": True}
+    kw = dict(model="smollm2", messages=messages, max_tokens=max_tokens, temperature=0)
+    if not stream:
+        r = client.chat.completions.create(**kw, extra_body=extra)  # type: ignore[call-overload]
+        return r.choices[0].message.content, (r.usage.model_extra or {}).get("timings") or {}
+    chunks = client.chat.completions.create(**kw, stream=True, extra_body=extra)  # type: ignore[call-overload]
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), {}
+
+
 @pytest.fixture(scope="module")
 def spec_server(default_model_dir):
     yield from served(
@@ -45,13 +58,7 @@ def test_same_text_with_and_without_drafts(spec_server):
     )
 
     def ask(spec: bool, stream: bool = False) -> tuple[str, dict]:
-        extra = {"speculative": spec, "return_timings": True}
-        kw = dict(model="smollm2", messages=MESSAGES, max_tokens=64, temperature=0)
-        if not stream:
-            r = client.chat.completions.create(**kw, extra_body=extra)  # type: ignore[call-overload]
-            return r.choices[0].message.content, (r.usage.model_extra or {}).get("timings") or {}
-        chunks = client.chat.completions.create(**kw, stream=True, extra_body=extra)  # type: ignore[call-overload]
-        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), {}
+        return ask_greedy(client, MESSAGES, 64, spec, stream)
 
     plain, plain_timings = ask(False)
     drafted, timings = ask(True)
