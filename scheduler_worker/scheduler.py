@@ -97,10 +97,10 @@ class Scheduler:
             RequestStatus.RUNNING,
         )
         decodes = min(self.config.decode_batch, budget)
-        # tokens this step's drafts may take, each row's at most num_speculative_tokens
+        # tokens this step's drafts may take (few to learn or probe), a row's k at most
         spare, most = budget - decodes, self.config.num_speculative_tokens
-        if self.drafter is not None and not self.policy.start_step(min(decodes, len(active))):
-            spare = 0
+        drafting = self.drafter is not None and self.policy.start_step(min(decodes, len(active)))
+        spare = min(spare, self.policy.cap) if drafting else 0
         while active and batch.num_decode < decodes:
             req, epoch = active.popleft()
             self.num_visited += 1

@@ -9,8 +9,12 @@ row, sets k); the step drafts at all only when its expected extra tokens beat c1
 at that rate. T0, c1 and c2 are a least-squares fit per batch-size bucket (powers of two)
 of the steps' wall times, decayed so that the fit follows the load; until a bucket has
 seen steps with and without drafts it learns (drafting, one step in four without), and
-then one step in PROBE_EVERY drafts everything and one drafts nothing, so that its costs
-stay measured whatever the policy chose.
+then one step in its probe interval drafts and one drafts nothing, so that its costs stay
+measured whatever the policy chose. A step that drafts to learn or to probe drafts at most
+PROBE_TOKENS tokens in all (alternately half as many, so that c1 and c2 part), since where
+drafts do not pay a probe of every row's k drafts costs several steps' time at 32 rows.
+The interval doubles, up to PROBE_MAX, each time a probe leaves the bucket switched off,
+and is PROBE_EVERY again once a row drafts where the fit allows it.
 
     policy "always": every proposed draft, no fit (the A/B baseline and the tests').
 """
@@ -28,7 +32,10 @@ if TYPE_CHECKING:
 
 DECAY = 0.98  # a step's weight in the fit halves in ~35 steps of its bucket
 MIN_STEPS = 4  # steps with and without drafts before the fit decides
-PROBE_EVERY = 32  # a switched-off bucket drafts one step in this many
+PROBE_EVERY = 32  # a bucket probes one step in this many (drafting, and not)...
+PROBE_MAX = 512  # ...and, while its probes find drafts do not pay, up to this many
+PROBE_TOKENS = 8  # the draft tokens of a step that learns or probes, at most
+NO_CAP = 1 << 30
 PRIOR = (1.0, 1.0)  # a row's acceptance prior: one accepted draft, one refused
 ROW_DECAY = 0.9  # a row's acceptance counts decay per verify (and per step it sits out)
 
@@ -46,6 +53,9 @@ class _Fit:
         self.with_drafts = 0  # samples seen, undecayed (readiness, not weight)
         self.without = 0
         self.steps = 0  # steps started in this bucket (the probe's clock)
+        self.probe_every = PROBE_EVERY
+        self.probes = 0
+        self.probed = False  # the last drafting step was a probe: its verdict is pending
 
     def add(self, drafts: int, seconds: float) -> None:
         x = (1.0, 1.0 if drafts else 0.0, float(drafts))
@@ -87,30 +97,52 @@ class SpecPolicy:
         self.fits: dict[int, _Fit] = {}
         self.threshold = 0.0  # this step's: a draft token's acceptance must reach it
         self.costs: tuple[float, float, float] | None = None  # this step's (T0, c1, c2)
+        self.cap = NO_CAP  # this step's draft tokens in all, at most (Scheduler.schedule)
         self.num_switched_off = 0  # steps whose drafts did not pay (a counter, /metrics)
+        self._decided: _Fit | None = None  # this step's bucket, where the fit decided
 
     # ---- deciding ----------------------------------------------------------
     def start_step(self, num_rows: int) -> bool:
         """Before a step's decode rows draft (num_rows: about how many): may they?"""
-        self.threshold, self.costs = 0.0, None
+        self.threshold, self.costs, self.cap, self._decided = 0.0, None, NO_CAP, None
         if not self.adaptive or num_rows <= 0:
             return True
         fit = self.fits.setdefault(bucket(num_rows), _Fit())
         fit.steps += 1
-        phase = fit.steps % PROBE_EVERY
         if not fit.ready():  # learning: a step without drafts one in four until seen
-            return fit.without >= MIN_STEPS or phase % 4 != 0
-        if phase == PROBE_EVERY // 2:  # a step without drafts keeps T0 measured
+            if fit.without < MIN_STEPS and fit.steps % 4 == 0:
+                return False
+            return self._probe(fit)
+        phase = fit.steps % fit.probe_every
+        if phase == fit.probe_every // 2:  # a step without drafts keeps T0 measured
             return False
         t0, c1, c2 = fit.solve()
-        if t0 <= 0.0 or phase == 0:  # a probe: every draft, so c1 and c2 stay measured
-            return True
+        if t0 <= 0.0 or phase == 0:  # a probe, so that c1 and c2 stay measured
+            fit.probed = True
+            return self._probe(fit)
         self.costs = (t0, c1, c2)
         self.threshold = c2 * num_rows / t0
         if self.threshold < 1.0:
+            self._decided = fit  # its verdict: whether a row drafts (record)
             return True
         self.num_switched_off += 1  # no acceptance pays a draft token
+        self._verdict(fit, False)
         return False
+
+    def _probe(self, fit: _Fit) -> bool:
+        fit.probes += 1
+        self.cap = PROBE_TOKENS >> (fit.probes % 2)
+        return True
+
+    @staticmethod
+    def _verdict(fit: _Fit, pays: bool) -> None:
+        """The fit's decision on a step's drafts: after a probe, a no lengthens the probe
+        interval; a yes shortens it again."""
+        if pays:
+            fit.probe_every = PROBE_EVERY
+        elif fit.probed:
+            fit.probe_every = min(2 * fit.probe_every, PROBE_MAX)
+        fit.probed = False
 
     def row_tokens(self, req: Request, k: int) -> int:
         """How many of its k drafts a row may propose: while alpha**i reaches the threshold."""
@@ -147,6 +179,9 @@ class SpecPolicy:
         """A decode-only step's wall time (steps with prompt tokens say nothing here)."""
         if self.adaptive and num_rows > 0:
             self.fits.setdefault(bucket(num_rows), _Fit()).add(num_drafts, seconds)
+        if self._decided is not None:  # the fit allowed drafts: did any row take them?
+            self._verdict(self._decided, num_drafts > 0)
+            self._decided = None
 
 
 def verified(

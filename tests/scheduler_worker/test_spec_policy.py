@@ -11,6 +11,8 @@ from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.spec.policy import (
     MIN_STEPS,
     PROBE_EVERY,
+    PROBE_MAX,
+    PROBE_TOKENS,
     SpecPolicy,
     _Fit,
     acceptance,
@@ -27,13 +29,18 @@ def _cost(t0: float, c1: float, c2: float):
     return lambda d: t0 + (c1 + c2 * d if d else 0.0)
 
 
-def _learn(policy: SpecPolicy, rows: int, cost, steps: int = 40) -> list[bool]:
-    """Run `steps` steps of `rows` rows whose drafts, when allowed, are 1-4 tokens a row;
-    the step's time from `cost(drafts)`. Returns whether each step drafted."""
+def _learn(
+    policy: SpecPolicy, rows: int, cost, steps: int = 40, caps: list[int] | None = None
+) -> list[bool]:
+    """Run `steps` steps of `rows` rows whose drafts, when allowed, are 1-4 tokens a row
+    (no more than the step's cap); the step's time from `cost(drafts)`. Returns whether
+    each step drafted."""
     drafted = []
     for i in range(steps):
         may = policy.start_step(rows)
-        d = (1 + i % 4) * rows if may else 0
+        d = min((1 + i % 4) * rows, policy.cap) if may else 0
+        if may and caps is not None:
+            caps.append(policy.cap)
         policy.record(rows, d, cost(d))
         drafted.append(may)
     return drafted
@@ -88,10 +95,28 @@ def test_costly_drafts_switch_off_but_for_the_probes():
     policy = SpecPolicy()
     _learn(policy, 32, _cost(0.032, 0.002, 0.0015), steps=2 * PROBE_EVERY)
     drafted = _learn(policy, 32, _cost(0.032, 0.002, 0.0015), steps=4 * PROBE_EVERY)
-    assert drafted.count(True) == 4  # one probe a PROBE_EVERY
+    assert 1 <= drafted.count(True) <= 3  # probes, ever sparser while drafts do not pay
     assert policy.num_switched_off > 0
     # a smaller batch of the same model may still pay: its own bucket, its own fit
     assert bucket(1) not in policy.fits
+
+
+def test_probes_are_small_and_back_off_while_drafts_do_not_pay():
+    policy = SpecPolicy()
+    costly, cheap = _cost(0.032, 0.002, 0.0015), _cost(0.032, 0.0, 0.00001)
+    caps: list[int] = []
+    drafted = _learn(policy, 32, costly, steps=2 * PROBE_MAX, caps=caps)
+    assert policy.fits[bucket(32)].probe_every == PROBE_MAX
+    late = drafted[PROBE_MAX:]
+    assert 1 <= late.count(True) <= 2  # one probe in PROBE_MAX steps once backed off
+    # every step that learnt or probed drafted PROBE_TOKENS tokens at most, not 32 rows' k
+    assert len(caps) == drafted.count(True) and max(caps) == PROBE_TOKENS
+    assert min(caps) == PROBE_TOKENS // 2  # alternately half: c1 and c2 part
+    # the costs drop (the load changed): a probe finds it within PROBE_MAX steps, the
+    # bucket drafts again and probes every PROBE_EVERY steps
+    drafted = _learn(policy, 32, cheap, steps=PROBE_MAX + 8 * PROBE_EVERY)
+    assert drafted[-PROBE_EVERY:].count(True) >= PROBE_EVERY - 2
+    assert policy.fits[bucket(32)].probe_every == PROBE_EVERY
 
 
 def test_settle_drops_drafts_that_cannot_pay_their_fixed_cost():
