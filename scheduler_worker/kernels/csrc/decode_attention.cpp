@@ -49,14 +49,19 @@ struct AttnArgs {
 // The first key position a sequence of L tokens attends.
 ZS_INLINE int64_t first_key(int64_t L, int64_t window) { return window > 0 && L > window ? L - window : 0; }
 
-struct Scratch {  // one thread's buffers, sized for one task's heads, D and longest context
-  float* scores;  // [heads, max_len]
-  float* acc;     // [heads, D]
-  float* qf;      // [heads, D]
+struct Scratch {  // one thread's buffers; a query's: its heads' scores, accumulators and q
+  float* buf;       // query i's at buf + i * heads * (max_len + 2 * D)
+  int64_t max_len;  // the longest context any query of the call attends
 };
 
-// KV heads [h0, h1) of sequence b: each KV head's G query heads share every K/V row they
-// read. The block table is walked block by block; a block holds block_size tokens, each
+// KV heads [h0, h1) of the m queries b0 .. b0 + m - 1 (m > 1: a drafted row's 1 + k
+// verify queries, consecutive positions of one sequence: Scheduler's drafts through
+// spec/verify_rows.py). Each KV head's G query heads share every K/V row they read, and
+// the m queries share every block: a block is read once for all of them (from memory
+// once, from cache m - 1 times) where m tasks of one query each read the context m
+// times. Each query's arithmetic is exactly a task of its own (same operations, same
+// order, its own block table), so a verify row equals a plain decode step bit for bit.
+// The block table is walked block by block; a block holds block_size tokens, each
 // token's heads side by side (row = Hkv * D elements), so a task of every KV head reads
 // each block as one span of memory.
 // DIM, GRP: the head size and the query heads per KV head when they are compile-time
@@ -64,121 +69,144 @@ struct Scratch {  // one thread's buffers, sized for one task's heads, D and lon
 // used. VEC: the vector blocks of this build (1: AVX2, 2: AVX-512; 0: none), which serve
 // the fixed head sizes (a multiple of 8 or 16) and groups.
 template <typename T, typename C, int DIM, int GRP, int VEC>
-ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b, int64_t h0, int64_t h1, const Scratch& s) {
+ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b0, int64_t m, int64_t h0, int64_t h1, const Scratch& s) {
   constexpr bool v512 = VEC == 2 && DIM > 0 && DIM % 16 == 0 && GRP > 0;
   constexpr bool v256 = VEC == 1 && DIM > 0 && DIM % 8 == 0 && GRP > 0;
-  const int64_t G = GRP > 0 ? GRP : a.H / a.Hkv, D = DIM > 0 ? DIM : a.D, L = a.lens[b], bs = a.block_size;
-  const int64_t nh = h1 - h0, row = a.Hkv * D;
-  float* scores = s.scores;  // [nh * G, n_keys]: scores[(h * G + g) * n_keys + t - s0]
-  float* qf = s.qf;          // the task's query heads in float32, pre-scaled
-  float* acc = s.acc;
-  const int64_t* table = a.tables + b * a.max_blocks;
-  const T* q = a.q + (b * a.H + h0 * G) * D;
-  for (int64_t i = 0; i < nh * G * D; ++i) qf[i] = f32(q[i]) * a.scale;
-  const int64_t s0 = first_key(L, a.window), n_keys = L - s0, first = s0 - s0 % bs;
+  const int64_t G = GRP > 0 ? GRP : a.H / a.Hkv, D = DIM > 0 ? DIM : a.D, bs = a.block_size;
+  const int64_t nh = h1 - h0, row = a.Hkv * D, heads = nh * G, stride = heads * (s.max_len + 2 * D);
+  // query i: scores [heads, n_keys(i)] (scores[(h * G + g) * n_keys + t - s0]), then its
+  // accumulators [heads, D], then its query heads in float32, pre-scaled [heads, D]
+  auto scores = [&](int64_t i) __attribute__((always_inline)) { return s.buf + i * stride; };
+  auto acc = [&](int64_t i) __attribute__((always_inline)) { return s.buf + i * stride + heads * s.max_len; };
+  auto qf = [&](int64_t i) __attribute__((always_inline)) { return acc(i) + heads * D; };
+  auto len = [&](int64_t i) __attribute__((always_inline)) { return a.lens[b0 + i]; };
+  auto start = [&](int64_t i) __attribute__((always_inline)) { return first_key(len(i), a.window); };
+  auto n_keys = [&](int64_t i) __attribute__((always_inline)) { return len(i) - start(i); };
+  for (int64_t i = 0; i < m; ++i) {
+    const T* q = a.q + ((b0 + i) * a.H + h0 * G) * D;
+    float* qi = qf(i);
+    for (int64_t x = 0; x < heads * D; ++x) qi[x] = f32(q[x]) * a.scale;
+  }
+  const int64_t L_end = len(m - 1), first = start(0) - start(0) % bs;  // query 0 starts first
   // (the lambdas always inline: each path's copy of this function then compiles them for
   // its own ISA)
-  auto block = [&](const C* cache, int64_t t0) __attribute__((always_inline)) { return cache + table[t0 / bs] * bs * row + h0 * D; };
-  // the first block of keys s0 .. L - 1 asked for (K's before the scores, V's before the
-  // softmax, which then runs under its fetch)
-  auto first_block = [&](const C* cache) __attribute__((always_inline)) {
-    prefetch_rows(block(cache, first), row, std::min(bs, L - first), nh * D);
+  auto block = [&](int64_t i, const C* cache, int64_t t0) __attribute__((always_inline)) {
+    return cache + a.tables[(b0 + i) * a.max_blocks + t0 / bs] * bs * row + h0 * D;
   };
-  // fn(block's first row of the task's heads, t0, keys [j0, n) of the block, the next
-  // block's first row and its key count) over the blocks that hold keys s0 .. L - 1. fn
-  // asks for the next block a share at a time while it computes this one: per KV head,
-  // and in the vector blocks per query head (scores) or per key (values). A whole block
-  // asked for at once (~100 lines) waits on the miss buffers, and the loads of the block
-  // in hand wait behind it: compute and memory then run one after the other (the figures:
-  // docs/benchmarks.md, "Sixth round").
+  // the first block of keys asked for (K's before the scores, V's before the softmax,
+  // which then runs under its fetch)
+  auto first_block = [&](const C* cache) __attribute__((always_inline)) {
+    prefetch_rows(block(0, cache, first), row, std::min(bs, len(0) - first), nh * D);
+  };
+  // fn(i, block's first row of the task's heads, t0, keys [j0, n) of the block, the next
+  // block's first row and its key count) over the blocks, and per block over the queries
+  // whose keys it holds. fn asks for the next block (the last query's: the longest) a
+  // share at a time while it computes this one: per KV head, and in the vector blocks per
+  // query head (scores) or per key (values). A whole block asked for at once (~100 lines)
+  // waits on the miss buffers, and the loads of the block in hand wait behind it: compute
+  // and memory then run one after the other (the figures: docs/benchmarks.md, "Sixth
+  // round").
   auto each_block = [&](const C* cache, auto&& fn) __attribute__((always_inline)) {
-    for (int64_t t0 = first; t0 < L; t0 += bs) {
-      const bool more = t0 + bs < L;
-      fn(block(cache, t0), t0, std::max<int64_t>(s0 - t0, 0), std::min(bs, L - t0),
-         more ? block(cache, t0 + bs) : nullptr, more ? std::min(bs, L - t0 - bs) : 0);
+    for (int64_t t0 = first; t0 < L_end; t0 += bs) {
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t L = len(i), s0 = start(i);
+        if (t0 >= L || t0 + bs <= s0) continue;
+        const bool more = i == m - 1 && t0 + bs < L;
+        fn(i, block(i, cache, t0), t0, std::max<int64_t>(s0 - t0, 0), std::min(bs, L - t0),
+           more ? block(i, cache, t0 + bs) : nullptr, more ? std::min(bs, L - t0 - bs) : 0);
+      }
     }
   };
   first_block(a.k_cache);
-  each_block(a.k_cache, [&](const C* kb, int64_t t0, int64_t j0, int64_t n, const C* next, int64_t n_next)
-                                 __attribute__((always_inline)) {
+  each_block(a.k_cache, [&](int64_t i, const C* kb, int64_t t0, int64_t j0, int64_t n, const C* next,
+                            int64_t n_next) __attribute__((always_inline)) {
+    const int64_t nk = n_keys(i), s0 = start(i);
+    const float* qi = qf(i);
     for (int64_t h = 0; h < nh; ++h) {
       const C* next_h = next ? next + h * D : nullptr;
-      float* sc = scores + h * G * n_keys + t0 - s0;
+      float* sc = scores(i) + h * G * nk + t0 - s0;
       if constexpr (v512) {
-        block_scores_avx512<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys, next_h, n_next);
+        block_scores_avx512<C, DIM, GRP>(qi + h * G * D, kb + h * D, row, j0, n, sc, nk, next_h, n_next);
       } else if constexpr (v256) {
-        block_scores_avx2<C, DIM, GRP>(qf + h * G * D, kb + h * D, row, j0, n, sc, n_keys, next_h, n_next);
+        block_scores_avx2<C, DIM, GRP>(qi + h * G * D, kb + h * D, row, j0, n, sc, nk, next_h, n_next);
       } else {
         if (next_h) prefetch_rows(next_h, row, n_next, D);
         for (int64_t j = j0; j < n; ++j) {
           const C* k = kb + j * row + h * D;
           for (int64_t g = 0; g < G; ++g) {
-            const float* qg = qf + (h * G + g) * D;
+            const float* qg = qi + (h * G + g) * D;
             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < D; ++i) dot += qg[i] * f32(k[i]);
-            sc[g * n_keys + j] = dot;
+            for (int64_t x = 0; x < D; ++x) dot += qg[x] * f32(k[x]);
+            sc[g * nk + j] = dot;
           }
         }
       }
     }
   });
   first_block(a.v_cache);  // under the softmax
-  for (int64_t g = 0; g < nh * G; ++g) {
-    float* sg = scores + g * n_keys;
-    float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t nk = n_keys(i);
+    for (int64_t g = 0; g < heads; ++g) {
+      float* sg = scores(i) + g * nk;
+      float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-    for (int64_t t = 0; t < n_keys; ++t) mx = std::max(mx, sg[t]);
-    float sum = 0.f;
+      for (int64_t t = 0; t < nk; ++t) mx = std::max(mx, sg[t]);
+      float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < n_keys; ++t) {
-      sg[t] = fast_exp(sg[t] - mx);
-      sum += sg[t];
-    }
-    const float inv = 1.f / sum;
+      for (int64_t t = 0; t < nk; ++t) {
+        sg[t] = fast_exp(sg[t] - mx);
+        sum += sg[t];
+      }
+      const float inv = 1.f / sum;
 #pragma omp simd
-    for (int64_t t = 0; t < n_keys; ++t) sg[t] *= inv;
+      for (int64_t t = 0; t < nk; ++t) sg[t] *= inv;
+    }
+    std::fill(acc(i), acc(i) + heads * D, 0.f);
   }
-  std::fill(acc, acc + nh * G * D, 0.f);
-  each_block(a.v_cache, [&](const C* vb, int64_t t0, int64_t j0, int64_t n, const C* next, int64_t n_next)
-                                 __attribute__((always_inline)) {
+  each_block(a.v_cache, [&](int64_t i, const C* vb, int64_t t0, int64_t j0, int64_t n, const C* next,
+                            int64_t n_next) __attribute__((always_inline)) {
+    const int64_t nk = n_keys(i), s0 = start(i);
     for (int64_t h = 0; h < nh; ++h) {
       const C* next_h = next ? next + h * D : nullptr;
-      const float* sc = scores + h * G * n_keys + t0 - s0;
-      float* ah = acc + h * G * D;
+      const float* sc = scores(i) + h * G * nk + t0 - s0;
+      float* ah = acc(i) + h * G * D;
       if constexpr (v512) {
-        block_values_avx512<C, DIM, GRP>(sc, vb + h * D, row, j0, n, n_keys, ah, next_h, n_next);
+        block_values_avx512<C, DIM, GRP>(sc, vb + h * D, row, j0, n, nk, ah, next_h, n_next);
       } else if constexpr (v256) {
-        block_values_avx2<C, DIM, GRP>(sc, vb + h * D, row, j0, n, n_keys, ah, next_h, n_next);
+        block_values_avx2<C, DIM, GRP>(sc, vb + h * D, row, j0, n, nk, ah, next_h, n_next);
       } else {
         if (next_h) prefetch_rows(next_h, row, n_next, D);
         for (int64_t j = j0; j < n; ++j) {
           const C* v = vb + j * row + h * D;
           for (int64_t g = 0; g < G; ++g) {
-            const float p = sc[g * n_keys + j];
+            const float p = sc[g * nk + j];
             float* ag = ah + g * D;
 #pragma omp simd
-            for (int64_t i = 0; i < D; ++i) ag[i] += p * f32(v[i]);
+            for (int64_t x = 0; x < D; ++x) ag[x] += p * f32(v[x]);
           }
         }
       }
     }
   });
-  T* o = a.out + (b * a.H + h0 * G) * D;
-  for (int64_t i = 0; i < nh * G * D; ++i) o[i] = static_cast<T>(acc[i]);
+  for (int64_t i = 0; i < m; ++i) {
+    T* o = a.out + ((b0 + i) * a.H + h0 * G) * D;
+    const float* ai = acc(i);
+    for (int64_t x = 0; x < heads * D; ++x) o[x] = static_cast<T>(ai[x]);
+  }
 }
 
 // The three paths of ZS_VARIANTS by hand, each with its own vector blocks (none portable).
-#define ZS_ATTEND_PARAMS const AttnArgs<T, C>&a, int64_t b, int64_t h0, int64_t h1, const Scratch &s
+#define ZS_ATTEND_PARAMS const AttnArgs<T, C>&a, int64_t b0, int64_t m, int64_t h0, int64_t h1, const Scratch &s
 template <typename T, typename C, int DIM, int GRP>
-void attend_0(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 0>(a, b, h0, h1, s); }
+void attend_0(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 0>(a, b0, m, h0, h1, s); }
 template <typename T, typename C, int DIM, int GRP>
-ZS_TARGET_AVX2 void attend_1(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 1>(a, b, h0, h1, s); }
+ZS_TARGET_AVX2 void attend_1(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 1>(a, b0, m, h0, h1, s); }
 template <typename T, typename C, int DIM, int GRP>
-ZS_TARGET_AVX512 void attend_2(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 2>(a, b, h0, h1, s); }
+ZS_TARGET_AVX512 void attend_2(ZS_ATTEND_PARAMS) { attend_impl<T, C, DIM, GRP, 2>(a, b0, m, h0, h1, s); }
 
 template <typename T, typename C>
-using AttendFn = void (*)(const AttnArgs<T, C>&, int64_t, int64_t, int64_t, const Scratch&);
+using AttendFn = void (*)(const AttnArgs<T, C>&, int64_t, int64_t, int64_t, int64_t, const Scratch&);
 
 template <typename T, typename C, int DIM>
 AttendFn<T, C> pick_group(int64_t G, int64_t isa) {
@@ -200,22 +228,43 @@ AttendFn<T, C> pick(int64_t D, int64_t G, int64_t isa) {
   return ZS_PICK(attend, (<T, C, 0, 0>), isa);
 }
 
-// Tasks of whole sequences (every KV head: each block read as one span) when there are
-// enough sequences to keep every thread busy, else of one KV head each.
+constexpr int64_t kMaxRun = 17;  // queries a task takes together: 1 + the most drafts a row has
+
+// Whether query b continues query b - 1's run: the next position of the same sequence
+// (one position on, the same blocks). Only a saving: each query reads its own table.
+template <typename T, typename C>
+bool continues(const AttnArgs<T, C>& a, int64_t b) {
+  const int64_t L = a.lens[b - 1];
+  if (a.lens[b] != L + 1) return false;
+  const int64_t* t0 = a.tables + (b - 1) * a.max_blocks;
+  const int64_t* t1 = a.tables + b * a.max_blocks;
+  const int64_t j0 = first_key(L, a.window) / a.block_size, j1 = (L + a.block_size - 1) / a.block_size;
+  return std::equal(t0 + j0, t0 + j1, t1 + j0);
+}
+
+// Tasks of whole runs of queries (every KV head: each block read as one span) when there
+// are enough runs to keep every thread busy, else of one KV head each.
 template <typename T, typename C>
 void attend_all(const AttnArgs<T, C>& a, int64_t B, int64_t isa) {
   const int64_t G = a.H / a.Hkv;
   const AttendFn<T, C> fn = pick<T, C>(a.D, G, isa);
-  int64_t max_len = 0;
-  for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, a.lens[b] - first_key(a.lens[b], a.window));
-  const int64_t per_task = B >= 2 * at::get_num_threads() ? a.Hkv : 1, tasks_per_seq = a.Hkv / per_task;
+  int64_t max_len = 0, max_run = 1;
+  std::vector<int64_t> runs{0};  // run r: queries runs[r] .. runs[r + 1] - 1
+  for (int64_t b = 0; b < B; ++b) {
+    max_len = std::max(max_len, a.lens[b] - first_key(a.lens[b], a.window));
+    if (b > 0 && (b - runs.back() >= kMaxRun || !continues(a, b))) runs.push_back(b);
+    max_run = std::max(max_run, b + 1 - runs.back());
+  }
+  runs.push_back(B);
+  const int64_t R = static_cast<int64_t>(runs.size()) - 1;
+  const int64_t per_task = R >= 2 * at::get_num_threads() ? a.Hkv : 1, tasks_per_run = a.Hkv / per_task;
   const int64_t heads = per_task * G;
-  at::parallel_for(0, B * tasks_per_seq, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> buf(static_cast<size_t>(heads * (max_len + 2 * a.D)));
-    const Scratch s{buf.data(), buf.data() + heads * max_len, buf.data() + heads * (max_len + a.D)};
+  at::parallel_for(0, R * tasks_per_run, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> buf(static_cast<size_t>(max_run * heads * (max_len + 2 * a.D)));
+    const Scratch s{buf.data(), max_len};
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t h0 = (w % tasks_per_seq) * per_task;
-      fn(a, w / tasks_per_seq, h0, h0 + per_task, s);
+      const int64_t r = w / tasks_per_run, h0 = (w % tasks_per_run) * per_task;
+      fn(a, runs[r], runs[r + 1] - runs[r], h0, h0 + per_task, s);
     }
   });
 }
