@@ -37,7 +37,7 @@ class Staging:
     def send(self, host: torch.Tensor) -> torch.Tensor:
         """The written part of a host buffer (a view of its head, any shape) copied to the
         device in one non-blocking copy; returns the device buffer's view of it."""
-        staged = self.device_buf[: host.numel()].view(host.shape)
+        staged = self.device_buf[: host.numel()].view_as(host)  # view(Size): slower
         staged.copy_(host, non_blocking=True)
         return staged
 
@@ -48,7 +48,7 @@ def take_placeholders(
     """`ids` with each placeholder (a row i with prev[i] >= 0) replaced by the token the step
     in flight sampled in its row prev[i]; `prev` on the same device as `prev_tokens`."""
     assert prev_tokens is not None, "a placeholder token with no step in flight"
-    from_prev = prev_tokens.index_select(0, prev.clamp(min=0)).to(ids.dtype)
+    from_prev = prev_tokens.index_select(0, prev.clamp(min=0))
     return torch.where(prev >= 0, from_prev, ids)
 
 
