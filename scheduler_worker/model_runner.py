@@ -62,10 +62,9 @@ class ModelRunner:
         self.decode_kernel = self.backend.decode_kernel
         self.use_ops(self.backend.ops)
         if self.use_kernels:
-            enable = getattr(self.model, "enable_decode_layers", None)
-            if enable is not None and enable():
+            if self.model.enable_decode_layers():
                 log.info("decode steps on the integer kernels: all layers in one C++ call")
-            elif enable is not None and self.weights.method != "none":
+            elif self.weights.method != "none":
                 log.info(
                     "decode steps through the modules, not one C++ call: some decoder "
                     "linear (or part of one) has no kernel (see the weights lines)"
