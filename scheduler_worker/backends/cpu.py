@@ -9,6 +9,8 @@ A step's flat token dimension, and the metadata attention.py reads:
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from common.config import ConfigError
@@ -30,7 +32,13 @@ from scheduler_worker.backends.base import (
 from scheduler_worker.backends.device import TORCH_DTYPES
 from scheduler_worker.backends.ops import CpuKernelOps
 from scheduler_worker.kv_pool import allocate_kv_pool
-from scheduler_worker.quant.linear import StepRows
+
+
+class StepRows(Protocol):
+    """The quantized linears' per-step state (quant/linear.py's StepRows): which leading
+    rows of a step the integer kernels take, set from the step's decode rows."""
+
+    def set_step(self, num_decode: int) -> None: ...
 
 
 def width_bucket(n: int) -> int:

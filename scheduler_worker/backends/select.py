@@ -9,10 +9,9 @@ import torch
 from common.config import EngineConfig
 from common.log import get_logger
 from scheduler_worker.backends.base import Backend
-from scheduler_worker.backends.cpu import CpuBackend
+from scheduler_worker.backends.cpu import CpuBackend, StepRows
 from scheduler_worker.kernels import kernel_path
 from scheduler_worker.kernels.shapes import decode_ops_refusal
-from scheduler_worker.quant.linear import StepRows
 
 log = get_logger("model_runner")
 

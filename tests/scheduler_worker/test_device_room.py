@@ -80,15 +80,34 @@ def test_no_device_branch_outside_backends():
     assert len(list(ENGINE.rglob("*.py"))) > 50  # the scan saw the engine
 
 
+def by_folder(graph: dict[str, set[str]], top: str = "scheduler_worker") -> dict[str, set[str]]:
+    """The import graph with each subpackage of `top` as one node (quant.linear and
+    quant.fp8 are scheduler_worker.quant): a folder is a room of its own."""
+
+    def unit(m: str) -> str:
+        parts = m.split(".")
+        return ".".join(parts[:2]) if parts[0] == top else m
+
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        out.setdefault(unit(m), set()).update(unit(n) for n in targets)
+    for u, targets in out.items():
+        targets.discard(u)
+    return out
+
+
 def upward_imports(graph: dict[str, set[str]], room: str = ROOM) -> list[str]:
-    """Each import "m -> n" of a module m of `room` whose target n (outside it) reaches
-    the room again through its own imports."""
+    """Each import "m -> n" of `room` (a module of it, or the folder itself) whose target
+    n (outside it) reaches the room again through its own imports."""
+
+    def inside(m: str) -> bool:
+        return m == room or m.startswith(room + ".")
 
     def reaches_room(start: str) -> bool:
         seen, todo = {start}, [start]
         while todo:
             for n in graph.get(todo.pop(), ()):
-                if n.startswith(room):
+                if inside(n):
                     return True
                 if n not in seen:
                     seen.add(n)
@@ -98,29 +117,37 @@ def upward_imports(graph: dict[str, set[str]], room: str = ROOM) -> list[str]:
     return sorted(
         f"{m} -> {n}"
         for m in graph
-        if m.startswith(room)
+        if inside(m)
         for n in graph[m]
-        if not n.startswith(room) and reaches_room(n)
+        if not inside(n) and reaches_room(n)
     )
 
 
 def test_the_import_check_sees_an_upward_import():
     graph = {
-        "x.backends.cpu": {"x.loader", "x.backends.ops", "x.kv_pool"},
+        "x.backends.cpu": {"x.loader", "x.backends.ops", "x.kv_pool", "x.quant.linear"},
         "x.backends.ops": {"x.attention"},
         "x.loader": {"x.models"},
         "x.models": {"x.backends.ops"},
+        "x.quant.linear": set(),
+        "x.quant.fp8": {"x.backends.ops"},
         "x.attention": set(),
         "x.kv_pool": set(),
     }
     assert upward_imports(graph, "x.backends") == ["x.backends.cpu -> x.loader"]
     graph["x.backends.cpu"].discard("x.loader")
     assert upward_imports(graph, "x.backends") == []
+    # a folder that another of its modules ties to backends/ is above it too
+    assert upward_imports(by_folder(graph, "x"), "x.backends") == ["x.backends -> x.quant"]
 
 
 def test_backends_import_nothing_above_them():
-    """No module of backends/ imports a module that reaches backends/ again: the room sits
-    below everything that uses it (the loader, the models, the runner)."""
+    """backends/ imports no module, nor any module of a folder, that reaches backends/
+    again: the room sits below everything that uses it (the loader, the models, quant/,
+    the runner)."""
     graph = product_graph()
     assert sum(m.startswith(ROOM) for m in graph) > 10 and "scheduler_worker.loader" in graph
     assert not upward_imports(graph), upward_imports(graph)
+    folders = by_folder(graph)
+    assert ROOM in folders and "scheduler_worker.quant" in folders
+    assert not upward_imports(folders), upward_imports(folders)
