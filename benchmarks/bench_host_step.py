@@ -68,7 +68,7 @@ def graph_like_execute(engine: LLMEngine, max_rows: int, vocab: int = VOCAB):
     tokens: cut to a few, a row can be left with none)."""
     runner = engine.runner
     inputs = StaticDecodeInputs(
-        max_rows, 64, torch.device("cpu"), False, runner.num_blocks, runner.block_size
+        max_rows, 64, torch.device("cpu"), runner.num_blocks, runner.block_size
     )
     logits = torch.randn(max_rows, vocab, generator=torch.Generator().manual_seed(0))
     # peaked as a model's: the byte-level tokens hold ~95% of the mass (a flat row makes

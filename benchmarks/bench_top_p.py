@@ -146,7 +146,7 @@ def run(shape: str, dist: str, device: str, repeat: int, skip_sort: bool, clock:
     rows, vocab = (int(x) for x in shape.split("x"))
     logits, params = make_rows(dist, rows, vocab, device)
     probs, top_ps, top_ks, candidates = prepare(logits, params)
-    branch = not sampling._async_device(probs.device)
+    branch = not sampling.enqueues_work(probs.device)
     new = top_p.top_p_thresholds(probs, top_ps, top_ks, candidates, branch)
     old = old_thresholds(probs, top_ps, top_ks, candidates, branch)
     ref = exact_reference(probs, top_ps, top_ks)

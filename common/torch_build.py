@@ -3,7 +3,7 @@ importing torch (launch.py stays torch-free: a refusal must come before anything
 
 `--device cuda` with a CPU build of torch is the one mistake this can see for certain; a
 CUDA build on a machine with no usable GPU is refused by the scheduler itself when it
-starts (scheduler_worker/loader.py: resolve_device), as torch alone can tell.
+starts (scheduler_worker/backends/device.py: resolve_device), as torch alone can tell.
 """
 
 from __future__ import annotations

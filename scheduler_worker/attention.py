@@ -243,15 +243,15 @@ DECODE_KERNELS = ("sdpa", "matmul", "paged")
 
 
 def choose_decode_kernel(
-    device: torch.device, dtype: torch.dtype, cpu_flags: str | None = None, paged: bool = False
+    dtype: torch.dtype, cpu_flags: str | None = None, paged: bool = False
 ) -> str:
-    """ "paged" (the C++ kernel reading the KV blocks in place, scheduler_worker/kernels)
+    """The CPU's decode attention (CpuBackend; a GPU's is its op set's). "paged" (the C++ kernel reading the KV blocks in place, scheduler_worker/kernels)
     on the CPU in float32 or bfloat16 whenever the kernels are built (`paged`): it skips
     the gather, the padding mask and the casts, and measured faster than both torch paths
     on every batch and context. Otherwise: SDPA, except for half precision on a CPU
     without AMX, where the fused bf16 SDPA kernel is slower than matmul + softmax +
     matmul (docs/benchmarks.md, "Serving vs the engine it wraps, transformers and
-    llama.cpp", "Decode attention kernel"). float32 and CUDA: SDPA everywhere. The
+    llama.cpp", "Decode attention kernel"). float32: SDPA everywhere. The
     environment variable ZEROSERVE_DECODE_ATTENTION=sdpa|matmul overrides the choice."""
     forced = env("DECODE_ATTENTION")
     if forced:
@@ -265,9 +265,9 @@ def choose_decode_kernel(
                 "float32/bfloat16 CPU model"
             )
         return forced
-    if paged and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+    if paged and dtype in (torch.float32, torch.bfloat16):
         return "paged"
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+    if dtype not in (torch.bfloat16, torch.float16):
         return "sdpa"
     if cpu_flags is None:
         cpu_flags = " ".join(common_cpu_flags())

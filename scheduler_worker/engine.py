@@ -65,7 +65,7 @@ class LLMEngine:
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = eos_token_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(
-            config.scheduler.resolved(self.runner.device.type),
+            config.scheduler.resolved(self.runner.backend.name),
             config.cache,
             self.runner.num_blocks,
             self.eos_token_ids,
@@ -223,8 +223,7 @@ class LLMEngine:
                 self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
                 self.grammars.drop(req.request_id)
                 self.failed.append(req.request_id)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.runner.backend.release_cached_memory()
 
     def take_failed(self) -> list[str]:
         """The requests failed since the last call (out of device memory)."""

@@ -13,10 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-import torch
-
 from common.config import Config
-from common.gpus import own_gpus
 from common.messages import EngineStatus
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.memory_report import memory_figures
@@ -38,16 +35,6 @@ def busy_split(engine: LLMEngine, ipc_time: float) -> dict[str, float]:
         clock.collect()  # the forwards the device has passed since the last launch
         split["device"], split["device_wait"] = clock.busy_s, clock.wait_s
     return split
-
-
-def placement(device: torch.device, ranks: int = 1) -> tuple[str, list[str]]:
-    """Where the replica runs, for its beats and its log line: ("cpu", []), or its GPU's
-    name and the ids of its `ranks` GPUs (tensor parallelism: rank r on the r-th) as its
-    launcher named them (common/gpus.py: CUDA_VISIBLE_DEVICES)."""
-    if device.type != "cuda":
-        return device.type, []
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_name(index), [g for i in range(ranks) for g in own_gpus(index + i)]
 
 
 def placement_text(device: str, gpus: list[str]) -> str:

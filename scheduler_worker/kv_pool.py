@@ -1,4 +1,4 @@
-"""The paged KV pool's memory: one (key, value) pair of tensors per layer, all zeros.
+"""The paged KV pool's memory on the CPU: one (key, value) pair of tensors per layer, all zeros.
 
     layer i ─▶ (K [num_blocks + 1, block_size, num_kv_heads, head_dim],
                 V [same shape])
@@ -33,16 +33,7 @@ def zero_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype).view(shape)
 
 
-def allocate_kv_pool(
-    num_layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-) -> list[KVCache]:
-    """Per layer, a zeroed (key, value) pair of `shape` on `device`."""
-    if device.type == "cpu":
-        return [(zero_pages(shape, dtype), zero_pages(shape, dtype)) for _ in range(num_layers)]
-    return [
-        (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
-        for _ in range(num_layers)
-    ]
+def allocate_kv_pool(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[KVCache]:
+    """Per layer, a zeroed (key, value) pair of `shape` in host memory (CpuBackend's pool;
+    a GPU's is CudaBackend's own)."""
+    return [(zero_pages(shape, dtype), zero_pages(shape, dtype)) for _ in range(num_layers)]

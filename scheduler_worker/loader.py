@@ -27,8 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.config import ConfigError, EngineConfig
-from common.cpu import has_native_bf16
+from common.config import EngineConfig
 from common.log import get_logger
 from common.model_files.gguf_convert import gguf_matrices
 from common.model_files.model_source import (
@@ -37,6 +36,7 @@ from common.model_files.model_source import (
     checkpoint_fp8_layout,
     gguf_source,
 )
+from scheduler_worker.backends.device import builds_on_host, resolve_device, resolve_dtype
 from scheduler_worker.dummy_weights import fill_random
 from scheduler_worker.models import (
     MODEL_REGISTRY,
@@ -66,40 +66,7 @@ from scheduler_worker.weight_report import WeightMemory, kernel_lines, weight_me
 
 log = get_logger("loader")
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _QUANT_MODULES = (QuantLinear, DequantLinear, QuantEmbedding, Fp8Linear)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        why = (
-            "this torch is a CPU build"
-            if torch.version.cuda is None
-            else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU"
-        )
-        raise ConfigError(
-            f"--device cuda: {why}; install a CUDA build of torch on a GPU machine, "
-            "or serve with --device cpu"
-        )
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
-    if name != "auto":
-        return TORCH_DTYPES[name]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if quantized:
-        # block-quantized linears take float32 activations best on every CPU measured: the
-        # kernels quantize them to 8 bits anyway, and the rest of the step (norms, rope,
-        # attention) has no casts; large steps still get bf16 GEMMs where those beat the
-        # kernels (QuantLinear's dense copy). docs/benchmarks.md, "Decode step".
-        return torch.float32
-    # CPU: bfloat16 when the CPU has native bf16 matmuls (AVX512-BF16 / AMX), measured
-    # faster than float32 for this engine (docs/benchmarks.md); float32 otherwise.
-    return torch.bfloat16 if has_native_bf16() else torch.float32
 
 
 # nn.init's in-place initializers, as the torch.nn modules call them (init.normal_(w))
@@ -228,10 +195,9 @@ def load(config: EngineConfig, model_dir: Path) -> LoadedModel:
         # the checkpoint (a GGUF matrix dequantized one at a time) copied in and converted
         # there, so no float32 copy of the model is ever held on the host; random weights
         # (--load-format dummy) are made in the model's dtype on any device
-        target = "cpu" if device.type == "cpu" else device
-        if device.type != "cpu" or dummy:
+        if not builds_on_host(device) or dummy:
             model = model.to(dtype=dtype)
-        model = model.to_empty(device=target)
+        model = model.to_empty(device=device)
         model.post_init()  # re-tie weights and rebuild rope tables lost on the meta device
         if dummy:
             fill_random(model)

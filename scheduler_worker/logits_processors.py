@@ -21,6 +21,7 @@ from itertools import chain
 import torch
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.backends.device import to_device
 
 
 @dataclass
@@ -43,18 +44,8 @@ def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor onto `device`: to a GPU through pinned memory, non-blocking (a
-    pageable copy waits for the stream, which holds the forward)."""
-    if t.device == device:
-        return t
-    if t.device.type == "cpu" and device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
 def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):
-    return _to(torch.tensor(values, dtype=dtype), device)
+    return to_device(torch.tensor(values, dtype=dtype), device)
 
 
 def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -64,7 +55,7 @@ def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device)
     rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
     ids = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.long)
     keep = (ids >= 0) & (ids < vocab)
-    return _to(rows[keep] * vocab + ids[keep], device)
+    return to_device(rows[keep] * vocab + ids[keep], device)
 
 
 def mask_stop_tokens(
@@ -100,11 +91,11 @@ def apply_token_masks(
     else:
         out = logits.clone(memory_format=torch.contiguous_format)
     words = [r.token_bitmask for r in rows if r.token_bitmask is not None]
-    if isa is not None and out.device.type == "cpu" and out.dtype == torch.float32:
+    if isa is not None and out.dtype == torch.float32:  # isa: the CPU backend's
         torch.ops.zeroserve.token_bitmask_(out, idx, [w.cpu() for w in words], isa)
         return out
     vocab = out.shape[1]
-    packed = _to(torch.stack(words), out.device)
+    packed = to_device(torch.stack(words), out.device)
     shifts = torch.arange(32, dtype=torch.int32, device=out.device)
     bits = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(idx), -1)[:, :vocab]
     if bits.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden

@@ -26,6 +26,7 @@ import mmap
 
 import torch
 
+from scheduler_worker.backends.device import in_host_memory
 from scheduler_worker.heap import arena_ranges, heap_figures
 
 PAGE = mmap.PAGESIZE
@@ -74,7 +75,7 @@ def resident_tensor_bytes(tensors: list[torch.Tensor]) -> int | None:
         return None
     total = 0
     for t in tensors:
-        if t.device.type != "cpu" or t.numel() == 0:
+        if not in_host_memory(t) or t.numel() == 0:
             continue
         n = _resident(t.data_ptr(), t.numel() * t.element_size())
         if n is None:

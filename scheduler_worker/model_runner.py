@@ -18,8 +18,9 @@ from common.log import get_logger
 from common.model_facts import context_length
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import SeqInput, StepInputs, step_order
-from scheduler_worker.backends.select import make_backend
-from scheduler_worker.loader import TORCH_DTYPES, load, resolve_device, resolve_dtype
+from scheduler_worker.backends.device import TORCH_DTYPES, resolve_device, resolve_dtype
+from scheduler_worker.backends.select import ModelShape, make_backend
+from scheduler_worker.loader import load
 from scheduler_worker.parallel.group import tp_group
 from scheduler_worker.parallel.step_channel import EXECUTE, PROMPT_LOGITS, StepChannel
 from scheduler_worker.quant.linear import QuantLinear, StepRows
@@ -50,17 +51,20 @@ class ModelRunner:
             if isinstance(mod, QuantLinear):
                 mod.step_rows = self.step_rows
         self.max_model_len = context_length(self.args.hf_config, config.model.max_model_len)
-        self.backend = make_backend(config, loaded, self.step_rows, self.max_model_len)
+        a = self.args
+        facts = ModelShape(
+            self.device, self.dtype, a.num_heads, a.num_kv_heads, a.head_dim, self.weights.isa
+        )
+        self.backend = make_backend(config, facts, self.step_rows, self.max_model_len)
         self.kernel_isa = self.backend.kernel_isa  # C++ path; None: none
         self.use_kernels = self.kernel_isa is not None
         self.isa_index = self.backend.isa_index
         self.decode_kernel = self.backend.decode_kernel
         self.use_ops(self.backend.ops)
         if self.use_kernels:
-            enable = getattr(self.model, "enable_decode_layers", None)
-            if enable is not None and enable():
+            if self.model.enable_decode_layers():
                 log.info("decode steps on the integer kernels: all layers in one C++ call")
-            elif enable is not None and self.weights.method != "none":
+            elif self.weights.method != "none":
                 log.info(
                     "decode steps through the modules, not one C++ call: some decoder "
                     "linear (or part of one) has no kernel (see the weights lines)"

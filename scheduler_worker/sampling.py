@@ -25,10 +25,10 @@ default `raw_logprobs` too): a token the grammar forbids keeps its logprob in th
 No host sync on a GPU: `Sampler.sample` only enqueues work and returns a DeviceSample (its
 `start_copy` copies the tokens into pinned memory behind an event, `result()` waits for
 that event alone), so the engine can launch the next step first. Host lists reach the
-device through pinned memory, non-blocking (`logits_processors._to`); rows move by
+device through pinned memory, non-blocking (`backends.device.to_device`); rows move by
 index_select / index_copy_ / index_fill_, never a bool mask; nothing branches on the
 data: top-p by a radix search of the threshold (scheduler_worker.top_p, no sort of the
-vocabulary) and the +inf/NaN repair on every row, where a CPU (`_async_device`) tries a
+vocabulary) and the +inf/NaN repair on every row, where a CPU (`enqueues_work`) tries a
 window of the most likely tokens first and repairs only the rows that need it, for the
 same tokens. A top-k row's top-p cut comes from its top-k candidates alone.
 
@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.backends.device import HostCopy, enqueues_work
 from scheduler_worker.logits_processors import (
     SamplingRow,
     _tensor,
@@ -95,28 +96,21 @@ class DeviceSample:
     sampled_logprobs: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
     top_logprobs: torch.Tensor | None = None
-    _host: list[torch.Tensor | None] | None = field(default=None, init=False, repr=False)
-    _copied: torch.cuda.Event | None = field(default=None, init=False, repr=False)
+    _host: HostCopy | None = field(default=None, init=False, repr=False)
 
     def start_copy(self) -> DeviceSample:
-        """Enqueue the copies to the host (pinned, non-blocking, then an event): no wait.
-        On a CPU the tensors are kept as they are. Idempotent."""
+        """Enqueue the copies to the host (backends/device.py, HostCopy): no wait.
+        Idempotent."""
         if self._host is None:
             tensors = [self.token_ids, self.sampled_logprobs, self.top_ids, self.top_logprobs]
-            gpu = self.token_ids.device.type == "cuda"
-            self._host = [_pinned_copy(t) if gpu and t is not None else t for t in tensors]
-            if gpu:
-                self._copied = torch.cuda.Event()
-                self._copied.record(torch.cuda.current_stream(self.token_ids.device))
+            self._host = HostCopy(tensors)
         return self
 
     def result(self) -> SamplerOutput:
         """The host lists, once the copies are done (start_copy first if not yet)."""
-        self.start_copy()
-        if self._copied is not None:
-            self._copied.synchronize()
-        assert self._host is not None
-        tokens, sampled, ids, lps = (t.tolist() if t is not None else [] for t in self._host)
+        host = self.start_copy()._host
+        assert host is not None
+        tokens, sampled, ids, lps = (t.tolist() if t is not None else [] for t in host.wait())
         out: list[TokenLogprobs | None] = [None] * len(tokens)
         for j, (i, k) in enumerate(zip(self.logprob_rows, self.num_top)):
             top_ids, top_lps = (ids[j][:k], lps[j][:k]) if ids else ([], [])
@@ -161,15 +155,6 @@ def plain_greedy_params(p: SamplingParams) -> bool:
     return is_greedy(p) and not has_penalty(p) and not p.logit_bias and p.logprobs is None
 
 
-def _async_device(device: torch.device) -> bool:
-    """Work there is only enqueued: any data-dependent branch would wait for it."""
-    return device.type != "cpu"
-
-
-def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-
-
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k (on logits), top-p and min-p (on the probabilities that top-k
     left): unnormalized probabilities with the filtered tokens at 0."""
@@ -189,16 +174,16 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     # 1e-38 divides them by it), and a +inf or NaN logit makes its whole row NaN: such
     # rows again with the largest finite value for +inf. On a CPU only the rows that need
     # it (one pass over the rest is saved); on a GPU every row (no branch on the data)
-    if _async_device(dev):
+    if enqueues_work(dev):
         logits = _finite(logits)  # the same on rows without +inf/NaN
     probs = logits.softmax(dim=-1)
-    if not _async_device(dev):
+    if not enqueues_work(dev):
         bad = probs[:, 0].isnan()
         if bool(bad.any()):
             probs[bad] = _finite(logits[bad]).softmax(dim=-1)
     # the smallest probability each row keeps
     top_ps = [p.top_p for p in params]
-    thresh = top_p_thresholds(probs, top_ps, ks, candidates, not _async_device(dev))
+    thresh = top_p_thresholds(probs, top_ps, ks, candidates, not enqueues_work(dev))
     if any(p.min_p > 0.0 for p in params):
         min_p = _tensor([p.min_p for p in params], dev)[:, None]
         thresh = torch.maximum(thresh, probs.amax(dim=-1, keepdim=True) * min_p)

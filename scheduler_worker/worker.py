@@ -49,7 +49,6 @@ from scheduler_worker.engine_status import (
     MemoryCadence,
     busy_split,
     engine_status,
-    placement,
     placement_text,
 )
 from scheduler_worker.heap import release_freed_heap
@@ -119,7 +118,8 @@ class SchedulerWorker:
         self.ipc_time = 0.0  # seconds spent encoding and sending outputs
         self.memory = MemoryCadence(self.engine, config.heartbeat_s)  # for the beats
         # its device and GPUs, named (every rank's)
-        self.where = placement(self.engine.runner.device, config.engine.model.tensor_parallel_size)
+        tp = config.engine.model.tensor_parallel_size
+        self.where = self.engine.runner.backend.placement(tp)
 
     # ---- messages in --------------------------------------------------------
     def handle(self, msg) -> None:

@@ -22,8 +22,10 @@ import torch
 
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.block_tables import BlockTables
+from scheduler_worker.backends.device import to_device
 from scheduler_worker.backends.device_clock import DeviceClock
 from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
+from scheduler_worker.backends.staging import take_placeholders
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -150,6 +152,14 @@ class Backend:
         self.prev_tokens: torch.Tensor | None = None  # the step in flight's sampled tokens
         self.chained = False  # this step launches while the one before it is in flight
 
+    def placement(self, ranks: int = 1) -> tuple[str, list[str]]:
+        """Where the replica runs, for its beats and its log line: ("cpu", []), or a GPU's
+        name and the ids of its `ranks` GPUs as its launcher named them."""
+        return self.device.type, []
+
+    def release_cached_memory(self) -> None:
+        """The allocator's cached device memory given back (after a step ran out of it)."""
+
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:
         raise NotImplementedError
@@ -199,15 +209,11 @@ class Backend:
                 return tokens
         return model.compute_logits(hidden).float()  # type: ignore[operator]
 
-    def resolve_prev(self, ids: torch.Tensor, prev_rows: list[int], rows: list[int]) -> None:
-        """Overlapped scheduling: ids[rows[i]] = the in-flight step's token of row
-        prev_rows[i], read on the device (no host round trip)."""
-        if not rows:
+    def resolve_prev(self, ids: torch.Tensor, prev: list[int]) -> None:
+        """Overlapped scheduling: ids[i] = the in-flight step's token of its row prev[i]
+        where prev[i] >= 0 (the first len(prev) ids), read on the device (staging.py)."""
+        n = len(prev)
+        if n == 0 or max(prev) < 0:
             return
-        assert self.prev_tokens is not None, "a placeholder token with no step in flight"
-        dev, pin = ids.device, ids.device.type == "cuda"
-        src, dst = (torch.tensor(v, dtype=torch.long) for v in (prev_rows, rows))
-        if pin:  # a pageable copy may wait for the step in flight
-            src, dst = src.pin_memory(), dst.pin_memory()
-        src, dst = src.to(dev, non_blocking=True), dst.to(dev, non_blocking=True)
-        ids.index_copy_(0, dst, self.prev_tokens.index_select(0, src).to(ids.dtype))
+        col = to_device(torch.tensor(prev, dtype=torch.long), ids.device)
+        ids[:n].copy_(take_placeholders(ids[:n], col, self.prev_tokens))

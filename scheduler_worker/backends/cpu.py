@@ -9,6 +9,8 @@ A step's flat token dimension, and the metadata attention.py reads:
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from common.config import ConfigError
@@ -27,10 +29,16 @@ from scheduler_worker.backends.base import (
     StepInputs,
     step_order,
 )
+from scheduler_worker.backends.device import TORCH_DTYPES
 from scheduler_worker.backends.ops import CpuKernelOps
 from scheduler_worker.kv_pool import allocate_kv_pool
-from scheduler_worker.loader import TORCH_DTYPES
-from scheduler_worker.quant.linear import StepRows
+
+
+class StepRows(Protocol):
+    """The quantized linears' per-step state (quant/linear.py's StepRows): which leading
+    rows of a step the integer kernels take, set from the step's decode rows."""
+
+    def set_step(self, num_decode: int) -> None: ...
 
 
 def width_bucket(n: int) -> int:
@@ -71,7 +79,7 @@ class DecodeInputs:
         ids, pos, slots, ctx, tables = self.np
         # past a row's blocks: the tables' pad, a block of the pool no kernel reads
         p, tables[:n, :w], slots[:n] = rows.staged(bs, w)
-        ids[:n] = rows.token_ids  # a placeholder (-1): CpuBackend._resolve
+        ids[:n] = rows.token_ids  # a placeholder (-1): resolve_prev
         pos[:n] = p
         ctx[:n] = p + 1
         return w
@@ -92,7 +100,7 @@ class CpuBackend(Backend):
         self.isa_index = 0 if kernel_isa is None else kernels.isa_index(kernel_isa)
         if kernel_isa is not None:
             self.ops = CpuKernelOps(self.isa_index)
-        self.decode_kernel = choose_decode_kernel(self.device, dtype, paged=kernel_isa is not None)
+        self.decode_kernel = choose_decode_kernel(dtype, paged=kernel_isa is not None)
         # the paged kernel's rows are computed alone: a verify as decode rows is exact
         self.verify_as_decode_rows = self.decode_kernel == "paged"
         self.step_rows = step_rows  # which rows of a step the integer kernels take
@@ -126,7 +134,7 @@ class CpuBackend(Backend):
     def allocate_kv_pool(
         self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype
     ) -> list[KVCache]:
-        return allocate_kv_pool(num_layers, shape, dtype, self.device)
+        return allocate_kv_pool(num_layers, shape, dtype)
 
     def before_forward(self, meta: AttentionMetadata) -> None:
         self.step_rows.set_step(meta.num_decode)
@@ -186,16 +194,10 @@ class CpuBackend(Backend):
                 )
         ids = torch.tensor(input_ids, dtype=torch.long)
         pos = torch.tensor(positions, dtype=torch.long)
-        self._resolve(ids, [seqs[i].prev_row for i in order[:num_decode]])
+        self.resolve_prev(ids, [seqs[i].prev_row for i in order[:num_decode]])  # decodes lead
         if self.decode_kernel == "paged":
             _paged_rows(meta, [seqs[i] for i in order], bs, pos)
         return ids, pos, meta
-
-    def _resolve(self, ids: torch.Tensor, prev_rows: list[int]) -> None:
-        """Placeholder tokens (overlapped scheduling) of the leading decode rows."""
-        pairs = [(r, i) for i, r in enumerate(prev_rows) if r >= 0]
-        if pairs:
-            self.resolve_prev(ids, [p for p, _ in pairs], [i for _, i in pairs])
 
     def _prepare_decode(
         self, buf: DecodeInputs, rows: DecodeRows
@@ -218,7 +220,7 @@ class CpuBackend(Backend):
         if self.decode_kernel != "paged":
             cols = w * self.block_size
             meta.decode_mask = (torch.arange(cols)[None, :] < ctx_t[:, None]).view(m, 1, 1, -1)
-        self._resolve(buf.ids, rows.prev_rows)
+        self.resolve_prev(buf.ids, rows.prev_rows)
         return buf.ids[:m], buf.pos[:m], meta
 
     def _prefill_slice(self, offset: int, n: int, start: int, table: list[int]) -> PrefillSlice:

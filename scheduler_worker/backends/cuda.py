@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from common.config import ConfigError
+from common.gpus import own_gpus
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends import triton_decode
@@ -32,10 +33,12 @@ from scheduler_worker.backends.base import (
     decode_only,
     step_order,
 )
+from scheduler_worker.backends.device import TORCH_DTYPES, fp8_problem, to_device
 from scheduler_worker.backends.device_clock import DeviceClock
 from scheduler_worker.backends.graphs import (
     DecodeGraphs,
     Graph,
+    MakeGraph,
     StaticDecodeInputs,
     capture_sizes,
 )
@@ -43,8 +46,6 @@ from scheduler_worker.backends.mixed_graphs import MixedGraphs, capture_mixed_gr
 from scheduler_worker.backends.triton_attention import table_width
 from scheduler_worker.backends.triton_ops import TritonOps
 from scheduler_worker.backends.warm_up import warm_up
-from scheduler_worker.loader import TORCH_DTYPES
-from scheduler_worker.quant.fp8 import fp8_device_problem
 
 log = get_logger("cuda")
 
@@ -90,13 +91,28 @@ class CudaBackend(Backend):
         # the forwards' time on the device, and its waits between them (device_clock.py)
         self.clock = DeviceClock(lambda: torch.cuda.Event(enable_timing=True)) if on_gpu else None
 
+    def placement(self, ranks: int = 1) -> tuple[str, list[str]]:
+        """The GPU's name and its ranks' GPU ids (tensor parallelism: rank r on the r-th),
+        as the launcher named them (common/gpus.py: CUDA_VISIBLE_DEVICES)."""
+        dev = self.device
+        if dev.type != "cuda":  # the tests' stand-in device
+            return super().placement(ranks)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_name(index), [
+            g for i in range(ranks) for g in own_gpus(index + i)
+        ]
+
+    def release_cached_memory(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     # ---- the KV pool ----------------------------------------------------------
     def kv_cache_dtype(self, want: str) -> torch.dtype:
         """auto: the model's dtype. The kernels read float32 / bfloat16 / float16, and fp8:
         E4M3 at scale 1, half bf16's bytes, twice the tokens (docs/fp8.md), sm_89 on."""
         if want != "fp8":
             return self.dtype if want == "auto" else TORCH_DTYPES[want]
-        if self.device.type == "cuda" and (why := fp8_device_problem(self.device)):
+        if why := fp8_problem(self.device):
             raise ConfigError(f"--kv-cache-dtype fp8: {why}")
         return torch.float8_e4m3fn
 
@@ -221,10 +237,7 @@ class CudaBackend(Backend):
         )  # fmt: skip
 
     def capture(
-        self,
-        model: torch.nn.Module,
-        kv_caches: list[KVCache],
-        make_graph: Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]],
+        self, model: torch.nn.Module, kv_caches: list[KVCache], make_graph: MakeGraph
     ) -> DecodeGraphs | None:
         """One graph per bucket (make_graph: capture a step, return the graph and its
         output), largest first. Out of memory: the sizes captured so far, or None."""
@@ -232,21 +245,14 @@ class CudaBackend(Backend):
         sizes = capture_sizes(self.max_num_seqs)
         max_blocks = table_width(-(-self.max_model_len // self.block_size))
         inputs = StaticDecodeInputs(
-            max(sizes), max_blocks, self.device, self.device.type == "cuda",
-            self.scratch_block, self.block_size,
-        )  # fmt: skip
+            max(sizes), max_blocks, self.device, self.scratch_block, self.block_size
+        )
 
         def make_meta(b: int) -> AttentionMetadata:
             return inputs.meta(b, "triton", 0, self.splits(b))
 
         graphs = DecodeGraphs(inputs, sizes, make_meta)
-        try:
-            with torch.inference_mode():
-                for b in reversed(sizes):
-                    graphs.add(b, *make_graph(graphs.step_fn(model, kv_caches, b)))
-        except torch.OutOfMemoryError:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+        if not graphs.capture(model, kv_caches, make_graph):
             if not graphs.graphs:
                 log.warning("out of GPU memory capturing decode graphs: every step runs eagerly")
                 return None
@@ -260,7 +266,7 @@ class CudaBackend(Backend):
         if len(graphs.graphs) == len(sizes):  # no memory left for more otherwise
             self.mixed = capture_mixed_graphs(
                 model, kv_caches, make_graph,
-                dict(max_blocks=max_blocks, device=self.device, pin=self.device.type == "cuda",
+                dict(max_blocks=max_blocks, device=self.device,
                      scratch_block=self.scratch_block, block_size=self.block_size),
                 self.max_num_seqs, self.max_num_batched_tokens,
             )  # fmt: skip
@@ -299,7 +305,7 @@ class CudaBackend(Backend):
         starts = [0]
         seq_lens: list[int] = []
         last_index = [0] * len(seqs)
-        prev: list[tuple[int, int]] = []
+        prev: list[int] = []  # each token's row in the step in flight (-1: its id is known)
         width = table_width(max(-(-(s.num_computed + len(s.token_ids)) // bs) for s in seqs))
         tables: list[list[int]] = []
         for i in order:
@@ -307,8 +313,7 @@ class CudaBackend(Backend):
             start, n = s.num_computed, len(s.token_ids)
             slots.extend(s.slots(bs))
             offset = len(ids)
-            if s.prev_row >= 0:
-                prev.append((s.prev_row, offset))
+            prev += [s.prev_row] + [-1] * (n - 1)
             ids.extend(max(t, 0) for t in s.token_ids)
             positions.extend(range(start, start + n))
             last_index[i] = offset + n - 1 if s.sample else -1
@@ -317,12 +322,8 @@ class CudaBackend(Backend):
             row = s.block_table[:width]
             tables.append(row + [self.scratch_block] * (width - len(row)))
 
-        pin = dev.type == "cuda"
-
         def put(values, dtype=torch.long) -> torch.Tensor:
-            # from pinned memory: a pageable copy may wait for the step in flight
-            host = torch.tensor(values, dtype=dtype)
-            return (host.pin_memory() if pin else host).to(dev, non_blocking=True)
+            return to_device(torch.tensor(values, dtype=dtype), dev)
 
         lens_t = put(seq_lens, torch.int32)
         tables_t = put(tables, torch.int32)
@@ -340,6 +341,5 @@ class CudaBackend(Backend):
             meta.decode_block_tables, meta.decode_context_lens = tables_t, lens_t
             meta.num_splits = self.splits(num_decode)
         ids_t = put(ids)
-        if prev:
-            self.resolve_prev(ids_t, [p for p, _ in prev], [r for _, r in prev])
+        self.resolve_prev(ids_t, prev)
         return ids_t, put(positions), meta

@@ -4,16 +4,15 @@ prompt tokens: mixed_graphs.py).
     sizes:   1, 2, 4, 8, 16, 24, ... up to max_num_seqs (rounded up to 8), as vLLM
     a step of n decodes ──▶ bucket b = the smallest size >= n
          host: ids, positions, slots, context lens, block tables of the n rows
-               ──▶ a pinned staging buffer (one of two, in turn) ──one copy──▶ the device
+               ──▶ a pinned staging buffer (one of two, in turn: staging.py) ──one copy──▶
+               the device
          device: staged rows ──▶ the graph's static inputs [:b]; rows n..b-1 are padding:
                token 0 at position 0, its K/V written to the scratch slot (a block the
                block manager never hands out), context length 1 (attends that slot)
          replay graph b ──▶ logits [b, vocab] (static output) ──▶ rows [:n]
 
 Everything the captured kernels read lives at a fixed address (StaticDecodeInputs), so a
-replay is one launch for the whole model. The staging buffers alternate because the host
-prepares step N+1 while the device may still be copying step N's inputs (overlapped
-scheduling): a buffer is written again only two steps later, after its copy ran.
+replay is one launch for the whole model.
 
 The graph type is injected: CUDA graphs on a GPU, and in tests a stand-in that records
 the captured callable and calls it again on replay (CPU), so that bucketing, padding and
@@ -31,6 +30,7 @@ import torch
 
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import DecodeRows, KVCache, StepInputs
+from scheduler_worker.backends.staging import StaticTokens
 
 # staged per row before its block table: token, position, slot, context length, and the
 # row of the step in flight whose sampled token is this row's (-1: the token is known)
@@ -53,6 +53,10 @@ def bucket_for(n: int, sizes: list[int]) -> int | None:
 
 class Graph(Protocol):
     def replay(self) -> None: ...
+
+
+# captures a step (a callable returning its logits): the graph and its static output
+MakeGraph = Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]]
 
 
 class StandInGraph:
@@ -92,28 +96,23 @@ class SharedLogits:
         return out
 
 
-class StaticDecodeInputs:
-    """The graphs' inputs at fixed addresses, sized for the largest bucket."""
+class StaticDecodeInputs(StaticTokens):
+    """The graphs' inputs at fixed addresses, sized for the largest bucket: the token
+    columns (staging.py) and each row's context length and block table."""
 
     def __init__(
         self,
         max_rows: int,
         max_blocks: int,
         device: torch.device,
-        pin: bool,
         scratch_block: int,
         block_size: int,
     ) -> None:
-        self.max_rows, self.max_blocks, self.device = max_rows, max_blocks, device
-        self.scratch_block, self.block_size = scratch_block, block_size
-        width = COLS + max_blocks
-        self.staged = torch.zeros(max_rows * width, dtype=torch.long, device=device)
-        self.host = [torch.zeros(max_rows * width, dtype=torch.long, pin_memory=pin) for _ in "ab"]
-        self.turn = 0
-        self.ids = torch.zeros(max_rows, dtype=torch.long, device=device)
-        self.pos = torch.zeros(max_rows, dtype=torch.long, device=device)
+        super().__init__(
+            max_rows, max_rows * (COLS + max_blocks), device, scratch_block, block_size
+        )
+        self.max_rows, self.max_blocks = max_rows, max_blocks
         # every row a padding row until filled (the capture's warm-up runs on these)
-        self.slots = torch.full((max_rows,), scratch_block * block_size, device=device)
         self.ctx = torch.ones(max_rows, dtype=torch.long, device=device)
         self.tables = torch.full(
             (max_rows, max_blocks), scratch_block, dtype=torch.long, device=device
@@ -136,9 +135,7 @@ class StaticDecodeInputs:
             raise ValueError(f"a decode of {w} blocks, past the graphs' {self.max_blocks}")
         pos, tables, slots = rows.staged(bs, w)
         width = COLS + w
-        host = self.host[self.turn]
-        self.turn ^= 1
-        staged_rows = host[: b * width].view(b, width)
+        staged_rows = self.staging.next_host()[: b * width].view(b, width)
         a = staged_rows.numpy()
         a[n:, 0:2] = 0
         a[n:, 2] = self.scratch_block * bs  # padding: K/V into the scratch slot, and
@@ -153,18 +150,9 @@ class StaticDecodeInputs:
         a[:n, 4] = rows.prev_rows
         a[:n, COLS:] = tables  # past a row's blocks: read by no kernel
         num_prev = n - rows.prev_rows.count(-1)
-        # one copy, from pinned memory: a pageable one may wait for the step in flight
-        staged = self.staged[: b * width].view(b, width)
-        staged.copy_(staged_rows, non_blocking=True)
-        if num_prev:
-            assert prev_tokens is not None, "a placeholder token with no step in flight"
-            prev = staged[:, 4]
-            from_prev = prev_tokens.index_select(0, prev.clamp(min=0))
-            self.ids[:b].copy_(torch.where(prev >= 0, from_prev, staged[:, 0]))
-        else:
-            self.ids[:b].copy_(staged[:, 0])
-        self.pos[:b].copy_(staged[:, 1])
-        self.slots[:b].copy_(staged[:, 2])
+        staged = self.staging.send(staged_rows)
+        prev = staged[:, 4] if num_prev else None
+        self.put_tokens(staged[:, 0], staged[:, 1], staged[:, 2], prev, prev_tokens)
         self.ctx[:b].copy_(staged[:, 3])
         self.tables[:b, :w].copy_(staged[:, COLS:])
         return num_prev
@@ -190,14 +178,37 @@ class GraphSet:
     """The graphs of one kind (decode: here; mixed: mixed_graphs.py), by size, each with
     its static output: the first rows of one SharedLogits buffer."""
 
-    def __init__(self) -> None:
+    def __init__(self, inputs: StaticTokens, sizes: list[int]) -> None:
+        self.inputs, self.sizes = inputs, sizes
         self.graphs: dict[int, Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.logits = SharedLogits()
 
+    def step_fn(
+        self, model: torch.nn.Module, kv_caches: list[KVCache], size: int
+    ) -> Callable[[], torch.Tensor]:
+        """What the graph of `size` runs, from the static inputs, into the shared logits."""
+        raise NotImplementedError
+
     def add(self, size: int, graph: Graph, output: torch.Tensor) -> None:
         self.graphs[size] = graph
         self.outputs[size] = output
+
+    def capture(
+        self, model: torch.nn.Module, kv_caches: list[KVCache], make_graph: MakeGraph
+    ) -> bool:
+        """One graph a size, largest first (make_graph: capture a step, return the graph
+        and its output). Out of device memory: the sizes captured so far are kept (the
+        larger ones) and the rest run eagerly; returns whether every size was captured."""
+        try:
+            with torch.inference_mode():
+                for size in sorted(self.sizes, reverse=True):
+                    self.add(size, *make_graph(self.step_fn(model, kv_caches, size)))
+        except torch.OutOfMemoryError:
+            if self.inputs.device.type == "cuda":
+                torch.cuda.synchronize(self.inputs.device)
+            return False
+        return True
 
     @property
     def max_size(self) -> int:
@@ -221,8 +232,8 @@ class DecodeGraphs(GraphSet):
         sizes: list[int],
         make_meta: Callable[[int], AttentionMetadata],
     ) -> None:
-        super().__init__()
-        self.inputs, self.sizes = inputs, sizes
+        super().__init__(inputs, sizes)
+        self.inputs: StaticDecodeInputs = inputs
         self.make_meta = make_meta
 
     def step_fn(

@@ -5,6 +5,7 @@
     of a long one) ──▶ size t = the smallest >= n, s = min(t, max_num_seqs) sequences
          host: ids, positions, slots, placeholder rows, query starts, context lengths,
                the rows to sample, block tables ──▶ a pinned buffer ──one copy──▶ the device
+               (staging.py, as a decode step's)
          padding: tokens n..t-1 write the scratch slot and belong to no sequence;
                sequences k..s-1 have no tokens (their tiles of the kernel return at once)
          replay graph t ──▶ logits of the sampled rows (static output)
@@ -24,7 +25,8 @@ import torch
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import KVCache, SeqInput, step_order
-from scheduler_worker.backends.graphs import Graph, GraphSet
+from scheduler_worker.backends.graphs import GraphSet, MakeGraph
+from scheduler_worker.backends.staging import StaticTokens
 
 log = get_logger("cuda")
 
@@ -40,10 +42,10 @@ def mixed_sizes(max_num_batched_tokens: int) -> list[int]:
     return sizes
 
 
-class StaticMixedInputs:
+class StaticMixedInputs(StaticTokens):
     """A mixed step's inputs at fixed addresses, for up to `max_tokens` tokens of up to
-    `max_seqs` sequences, staged as a decode step's are: one pinned buffer (of two, in
-    turn), one copy, then the static tensors."""
+    `max_seqs` sequences: the token columns (staging.py) and, per sequence, its query
+    start, context length, sampled row and block table."""
 
     def __init__(
         self,
@@ -51,20 +53,13 @@ class StaticMixedInputs:
         max_seqs: int,
         max_blocks: int,
         device: torch.device,
-        pin: bool,
         scratch_block: int,
         block_size: int,
     ) -> None:
-        self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
-        self.device, self.scratch_block, self.block_size = device, scratch_block, block_size
         size = 4 * max_tokens + 3 * max_seqs + 1 + max_seqs * max_blocks
-        self.staged = torch.zeros(size, dtype=torch.long, device=device)
-        self.host = [torch.zeros(size, dtype=torch.long, pin_memory=pin) for _ in "ab"]
-        self.turn = 0
-        t, s = max_tokens, max_seqs
-        self.ids = torch.zeros(t, dtype=torch.long, device=device)
-        self.pos = torch.zeros(t, dtype=torch.long, device=device)
-        self.slots = torch.full((t,), scratch_block * block_size, device=device)
+        super().__init__(max_tokens, size, device, scratch_block, block_size)
+        self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
+        s = max_seqs
         self.query_start = torch.zeros(s + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(s, dtype=torch.int32, device=device)
         self.logits_rows = torch.zeros(s, dtype=torch.long, device=device)
@@ -80,17 +75,16 @@ class StaticMixedInputs:
         w = max(-(-(q.num_computed + len(q.token_ids)) // bs) for q in seqs)
         if w > self.max_blocks:
             raise ValueError(f"a step of {w} blocks, past the graphs' {self.max_blocks}")
-        host = self.host[self.turn]
-        self.turn ^= 1
+        o = 4 * t
+        host = self.staging.next_host()[: o + 3 * s + 1 + s * w]
         a = host.numpy()
         ids, pos, slots, prev = (a[k * t : (k + 1) * t] for k in range(4))
-        o = 4 * t
         qs, lens, rows = (
             a[o : o + s + 1],
             a[o + s + 1 : o + 2 * s + 1],
             a[o + 2 * s + 1 : o + 3 * s + 1],
         )
-        tables = a[o + 3 * s + 1 : o + 3 * s + 1 + s * w].reshape(s, w)
+        tables = a[o + 3 * s + 1 :].reshape(s, w)
         ids[:], pos[:], slots[:], prev[:] = 0, 0, scratch * bs, -1
         lens[:], rows[:], tables[:] = 1, 0, scratch
         starts = [0] * len(seqs)
@@ -114,22 +108,13 @@ class StaticMixedInputs:
             if q.sample:
                 rows[sampled] = starts[i] + len(q.token_ids) - 1
                 sampled += 1
-        used = o + 3 * s + 1 + s * w
-        staged = self.staged[:used]
-        staged.copy_(host[:used], non_blocking=True)
+        staged = self.staging.send(host)
         v = [staged[k * t : (k + 1) * t] for k in range(4)]
-        if bool((prev >= 0).any()):
-            assert prev_tokens is not None, "a placeholder token with no step in flight"
-            from_prev = prev_tokens.index_select(0, v[3].clamp(min=0))
-            self.ids[:t].copy_(torch.where(v[3] >= 0, from_prev, v[0]))
-        else:
-            self.ids[:t].copy_(v[0])
-        self.pos[:t].copy_(v[1])
-        self.slots[:t].copy_(v[2])
+        self.put_tokens(v[0], v[1], v[2], v[3] if bool((prev >= 0).any()) else None, prev_tokens)
         self.query_start[: s + 1].copy_(staged[o : o + s + 1])
         self.seq_lens[:s].copy_(staged[o + s + 1 : o + 2 * s + 1])
         self.logits_rows[:s].copy_(staged[o + 2 * s + 1 : o + 3 * s + 1])
-        self.tables[:s, :w].copy_(staged[o + 3 * s + 1 : o + 3 * s + 1 + s * w].view(s, w))
+        self.tables[:s, :w].copy_(staged[o + 3 * s + 1 :].view(s, w))
         return sampled
 
     def meta(self, t: int, s: int) -> AttentionMetadata:
@@ -152,15 +137,17 @@ class MixedGraphs(GraphSet):
     replay(seqs) runs a step of at most max_size tokens."""
 
     def __init__(self, inputs: StaticMixedInputs, sizes: list[int], max_num_seqs: int) -> None:
-        super().__init__()
-        self.inputs, self.sizes, self.max_num_seqs = inputs, sizes, max_num_seqs
+        super().__init__(inputs, sizes)
+        self.inputs: StaticMixedInputs = inputs
+        self.max_num_seqs = max_num_seqs
 
     def seqs_for(self, t: int) -> int:
         return min(t, self.max_num_seqs)
 
     def step_fn(
-        self, model: torch.nn.Module, kv_caches: list[KVCache], t: int
+        self, model: torch.nn.Module, kv_caches: list[KVCache], size: int
     ) -> Callable[[], torch.Tensor]:
+        t = size
         inp, s = self.inputs, self.seqs_for(t)
         meta = inp.meta(t, s)
 
@@ -186,27 +173,21 @@ class MixedGraphs(GraphSet):
 def capture_mixed_graphs(
     model: torch.nn.Module,
     kv_caches: list[KVCache],
-    make_graph: Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]],
+    make_graph: MakeGraph,
     inputs_args: dict,
     max_num_seqs: int,
     max_num_batched_tokens: int,
 ) -> MixedGraphs | None:
-    """One graph per mixed-step size, largest first (make_graph as DecodeGraphs'); out of
-    memory keeps those captured so far and says so. `inputs_args`: StaticMixedInputs'
-    max_blocks, device, pin, scratch_block and block_size."""
+    """One graph per mixed-step size, largest first (GraphSet.capture); out of memory keeps
+    those captured so far and says so. `inputs_args`: StaticMixedInputs' max_blocks,
+    device, scratch_block and block_size."""
     sizes = mixed_sizes(max_num_batched_tokens)
     if not sizes:
         return None
     top = max(sizes)
     inputs = StaticMixedInputs(top, min(top, max_num_seqs), **inputs_args)
     mixed = MixedGraphs(inputs, sizes, max_num_seqs)
-    try:
-        with torch.inference_mode():
-            for t in reversed(sizes):
-                mixed.add(t, *make_graph(mixed.step_fn(model, kv_caches, t)))
-    except torch.OutOfMemoryError:
-        if inputs.device.type == "cuda":
-            torch.cuda.synchronize(inputs.device)
+    if not mixed.capture(model, kv_caches, make_graph):
         log.warning(
             "out of GPU memory capturing mixed-step graphs: kept %s; larger steps with "
             "prompt tokens run eagerly",

@@ -38,6 +38,15 @@ class TorchOps:
     # the dtype of the residual stream (the running hidden state between layers) where it
     # is wider than the model's: None keeps it in the model's dtype, as transformers does
     residual_dtype: torch.dtype | None = None
+    # a decode step's layers may run as one C++ call (models/decode_plan.py)
+    one_call_decode = False
+
+    def fp8_matmul(
+        self, x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """x [M, K] times an E4M3 weight qw [N, K] with row scales sw [N, 1] on FP8 tensor
+        cores, in x's dtype; None where the op set has none (quant/fp8.py emulates it)."""
+        return None
 
     def rms_norm(
         self,
@@ -117,6 +126,7 @@ class CpuKernelOps(TorchOps):
     attention.py, AttentionMetadata.decode_kernel "paged") the paged decode attention."""
 
     name = "cpu-kernels"
+    one_call_decode = True
 
     def __init__(self, isa: int) -> None:
         self.kernel_isa = isa

@@ -1,6 +1,6 @@
-"""The activations of an FP8 linear quantized per token in one Triton launch (quant/fp8.py):
-each row's amax, its float32 scale amax / 448, and the row as E4M3. One program a row,
-two passes over it in BLOCK-wide chunks (the amax, then the scaled store); no device value
+"""An FP8 linear's matmul on a GPU (TritonOps.fp8_matmul, for quant/fp8.py's Fp8Linear):
+the activations quantized per token in one Triton launch (each row's amax, its float32
+scale amax / 448, and the row as E4M3), then torch._scaled_mm. One program a row, two passes over it in BLOCK-wide chunks (the amax, then the scaled store); no device value
 read on the host, so a CUDA graph captures it. Runs under TRITON_INTERPRET=1 on a CPU."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-FP8, FP8_MAX = torch.float8_e4m3fn, 448.0  # as quant/fp8.py (which imports this module)
+FP8, FP8_MAX = torch.float8_e4m3fn, 448.0  # as quant/fp8.py
 BLOCK = 1024
 NUM_WARPS = 4
 
@@ -47,3 +47,16 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             BLOCK_K=min(BLOCK, triton.next_power_of_2(k)), num_warps=NUM_WARPS,
         )  # fmt: skip
     return q, s
+
+
+def scaled_mm(
+    x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Per-token FP8 activations (one Triton kernel) times the E4M3 weight on the tensor
+    cores: torch._scaled_mm with row-wise scales, float32 [M, 1] and [1, N]; its row-wise
+    path writes bfloat16 only, cast to x's dtype where that differs."""
+    qx, sx = quantize_tokens(x)
+    b = None if bias is None else bias.to(torch.bfloat16)
+    y = torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw.view(1, -1), bias=b,
+                         out_dtype=torch.bfloat16)  # fmt: skip
+    return y if x.dtype == torch.bfloat16 else y.to(x.dtype)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from scheduler_worker.activations import GELU_TANH_ACTS
-from scheduler_worker.backends import triton_decode, triton_prefill
+from scheduler_worker.backends import triton_decode, triton_fp8, triton_prefill
 from scheduler_worker.backends.ops import TorchOps
 from scheduler_worker.backends.triton_attention import cache_strides
 
@@ -342,6 +342,9 @@ class TritonOps(TorchOps):
 
     def rms_norm(self, x, residual, weight, eps, weight_offset=0.0, out_dtype=None):
         return rms_norm(x, residual, weight, eps, weight_offset, out_dtype)
+
+    def fp8_matmul(self, x, qw, sw, bias):
+        return triton_fp8.scaled_mm(x, qw, sw, bias)
 
     def act_mul(self, gate_up, act):
         if act in ("silu", "swish"):

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from common.cpu import KERNEL_ISAS, best_kernel_isa
+from common.config import ConfigError
+from common.cpu import KERNEL_ISAS, best_kernel_isa, check_kernel_choice
 from common.log import get_logger
 
 log = get_logger("kernels")
@@ -268,3 +269,26 @@ def isa_index(name: str) -> int:
     if name not in ISAS:
         raise ValueError(f"kernel ISA must be one of {ISAS}, got {name!r}")
     return ISAS.index(name)
+
+
+def kernel_path(choice: str) -> str | None:
+    """The one ISA path (ISAS) every C++ op takes for --kernels `choice`: the best
+    this CPU has (as ZEROSERVE_CPU_KIND presents it) for auto, None for pure torch."""
+    if choice == "torch":
+        return None
+    if not load():  # logs why, once
+        if choice != "auto":
+            raise ConfigError(
+                f"--kernels {choice}: the C++ kernels are not available here (see the log)"
+            )
+        return None
+    if choice == "auto":
+        return best_isa()
+    check_kernel_choice(choice)  # by the CPU's flags
+    best = best_isa()  # by the C++ side: AMX needs the OS's permission too
+    if isa_index(choice) > isa_index(best):
+        raise ConfigError(
+            f"--kernels {choice}: the kernels run {best} at best here (the OS refused "
+            "the AMX tile permission: Linux 5.16 or later grants it)"
+        )
+    return choice

@@ -138,6 +138,11 @@ class CausalLM(nn.Module):
         serves). None where it cannot: the caller computes the logits."""
         return None
 
+    def enable_decode_layers(self) -> bool:
+        """Run decode steps as one C++ call where the model and its op set can
+        (models/decoder.py); returns whether they will."""
+        return False
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError
 

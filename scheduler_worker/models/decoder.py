@@ -98,7 +98,7 @@ class DecoderForCausalLM(CausalLM):
         every decoder linear a QuantLinear on one kernel path; returns whether the plan
         was made."""
         style = plan_style(self.args)
-        if style is None or self.ops.kernel_isa is None:
+        if style is None or not self.ops.one_call_decode:
             return False
 
         def w(norm: nn.Module) -> torch.Tensor:  # a 1 + w gain as a plain weight

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from common.log import get_logger
+from scheduler_worker.backends.device import collective_backend, rank_device
 
 log = get_logger("parallel")
 
@@ -53,7 +54,7 @@ class TPGroup:
     def __init__(self, rdv: Rendezvous, device: str, timeout_s: float, host_store: bool) -> None:
         self.rdv, self.rank, self.world = rdv, rdv.rank, rdv.world
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.backend = "nccl" if device == "cuda" else "gloo"
+        self.backend = collective_backend(device)
         self.store: dist.TCPStore | None = None
         if host_store:
             self.store = dist.TCPStore(
@@ -65,10 +66,7 @@ class TPGroup:
                 wait_for_workers=False,
             )
         self.port = self.store.port if self.store is not None else rdv.port
-        self.device = torch.device("cpu")
-        if self.backend == "nccl":
-            torch.cuda.set_device(rdv.local_rank)
-            self.device = torch.device("cuda", rdv.local_rank)
+        self.device = rank_device(device, rdv.local_rank)
         self.started = False
         self.all_reduces = 0  # counted and timed: docs/benchmarks.md gives them a step
         self.reduce_s = 0.0  # in the model's collectives (all-reduces and the head's gather)

@@ -33,6 +33,7 @@ from common.config import Config, ConfigError
 from common.env import torchrun_rank
 from common.log import get_logger
 from common.process import die_with_parent
+from scheduler_worker.backends.device import device_kind
 from scheduler_worker.parallel.group import START_TIMEOUT, Rendezvous, TPGroup, set_tp_group
 from scheduler_worker.parallel.step_channel import NOOP, STOP, StepChannel
 
@@ -142,10 +143,7 @@ def start_ranks(config: Config) -> Ranks | None:
 
 def device_type(config: Config) -> str:
     """The ranks' device kind: the backend follows it (gloo on a CPU, NCCL on CUDA)."""
-    device = config.engine.model.device
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return device_kind(config.engine.model.device)
 
 
 def _spawn_followers(ranks: Ranks, config: Config, world: int) -> None:

@@ -2,7 +2,8 @@
 
     weight_scale [N, 1]   per output channel: w[n, k] = q[n, k] * s[n]
                           activations quantized per token on the fly (W8A8), the matmul
-                          torch._scaled_mm on a GPU's FP8 tensor cores (sm_89+)
+                          the op set's fp8_matmul: torch._scaled_mm on a GPU's FP8
+                          tensor cores (sm_89+, backends/triton_fp8.py)
     weight_scale [N, G]   block-wise (Qwen3-FP8, DeepSeek: 128x128 blocks, the block rows
                           expanded to one scale row per output channel at load):
                           w[n, k] = q[n, k] * s[n, k // block_k]; weight-only FP8,
@@ -19,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -67,6 +70,7 @@ class Fp8Linear(nn.Module):
 
     weight: torch.Tensor
     weight_scale: torch.Tensor
+    ops: TorchOps = TORCH_OPS  # the backend's op set (ModelRunner.use_ops)
 
     def __init__(
         self,
@@ -117,29 +121,15 @@ class Fp8Linear(nn.Module):
             w = dequantize(self.weight, self.weight_scale, x.dtype, self.group_size)
             y = F.linear(x2, w, self.bias)
             return y.reshape(*shape[:-1], -1)
-        if x.device.type == "cuda" and fits_scaled_mm(self.out_features, self.in_features):
-            y = _cuda_scaled_mm(x2, self.weight, self.weight_scale, self.bias)
-            return y.reshape(*shape[:-1], -1)
+        if fits_scaled_mm(self.out_features, self.in_features):
+            mm = self.ops.fp8_matmul(x2, self.weight, self.weight_scale, self.bias)
+            if mm is not None:  # the op set's FP8 matmul (a GPU's tensor cores)
+                return mm.reshape(*shape[:-1], -1)
         qx, sx = quantize_rows(x2)
         y = emulated_scaled_mm(qx, sx, self.weight, self.weight_scale)
         if self.bias is not None:
             y = y + self.bias.float()
         return y.to(x.dtype).reshape(*shape[:-1], -1)
-
-
-def _cuda_scaled_mm(
-    x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """Per-token FP8 activations (one Triton kernel) times the E4M3 weight on the tensor
-    cores: torch._scaled_mm with row-wise scales, float32 [M, 1] and [1, N]; its row-wise
-    path writes bfloat16 only, cast to x's dtype where that differs."""
-    from scheduler_worker.backends.triton_fp8 import quantize_tokens
-
-    qx, sx = quantize_tokens(x)
-    b = None if bias is None else bias.to(torch.bfloat16)
-    y = torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw.view(1, -1), bias=b,
-                         out_dtype=torch.bfloat16)  # fmt: skip
-    return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
 
 
 # linears --quantization fp8 leaves in the model's dtype: the output head, as llm-compressor's
@@ -164,20 +154,3 @@ def quantize_model_fp8(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
             linear = getattr(owner, leaf)
             setattr(owner, leaf, Fp8Linear.quantize(linear))
     return len(names)
-
-
-def fp8_capability_problem(capability: tuple[int, int]) -> str | None:
-    """Why a GPU of this CUDA capability cannot take FP8 matmuls, or None (sm_89 and later:
-    Ada, Hopper, Blackwell have FP8 tensor cores)."""
-    if capability >= (8, 9):
-        return None
-    major, minor = capability
-    return (
-        f"this GPU is sm_{major}{minor}; FP8 tensor cores need CUDA capability 8.9 or later "
-        "(Ada, Hopper, Blackwell)"
-    )
-
-
-def fp8_device_problem(device: torch.device) -> str | None:
-    """fp8_capability_problem of a CUDA device."""
-    return fp8_capability_problem(torch.cuda.get_device_capability(device))

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from common.config import ConfigError, ModelConfig
-from common.cpu import check_kernel_choice, cpu_flags, has_native_bf16
-from scheduler_worker import kernels
-from scheduler_worker.quant.fp8 import fp8_device_problem
+from common.cpu import cpu_flags, has_native_bf16
+from scheduler_worker.backends.device import fp8_emulated, fp8_problem, runs_cpu_kernels
+from scheduler_worker.kernels import kernel_path
 from scheduler_worker.quant.linear import dense_dtype_for
 
 
@@ -54,7 +54,7 @@ def plan_weights(
                 f"auto with --tensor-parallel-size {tp}: float shards"
                 + (f" (the GGUF's matrices dequantized at load, {gguf.name})" if gguf else ""),
             )
-        elif device.type != "cpu":
+        elif not runs_cpu_kernels(device):
             method, why = "none", f"auto on {device.type}: the quantized kernels are CPU-only"
         elif cfg.dtype == "float16":
             method, why = (
@@ -89,41 +89,16 @@ def plan_fp8(method: str, why: str, device: torch.device, checkpoint: bool) -> W
     """fp8 (E4M3 weights, quant/fp8.py) or none for --quantization fp8, or for an FP8
     checkpoint (auto: as stored, where FP8 matmuls run or are emulated; none: dequantized).
     A GPU without FP8 tensor cores refuses fp8 in one line; auto dequantizes there."""
-    problem = None
-    if device.type == "cuda":
-        problem = fp8_device_problem(device)
+    problem = fp8_problem(device)
     if method == "auto":
         if problem is not None:
             return WeightPlan("none", None, f"auto: an FP8 checkpoint dequantized ({problem})")
-        on = "emulated in float32 on the CPU" if device.type == "cpu" else "FP8 matmuls"
+        on = "emulated in float32 on the CPU" if fp8_emulated(device) else "FP8 matmuls"
         return WeightPlan("fp8", None, f"auto: the FP8 checkpoint as stored, {on}")
     if method == "none":
         return WeightPlan("none", None, f"{why}: the FP8 checkpoint dequantized")
     if problem is not None:
         raise ConfigError(f"--quantization fp8: {problem}; serve with --quantization none")
-    if device.type == "cpu":
+    if fp8_emulated(device):
         why += ": E4M3 weights, the FP8 matmul emulated in float32 on the CPU (slow)"
     return WeightPlan("fp8", None, why)
-
-
-def kernel_path(choice: str) -> str | None:
-    """The one ISA path (kernels.ISAS) every C++ op takes for --kernels `choice`: the best
-    this CPU has (as ZEROSERVE_CPU_KIND presents it) for auto, None for pure torch."""
-    if choice == "torch":
-        return None
-    if not kernels.load():  # logs why, once
-        if choice != "auto":
-            raise ConfigError(
-                f"--kernels {choice}: the C++ kernels are not available here (see the log)"
-            )
-        return None
-    if choice == "auto":
-        return kernels.best_isa()
-    check_kernel_choice(choice)  # by the CPU's flags
-    best = kernels.best_isa()  # by the C++ side: AMX needs the OS's permission too
-    if kernels.isa_index(choice) > kernels.isa_index(best):
-        raise ConfigError(
-            f"--kernels {choice}: the kernels run {best} at best here (the OS refused "
-            "the AMX tile permission: Linux 5.16 or later grants it)"
-        )
-    return choice

@@ -105,7 +105,7 @@ def test_decode_staging_from_tables_equals_from_lists():
     prev_tokens = torch.arange(100, 100 + n)
     staged = []
     for step in (rows, seqs):
-        inp = StaticDecodeInputs(16, 32, torch.device("cpu"), False, scratch, bs)
+        inp = StaticDecodeInputs(16, 32, torch.device("cpu"), scratch, bs)
         inp.fill(step, 16, prev_tokens)
         staged.append([x.clone() for x in (inp.ids, inp.pos, inp.slots, inp.ctx, inp.tables)])
         w = max(s.num_computed for s in seqs) // bs + 1

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.config import ConfigError, ModelConfig
+from scheduler_worker.backends.device import fp8_capability_problem
 from scheduler_worker.quant import fp8
 from scheduler_worker.quant.fp8 import (
     FP8,
@@ -21,7 +22,6 @@ from scheduler_worker.quant.fp8 import (
     Fp8Linear,
     dequantize,
     emulated_scaled_mm,
-    fp8_capability_problem,
     quantize_model_fp8,
     quantize_rows,
 )
@@ -121,11 +121,19 @@ def test_cuda_path_calls_scaled_mm_as_its_contract_asks(monkeypatch):
     lin = nn.Linear(64, 32).to(torch.bfloat16)
     f = Fp8Linear.quantize(lin)
     x = torch.randn(6, 64, dtype=torch.bfloat16)
-    y = fp8._cuda_scaled_mm(x, f.weight, f.weight_scale, f.bias)
+    y = tf.scaled_mm(x, f.weight, f.weight_scale, f.bias)
     assert calls == [(6, 64)] and y.dtype == torch.bfloat16
     assert torch.allclose(y.float(), f(x).float(), rtol=1e-2, atol=1e-2)  # the CPU's maths
-    y16 = fp8._cuda_scaled_mm(x.half(), f.weight, f.weight_scale, None)
+    y16 = tf.scaled_mm(x.half(), f.weight, f.weight_scale, None)
     assert y16.dtype == torch.float16
+    # the module takes it through the GPU's op set where _scaled_mm takes the shape
+    from scheduler_worker.backends.triton_ops import TritonOps
+
+    f.ops = TritonOps()
+    assert torch.equal(f(x), y) and calls == [(6, 64)] * 3
+    odd = Fp8Linear.quantize(nn.Linear(60, 32).to(torch.bfloat16))  # K not a multiple of 16
+    odd.ops = f.ops
+    assert odd(x[:, :60]).shape == (6, 32) and len(calls) == 3  # emulated
 
 
 def test_triton_per_token_kernel_equals_quantize_rows(monkeypatch):

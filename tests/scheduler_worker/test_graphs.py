@@ -50,7 +50,7 @@ def runner(tiny_model_dirs):
 def make_graphs(runner: ModelRunner, sizes: list[int]) -> DecodeGraphs:
     b = runner.backend
     cpu = torch.device("cpu")
-    inputs = StaticDecodeInputs(max(sizes), 16, cpu, False, runner.num_blocks, runner.block_size)
+    inputs = StaticDecodeInputs(max(sizes), 16, cpu, runner.num_blocks, runner.block_size)
     graphs = DecodeGraphs(inputs, sizes, lambda n: inputs.meta(n, b.decode_kernel, b.isa_index, 1))
     with torch.inference_mode():
         for size in reversed(sizes):

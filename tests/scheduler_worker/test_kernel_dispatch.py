@@ -109,11 +109,9 @@ def test_the_dense_prefill_copy_is_opt_in(monkeypatch, flags, tmp_path):
 def test_kernels_amx_is_refused_where_the_os_refuses_the_tiles(monkeypatch):
     # the CPU's flags name AMX, but the C++ side could not get the tile permission: asking
     # for amx is a clear start-up error, auto takes what the C++ side runs
-    from scheduler_worker.quant import plan
-
-    monkeypatch.setattr(plan, "check_kernel_choice", lambda choice: None)  # flags: AMX
+    monkeypatch.setattr(kernels, "check_kernel_choice", lambda choice: None)  # flags: AMX
     monkeypatch.setattr(kernels, "best_isa", lambda: "avx512")
     with pytest.raises(ConfigError, match="--kernels amx: the kernels run avx512 at best"):
-        plan.kernel_path("amx")
-    assert plan.kernel_path("auto") == "avx512"
-    assert plan.kernel_path("avx512") == "avx512"
+        kernels.kernel_path("amx")
+    assert kernels.kernel_path("auto") == "avx512"
+    assert kernels.kernel_path("avx512") == "avx512"

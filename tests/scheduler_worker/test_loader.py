@@ -171,7 +171,7 @@ def test_device_cuda_without_a_usable_gpu_is_refused_by_the_scheduler(monkeypatc
     """The scheduler's own check (launch.py's only sees a CPU build): one ConfigError line
     naming why, for a CPU build and for a CUDA build that finds no GPU."""
     from common.config import ConfigError
-    from scheduler_worker.loader import resolve_device
+    from scheduler_worker.backends.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", None)

@@ -165,17 +165,16 @@ def test_matmul_decode_kernel_equals_transformers(kind, tiny_model_dirs, monkeyp
 def test_decode_kernel_choice(monkeypatch):
     from scheduler_worker.attention import choose_decode_kernel
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("ZEROSERVE_DECODE_ATTENTION", raising=False)
     amd = "flags : avx2 avx512f avx512_bf16"
     intel = "flags : avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
-    assert choose_decode_kernel(cpu, torch.bfloat16, amd) == "matmul"
-    assert choose_decode_kernel(cpu, torch.float16, amd) == "matmul"
-    assert choose_decode_kernel(cpu, torch.bfloat16, intel) == "sdpa"
-    assert choose_decode_kernel(cpu, torch.float32, amd) == "sdpa"
-    assert choose_decode_kernel(cuda, torch.bfloat16, amd) == "sdpa"
+    assert choose_decode_kernel(torch.bfloat16, amd) == "matmul"
+    assert choose_decode_kernel(torch.float16, amd) == "matmul"
+    assert choose_decode_kernel(torch.bfloat16, intel) == "sdpa"
+    assert choose_decode_kernel(torch.float32, amd) == "sdpa"
+    assert choose_decode_kernel(torch.float32, amd, paged=True) == "paged"
     monkeypatch.setenv("ZEROSERVE_DECODE_ATTENTION", "sdpa")
-    assert choose_decode_kernel(cpu, torch.bfloat16, amd) == "sdpa"
+    assert choose_decode_kernel(torch.bfloat16, amd) == "sdpa"
     monkeypatch.setenv("ZEROSERVE_DECODE_ATTENTION", "flash")
     with pytest.raises(ValueError, match="ZEROSERVE_DECODE_ATTENTION"):
-        choose_decode_kernel(cpu, torch.bfloat16, amd)
+        choose_decode_kernel(torch.bfloat16, amd)

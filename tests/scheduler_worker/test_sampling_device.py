@@ -124,7 +124,7 @@ def test_the_device_path_picks_what_the_cpu_path_picks(monkeypatch):
         return out + [probs]
 
     cpu = run()
-    monkeypatch.setattr(sampling, "_async_device", lambda device: True)
+    monkeypatch.setattr(sampling, "enqueues_work", lambda device: True)
     dev = run()
     assert cpu[0] == dev[0]
     tokens, lps = cpu[0]

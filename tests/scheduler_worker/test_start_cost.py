@@ -68,7 +68,7 @@ def _rss_bytes() -> int:
 def test_kv_pool_is_zeros_and_costs_no_memory_until_written():
     shape = (2048, 16, 4, 64)  # 32 MiB a tensor, 256 MiB for 4 layers' K and V
     before = _rss_bytes()
-    pool = allocate_kv_pool(4, shape, torch.float32, torch.device("cpu"))
+    pool = allocate_kv_pool(4, shape, torch.float32)
     assert _rss_bytes() - before < 16 << 20  # nothing written: no page resident
     assert len(pool) == 4
     for k, v in pool:

@@ -136,7 +136,7 @@ def test_top_k_and_top_p_combined_match_the_long_way(monkeypatch, device_way):
     past them, a k past TOP_K_WINDOW (the search instead), rows without top-k in the same
     batch, min-p on top."""
     if device_way:
-        monkeypatch.setattr(sampling, "_async_device", lambda device: True)
+        monkeypatch.setattr(sampling, "enqueues_work", lambda device: True)
     vocab = 20000
     g = torch.Generator().manual_seed(7)
     kinds = []
@@ -165,7 +165,7 @@ def test_top_k_rows_with_inf_or_nan_logits_keep_the_inf_tokens(monkeypatch, devi
     NaN first, the repair gives NaN no mass and +inf all of it: the +inf tokens alone kept,
     as without top-p."""
     if device_way:
-        monkeypatch.setattr(sampling, "_async_device", lambda device: True)
+        monkeypatch.setattr(sampling, "enqueues_work", lambda device: True)
     logits = torch.randn(4, 9000, generator=torch.Generator().manual_seed(3))
     logits[:, 10] = float("nan")
     logits[:2, [20, 30]] = float("inf")
@@ -253,7 +253,7 @@ def _chat_batch(vocab: int, step: int) -> tuple[torch.Tensor, list[SamplingRow]]
 @pytest.mark.parametrize("vocab", [49152, 128256])
 def test_seeded_tokens_are_mains(monkeypatch, vocab, device_way):
     if device_way:
-        monkeypatch.setattr(sampling, "_async_device", lambda device: True)
+        monkeypatch.setattr(sampling, "enqueues_work", lambda device: True)
     for step in range(3):
         logits, rows = _chat_batch(vocab, step)
         assert Sampler(vocab, [])(logits, rows).token_ids == MAIN_TOKENS[vocab][step]

@@ -144,14 +144,16 @@ def test_mixed_step_graph_reads_a_placeholder_token_and_equals_the_cpu_engine(mo
 
 def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_dir, caplog):
     """Graphs are captured largest first: out of memory at the third size keeps the two
-    captured (4 and 2 rows) and says so; at the first, none (every step eager)."""
+    captured (4 and 2 rows) and says so; at the first, none (every step eager). The mixed
+    steps' graphs (256, 128, 64 tokens, after the 3 decode sizes) the same way."""
     import logging
 
     runner = triton_runner(model_dir)
     backend = runner.backend
     assert isinstance(backend, CudaBackend)
-    for fail_at, kept in ((2, [2, 4]), (0, None)):
+    for fail_at, kept in ((2, [2, 4]), (4, [1, 2, 4]), (0, None)):
         calls = []
+        caplog.clear()
 
         def flaky(fn, fail_at=fail_at, calls=calls):
             if len(calls) == fail_at:
@@ -166,9 +168,14 @@ def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_di
         if kept is None:
             assert graphs is None and backend.graphs is None
             assert "every step runs eagerly" in caplog.text
-        else:
+        elif fail_at == 2:
             assert graphs is not None and sorted(graphs.graphs) == kept
-            assert "kept 2 sizes up to 4 rows" in caplog.text
+            assert "kept 2 sizes up to 4 rows" in caplog.text and backend.mixed is None
+        else:  # every decode size, then the largest mixed size only
+            assert graphs is not None and sorted(graphs.graphs) == kept
+            assert backend.mixed is not None and sorted(backend.mixed.graphs) == [256]
+            assert "mixed-step graphs: kept 256;" in caplog.text
+            assert "decode graphs" not in caplog.text
     # without graphs a decode step runs eagerly, and right
     want = run_steps(cpu_runner(model_dir), decode_steps=1)
     got = run_steps(runner, decode_steps=1)

@@ -22,7 +22,9 @@ import torch
 from common.messages import AbortRequest, EngineStatus, GenerateRequest, StepOutputs, pack_ids
 from common.sampling_params import SamplingParams
 from common.zmq_queue import PushQueue
-from scheduler_worker.engine_status import placement, placement_text
+from scheduler_worker.backends.cpu import CpuBackend
+from scheduler_worker.engine_status import placement_text
+from scheduler_worker.quant.linear import StepRows
 from tests.garbage import collect, make_config, running, scheduler_under_test, sockets
 
 pytestmark = pytest.mark.timeout(90)
@@ -138,7 +140,7 @@ def test_memory_figures_are_measured_while_idle_and_seldom_while_serving(
 def test_a_replica_names_where_it_runs():
     """Its beats' device and gpus, and its "engine ready" log line: "on cpu", or "on GPU 2
     (NVIDIA H200)" (the id as launch.py placed it: common/gpus.py)."""
-    assert placement(torch.device("cpu")) == ("cpu", [])
+    assert CpuBackend(torch.float32, 16, None, StepRows()).placement() == ("cpu", [])
     assert placement_text("cpu", []) == "cpu"
     assert placement_text("NVIDIA H200", ["2"]) == "GPU 2 (NVIDIA H200)"
     assert placement_text("NVIDIA H200", ["0", "1"]) == "GPU 0,1 (NVIDIA H200)"
