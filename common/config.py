@@ -17,6 +17,7 @@ from common.config_error import parse_gpu_ids
 from common.env import default_cache_dir, env
 from common.ipc_config import ENDPOINT_NAMES as ENDPOINT_NAMES  # re-exported, as IPCConfig
 from common.ipc_config import IPCConfig
+from common.tool_formats import TOOL_FORMAT_NAMES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -33,9 +34,8 @@ KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
 LOAD_FORMATS = ("auto", "dummy")
 ROUTINGS = ("least_loaded", "round_robin")
 MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
-# how tool calls are read from a chat completion's text (frontend/tools/parsers/); None:
-# the model family's default (tokenizer_worker.tool_prompt.default_tool_parser)
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+# the tool-call formats (common/tool_formats/); None: the model family's
+TOOL_CALL_PARSERS = TOOL_FORMAT_NAMES
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "think")  # frontend/reasoning.py
 
 

@@ -22,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from common.config import Config
+from common.tool_formats import ToolFormat, tool_format
 from frontend.api.openai_format import ChatFormat, CompletionFormat, ResponseFormat
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
@@ -48,9 +49,7 @@ from frontend.reasoning import ReasoningSplit, template_kwargs
 from frontend.request_body import read_body
 from frontend.structured import structured_alias
 from frontend.tools.chat_format import ToolChatFormat
-from frontend.tools.grammar import apply_tools
-from frontend.tools.parsers import ToolParser, get_parser
-from frontend.tools.request import tool_request
+from frontend.tools.request import apply_tools, tool_request
 
 Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest, GenerateRequest)
 
@@ -166,7 +165,7 @@ class Serving:
         req: ChatCompletionRequest,
         arrival: float,
         wall: float,
-        wrap: Callable[[ResponseFormat, ToolParser | None], ResponseFormat] | None = None,
+        wrap: Callable[[ResponseFormat, ToolFormat | None], ResponseFormat] | None = None,
     ) -> Response:
         """A parsed chat request served (also the engine path of the dialects in
         frontend/api/ that translate their bodies into one). `wrap`: a dialect's response
@@ -189,7 +188,7 @@ class Serving:
         tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
         parser = None
         if tools is not None and tools.parsed:  # frontend.tools.request: maybe forced by a grammar
-            parser = get_parser(await self._tool_call_parser())
+            parser = tool_format(await self._tool_call_parser())
             apply_tools(params, tools, parser, req.skip_special_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         reqs = self.path.tokenize_requests(

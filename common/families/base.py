@@ -12,7 +12,7 @@ GGUF conversion (common.model_files), the engine's loader and its models.
                          whose checkpoints name or lay out their tensors otherwise
       sliding            where its config's sliding window applies (layer_windows)
       tool_format        the tool-call format of its chat templates and fine-tunes
-                         (frontend/tools/parsers), unless its template holds a marker of
+                         (common/tool_formats/), unless its template holds a marker of
                          tool_format_markers: (template text, format)
       decode_style       the one-call C++ decode step's style flags (models/decode_plan.py:
                          "qk_norm", "sandwich", "gelu_tanh"); None: the family never takes it

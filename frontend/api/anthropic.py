@@ -24,6 +24,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from common.log import get_logger
+from common.tool_formats import ToolFormat
 from frontend.api.anthropic_format import AnthropicFormat, error_body
 from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from frontend.api.openai_format import ResponseFormat
@@ -34,7 +35,6 @@ from frontend.protocol import parse
 from frontend.request_body import read_body
 from frontend.serving import Serving
 from frontend.tokenizer_api import call_tokenizer
-from frontend.tools.parsers import ToolParser
 from frontend.tools.request import tool_request
 
 log = get_logger("frontend.api.anthropic")
@@ -90,7 +90,7 @@ def add_anthropic_routes(
         serving.check_model(req.model)
         stops = req.stop_sequences or []
 
-        def wrap(chat: ResponseFormat, parser: ToolParser | None) -> ResponseFormat:
+        def wrap(chat: ResponseFormat, parser: ToolFormat | None) -> ResponseFormat:
             return AnthropicFormat(chat, parser, req.model, stops)
 
         return await serving.chat_request(request, chat_request(req), arrival, wall, wrap)

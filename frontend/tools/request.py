@@ -1,13 +1,16 @@
 """The tool-calling fields of a chat request, checked at intake: `tools`, `tool_choice`,
 `parallel_tool_calls`, and the tool traces in the history (assistant `tool_calls`,
-`role: "tool"` results).
+`role: "tool"` results); and what they change in its SamplingParams (`apply_tools`).
 
     tools ─check_tools─▶ [{"type": "function", "function": {name, description, parameters}}]
     tool_choice ─▶ "none" | "auto" | "required" | a function's name
       none: tools in the prompt (as vLLM by default: the same prompt as auto, so the
             history's calls render the same), the text not parsed
-      auto: tools in the prompt; calls parsed from the text (frontend.tools.parsers)
-      required / named: also forced by a grammar (frontend.tools.grammar)
+      auto: tools in the prompt; calls parsed from the text (common.tool_formats)
+      required / named: also forced by the format's grammar (ToolFormat.grammar): one
+            call of the allowed functions, or with parallel_tool_calls (the default) one
+            or more for "required"; a named function once (as vLLM's: left free to
+            repeat it, the default model wrote the same call again until max_tokens)
 
 Everything malformed is a 400 naming the field (`tools.0.function.name`), never a call the
 engine cannot honour.
@@ -20,6 +23,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from common.sampling_params import SamplingParams
+from common.schema_bounds import SchemaBoundError
+from common.tool_formats import ToolFormat
 from frontend.errors import invalid
 
 MAX_TOOLS = 128
@@ -51,6 +57,11 @@ class ToolRequest:
         if self.name is not None:
             return [self.function(self.name)]
         return [t["function"] for t in self.tools]
+
+    @property
+    def repeat(self) -> bool:
+        """Whether a forced reply may hold several calls."""
+        return self.parallel and self.choice != "named"
 
 
 def check_tools(tools: list[Any]) -> list[dict[str, Any]]:
@@ -190,3 +201,27 @@ def history_tool_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
             entry["id"] = call["id"]
         out.append(entry)
     return out
+
+
+def apply_tools(
+    params: list[SamplingParams], tools: ToolRequest, fmt: ToolFormat, client_skip: bool | None
+) -> None:
+    """Set what tools change in each choice's SamplingParams: the forcing grammar for
+    "required" or a named function, and special tokens kept in the text when the format
+    has some (unless the client set skip_special_tokens). A constraint the client asked
+    for too (response_format / structured_outputs: `structured` already set) cannot be
+    combined with a forced call."""
+    for p in params:
+        if fmt.needs_special_tokens and client_skip is None:
+            p.skip_special_tokens = False
+    if not tools.forced:
+        return
+    param = "tool_choice"
+    if any(p.structured for p in params):
+        raise invalid(f"{param}: a forced tool call cannot be combined with response_format", param)
+    try:
+        spec = fmt.grammar(tools.allowed, tools.repeat)
+    except SchemaBoundError as e:
+        raise invalid(f"tools: a function's parameters: {e}", "tools") from None
+    for p in params:
+        p.structured = {"kind": "grammar", "spec": spec}

@@ -9,14 +9,23 @@ The output is a call only when it begins with one (after optional whitespace or 
 
 from __future__ import annotations
 
-from frontend.tools.parsers.base import JsonCallsParser, PartialCall, skip_ws
+from common.tool_formats.base import INTRO, skip_ws
+from common.tool_formats.json_calls import JsonCallsFormat, PartialCall
 
 TAG = "<|python_tag|>"
 
 
-class Llama3JsonParser(JsonCallsParser):
+class Llama3JsonFormat(JsonCallsFormat):
     name = "llama3_json"
     needs_special_tokens = True  # <|python_tag|>
+    ARGS_KEY, SEP = "parameters", "; "
+
+    def instructions(self, listing: str) -> str:
+        return (
+            INTRO + f"{listing}\n\nTo call a function, respond only with a JSON object "
+            '{"name": <function-name>, "parameters": <args-json-object>}; separate several '
+            "calls with ';'. Do not use variables."
+        )
 
     def start(self, text: str) -> int | None:
         i = skip_ws(text, 0)
