@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common.config import Config
 from common.log import get_logger
 from frontend.api.anthropic import add_anthropic_routes
-from frontend.api.openai import OpenAIServing, add_openai_routes
+from frontend.api.openai import add_openai_routes
 from frontend.api.openai_responses import add_responses_routes
 from frontend.chat_path import ChatPath
 from frontend.cluster.engine_client import EngineClient
@@ -46,6 +46,7 @@ from frontend.errors import APIError, error_body, status_code_name, status_type
 from frontend.frontends import metrics_dir
 from frontend.intake import Intake
 from frontend.metrics import Metrics
+from frontend.room import Room
 from frontend.tokenizer_api import add_tokenizer_routes
 from frontend.ui import ui_router
 
@@ -95,9 +96,6 @@ def create_app(config: Config) -> FastAPI:
     shared = metrics_dir(config)  # several frontends: their per-request metrics summed
     metrics = Metrics(None if shared is None else str(shared))
     client = EngineClient(config, metrics)
-    intake = Intake(config, client)  # every dialect reads its bodies here
-    chat = ChatPath(config, client, EnginePath(config, client))  # and serves chat this way
-    openai = OpenAIServing(config, client, intake, chat)
     started = int(time.time())
 
     @asynccontextmanager
@@ -158,10 +156,13 @@ def create_app(config: Config) -> FastAPI:
             "max_model_len": engine.max_model_len if engine else None,
         }
 
-    add_openai_routes(api, openai, model_card, body_schema)
-    add_tokenizer_routes(api, intake, client, body_schema)
-    add_anthropic_routes(api, intake, chat, client, body_schema)
-    add_responses_routes(api, intake, chat, body_schema)
+    # every dialect reads its bodies by one intake and serves chat by one chat path
+    chat = ChatPath(config, client, EnginePath(config, client))
+    room = Room(api, Intake(config, client), chat, client, body_schema)
+    add_openai_routes(room, model_card)
+    add_tokenizer_routes(room)
+    add_anthropic_routes(room)
+    add_responses_routes(room)
     app.include_router(api)
 
     def openapi() -> dict:  # FastAPI's schema plus the models the bodies refer to

@@ -4,7 +4,8 @@ tokenizer worker), the parser and the forcing grammar (the frontend).
     layout        how calls are written:  OPEN (CALL_OPEN call CALL_CLOSE) SEP ... CLOSE
                   hermes:  "" ("<tool_call>\\n" {...} "\\n</tool_call>") "\\n" ... ""
     prompt        instructions(listing): the tool-use system prompt for a template that
-                  knows no tools; write_call(fn): a past call in the history
+                  knows no tools (INTRO, the tools, HOW_TO_CALL); write_call(fn): a past
+                  call in the history
     parser        start / hold_back / calls over the model's text (below)
     grammar       call_rules(fn, k): one call of function fn as Lark rules `fn_<k>`;
                   grammar() wraps them in the layout (tool_choice required / named)
@@ -84,24 +85,29 @@ def schema_rule(schema: dict[str, Any], numbers: bool) -> str:
 
 
 class ToolFormat:
-    """Base: a family's tool-call format. Subclasses set `name` and the layout, and write
-    `instructions`, `write_call`, `call_rules` and the parser's `calls` (and `start` /
-    `hold_back` when their region is not opened by `marker`)."""
+    """Base: a family's tool-call format. Subclasses set `name`, the layout and
+    HOW_TO_CALL (or write `instructions`), `marker` or `lead` and `first`, and write
+    `write_call`, `call_rules` and the parser's `calls`."""
 
     name = ""
     # whether the format uses special tokens the detokenizer must keep (skip_special_tokens)
     needs_special_tokens = False
-    # the text that opens a region wherever it stands (hermes, mistral): start and
-    # hold_back follow from it; a format that opens otherwise overrides them
+    # the text that opens a region wherever it stands (hermes, mistral); else the output
+    # is calls only when it begins with them (llama3_json, pythonic): after whitespace,
+    # an optional special token `lead` and the character `first` a call begins with
     marker = ""
+    lead, first = "", ""
     # the layout of several calls, for the prompt's history and the grammar alike
     OPEN, CLOSE, CALL_OPEN, CALL_CLOSE, SEP = "", "", "", "", ", "
+
+    # the prompt's sentence on how to call, after INTRO and the tools' listing
+    HOW_TO_CALL = ""
 
     # -- prompt ---------------------------------------------------------------------------
     def instructions(self, listing: str) -> str:
         """The system-prompt text that tells the model the tools (`listing`: one JSON
         object a line) and how to call them."""
-        raise NotImplementedError
+        return f"{INTRO}{listing}\n\n{self.HOW_TO_CALL}"
 
     def write_call(self, fn: dict[str, Any]) -> str:
         """One past call {"name", "arguments"} as the model would have written it."""
@@ -115,16 +121,23 @@ class ToolFormat:
 
     # -- parser ---------------------------------------------------------------------------
     def start(self, text: str) -> int | None:
-        if not self.marker:
-            raise NotImplementedError
-        at = text.find(self.marker)
-        return None if at < 0 else at
+        if self.marker:
+            at = text.find(self.marker)
+            return None if at < 0 else at
+        i = skip_ws(text, 0)
+        return i if text.startswith(self.lead, i) or text.startswith(self.first, i) else None
 
     def hold_back(self, text: str) -> int:
         """How much of a text without a region yet may still turn out to begin one."""
-        if not self.marker:
-            raise NotImplementedError
-        return marker_prefix_len(text, self.marker)
+        if self.marker:
+            return marker_prefix_len(text, self.marker)
+        rest = text[skip_ws(text, 0) :]
+        return len(text) if self.lead.startswith(rest) else 0  # all-blank text included
+
+    def after_lead(self, region: str) -> int:
+        """Where a region's calls begin: past whitespace and the optional `lead`."""
+        i = skip_ws(region, 0)
+        return skip_ws(region, i + len(self.lead)) if region.startswith(self.lead, i) else i
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
         raise NotImplementedError

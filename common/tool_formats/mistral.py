@@ -13,7 +13,7 @@ force a special token by its text).
 
 from __future__ import annotations
 
-from common.tool_formats.base import INTRO, skip_ws
+from common.tool_formats.base import skip_ws
 from common.tool_formats.json_calls import JsonCallsFormat, PartialCall, json_object, scan_json
 
 MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -25,12 +25,10 @@ class MistralFormat(JsonCallsFormat):
     marker = MARK
     OPEN, CLOSE = MARK + " [", "]"
 
-    def instructions(self, listing: str) -> str:
-        return (
-            INTRO + f"{listing}\n\nTo call functions, respond only with [TOOL_CALLS] followed "
-            'by a JSON list of calls: [TOOL_CALLS] [{"name": <function-name>, "arguments": '
-            "<args-json-object>}]"
-        )
+    HOW_TO_CALL = (
+        "To call functions, respond only with [TOOL_CALLS] followed by a JSON list of calls: "
+        '[TOOL_CALLS] [{"name": <function-name>, "arguments": <args-json-object>}]'
+    )
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
         body = region[len(MARK) :]

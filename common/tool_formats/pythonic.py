@@ -19,7 +19,6 @@ from typing import Any
 
 from common.schema_bounds import split_options
 from common.tool_formats.base import (
-    INTRO,
     PartialCall,
     ToolFormat,
     dumps,
@@ -28,7 +27,6 @@ from common.tool_formats.base import (
     skip_ws,
 )
 
-OPEN, CLOSE = "<|python_start|>", "<|python_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
@@ -96,13 +94,12 @@ class PythonicFormat(ToolFormat):
     name = "pythonic"
     needs_special_tokens = True  # <|python_start|>
     OPEN, CLOSE = "[", "]"
+    lead, first = "<|python_start|>", "["
 
-    def instructions(self, listing: str) -> str:
-        return (
-            INTRO + f"{listing}\n\nTo call functions, respond only with a Python list of "
-            "calls with keyword arguments: [func_name1(param1=value1, param2=value2), "
-            "func_name2(param=value)]"
-        )
+    HOW_TO_CALL = (
+        "To call functions, respond only with a Python list of calls with keyword arguments: "
+        "[func_name1(param1=value1, param2=value2), func_name2(param=value)]"
+    )
 
     def write_call(self, fn: dict[str, Any]) -> str:
         args = fn.get("arguments", {})
@@ -126,20 +123,8 @@ class PythonicFormat(ToolFormat):
         body = " ".join(items)
         return [f"fn_{k}: {lit(fn['name'] + '(')} {body} {lit(')')}", *rules]
 
-    def start(self, text: str) -> int | None:
-        i = skip_ws(text, 0)
-        if text.startswith(OPEN, i) or text.startswith("[", i):
-            return i
-        return None
-
-    def hold_back(self, text: str) -> int:
-        rest = text[skip_ws(text, 0) :]
-        return len(text) if OPEN.startswith(rest) else 0
-
     def calls(self, region: str, final: bool) -> list[PartialCall]:
-        i = skip_ws(region, 0)
-        if region.startswith(OPEN, i):
-            i = skip_ws(region, i + len(OPEN))
+        i = self.after_lead(region)
         if i >= len(region) or region[i] != "[":
             return []
         i = skip_ws(region, i + 1)

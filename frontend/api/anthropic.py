@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
 
 from common.log import get_logger
 from common.tool_formats import ToolFormat
@@ -29,10 +28,8 @@ from frontend.api.anthropic_format import AnthropicFormat, error_body
 from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from frontend.api.openai_format import ResponseFormat
 from frontend.chat_history import chat_messages
-from frontend.chat_path import ChatPath
-from frontend.cluster.engine_client import EngineClient
 from frontend.errors import APIError
-from frontend.intake import Intake
+from frontend.room import Room
 from frontend.tokenizer_api import call_tokenizer
 from frontend.tools.request import tool_request
 
@@ -73,27 +70,20 @@ class AnthropicRoute(APIRoute):
         return route
 
 
-def add_anthropic_routes(
-    api: APIRouter,
-    intake: Intake,
-    chat: ChatPath,
-    client: EngineClient,
-    body_schema: Callable[[type[BaseModel]], dict],
-) -> None:
-    """The two routes, on the router that carries the API-key check; `body_schema`
-    documents a body read by hand in /openapi.json (frontend.app)."""
+def add_anthropic_routes(room: Room) -> None:
+    """The two routes, each answering errors in Anthropic's shape (AnthropicRoute)."""
 
     async def messages(request: Request) -> Response:
-        req, arrival = await intake.read(request, MessagesRequest)
+        req, arrival = await room.intake.read(request, MessagesRequest)
         stops = req.stop_sequences or []
 
         def wrap(chat: ResponseFormat, parser: ToolFormat | None) -> ResponseFormat:
             return AnthropicFormat(chat, parser, req.model, stops)
 
-        return await chat.serve_chat(request, chat_request(req), arrival, wrap)
+        return await room.chat.serve_chat(request, chat_request(req), arrival, wrap)
 
     async def count_tokens(request: Request) -> JSONResponse:
-        req, _ = await intake.read(request, CountTokensRequest)
+        req, _ = await room.intake.read(request, CountTokensRequest)
         body = chat_request(req)
         tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
         args: dict[str, Any] = {
@@ -105,17 +95,8 @@ def add_anthropic_routes(
         }
         if tools is not None:
             args["tools"] = tools.tools
-        answer = await call_tokenizer(client, "tokenize", args)
+        answer = await call_tokenizer(room.client, "tokenize", args)
         return JSONResponse({"input_tokens": answer["count"]})
 
-    for path, endpoint, body in (
-        ("/v1/messages", messages, MessagesRequest),
-        ("/v1/messages/count_tokens", count_tokens, CountTokensRequest),
-    ):
-        api.add_api_route(
-            path,
-            endpoint,
-            methods=["POST"],
-            openapi_extra=body_schema(body),
-            route_class_override=AnthropicRoute,
-        )
+    room.post("/v1/messages", messages, MessagesRequest, AnthropicRoute)
+    room.post("/v1/messages/count_tokens", count_tokens, CountTokensRequest, AnthropicRoute)

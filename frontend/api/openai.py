@@ -15,10 +15,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from common.config import Config
 from frontend.api.openai_format import CompletionFormat
 from frontend.api.openai_protocol import (
     DEFAULT_MAX_NEW_TOKENS_GENERATE,
@@ -30,24 +29,20 @@ from frontend.api.openai_protocol import (
     completion_prompts,
 )
 from frontend.api.openai_sampling import default_max_tokens, param_aliases, sampling_params
-from frontend.chat_path import ChatPath
-from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import EngineJob, EnginePath
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
-from frontend.intake import Intake
 from frontend.prediction import prediction_text
+from frontend.room import Room
 
 
 class OpenAIServing:
-    def __init__(
-        self, config: Config, client: EngineClient, intake: Intake, chat_path: ChatPath
-    ) -> None:
-        self.server = config.server
-        self.client = client
-        self.model_name = config.model_name
-        self.intake, self.chat_path = intake, chat_path
-        self.path: EnginePath = chat_path.path
+    def __init__(self, room: Room) -> None:
+        self.server = room.chat.config.server
+        self.client = room.client
+        self.model_name = room.chat.model_name
+        self.intake, self.chat_path = room.intake, room.chat
+        self.path: EnginePath = room.chat.path
 
     async def completions(self, request: Request) -> Response:
         req, arrival = await self.intake.read(request, CompletionRequest)
@@ -125,23 +120,13 @@ class OpenAIServing:
         return await self.path.serve(request, job, GenerateFormat())
 
 
-def add_openai_routes(
-    api: APIRouter, serving: OpenAIServing, model_card: Callable[[], dict], body_schema: Callable
-) -> None:
-    """The OpenAI dialect's routes, on the router that carries the API-key check;
-    `body_schema` documents a body read by hand in /openapi.json (frontend.app)."""
-
-    @api.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        return await serving.completions(request)
-
-    @api.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
-    async def chat_completions(request: Request) -> Response:
-        return await serving.chat(request)
-
-    @api.post("/generate", openapi_extra=body_schema(GenerateRequest))
-    async def generate(request: Request) -> Response:
-        return await serving.generate(request)
+def add_openai_routes(room: Room, model_card: Callable[[], dict]) -> OpenAIServing:
+    """The OpenAI dialect's routes; `model_card`: the served model's /v1/models entry."""
+    serving = OpenAIServing(room)
+    room.post("/v1/completions", serving.completions, CompletionRequest)
+    room.post("/v1/chat/completions", serving.chat, ChatCompletionRequest)
+    room.post("/generate", serving.generate, GenerateRequest)
+    api = room.api
 
     @api.get("/v1/models")
     async def list_models() -> JSONResponse:
@@ -151,3 +136,5 @@ def add_openai_routes(
     async def get_model(model: str) -> JSONResponse:
         serving.intake.check_model(model)
         return JSONResponse(model_card())
+
+    return serving

@@ -17,12 +17,11 @@ previous_response_id needs one look-up, and input_items lists that whole convers
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
 
 from frontend.api.response_store import ResponseStore
 from frontend.api.responses_output import (
@@ -45,6 +44,7 @@ from frontend.chat_path import ChatPath
 from frontend.errors import APIError, invalid
 from frontend.frontends import responses_db
 from frontend.intake import Intake
+from frontend.room import Room
 
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
@@ -186,28 +186,27 @@ class ResponsesRoom:
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
-def add_responses_routes(
-    api: APIRouter,
-    intake: Intake,
-    chat: ChatPath,
-    body_schema: Callable[[type[BaseModel]], dict],
-) -> ResponsesRoom:
+def add_responses_routes(room: Room) -> ResponsesRoom:
     """POST /v1/responses, GET and DELETE /v1/responses/{response_id}, GET
-    /v1/responses/{response_id}/input_items on `api`."""
-    server = chat.config.server
+    /v1/responses/{response_id}/input_items."""
+    config = room.chat.config
     # several frontends on the port share one file (frontend.frontends.responses_db)
     store = ResponseStore(
-        server.responses_store_max, server.responses_store_bytes, responses_db(chat.config)
+        config.server.responses_store_max,
+        config.server.responses_store_bytes,
+        responses_db(config),
     )
-    room = ResponsesRoom(intake, chat, store)
+    responses = ResponsesRoom(room.intake, room.chat, store)
+    api = room.api
 
-    @api.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
     async def create_response(request: Request) -> Response:
-        return await room.create(request)
+        return await responses.create(request)
+
+    room.post("/v1/responses", create_response, ResponsesRequest)
 
     @api.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str) -> JSONResponse:
-        return room.retrieve(response_id)
+        return responses.retrieve(response_id)
 
     @api.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(
@@ -217,10 +216,10 @@ def add_responses_routes(
         order: str = "desc",
         include: Annotated[list[str] | None, Query()] = None,
     ) -> JSONResponse:
-        return room.input_items(response_id, after, limit, order, include or [])
+        return responses.input_items(response_id, after, limit, order, include or [])
 
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> JSONResponse:
-        return room.delete(response_id)
+        return responses.delete(response_id)
 
-    return room
+    return responses
