@@ -29,9 +29,11 @@ from frontend.api.openai_protocol import (
     completion_prompts,
 )
 from frontend.api.openai_sampling import default_max_tokens, param_aliases, sampling_params
+from frontend.chat_path import ChatPath
 from frontend.engine_path import EngineJob, EnginePath
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
+from frontend.intake import Intake
 from frontend.prediction import prediction_text
 from frontend.room import Room
 
@@ -41,7 +43,8 @@ class OpenAIServing:
         self.server = room.chat.config.server
         self.client = room.client
         self.model_name = room.chat.model_name
-        self.intake, self.chat_path = room.intake, room.chat
+        self.intake: Intake = room.intake
+        self.chat_path: ChatPath = room.chat
         self.path: EnginePath = room.chat.path
 
     async def completions(self, request: Request) -> Response:

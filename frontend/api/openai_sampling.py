@@ -52,7 +52,7 @@ def sampling_params(
     tokenizer worker to settle against the prompt (common.limits.settle_max_tokens).
     `aliases` maps SamplingParams names to the request fields they came from (see
     param_aliases), so that an error names what the client sent."""
-    aliases = {**(aliases or {}), **structured_alias(req)}
+    aliases = aliases or {}
     check_unsupported(req)
     n = 1 if req.n is None else req.n
     if not 1 <= n <= server.max_n:
@@ -104,6 +104,7 @@ def sampling_params(
             fields[name] = value
     if stop is not None:
         fields["stop"] = stop
+    aliases = {**aliases, **structured_alias(req)}
     fields["structured"] = structured_from_request(req)
     if req.logit_bias:
         fields["logit_bias"] = req.logit_bias  # its ids meet the vocabulary in common.limits
