@@ -35,8 +35,7 @@ KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
 LOAD_FORMATS = ("auto", "dummy")
 ROUTINGS = ("least_loaded", "round_robin")
 MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
-# the tool-call formats (common/tool_formats/); None: the model family's
-TOOL_CALL_PARSERS = TOOL_FORMAT_NAMES
+TOOL_CALL_PARSERS = TOOL_FORMAT_NAMES  # common/tool_formats/; None: the model family's
 REASONING_PARSERS = REASONING_FORMAT_NAMES  # common/reasoning_formats.py
 
 
