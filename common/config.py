@@ -17,6 +17,8 @@ from common.config_error import parse_gpu_ids
 from common.env import default_cache_dir, env
 from common.ipc_config import ENDPOINT_NAMES as ENDPOINT_NAMES  # re-exported, as IPCConfig
 from common.ipc_config import IPCConfig
+from common.reasoning_formats import REASONING_FORMAT_NAMES
+from common.tool_formats import TOOL_FORMAT_NAMES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -33,10 +35,8 @@ KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
 LOAD_FORMATS = ("auto", "dummy")
 ROUTINGS = ("least_loaded", "round_robin")
 MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
-# how tool calls are read from a chat completion's text (frontend/tools/parsers/); None:
-# the model family's default (tokenizer_worker.tool_prompt.default_tool_parser)
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "think")  # frontend/reasoning.py
+TOOL_CALL_PARSERS = TOOL_FORMAT_NAMES  # common/tool_formats/; None: the model family's
+REASONING_PARSERS = REASONING_FORMAT_NAMES  # common/reasoning_formats.py
 
 
 def _at_least(obj: object, low: int, *names: str) -> None:

@@ -1,6 +1,6 @@
 """What a JSON schema leaves open, bounded so that a small model's JSON ends.
 
-    schema ─▶ bounded_schema() ─▶ llguidance (common.grammar, frontend.tools.grammar)
+    schema ─▶ bounded_schema() ─▶ llguidance (common.grammar, common.tool_formats)
       object listing `properties`, no additionalProperties   ─▶ those properties alone
       integer, a side unbounded                              ─▶ ±(10^15 - 1) on that side
       number,  a side unbounded                              ─▶ |x| < 1e16 (16 digits)

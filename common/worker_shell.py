@@ -155,9 +155,8 @@ class WorkerShell:
     def start(self) -> None:
         """Say "ready"; start the heartbeat thread if the worker beats from one. What
         start-up built (modules, the model, tokenizers) is frozen out of the cyclic
-        collector first: a full collection walked all of it, ~390k objects and a 250 ms
-        pause of every stream in the scheduler at 256 rows (benchmarks/bench_host_step.py);
-        only what serving allocates is walked now."""
+        collector first, so that a full collection walks only what serving allocates
+        (docs/benchmarks.md, "The host's share of a decode step")."""
         gc.collect()
         gc.freeze()
         self.beat("ready")

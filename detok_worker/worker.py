@@ -42,6 +42,7 @@ from common.messages import (
     TextOutput,
     TextOutputs,
     WireError,
+    join_outputs,
     pack_text_outputs,
     unpack_ids,
     unpack_step_outputs,
@@ -288,18 +289,4 @@ def run(config: Config) -> None:
 def merge_outputs(a: TextOutput, b: TextOutput) -> TextOutput:
     """One request's two consecutive outputs as one: texts, token ids and logprobs
     concatenated; the counts, timings and stop reason of the later."""
-    logprobs: list | None = None
-    if a.logprobs is not None or b.logprobs is not None:
-        logprobs = (a.logprobs or []) + (b.logprobs or [])
-    return TextOutput(
-        b.rid,
-        a.text + b.text,
-        b.finish_reason,
-        b.num_prompt_tokens,
-        b.num_output_tokens,
-        a.token_ids + b.token_ids,  # pack_ids: int32 each, so bytes concatenate
-        logprobs,
-        b.timings,
-        b.stop_reason,
-        a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
-    )
+    return join_outputs(a, b, ("text", "token_ids", "logprobs"))

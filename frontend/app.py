@@ -35,15 +35,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common.config import Config
 from common.log import get_logger
 from frontend.api.anthropic import add_anthropic_routes
+from frontend.api.openai import add_openai_routes
 from frontend.api.openai_responses import add_responses_routes
+from frontend.chat_path import ChatPath
 from frontend.cluster.engine_client import EngineClient
 from frontend.cluster.health import health_report
 from frontend.cluster.members import StartupStopped
+from frontend.engine_path import EnginePath
 from frontend.errors import APIError, error_body, status_code_name, status_type
 from frontend.frontends import metrics_dir
+from frontend.intake import Intake
 from frontend.metrics import Metrics
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from frontend.serving import Serving
+from frontend.room import Room
 from frontend.tokenizer_api import add_tokenizer_routes
 from frontend.ui import ui_router
 
@@ -93,7 +96,6 @@ def create_app(config: Config) -> FastAPI:
     shared = metrics_dir(config)  # several frontends: their per-request metrics summed
     metrics = Metrics(None if shared is None else str(shared))
     client = EngineClient(config, metrics)
-    serving = Serving(config, client)
     started = int(time.time())
 
     @asynccontextmanager
@@ -143,18 +145,6 @@ def create_app(config: Config) -> FastAPI:
 
     api = APIRouter(dependencies=[Depends(_auth_dependency(config.server.api_key))])
 
-    @api.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        return await serving.completions(request)
-
-    @api.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
-    async def chat_completions(request: Request) -> Response:
-        return await serving.chat(request)
-
-    @api.post("/generate", openapi_extra=body_schema(GenerateRequest))
-    async def generate(request: Request) -> Response:
-        return await serving.generate(request)
-
     def model_card() -> dict:
         engine = client.cluster.engine
         return {
@@ -166,18 +156,13 @@ def create_app(config: Config) -> FastAPI:
             "max_model_len": engine.max_model_len if engine else None,
         }
 
-    @api.get("/v1/models")
-    async def list_models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [model_card()]})
-
-    @api.get("/v1/models/{model:path}")
-    async def get_model(model: str) -> JSONResponse:
-        serving.check_model(model)
-        return JSONResponse(model_card())
-
-    add_tokenizer_routes(api, serving, client, body_schema)
-    add_anthropic_routes(api, serving, client, body_schema)
-    add_responses_routes(api, serving, client, body_schema)
+    # every dialect reads its bodies by one intake and serves chat by one chat path
+    chat = ChatPath(config, client, EnginePath(config, client))
+    room = Room(api, Intake(config, client), chat, client, body_schema)
+    add_openai_routes(room, model_card)
+    add_tokenizer_routes(room)
+    add_anthropic_routes(room)
+    add_responses_routes(room)
     app.include_router(api)
 
     def openapi() -> dict:  # FastAPI's schema plus the models the bodies refer to

@@ -1,20 +1,19 @@
 """A chat request's messages as the chat template takes them: text parts joined, other
-parts refused, assistant tool calls and tool results kept as templates expect them
-(frontend.tools.request.history_tool_calls)."""
+parts refused, assistant tool calls and tool results kept as templates expect them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from frontend.api.openai_protocol import ChatMessage
 from frontend.errors import invalid
-from frontend.protocol import ChatMessage
-from frontend.tools.request import history_tool_calls
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """[{"role", "content"[, "name"][, "tool_calls"][, "tool_call_id"]}] with text parts
     joined; other parts are refused. Assistant tool calls and tool results are kept as
-    chat templates take them (frontend.tools.request.history_tool_calls)."""
+    chat templates take them (history_tool_calls)."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
     out: list[dict[str, Any]] = []
@@ -59,3 +58,35 @@ def _called(history: list[dict[str, Any]], call_id: str | None) -> str | None:
             if call.get("id") == call_id:
                 return call["function"]["name"]
     return None
+
+
+def history_tool_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool_calls as chat templates take them: arguments decoded
+    to an object when they are JSON (transformers' convention), else kept as the string."""
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.{j}"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise invalid(
+                f"{at}: a tool call is {{'id', 'type', 'function': {{name, arguments}}}}", at
+            )
+        fn = call["function"]
+        if not isinstance(fn.get("name"), str):
+            raise invalid(f"{at}.function.name: must be a string", f"{at}.function.name")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):
+            raise invalid(
+                f"{at}.function.arguments: must be a JSON string", f"{at}.function.arguments"
+            )
+        try:
+            decoded: Any = json.loads(args)
+        except ValueError:
+            decoded = args
+        entry: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": fn["name"], "arguments": decoded},
+        }
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
+    return out

@@ -1,11 +1,11 @@
-"""The engine path every API dialect shares (frontend/serving.py's OpenAI endpoints, and
-frontend/api/'s Anthropic and Responses ones over its chat path): build the tokenizer
-requests, pick the replica, submit, and respond.
+"""The engine path every API dialect shares (frontend/api/openai.py's endpoints, and the
+Anthropic and Responses ones over its chat path): a checked request (EngineJob) built into
+the tokenizer requests, its replica picked, submitted, and the response.
 
 ```
- TokenizeRequest × n (tokenize_requests) ─submit─▶ await the first output
-     ─┬─ stream: SSE / plain text (stream), headers sent with the first output
-      └─ else: one JSON once every choice finished
+ EngineJob ─▶ TokenizeRequest × n (tokenize_requests), route ─submit─▶ await the first
+     output ─┬─ stream: SSE / plain text (stream), headers sent with the first output
+             └─ else: one JSON once every choice finished
 ```
 
 Streaming responses wait for the first output (or error) before sending headers, so an
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -34,20 +35,65 @@ from common.log import get_logger
 from common.messages import TokenizeRequest
 from common.sampling_params import SamplingParams
 from frontend.api.openai_format import Choice, ResponseFormat
+from frontend.api.openai_protocol import Prompt, SamplingFields
 from frontend.cluster.engine_client import EngineClient
 from frontend.cluster.routing import prefix_key
 from frontend.errors import APIError
 from frontend.generate_format import GenerateFormat
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, Prompt
+from frontend.intake import Arrival
 from frontend.request_handle import ClientDisconnected, Delta, RequestHandle
 
 RANK_HEADER = "x-data-parallel-rank"
 
-log = get_logger("frontend.serving")
+log = get_logger("frontend.engine_path")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CLIENT_CLOSED = 499  # never seen by the client: it is gone
-AnyRequest = CompletionRequest | ChatCompletionRequest | GenerateRequest
+
+
+@dataclass
+class EngineJob:
+    """A checked request as a dialect hands it to the engine path. Its choices are
+    `params` (one per choice), for each of `prompts` (a completion batch: prompt by
+    prompt), or for `messages` (a chat)."""
+
+    rid: str  # the request id; choice i is sub-request `<rid>-<i>`
+    kind: str  # "chat" | "completion" (TokenizeRequest.kind)
+    params: list[SamplingParams]
+    arrival: Arrival
+    stream: bool
+    aliases: dict[str, str] = field(default_factory=dict)  # SamplingParams name -> field
+    return_timings: bool = False
+    pin: int | None = None  # the replica the body pinned (data_parallel_rank)
+    prompts: list[Prompt] = field(default_factory=list)  # (text, packed ids, ids)
+    messages: list | None = None
+    tools: list | None = None
+    template_kwargs: dict[str, Any] | None = None
+    prediction: str | None = None  # OpenAI's predicted output's text (frontend.prediction)
+
+    @classmethod
+    def of(
+        cls,
+        req: SamplingFields,
+        rid: str,
+        kind: str,
+        params: list[SamplingParams],
+        arrival: Arrival,
+        aliases: dict[str, str],
+        **choices: Any,
+    ) -> EngineJob:
+        """The job of a parsed body: its stream, return_timings and data_parallel_rank;
+        `choices`: its prompts or messages and what goes with them (fields of EngineJob)."""
+        stream, timings, pin = bool(req.stream), bool(req.return_timings), req.data_parallel_rank
+        return cls(rid, kind, params, arrival, stream, aliases, timings, pin, **choices)
+
+    def route_text(self) -> tuple[str | None, list[int] | None]:
+        """The prompt text (or ids) whose prefix picks the replica: a batch goes where
+        its first prompt's prefix is."""
+        if self.messages is not None:
+            return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in self.messages), None
+        text, _, ids = self.prompts[0]
+        return text, ids
 
 
 class ReleasingStreamingResponse(StreamingResponse):
@@ -70,54 +116,33 @@ class EnginePath:
 
     pid = os.getpid()  # TokenizeRequest.origin
 
-    def tokenize_requests(
-        self,
-        rid: str,
-        params: list[SamplingParams],
-        req: AnyRequest,
-        *,
-        kind: str,
-        prompt: str | None = None,
-        prompt_token_ids: bytes | None = None,
-        messages: list | None = None,
-        prompts: list[Prompt] | None = None,
-        tools: list | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-        prediction: str | None = None,
-    ) -> list[TokenizeRequest]:
+    def tokenize_requests(self, job: EngineJob) -> list[TokenizeRequest]:
         """One TokenizeRequest per choice, the only place they are built; sub-request ids
-        `<rid>-<i>`, signed for the scheduler (common.auth). With `prompts` (a batch), the
-        choices are prompt by prompt, len(params) each. `prediction`: OpenAI's predicted
-        output's text (frontend.prediction)."""
-        if prompts is None:
-            prompts = [(prompt, prompt_token_ids, None)]
+        `<rid>-<i>`, signed for the scheduler (common.auth)."""
+        prompts = job.prompts or [(None, None, None)]
+        n = len(job.params)
         return [
             TokenizeRequest(
-                rid=sign_rid(self.config.ipc.secret, f"{rid}-{j * len(params) + i}"),
-                kind=kind,
+                rid=sign_rid(self.config.ipc.secret, f"{job.rid}-{j * n + i}"),
+                kind=job.kind,
                 prompt=text,
                 prompt_token_ids=packed,
-                messages=messages,
+                messages=job.messages,
                 params=p,
                 origin=self.pid,
                 frontend=self.config.frontend_id,
-                tools=tools,
-                chat_template_kwargs=template_kwargs,
-                prediction=prediction,
+                tools=job.tools,
+                chat_template_kwargs=job.template_kwargs,
+                prediction=job.prediction,
             )
             for j, (text, packed, _) in enumerate(prompts)
-            for i, p in enumerate(params)
+            for i, p in enumerate(job.params)
         ]
 
-    def route(
-        self,
-        request: Request,
-        req: CompletionRequest | ChatCompletionRequest | GenerateRequest,
-        text: str | None,
-        ids: list[int] | None,
-    ) -> tuple[int | None, bytes | None]:
-        """(the replica the client pinned, or None; the prompt's prefix key)."""
-        pin = req.data_parallel_rank
+    def route(self, request: Request, job: EngineJob) -> tuple[int | None, bytes | None]:
+        """(the replica the client pinned, or None; the prompt's prefix key), see
+        frontend.cluster.routing."""
+        pin = job.pin
         header = request.headers.get(RANK_HEADER)
         if pin is None and header is not None:
             if not header.strip().lstrip("-").isdigit():
@@ -131,29 +156,31 @@ class EnginePath:
         facts = self.client.cluster.facts()
         if facts is None or facts.block_size <= 0:
             return pin, None
+        text, ids = job.route_text()
         return pin, prefix_key(text, ids, facts.block_size)
 
     async def serve(
-        self,
-        request: Request,
-        reqs: list[TokenizeRequest],
-        arrival: tuple[float, float],
-        fmt: ResponseFormat | GenerateFormat,
-        stream: bool,
-        aliases: dict[str, str] | None = None,
-        return_timings: bool = False,
-        route: tuple[int | None, bytes | None] = (None, None),
+        self, request: Request, job: EngineJob, fmt: ResponseFormat | GenerateFormat
     ) -> Response:
         """Submit, then one JSON response once every choice finished, or a stream that
-        starts (headers sent) with the first output. `route`: (pinned replica, prefix
-        key), see frontend.cluster.routing; `arrival`: (monotonic, wall clock)."""
+        starts (headers sent) with the first output."""
+        reqs = self.tokenize_requests(job)
+        pin, key = self.route(request, job)
+        arrival = job.arrival
         handle = await self.client.submit(
-            reqs, arrival[0], request.receive, aliases, return_timings, *route, arrival[1]
+            reqs,
+            arrival.monotonic,
+            request.receive,
+            job.aliases,
+            job.return_timings,
+            pin,
+            key,
+            arrival.wall,
         )
         choices = [Choice(i, fmt.prompt_index(i)) for i in range(handle.n)]
         handed_over = False
         try:
-            if not stream:
+            if not job.stream:
                 while not handle.done:
                     d = fmt.filter(await handle.next())
                     choices[d.index].add(d, keep=True)

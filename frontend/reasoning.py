@@ -1,91 +1,16 @@
-"""Reasoning text split from the answer (`--reasoning-parser`), as the text streams in.
-
-A reasoning model writes its thoughts between `<think>` and `</think>`, then its answer:
-
-    output:  "<think>" "Let me see" "</think>" "The answer is 4."
-              └ tag ┘  └reasoning─┘ └─ tag ──┘ └──── content ────┘
-
-The tags never reach the client. Parsers differ only in where reasoning may begin:
-
-    qwen3, think   reasoning only when the output starts with `<think>` (leading
-                   whitespace allowed); otherwise all of it is content
-    deepseek_r1    the template may have opened `<think>` in the prompt, so everything
-                   before the first `</think>` is reasoning, with or without an opening tag
-
-States: START (undecided: the text so far may still be the opening tag) -> REASONING
-(until `</think>`) -> CONTENT. The invariant: what `feed` returned so far, joined, is the
-text with the tags taken out; a tail that may be the beginning of a tag is held back
-until the next piece (or the final one) decides it, so a tag split across pieces is
-still recognised. An output that ends inside the reasoning (no `</think>`) is all
-reasoning. Tool calls and structured outputs concern the content part only.
+"""Reasoning text split from the answer per choice (`--reasoning-parser`: the formats and
+their parser are common/reasoning_formats.py), and the chat template variables a request
+sets (`template_kwargs`). Tool calls and structured outputs concern the content part only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from enum import Enum
 from typing import Any
 
+from common.reasoning_formats import ReasoningParser, new_parser
 from frontend.errors import APIError
 from frontend.request_handle import Delta
-
-OPEN, CLOSE = "<think>", "</think>"
-
-
-class State(Enum):
-    START = 0
-    REASONING = 1
-    CONTENT = 2
-
-
-def partial_tag(text: str, tag: str) -> int:
-    """The length of the longest tail of `text` that is a proper prefix of `tag`."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
-class ReasoningParser:
-    """One choice's text, piece by piece, split into (reasoning, content)."""
-
-    def __init__(self, implicit_open: bool) -> None:
-        self.implicit_open = implicit_open  # deepseek_r1: reasoning before any tag
-        self.state = State.START
-        self.held = ""  # text not returned yet (it may be part of a tag)
-        self.touched = False  # the last piece was (partly) reasoning, tags included
-
-    def feed(self, text: str, final: bool) -> tuple[str, str]:
-        """(reasoning, content) for the next piece; `final`: the last one."""
-        buf = self.held + text
-        self.held = ""
-        reasoning = ""
-        self.touched = self.state is State.REASONING
-        if self.state is State.START:
-            lead = buf.lstrip()
-            if lead.startswith(OPEN):
-                buf = lead[len(OPEN) :]
-                self.state = State.REASONING
-            elif OPEN.startswith(lead) and not final:
-                self.held = buf  # maybe the opening tag, not complete yet
-                return "", ""
-            else:
-                self.state = State.REASONING if self.implicit_open else State.CONTENT
-        if self.state is State.REASONING:
-            self.touched = True
-            at = buf.find(CLOSE)
-            if at < 0:
-                hold = 0 if final else partial_tag(buf, CLOSE)
-                self.held = buf[len(buf) - hold :]
-                return buf[: len(buf) - hold], ""
-            reasoning, buf = buf[:at], buf[at + len(CLOSE) :]
-            self.state = State.CONTENT
-        return reasoning, buf
-
-
-def new_parser(name: str) -> ReasoningParser:
-    """A parser named by --reasoning-parser (common.config.REASONING_PARSERS)."""
-    return ReasoningParser(implicit_open=name == "deepseek_r1")
 
 
 class ReasoningSplit:

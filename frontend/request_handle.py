@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from common.messages import join_outputs
 from frontend.errors import APIError
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]  # ASGI receive
@@ -63,23 +64,12 @@ class Delta:
 
 def merged(a: Delta, b: Delta) -> Delta:
     """Two outputs of one choice, a then b, as one: b's counts and finish, both texts,
-    token ids and logprobs; the prompt's logprobs (first output only) from a."""
-    return Delta(
-        a.index,
-        a.text + b.text,
-        b.finish_reason,
-        b.stop_reason,
-        b.num_prompt_tokens,
-        b.num_output_tokens,
-        a.token_ids + b.token_ids,  # pack_ids: int32s, so bytes concatenate
-        None if a.logprobs is None else a.logprobs + b.logprobs,  # type: ignore[operator]
-        b.timings if b.timings is not None else a.timings,
-        a.prompt_logprobs,
-        b.num_cached_tokens,
-        a.reasoning + b.reasoning,
-        b.num_reasoning_tokens,
-        b.prediction,
-    )
+    token ids, logprobs and reasoning; the prompt's logprobs (first output only) and,
+    where b has none, the timings from a."""
+    out = join_outputs(a, b, ("text", "token_ids", "logprobs", "reasoning"))
+    if out.timings is None:
+        out.timings = a.timings
+    return out
 
 
 def mergeable(a: Delta, b: Delta) -> bool:

@@ -16,20 +16,19 @@ vocabulary, a template that refuses the messages) and answers (frontend.tokenize
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from common.messages.base import INT32_MAX
+from frontend.api.openai_protocol import ChatMessage
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
 from frontend.errors import invalid, unavailable
-from frontend.protocol import STRICT, ChatMessage, parse
-from frontend.request_body import read_body
-from frontend.serving import Serving
+from frontend.intake import STRICT
+from frontend.room import Room
 
 
 class TokenizeBody(BaseModel):
@@ -75,34 +74,26 @@ async def call_tokenizer(client: EngineClient, op: str, args: dict[str, Any]) ->
     return await client.tokenizer_calls.call(op, args)
 
 
-def add_tokenizer_routes(
-    api: APIRouter,
-    serving: Serving,
-    client: EngineClient,
-    body_schema: Callable[[type[BaseModel]], dict],
-) -> None:
-    """The three routes, on the router that carries the API-key check; `body_schema`
-    documents a body read by hand in /openapi.json (frontend.app)."""
-    max_bytes = serving.config.server.max_body_bytes
+def add_tokenizer_routes(room: Room) -> None:
+    """The three routes, answered by the tokenizer pool."""
 
     async def call(op: str, args: dict[str, Any]) -> JSONResponse:
-        return JSONResponse(await call_tokenizer(client, op, args))
+        return JSONResponse(await call_tokenizer(room.client, op, args))
 
-    @api.post("/tokenize", openapi_extra=body_schema(TokenizeBody))
     async def tokenize(request: Request) -> JSONResponse:
-        body = parse(TokenizeBody, await read_body(request, max_bytes))
-        serving.check_model(body.model)
+        body, _ = await room.intake.read(request, TokenizeBody)
         return await call("tokenize", tokenize_args(body))
 
-    @api.post("/detokenize", openapi_extra=body_schema(DetokenizeBody))
     async def detokenize(request: Request) -> JSONResponse:
-        body = parse(DetokenizeBody, await read_body(request, max_bytes))
-        serving.check_model(body.model)
+        body, _ = await room.intake.read(request, DetokenizeBody)
         bad = [t for t in body.tokens if not 0 <= t <= INT32_MAX]  # no vocabulary is larger
         if bad:
             raise invalid(f"tokens: token ids {bad[:4]} are outside the vocabulary", "tokens")
         return await call("detokenize", {"tokens": body.tokens})
 
-    @api.get("/tokenizer_info")
+    room.post("/tokenize", tokenize, TokenizeBody)
+    room.post("/detokenize", detokenize, DetokenizeBody)
+
+    @room.api.get("/tokenizer_info")
     async def tokenizer_info() -> JSONResponse:
         return await call("tokenizer_info", {})

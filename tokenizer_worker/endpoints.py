@@ -91,6 +91,6 @@ class TokenizerEndpoints:
                 "vocab_size": self.t.vocab_size,
                 "chat_template": template.source if template is not None else None,
                 # the format of tool calls in prompts and outputs (tokenizer_worker.tool_prompt)
-                "tool_call_parser": self.t.tool_call_parser,
+                "tool_call_parser": self.t.tool_format.name,
             }
         return self._info

@@ -30,9 +30,10 @@ from common.messages import (
 )
 from common.model_facts import context_length, read_hf_config
 from common.sampling_params import InvalidParameterError
+from common.tool_formats import tool_format
 from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
 from tokenizer_worker.grammar import GrammarCheck, GrammarError
-from tokenizer_worker.tool_prompt import default_tool_parser, has_tool_traces, render_with_tools
+from tokenizer_worker.tool_prompt import family_tool_format, has_tool_traces, render_with_tools
 
 MAX_MESSAGES = 4096
 
@@ -65,7 +66,11 @@ class Tokenization:
         self.limits = RequestLimits(int(hf["vocab_size"]), context_length(hf, max_model_len))
         self.check_grammar = GrammarCheck(model_dir, self.vocab_size)  # structured outputs
         # the format of tool calls: the prompt's (tool_prompt) and the frontend's parser
-        self.tool_call_parser = tool_call_parser or default_tool_parser(hf, self.chat_template)
+        self.tool_format = (
+            tool_format(tool_call_parser)
+            if tool_call_parser
+            else family_tool_format(hf, self.chat_template)
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -121,7 +126,7 @@ class Tokenization:
                     self.chat_template,
                     messages,
                     tools or [],
-                    self.tool_call_parser,
+                    self.tool_format,
                     add_generation_prompt,
                     **(extra or {}),
                 )

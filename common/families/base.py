@@ -12,7 +12,7 @@ GGUF conversion (common.model_files), the engine's loader and its models.
                          whose checkpoints name or lay out their tensors otherwise
       sliding            where its config's sliding window applies (layer_windows)
       tool_format        the tool-call format of its chat templates and fine-tunes
-                         (frontend/tools/parsers), unless its template holds a marker of
+                         (common/tool_formats/), unless its template holds a marker of
                          tool_format_markers: (template text, format)
       decode_style       the one-call C++ decode step's style flags (models/decode_plan.py:
                          "qk_norm", "sandwich", "gelu_tanh"); None: the family never takes it
@@ -147,18 +147,25 @@ def layer_windows(hf: dict, sliding: str = "layer_types") -> tuple[int | None, .
     return (None,) * num_layers
 
 
-def decoder_args(hf: dict) -> dict:
+def decoder_args(
+    hf: dict,
+    norm_eps: tuple[str, float] = ("rms_norm_eps", 1e-6),
+    attention_bias: bool = False,
+    partial_rotary: bool = False,
+) -> dict:
     """ModelArgs' fields of a llama-layout config.json (but the architecture, the config
-    itself, the layer windows and the decode style: ModelArgs.from_hf's, from the Family)."""
+    itself, the layer windows and the decode style: ModelArgs.from_hf's, from the Family).
+    A family whose config differs gives its `norm_eps` key and default, its
+    `attention_bias` default, and `partial_rotary` where it sets rotary_fraction itself."""
     num_heads = hf["num_attention_heads"]
     hidden = hf["hidden_size"]
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
-    if partial != 1.0:  # a family whose transformers model rotates part sets rotary_fraction
+    if partial != 1.0 and not partial_rotary:
         raise ValueError(
             f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported"
         )
-    attention_bias = bool(hf.get("attention_bias", False))
+    bias = bool(hf.get("attention_bias", attention_bias))
     return dict(
         vocab_size=hf["vocab_size"],
         hidden_size=hidden,
@@ -168,10 +175,10 @@ def decoder_args(hf: dict) -> dict:
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         head_dim=hf.get("head_dim") or hidden // num_heads,
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        norm_eps=hf.get(*norm_eps),
         hidden_act=hf.get("hidden_act") or hf.get("hidden_activation") or "silu",
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=attention_bias,
-        o_bias=attention_bias,
+        qkv_bias=bias,
+        o_bias=bias,
         mlp_bias=bool(hf.get("mlp_bias", False)),
     )

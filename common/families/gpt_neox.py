@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from common.families.base import Family, LayerRecipe
+from common.families.base import Family, LayerRecipe, decoder_args
 
 RECIPE = LayerRecipe(norm="layer_norm", parallel_residual=True, gated_mlp=False)
 # checkpoint name piece -> the llama layout's (old checkpoints call lm_head embed_out)
@@ -28,31 +28,21 @@ NAMES = (
 
 
 def _args(hf: dict) -> dict:
-    heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
     # transformers 5's rope_parameters, or the older rotary_pct / rotary_emb_base
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     theta = float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
     scaling = None if rope.get("rope_type", rope.get("type", "default")) == "default" else rope
-    bias = bool(hf.get("attention_bias", True))
-    return dict(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hidden,
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=hidden // heads,
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        norm_eps=hf.get("layer_norm_eps", 1e-5),
-        hidden_act=hf.get("hidden_act", "gelu"),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=bias,
-        o_bias=bias,
-        mlp_bias=True,
-        rotary_fraction=float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))),
-        global_rope=(theta, scaling),
-        recipe=replace(RECIPE, parallel_residual=bool(hf.get("use_parallel_residual", True))),
-    )
+    return {
+        **decoder_args(hf, ("layer_norm_eps", 1e-5), attention_bias=True, partial_rotary=True),
+        # one K/V head per head, whatever else its config carries
+        "num_kv_heads": hf["num_attention_heads"],
+        "head_dim": hf["hidden_size"] // hf["num_attention_heads"],
+        "hidden_act": hf.get("hidden_act", "gelu"),
+        "mlp_bias": True,
+        "rotary_fraction": float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))),
+        "global_rope": (theta, scaling),
+        "recipe": replace(RECIPE, parallel_residual=bool(hf.get("use_parallel_residual", True))),
+    }
 
 
 def _weights(weights: Iterable[tuple[str, Any]], hf: dict) -> Iterator[tuple[str, Any]]:

@@ -40,6 +40,7 @@ from common.messages.base import (
 from common.messages.detok_frontend import (
     TextOutput,
     TextOutputs,
+    join_outputs,
     pack_text_outputs,
     unpack_text_outputs,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "pack_step_outputs",
     "unpack_step_outputs",
     "TextOutput",
+    "join_outputs",
     "pack_text_outputs",
     "unpack_text_outputs",
 ]

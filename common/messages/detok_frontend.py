@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from common.messages.base import Message
 from common.messages.columnar import Columnar
@@ -55,6 +55,27 @@ class TextOutput:
     timings: dict[str, Any] | None = None
     stop_reason: str | int | None = None
     prompt_logprobs: list | None = None
+
+
+class _Output(Protocol):
+    prompt_logprobs: list | None
+
+
+OutputT = TypeVar("OutputT", bound=_Output)
+
+
+def join_outputs(a: OutputT, b: OutputT, concat: Sequence[str]) -> OutputT:
+    """Two consecutive outputs of one request, a then b, as one (the detok's TextOutput,
+    the frontend's Delta): b's fields, but those named in `concat` joined, a's + b's (one
+    of them None: the other), and the prompt's logprobs (a first output's) a's."""
+    joined = {name: _join(getattr(a, name), getattr(b, name)) for name in concat}
+    if a.prompt_logprobs is not None:
+        joined["prompt_logprobs"] = a.prompt_logprobs
+    return replace(b, **joined)  # type: ignore[type-var]  # both kinds are dataclasses
+
+
+def _join(x: Any, y: Any) -> Any:
+    return y if x is None else x if y is None else x + y
 
 
 TEXT_COLUMNS: Columnar[TextOutput] = Columnar(

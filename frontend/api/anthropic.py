@@ -1,7 +1,8 @@
 """Anthropic's Messages API, a room over the chat engine path:
 
     POST /v1/messages               body -> MessagesRequest -> ChatCompletionRequest
-                                    (frontend.api.anthropic_protocol) -> Serving.chat_request,
+                                    (frontend.api.anthropic_protocol) ->
+                                    the chat path (frontend.chat_path),
                                     its outputs shaped by AnthropicFormat (anthropic_format)
     POST /v1/messages/count_tokens  {"input_tokens"}: the prompt the same request would
                                     get, tokenized by the tokenizer pool (chat template,
@@ -14,27 +15,22 @@ error on these routes, the API key's included, is Anthropic's
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
 
 from common.log import get_logger
+from common.tool_formats import ToolFormat
 from frontend.api.anthropic_format import AnthropicFormat, error_body
 from frontend.api.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_request
 from frontend.api.openai_format import ResponseFormat
 from frontend.chat_history import chat_messages
-from frontend.cluster.engine_client import EngineClient
 from frontend.errors import APIError
-from frontend.protocol import parse
-from frontend.request_body import read_body
-from frontend.serving import Serving
+from frontend.room import Room
 from frontend.tokenizer_api import call_tokenizer
-from frontend.tools.parsers import ToolParser
 from frontend.tools.request import tool_request
 
 log = get_logger("frontend.api.anthropic")
@@ -74,52 +70,33 @@ class AnthropicRoute(APIRoute):
         return route
 
 
-def add_anthropic_routes(
-    api: APIRouter,
-    serving: Serving,
-    client: EngineClient,
-    body_schema: Callable[[type[BaseModel]], dict],
-) -> None:
-    """The two routes, on the router that carries the API-key check; `body_schema`
-    documents a body read by hand in /openapi.json (frontend.app)."""
-    max_bytes = serving.config.server.max_body_bytes
+def add_anthropic_routes(room: Room) -> None:
+    """The two routes, each answering errors in Anthropic's shape (AnthropicRoute)."""
 
     async def messages(request: Request) -> Response:
-        arrival, wall = time.monotonic(), time.time()
-        req = parse(MessagesRequest, await read_body(request, max_bytes))
-        serving.check_model(req.model)
+        req, arrival = await room.intake.read(request, MessagesRequest)
         stops = req.stop_sequences or []
 
-        def wrap(chat: ResponseFormat, parser: ToolParser | None) -> ResponseFormat:
+        def wrap(chat: ResponseFormat, parser: ToolFormat | None) -> ResponseFormat:
             return AnthropicFormat(chat, parser, req.model, stops)
 
-        return await serving.chat_request(request, chat_request(req), arrival, wall, wrap)
+        return await room.chat.serve_chat(request, chat_request(req), arrival, wrap)
 
     async def count_tokens(request: Request) -> JSONResponse:
-        req = parse(CountTokensRequest, await read_body(request, max_bytes))
-        serving.check_model(req.model)
-        chat = chat_request(req)
-        tools = tool_request(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
+        req, _ = await room.intake.read(request, CountTokensRequest)
+        body = chat_request(req)
+        tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
         args: dict[str, Any] = {
             # the checked history, as the chat path hands it to the tokenizer
-            "messages": chat_messages(chat.messages),
+            "messages": chat_messages(body.messages),
             "add_generation_prompt": True,
             "add_special_tokens": False,
             "return_token_strs": False,
         }
         if tools is not None:
             args["tools"] = tools.tools
-        answer = await call_tokenizer(client, "tokenize", args)
+        answer = await call_tokenizer(room.client, "tokenize", args)
         return JSONResponse({"input_tokens": answer["count"]})
 
-    for path, endpoint, body in (
-        ("/v1/messages", messages, MessagesRequest),
-        ("/v1/messages/count_tokens", count_tokens, CountTokensRequest),
-    ):
-        api.add_api_route(
-            path,
-            endpoint,
-            methods=["POST"],
-            openapi_extra=body_schema(body),
-            route_class_override=AnthropicRoute,
-        )
+    room.post("/v1/messages", messages, MessagesRequest, AnthropicRoute)
+    room.post("/v1/messages/count_tokens", count_tokens, CountTokensRequest, AnthropicRoute)

@@ -28,11 +28,11 @@ import json
 import uuid
 from typing import Any
 
+from common.tool_formats import ToolFormat
 from frontend.api.openai_format import Choice, ResponseFormat, dumps
 from frontend.errors import APIError
 from frontend.logprobs import TokenLogprob
 from frontend.request_handle import Delta
-from frontend.tools.parsers import ToolParser
 from frontend.tools.stream import ToolStream
 
 # HTTP status -> Anthropic's error type
@@ -101,7 +101,7 @@ class AnthropicFormat(ResponseFormat):
     when the text is parsed (tools with tool_choice other than none)."""
 
     def __init__(
-        self, chat: ResponseFormat, parser: ToolParser | None, model: str, stops: list[str]
+        self, chat: ResponseFormat, parser: ToolFormat | None, model: str, stops: list[str]
     ) -> None:
         super().__init__(f"msg_{uuid.uuid4().hex[:24]}", model, chat.created, False)
         self.chat, self.stops = chat, stops

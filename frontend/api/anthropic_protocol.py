@@ -1,5 +1,5 @@
 """Anthropic Messages bodies as pydantic models, translated into the chat request the
-engine path serves (frontend.serving.Serving.chat_request):
+engine path serves (frontend.api.openai.OpenAIServing.chat_request):
 
     system (string | text blocks)          -> a "system" message first
     user: text blocks                      -> a "user" message (text joined)
@@ -27,8 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from frontend.api.openai_protocol import ChatCompletionRequest
 from frontend.errors import invalid
-from frontend.protocol import STRICT, ChatCompletionRequest, parse
+from frontend.intake import STRICT, parse
 
 
 class AnthropicContentBlock(BaseModel):

@@ -3,7 +3,7 @@
 
 ```
  body ─parse─▶ ResponsesRequest ─(+ previous_response_id's items, from the store)─▶
-   chat_request_of ─▶ ChatCompletionRequest ─▶ Serving.chat_request (the chat path: tools,
+   chat_request_of ─▶ ChatCompletionRequest ─▶ ChatPath.serve_chat (frontend.chat_path: tools,
    structured outputs, sampling, tokenization) ─▶ chat JSON / chat SSE
    ─▶ responses_output (response object / Responses events) ─▶ the store (unless store: false)
 ```
@@ -17,13 +17,11 @@ previous_response_id needs one look-up, and input_items lists that whole convers
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
 
 from frontend.api.response_store import ResponseStore
 from frontend.api.responses_output import (
@@ -42,12 +40,11 @@ from frontend.api.responses_protocol import (
     input_items,
     rename,
 )
-from frontend.cluster.engine_client import EngineClient
+from frontend.chat_path import ChatPath
 from frontend.errors import APIError, invalid
 from frontend.frontends import responses_db
-from frontend.protocol import parse
-from frontend.request_body import read_body
-from frontend.serving import Serving
+from frontend.intake import Intake
+from frontend.room import Room
 
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
@@ -62,8 +59,8 @@ def not_found(response_id: str, param: str | None = None) -> APIError:
 
 
 class ResponsesRoom:
-    def __init__(self, serving: Serving, store: ResponseStore) -> None:
-        self.serving = serving
+    def __init__(self, intake: Intake, chat: ChatPath, store: ResponseStore) -> None:
+        self.intake, self.chat = intake, chat
         self.store = store
 
     def base(self, req: ResponsesRequest, created: int) -> dict[str, Any]:
@@ -72,7 +69,7 @@ class ResponsesRoom:
             "id": new_id("resp"),
             "object": "response",
             "created_at": created,
-            "model": self.serving.model_name,
+            "model": self.chat.model_name,
             "error": None,
             "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens,
@@ -93,11 +90,7 @@ class ResponsesRoom:
         }
 
     async def create(self, request: Request) -> Response:
-        arrival, wall = time.monotonic(), time.time()
-        req = parse(
-            ResponsesRequest, await read_body(request, self.serving.config.server.max_body_bytes)
-        )
-        self.serving.check_model(req.model)
+        req, arrival = await self.intake.read(request, ResponsesRequest)
         check_unsupported(req)
         items = input_items(req)
         if req.previous_response_id is not None:
@@ -107,10 +100,10 @@ class ResponsesRoom:
             items = [*previous.input_items, *previous.response["output"], *items]
         chat = chat_request_of(req, items)
         try:
-            answer = await self.serving.chat_request(request, chat, arrival, wall)
+            answer = await self.chat.serve_chat(request, chat, arrival)
         except APIError as e:
             raise rename(e) from None
-        base = self.base(req, int(wall))
+        base = self.base(req, int(arrival.wall))
         if isinstance(answer, StreamingResponse):
             answer.body_iterator = self._events(answer.body_iterator, EventStream(base), req, items)
             return answer
@@ -193,28 +186,27 @@ class ResponsesRoom:
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
-def add_responses_routes(
-    api: APIRouter,
-    serving: Serving,
-    client: EngineClient,
-    body_schema: Callable[[type[BaseModel]], dict],
-) -> ResponsesRoom:
+def add_responses_routes(room: Room) -> ResponsesRoom:
     """POST /v1/responses, GET and DELETE /v1/responses/{response_id}, GET
-    /v1/responses/{response_id}/input_items on `api`."""
-    server = serving.config.server
+    /v1/responses/{response_id}/input_items."""
+    config = room.chat.config
     # several frontends on the port share one file (frontend.frontends.responses_db)
     store = ResponseStore(
-        server.responses_store_max, server.responses_store_bytes, responses_db(serving.config)
+        config.server.responses_store_max,
+        config.server.responses_store_bytes,
+        responses_db(config),
     )
-    room = ResponsesRoom(serving, store)
+    responses = ResponsesRoom(room.intake, room.chat, store)
+    api = room.api
 
-    @api.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
     async def create_response(request: Request) -> Response:
-        return await room.create(request)
+        return await responses.create(request)
+
+    room.post("/v1/responses", create_response, ResponsesRequest)
 
     @api.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str) -> JSONResponse:
-        return room.retrieve(response_id)
+        return responses.retrieve(response_id)
 
     @api.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(
@@ -224,10 +216,10 @@ def add_responses_routes(
         order: str = "desc",
         include: Annotated[list[str] | None, Query()] = None,
     ) -> JSONResponse:
-        return room.input_items(response_id, after, limit, order, include or [])
+        return responses.input_items(response_id, after, limit, order, include or [])
 
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> JSONResponse:
-        return room.delete(response_id)
+        return responses.delete(response_id)
 
-    return room
+    return responses

@@ -1,5 +1,6 @@
 """The Responses API's request body (pydantic, so /openapi.json describes it), its checks,
-and its translation into the chat request the engine path serves (frontend.serving).
+and its translation into the chat request the engine path serves
+(frontend.api.openai.OpenAIServing.chat_request).
 
 Input items become chat messages: a message item its role and joined text, consecutive
 function_call items one assistant message's tool_calls, a function_call_output a tool
@@ -16,10 +17,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
+from frontend.api.openai_protocol import ChatCompletionRequest
 from frontend.errors import APIError, invalid
-from frontend.protocol import ChatCompletionRequest
+from frontend.intake import STRICT
 
-STRICT = ConfigDict(extra="forbid", strict=True)
 TEXT_PARTS = ("input_text", "output_text")
 
 

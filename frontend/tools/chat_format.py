@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.tool_formats import ToolFormat
 from frontend.api.openai_format import ChatFormat, Choice, sse
 from frontend.logprobs import TokenLogprob
 from frontend.request_handle import Delta
-from frontend.tools.parsers import ToolParser
 from frontend.tools.stream import ToolStream, message_calls
 
 
@@ -19,7 +19,7 @@ def _finish(reason: str | None, called: bool) -> str | None:
 
 
 class ToolChatFormat(ChatFormat):
-    def __init__(self, *args: Any, parser: ToolParser, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, parser: ToolFormat, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parser = parser
         self._streams: dict[int, ToolStream] = {}

@@ -1,13 +1,16 @@
-"""The tool-calling fields of a chat request, checked at intake: `tools`, `tool_choice`,
-`parallel_tool_calls`, and the tool traces in the history (assistant `tool_calls`,
-`role: "tool"` results).
+"""The tool-calling fields of a chat request, checked at intake: `tools`, `tool_choice` and
+`parallel_tool_calls` (the history's tool traces: frontend.chat_history); and what they
+change in its SamplingParams (`apply_tools`), in the model's tool-call format.
 
     tools ─check_tools─▶ [{"type": "function", "function": {name, description, parameters}}]
     tool_choice ─▶ "none" | "auto" | "required" | a function's name
       none: tools in the prompt (as vLLM by default: the same prompt as auto, so the
             history's calls render the same), the text not parsed
-      auto: tools in the prompt; calls parsed from the text (frontend.tools.parsers)
-      required / named: also forced by a grammar (frontend.tools.grammar)
+      auto: tools in the prompt; calls parsed from the text (common.tool_formats)
+      required / named: also forced by the format's grammar (ToolFormat.grammar): one
+            call of the allowed functions, or with parallel_tool_calls (the default) one
+            or more for "required"; a named function once (as vLLM's: left free to
+            repeat it, the default model wrote the same call again until max_tokens)
 
 Everything malformed is a 400 naming the field (`tools.0.function.name`), never a call the
 engine cannot honour.
@@ -15,12 +18,15 @@ engine cannot honour.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from common.sampling_params import SamplingParams
+from common.schema_bounds import SchemaBoundError
+from common.tool_formats import ToolFormat, tool_format
 from frontend.errors import invalid
+from frontend.tokenizer_calls import TokenizerCalls
 
 MAX_TOOLS = 128
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule for function names
@@ -51,6 +57,11 @@ class ToolRequest:
         if self.name is not None:
             return [self.function(self.name)]
         return [t["function"] for t in self.tools]
+
+    @property
+    def repeat(self) -> bool:
+        """Whether a forced reply may hold several calls."""
+        return self.parallel and self.choice != "named"
 
 
 def check_tools(tools: list[Any]) -> list[dict[str, Any]]:
@@ -160,33 +171,58 @@ def tool_request(
     return ToolRequest(checked, choice, name, True if parallel is None else parallel)
 
 
-def history_tool_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
-    """An assistant message's tool_calls as chat templates take them: arguments decoded
-    to an object when they are JSON (transformers' convention), else kept as the string."""
-    out = []
-    for j, call in enumerate(calls):
-        at = f"{where}.{j}"
-        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-            raise invalid(
-                f"{at}: a tool call is {{'id', 'type', 'function': {{name, arguments}}}}", at
-            )
-        fn = call["function"]
-        if not isinstance(fn.get("name"), str):
-            raise invalid(f"{at}.function.name: must be a string", f"{at}.function.name")
-        args = fn.get("arguments", "{}")
-        if not isinstance(args, str):
-            raise invalid(
-                f"{at}.function.arguments: must be a JSON string", f"{at}.function.arguments"
-            )
-        try:
-            decoded: Any = json.loads(args)
-        except ValueError:
-            decoded = args
-        entry: dict[str, Any] = {
-            "type": "function",
-            "function": {"name": fn["name"], "arguments": decoded},
-        }
-        if isinstance(call.get("id"), str):
-            entry["id"] = call["id"]
-        out.append(entry)
-    return out
+def apply_tools(
+    params: list[SamplingParams], tools: ToolRequest, fmt: ToolFormat, client_skip: bool | None
+) -> None:
+    """Set what tools change in each choice's SamplingParams: the forcing grammar for
+    "required" or a named function, and special tokens kept in the text when the format
+    has some (unless the client set skip_special_tokens). A constraint the client asked
+    for too (response_format / structured_outputs: `structured` already set) cannot be
+    combined with a forced call."""
+    for p in params:
+        if fmt.needs_special_tokens and client_skip is None:
+            p.skip_special_tokens = False
+    if not tools.forced:
+        return
+    param = "tool_choice"
+    if any(p.structured for p in params):
+        raise invalid(f"{param}: a forced tool call cannot be combined with response_format", param)
+    try:
+        spec = fmt.grammar(tools.allowed, tools.repeat)
+    except SchemaBoundError as e:
+        raise invalid(f"tools: a function's parameters: {e}", "tools") from None
+    for p in params:
+        p.structured = {"kind": "grammar", "spec": spec}
+
+
+class ServedToolFormat:
+    """The tool-call format the tokenizer pool renders prompts in: the configured one,
+    else its answer (tokenizer_info's tool_call_parser), asked once."""
+
+    def __init__(self, configured: str | None, calls: TokenizerCalls) -> None:
+        self.format = tool_format(configured) if configured else None
+        self.calls = calls
+
+    async def get(self) -> ToolFormat:
+        if self.format is None:
+            name = (await self.calls.call("tokenizer_info", {})).get("tool_call_parser")
+            self.format = tool_format(name if isinstance(name, str) else "hermes")
+        return self.format
+
+
+async def chat_tools(
+    tools: list[Any] | None,
+    tool_choice: str | dict[str, Any] | None,
+    parallel: bool | None,
+    params: list[SamplingParams],
+    skip_special_tokens: bool | None,
+    served: ServedToolFormat,
+) -> tuple[ToolRequest | None, ToolFormat | None]:
+    """A chat request's tools checked and applied to its `params`: (the tools, or None;
+    the format its text is parsed in, or None when it is not parsed)."""
+    checked = tool_request(tools, tool_choice, parallel)
+    if checked is None or not checked.parsed:
+        return checked, None
+    fmt = await served.get()
+    apply_tools(params, checked, fmt, skip_special_tokens)
+    return checked, fmt

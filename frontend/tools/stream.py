@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from frontend.tools.parsers import PartialCall, ToolParser
+from common.tool_formats import PartialCall, ToolFormat
 
 
 def call_id() -> str:
@@ -28,7 +28,7 @@ def call_id() -> str:
 
 
 class ToolStream:
-    def __init__(self, parser: ToolParser) -> None:
+    def __init__(self, parser: ToolFormat) -> None:
         self.parser = parser
         self.text = ""
         self.sent = 0  # chars of text sent as content

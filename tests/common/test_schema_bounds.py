@@ -14,8 +14,7 @@ import pytest
 
 from common.grammar import GrammarError, grammar_text
 from common.schema_bounds import bounded_schema, closed_objects
-from frontend.tools.grammar import tool_grammar
-from frontend.tools.request import tool_request
+from common.tool_formats import tool_format
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -132,20 +131,19 @@ def test_x_zeroserve_lifts_the_number_bounds(tokenizer):
 
 def test_forced_tool_call_arguments_are_bounded(tokenizer):
     fn = {"name": "city", "parameters": CITY}
-    tools = tool_request([{"type": "function", "function": fn}], "required", None)
     for parser, call in (
         ("hermes", '<tool_call>\n{"name": "city", "arguments": ARGS}\n</tool_call>'),
         ("llama3_json", '{"name": "city", "parameters": ARGS}'),
     ):
-        grammar = tool_grammar(tools, parser)
+        grammar = tool_format(parser).grammar([fn], repeat=True)
         # (the tool grammar writes a schema's keys sorted: its properties in that order)
         args = '{"country": "Norway", "name": "Oslo", "population_millions": '
         assert matches(tokenizer, grammar, call.replace("ARGS", args + "0.7}"))
         assert not matches(tokenizer, grammar, call.replace("ARGS", args + "1" * 17 + "}"))
-    pythonic = tool_grammar(tools, "pythonic")
+    pythonic = tool_format("pythonic").grammar([fn], repeat=True)
     head = '[city(name="Oslo", country="Norway", population_millions='  # as listed
     assert matches(tokenizer, pythonic, head + "0.7, )]")
     assert not matches(tokenizer, pythonic, head + "1" * 17 + ", )]")
     lifted = {"name": "city", "parameters": {**CITY, "x-zeroserve": {"number_bounds": False}}}
-    tools = tool_request([{"type": "function", "function": lifted}], "required", None)
-    assert matches(tokenizer, tool_grammar(tools, "pythonic"), head + "1" * 17 + ", )]")
+    grammar = tool_format("pythonic").grammar([lifted], repeat=True)
+    assert matches(tokenizer, grammar, head + "1" * 17 + ", )]")

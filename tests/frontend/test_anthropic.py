@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
+from common.tool_formats import tool_format
 from frontend.api.anthropic_format import AnthropicFormat, stop_reason, usage_of
 from frontend.api.openai_format import ChatFormat, Choice
 from frontend.request_handle import Delta
 from frontend.tools.chat_format import ToolChatFormat
-from frontend.tools.parsers import get_parser
 from tests.frontend.conftest import Served, serve
 
 WEATHER = {
@@ -324,13 +324,13 @@ def delta(text: str, n: int, finish: str | None = None, stop: str | int | None =
     return Delta(0, text, finish, stop, 7, n, b"", None, None)
 
 
-def tool_format() -> AnthropicFormat:
-    parser = get_parser("hermes")
+def anthropic_tool_format() -> AnthropicFormat:
+    parser = tool_format("hermes")
     return AnthropicFormat(ToolChatFormat("x", "m", 0, False, parser=parser), parser, "m", [])
 
 
 def test_tool_use_response() -> None:
-    fmt, c = tool_format(), Choice(0)
+    fmt, c = anthropic_tool_format(), Choice(0)
     c.add(delta("Sure. " + CALL_TEXT, 9, "stop"), keep=True)
     m = fmt.response([c])
     assert m["content"][0] == {"type": "text", "text": "Sure."}  # the parser trims it
@@ -341,7 +341,7 @@ def test_tool_use_response() -> None:
 
 
 def test_tool_use_stream() -> None:
-    fmt, c = tool_format(), Choice(0)
+    fmt, c = anthropic_tool_format(), Choice(0)
     parts = fmt.stream_start(1, 7)
     pieces = ["Sure. ", *[CALL_TEXT[i : i + 9] for i in range(0, len(CALL_TEXT), 9)]]
     for i, piece in enumerate(pieces):

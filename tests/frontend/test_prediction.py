@@ -9,10 +9,11 @@ import json
 import pytest
 
 from frontend.api.openai_format import Choice
+from frontend.api.openai_protocol import ChatCompletionRequest, CompletionRequest
 from frontend.api.openai_usage import usage
 from frontend.errors import APIError
+from frontend.intake import parse
 from frontend.prediction import prediction_counts, prediction_text
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from frontend.reasoning import ReasoningParser, new_parser
+from common.reasoning_formats import ReasoningParser, new_parser
 from tests.frontend.conftest import Served, serve
 from tests.frontend.sse import parse_sse
 from tests.frontend.test_anthropic import parse_events

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from common.sampling_params import SamplingParams
+from frontend.api.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.errors import APIError
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from frontend.structured import structured_alias, structured_from_request
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}

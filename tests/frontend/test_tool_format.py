@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 
+from common.tool_formats import tool_format
 from frontend.api.openai_format import Choice
 from frontend.request_handle import Delta
 from frontend.tools.chat_format import ToolChatFormat
-from frontend.tools.parsers import get_parser
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
 def _fmt() -> ToolChatFormat:
-    return ToolChatFormat("chatcmpl-1", "m", 0, False, parser=get_parser("hermes"))
+    return ToolChatFormat("chatcmpl-1", "m", 0, False, parser=tool_format("hermes"))
 
 
 def _deltas(index: int, pieces: list[str], reason: str = "stop") -> list[Delta]:

@@ -1,4 +1,4 @@
-"""The grammars that force tool calls (frontend.tools.grammar), checked with llguidance's
+"""The grammars that force tool calls (ToolFormat.grammar, common/tool_formats/), checked with llguidance's
 own matcher on the default model's tokenizer: they compile, accept calls whose arguments
 validate against the function's schema in the parser's format, and reject the rest; what
 they accept, the parser reads back as the same call."""
@@ -10,9 +10,15 @@ import json
 import jsonschema
 import pytest
 
-from frontend.tools.grammar import tool_grammar
-from frontend.tools.parsers import get_parser
-from frontend.tools.request import tool_request
+from common.tool_formats import tool_format
+from frontend.tools.request import ToolRequest, tool_request
+
+
+def tool_grammar(tools: ToolRequest | None, name: str) -> str:
+    """The grammar a forced call of `tools` gets in format `name` (frontend.tools.request.apply_tools)."""
+    assert tools is not None
+    return tool_format(name).grammar(tools.allowed, tools.repeat)
+
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -78,7 +84,7 @@ SAMPLES = {  # parser -> (one valid weather call, two valid calls in parallel)
 
 
 def _valid(parser: str, text: str) -> None:
-    parsed = get_parser(parser).parse(text)
+    parsed = tool_format(parser).parse(text)
     assert parsed.calls
     for c in parsed.calls:
         jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
@@ -139,7 +145,7 @@ def test_required_rejects_invalid_calls(tokenizer, text):
     grammar = tool_grammar(tool_request(TOOLS, "required", None), "hermes")
     assert not accepts(tokenizer, grammar, text)
     with pytest.raises(jsonschema.ValidationError):  # the oracle agrees where it applies
-        parsed = get_parser("hermes").parse(text)
+        parsed = tool_format("hermes").parse(text)
         if not parsed.calls or parsed.calls[0].name not in SCHEMAS or parsed.content:
             raise jsonschema.ValidationError("not a lone call of a known tool")
         jsonschema.validate(json.loads(parsed.calls[0].arguments), SCHEMAS[parsed.calls[0].name])

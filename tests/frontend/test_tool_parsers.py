@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from frontend.tools.parsers import PARSERS, get_parser
+from common.tool_formats import FORMATS, tool_format
 from frontend.tools.stream import ToolStream
 
 W = '{"city": "Paris", "unit": "c"}'
@@ -80,12 +80,12 @@ ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
 def test_every_parser_has_samples():
     from common.config import TOOL_CALL_PARSERS
 
-    assert set(CASES) == set(PARSERS) == set(TOOL_CALL_PARSERS)
+    assert set(CASES) == set(FORMATS) == set(TOOL_CALL_PARSERS)
 
 
 @pytest.mark.parametrize("parser, text, content, calls", ALL)
 def test_parse_whole_text(parser, text, content, calls):
-    parsed = get_parser(parser).parse(text)
+    parsed = tool_format(parser).parse(text)
     assert parsed.content == content
     got = [(c.name, c.arguments) for c in parsed.calls]
     assert got == calls
@@ -96,7 +96,7 @@ def test_parse_whole_text(parser, text, content, calls):
 def _assemble(parser: str, pieces: list[str]) -> tuple[str, list[tuple[str, str]], list[dict]]:
     """What the openai client builds from the deltas: content, and per index the id, name
     and concatenated argument fragments."""
-    ts = ToolStream(get_parser(parser))
+    ts = ToolStream(tool_format(parser))
     content, calls, firsts = "", {}, []
     for k, piece in enumerate(pieces):
         text, deltas = ts.feed(piece, final=k == len(pieces) - 1)
@@ -134,7 +134,7 @@ def test_streamed_deltas_assemble_to_the_whole_parse(parser, text, content, call
 def test_stream_sends_the_name_before_the_arguments_end():
     """The name goes out as soon as it is complete, and argument fragments as they come,
     not once the whole call is written."""
-    ts = ToolStream(get_parser("hermes"))
+    ts = ToolStream(tool_format("hermes"))
     assert ts.feed("Hi <tool", False) == ("Hi ", [])  # "<tool" held back: may be a tag
     assert ts.feed('_call>\n{"name": "get_w', False) == ("", [])
     _, deltas = ts.feed('eather", "arguments": {"ci', False)
@@ -144,7 +144,7 @@ def test_stream_sends_the_name_before_the_arguments_end():
 
 
 def test_held_back_text_is_released_when_it_is_not_a_tag():
-    ts = ToolStream(get_parser("hermes"))
+    ts = ToolStream(tool_format("hermes"))
     assert ts.feed("a <to", False) == ("a ", [])
     assert ts.feed("y> b", False) == ("<toy> b", [])
     assert ts.feed(" <", True) == (" <", [])

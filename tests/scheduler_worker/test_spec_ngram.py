@@ -204,13 +204,16 @@ def test_speculative_extra_body_field_reaches_the_params():
     import json
 
     from common.config import ServerConfig
+    from frontend.api.openai_protocol import ChatCompletionRequest
+    from frontend.api.openai_sampling import sampling_params
     from frontend.errors import APIError
-    from frontend.protocol import ChatCompletionRequest, parse, sampling_params
+    from frontend.intake import parse
 
     def params(**extra):
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
         req = parse(ChatCompletionRequest, json.dumps(body).encode())
-        return sampling_params(req, 8, None, None, ServerConfig())[0]
+        params, _ = sampling_params(req, 8, None, None, ServerConfig())
+        return params[0]
 
     assert params().speculative is True
     assert params(speculative=False).speculative is False

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from frontend.tools.parsers import PARSERS, get_parser
+from common.tool_formats import FORMATS, tool_format
 from tests.tokenizer_worker.conftest import hf_chat_ids
 from tokenizer_worker.chat_template import ChatTemplate
 from tokenizer_worker.tokenization import Tokenization
 from tokenizer_worker.tool_prompt import (
-    default_tool_parser,
     fallback_messages,
+    family_tool_format,
     template_handles_tools,
-    write_calls,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -116,14 +115,14 @@ def test_default_model_gets_the_tool_prompt(default_model_dir):
 
     tok = Tokenization(default_model_dir)
     assert not template_handles_tools(tok.chat_template)
-    assert tok.tool_call_parser == "hermes"
-    rewritten = fallback_messages(HISTORY, TOOLS, "hermes")
+    assert tok.tool_format.name == "hermes"
+    rewritten = fallback_messages(HISTORY, TOOLS, tool_format("hermes"))
     assert [m["role"] for m in rewritten] == ["system", "user", "assistant", "user"]
     system = rewritten[0]["content"]
     assert system.startswith("Be brief.\n\n# Tools")
     assert json.dumps(TOOLS[0], ensure_ascii=False) in system
     assert rewritten[3]["content"] == '<tool_response>\n{"temp": 18}\n</tool_response>'
-    parsed = get_parser("hermes").parse(rewritten[2]["content"])
+    parsed = tool_format("hermes").parse(rewritten[2]["content"])
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
         ("get_weather", {"city": "Paris"})
     ]
@@ -138,10 +137,10 @@ def test_no_system_message_gets_one_and_tool_results_are_joined():
         {"role": "tool", "content": "a", "tool_call_id": "1"},
         {"role": "tool", "content": "b", "tool_call_id": "2"},
     ]
-    out = fallback_messages(msgs, TOOLS, "hermes")
+    out = fallback_messages(msgs, TOOLS, tool_format("hermes"))
     assert out[0]["role"] == "system" and out[1] == {"role": "user", "content": "x"}
     assert out[2]["content"].startswith("Checking.\n<tool_call>")
-    assert len(get_parser("hermes").parse(out[2]["content"]).calls) == 2
+    assert len(tool_format("hermes").parse(out[2]["content"]).calls) == 2
     assert out[3]["content"] == (
         "<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response>"
     )
@@ -153,7 +152,7 @@ def test_history_without_tools_is_rewritten_without_the_tool_prompt(default_mode
     rendered as with tools (not dropped by a template that ignores tool_calls), with no
     tool instructions."""
     tok = Tokenization(default_model_dir)
-    rewritten = fallback_messages(HISTORY, [], "hermes")
+    rewritten = fallback_messages(HISTORY, [], tool_format("hermes"))
     assert rewritten[0] == HISTORY[0]  # the system message untouched
     assert "<tool_call>" in rewritten[2]["content"]
     text = tok.tokenizer.decode(tok.chat_ids(HISTORY), skip_special_tokens=False)
@@ -161,7 +160,7 @@ def test_history_without_tools_is_rewritten_without_the_tool_prompt(default_mode
     assert "<tool_response>" in text and "# Tools" not in text
 
 
-@pytest.mark.parametrize("parser", sorted(PARSERS))
+@pytest.mark.parametrize("parser", sorted(FORMATS))
 def test_history_calls_are_written_as_the_parser_reads_them(parser):
     calls = [
         CALL,
@@ -170,7 +169,8 @@ def test_history_calls_are_written_as_the_parser_reads_them(parser):
             "function": {"name": "add", "arguments": '{"a": 1, "b": [true, null]}'},
         },
     ]
-    parsed = get_parser(parser).parse(write_calls(calls, parser))
+    fmt = tool_format(parser)
+    parsed = fmt.parse(fmt.write_calls(calls))
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
         ("get_weather", {"city": "Paris"}),
         ("add", {"a": 1, "b": [True, None]}),
@@ -189,6 +189,6 @@ def test_history_calls_are_written_as_the_parser_reads_them(parser):
         ({"model_type": "gpt2"}, None, "hermes"),
     ],
 )
-def test_default_parser_per_architecture(hf, template, parser):
+def test_format_per_family(hf, template, parser):
     t = ChatTemplate(template, {}) if template is not None else None
-    assert default_tool_parser(hf, t) == parser
+    assert family_tool_format(hf, t).name == parser

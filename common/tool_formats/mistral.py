@@ -6,38 +6,38 @@ or (tokenizer v11 and later) one `name[ARGS]{...}` per call:
 
     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]other[ARGS]{}
 
-[TOOL_CALLS] is a special token, so requests with tools keep special tokens in the text.
+[TOOL_CALLS] is a special token, so requests with tools keep special tokens in the text;
+prompts and grammars write the array form (a grammar spells the token as text: it cannot
+force a special token by its text).
 """
 
 from __future__ import annotations
 
-from frontend.tools.parsers.base import (
-    JsonCallsParser,
-    PartialCall,
-    json_object,
-    scan_json,
-    skip_ws,
-)
+from common.tool_formats.base import skip_ws
+from common.tool_formats.json_calls import JsonCallsFormat, PartialCall, json_object, scan_json
 
 MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
 
 
-class MistralParser(JsonCallsParser):
+class MistralFormat(JsonCallsFormat):
     name = "mistral"
     needs_special_tokens = True
     marker = MARK
+    OPEN, CLOSE = MARK + " [", "]"
+
+    HOW_TO_CALL = (
+        "To call functions, respond only with [TOOL_CALLS] followed by a JSON list of calls: "
+        '[TOOL_CALLS] [{"name": <function-name>, "arguments": <args-json-object>}]'
+    )
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
         body = region[len(MARK) :]
         i = skip_ws(body, 0)
         if i < len(body) and body[i] == "[":
-            return self._array(body, i, final)
+            return self.object_run(body, skip_ws(body, i + 1), ",", final)
         if i >= len(body):
             return []
         return self._named(region, final)
-
-    def _array(self, body: str, i: int, final: bool) -> list[PartialCall]:
-        return self.object_run(body, skip_ws(body, i + 1), ",", final)
 
     def _named(self, region: str, final: bool) -> list[PartialCall]:
         out: list[PartialCall] = []

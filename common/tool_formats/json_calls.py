@@ -1,36 +1,14 @@
-"""What every tool-call parser shares: the calls it finds, the JSON scanner, the base class.
-
-A parser reads a chat completion's text in two parts:
-
-    "Let me check. <tool_call>{...}</tool_call>"
-     └── content ─┘└──────── tool-call region ────────┘
-                   ^ start(text): where the region begins (None: no call yet)
-
-`calls(region, final)` lists the calls found in the region so far, each with its name
-once the name is complete and the raw text of its arguments as written so far. While
-the text is still growing (`final` False), a call's `arguments` only ever grows: what a
-stream sent stays a prefix of what it will send (frontend.tools.stream relies on it).
-With `final`, every call's arguments are a complete JSON object, or the call is dropped.
-"""
+"""The formats whose calls are JSON objects {"name": ..., "arguments"|"parameters": {...}}
+(hermes, llama3_json, mistral): the JSON scanner their parsers share, and how such a call
+is written in a prompt and in a grammar."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass
-class PartialCall:
-    name: str | None  # None until the name is complete
-    arguments: str  # raw JSON text of the arguments so far (a complete object once done)
-    done: bool = False  # the arguments are complete
-
-
-@dataclass(frozen=True)
-class ParsedCalls:
-    content: str | None  # the text outside the calls; None when there is none
-    calls: list[PartialCall]
+from common.schema_bounds import split_options
+from common.tool_formats.base import PartialCall, ToolFormat, dumps, lit, schema_rule, skip_ws
 
 
 def scan_json(text: str, start: int) -> int | None:
@@ -76,12 +54,6 @@ def scan_json(text: str, start: int) -> int | None:
     return None
 
 
-def skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
 def json_object(text: str) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
@@ -90,58 +62,25 @@ def json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def marker_prefix_len(text: str, marker: str) -> int:
-    """The length of the longest suffix of text that is a proper prefix of marker: text a
-    stream must hold back, as it may be the start of the marker."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
-
-
-class ToolParser:
-    """Base: a family's tool-call format. Subclasses set `name` and implement `start` and
-    `calls`; `hold_back` says how much of a text without a region yet may still turn
-    out to begin one."""
-
-    name = ""
-    # whether the format uses special tokens the detokenizer must keep (skip_special_tokens)
-    needs_special_tokens = False
-    # the text that opens a region wherever it stands (hermes, mistral): start and
-    # hold_back follow from it; a format that opens otherwise overrides them
-    marker = ""
-
-    def start(self, text: str) -> int | None:
-        if not self.marker:
-            raise NotImplementedError
-        at = text.find(self.marker)
-        return None if at < 0 else at
-
-    def hold_back(self, text: str) -> int:
-        if not self.marker:
-            raise NotImplementedError
-        return marker_prefix_len(text, self.marker)
-
-    def calls(self, region: str, final: bool) -> list[PartialCall]:
-        raise NotImplementedError
-
-    def parse(self, text: str) -> ParsedCalls:
-        """A whole completion: its content and its complete calls. A region whose calls do
-        not parse leaves the whole text as content."""
-        at = self.start(text)
-        if at is None:
-            return ParsedCalls(text, [])
-        calls = [c for c in self.calls(text[at:], final=True) if c.done and c.name]
-        if not calls:
-            return ParsedCalls(text, [])
-        content = text[:at].strip()
-        return ParsedCalls(content or None, calls)
-
-
-class JsonCallsParser(ToolParser):
-    """Formats whose calls are JSON objects {"name": ..., "arguments"|"parameters": {...}}."""
+class JsonCallsFormat(ToolFormat):
+    """A format whose calls are JSON objects; ARGS_KEY is the one its prompt and grammar
+    write, the parser reads either."""
 
     ARG_KEYS = ("arguments", "parameters")
+    ARGS_KEY = "arguments"
+
+    def write_call(self, fn: dict[str, Any]) -> str:
+        args = fn.get("arguments", {})
+        args_text = args if isinstance(args, str) else dumps(args)
+        return f'{{"name": {dumps(fn.get("name"))}, "{self.ARGS_KEY}": {args_text}}}'
+
+    def call_rules(self, fn: dict[str, Any], k: int) -> list[str]:
+        head = f'{{"name": {dumps(fn["name"])}, "{self.ARGS_KEY}": '
+        params, numbers = split_options(fn["parameters"])
+        return [
+            f"fn_{k}: {lit(head)} args_{k} {lit('}')}",
+            f"args_{k}: {schema_rule(params, numbers)}",
+        ]
 
     def object_run(self, text: str, i: int, sep: str, final: bool) -> list[PartialCall]:
         """The calls of the JSON objects from text[i] on, `sep` between them (the last one

@@ -6,7 +6,9 @@ with keyword arguments,
 optionally between <|python_start|> and <|python_end|>. Values are Python literals (JSON's
 true/false/null are read too); the arguments are sent as the JSON of the keywords. The
 output is calls only when it begins with "[" (after whitespace or <|python_start|>). A
-stream gets each call whole, once its closing parenthesis is written.
+stream gets each call whole, once its closing parenthesis is written. A grammar writes
+`[f(k=V, k2=V2, ), g()]`: the schema's properties in order, each `name=<JSON value>, `
+(required ones always, the others optionally).
 """
 
 from __future__ import annotations
@@ -15,9 +17,16 @@ import ast
 import json
 from typing import Any
 
-from frontend.tools.parsers.base import PartialCall, ToolParser, skip_ws
+from common.schema_bounds import split_options
+from common.tool_formats.base import (
+    PartialCall,
+    ToolFormat,
+    dumps,
+    lit,
+    schema_rule,
+    skip_ws,
+)
 
-OPEN, CLOSE = "<|python_start|>", "<|python_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
@@ -81,24 +90,41 @@ def _item_end(text: str, i: int) -> int | None:
     return None
 
 
-class PythonicParser(ToolParser):
+class PythonicFormat(ToolFormat):
     name = "pythonic"
     needs_special_tokens = True  # <|python_start|>
+    OPEN, CLOSE = "[", "]"
+    lead, first = "<|python_start|>", "["
 
-    def start(self, text: str) -> int | None:
-        i = skip_ws(text, 0)
-        if text.startswith(OPEN, i) or text.startswith("[", i):
-            return i
-        return None
+    HOW_TO_CALL = (
+        "To call functions, respond only with a Python list of calls with keyword arguments: "
+        "[func_name1(param1=value1, param2=value2), func_name2(param=value)]"
+    )
 
-    def hold_back(self, text: str) -> int:
-        rest = text[skip_ws(text, 0) :]
-        return len(text) if OPEN.startswith(rest) else 0
+    def write_call(self, fn: dict[str, Any]) -> str:
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                args = {}
+        pairs = args.items() if isinstance(args, dict) else ()
+        return f"{fn.get('name')}(" + ", ".join(f"{k}={dumps(v)}" for k, v in pairs) + ")"
+
+    def call_rules(self, fn: dict[str, Any], k: int) -> list[str]:
+        params, numbers = split_options(fn["parameters"])
+        props: dict[str, Any] = params.get("properties") or {}
+        required = set(params.get("required") or ())
+        items, rules = [], []
+        for j, (key, sub) in enumerate(props.items()):
+            rules.append(f"v_{k}_{j}: {schema_rule(sub if isinstance(sub, dict) else {}, numbers)}")
+            item = f"{lit(key + '=')} v_{k}_{j} {lit(', ')}"
+            items.append(item if key in required else f"({item})?")
+        body = " ".join(items)
+        return [f"fn_{k}: {lit(fn['name'] + '(')} {body} {lit(')')}", *rules]
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
-        i = skip_ws(region, 0)
-        if region.startswith(OPEN, i):
-            i = skip_ws(region, i + len(OPEN))
+        i = self.after_lead(region)
         if i >= len(region) or region[i] != "[":
             return []
         i = skip_ws(region, i + 1)
