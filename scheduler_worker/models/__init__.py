@@ -3,8 +3,9 @@ runs (the families themselves: common/families, one file each)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -53,7 +54,11 @@ def check_servable(args: ModelArgs) -> None:
         )
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(
+    model_dir: Path, read: Callable[[Any, str], torch.Tensor] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the directory's safetensors files, by name; `read(file, name)`
+    reads one another way (a tensor-parallel rank: its slice only)."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
@@ -61,7 +66,7 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield name, f.get_tensor(name)
+                    yield name, read(f, name) if read else f.get_tensor(name)
         except (OSError, ValueError, RuntimeError) as e:
             raise ValueError(f"cannot read weights file {file}: {e}") from e
 

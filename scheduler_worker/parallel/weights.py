@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
+from scheduler_worker.models import iter_safetensors
 from scheduler_worker.models.common import ModelArgs
 from scheduler_worker.parallel.partition import Partition
 
@@ -137,14 +137,9 @@ def iter_safetensors_shard(
     model_dir: Path, part: Partition, args: ModelArgs
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """models.iter_safetensors, each tensor read as this rank's slice only."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
-    for file in files:
-        try:
-            with safe_open(file, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    sl = f.get_slice(name)
-                    yield name, shard_tensor(name, sl, list(sl.get_shape()), part, args)
-        except (OSError, ValueError, RuntimeError) as e:
-            raise ValueError(f"cannot read weights file {file}: {e}") from e
+
+    def read(f: Any, name: str) -> torch.Tensor:
+        sl = f.get_slice(name)
+        return shard_tensor(name, sl, list(sl.get_shape()), part, args)
+
+    return iter_safetensors(model_dir, read)
