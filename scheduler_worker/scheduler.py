@@ -99,7 +99,7 @@ class Scheduler:
         decodes = min(self.config.decode_batch, budget)
         # tokens this step's drafts may take (few to learn or probe), a row's k at most
         spare, most = budget - decodes, self.config.num_speculative_tokens
-        drafting = self.drafter is not None and self.policy.start_step(min(decodes, len(active)))
+        drafting = self.drafter is None or self.policy.start_step(min(decodes, len(active)))
         spare = min(spare, self.policy.cap) if drafting else 0
         while active and batch.num_decode < decodes:
             req, epoch = active.popleft()
