@@ -187,18 +187,24 @@ class ModelRunner:
         (spec/verify_rows.py) and one head call over every sampled row: the argmax where
         every drafted row is plain greedy (`draft`), else the logits."""
         rows = expand(seqs)
-        input_ids, positions, meta = self.prepare(rows)
-        self.backend.before_forward(meta)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
         plain = all(s.draft for s in seqs if s.verify)
-        out = self._head(hidden[meta.logits_indices], argmax_vocab if plain else None)
+        head_vocab = argmax_vocab if plain else None
+        if not any(s.prompt_logits and not s.verify for s in seqs):  # the common step:
+            # the backend's own (the CPU's one call; a GPU's graph of its row count)
+            out = self.backend.execute(self.model, self.kv_caches, rows, head_vocab)
+            hidden = None
+        else:
+            input_ids, positions, meta = self.prepare(rows)
+            self.backend.before_forward(meta)
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+            out = self._head(hidden[meta.logits_indices], head_vocab)
         extra: list[torch.Tensor | None] = [None] * len(seqs)
         offsets = token_offsets(rows)
         last: list[int] = []
         for i, (s, (row, first, n)) in enumerate(zip(seqs, placement(seqs))):
             if s.verify:
                 extra[i] = out[first : first + n - 1]
-            elif s.prompt_logits:  # prompt logprobs of a chunk in the same step
+            elif s.prompt_logits and hidden is not None:  # a chunk's prompt logprobs
                 at = offsets[row]
                 extra[i] = self._head(hidden[at : at + s.prompt_logits], None)
             if n:

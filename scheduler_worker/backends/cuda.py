@@ -56,6 +56,12 @@ GRAPH_RESERVE = 256 << 20  # kept back from the KV pool for the graphs' own memo
 class CudaBackend(Backend):
     name = "cuda"
     overlap = True
+    # a drafted row's 1 + k tokens as decode rows replay the decode graph of the step's
+    # row count: k changes the bucket, never falls back to eager. Each row's K/V is
+    # written before any row attends, as on the CPU; but a GEMM may round a row by the
+    # step's row count (cuBLAS picks its kernel by M), so greedy equality with plain
+    # decoding holds as measured, not by construction
+    verify_as_decode_rows = True
 
     def __init__(
         self,

@@ -315,3 +315,36 @@ def test_decode_graph_logprobs_equal_the_eager_steps(model_dir):
             for out, tok in zip(outputs, tokens):
                 out.append(tok)
     assert replays == [4, 4]
+
+
+def test_a_verify_step_replays_the_decode_graph_of_its_row_count(model_dir):
+    """A drafted row's [last, d1, d2] as three decode rows (spec/verify_rows.py) through
+    the decode graphs (stand-ins): the 4-row graph replays, no eager step, and each
+    position's logits equal the CPU engine's plain decode step there."""
+    cpu = cpu_runner(model_dir)
+    runner = triton_runner(model_dir)
+    backend = runner.backend
+    assert isinstance(backend, CudaBackend) and backend.verify_as_decode_rows
+
+    def stand_in(fn):
+        g = StandInGraph(fn)
+        return g, g.output
+
+    graphs = backend.capture(runner.model, runner.kv_caches, stand_in)
+    assert graphs is not None
+    prompt, table, drafts = PROMPTS[0], TABLES[0], [40, 41]
+    chain = [100, *drafts]  # the row's last token, then its drafts
+    want = []
+    with torch.inference_mode():
+        cpu.execute([SeqInput(prompt, 0, table)])
+        for j, t in enumerate(chain):  # one plain decode step a position
+            want.append(cpu.execute([SeqInput([t], len(prompt) + j, table)])[0].clone())
+        runner.execute([SeqInput(prompt, 0, table)])
+        replays = dict.fromkeys(graphs.graphs, 0)
+        for n, g in graphs.graphs.items():
+            g.replay = lambda g=g, n=n, r=g.replay: (replays.__setitem__(n, replays[n] + 1), r())
+        row = SeqInput(chain, len(prompt), table, prompt_logits=2, verify=True)
+        logits, extra = runner.execute_with_prompt_logits([row])
+    assert replays == {1: 0, 2: 0, 4: 1}  # three rows: the 4-row bucket, once
+    got = torch.cat([extra[0], logits])
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-4)
