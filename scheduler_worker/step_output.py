@@ -102,6 +102,18 @@ def request_output(req: Request, tokens: list[int], logprobs=None) -> RequestOut
     )
 
 
+def last_output(req: Request, token: int, lp: TokenLogprobs | None) -> RequestOutput:
+    """The output of a row that finished, or that may send its prompt logprobs (they go
+    with its first token once its prompt is done)."""
+    out = request_output(req, [token], [lp] if lp is not None else None)
+    if req.reads_history and req.wants_prompt_logprobs:
+        first: list = [req.prompt_token_ids[0], None, []]  # a 1-token prompt: this
+        out.prompt_logprobs = req.prompt_logprobs or [first]
+        req.prompt_logprobs = None
+        req.prompt_logprobs_sent = True
+    return out
+
+
 def keep_prompt_logprobs(
     entries: list[tuple[Request, int]], prompt_logits: list, vocab_size: int
 ) -> None:
