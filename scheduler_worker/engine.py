@@ -271,7 +271,7 @@ class LLMEngine:
                 row.draft_token_ids = batch.drafts.get(req.request_id, ())
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
-        argmax = bool(samplers) and (plain or masks is None and self.sampler.plain_greedy(rows))
+        argmax = bool(samplers) and (plain or masks is None and self.sampler.argmax_only(rows))
         in_flight = self._in_flight.sample if self._in_flight is not None else None
         verify: dict[str, tuple[list[int], list[int]]] = {}
         sampled_verify: SampledVerify | None = None
