@@ -80,7 +80,8 @@ def graph_like_execute(engine: LLMEngine, max_rows: int, vocab: int = VOCAB):
         if not isinstance(seqs, DecodeRows):
             return real(seqs, argmax_vocab)  # the prompts: the real forward
         inputs.fill(seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long))
-        return logits[: len(seqs)].clone()  # fresh, as a step's: the grammar masks write into them
+        with torch.profiler.record_function("device"):  # a graph's output: device work
+            return logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
 
     return execute
 
@@ -98,6 +99,37 @@ def publisher(engine: LLMEngine):
         ipc_time=0.0,
     )
     return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
+
+
+def device_ops(engine: LLMEngine, publish, steps: int) -> float:
+    """Seconds a step inside the torch ops a GPU runs as device work: the sampler's, and
+    the stand-in forward's copy of the logits (torch.profiler: the ops' own time within
+    those ranges; the Python between them is the host's)."""
+    sampler = engine.sampler
+    for name in ("sample", "greedy"):
+        setattr(sampler, name, record(getattr(sampler, name), "device"))
+    cpu = torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[cpu]) as prof:
+        for _ in range(steps):
+            publish(engine.step())
+    for name in ("sample", "greedy"):
+        delattr(sampler, name)
+    total = 0.0
+    for ev in prof.events():
+        parent = ev.cpu_parent
+        while parent is not None and parent.name != "device":
+            parent = parent.cpu_parent
+        if parent is not None and ev.name != "device":
+            total += ev.self_cpu_time_total
+    return total * 1e-6 / steps
+
+
+def record(fn, name: str):
+    def wrapped(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def run(
@@ -139,6 +171,7 @@ def run(
         num_rows += engine.last_step.num_decode
         sampler += engine.last_step.sample
     seconds = time.perf_counter() - t
+    device = device_ops(engine, publish, steps) if mix != "greedy" else 0.0
     if profile:
         pr = cProfile.Profile()
         pr.enable()
@@ -147,7 +180,7 @@ def run(
         pr.disable()
         pstats.Stats(pr).sort_stats(os.environ.get("ZS_SORT", "tottime")).print_stats(25)
     gc.unfreeze()
-    return seconds / steps, seconds / max(1, num_rows), sampler / steps
+    return seconds / steps, seconds / max(1, num_rows), sampler / steps, device
 
 
 def main() -> None:
@@ -171,13 +204,17 @@ def main() -> None:
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
             copy_tokenizer_files(resolve_model("smollm2"), model_dir)
         for rows in args.rows:
-            step, row, sampler = run(
+            step, row, sampler, device = run(
                 model_dir, rows, args.steps, args.profile, args.kernels, args.mix
             )
-            print(
+            line = (
                 f"rows {rows:4d} ({args.mix}): {step * 1e6:8.0f} µs a step, "
                 f"{row * 1e6:6.2f} µs a row; sampler {sampler * 1e6:6.0f} µs a step"
             )
+            if device:  # the host's own share: what a GPU would leave to the host
+                host = (step - device) / step * row
+                line += f"; device ops {device * 1e6:6.0f} µs, host {host * 1e6:6.2f} µs a row"
+            print(line)
 
 
 if __name__ == "__main__":
