@@ -12,7 +12,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 import torch
@@ -53,7 +54,7 @@ from scheduler_worker.step_output import (
 from scheduler_worker.structured import GrammarMatchers
 
 log = get_logger("engine")
-_PLAIN = attrgetter("plain")
+_PLAIN, _REQUEST = attrgetter("plain"), itemgetter(0)
 
 
 class LLMEngine:
@@ -246,7 +247,7 @@ class LLMEngine:
         # the grammar masks of this step's constrained rows (during the forward where a
         # core is spare, else now: scheduler_worker/structured.py)
         decode_only = batch.num_decode == len(entries)  # every row samples
-        samplers = [req for (req, _), s in zip(entries, sampling) if s]
+        samplers = list(compress(map(_REQUEST, entries), sampling))
         # constrained rows' drafts: cut where the grammar refuses, a mask per position
         spec_masks = self.grammars.check_drafts(batch) if batch.drafts else {}
         masks = self.grammars.start(samplers, spec_masks)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.step_output import RequestOutput
+from scheduler_worker.step_output import RequestOutput, new_output
 
 OtherRow = Callable[[Request, int, int, "TokenLogprobs | None"], "RequestOutput | None"]
 
@@ -60,15 +60,22 @@ def resolve_rows(
             req.num_hashed_blocks
         ):
             hash_blocks(req)
+        num_prompt = req.num_prompt_tokens
         append(
-            RequestOutput(
-                req.request_id,
-                [token],
-                None,
-                None,
-                req.num_prompt_tokens,
-                len(tokens) - req.num_prompt_tokens,  # with the step in flight's placeholder
-                req.num_cached_tokens,
+            new_output(
+                RequestOutput,
+                (
+                    req.request_id,
+                    [token],
+                    None,  # finish_reason
+                    None,  # logprobs
+                    num_prompt,
+                    len(tokens) - num_prompt,  # with the step in flight's placeholder
+                    req.num_cached_tokens,
+                    None,  # stop_token_id
+                    None,  # stage_times
+                    None,  # prompt_logprobs
+                ),
             )
         )
     return outputs

@@ -8,6 +8,7 @@ from common.sampling_params import SamplingParams
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.resolve_rows import resolve_rows
 from scheduler_worker.scheduler import Scheduler
+from scheduler_worker.step_output import RequestOutput
 
 EOS = 2
 
@@ -42,9 +43,8 @@ def test_common_rows_inline_and_the_others_in_their_place():
 
     outputs = resolve_rows(sched, sampled, [5, EOS, 6, 7], [None] * 4, {}, other)
     assert seen == ["stops", "pen", "first"]  # a stop token, a history reader, a first token
-    assert [o.request_id for o in outputs] == ["plain"]
-    out = outputs[0]
-    assert (out.new_token_ids, out.num_output_tokens, out.finish_reason) == ([5], 1, None)
+    # the output a RequestOutput built field by field would be (the inline one is a tuple)
+    assert outputs == [RequestOutput("plain", [5], None, None, 20, 1, 0)]
     assert plain.output_token_ids == [5] and plain.num_pending == 0
     assert plain.token_ids[-1] == 5 and plain.status is RequestStatus.RUNNING
     assert stops.status is RequestStatus.FINISHED_STOPPED
