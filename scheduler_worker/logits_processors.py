@@ -41,8 +41,6 @@ class SamplingRow:
     draft_token_ids: Sequence[int] = ()
 
 
-
-
 def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):
     return to_device(torch.tensor(values, dtype=dtype), device)
 

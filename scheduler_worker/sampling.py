@@ -144,8 +144,6 @@ def seeded_uniforms(
     return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits, never 0 or 1
 
 
-
-
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k (on logits), top-p and min-p (on the probabilities that top-k
     left): unnormalized probabilities with the filtered tokens at 0."""
