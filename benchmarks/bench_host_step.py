@@ -10,6 +10,7 @@ The sampler, the scheduler, the outputs and the worker's encoding for the detoke
 row, and with --profile the functions that take the time.
 
     .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat]
+    ZS_BYTECODES=1 ...   also the bytecodes and calls a row a step (load-free)
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def graph_like_execute(engine: LLMEngine, max_rows: int, vocab: int = VOCAB):
         if not isinstance(seqs, DecodeRows):
             return real(seqs, argmax_vocab)  # the prompts: the real forward
         inputs.fill(seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long))
-        return logits[: len(seqs)].clone()  # fresh, as a step's: the grammar masks write into them
+        with torch.profiler.record_function("device"):  # a graph's output: device work
+            return logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
 
     return execute
 
@@ -100,6 +102,60 @@ def publisher(engine: LLMEngine):
     return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
 
 
+def host_share(engine: LLMEngine, publish, steps: int) -> float:
+    """Seconds a row of the host's own work: the steps' wall clock less the time inside
+    the torch ops a GPU runs as device work (the sampler's, the stand-in's copy of the
+    logits: torch.profiler, the ops' own time in those ranges), in one pass (the
+    profiler's cost per op counts as the host's: an upper bound)."""
+    sampler = engine.sampler
+    for name in ("sample", "greedy"):
+        setattr(sampler, name, record(getattr(sampler, name), "device"))
+    cpu = torch.profiler.ProfilerActivity.CPU
+    num_rows, t = 0, time.perf_counter()
+    with torch.profiler.profile(activities=[cpu]) as prof:
+        for _ in range(steps):
+            publish(engine.step())
+            num_rows += engine.last_step.num_decode
+    seconds = time.perf_counter() - t
+    for name in ("sample", "greedy"):
+        delattr(sampler, name)
+    total = 0.0
+    for ev in prof.events():
+        parent = ev.cpu_parent
+        while parent is not None and parent.name != "device":
+            parent = parent.cpu_parent
+        if parent is not None and ev.name != "device":
+            total += ev.self_cpu_time_total
+    return (seconds - total * 1e-6) / max(1, num_rows)
+
+
+def bytecodes(engine: LLMEngine, publish, steps: int) -> None:
+    """Print the Python bytecodes and calls a decoded row a step (sys.settrace): what the
+    host's Python does, whatever the machine's load."""
+    counts = [0, 0]
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        counts[event != "opcode"] += event in ("opcode", "call")
+        return trace
+
+    num_rows = 0
+    sys.settrace(trace)
+    for _ in range(steps):
+        publish(engine.step())
+        num_rows += engine.last_step.num_decode
+    sys.settrace(None)
+    print(f"  {counts[0] / num_rows:.0f} bytecodes, {counts[1] / num_rows:.2f} calls a row a step")
+
+
+def record(fn, name: str):
+    def wrapped(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def run(
     model_dir: Path,
     rows: int,
@@ -107,10 +163,11 @@ def run(
     profile: bool,
     kernels: str = "auto",
     mix: str = "greedy",
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Seconds a step, a row (the rows each step decoded, counted: a grammar's JSON may
-    end before max_tokens), and a step in the sampler (on a CPU its torch ops are the
-    device's work: the chat mix's top-p sort over the vocabulary is most of them)."""
+    end before max_tokens), a step in the sampler (on a CPU its torch ops are the
+    device's work: the chat mix's top-p over the vocabulary is most of them), and, for
+    the chat mix, a row of the host's own work (host_share; 0 for greedy)."""
     cfg = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
@@ -139,6 +196,9 @@ def run(
         num_rows += engine.last_step.num_decode
         sampler += engine.last_step.sample
     seconds = time.perf_counter() - t
+    host = host_share(engine, publish, steps) if mix != "greedy" else 0.0
+    if os.environ.get("ZS_BYTECODES"):  # load-free: a shared machine's clock is not
+        bytecodes(engine, publish, min(steps, 20))
     if profile:
         pr = cProfile.Profile()
         pr.enable()
@@ -147,7 +207,7 @@ def run(
         pr.disable()
         pstats.Stats(pr).sort_stats(os.environ.get("ZS_SORT", "tottime")).print_stats(25)
     gc.unfreeze()
-    return seconds / steps, seconds / max(1, num_rows), sampler / steps
+    return seconds / steps, seconds / max(1, num_rows), sampler / steps, host
 
 
 def main() -> None:
@@ -171,13 +231,16 @@ def main() -> None:
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
             copy_tokenizer_files(resolve_model("smollm2"), model_dir)
         for rows in args.rows:
-            step, row, sampler = run(
+            step, row, sampler, host = run(
                 model_dir, rows, args.steps, args.profile, args.kernels, args.mix
             )
-            print(
+            line = (
                 f"rows {rows:4d} ({args.mix}): {step * 1e6:8.0f} µs a step, "
                 f"{row * 1e6:6.2f} µs a row; sampler {sampler * 1e6:6.0f} µs a step"
             )
+            if host:  # what a GPU would leave to the host
+                line += f"; host without the device ops {host * 1e6:6.2f} µs a row"
+            print(line)
 
 
 if __name__ == "__main__":

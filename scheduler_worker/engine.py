@@ -11,6 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
+from itertools import compress
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 import torch
@@ -25,6 +28,7 @@ from scheduler_worker.heap import keep_step_buffers_in_heap
 from scheduler_worker.model_runner import ModelRunner
 from scheduler_worker.offline import run_to_end
 from scheduler_worker.request import Request, RequestStatus
+from scheduler_worker.resolve_rows import resolve_rows
 from scheduler_worker.sampling import (
     DeviceSample,
     Sampler,
@@ -44,11 +48,13 @@ from scheduler_worker.step_output import (
     RequestOutput,
     StepStats,
     keep_prompt_logprobs,
+    last_output,
     request_output,
 )
 from scheduler_worker.structured import GrammarMatchers
 
 log = get_logger("engine")
+_PLAIN, _REQUEST = attrgetter("plain"), itemgetter(0)
 
 
 class LLMEngine:
@@ -240,17 +246,18 @@ class LLMEngine:
         stats.num_decode, stats.num_prefill_tokens = batch.num_decode, batch.num_prefill_tokens
         # the grammar masks of this step's constrained rows (during the forward where a
         # core is spare, else now: scheduler_worker/structured.py)
-        samplers = [req for (req, _), s in zip(entries, sampling) if s]
+        decode_only = batch.num_decode == len(entries)  # every row samples
+        samplers = list(compress(map(_REQUEST, entries), sampling))
         # constrained rows' drafts: cut where the grammar refuses, a mask per position
         spec_masks = self.grammars.check_drafts(batch) if batch.drafts else {}
         masks = self.grammars.start(samplers, spec_masks)
         inputs = (
             decode_rows(samplers, self.scheduler.tables)
-            if batch.num_decode == len(entries) and not batch.drafts
+            if decode_only and not batch.drafts
             else seq_inputs(entries, sampling, batch.drafts)
         )
         # plain greedy rows (the common case) need no SamplingRow: only their argmax
-        plain = masks is None and all(req.plain for req in samplers)
+        plain = masks is None and all(map(_PLAIN, samplers))
         rows = [
             SamplingRow(
                 req.params,
@@ -265,7 +272,7 @@ class LLMEngine:
                 row.draft_token_ids = batch.drafts.get(req.request_id, ())
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
-        argmax = bool(samplers) and (plain or masks is None and self.sampler.plain_greedy(rows))
+        argmax = bool(samplers) and (plain or masks is None and self.sampler.argmax_only(rows))
         in_flight = self._in_flight.sample if self._in_flight is not None else None
         verify: dict[str, tuple[list[int], list[int]]] = {}
         sampled_verify: SampledVerify | None = None
@@ -313,42 +320,43 @@ class LLMEngine:
         t0 = time.perf_counter()
         result = step.sample.result() if step.sample is not None else None
         stats.sample += time.perf_counter() - t0
-        outputs: list[RequestOutput] = []
         self.counters.num_steps += 1
         if result is None:  # no row sampled (prompt chunks only)
-            return outputs
+            return []
         grammars = self.grammars if self.grammars.matchers else None  # none: no row has one
         drafts: dict = step.drafts
         if step.sampled_drafts is not None:
             drafts = {**drafts, **step.sampled_drafts.targets()}
-        resolve, append = self.scheduler.resolve, outputs.append
-        for (req, index), token, lp in zip(step.sampled, result.token_ids, result.logprobs):
-            if req.status.finished:  # aborted, or stopped at its previous token:
-                resolve(req, index, token)  # nothing more to send
-                continue
-            if drafts and req.request_id in drafts:
-                append(self._verified(req, index, token, lp, *drafts[req.request_id]))
-                continue
-            resolve(req, index, token)
-            if grammars is not None and grammars.advance(req, token) and not req.status.finished:
-                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
-            if req.status.finished or req.reads_history:
-                append(self._last_output(req, token, lp))
-                continue
-            # most rows (request_output, inlined: a row's one object a step)
-            append(
-                RequestOutput(
-                    req.request_id,
-                    [token],
-                    None,
-                    None if lp is None else [lp],
-                    req.num_prompt_tokens,
-                    len(req.token_ids) - req.num_prompt_tokens,
-                    req.num_cached_tokens,
-                )
-            )
+        other = partial(self._resolve_row, drafts, grammars)
+        outputs = resolve_rows(
+            self.scheduler, step.sampled, result.token_ids, result.logprobs, drafts, other
+        )
         self.counters.generation_tokens += len(outputs)
         return outputs
+
+    def _resolve_row(
+        self,
+        drafts: dict,
+        grammars: GrammarMatchers | None,
+        req: Request,
+        index: int,
+        token: int,
+        lp: TokenLogprobs | None,
+    ) -> RequestOutput | None:
+        """A row resolve_rows leaves to the engine (finished, drafted, reading its history,
+        with logprobs, or its token a stop or its last)."""
+        if req.status.finished:  # aborted, or stopped at its previous token:
+            self.scheduler.resolve(req, index, token)  # nothing more to send
+            return None
+        if drafts and req.request_id in drafts:
+            return self._verified(req, index, token, lp, *drafts[req.request_id])
+        self.scheduler.resolve(req, index, token)
+        if grammars is not None and grammars.advance(req, token) and not req.status.finished:
+            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
+        if req.status.finished:
+            del self.requests[req.request_id]
+            self.grammars.drop(req.request_id)
+        return last_output(req, token, lp)
 
     def _verified(
         self,
@@ -374,20 +382,6 @@ class LLMEngine:
             self.grammars.drop(req.request_id)
         logprobs = None if lp is None or lps is None else [*lps, lp][: len(kept)]
         return request_output(req, kept, logprobs)
-
-    def _last_output(self, req: Request, token: int, lp: TokenLogprobs | None) -> RequestOutput:
-        """The output of a row that finished, or that may send its prompt logprobs."""
-        if req.status.finished:
-            del self.requests[req.request_id]
-            self.grammars.drop(req.request_id)
-        out = request_output(req, [token], [lp] if lp is not None else None)
-        if req.reads_history and req.wants_prompt_logprobs:  # its prompt is done: they go
-            # with this token; a 1-token prompt: this
-            first: list = [req.prompt_token_ids[0], None, []]
-            out.prompt_logprobs = req.prompt_logprobs or [first]
-            req.prompt_logprobs = None
-            req.prompt_logprobs_sent = True
-        return out
 
     # ---- offline ------------------------------------------------------------
     def generate(

@@ -22,6 +22,7 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.device import to_device
+from scheduler_worker.batch_params import has_penalty
 
 
 @dataclass
@@ -40,10 +41,6 @@ class SamplingRow:
     draft_token_ids: Sequence[int] = ()
 
 
-def has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
 def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):
     return to_device(torch.tensor(values, dtype=dtype), device)
 
@@ -59,12 +56,17 @@ def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device)
 
 
 def mask_stop_tokens(
-    logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: Sequence[int]
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    eos_token_ids: Sequence[int],
+    idx: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """EOS and stop ids get -inf in rows that have fewer than min_tokens outputs."""
+    """EOS and stop ids get -inf in rows that have fewer than min_tokens outputs (idx: the
+    rows with min_tokens, where known)."""
     vocab = logits.shape[1]
     flat: list[int] = []
-    for i, r in enumerate(rows):
+    for i in range(len(rows)) if idx is None else idx:
+        r = rows[i]
         if len(r.output_token_ids) + len(r.draft_token_ids) < r.params.min_tokens:
             stop = chain(eos_token_ids, r.params.stop_token_ids)
             flat += [i * vocab + t for t in stop if t < vocab]
@@ -105,15 +107,18 @@ def apply_token_masks(
     return out.index_copy_(0, rows_t, masked)
 
 
-def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def apply_logit_bias(
+    logits: torch.Tensor, rows: list[SamplingRow], idx: Sequence[int] | None = None
+) -> torch.Tensor:
     """Each row's logit_bias added to its tokens' logits, in one index_add_ over the batch
     (ids past the logits' width are skipped: validated ones never are). Returns a new
-    tensor when some row has a bias; the others' rows are unchanged."""
+    tensor when some row has a bias (idx: those rows, where known); the others' rows are
+    unchanged."""
     vocab = logits.shape[1]
     flat: list[int] = []
     bias: list[float] = []
-    for i, r in enumerate(rows):
-        for t, b in (r.params.logit_bias or {}).items():
+    for i in range(len(rows)) if idx is None else idx:
+        for t, b in (rows[i].params.logit_bias or {}).items():
             if t < vocab:
                 flat.append(i * vocab + t)
                 bias.append(b)
@@ -150,14 +155,18 @@ def _outputs(row: SamplingRow) -> Sequence[int]:
 
 
 def apply_penalties(
-    logits: torch.Tensor, rows: list[SamplingRow], prev_tokens: torch.Tensor | None = None
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    prev_tokens: torch.Tensor | None = None,
+    idx: list[int] | None = None,
 ) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
     A row's token still in flight (pending_row) counts, from `prev_tokens` (the step in
     flight's tokens, on the device). Returns a new tensor; rows without penalties are
-    unchanged."""
-    idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
+    unchanged. idx: the rows with a penalty, where known."""
+    if idx is None:
+        idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
         return logits
     dev = logits.device

@@ -20,7 +20,7 @@ still blocking) takes one argmax and nothing else; without grammar masks the eng
 the model for the argmax itself (ModelRunner.execute), and where a quantized head takes it
 without writing the logits the step never reaches the sampler. Logprobs are the model's
 own, before the grammar mask (as before logit_bias, penalties and temperature; vLLM's
-default `raw_logprobs` too): a token the grammar forbids keeps its logprob in the top-N. Temperatures below GREEDY_EPS count as greedy.
+default `raw_logprobs` too): a token the grammar forbids keeps its logprob in the top-N. Temperatures below GREEDY_EPS (batch_params.py) count as greedy.
 
 No host sync on a GPU: `Sampler.sample` only enqueues work and returns a DeviceSample (its
 `start_copy` copies the tokens into pinned memory behind an event, `result()` waits for
@@ -55,18 +55,17 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.device import HostCopy, enqueues_work
+from scheduler_worker.batch_params import BatchParamsCache, plain_greedy_params
 from scheduler_worker.logits_processors import (
     SamplingRow,
     _tensor,
     apply_logit_bias,
     apply_penalties,
     apply_token_masks,
-    has_penalty,
     mask_stop_tokens,
 )
 from scheduler_worker.top_p import top_p_thresholds
 
-GREEDY_EPS = 1e-5  # temperatures below this are greedy: logits / T would overflow
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
 
 
@@ -143,16 +142,6 @@ def seeded_uniforms(
     cols = _mix(torch.arange(n, device=device) + 0x632BE5AB)
     x = _mix(k[:, None] ^ cols[None, :])
     return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits, never 0 or 1
-
-
-def is_greedy(p: SamplingParams) -> bool:
-    return p.top_k == 1 or p.temperature < GREEDY_EPS
-
-
-def plain_greedy_params(p: SamplingParams) -> bool:
-    """A row of these params takes the argmax of its raw logits (after any grammar mask)
-    once min_tokens are out: greedy, with no penalty, no logit_bias and no logprobs."""
-    return is_greedy(p) and not has_penalty(p) and not p.logit_bias and p.logprobs is None
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -242,6 +231,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.kernel_isa = kernel_isa  # the C++ kernels' path (grammar masks); None: torch
+        self.batch = BatchParamsCache()  # the rows' parameters, kept between steps
 
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow], writable: bool = False
@@ -264,15 +254,17 @@ class Sampler:
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         params = [r.params for r in rows]
-        if self.plain_greedy(rows):
+        batch = self.batch.get(params)
+        if self.argmax_only(rows):
             masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
             return DeviceSample(greedy_tokens(masked))
         raw = logits.float()
-        in_place = writable and all(p.logprobs is None for p in params)
+        in_place = writable and not batch.logprobs
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
-        stopped = mask_stop_tokens(masked, rows, self.eos_token_ids)
-        processed = apply_penalties(apply_logit_bias(stopped, rows), rows, prev_tokens)
-        rand = [i for i, p in enumerate(params) if not is_greedy(p)]
+        stopped = mask_stop_tokens(masked, rows, self.eos_token_ids, batch.min_tokens)
+        biased = apply_logit_bias(stopped, rows, batch.biased)
+        processed = apply_penalties(biased, rows, prev_tokens, batch.penalized)
+        rand = batch.draws
         if len(rand) == len(rows):
             tokens = self._sample(processed, rows)
         else:
@@ -281,7 +273,7 @@ class Sampler:
                 sel = _tensor(rand, tokens.device)
                 drawn = self._sample(processed.index_select(0, sel), [rows[i] for i in rand])
                 tokens.index_copy_(0, sel, drawn)
-        return self._logprobs(raw, tokens, params)
+        return self._logprobs(raw, tokens, params, batch.logprobs)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:
@@ -292,6 +284,11 @@ class Sampler:
             and len(r.output_token_ids) + len(r.draft_token_ids) >= r.params.min_tokens
             for r in rows
         )
+
+    def argmax_only(self, rows: list[SamplingRow]) -> bool:
+        """plain_greedy(rows), the parameters' part kept between steps (BatchParams)."""
+        batch = self.batch.get([r.params for r in rows])
+        return batch.plain and self.plain_greedy([rows[i] for i in batch.min_tokens])
 
     def greedy(self, logits: torch.Tensor) -> DeviceSample:
         """A batch of plain greedy rows with no grammar mask (Request.plain): the argmax."""
@@ -316,9 +313,8 @@ class Sampler:
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
+        raw: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams], idx: list[int]
     ) -> DeviceSample:
-        idx = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not idx:
             return DeviceSample(tokens)
         sel = _tensor(idx, raw.device)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 from scheduler_worker.request import Request
+
+_REQUEST = itemgetter(0)
+_READS_HISTORY = attrgetter("reads_history")
 
 
 @dataclass
@@ -60,6 +64,6 @@ class ScheduledBatch:
         ]
 
     def wants_prompt_logprobs(self) -> bool:
-        return any(
-            req.reads_history and req.wants_prompt_logprobs for req, _ in self.entries.values()
-        )
+        # every step: only the rows that read their history are looked at in Python
+        readers = filter(_READS_HISTORY, map(_REQUEST, self.entries.values()))
+        return any(req.wants_prompt_logprobs for req in readers)

@@ -90,20 +90,17 @@ class Scheduler:
         then prompt chunks, then admissions (a free slot and its first chunk's blocks),
         within the step's token budget; a decode without a free block preempts the newest."""
         batch, budget = ScheduledBatch(), self.config.num_batched_tokens
-        active, entries, bs, running = (
-            self.active,
-            batch.entries,
-            self.block_size,
-            RequestStatus.RUNNING,
-        )
+        active, entries, bs = self.active, batch.entries, self.block_size
+        running = RequestStatus.RUNNING
         decodes = min(self.config.decode_batch, budget)
         # tokens this step's drafts may take (few to learn or probe), a row's k at most
         spare, most = budget - decodes, self.config.num_speculative_tokens
         drafting = self.drafter is None or self.policy.start_step(min(decodes, len(active)))
         spare = min(spare, self.policy.cap) if drafting else 0
-        while active and batch.num_decode < decodes:
+        num_decode = visited = 0
+        while active and num_decode < decodes:
             req, epoch = active.popleft()
-            self.num_visited += 1
+            visited += 1
             if epoch != req.queue_epoch or req.status is not running:
                 continue  # lazily deleted
             # a new block only when the token starts one (_reserve, inlined: every decode)
@@ -116,7 +113,9 @@ class Scheduler:
                 n += self._draft(req, min(spare, most), batch)
                 spare -= n - 1
             entries[req.request_id] = (req, n)
-            batch.num_decode += 1
+            num_decode += 1
+        batch.num_decode = num_decode
+        self.num_visited += visited
         if batch.drafts:
             self.policy.settle(batch)
         budget -= batch.num_decode + sum(map(len, batch.drafts.values()))
@@ -281,22 +280,23 @@ class Scheduler:
         if sampling is None:
             sampling = batch.sampling()
         out: list[tuple[Request, int]] = []
-        active, window = self.active, self.sliding_window is not None
-        bs, drafts = self.block_size, batch.drafts
+        active, window, bs = self.active, self.sliding_window is not None, self.block_size
+        if batch.drafts:  # a drafted row's drafts count once accepted
+            entries = [(r, 1 if r.request_id in batch.drafts else n) for r, n in entries]
         for (req, n), sample in zip(entries, sampling):
-            # _advance, inlined: every row (a drafted row's drafts count once accepted)
-            req.num_computed_tokens += 1 if drafts and req.request_id in drafts else n
-            known = min(req.num_computed_tokens, len(req.token_ids) - req.num_pending)
-            if known // bs > req.num_hashed_blocks:
+            # _advance, inlined: every row (a placeholder's row fills no block: resolve hashes)
+            computed = req.num_computed_tokens = req.num_computed_tokens + n
+            if not req.num_pending and computed // bs > req.num_hashed_blocks:
                 self._hash_blocks(req)
             if window:
                 self._free_outside_window(req)
             if not sample:
                 continue
-            index = len(req.token_ids)
+            tokens = req.token_ids
+            index = len(tokens)
             req.flight_row = len(out)
             out.append((req, index))
-            req.token_ids.append(PLACEHOLDER)
+            tokens.append(PLACEHOLDER)
             req.output_token_ids.append(PLACEHOLDER)
             req.num_pending += 1
             if index + 1 - req.num_prompt_tokens < req.max_tokens:

@@ -15,21 +15,23 @@ from operator import attrgetter
 
 from scheduler_worker.backends.base import DecodeRows, SeqInput
 from scheduler_worker.backends.block_tables import BlockTables
-from scheduler_worker.request import Request
+from scheduler_worker.request import PLACEHOLDER, Request
 
 _SLOT = attrgetter("slot")
+_COMPUTED = attrgetter("num_computed_tokens")
 
 
 def decode_rows(reqs: list[Request], tables: BlockTables) -> DecodeRows:
-    """A decode-only step's inputs (every row samples its next token)."""
-    positions = [r.num_computed_tokens for r in reqs]
-    return DecodeRows(
-        [r.token_ids[p] for r, p in zip(reqs, positions)],
-        positions,
-        list(map(_SLOT, reqs)),
-        [r.flight_row if r.num_pending else -1 for r in reqs],
-        tables,
+    """A decode-only step's inputs (every row samples its next token). A row with a
+    placeholder computes it (its last token, -1): overlapped, most rows of most steps."""
+    positions = list(map(_COMPUTED, reqs))
+    prev_rows = [r.flight_row if r.num_pending else -1 for r in reqs]
+    tokens = (
+        [r.token_ids[p] for r, p in zip(reqs, positions)]
+        if -1 in prev_rows
+        else [PLACEHOLDER] * len(reqs)
     )
+    return DecodeRows(tokens, positions, list(map(_SLOT, reqs)), prev_rows, tables)
 
 
 def seq_inputs(

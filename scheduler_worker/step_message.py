@@ -8,14 +8,17 @@ request or carry logprobs are looked at one by one; the common row is not.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
 from scheduler_worker.step_output import RequestOutput
 
+_ONE_ID = struct.Struct("<i").pack  # as pack_ids packs one id
+_FIRST = itemgetter(0)
 _RID = attrgetter("request_id")
 _TOKENS = attrgetter("new_token_ids")
 _REASON = attrgetter("finish_reason")
@@ -88,8 +91,9 @@ def _packed_ids(tokens: list[list[int]]) -> list[bytes]:
     them all at once and cuts the bytes."""
     if set(map(len, tokens)) != {1}:
         return list(map(pack_ids, tokens))
-    whole = pack_ids([t[0] for t in tokens])
-    return [whole[i : i + 4] for i in range(0, len(whole), 4)]
+    ids = list(map(_FIRST, tokens))
+    pack_ids(ids)  # the check of every id, at once
+    return list(map(_ONE_ID, ids))
 
 
 def _optional(values: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> list | None:

@@ -5,14 +5,16 @@ time went."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from scheduler_worker.request import Request
 from scheduler_worker.sampling import DeviceSample, TokenLogprobs, prompt_logprob_entries
 from scheduler_worker.spec.sampled import SampledVerify
 
 
-@dataclass(slots=True)
-class RequestOutput:
+class RequestOutput(NamedTuple):
+    """A tuple: the common row's is built in C (`new_output`), no frame a row a step."""
+
     request_id: str
     new_token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -25,6 +27,9 @@ class RequestOutput:
     stage_times: dict[str, float | None] | None = None  # None: a stage it never reached
     # params.prompt_logprobs, with the first token only: Request.prompt_logprobs
     prompt_logprobs: list[list | None] | None = None
+
+
+new_output = tuple.__new__  # new_output(RequestOutput, (all ten fields))
 
 
 @dataclass
@@ -100,6 +105,18 @@ def request_output(req: Request, tokens: list[int], logprobs=None) -> RequestOut
         req.stop_token_id if reason is not None else None,
         stages,
     )
+
+
+def last_output(req: Request, token: int, lp: TokenLogprobs | None) -> RequestOutput:
+    """The output of a row that finished, or that may send its prompt logprobs (they go
+    with its first token once its prompt is done)."""
+    out = request_output(req, [token], [lp] if lp is not None else None)
+    if req.reads_history and req.wants_prompt_logprobs:
+        first: list = [req.prompt_token_ids[0], None, []]  # a 1-token prompt: this
+        out = out._replace(prompt_logprobs=req.prompt_logprobs or [first])
+        req.prompt_logprobs = None
+        req.prompt_logprobs_sent = True
+    return out
 
 
 def keep_prompt_logprobs(

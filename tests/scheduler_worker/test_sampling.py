@@ -217,7 +217,9 @@ def test_logit_bias_leaves_the_fast_path_and_keeps_the_grammar(monkeypatch):
         SamplingParams(temperature=0.0, logit_bias={3: 100.0}), [], [], token_bitmask=words
     )
     assert Sampler(64, [EOS])(logits[1:], [row]).token_ids != [3]
-    monkeypatch.setattr(sampling, "apply_logit_bias", lambda lg, rows: lg)  # the bias undone
+    monkeypatch.setattr(
+        sampling, "apply_logit_bias", lambda lg, rows, idx=None: lg
+    )  # the bias undone
     assert Sampler(64, [EOS])(logits, [greedy, biased]).token_ids[1] != 3
 
 
