@@ -138,7 +138,7 @@ static Call prepare(const at::Tensor& x, const at::Tensor& qs, const at::Tensor&
   std::tie(c.xq, c.xd, c.xs) = quantize_act(x, isa);
   if (FORMATS[fmt].pieces) c.off = piece_offsets(c.xq);
   c.a = {c.xq.data_ptr<int8_t>(), c.xd.data_ptr<float>(), c.xs.data_ptr<float>(),
-         c.off.defined() ? c.off.data_ptr<int32_t>() : nullptr, prefetch_weights(x.size(0))};
+         c.off.defined() ? c.off.data_ptr<int32_t>() : nullptr, prefetch_weights(x.size(0), isa)};
   c.w = {qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), FORMATS[fmt].m ? m->data_ptr<c10::Half>() : nullptr,
          x.size(1) / QK, N};
   return c;
