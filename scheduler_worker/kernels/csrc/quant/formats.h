@@ -87,7 +87,7 @@ struct Act {  // activations quantized per block of 32 (qlinear.cpp: quantize_ac
   const float* d;      // [M, nb]
   const float* s;      // [M, nb]: d * sum(q)
   const int32_t* off;  // [M, K / 16]: -32 * the sum of each piece of 16 q (Q6K only)
-  bool prefetch;       // prefetch_weights(M, isa): the first row tile of a group prefetches
+  bool prefetch;       // prefetch_weights(M): the first row tile of a group prefetches
 };
 
 template <int FMT>

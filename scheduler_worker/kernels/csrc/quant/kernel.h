@@ -72,13 +72,12 @@ inline int32_t load_i32(const int8_t* p) {
 // next group's first, which the same thread reads next), by the first tile of rows of a
 // group only: the later ones find the group's weights in cache. In the model a linear's
 // weights come from DRAM, and from a few activation rows on the tiles alternate between
-// waiting on them and computing: prefetched, the two overlap. The AVX-512 tiles below 4
-// rows stream the weights with little work between loads, the hardware prefetcher keeps
-// up, and the prefetch instructions only cost (docs/benchmarks.md, "Fifth round"); the
-// AVX2 tiles, with ~2x the work per byte, stream faster with it from one row on (a
-// served 1-row step of SmolLM2 Q6_K: "AVX2 K-quants at one stream").
+// waiting on them and computing: prefetched, the two overlap. Below 4 rows a tile streams
+// the weights with little work between loads, the hardware prefetcher keeps up, and the
+// prefetch instructions only cost (docs/benchmarks.md, "Fifth round"; the AVX2 tiles
+// likewise on a quiet machine: "AVX2 K-quants at one stream").
 constexpr int64_t PF_BLOCKS = 8;
-inline bool prefetch_weights(int64_t M, int64_t isa) { return M >= 4 || isa == AVX2; }
+inline bool prefetch_weights(int64_t M) { return M >= 4; }
 
 template <int64_t BYTES>
 inline void prefetch_block_ahead(const uint8_t* block) {

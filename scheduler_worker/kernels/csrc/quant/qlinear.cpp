@@ -170,7 +170,7 @@ static Call prepare(const at::Tensor& x_in, const at::Tensor& qs, const at::Tens
   }
   quantize_rows(x, isa, q, xd, xs);
   if (pieces) piece_offsets(q, M, K, off);
-  c.a = {q, xd, xs, pieces ? off : nullptr, prefetch_weights(M, isa)};
+  c.a = {q, xd, xs, pieces ? off : nullptr, prefetch_weights(M)};
   c.w = {qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), FORMATS[fmt].m ? m->data_ptr<c10::Half>() : nullptr, nb, N};
   return c;
 }
