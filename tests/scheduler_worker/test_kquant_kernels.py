@@ -138,7 +138,8 @@ def test_a_row_computes_the_same_whatever_the_batch(isa, type_name):
     # every tile shape and path (row tiles of 1-8 rows; on AVX-512 the 5-bit formats' panel
     # from 32 rows, csrc/quant/arch/avx512/panel.h) gives each row bit for bit what it gives alone, so a
     # request's numbers do not depend on how many rows share its step; N 37 and 50 end in
-    # a lone group (3 and 4 groups), K 576 is not a multiple of 256 (Q5_0 / Q5_1 only)
+    # a lone group (3 and 4 groups), K 576 is not a multiple of 256 (Q5_0 / Q5_1 only); up
+    # to 64 rows the activations are quantized into the thread's scratch, 100 allocates
     k = 512 if type_name.endswith("_K") else 576
     for seed, n in enumerate((37, 50)):
         raw = random_raw(type_name, n, k, seed)

@@ -74,7 +74,8 @@ inline int32_t load_i32(const int8_t* p) {
 // weights come from DRAM, and from a few activation rows on the tiles alternate between
 // waiting on them and computing: prefetched, the two overlap. Below 4 rows a tile streams
 // the weights with little work between loads, the hardware prefetcher keeps up, and the
-// prefetch instructions only cost (docs/benchmarks.md, "Fifth round").
+// prefetch instructions only cost (docs/benchmarks.md, "Fifth round"; the AVX2 tiles
+// likewise on a quiet machine: "AVX2 K-quants at one stream").
 constexpr int64_t PF_BLOCKS = 8;
 inline bool prefetch_weights(int64_t M) { return M >= 4; }
 

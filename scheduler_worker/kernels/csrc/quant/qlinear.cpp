@@ -65,36 +65,38 @@ static GroupsFn groups_for(int64_t fmt, int64_t isa) {
   return GROUPS[fmt].isa[SCALAR];
 }
 
-// x [M, K] float32/bfloat16 -> (q int8 [M, K], d [M, K/32], s [M, K/32])
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_in, int64_t isa) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) % QK == 0, "quantize_act: x must be [M, K] with K % 32 == 0");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
+// x [M, K] (contiguous) quantized into q [M, K], d [M, K/32], s [M, K/32]
+static void quantize_rows(const at::Tensor& x, int64_t isa, int8_t* qp, float* dp, float* sp) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % QK == 0, "quantize_act: x must be [M, K] with K % 32 == 0");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "quantize_act: x must be float32 or bfloat16");
-  const at::Tensor x = x_in.contiguous();
   isa = clamp_isa(isa);
   QuantizeFn quantize = nullptr;
   for (; quantize == nullptr; --isa) quantize = QUANTIZE[isa];
   const int64_t M = x.size(0), nb = x.size(1) / QK, K = nb * QK;
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({M, nb}, x.options().dtype(at::kFloat));
-  at::Tensor s = at::empty({M, nb}, x.options().dtype(at::kFloat));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const char* xp = static_cast<const char*>(x.data_ptr());
   const int64_t row_bytes = K * x.element_size();
-  int8_t* qp = q.data_ptr<int8_t>();
-  float *dp = d.data_ptr<float>(), *sp = s.data_ptr<float>();
   at::parallel_for(0, M, std::max<int64_t>(1, 256 / std::max<int64_t>(1, nb)), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) quantize(xp + i * row_bytes, bf16, nb, qp + i * K, dp + i * nb, sp + i * nb);
   });
+}
+
+// x [M, K] float32/bfloat16 -> (q int8 [M, K], d [M, K/32], s [M, K/32])
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_in, int64_t isa) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) % QK == 0, "quantize_act: x must be [M, K] with K % 32 == 0");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), nb = x.size(1) / QK;
+  at::Tensor q = at::empty({M, nb * QK}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({M, nb}, x.options().dtype(at::kFloat));
+  at::Tensor s = at::empty({M, nb}, x.options().dtype(at::kFloat));
+  quantize_rows(x, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
   return {q, d, s};
 }
 
-// off [M, K/16] = -32 * the sum of each piece of 16 quantized activations (Q6K's offsets)
-static at::Tensor piece_offsets(const at::Tensor& xq) {
-  const int64_t M = xq.size(0), P = xq.size(1) / 16;
-  at::Tensor off = at::empty({M, P}, xq.options().dtype(at::kInt));
-  const int8_t* q = xq.data_ptr<int8_t>();
-  int32_t* o = off.data_ptr<int32_t>();
+// off [M, K/16] = -32 * the sum of each piece of 16 quantized activations q [M, K] (Q6K's offsets)
+static void piece_offsets(const int8_t* q, int64_t M, int64_t K, int32_t* o) {
+  const int64_t P = K / 16;
   at::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, P)), [&](int64_t i0, int64_t i1) {
     for (int64_t e = i0 * P; e < i1 * P; ++e) {
       int32_t s = 0;
@@ -102,7 +104,6 @@ static at::Tensor piece_offsets(const at::Tensor& xq) {
       o[e] = -32 * s;
     }
   });
-  return off;
 }
 
 // The checks of a weight of format `fmt` in the kernels' layout for x [M, K]; its groups.
@@ -126,21 +127,51 @@ static int64_t check_weight(const at::Tensor& x, const at::Tensor& qs, const at:
   return groups;
 }
 
+// Calls of up to SCRATCH_ROWS rows (decode steps) quantize their activations into buffers
+// the calling thread keeps: a step makes ~4 calls a layer, each of which otherwise
+// allocated and freed four small tensors (docs/benchmarks.md, "AVX2 K-quants at one
+// stream"). Larger calls (prefill) allocate, so no thread keeps a prompt's worth.
+constexpr int64_t SCRATCH_ROWS = 64;
+struct Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  std::vector<int32_t> off;
+};
+
 struct Call {  // one call's quantized activations and weight, as the kernels read them
-  at::Tensor xq, xd, xs, off;
+  at::Tensor xq, xd, xs, off;  // the activations' memory where the call is too large for the scratch
   Act a;
   Packed w;
 };
 
-static Call prepare(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+static Call prepare(const at::Tensor& x_in, const at::Tensor& qs, const at::Tensor& d,
                     const c10::optional<at::Tensor>& m, int64_t fmt, int64_t N, int64_t isa) {
   Call c;
-  std::tie(c.xq, c.xd, c.xs) = quantize_act(x, isa);
-  if (FORMATS[fmt].pieces) c.off = piece_offsets(c.xq);
-  c.a = {c.xq.data_ptr<int8_t>(), c.xd.data_ptr<float>(), c.xs.data_ptr<float>(),
-         c.off.defined() ? c.off.data_ptr<int32_t>() : nullptr, prefetch_weights(x.size(0))};
-  c.w = {qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), FORMATS[fmt].m ? m->data_ptr<c10::Half>() : nullptr,
-         x.size(1) / QK, N};
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
+  const bool pieces = FORMATS[fmt].pieces;
+  int8_t* q;
+  float *xd, *xs;
+  int32_t* off = nullptr;
+  if (M <= SCRATCH_ROWS) {
+    thread_local Scratch scratch;
+    scratch.q.resize(std::max<size_t>(scratch.q.size(), M * K));
+    scratch.d.resize(std::max<size_t>(scratch.d.size(), M * nb));
+    scratch.s.resize(std::max<size_t>(scratch.s.size(), M * nb));
+    if (pieces) scratch.off.resize(std::max<size_t>(scratch.off.size(), M * K / 16));
+    q = scratch.q.data(), xd = scratch.d.data(), xs = scratch.s.data(), off = scratch.off.data();
+  } else {
+    c.xq = at::empty({M, K}, x.options().dtype(at::kChar));
+    c.xd = at::empty({M, nb}, x.options().dtype(at::kFloat));
+    c.xs = at::empty({M, nb}, x.options().dtype(at::kFloat));
+    if (pieces) c.off = at::empty({M, K / 16}, x.options().dtype(at::kInt));
+    q = c.xq.data_ptr<int8_t>(), xd = c.xd.data_ptr<float>(), xs = c.xs.data_ptr<float>();
+    if (pieces) off = c.off.data_ptr<int32_t>();
+  }
+  quantize_rows(x, isa, q, xd, xs);
+  if (pieces) piece_offsets(q, M, K, off);
+  c.a = {q, xd, xs, pieces ? off : nullptr, prefetch_weights(M)};
+  c.w = {qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), FORMATS[fmt].m ? m->data_ptr<c10::Half>() : nullptr, nb, N};
   return c;
 }
 
