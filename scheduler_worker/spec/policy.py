@@ -36,6 +36,10 @@ PROBE_EVERY = 32  # a bucket probes one step in this many (drafting, and not)...
 PROBE_MAX = 512  # ...and, while its probes find drafts do not pay, up to this many
 PROBE_TOKENS = 8  # the draft tokens of a step that learns or probes, at most
 NO_CAP = 1 << 30
+# drafts must pay by this much on the fit's figures: alpha is an estimate, and where the
+# gain is marginal (8 rows on a CPU, where the GEMMs are bound by arithmetic) drafting
+# anyway lost (docs/benchmarks.md, "small and backing-off probes")
+MARGIN = 1.1
 PRIOR = (1.0, 1.0)  # a row's acceptance prior: one accepted draft, one refused
 ROW_DECAY = 0.9  # a row's acceptance counts decay per verify (and per step it sits out)
 
@@ -121,7 +125,7 @@ class SpecPolicy:
             fit.probed = True
             return self._probe(fit)
         self.costs = (t0, c1, c2)
-        self.threshold = c2 * num_rows / t0
+        self.threshold = MARGIN * c2 * num_rows / t0
         if self.threshold < 1.0:
             self._decided = fit  # its verdict: whether a row drafts (record)
             return True
@@ -167,7 +171,7 @@ class SpecPolicy:
         gain = sum(_expected(acceptance(req), n) for req, n in drafted)
         tokens = sum(n for _, n in drafted)
         rows = batch.num_decode
-        if (rows + gain) * t0 > rows * (t0 + c1 + c2 * tokens):
+        if (rows + gain) * t0 > MARGIN * rows * (t0 + c1 + c2 * tokens):
             return
         self.num_switched_off += 1
         for req, _ in drafted:

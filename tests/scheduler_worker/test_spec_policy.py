@@ -9,6 +9,7 @@ from common.sampling_params import SamplingParams
 from scheduler_worker.request import Request
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.spec.policy import (
+    MARGIN,
     MIN_STEPS,
     PROBE_EVERY,
     PROBE_MAX,
@@ -74,7 +75,7 @@ def test_cheap_drafts_stay_on_at_one_row_and_k_follows_acceptance():
     drafted = _learn(policy, 1, _cost(0.010, 0.001, 0.0003), steps=80)
     assert drafted[-PROBE_EVERY:].count(False) == 1  # the probe without drafts only
     assert policy.start_step(1)
-    assert policy.threshold == pytest.approx(0.03, rel=0.05)
+    assert policy.threshold == pytest.approx(0.03 * MARGIN, rel=0.05)
     good, bad = _request("good"), _request("bad")
     for _ in range(10):
         verified(good, 4, 4)
