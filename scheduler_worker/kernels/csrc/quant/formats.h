@@ -1,39 +1,42 @@
 // The one table of the quantized linears' weight formats (the `fmt` code of qlinear): each
-// format's code, its unit of scales and its bytes, and the structs every kernel reads.
-// The Python side's codes (scheduler_worker/quant/formats.py FMT_CODES) are checked
-// against this enum by tests/scheduler_worker/test_format_codes.py. Which ISA runs which
-// format is the other table, in qlinear.cpp.
+// format's row (FORMAT_ROWS), read by every kernel, and the structs they share. The Python
+// side's rows (scheduler_worker/quant/formats.py FORMATS) are checked against this enum
+// by tests/scheduler_worker/test_format_codes.py. Which ISA runs which format is the
+// other table, in qlinear.cpp.
 //
-// Every format is, per block of 32 inputs, w = dw * q + mw, its values kept as the GGUF
-// file has them (only bits move at load: scheduler_worker/quant/):
-//   Q4  (Q4_0, Q4_1):  q 4-bit unsigned, dw = d, mw = m per block (Q4_0: m = -8 d)
-//   Q8  (Q8_0):        q int8 stored + 128, dw = d, no m
-//   Q5  (Q5_1):        q 5-bit unsigned, dw = d, mw = m per block
-//   Q50 (Q5_0):        as Q5 with no m stored: mw = -16 d
-//   Q4K, Q5K:          super-blocks of 256 inputs (8 blocks): dw = d * sc, mw = m * mn, d and
-//                      m (= -dmin) float16 per super-block, sc, mn 6-bit uint8 per block
-//   Q6K:               per 16 inputs ("piece") w = d * sc * (q - 32), q 6-bit unsigned, sc
-//                      int8 per piece, d float16 per super-block of 256
+// Every format is, per piece of 32 (or 16) inputs, w = dw * v + mw with v an integer the
+// kernels dot with the 8-bit activations, its values kept as the GGUF file has them (only
+// bits move at load: scheduler_worker/quant/). A row says
+//   bits      the stored q: 4 (a nibble plane), 5 or 6 (plus 1 or 2 high-bit planes), 8
+//   offset    v = q - offset (Q8_0: bytes stored + 128; Q5_0: q - 16; Q6_K: q - 32), or
+//   codebook  v = codebook[q] (IQ4_XS: llama.cpp's kvalues_iq4nl)
+//   unit      d (and m) per block of 32, or per super-block of 256 (8 blocks)
+//   scale     dw = d, d * sc (sc uint8 per block) or d * sc (int8 per piece)
+//   min       mw = 0, m, or m * mn (mn uint8 per block)
+//   piece     inputs per dw: 32, or 16 (Q6_K: the activations' sums per 16, Act::off)
 //
 // Layout: output rows in groups of 16 (GR), the last padded with zero weights; per group
 // and block of 32 inputs, the 16 rows' bytes interleaved 4 at a time, so 64-byte register
-// k holds bytes 4k..4k+3 of rows 0..15 in turn. One block of a group ("SB"):
-//   [256 bytes] the nibble plane (Q4, Q5*, Q4K, Q6K): register k, byte 4r + j holds input
+// k holds bytes 4k..4k+3 of rows 0..15 in turn. One block of a group (64 * bits bytes):
+//   [256 bytes] the nibble plane (bits 4, 5, 6): register k, byte 4r + j holds input
 //               4k + j of row r in its low nibble and input 16 + 4k + j in its high one
-//   [512 bytes] Q8 instead: 8 registers of one byte an input (+ 128, unsigned)
-//   [ 64 bytes] 5-bit formats: the high-bit plane, byte 4r + j holding in bit 2k the fifth
-//               bit of input 4k + j of row r and in bit 2k + 1 that of input 16 + 4k + j
-//   [128 bytes] Q6K: h0 then h1, byte 4r + j holding in bits 2k, 2k + 1 the top two bits
-//               of input 4k + j (h0: the first piece's) or 16 + 4k + j (h1)
-// A group's "unit" is a block (Q4, Q8, Q5, Q50) or a super-block (Q4K, Q5K: the scale
-// bytes sc [8 blocks][16 rows], mn [8][16], then the 8 blocks; Q6K: sc int8 [16 pieces][16
-// rows], then the 8 blocks). d (and m) are float16 [groups, units, 16], one per row.
+//   [512 bytes] bits 8 instead: 8 registers of one byte an input
+//   [ 64 bytes] bits 5: the high-bit plane, byte 4r + j holding in bit 2k the fifth bit of
+//               input 4k + j of row r and in bit 2k + 1 that of input 16 + 4k + j
+//   [128 bytes] bits 6: h0 then h1, byte 4r + j holding in bits 2k, 2k + 1 the top two
+//               bits of input 4k + j (h0: the first piece's) or 16 + 4k + j (h1)
+// A group's "unit" is a block, or a super-block: its head (the blocks' scale bytes, one
+// per row: sc [8 blocks][16 rows] then mn [8][16] where min is M_MN; int8 per piece:
+// [16 pieces][16 rows]; int8 per block: [8][16]), then its 8 blocks. d (and m) are
+// float16 [groups, units, 16], one per row.
 #pragma once
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <array>
 #include <cstdint>
+#include <utility>
 
 namespace zs_qgemm {
 
@@ -44,15 +47,45 @@ constexpr int64_t QK_K = 256;  // inputs per super-block
 enum Fmt : int64_t { Q4 = 0, Q8 = 1, Q5 = 2, Q4K = 3, Q5K = 4, Q6K = 5, Q50 = 6 };
 constexpr int64_t NFMT = 7;
 
+enum class Scale { D, D_SC_U8, D_SC_I8 };  // dw = d, d * uint8 sc per block, d * int8 sc per piece
+enum class Min { NONE, M, M_MN };          // mw = 0, m, m * uint8 mn per block
+
+struct FormatRow {
+  const char* name;
+  int64_t bits;                      // of the stored q
+  int64_t offset = 0;                // v = q - offset
+  const int8_t* codebook = nullptr;  // else v = codebook[q] (a 4-bit q)
+  int64_t unit = QK;                 // inputs per d (and m): QK or QK_K
+  Scale scale = Scale::D;
+  Min min = Min::NONE;
+  int64_t piece = QK;  // inputs per dw
+};
+
+inline constexpr FormatRow FORMAT_ROWS[NFMT] = {
+    {.name = "Q4_0/Q4_1", .bits = 4, .min = Min::M},  // Q4_0: m = -8 d
+    {.name = "Q8_0", .bits = 8, .offset = 128},
+    {.name = "Q5_1", .bits = 5, .min = Min::M},
+    {.name = "Q4_K", .bits = 4, .unit = QK_K, .scale = Scale::D_SC_U8, .min = Min::M_MN},
+    {.name = "Q5_K", .bits = 5, .unit = QK_K, .scale = Scale::D_SC_U8, .min = Min::M_MN},
+    {.name = "Q6_K", .bits = 6, .offset = 32, .unit = QK_K, .scale = Scale::D_SC_I8, .piece = 16},
+    {.name = "Q5_0", .bits = 5, .offset = 16},
+};
+
+// What the kernels derive from a row.
 template <int FMT>
 struct Layout {
-  static constexpr bool SUPER = FMT == Q4K || FMT == Q5K || FMT == Q6K;  // units of 256 inputs
-  static constexpr bool HI = FMT == Q5 || FMT == Q50 || FMT == Q5K;      // a high-bit plane
-  static constexpr bool M = FMT == Q4 || FMT == Q5 || FMT == Q4K || FMT == Q5K;  // a stored m
-  static constexpr bool PIECES = FMT == Q6K;  // the activations' sums per 16 (Act::off)
-  static constexpr int64_t SBB = FMT == Q8 ? 512 : FMT == Q6K ? 384 : HI ? 320 : 256;  // bytes per block
-  static constexpr int64_t UK = SUPER ? 8 : 1;  // blocks per unit
-  static constexpr int64_t UB = SUPER ? 256 + 8 * SBB : SBB;  // bytes per group and unit
+  static constexpr FormatRow R = FORMAT_ROWS[FMT];
+  static constexpr bool SUPER = R.unit == QK_K;          // units of 256 inputs
+  static constexpr bool HI = R.bits == 5;                // a high-bit plane
+  static constexpr bool M = R.min != Min::NONE;          // a stored m
+  static constexpr bool PIECES = R.piece == 16;          // the activations' sums per 16 (Act::off)
+  static constexpr int64_t SBB = 64 * R.bits;            // bytes per group and block
+  static constexpr int64_t UK = R.unit / QK;             // blocks per unit
+  static constexpr int64_t SC_BYTES = R.scale == Scale::D ? 0 : GR * QK / R.piece;  // per block
+  static constexpr int64_t HEAD = UK * SC_BYTES * (R.min == Min::M_MN ? 2 : 1);      // per unit
+  static constexpr int64_t UB = HEAD + UK * SBB;         // bytes per group and unit
+  static_assert(R.codebook == nullptr || R.bits == 4, "a codebook is indexed by a nibble");
+  static_assert(SUPER || HEAD == 0, "a block's own scales are d (and m)");
 };
 
 struct FormatInfo {  // what the entry checks of a weight, per format
@@ -64,15 +97,16 @@ struct FormatInfo {  // what the entry checks of a weight, per format
 };
 
 template <int FMT>
-constexpr FormatInfo info(const char* name) {
+constexpr FormatInfo info() {
   using L = Layout<FMT>;
-  return {name, L::UK * 32, L::UB, L::M, L::PIECES};
+  return {L::R.name, L::R.unit, L::UB, L::M, L::PIECES};
 }
 
-inline constexpr FormatInfo FORMATS[NFMT] = {
-    info<Q4>("Q4_0/Q4_1"), info<Q8>("Q8_0"), info<Q5>("Q5_1"),  info<Q4K>("Q4_K"),
-    info<Q5K>("Q5_K"),     info<Q6K>("Q6_K"), info<Q50>("Q5_0"),
-};
+template <int... F>
+constexpr auto infos(std::integer_sequence<int, F...>) {
+  return std::array<FormatInfo, NFMT>{info<F>()...};
+}
+inline constexpr std::array<FormatInfo, NFMT> FORMATS = infos(std::make_integer_sequence<int, NFMT>{});
 
 struct Packed {  // a weight in the layout above
   const uint8_t* q;    // [groups, units, unit bytes]
@@ -95,12 +129,12 @@ constexpr int64_t group_bytes(int64_t nb) {  // one group's packed bytes
   return nb / Layout<FMT>::UK * Layout<FMT>::UB;
 }
 // Block b (of 32 inputs, counted along the row) of group g; its unit; a super-block's
-// scale bytes for the block (Q4K/Q5K: sc, mn at + 128; Q6K: the two pieces' int8 sc, the
-// second's at + 16).
+// scale bytes for the block (sc, and mn at + 8 * 16 where min is M_MN; int8 per piece: the
+// two pieces', the second's at + 16).
 template <int FMT>
 inline const uint8_t* sub_block(const Packed& w, int64_t g, int64_t b) {
   using L = Layout<FMT>;
-  if constexpr (L::SUPER) return w.q + (g * (w.nb / 8) + b / 8) * L::UB + 256 + (b % 8) * L::SBB;
+  if constexpr (L::SUPER) return w.q + (g * (w.nb / 8) + b / 8) * L::UB + L::HEAD + (b % 8) * L::SBB;
   else return w.q + (g * w.nb + b) * L::SBB;
 }
 template <int FMT>
@@ -109,7 +143,7 @@ inline int64_t unit_of(const Packed& w, int64_t g, int64_t b) {
 }
 template <int FMT>
 inline const uint8_t* block_scales(const Packed& w, int64_t g, int64_t b) {
-  return w.q + unit_of<FMT>(w, g, b) * Layout<FMT>::UB + (b % 8) * (FMT == Q6K ? 2 * GR : GR);
+  return w.q + unit_of<FMT>(w, g, b) * Layout<FMT>::UB + (b % 8) * Layout<FMT>::SC_BYTES;
 }
 // Q6K: block b's two pieces' int8 scales (16 rows each), and its super-block's d.
 inline const int8_t* q6_sc(const Packed& w, int64_t g, int64_t b) {

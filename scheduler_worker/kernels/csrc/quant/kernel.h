@@ -36,8 +36,7 @@ using QuantizeFn = void (*)(const void* x, bool bf16, int64_t nb, int8_t* q, flo
 // The kernels of each ISA: generic/gemm.cpp, arch/avx2/gemm.cpp, arch/avx512/gemm.cpp,
 // arch/amx/gemm.cpp (each instantiates the formats it serves).
 namespace generic {
-template <int FMT>
-void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1);
+extern const std::array<GroupsFn, NFMT> EVERY;  // every format's kernel, by its code
 void quantize(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* s);
 }  // namespace generic
 namespace avx2 {
@@ -54,13 +53,13 @@ template <int FMT>
 void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1);
 }  // namespace amx
 
-// An ISA's gemm.cpp instantiates groups<FMT> for each format it serves: the functions the
-// table of qlinear.cpp names.
+// An ISA's gemm.cpp instantiates groups<FMT> for each format it has tiles for: the
+// functions the table of qlinear.cpp names (its groups<FMT> names each format's tiles and
+// refuses to compile for any other: no format falls into another's tiles).
 #define ZS_INSTANTIATE_GROUPS(FMT) \
   template void groups<FMT>(const Act&, const Packed&, int64_t, Out, int64_t, int64_t);
-#define ZS_INSTANTIATE_GROUPS_OF_EVERY_FORMAT                                                       \
-  ZS_INSTANTIATE_GROUPS(Q4) ZS_INSTANTIATE_GROUPS(Q8) ZS_INSTANTIATE_GROUPS(Q5) ZS_INSTANTIATE_GROUPS(Q4K) \
-  ZS_INSTANTIATE_GROUPS(Q5K) ZS_INSTANTIATE_GROUPS(Q6K) ZS_INSTANTIATE_GROUPS(Q50)
+template <int FMT>
+constexpr bool NO_TILES = false;  // static_assert(NO_TILES<FMT>) in an ISA's last `else`
 
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;

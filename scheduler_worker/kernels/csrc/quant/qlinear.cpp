@@ -1,6 +1,6 @@
 // Quantized linear layers on the CPU: GGUF block-quantized weights (formats.h: Q4_0, Q4_1,
 // Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and the same block formats made from float
-// checkpoints) times activations quantized to 8 bits per block of 32, as llama.cpp's
+// checkpoints; each format a row of FORMAT_ROWS) times activations quantized to 8 bits per block of 32, as llama.cpp's
 // ggml_vec_dot_*_q8_* do:
 //
 //   weight row n, block b (32 inputs):  w = dw[n,b] * q + mw[n,b]    (formats.h)
@@ -29,40 +29,43 @@
 
 namespace zs_qgemm {
 
-// The (format, ISA) table: per format, the kernel each ISA has of its own, null where it
-// has none. A pair with no kernel runs the one of the next ISA down (AMX is AVX-512 plus
-// the tile unit), and generic/ has every format, so the portable path serves whatever an
-// ISA lacks. A new format adds its code to formats.h and its row here; a new ISA a column.
-// tests/scheduler_worker/test_format_codes.py reads the AMX column against
+// The (format, ISA) table: the formats with SIMD tiles, each with the kernel each ISA has
+// of its own, null where it has none. A pair with no kernel runs the one of the next ISA
+// down (AMX is AVX-512 plus the tile unit), and a format with no row here (or none down to
+// SCALAR) runs its portable kernel (generic::EVERY: every format of formats.h has one), so
+// a new format is served by its row in formats.h alone, its tiles a row here later.
+// tests/scheduler_worker/test_format_codes.py reads this table against
 // scheduler_worker/quant/formats.py's AMX_FORMS.
 struct FormatKernels {
   Fmt fmt;
-  GroupsFn isa[4];  // SCALAR, AVX2, AVX512, AMX
+  GroupsFn isa[3];  // AVX2, AVX512, AMX
 };
-constexpr FormatKernels GROUPS[NFMT] = {
-    {Q4, {&generic::groups<Q4>, &avx2::groups<Q4>, &avx512::groups<Q4>, nullptr}},
-    {Q8, {&generic::groups<Q8>, &avx2::groups<Q8>, &avx512::groups<Q8>, &amx::groups<Q8>}},
-    {Q5, {&generic::groups<Q5>, &avx2::groups<Q5>, &avx512::groups<Q5>, &amx::groups<Q5>}},
-    {Q4K, {&generic::groups<Q4K>, &avx2::groups<Q4K>, &avx512::groups<Q4K>, nullptr}},
-    {Q5K, {&generic::groups<Q5K>, &avx2::groups<Q5K>, &avx512::groups<Q5K>, &amx::groups<Q5K>}},
-    {Q6K, {&generic::groups<Q6K>, &avx2::groups<Q6K>, &avx512::groups<Q6K>, nullptr}},
-    {Q50, {&generic::groups<Q50>, &avx2::groups<Q50>, &avx512::groups<Q50>, &amx::groups<Q50>}},
+constexpr FormatKernels TILES[] = {
+    {Q4, {&avx2::groups<Q4>, &avx512::groups<Q4>, nullptr}},
+    {Q8, {&avx2::groups<Q8>, &avx512::groups<Q8>, &amx::groups<Q8>}},
+    {Q5, {&avx2::groups<Q5>, &avx512::groups<Q5>, &amx::groups<Q5>}},
+    {Q4K, {&avx2::groups<Q4K>, &avx512::groups<Q4K>, nullptr}},
+    {Q5K, {&avx2::groups<Q5K>, &avx512::groups<Q5K>, &amx::groups<Q5K>}},
+    {Q6K, {&avx2::groups<Q6K>, &avx512::groups<Q6K>, nullptr}},
+    {Q50, {&avx2::groups<Q50>, &avx512::groups<Q50>, &amx::groups<Q50>}},
 };
 // the activation quantizer per ISA, as the table's columns
 constexpr QuantizeFn QUANTIZE[4] = {&generic::quantize, &avx2::quantize, nullptr, nullptr};
 
-constexpr bool rows_in_code_order() {
-  for (int64_t f = 0; f < NFMT; ++f)
-    if (GROUPS[f].fmt != f || GROUPS[f].isa[SCALAR] == nullptr) return false;
-  return QUANTIZE[SCALAR] != nullptr;
+// TILES by format code: [fmt][isa], null where none (SCALAR's column: generic::EVERY).
+constexpr std::array<std::array<GroupsFn, 4>, NFMT> tiles_by_code() {
+  std::array<std::array<GroupsFn, 4>, NFMT> t{};
+  for (const FormatKernels& row : TILES)
+    for (int64_t isa = AVX2; isa <= AMX; ++isa) t[row.fmt][isa] = row.isa[isa - AVX2];
+  return t;
 }
-static_assert(rows_in_code_order(), "one row per format, in code order, each with its portable kernel");
+constexpr auto TILES_BY_CODE = tiles_by_code();
 
-// The kernel of (fmt, isa): its own, else the next ISA down's.
+// The kernel of (fmt, isa): its own, else the next ISA down's, else the portable one.
 static GroupsFn groups_for(int64_t fmt, int64_t isa) {
   for (; isa > SCALAR; --isa)
-    if (GROUPS[fmt].isa[isa] != nullptr) return GROUPS[fmt].isa[isa];
-  return GROUPS[fmt].isa[SCALAR];
+    if (TILES_BY_CODE[fmt][isa] != nullptr) return TILES_BY_CODE[fmt][isa];
+  return generic::EVERY[fmt];
 }
 
 // x [M, K] (contiguous) quantized into q [M, K], d [M, K/32], s [M, K/32]

@@ -1,4 +1,4 @@
-// The AVX2 kernels of every format (maddubs + madd; the tiles: q4_q8.h, kquant.h, q6k.h)
+// The AVX2 kernels of the formats it names (maddubs + madd; the tiles: q4_q8.h, kquant.h, q6k.h)
 // and the AVX2 activation quantizer, which the AVX-512 and AMX kinds use too (the table in
 // qlinear.cpp falls back to the next ISA down).
 #include "kquant.h"
@@ -54,7 +54,8 @@ template <int FMT, int RM, typename T>
 static void tile(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead) {
   if constexpr (FMT == Q4 || FMT == Q8) tile_avx2<FMT, RM>(x, w, out, i0, g, ahead);
   else if constexpr (FMT == Q6K) tile_q6_avx2<RM>(x, w, out, i0, g, ahead);
-  else tile_kq_avx2<FMT, RM>(x, w, out, i0, g, ahead);
+  else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K) tile_kq_avx2<FMT, RM>(x, w, out, i0, g, ahead);
+  else static_assert(NO_TILES<FMT>, "no AVX2 tiles for this format");
 }
 
 // Per group, tiles of 2 activation rows then 1; the group's last tile asks for the next
@@ -73,7 +74,13 @@ void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64
   });
 }
 
-ZS_INSTANTIATE_GROUPS_OF_EVERY_FORMAT
+ZS_INSTANTIATE_GROUPS(Q4)
+ZS_INSTANTIATE_GROUPS(Q8)
+ZS_INSTANTIATE_GROUPS(Q5)
+ZS_INSTANTIATE_GROUPS(Q4K)
+ZS_INSTANTIATE_GROUPS(Q5K)
+ZS_INSTANTIATE_GROUPS(Q6K)
+ZS_INSTANTIATE_GROUPS(Q50)
 
 }  // namespace avx2
 }  // namespace zs_qgemm

@@ -1,4 +1,4 @@
-// The AVX-512 VNNI kernels of every format: the loops over a thread's groups of the tiles
+// The AVX-512 VNNI kernels of the formats it names: the loops over a thread's groups of the tiles
 // of q4_q8.h, kquant.h (with the 5-bit formats' panel, panel.h) and q6k.h.
 #include "panel.h"
 #include "q4_q8.h"
@@ -49,11 +49,18 @@ void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64
   with_out(out, [&](auto* o) {
     if constexpr (FMT == Q4 || FMT == Q8) gemm_vnni<FMT>(x, w, M, o, g0, g1);
     else if constexpr (FMT == Q6K) gemm_q6_vnni(x, w, M, o, g0, g1);
-    else gemm_kq_vnni<FMT>(x, w, M, o, g0, g1);
+    else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K) gemm_kq_vnni<FMT>(x, w, M, o, g0, g1);
+    else static_assert(NO_TILES<FMT>, "no AVX-512 tiles for this format");
   });
 }
 
-ZS_INSTANTIATE_GROUPS_OF_EVERY_FORMAT
+ZS_INSTANTIATE_GROUPS(Q4)
+ZS_INSTANTIATE_GROUPS(Q8)
+ZS_INSTANTIATE_GROUPS(Q5)
+ZS_INSTANTIATE_GROUPS(Q4K)
+ZS_INSTANTIATE_GROUPS(Q5K)
+ZS_INSTANTIATE_GROUPS(Q6K)
+ZS_INSTANTIATE_GROUPS(Q50)
 
 }  // namespace avx512
 }  // namespace zs_qgemm
