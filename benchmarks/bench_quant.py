@@ -46,7 +46,12 @@ from common.model_files.model_source import resolve_model  # noqa: E402
 from scheduler_worker import kernels  # noqa: E402
 from scheduler_worker.heap import keep_step_buffers_in_heap  # noqa: E402
 from scheduler_worker.models import load_model  # noqa: E402
-from scheduler_worker.quant.formats import GGUF_BLOCK_TYPES, BlockWeight, from_gguf  # noqa: E402
+from scheduler_worker.quant.formats import (  # noqa: E402
+    FORMATS,
+    GGUF_BLOCK_TYPES,
+    BlockWeight,
+    from_gguf,
+)
 from scheduler_worker.quant.linear import QuantLinear, quantize_weight  # noqa: E402
 
 K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama-quantize's, rows not % 256
@@ -57,8 +62,8 @@ def random_gguf_weight(type_name: str, n: int, k: int, seed: int = 0) -> BlockWe
     if type_name in K_FALLBACK and k % 256:
         type_name = K_FALLBACK[type_name]
     rng = np.random.default_rng(seed)
-    size = GGUF_BLOCK_TYPES[type_name][1]
-    units = k // (256 if type_name.endswith("_K") else 32)
+    form, size = GGUF_BLOCK_TYPES[type_name]
+    units = k // FORMATS[form].unit
     blocks = rng.integers(0, 256, (n, units, size), dtype=np.uint8)
     nf = 1 if type_name in ("Q4_0", "Q5_0", "Q8_0", "Q6_K") else 2
     f = rng.uniform(1e-3, 1e-2, (n, units, nf)).astype(np.float16)
@@ -96,7 +101,8 @@ def per_byte(
             bw = random_gguf_weight(type_name, n, k)
             if bw.source != type_name:
                 sys.exit(f"{type_name} needs rows of whole super-blocks (K % 256), got {k}")
-            size, unit = GGUF_BLOCK_TYPES[type_name][1], 256 if type_name.endswith("_K") else 32
+            form, size = GGUF_BLOCK_TYPES[type_name]
+            unit = FORMATS[form].unit
             file_bytes = n * k // unit * size
             for isa in isas:
                 ql = QuantLinear(bw, None, torch.float32, isa)

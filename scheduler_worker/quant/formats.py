@@ -1,49 +1,149 @@
-"""Block-quantized weights: GGUF's Q4_0 / Q4_1 / Q8_0 as the kernels take them, and the
-pure-torch oracle the kernels are tested against.
+"""Block-quantized weights: the one table of the kernels' weight formats (FORMATS, a row
+per form), the BlockWeight every form fills, and the pure-torch oracle the kernels are
+tested against.
 
-A weight [N, K] is cut into blocks of 32 along K (the input dim). Two kernel forms cover
-the three GGUF formats, values unchanged:
+A weight [N, K] is cut into blocks of 32 along K (the input dim); per block (or piece of
+16) w = dw * v + mw with v an integer (a row of csrc/quant/formats.h says how). A form's
+row names its GGUF types, its qlinear code, its layout (as the C++ row has it: bits per
+value, inputs per d, scale bytes per unit, a stored m) and its functions: `split` (the
+file's blocks -> a BlockWeight), `values` (the oracle's v, dw, mw) and `pack` (the
+kernels' layout). Their arrays and bit layouts live in the form's module:
 
-    form "q4":  w = d * q + m,  q in 0..15 (two per byte, GGUF's nibble order)
-                Q4_1 as stored (d, m); Q4_0 is q4 with m = -8 d.
-    form "q8":  w = d * q,      q in -127..127 (int8)
-                Q8_0 as stored.
+    q4, q8             Q4_0 / Q4_1, Q8_0; and the int4 / int8 of float checkpoints   q4q8.py
+    q5, q50, q4k, q5k  Q5_1, Q5_0, Q4_K, Q5_K                                        kquants.py
+    q6k                Q6_K: the file's 208 bytes of planes and sub-scales            q6k.py
 
-GGUF keeps d and m as float16 inside each block; a BlockWeight holds them widened to
-float32 arrays [N, K/32] (exact), and the kernels' layout (`pack_blocks`) narrows them back
-to float16, interleaved with the nibbles 16 rows at a time. Float checkpoints are
-quantized into the same forms, scales rounded to float16 as GGUF's are (`quantize_q4`:
-Q4_1's recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
-
-GGUF's Q5_0, Q5_1, Q4_K and Q5_K take the forms "q50", "q5", "q4k", "q5k" of kquants.py (their
-arrays, layout and math there); from_gguf, dequantize, pack_blocks, cat_rows and
-reference_qlinear serve every form, so a loader needs only GGUF_BLOCK_TYPES and these.
-GGUF's Q6_K takes the form "q6k" of q6k.py: the file's bytes as they are (qs: the 208
-bytes of planes and int8 sub-scales per 256 inputs, d: the super-scale), scaled per 16
-inputs rather than 32, repacked 16 rows at a time by q6k.pack.
+GGUF keeps d and m as float16; a BlockWeight holds them widened to float32 arrays (exact),
+and `pack` narrows them back to float16, 16 rows side by side. Float checkpoints are
+quantized into q4 / q8, scales rounded to float16 as GGUF's are (`quantize_q4`: Q4_1's
+recipe, min/max per block; `quantize_q8`: Q8_0's, absmax per block).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from scheduler_worker.quant import kquants, q6k
-from scheduler_worker.quant.groups import GROUP_ROWS, groups, pack_scales, words
+from scheduler_worker.quant import kquants, q4q8, q6k
+from scheduler_worker.quant.groups import GROUP_ROWS, groups
 
 QK = 32  # inputs per block
-FORMS = ("q4", "q8", *kquants.K_FORMS, "q6k")
-FMT_CODES = {
-    "q4": 0,
-    "q8": 1,
-    **kquants.FMT_CODES,
-    "q6k": q6k.Q6K_FMT,
-}  # the qlinear op's fmt per form
-# forms whose steps the "amx" kernel path runs on the tile unit (csrc/quant/arch/amx/amx.h: the 8-bit
-# format from 16 rows, the 5-bit ones from 32); the others run their AVX-512 VNNI tiles there
-AMX_FORMS = ("q8", "q5", "q50", "q5k")
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+@dataclass
+class BlockWeight:
+    form: str  # a row of FORMATS
+    qs: torch.Tensor  # q8: int8 [N, K]; q6k: uint8 [N, K/256 * 208]; the others uint8 [N, K/2]
+    d: torch.Tensor  # float32 [N, K / unit]
+    m: torch.Tensor | None  # like d, or None
+    source: str  # what it was made from: "Q4_1", "Q8_0", "int4", ...
+    qh: torch.Tensor | None = None  # 5-bit forms (kquants.py)
+    sc: torch.Tensor | None = None  # super-block forms: per-block scales (kquants.py)
+    mn: torch.Tensor | None = None  # K-quant forms: per-block mins
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        f = FORMATS[self.form]
+        return self.qs.shape[0], self.qs.shape[1] // f.qs_bytes * f.unit
+
+    def nbytes(self) -> int:
+        """Bytes of the kernels' layout (pack_blocks), the memory a served weight takes."""
+        return FORMATS[self.form].packed_nbytes(*self.shape)
+
+
+@dataclass(frozen=True)
+class Format:
+    """A row of the table: a kernel form (csrc/quant/formats.h FORMAT_ROWS[code])."""
+
+    form: str
+    code: int  # qlinear's fmt: the C++ row's index
+    gguf: dict[str, int]  # the GGUF types it serves -> bytes per unit in the file
+    bits: int  # per stored value (the C++ row's)
+    unit: int  # inputs per d (and m): 32, or 256 (a super-block)
+    head: int  # scale bytes per group of 16 rows and unit (the C++ Layout's HEAD)
+    stores_m: bool  # the kernels read an m beside d
+    qs_bytes: int  # bytes of BlockWeight.qs per row and unit
+    split: Callable[[np.ndarray, str, int, int], BlockWeight]
+    values: Callable[[BlockWeight], Tensors]  # (v int32 [N, K/P, P], dw [N, K/P], mw | None)
+    pack: Callable[[BlockWeight], Tensors]  # (qs uint8 [groups, bytes], d, m | None)
+    amx: bool = False  # the "amx" path runs it on the tile unit (else its VNNI tiles)
+
+    def packed_nbytes(self, n: int, k: int) -> int:
+        """Bytes of `pack`'s tensors for an [n, k] weight (rows padded to groups of 16)."""
+        per_unit = self.head + self.unit // QK * 64 * self.bits
+        return groups(n) * (k // self.unit) * (per_unit + 2 * GROUP_ROWS * (1 + self.stores_m))
+
+
+def _q4q8(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
+    qs, d, m = q4q8.split(raw, type_name, n, k)
+    return BlockWeight("q8" if m is None else "q4", qs, d, m, type_name)
+
+
+def _kq(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
+    super_block = type_name.endswith("_K")
+    p = (kquants.split_k if super_block else kquants.split_q5)(raw, type_name, n, k)
+    form = {"Q5_0": "q50", "Q5_1": "q5", "Q4_K": "q4k", "Q5_K": "q5k"}[type_name]
+
+    def opt(a: np.ndarray | None) -> torch.Tensor | None:
+        return None if a is None else torch.from_numpy(a)
+
+    t = torch.from_numpy
+    return BlockWeight(form, t(p.qs), t(p.d), t(p.m), type_name, opt(p.qh), opt(p.sc), opt(p.mn))
+
+
+def _q6k(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
+    planes, d6 = q6k.split_q6k(raw, n, k)
+    return BlockWeight("q6k", planes, d6.float(), None, type_name)
+
+
+def _kq_values(w: BlockWeight) -> Tensors:
+    assert w.m is not None
+    return kquants.values(w.qs, w.qh), *kquants.block_scales(w.d, w.m, w.sc, w.mn)
+
+
+def _kq_pack(keep_m: bool) -> Callable[[BlockWeight], Tensors]:
+    return lambda w: kquants.pack(w.qs, w.qh, w.d, w.m if keep_m else None, w.sc, w.mn)
+
+
+def _q4_values(w: BlockWeight) -> Tensors:
+    return unpack_nibbles(w.qs), w.d, w.m
+
+
+def _q8_values(w: BlockWeight) -> Tensors:
+    return w.qs.reshape(w.qs.shape[0], -1, QK).to(torch.int32), w.d, None
+
+
+def _q6k_values(w: BlockWeight) -> Tensors:
+    return *q6k.pieces(w.qs, w.d), None
+
+
+_KQ_PACK, _Q50_PACK = _kq_pack(True), _kq_pack(False)
+# form, code, GGUF types (file bytes per unit), bits, unit, head, stores_m, qs_bytes,
+# split, values, pack
+# fmt: off
+ROWS = [
+    Format("q4", 0, {"Q4_0": 18, "Q4_1": 20}, 4, QK, 0, True, 16,
+           _q4q8, _q4_values, lambda w: q4q8.pack(w.qs, w.d, w.m, False)),
+    Format("q8", 1, {"Q8_0": 34}, 8, QK, 0, False, 32,
+           _q4q8, _q8_values, lambda w: q4q8.pack(w.qs, w.d, None, True), amx=True),
+    Format("q5", 2, {"Q5_1": 24}, 5, QK, 0, True, 16, _kq, _kq_values, _KQ_PACK, amx=True),
+    Format("q4k", 3, {"Q4_K": 144}, 4, 256, 256, True, 128, _kq, _kq_values, _KQ_PACK),
+    Format("q5k", 4, {"Q5_K": 176}, 5, 256, 256, True, 128, _kq, _kq_values, _KQ_PACK, amx=True),
+    Format("q6k", 5, {"Q6_K": q6k.BLOCK_BYTES}, 6, 256, 256, False, q6k.PLANE_BYTES,
+           _q6k, _q6k_values, lambda w: q6k.pack(w.qs, w.d)),
+    Format("q50", 6, {"Q5_0": 22}, 5, QK, 0, False, 16, _kq, _kq_values, _Q50_PACK, amx=True),
+]
+# fmt: on
+FORMATS = {f.form: f for f in ROWS}
+FORMS = tuple(FORMATS)
+FMT_CODES = {f.form: f.code for f in ROWS}  # the qlinear op's fmt per form
+AMX_FORMS = tuple(f.form for f in ROWS if f.amx)
+# GGUF type name -> (kernel form, bytes per unit of the file: 32 inputs, or 256)
+GGUF_BLOCK_TYPES = {t: (f.form, size) for f in ROWS for t, size in f.gguf.items()}
 
 
 def kernel_label(form: str, isa: str) -> str:
@@ -56,81 +156,17 @@ def kernel_label(form: str, isa: str) -> str:
     )
 
 
-# GGUF type name -> (kernel form, bytes per block: of 32 inputs, of 256 for the K-quants)
-GGUF_BLOCK_TYPES = {
-    "Q4_0": ("q4", 18),
-    "Q4_1": ("q4", 20),
-    "Q8_0": ("q8", 34),
-    **kquants.K_TYPES,
-    "Q6_K": ("q6k", q6k.BLOCK_BYTES),
-}
-
-
-@dataclass
-class BlockWeight:
-    form: str  # one of FORMS
-    qs: torch.Tensor  # q8: int8 [N, K]; q6k: uint8 [N, K/256 * 208]; the others uint8 [N, K/2]
-    d: torch.Tensor  # float32 [N, K/32] (K-quant forms and q6k: [N, K/256])
-    m: torch.Tensor | None  # like d; q8, q6k: None
-    source: str  # what it was made from: "Q4_1", "Q8_0", "int4", ...
-    qh: torch.Tensor | None = None  # 5-bit forms (kquants.py)
-    sc: torch.Tensor | None = None  # K-quant forms: sub-block scales (kquants.py)
-    mn: torch.Tensor | None = None  # K-quant forms: sub-block mins
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        if self.form == "q6k":
-            return self.qs.shape[0], self.qs.shape[1] // q6k.PLANE_BYTES * q6k.QK_K
-        return self.qs.shape[0], self.qs.shape[1] * (1 if self.form == "q8" else 2)
-
-    def nbytes(self) -> int:
-        """Bytes of the kernels' layout (pack_blocks), the memory a served weight takes."""
-        n, k = self.shape
-        if self.form == "q6k":
-            return q6k.packed_nbytes(n, k)
-        if self.form in kquants.K_FORMS:
-            return kquants.packed_nbytes(self.form, n, k)
-        per_block = 512 + 2 * GROUP_ROWS if self.form == "q8" else 256 + 4 * GROUP_ROWS
-        return groups(n) * (k // QK) * per_block
-
-
 def from_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
-    """Split GGUF blocks ([N, K/32 * block bytes] uint8, rows in the file's order) into the
-    kernel arrays. Every value is kept: d, m are widened float16 -> float32."""
+    """Split GGUF blocks ([N, K / unit * block bytes] uint8, rows in the file's order) into
+    the kernel arrays. Every value is kept: d, m are widened float16 -> float32."""
     if type_name not in GGUF_BLOCK_TYPES:
         raise ValueError(
             f"GGUF type {type_name} has no kernel (supported: {', '.join(GGUF_BLOCK_TYPES)})"
         )
-    form, size = GGUF_BLOCK_TYPES[type_name]
-    if form == "q6k":
-        planes, d6 = q6k.split_q6k(raw, n, k)
-        return BlockWeight(form, planes, d6.float(), None, type_name)
-    if form in kquants.K_FORMS:
-        p = kquants.split_gguf(raw, type_name, n, k)
-
-        def opt(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(a)
-
-        t = torch.from_numpy
-        return BlockWeight(
-            form, t(p.qs), t(p.d), t(p.m), type_name, opt(p.qh), opt(p.sc), opt(p.mn)
-        )
-    if k % QK:
-        raise ValueError(f"{type_name} needs the input dim ({k}) to be a multiple of {QK}")
-    nb = k // QK
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nb, size)
-    d = blocks[:, :, 0:2].copy().view(np.float16).reshape(n, nb).astype(np.float32)
-    if type_name == "Q8_0":  # one copy of the values (a reshape of the strided view is one)
-        q = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(n, k)
-        return BlockWeight("q8", torch.from_numpy(q), torch.from_numpy(d), None, type_name)
-    if type_name == "Q4_1":
-        m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, nb).astype(np.float32)
-    else:  # Q4_0
-        m = -8.0 * d
-    qs = np.ascontiguousarray(blocks[:, :, size - 16 :]).reshape(n, nb * 16)
-    return BlockWeight(
-        form, torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m), type_name
-    )
+    f = FORMATS[GGUF_BLOCK_TYPES[type_name][0]]
+    if k % f.unit:
+        raise ValueError(f"{type_name} needs the input dim ({k}) to be a multiple of {f.unit}")
+    return f.split(raw, type_name, n, k)
 
 
 def _blocks(w: torch.Tensor) -> torch.Tensor:
@@ -183,20 +219,10 @@ def quantize_q8(w: torch.Tensor) -> BlockWeight:
     return BlockWeight("q8", q, _half(d), None, "int8")
 
 
-def block_values(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def block_values(bw: BlockWeight) -> Tensors:
     """(q int32 [N, K/P, P], dw [N, K/P], mw like dw or None): w = dw * q + mw per piece of
     P inputs: P = 32 (a block), 16 for q6k (one sub-scale each)."""
-    n = bw.shape[0]
-    if bw.form == "q6k":
-        q, dw = q6k.pieces(bw.qs, bw.d)
-        return q, dw, None
-    if bw.form == "q8":
-        return bw.qs.reshape(n, -1, QK).to(torch.int32), bw.d, None
-    assert bw.m is not None
-    if bw.form == "q4":
-        return unpack_nibbles(bw.qs), bw.d, bw.m
-    dw, mw = kquants.block_scales(bw.form, bw.d, bw.m, bw.sc, bw.mn)
-    return kquants.values(bw.qs, bw.qh), dw, mw
+    return FORMATS[bw.form].values(bw)
 
 
 def dequantize(bw: BlockWeight) -> torch.Tensor:
@@ -258,27 +284,10 @@ def reference_qlinear(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
     return out
 
 
-def pack_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def pack_blocks(w: BlockWeight) -> Tensors:
     """The C++ kernels' layout (scheduler_worker/kernels/csrc/quant/formats.h): rows in
     groups of 16 (the last one padded with zero weights), each group's blocks with the 16
-    rows' bytes interleaved 4 at a time; 8-bit values stored + 128 (unsigned); d and m as
-    float16 (every value is one: they come from GGUF's float16 fields or are rounded so by
-    quantize_q4/q8). Returns (qs uint8 [groups, nb * bytes], d float16 [groups, nb, 16],
-    m like d or None). The 5-bit and K-quant forms: kquants.pack (csrc/quant/formats.h); Q6_K:
-    q6k.pack (csrc/quant/formats.h)."""
-    if w.form == "q6k":
-        return q6k.pack(w.qs, w.d)
-    if w.form in kquants.K_FORMS:
-        assert w.m is not None
-        return kquants.pack(w.form, w.qs, w.qh, w.d, w.m, w.sc, w.mn)
-    n, k = w.shape
-    nb, g = k // QK, groups(n)
-    # q8's + 128 as one XOR over the packed words (the zero rows of padding: 0x80 too)
-    qs = words(w.qs, g * GROUP_ROWS).view(g, GROUP_ROWS, nb, -1).permute(0, 2, 3, 1).contiguous()
-    if w.form == "q8":
-        qs ^= _BIAS_WORD
-    m = None if w.m is None else pack_scales(w.m)
-    return qs.view(torch.uint8).view(g, -1), pack_scales(w.d), m
-
-
-_BIAS_WORD = int(np.array([0x80808080], np.uint32).view(np.int32)[0])  # 128 in every byte
+    rows' bytes interleaved 4 at a time; d and m as float16 (every value is one: they come
+    from GGUF's float16 fields or are rounded so by quantize_q4/q8). Returns (qs uint8
+    [groups, units * bytes], d float16 [groups, units, 16], m like d or None)."""
+    return FORMATS[w.form].pack(w)

@@ -1,15 +1,15 @@
 """GGUF's 5-bit and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K) for the C++ kernels: split
 from the file's blocks, stood for as float (the oracle), and repacked for the kernels
-(layout: scheduler_worker/kernels/csrc/quant/formats.h). formats.py routes these types here.
+(layout: scheduler_worker/kernels/csrc/quant/formats.h); formats.py's table names them.
 
 Every format is, per block of 32 inputs (a K-quant "sub-block"), w = dw * q + mw with q an
 unsigned integer; only bits are moved, no value changes:
 
-    form "q5"  (Q5_1; fmt 2): q in 0..31, dw = d, mw = m float16 per block
-    form "q50" (Q5_0; fmt 6): Q5_1's layout, m = -16 d (Q5_0 stores q - 16; exact in
+    form "q5"  (Q5_1): q in 0..31, dw = d, mw = m float16 per block
+    form "q50" (Q5_0): Q5_1's layout, m = -16 d (Q5_0 stores q - 16; exact in
                float16): the kernels store no m and subtract 16 s in one FMA
-    form "q4k" (Q4_K; fmt 3):  q in 0..15 \\  super-blocks of 256 inputs: d, dmin float16,
-    form "q5k" (Q5_K; fmt 4):  q in 0..31 /  and per sub-block 6-bit scale sc and min mn;
+    form "q4k" (Q4_K): q in 0..15 \\  super-blocks of 256 inputs: d, dmin float16,
+    form "q5k" (Q5_K): q in 0..31 /  and per sub-block 6-bit scale sc and min mn;
                dw = d * sc, mw = -dmin * mn (formed in float32 by the kernel: exact)
 
 The arrays of a BlockWeight of these forms (rows in the file's order):
@@ -32,19 +32,7 @@ from scheduler_worker.quant.groups import GROUP_ROWS as GR
 from scheduler_worker.quant.groups import groups, pack_scales, pad_rows, words
 
 QK, QK_K = 32, 256
-# GGUF type -> (form, bytes per block of the file: 32 inputs, or 256 for the K-quants)
-K_TYPES = {"Q5_0": ("q50", 22), "Q5_1": ("q5", 24), "Q4_K": ("q4k", 144), "Q5_K": ("q5k", 176)}
-K_FORMS = ("q5", "q50", "q4k", "q5k")
-FMT_CODES = {"q5": 2, "q4k": 3, "q5k": 4, "q50": 6}  # the qlinear op's fmt (5: Q6_K)
-_HI = {"q5": True, "q50": True, "q4k": False, "q5k": True}  # has the fifth bit
-_SUPER = {"q5": False, "q50": False, "q4k": True, "q5k": True}  # K-quant super-blocks
-_M = {"q5": True, "q50": False, "q4k": True, "q5k": True}  # m kept for the kernels
 SUB_BYTES_HI = 320  # per group and sub-block of the 5-bit forms: nibbles 256, fifth bits 64
-
-
-def unit_inputs(form: str) -> int:
-    """Inputs per float16 d / m: a block (q5) or a super-block (K forms)."""
-    return QK_K if _SUPER[form] else QK
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -83,30 +71,32 @@ class Parts(NamedTuple):
     mn: np.ndarray | None
 
 
-def split_gguf(raw: np.ndarray, type_name: str, n: int, k: int) -> Parts:
-    """The file's blocks [N, row bytes] -> the arrays of the module docstring."""
-    form, size = K_TYPES[type_name]
-    unit = unit_inputs(form)
-    if k % unit:
-        raise ValueError(f"{type_name} needs the input dim ({k}) to be a multiple of {unit}")
-    nu = k // unit
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nu, size)
+def split_q5(raw: np.ndarray, type_name: str, n: int, k: int) -> Parts:
+    """Q5_0 / Q5_1 blocks [N, K/32 * 22 or 24] -> the arrays of the module docstring."""
+    size, off = (24, 4) if type_name == "Q5_1" else (22, 2)
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // QK, size)
     d = _f16(blocks[..., 0:2])
-    if not _SUPER[form]:
-        m = _f16(blocks[..., 2:4]) if type_name == "Q5_1" else -16.0 * d
-        off = 4 if type_name == "Q5_1" else 2
-        qs = np.ascontiguousarray(blocks[..., off + 4 :]).reshape(n, k // 2)
-        qh = np.ascontiguousarray(blocks[..., off : off + 4]).reshape(n, k // 8)
-        return Parts(qs, qh, d, m, None, None)
+    m = _f16(blocks[..., 2:4]) if type_name == "Q5_1" else -16.0 * d
+    qs = np.ascontiguousarray(blocks[..., off + 4 :]).reshape(n, k // 2)
+    qh = np.ascontiguousarray(blocks[..., off : off + 4]).reshape(n, k // 8)
+    return Parts(qs, qh, d, m, None, None)
+
+
+def split_k(raw: np.ndarray, type_name: str, n: int, k: int) -> Parts:
+    """Q4_K / Q5_K super-blocks [N, K/256 * 144 or 176] -> the arrays of the module docstring."""
+    five = type_name == "Q5_K"
+    nu = k // QK_K
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, nu, 176 if five else 144)
+    d = _f16(blocks[..., 0:2])
     m = -_f16(blocks[..., 2:4])  # -dmin
     sc, mn = scale_min_k4(blocks[..., 4:16])
     # 4 chunks of 64 inputs, 32 bytes each: low nibbles sub-block 2c, high ones 2c + 1
     ql = blocks[..., -128:].reshape(n, nu, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)
     q = (ql & 15).reshape(n, nu * 8, 32)
-    if form == "q5k":  # the fifth bit of sub-block t, input l: bit t of qh[l]
+    if five:  # the fifth bit of sub-block t, input l: bit t of qh[l]
         qh = blocks[..., 16:48].reshape(n, nu, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)
         q = q | ((qh & 1) << 4).reshape(n, nu * 8, 32)
-    qh_out = _high_bits(q) if form == "q5k" else None
+    qh_out = _high_bits(q) if five else None
     sub = (sc.reshape(n, nu * 8).copy(), mn.reshape(n, nu * 8).copy())
     return Parts(_nibbles(q), qh_out, d, m, *sub)
 
@@ -127,63 +117,52 @@ def _bits(qh: torch.Tensor) -> torch.Tensor:
 
 
 def block_scales(
-    form: str, d: torch.Tensor, m: torch.Tensor, sc: torch.Tensor | None, mn: torch.Tensor | None
+    d: torch.Tensor, m: torch.Tensor, sc: torch.Tensor | None, mn: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dw, mw) float32 [N, K/32]: w = dw * q + mw per block (exact products)."""
-    if not _SUPER[form]:
+    if sc is None or mn is None:
         return d, m
-    assert sc is not None and mn is not None
     return (
         d.repeat_interleave(8, dim=1) * sc.float(),
         m.repeat_interleave(8, dim=1) * mn.float(),
     )
 
 
-def packed_nbytes(form: str, n: int, k: int) -> int:
-    """Bytes of `pack`'s tensors for an [n, k] weight (rows padded to groups of 16)."""
-    sbb = SUB_BYTES_HI if _HI[form] else 256
-    scales = (2 if _M[form] else 1) * 2 * GR  # d (and m), float16 per row
-    if _SUPER[form]:
-        return groups(n) * (k // QK_K) * (256 + 8 * sbb + scales)
-    return groups(n) * (k // QK) * (sbb + scales)
-
-
 def pack(
-    form: str,
     qs: torch.Tensor,
     qh: torch.Tensor | None,
     d: torch.Tensor,
-    m: torch.Tensor,
+    m: torch.Tensor | None,
     sc: torch.Tensor | None,
     mn: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The kernels' layout (csrc/quant/formats.h): (qs uint8 [groups, bytes], d, m float16
-    [groups, units, 16]; m None for q50, whose m is -16 d). Built as int32 words: every
-    piece of the layout is 4 bytes of one row."""
+    """The kernels' layout (csrc/quant/formats.h) of nibbles (qs), fifth bits (qh, or None),
+    per-block scale bytes of super-blocks (sc, and mn, uint8 [N, K/32]; None: blocks of 32):
+    (qs uint8 [groups, bytes], d, m float16 [groups, units, 16]; m None where the kernels
+    keep none). Built as int32 words: every piece of the layout is 4 bytes of one row."""
     n, nb = qs.shape[0], qs.shape[1] // 16
     g = groups(n)
-    sbw = (SUB_BYTES_HI if _HI[form] else 256) // 4  # words per group and sub-block
+    sbw = (SUB_BYTES_HI if qh is not None else 256) // 4  # words per group and sub-block
     # register k of a sub-block, word r = row r's nibble bytes 4k..4k+3
     nib = words(qs, g * GR).view(g, GR, nb, 4).permute(0, 2, 3, 1)
     hi = None
-    if _HI[form]:
-        assert qh is not None
+    if qh is not None:
         hi = _fifth_bit_words(words(qh, g * GR)).view(g, GR, nb).permute(0, 2, 1)
-    if _SUPER[form]:
-        assert sc is not None and mn is not None
-        nu = nb // 8
-        out = torch.empty(g, nu, 64 + 8 * sbw, dtype=torch.int32)
-        head = out[..., :64].view(torch.uint8).view(g, nu, 2, 8, GR)  # sub-scales, sub-min
-        for i, t in enumerate((sc, mn)):
+    if sc is not None:
+        heads = [t for t in (sc, mn) if t is not None]  # [8 sub-blocks][16 rows] bytes each
+        nu, hw = nb // 8, 32 * len(heads)
+        out = torch.empty(g, nu, hw + 8 * sbw, dtype=torch.int32)
+        head = out[..., :hw].view(torch.uint8).view(g, nu, len(heads), 8, GR)
+        for i, t in enumerate(heads):
             head[:, :, i].copy_(pad_rows(t, g * GR).view(g, GR, nu, 8).permute(0, 2, 3, 1))
-        subs = out[..., 64:].view(g, nu, 8, sbw)
+        subs = out[..., hw:].view(g, nu, 8, sbw)
     else:
         out = torch.empty(g, nb, sbw, dtype=torch.int32)
         subs = out.view(g, nb, 1, sbw)
     subs[..., :64].view(subs.shape[:3] + (4, GR)).copy_(nib.view(subs.shape[:3] + (4, GR)))
     if hi is not None:
         subs[..., 64:].copy_(hi.view(subs.shape[:3] + (GR,)))
-    return out.view(torch.uint8).view(g, -1), pack_scales(d), pack_scales(m) if _M[form] else None
+    return out.view(torch.uint8).view(g, -1), pack_scales(d), None if m is None else pack_scales(m)
 
 
 def _fifth_bit_words(h: torch.Tensor) -> torch.Tensor:

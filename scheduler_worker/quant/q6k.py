@@ -1,5 +1,5 @@
-"""GGUF Q6_K weights for the C++ kernels (qlinear fmt 5, csrc/quant/formats.h). formats.py
-routes GGUF's Q6_K here as the form "q6k": a BlockWeight holds the file's rows as they are,
+"""GGUF Q6_K weights for the C++ kernels (csrc/quant/formats.h): the form "q6k" of
+formats.py's table: a BlockWeight holds the file's rows as they are,
 per row and super-block of 256 inputs 208 bytes of 4-bit and 2-bit planes and int8
 sub-scales (qs) and the super-scale (d, widened to float32: exact). `pack` moves those bits
 into the kernels' layout, 16 output rows interleaved (the layout of the other formats,
@@ -20,7 +20,6 @@ import torch
 from scheduler_worker.quant.groups import GROUP_ROWS as GR
 from scheduler_worker.quant.groups import groups, pack_scales, words
 
-Q6K_FMT = 5  # qlinear's format code
 QK_K = 256
 BLOCK_BYTES = 210  # ql 128 | qh 64 | scales 16 | d 2
 PLANE_BYTES = 208
@@ -76,11 +75,6 @@ SUB_WORDS = SUB_BYTES // 4
 GROUP_BYTES = 256 + 8 * SUB_BYTES  # per group and super-block: sub-scales, 8 sub-blocks
 
 
-def packed_nbytes(n: int, k: int) -> int:
-    """Bytes of `pack`'s tensors for an [n, k] weight: 210 per 16 rows and 256 inputs."""
-    return groups(n) * (k // QK_K) * (GROUP_BYTES + 2 * GR)
-
-
 def pack(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
     """The kernels' layout (csrc/quant/formats.h): (qs uint8 [groups, K/256 * 3328], d float16
     [groups, K/256, 16], no m). Sub-block 4 h + r of a super-block (inputs 128 h + 32 r +
@@ -106,11 +100,3 @@ def pack(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
         subs[:, :, :, r, 64:].view(g, nsb, 2, 2, GR).copy_(top.permute(0, 2, 3, 4, 1))
     packed = out.view(torch.uint8).view(g, -1)
     return packed, pack_scales(d, "Q6_K super-scales"), None
-
-
-def q6k_linear(
-    x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, n: int, isa: int
-) -> torch.Tensor:
-    """x [M, K] @ W.T with W the Q6_K weight in the kernels' layout (`pack`), on kernel
-    path `isa`."""
-    return torch.ops.zeroserve.qlinear(x, qs, d, None, Q6K_FMT, n, isa)

@@ -1,6 +1,6 @@
-"""The C++ kernels and the Python tables agree on what crosses the op boundary: each
-weight form's `fmt` (quant/formats.py FMT_CODES) against csrc/quant/formats.h's Fmt (named
-by the form in capitals), each kernel path's
+"""The C++ kernels and the Python tables agree on what crosses the op boundary: each row
+of quant/formats.py's FORMATS (its `fmt` code, bits, unit, stored m) against its row of
+csrc/quant/formats.h (FORMAT_ROWS, named by the form in capitals), each kernel path's
 `isa` index (kernels.ISAS) against the enums of kernels/csrc, and the forms the AMX path
 runs on the tile unit (formats.AMX_FORMS) against the (format, ISA) table of
 csrc/quant/qlinear.cpp, all read from the sources (no build needed). A format or ISA added
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from scheduler_worker.kernels import ISAS
-from scheduler_worker.quant.formats import AMX_FORMS, FMT_CODES
+from scheduler_worker.quant.formats import AMX_FORMS, FMT_CODES, ROWS
 
 CSRC = Path(__file__).resolve().parents[2] / "scheduler_worker" / "kernels" / "csrc"
 CPP_FORM = {form: form.upper() for form in FMT_CODES}  # the C++ name of each Python form
@@ -39,6 +39,26 @@ def test_every_weight_form_has_the_kernels_code():
         assert codes.get(CPP_FORM[form]) == code, (form, code, codes.get(CPP_FORM[form]))
     assert len(set(FMT_CODES.values())) == len(FMT_CODES)  # no two forms share a code
     assert codes["NFMT"] == len(FMT_CODES)
+
+
+def cpp_rows() -> list[dict[str, str]]:
+    """FORMAT_ROWS of csrc/quant/formats.h in order: each row's designated fields."""
+    text = (CSRC / "quant" / "formats.h").read_text()
+    body = text[text.index("FORMAT_ROWS[NFMT] = {") :]
+    body = body[: body.index("\n};")]
+    rows = re.findall(r"\{(\.name[^}]*)\}", body)
+    return [dict(re.findall(r"\.(\w+) = ([^,]+)", row)) for row in rows]
+
+
+def test_every_python_row_matches_its_cpp_row():
+    rows = cpp_rows()
+    assert len(rows) == len(ROWS)
+    for f in ROWS:
+        cpp = rows[f.code]
+        assert int(cpp["bits"]) == f.bits, (f.form, cpp)
+        assert {"QK_K": 256}.get(cpp.get("unit", "QK"), 32) == f.unit, (f.form, cpp)
+        assert (cpp.get("min", "Min::NONE") != "Min::NONE") == f.stores_m, (f.form, cpp)
+        assert cpp["name"] == f'"{"/".join(f.gguf)}"', (f.form, cpp)
 
 
 def test_every_kernel_path_has_the_kernels_index():

@@ -11,15 +11,13 @@ import pytest
 import torch
 
 from scheduler_worker import kernels
-from scheduler_worker.quant.formats import quantize_activations
+from scheduler_worker.quant.formats import FORMATS, quantize_activations
 from scheduler_worker.quant.q6k import (
     BLOCK_BYTES,
     GR,
     GROUP_BYTES,
     SUB_BYTES,
     pack,
-    packed_nbytes,
-    q6k_linear,
     split_q6k,
     values,
 )
@@ -31,6 +29,13 @@ ISAS = [
     if kernels.load() and kernels.isa_index(i) <= kernels.isa_index(kernels.best_isa())
 ]
 Q6_K = gguf.GGMLQuantizationType.Q6_K
+
+
+def q6k_linear(
+    x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, n: int, isa: int
+) -> torch.Tensor:
+    """x [M, K] @ W.T with W the Q6_K weight in the kernels' layout (`pack`), on path `isa`."""
+    return torch.ops.zeroserve.qlinear(x, qs, d, None, FORMATS["q6k"].code, n, isa)
 
 
 def _random_q6k(n: int, k: int, seed: int, odd_scales: bool = False) -> np.ndarray:
@@ -76,7 +81,11 @@ def test_pack_moves_bits_only():
     pq, pd = _packed(raw, n, k)
     g, nsb = -(-n // GR), k // 256
     assert pq.shape == (g, nsb * GROUP_BYTES) and pd.shape == (g, nsb, GR)
-    assert pq.numel() + 2 * pd.numel() == packed_nbytes(n, k) == g * GR * nsb * BLOCK_BYTES
+    assert (
+        pq.numel() + 2 * pd.numel()
+        == FORMATS["q6k"].packed_nbytes(n, k)
+        == g * GR * nsb * BLOCK_BYTES
+    )
     u = pq.view(g, nsb, GROUP_BYTES).to(torch.int64)
     sc = u[..., :256].view(g, nsb, 16, GR)  # [group, super-block, piece, row]
     sub = u[..., 256:].reshape(g, nsb, 8, SUB_BYTES)
