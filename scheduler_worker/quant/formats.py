@@ -28,31 +28,11 @@ import numpy as np
 import torch
 
 from scheduler_worker.quant import kquants, q4q8, q6k
+from scheduler_worker.quant.block_weight import BlockWeight
 from scheduler_worker.quant.groups import GROUP_ROWS, groups
 
 QK = 32  # inputs per block
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-
-
-@dataclass
-class BlockWeight:
-    form: str  # a row of FORMATS
-    qs: torch.Tensor  # q8: int8 [N, K]; q6k: uint8 [N, K/256 * 208]; the others uint8 [N, K/2]
-    d: torch.Tensor  # float32 [N, K / unit]
-    m: torch.Tensor | None  # like d, or None
-    source: str  # what it was made from: "Q4_1", "Q8_0", "int4", ...
-    qh: torch.Tensor | None = None  # 5-bit forms (kquants.py)
-    sc: torch.Tensor | None = None  # super-block forms: per-block scales (kquants.py)
-    mn: torch.Tensor | None = None  # K-quant forms: per-block mins
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        f = FORMATS[self.form]
-        return self.qs.shape[0], self.qs.shape[1] // f.qs_bytes * f.unit
-
-    def nbytes(self) -> int:
-        """Bytes of the kernels' layout (pack_blocks), the memory a served weight takes."""
-        return FORMATS[self.form].packed_nbytes(*self.shape)
 
 
 @dataclass(frozen=True)
