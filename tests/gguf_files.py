@@ -101,7 +101,9 @@ def write_gguf(
             a = permute(a, n_head if parts[-2] == "q_proj" else n_kv)
         q = qtype(gname) if callable(qtype) and not isinstance(qtype, int) else qtype
         if q is not None and a.ndim == 2 and gname != "token_embd.weight":
-            w.add_tensor(gname, gguf.quants.quantize(a, q), raw_dtype=q)
+            iq4 = q == gguf.GGMLQuantizationType.IQ4_XS
+            data = quantize_iq4_xs(a) if iq4 else gguf.quants.quantize(a, q)
+            w.add_tensor(gname, data, raw_dtype=q)
         else:
             w.add_tensor(gname, a)
     w.write_header_to_file()
@@ -148,3 +150,36 @@ def write_llama_gguf(model, arch: str, path: Path, qtype: QType = None) -> Path:
             w.add_tensor("rope_freqs.weight", llamacpp_rope_factors(cfg.rope_parameters, head_dim))
 
     return write_gguf(model, arch, path, qtype, permute_qk=arch == "llama", extra=extra)
+
+
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+
+
+def quantize_iq4_xs(a: np.ndarray) -> np.ndarray:
+    """float32 [n, k] (k % 256 == 0) -> IQ4_XS rows [n, k / 256 * 136] (gguf-py has no IQ4_XS
+    quantizer): per block of 32 the value of largest magnitude maps to -127, the block
+    scales rounded to 6 bits of a float16 d per 256 (llama.cpp's recipe without its search),
+    each value to its nearest codebook entry."""
+    n, k = a.shape
+    b = a.astype(np.float32).reshape(n, k // 256, 8, 32)
+    at = np.abs(b).argmax(-1)[..., None]
+    scale = np.take_along_axis(b, at, -1)[..., 0] / -127.0  # [n, nu, 8]
+    big = np.take_along_axis(scale, np.abs(scale).argmax(-1)[..., None], -1)
+    d = (big / -32.0).astype(np.float16)  # [n, nu, 1]
+    df = d.astype(np.float32)
+    inv = np.divide(1.0, df, out=np.zeros_like(df), where=df != 0)
+    ls = np.clip(np.rint(scale * inv), -32, 31).astype(np.int32)  # ls - 32
+    dl = (df * ls)[..., None, None]  # [n, nu, 8, 1, 1]
+    q = np.abs(IQ4_NL_VALUES * dl - b[..., None]).argmin(-1).astype(np.uint8)  # [n, nu, 8, 32]
+    u = (ls + 32).astype(np.uint16)
+    out = np.zeros((n, k // 256, 136), np.uint8)
+    out[..., 0:2] = d.view(np.uint8)
+    out[..., 2:4] = (
+        ((u >> 4) << (2 * np.arange(8, dtype=np.uint16)))
+        .sum(-1, dtype=np.uint16)[..., None]
+        .view(np.uint8)
+    )
+    low = (u & 15).astype(np.uint8).reshape(n, k // 256, 4, 2)
+    out[..., 4:8] = low[..., 0] | (low[..., 1] << 4)
+    out[..., 8:] = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, k // 256, 128)
+    return out.reshape(n, -1)

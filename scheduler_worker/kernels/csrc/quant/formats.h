@@ -44,8 +44,12 @@ constexpr int64_t QK = 32;    // inputs per block (and per block of quantized ac
 constexpr int64_t GR = 16;    // output rows per group
 constexpr int64_t QK_K = 256;  // inputs per super-block
 
-enum Fmt : int64_t { Q4 = 0, Q8 = 1, Q5 = 2, Q4K = 3, Q5K = 4, Q6K = 5, Q50 = 6 };
-constexpr int64_t NFMT = 7;
+enum Fmt : int64_t { Q4 = 0, Q8 = 1, Q5 = 2, Q4K = 3, Q5K = 4, Q6K = 5, Q50 = 6, IQ4XS = 7 };
+constexpr int64_t NFMT = 8;
+
+// llama.cpp's kvalues_iq4nl (ggml-common.h): IQ4_XS's nibble -> value
+inline constexpr int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
 
 enum class Scale { D, D_SC_U8, D_SC_I8 };  // dw = d, d * uint8 sc per block, d * int8 sc per piece
 enum class Min { NONE, M, M_MN };          // mw = 0, m, m * uint8 mn per block
@@ -69,6 +73,7 @@ inline constexpr FormatRow FORMAT_ROWS[NFMT] = {
     {.name = "Q5_K", .bits = 5, .unit = QK_K, .scale = Scale::D_SC_U8, .min = Min::M_MN},
     {.name = "Q6_K", .bits = 6, .offset = 32, .unit = QK_K, .scale = Scale::D_SC_I8, .piece = 16},
     {.name = "Q5_0", .bits = 5, .offset = 16},
+    {.name = "IQ4_XS", .bits = 4, .codebook = KVALUES_IQ4NL, .unit = QK_K, .scale = Scale::D_SC_I8},
 };
 
 // What the kernels derive from a row.
