@@ -21,6 +21,9 @@ is loaded):
 
     python benchmarks/bench_quant.py --per-byte Q6_K,Q4_K,Q8_0 --shapes 49152x512,576x1536 --rows 1,32
 
+With --isas rows,scalar,... it times the row-by-row path of a type without a kernel
+(gguf-py dequantizes the rows each call) beside the portable kernel and the tiles.
+
 Large outputs come from the heap, as in the engine (scheduler_worker/heap.py).
 """
 
@@ -33,6 +36,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
 from torch import nn
@@ -46,6 +50,7 @@ from common.model_files.model_source import resolve_model  # noqa: E402
 from scheduler_worker import kernels  # noqa: E402
 from scheduler_worker.heap import keep_step_buffers_in_heap  # noqa: E402
 from scheduler_worker.models import load_model  # noqa: E402
+from scheduler_worker.quant.dequant_linear import DequantLinear  # noqa: E402
 from scheduler_worker.quant.formats import (  # noqa: E402
     FORMATS,
     GGUF_BLOCK_TYPES,
@@ -61,15 +66,30 @@ def random_gguf_weight(type_name: str, n: int, k: int, seed: int = 0) -> BlockWe
     """An [n, k] weight of random valid `type_name` blocks (small float16 scales)."""
     if type_name in K_FALLBACK and k % 256:
         type_name = K_FALLBACK[type_name]
+    return from_gguf(random_gguf_rows(type_name, n, k, seed), type_name, n, k)
+
+
+class RowByRow(DequantLinear):
+    """The path of a GGUF type with no row in the formats table: the file's rows
+    dequantized by gguf-py on every call (`--isas rows`: a format's speed before its row)."""
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        qtype = gguf.GGMLQuantizationType[self.source]
+        out = gguf.quants.dequantize(self.raw[start:end].numpy(), qtype)
+        return torch.from_numpy(out.reshape(end - start, self.in_features))
+
+
+def random_gguf_rows(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """The file's bytes [n, row bytes] of random valid `type_name` blocks."""
     rng = np.random.default_rng(seed)
     form, size = GGUF_BLOCK_TYPES[type_name]
     units = k // FORMATS[form].unit
     blocks = rng.integers(0, 256, (n, units, size), dtype=np.uint8)
-    nf = 1 if type_name in ("Q4_0", "Q5_0", "Q8_0", "Q6_K") else 2
+    nf = 1 if type_name in ("Q4_0", "Q5_0", "Q8_0", "Q6_K", "IQ4_XS") else 2
     f = rng.uniform(1e-3, 1e-2, (n, units, nf)).astype(np.float16)
     at = size - 2 if type_name == "Q6_K" else 0  # Q6_K keeps its d last
     blocks[..., at : at + 2 * nf] = f.view(np.uint8).reshape(n, units, 2 * nf)
-    return from_gguf(blocks.reshape(n, -1), type_name, n, k)
+    return blocks.reshape(n, -1)
 
 
 def time_ms(fn, reps: int, min_of: int = 0) -> float:
@@ -105,7 +125,11 @@ def per_byte(
             unit = FORMATS[form].unit
             file_bytes = n * k // unit * size
             for isa in isas:
-                ql = QuantLinear(bw, None, torch.float32, isa)
+                ql: nn.Module = (
+                    RowByRow(random_gguf_rows(type_name, n, k), type_name, n, k)
+                    if isa == "rows"
+                    else QuantLinear(bw, None, torch.float32, isa)
+                )
                 for m_rows in rows:
                     x = torch.randn(m_rows, k)
                     reps = max(5, int(3e8 / (file_bytes * max(1, m_rows // 4))))
@@ -126,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--isas",
         default=",".join(kernels.ISAS[1:]),
-        help="kernel paths to time (those this CPU lacks are skipped)",
+        help="kernel paths to time (those this CPU lacks are skipped); --per-byte also takes"
+        " `rows`: the file's rows dequantized per call, as a type with no kernel is served",
     )
     ap.add_argument(
         "--gguf-types", default="", help="GGUF block types to time too, e.g. Q5_0,Q4_K,Q5_K"
@@ -147,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not kernels.load():
         sys.exit("the CPU kernels are not built: python -m scheduler_worker.kernels --require")
     best = kernels.ISAS.index(kernels.best_isa())
-    isas = [i for i in args.isas.split(",") if i and kernels.isa_index(i) <= best]
+    isas = [i for i in args.isas.split(",") if i == "rows" or i and kernels.isa_index(i) <= best]
     rows = [int(r) for r in args.rows.split(",")]
     if args.per_byte:
         shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
