@@ -1,6 +1,7 @@
-// The AVX2 kernels of the formats it names (maddubs + madd; the tiles: q4_q8.h, kquant.h, q6k.h)
+// The AVX2 kernels of the formats it names (maddubs + madd; the tiles: q4_q8.h, kquant.h, q6k.h, codebook.h)
 // and the AVX2 activation quantizer, which the AVX-512 and AMX kinds use too (the table in
 // qlinear.cpp falls back to the next ISA down).
+#include "codebook.h"
 #include "kquant.h"
 #include "q4_q8.h"
 #include "q6k.h"
@@ -55,6 +56,7 @@ static void tile(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, c
   if constexpr (FMT == Q4 || FMT == Q8) tile_avx2<FMT, RM>(x, w, out, i0, g, ahead);
   else if constexpr (FMT == Q6K) tile_q6_avx2<RM>(x, w, out, i0, g, ahead);
   else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K) tile_kq_avx2<FMT, RM>(x, w, out, i0, g, ahead);
+  else if constexpr (FMT == IQ4XS) tile_codebook_avx2<FMT, RM>(x, w, out, i0, g, ahead);
   else static_assert(NO_TILES<FMT>, "no AVX2 tiles for this format");
 }
 
@@ -81,6 +83,7 @@ ZS_INSTANTIATE_GROUPS(Q4K)
 ZS_INSTANTIATE_GROUPS(Q5K)
 ZS_INSTANTIATE_GROUPS(Q6K)
 ZS_INSTANTIATE_GROUPS(Q50)
+ZS_INSTANTIATE_GROUPS(IQ4XS)
 
 }  // namespace avx2
 }  // namespace zs_qgemm

@@ -72,8 +72,9 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int
         if constexpr (L::M) {
           facc[i][h] = _mm256_fmadd_ps(dw, _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx), facc[i][h]);
           facc[i][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][h]);
-        } else {  // d (dx dot - 16 s)
-          const __m256 u = _mm256_fmsub_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx, _mm256_set1_ps(16.f * x.s[(i0 + i) * nb + b]));
+        } else {  // d (dx dot - offset s)
+          const __m256 u = _mm256_fmsub_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx,
+                                           _mm256_set1_ps(static_cast<float>(L::R.offset) * x.s[(i0 + i) * nb + b]));
           facc[i][h] = _mm256_fmadd_ps(dw, u, facc[i][h]);
         }
       }
