@@ -32,46 +32,63 @@ void quantize(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* 
   else quantize_row(static_cast<const float*>(x), nb, q, d, s);
 }
 
-// v of input t (< 32) of row r in a block qb, by the row's planes (formats.h).
+// v of input t (< 16) and of input 16 + t of row r in a block qb, by the row's planes
+// (formats.h): register k = t / 4 holds byte j = t % 4 of each row.
 template <int FMT>
-static int value(const uint8_t* qb, int64_t r, int t) {
+static inline void values(const uint8_t* qb, int64_t r, int t, int& lo, int& hi) {
   constexpr FormatRow R = FORMAT_ROWS[FMT];
-  const int k = (t % 16) / 4, j = t % 4, half = t / 16;
-  int q;
+  const int k = t / 4, j = t % 4;
+  int a, c;
   if constexpr (R.bits == 8) {
-    q = qb[(t / 4) * 64 + r * 4 + j];
+    a = qb[k * 64 + r * 4 + j], c = qb[(k + 4) * 64 + r * 4 + j];
   } else {
-    q = (qb[k * 64 + r * 4 + j] >> (4 * half)) & 15;
-    if constexpr (R.bits == 5) q |= ((qb[256 + r * 4 + j] >> (2 * k + half)) & 1) << 4;
-    if constexpr (R.bits == 6) q |= ((qb[256 + 64 * half + r * 4 + j] >> (2 * k)) & 3) << 4;
+    const int v = qb[k * 64 + r * 4 + j];
+    a = v & 15, c = v >> 4;
+    if constexpr (R.bits == 5) {
+      const int h = qb[256 + r * 4 + j];
+      a |= ((h >> (2 * k)) & 1) << 4, c |= ((h >> (2 * k + 1)) & 1) << 4;
+    }
+    if constexpr (R.bits == 6) {
+      a |= ((qb[256 + r * 4 + j] >> (2 * k)) & 3) << 4;
+      c |= ((qb[320 + r * 4 + j] >> (2 * k)) & 3) << 4;
+    }
   }
-  if constexpr (R.codebook != nullptr) return R.codebook[q];
-  else return q - static_cast<int>(R.offset);
+  if constexpr (R.codebook != nullptr) {
+    lo = R.codebook[a], hi = R.codebook[c];
+  } else {
+    lo = a - static_cast<int>(R.offset), hi = c - static_cast<int>(R.offset);
+  }
 }
 
-// out[i, n] = sum over blocks b, pieces p: dx dw_p dot(v_p, qx_p) + mw sx.
+// out[i, n] = sum over blocks b, pieces p: dx dw_p dot(v_p, qx_p) + mw sx (a piece of 16:
+// the inputs below 16, then those above).
 template <int FMT>
 static float dot(const Act& x, const Packed& w, int64_t i, int64_t n) {
   using L = Layout<FMT>;
   constexpr FormatRow R = L::R;
-  constexpr int P = static_cast<int>(R.piece), NP = QK / P;
+  static_assert(R.piece == QK || R.piece == QK / 2, "pieces of 32 or 16 inputs");
   const int64_t g = n / GR, r = n % GR;
   float acc = 0.f;
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* qb = sub_block<FMT>(w, g, b);
     const int8_t* xb = x.q + (i * w.nb + b) * QK;
+    int32_t s0 = 0, s1 = 0;
+    for (int t = 0; t < 16; ++t) {
+      int lo, hi;
+      values<FMT>(qb, r, t, lo, hi);
+      s0 += lo * xb[t], s1 += hi * xb[16 + t];
+    }
     const int64_t u = unit_of<FMT>(w, g, b) * GR + r;
     const float d = static_cast<float>(w.d[u]), dx = x.d[i * w.nb + b];
     const uint8_t* sc = nullptr;
     if constexpr (R.scale != Scale::D) sc = block_scales<FMT>(w, g, b);
-    for (int p = 0; p < NP; ++p) {
-      int32_t sum = 0;
-      for (int t = p * P; t < (p + 1) * P; ++t) sum += value<FMT>(qb, r, t) * xb[t];
-      float dw = d;
-      if constexpr (R.scale == Scale::D_SC_U8) dw *= static_cast<float>(sc[r]);
-      if constexpr (R.scale == Scale::D_SC_I8) dw *= static_cast<float>(static_cast<int8_t>(sc[p * GR + r]));
-      acc += dw * dx * static_cast<float>(sum);
-    }
+    auto dw = [&](int p) {  // piece p's
+      if constexpr (R.scale == Scale::D_SC_U8) return d * static_cast<float>(sc[r]);
+      if constexpr (R.scale == Scale::D_SC_I8) return d * static_cast<float>(static_cast<int8_t>(sc[p * GR + r]));
+      return d;
+    };
+    if constexpr (R.piece == QK) acc += dw(0) * dx * static_cast<float>(s0 + s1);
+    else acc += (dw(0) * static_cast<float>(s0) + dw(1) * static_cast<float>(s1)) * dx;
     if constexpr (R.min == Min::M) acc += static_cast<float>(w.m[u]) * x.s[i * w.nb + b];
     if constexpr (R.min == Min::M_MN)
       acc += static_cast<float>(w.m[u]) * static_cast<float>(sc[L::UK * GR + r]) * x.s[i * w.nb + b];
