@@ -101,8 +101,7 @@ def write_gguf(
             a = permute(a, n_head if parts[-2] == "q_proj" else n_kv)
         q = qtype(gname) if callable(qtype) and not isinstance(qtype, int) else qtype
         if q is not None and a.ndim == 2 and gname != "token_embd.weight":
-            iq4 = q == gguf.GGMLQuantizationType.IQ4_XS
-            data = quantize_iq4_xs(a) if iq4 else gguf.quants.quantize(a, q)
+            data = IQ4_QUANTIZERS.get(q, lambda a, q=q: gguf.quants.quantize(a, q))(a)
             w.add_tensor(gname, data, raw_dtype=q)
         else:
             w.add_tensor(gname, a)
@@ -183,3 +182,25 @@ def quantize_iq4_xs(a: np.ndarray) -> np.ndarray:
     out[..., 4:8] = low[..., 0] | (low[..., 1] << 4)
     out[..., 8:] = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, k // 256, 128)
     return out.reshape(n, -1)
+
+
+def quantize_iq4_nl(a: np.ndarray) -> np.ndarray:
+    """float32 [n, k] (k % 32 == 0) -> IQ4_NL rows [n, k / 32 * 18]: per block of 32 a
+    float16 d mapping the value of largest magnitude to -127, each value to its nearest
+    codebook entry."""
+    n, k = a.shape
+    b = a.astype(np.float32).reshape(n, k // 32, 32)
+    big = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
+    d = (big / -127.0).astype(np.float16)  # [n, nb, 1]
+    q = np.abs(IQ4_NL_VALUES * d.astype(np.float32)[..., None] - b[..., None]).argmin(-1)
+    q = q.astype(np.uint8)
+    out = np.zeros((n, k // 32, 18), np.uint8)
+    out[..., 0:2] = d.view(np.uint8)
+    out[..., 2:] = q[..., :16] | (q[..., 16:] << 4)
+    return out.reshape(n, -1)
+
+
+IQ4_QUANTIZERS = {  # the types gguf-py cannot quantize
+    gguf.GGMLQuantizationType.IQ4_XS: quantize_iq4_xs,
+    gguf.GGMLQuantizationType.IQ4_NL: quantize_iq4_nl,
+}

@@ -13,6 +13,7 @@ kernels' layout). Their arrays and bit layouts live in the form's module:
     q5, q50, q4k, q5k  Q5_1, Q5_0, Q4_K, Q5_K                                        kquants.py
     q6k                Q6_K: the file's 208 bytes of planes and sub-scales            q6k.py
     iq4xs              IQ4_XS: nibbles into a 16-value codebook, int8 block scales    iq4xs.py
+    iq4nl              IQ4_NL: the same codebook, a float16 d per block of 32         iq4nl.py
 
 GGUF keeps d and m as float16; a BlockWeight holds them widened to float32 arrays (exact),
 and `pack` narrows them back to float16, 16 rows side by side. Float checkpoints are
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from scheduler_worker.quant import iq4xs, kquants, q4q8, q6k
+from scheduler_worker.quant import iq4nl, iq4xs, kquants, q4q8, q6k
 from scheduler_worker.quant.block_weight import BlockWeight
 from scheduler_worker.quant.groups import GROUP_ROWS, groups
 
@@ -119,6 +120,7 @@ ROWS = [
     Format("q50", 6, {"Q5_0": 22}, 5, QK, 0, False, 16, _kq, _kq_values, _Q50_PACK, amx=True),
     Format("iq4xs", 7, {"IQ4_XS": 136}, 4, 256, 128, False, 128,
            iq4xs.split, iq4xs.values, iq4xs.pack),
+    Format("iq4nl", 8, {"IQ4_NL": 18}, 4, QK, 0, False, 16, iq4nl.split, iq4nl.values, iq4nl.pack),
 ]
 # fmt: on
 FORMATS = {f.form: f for f in ROWS}

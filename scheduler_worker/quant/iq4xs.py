@@ -45,8 +45,16 @@ def split(raw: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
 def values(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, None]:
     """(v int32 [N, K/32, 32] = KVALUES[q], dw float32 [N, K/32] = d * (ls - 32), no mw)."""
     assert w.sc is not None
-    q = kquants.values(w.qs, None)
-    return _KVALUES[q.long()], w.d.repeat_interleave(8, dim=1) * w.sc.float(), None
+    return (
+        codebook_values(kquants.values(w.qs, None)),
+        w.d.repeat_interleave(8, dim=1) * w.sc.float(),
+        None,
+    )
+
+
+def codebook_values(q: torch.Tensor) -> torch.Tensor:
+    """Nibbles (int32, any shape) -> KVALUES[q] int32."""
+    return _KVALUES[q.long()]
 
 
 def pack(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, None]:

@@ -9,7 +9,7 @@
 // bits move at load: scheduler_worker/quant/). A row says
 //   bits      the stored q: 4 (a nibble plane), 5 or 6 (plus 1 or 2 high-bit planes), 8
 //   offset    v = q - offset (Q8_0: bytes stored + 128; Q5_0: q - 16; Q6_K: q - 32), or
-//   codebook  v = codebook[q] (IQ4_XS: llama.cpp's kvalues_iq4nl)
+//   codebook  v = codebook[q] (IQ4_XS, IQ4_NL: llama.cpp's kvalues_iq4nl)
 //   unit      d (and m) per block of 32, or per super-block of 256 (8 blocks)
 //   scale     dw = d, d * sc (sc uint8 per block) or d * sc (int8 per piece)
 //   min       mw = 0, m, or m * mn (mn uint8 per block)
@@ -44,10 +44,10 @@ constexpr int64_t QK = 32;    // inputs per block (and per block of quantized ac
 constexpr int64_t GR = 16;    // output rows per group
 constexpr int64_t QK_K = 256;  // inputs per super-block
 
-enum Fmt : int64_t { Q4 = 0, Q8 = 1, Q5 = 2, Q4K = 3, Q5K = 4, Q6K = 5, Q50 = 6, IQ4XS = 7 };
-constexpr int64_t NFMT = 8;
+enum Fmt : int64_t { Q4 = 0, Q8 = 1, Q5 = 2, Q4K = 3, Q5K = 4, Q6K = 5, Q50 = 6, IQ4XS = 7, IQ4NL = 8 };
+constexpr int64_t NFMT = 9;
 
-// llama.cpp's kvalues_iq4nl (ggml-common.h): IQ4_XS's nibble -> value
+// llama.cpp's kvalues_iq4nl (ggml-common.h): IQ4_XS's and IQ4_NL's nibble -> value
 inline constexpr int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                              1,    13,   25,  38,  53,  69,  89,  113};
 
@@ -74,6 +74,7 @@ inline constexpr FormatRow FORMAT_ROWS[NFMT] = {
     {.name = "Q6_K", .bits = 6, .offset = 32, .unit = QK_K, .scale = Scale::D_SC_I8, .piece = 16},
     {.name = "Q5_0", .bits = 5, .offset = 16},
     {.name = "IQ4_XS", .bits = 4, .codebook = KVALUES_IQ4NL, .unit = QK_K, .scale = Scale::D_SC_I8},
+    {.name = "IQ4_NL", .bits = 4, .codebook = KVALUES_IQ4NL},
 };
 
 // What the kernels derive from a row.

@@ -49,6 +49,7 @@ constexpr FormatKernels TILES[] = {
     {Q6K, {&avx2::groups<Q6K>, &avx512::groups<Q6K>, nullptr}},
     {Q50, {&avx2::groups<Q50>, &avx512::groups<Q50>, &amx::groups<Q50>}},
     {IQ4XS, {&avx2::groups<IQ4XS>, &avx512::groups<IQ4XS>, nullptr}},
+    {IQ4NL, {&avx2::groups<IQ4NL>, &avx512::groups<IQ4NL>, nullptr}},
 };
 // the activation quantizer per ISA, as the table's columns
 constexpr QuantizeFn QUANTIZE[4] = {&generic::quantize, &avx2::quantize, nullptr, nullptr};

@@ -1,9 +1,9 @@
-// The AVX2 tile of the codebook formats (IQ4XS; layouts: ../../formats.h): each nibble
+// The AVX2 tile of the codebook formats (IQ4XS, IQ4NL; layouts: ../../formats.h): each nibble
 // looked up in the row's 16-value int8 codebook (one vpshufb), then dotted with the int8
 // activations by maddubs with the sign trick (|w| times x with w's sign, as llama.cpp's
 // ggml_vec_dot_iq4_xs_q8_K does): the values are signed, and maddubs takes one unsigned
-// operand. The block's dw (the super-block's d times the int8 block scale) is formed in
-// float32 for 8 rows at once.
+// operand. The block's dw (its d, or the super-block's d times the int8 block scale) is
+// formed in float32 for 8 rows at once.
 #pragma once
 
 #include "common.h"

@@ -56,7 +56,7 @@ static void tile(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, c
   if constexpr (FMT == Q4 || FMT == Q8) tile_avx2<FMT, RM>(x, w, out, i0, g, ahead);
   else if constexpr (FMT == Q6K) tile_q6_avx2<RM>(x, w, out, i0, g, ahead);
   else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K) tile_kq_avx2<FMT, RM>(x, w, out, i0, g, ahead);
-  else if constexpr (FMT == IQ4XS) tile_codebook_avx2<FMT, RM>(x, w, out, i0, g, ahead);
+  else if constexpr (FMT == IQ4XS || FMT == IQ4NL) tile_codebook_avx2<FMT, RM>(x, w, out, i0, g, ahead);
   else static_assert(NO_TILES<FMT>, "no AVX2 tiles for this format");
 }
 
@@ -84,6 +84,7 @@ ZS_INSTANTIATE_GROUPS(Q5K)
 ZS_INSTANTIATE_GROUPS(Q6K)
 ZS_INSTANTIATE_GROUPS(Q50)
 ZS_INSTANTIATE_GROUPS(IQ4XS)
+ZS_INSTANTIATE_GROUPS(IQ4NL)
 
 }  // namespace avx2
 }  // namespace zs_qgemm

@@ -6,7 +6,7 @@
 
 namespace zs_qgemm {
 
-// Q5, Q50, Q4K, Q5K, IQ4XS: groups [g0, g1) of every activation row.
+// Q5, Q50, Q4K, Q5K, IQ4XS, IQ4NL: groups [g0, g1) of every activation row.
 template <int FMT, typename T>
 ZS_AVX512 void gemm_kq_vnni(const Act& x, const Packed& w, int64_t M, T* out, int64_t g0, int64_t g1) {
   // groups [g, g + n) asked for ahead (Ahead: ../../kernel.h) where a tile of `rm` rows
@@ -49,7 +49,9 @@ void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64
   with_out(out, [&](auto* o) {
     if constexpr (FMT == Q4 || FMT == Q8) gemm_vnni<FMT>(x, w, M, o, g0, g1);
     else if constexpr (FMT == Q6K) gemm_q6_vnni(x, w, M, o, g0, g1);
-    else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K || FMT == IQ4XS) gemm_kq_vnni<FMT>(x, w, M, o, g0, g1);
+    else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K || FMT == IQ4XS ||
+                       FMT == IQ4NL)
+      gemm_kq_vnni<FMT>(x, w, M, o, g0, g1);
     else static_assert(NO_TILES<FMT>, "no AVX-512 tiles for this format");
   });
 }
@@ -62,6 +64,7 @@ ZS_INSTANTIATE_GROUPS(Q5K)
 ZS_INSTANTIATE_GROUPS(Q6K)
 ZS_INSTANTIATE_GROUPS(Q50)
 ZS_INSTANTIATE_GROUPS(IQ4XS)
+ZS_INSTANTIATE_GROUPS(IQ4NL)
 
 }  // namespace avx512
 }  // namespace zs_qgemm

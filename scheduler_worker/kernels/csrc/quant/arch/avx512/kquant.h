@@ -1,5 +1,5 @@
 // The AVX-512 VNNI tiles of the 5-bit, K-quant and codebook formats (Q5, Q50, Q4K, Q5K,
-// IQ4XS; layouts: ../../formats.h), read from the format's row: the 4-bit tile's integer
+// IQ4XS, IQ4NL; layouts: ../../formats.h), read from the format's row: the 4-bit tile's integer
 // work (q4_q8.h) with the fifth bit added into the nibbles first, or each nibble looked up
 // in the codebook + 128 (one vpshufb: dpbusd takes unsigned weights, and the dot then
 // less 128 s is the codebook's), and each block's scales (float16 d, m per block, or the
