@@ -32,32 +32,32 @@ void quantize(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* 
   else quantize_row(static_cast<const float*>(x), nb, q, d, s);
 }
 
-// v of input t (< 16) and of input 16 + t of row r in a block qb, by the row's planes
-// (formats.h): register k = t / 4 holds byte j = t % 4 of each row.
+// The dots of row r's values in block qb with the activations xb, per half: s0 over the
+// inputs below 16, s1 over those above (formats.h: register k holds inputs 4k + j and
+// 16 + 4k + j of each row in byte j; 8 bits: inputs 4k + j in register k < 8).
 template <int FMT>
-static inline void values(const uint8_t* qb, int64_t r, int t, int& lo, int& hi) {
+static inline void half_dots(const uint8_t* qb, int64_t r, const int8_t* xb, int32_t& s0, int32_t& s1) {
   constexpr FormatRow R = FORMAT_ROWS[FMT];
-  const int k = t / 4, j = t % 4;
-  int a, c;
-  if constexpr (R.bits == 8) {
-    a = qb[k * 64 + r * 4 + j], c = qb[(k + 4) * 64 + r * 4 + j];
-  } else {
-    const int v = qb[k * 64 + r * 4 + j];
-    a = v & 15, c = v >> 4;
-    if constexpr (R.bits == 5) {
-      const int h = qb[256 + r * 4 + j];
-      a |= ((h >> (2 * k)) & 1) << 4, c |= ((h >> (2 * k + 1)) & 1) << 4;
+  constexpr int OFF = static_cast<int>(R.offset);
+  const uint8_t* q = qb + r * 4;
+  s0 = s1 = 0;
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 4; ++j) {
+      int a, c;
+      if constexpr (R.bits == 8) {
+        a = q[k * 64 + j], c = q[(k + 4) * 64 + j];
+      } else {
+        const int v = q[k * 64 + j];
+        a = v & 15, c = v >> 4;
+        if constexpr (R.bits == 5) {
+          const int h = q[256 + j];
+          a |= ((h >> (2 * k)) & 1) << 4, c |= ((h >> (2 * k + 1)) & 1) << 4;
+        }
+        if constexpr (R.bits == 6) a |= ((q[256 + j] >> (2 * k)) & 3) << 4, c |= ((q[320 + j] >> (2 * k)) & 3) << 4;
+      }
+      if constexpr (R.codebook != nullptr) a = R.codebook[a], c = R.codebook[c];
+      s0 += (a - OFF) * xb[4 * k + j], s1 += (c - OFF) * xb[16 + 4 * k + j];
     }
-    if constexpr (R.bits == 6) {
-      a |= ((qb[256 + r * 4 + j] >> (2 * k)) & 3) << 4;
-      c |= ((qb[320 + r * 4 + j] >> (2 * k)) & 3) << 4;
-    }
-  }
-  if constexpr (R.codebook != nullptr) {
-    lo = R.codebook[a], hi = R.codebook[c];
-  } else {
-    lo = a - static_cast<int>(R.offset), hi = c - static_cast<int>(R.offset);
-  }
 }
 
 // out[i, n] = sum over blocks b, pieces p: dx dw_p dot(v_p, qx_p) + mw sx (a piece of 16:
@@ -72,12 +72,8 @@ static float dot(const Act& x, const Packed& w, int64_t i, int64_t n) {
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* qb = sub_block<FMT>(w, g, b);
     const int8_t* xb = x.q + (i * w.nb + b) * QK;
-    int32_t s0 = 0, s1 = 0;
-    for (int t = 0; t < 16; ++t) {
-      int lo, hi;
-      values<FMT>(qb, r, t, lo, hi);
-      s0 += lo * xb[t], s1 += hi * xb[16 + t];
-    }
+    int32_t s0, s1;
+    half_dots<FMT>(qb, r, xb, s0, s1);
     const int64_t u = unit_of<FMT>(w, g, b) * GR + r;
     const float d = static_cast<float>(w.d[u]), dx = x.d[i * w.nb + b];
     const uint8_t* sc = nullptr;
