@@ -1,5 +1,5 @@
 """Rows of GGUF blocks turned into float, and the linear that does it on the fly for the
-GGUF types no kernel serves (Q2_K, Q3_K, IQ4_NL, ... until one does).
+GGUF types no kernel serves (Q2_K, Q3_K, the IQ2 and IQ3 types, ... until one does).
 
     raw file bytes [N, row bytes] ──forward──▶ CHUNK rows dequantized ─▶ x @ rowsᵀ ─▶ discarded
                                                 (next chunk, same buffer size)
