@@ -51,7 +51,12 @@ from scheduler_worker.parallel.partition import Partition, plan_partition
 from scheduler_worker.parallel.weights import gguf_shards, iter_safetensors_shard
 from scheduler_worker.quant.dequant_linear import DequantLinear
 from scheduler_worker.quant.embedding import QuantEmbedding
-from scheduler_worker.quant.fp8 import FP8_KEEP, Fp8Linear, quantize_model_fp8
+from scheduler_worker.quant.fp8 import (
+    FP8_KEEP,
+    FP8_KEEP_LAST_LAYERS,
+    Fp8Linear,
+    quantize_model_fp8,
+)
 from scheduler_worker.quant.fp8_checkpoint import (
     dequantize_fp8,
     fp8_weight_shapes,
@@ -290,10 +295,11 @@ def _quantize_float(model: nn.Module, plan: WeightPlan, dtype: torch.dtype, t0: 
         log.info("weights: float %s (%s)", str(dtype).removeprefix("torch."), plan.reason)
         return
     if plan.method == "fp8":
-        n = quantize_model_fp8(model, FP8_KEEP)
+        n = quantize_model_fp8(model, FP8_KEEP, FP8_KEEP_LAST_LAYERS)
         log.info(
-            "weights: %d linears quantized to FP8 E4M3 per channel, the output head kept in "
-            "%s (%s)", n, str(dtype).removeprefix("torch."), plan.reason,
+            "weights: %d linears quantized to FP8 E4M3 per channel, the output head and the "
+            "last %d decoder layer(s) kept in %s (%s)",
+            n, FP8_KEEP_LAST_LAYERS, str(dtype).removeprefix("torch."), plan.reason,
         )  # fmt: skip
         return
     n = quantize_model(model, plan.method, dtype, plan.isa, plan.dense_dtype)

@@ -17,6 +17,8 @@ order of the float32 sums. It is the oracle of the tests and the serving path on
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -133,20 +135,33 @@ class Fp8Linear(nn.Module):
 
 
 # linears --quantization fp8 leaves in the model's dtype: the output head, as llm-compressor's
-# FP8 recipes do (`ignore: [lm_head]`); quantized too, the default model's perplexity moved
-# +4.2% from bf16's instead of +2.6% (docs/benchmarks.md, "FP8 weights")
+# recipes do (`ignore: [lm_head]`), and the last decoder layer's, the most sensitive one; the
+# default model's perplexity then meets 2% of bf16's (docs/benchmarks.md, "FP8 recipes")
 FP8_KEEP = ("lm_head",)
+FP8_KEEP_LAST_LAYERS = 1
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def quantize_model_fp8(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
-    """Every nn.Linear of a float model (names ending in one of `skip` excepted) replaced by
-    its per-channel Fp8Linear, in place; returns how many. A tied output head gets an E4M3
-    copy of the embedding; the embedding itself stays as it is."""
+def fp8_targets(model: nn.Module, skip: tuple[str, ...], keep_last_layers: int) -> list[str]:
+    """The names of the nn.Linears quantize_model_fp8 replaces: all but those whose last name
+    is in `skip` and those of the last `keep_last_layers` decoder layers (`layers.<i>.`)."""
     names = [
         n
         for n, m in model.named_modules()
         if isinstance(m, nn.Linear) and n.rpartition(".")[2] not in skip
     ]
+    layers = [int(m.group(1)) if (m := _LAYER.search(n)) else -1 for n in names]
+    first_kept = max(layers, default=-1) + 1 - keep_last_layers
+    return [n for n, i in zip(names, layers, strict=True) if i < 0 or i < first_kept]
+
+
+def quantize_model_fp8(
+    model: nn.Module, skip: tuple[str, ...] = (), keep_last_layers: int = 0
+) -> int:
+    """Every nn.Linear of a float model but fp8_targets' exceptions replaced by its
+    per-channel Fp8Linear, in place; returns how many. A tied output head gets an E4M3 copy
+    of the embedding; the embedding itself stays as it is."""
+    names = fp8_targets(model, skip, keep_last_layers)
     with torch.no_grad():
         for name in names:
             parent, _, leaf = name.rpartition(".")

@@ -97,6 +97,20 @@ def test_quantize_model_swaps_every_linear_but_those_kept():
     assert isinstance(kept["lm_head"], nn.Linear) and isinstance(kept["o_proj"], Fp8Linear)
 
 
+def test_quantize_model_keeps_the_last_decoder_layers_in_float():
+    def block() -> nn.ModuleDict:
+        return nn.ModuleDict({"o_proj": nn.Linear(4, 4), "down_proj": nn.Linear(4, 4)})
+
+    model = nn.ModuleDict(
+        {"layers": nn.ModuleList([block() for _ in range(12)]), "lm_head": nn.Linear(4, 8)}
+    )
+    assert quantize_model_fp8(model, fp8.FP8_KEEP, keep_last_layers=1) == 11 * 2
+    for i, layer in enumerate(model["layers"]):
+        for m in layer.values():  # layer 11 (not layer 1: "layers.1." is no prefix of it)
+            assert isinstance(m, Fp8Linear) == (i < 11), i
+    assert type(model["lm_head"]) is nn.Linear
+
+
 def test_cuda_path_calls_scaled_mm_as_its_contract_asks(monkeypatch):
     """The GPU branch on the CPU: torch._scaled_mm replaced by a stand-in that checks what
     torch 2.11's row-wise scaling needs (E4M3 operands, mat2 column-major, float32 scales
