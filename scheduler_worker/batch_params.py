@@ -1,14 +1,18 @@
 """A step's sampling parameters as the sampler reads them: which rows draw, carry a
-penalty, a logit_bias, min_tokens or logprobs. Worked out in one pass and kept while the
-next step's rows hold the same parameters in the same order (an overlapped decode batch,
-most steps), as vLLM v1's InputBatch keeps its rows' parameters between steps: the host's
-work then follows what changed, not the rows (docs/benchmarks.md, "Host step, persistent
-rows").
+penalty, a logit_bias, min_tokens or logprobs. Kept while the next step's rows hold the
+same parameters in the same order (an overlapped decode batch, most steps); where the rows
+carry their slot (Request.slot), each slot's kinds are kept as bits of a per-slot array,
+written when a slot's parameters change, so a batch whose rows come and go (a grammar row
+sitting out a step) reads its kinds by one numpy index, as vLLM v1's InputBatch keeps its
+rows' parameters: the host's work follows what changed, not the rows (docs/benchmarks.md,
+"Host step, persistent rows" and "Persistent decode batch").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from common.sampling_params import SamplingParams
 
@@ -53,14 +57,56 @@ class BatchParams:
         )
 
 
+# a slot's kinds, as bits (BatchParamsCache.kinds)
+_DRAW, _PENALTY, _BIAS, _MIN_TOKENS, _LOGPROBS, _NOT_PLAIN = 1, 2, 4, 8, 16, 32
+
+
+def kind_bits(p: SamplingParams) -> int:
+    return (
+        (0 if is_greedy(p) else _DRAW)
+        | (_PENALTY if has_penalty(p) else 0)
+        | (_BIAS if p.logit_bias else 0)
+        | (_MIN_TOKENS if p.min_tokens else 0)
+        | (_LOGPROBS if p.logprobs is not None else 0)
+        | (0 if plain_greedy_params(p) else _NOT_PLAIN)
+    )
+
+
 class BatchParamsCache:
     """The last step's BatchParams, reused while the rows' parameters are the same (a
-    list comparison: the same objects compare by identity, in C)."""
+    list comparison: the same objects compare by identity, in C); else, given the rows'
+    slots, built from the per-slot kinds.
+
+    Invariant: kinds[s] == kind_bits(at[s]) for every slot s; a slot whose row now holds
+    other parameters (a new request in it) is rewritten before it is read."""
 
     def __init__(self) -> None:
         self.last: BatchParams | None = None
+        self.at: list[SamplingParams | None] = []  # the parameters each slot's kinds are of
+        self.kinds = np.zeros(0, dtype=np.uint8)
 
-    def get(self, params: list[SamplingParams]) -> BatchParams:
-        if self.last is None or self.last.params != params:
-            self.last = BatchParams.of(params)
+    def get(self, params: list[SamplingParams], slots: list[int] | None = None) -> BatchParams:
+        """slots: the rows' slots (each >= 0, a slot's rows with one request's parameters),
+        or None (rows without slots: built from the parameters)."""
+        if self.last is not None and self.last.params == params:
+            return self.last
+        self.last = BatchParams.of(params) if slots is None else self._of_slots(params, slots)
         return self.last
+
+    def _of_slots(self, params: list[SamplingParams], slots: list[int]) -> BatchParams:
+        at = self.at
+        if slots and max(slots) >= len(at):
+            grow = max(slots) + 1 - len(at)
+            at += [None] * grow
+            self.kinds = np.concatenate([self.kinds, np.zeros(grow, dtype=np.uint8)])
+        if list(map(at.__getitem__, slots)) != params:  # joined rows: their slots rewritten
+            for s, p in zip(slots, params):
+                if at[s] is not p:
+                    at[s], self.kinds[s] = p, kind_bits(p)
+        k = self.kinds[slots]
+        return BatchParams(
+            params,
+            not (k & _NOT_PLAIN).any(),
+            *(np.flatnonzero(k & bit).tolist() for bit in (_MIN_TOKENS, _DRAW, _PENALTY)),
+            *(np.flatnonzero(k & bit).tolist() for bit in (_BIAS, _LOGPROBS)),
+        )

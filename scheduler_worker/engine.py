@@ -264,6 +264,7 @@ class LLMEngine:
                 req.prompt_token_ids,
                 req.output_token_ids,
                 req.flight_row if req.num_pending else -1,
+                slot=req.slot,
             )
             for req in ([] if plain else samplers)
         ]

@@ -39,6 +39,7 @@ class SamplingRow:
     # speculative decoding: the drafts before this position of a verify chunk (spec/
     # sampled.py), output tokens as far as its sample goes (seed counter, min_tokens, penalties)
     draft_token_ids: Sequence[int] = ()
+    slot: int = -1  # its request's slot (Request.slot): its parameters' kinds kept there
 
 
 def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):

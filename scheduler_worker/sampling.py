@@ -50,12 +50,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.device import HostCopy, enqueues_work
-from scheduler_worker.batch_params import BatchParamsCache, plain_greedy_params
+from scheduler_worker.batch_params import BatchParams, BatchParamsCache, plain_greedy_params
 from scheduler_worker.logits_processors import (
     SamplingRow,
     _tensor,
@@ -67,6 +68,7 @@ from scheduler_worker.logits_processors import (
 from scheduler_worker.top_p import top_p_thresholds
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
+_PARAMS, _SLOT = attrgetter("params"), attrgetter("slot")
 
 
 @dataclass
@@ -253,8 +255,8 @@ class Sampler:
         last output is still one of them (SamplingRow.pending_row)."""
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
-        params = [r.params for r in rows]
-        batch = self.batch.get(params)
+        params = list(map(_PARAMS, rows))
+        batch = self._batch(rows, params)
         if self.argmax_only(rows):
             masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
             return DeviceSample(greedy_tokens(masked))
@@ -287,8 +289,13 @@ class Sampler:
 
     def argmax_only(self, rows: list[SamplingRow]) -> bool:
         """plain_greedy(rows), the parameters' part kept between steps (BatchParams)."""
-        batch = self.batch.get([r.params for r in rows])
+        batch = self._batch(rows, list(map(_PARAMS, rows)))
         return batch.plain and self.plain_greedy([rows[i] for i in batch.min_tokens])
+
+    def _batch(self, rows: list[SamplingRow], params: list[SamplingParams]) -> BatchParams:
+        """The rows' BatchParams, from their slots' kinds where every row has a slot."""
+        slots = list(map(_SLOT, rows))
+        return self.batch.get(params, None if -1 in slots else slots)
 
     def greedy(self, logits: torch.Tensor) -> DeviceSample:
         """A batch of plain greedy rows with no grammar mask (Request.plain): the argmax."""

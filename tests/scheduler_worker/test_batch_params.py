@@ -3,6 +3,9 @@ sampler reading them: the same tokens as with each row's parameters read afresh.
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import torch
 
 from common.sampling_params import SamplingParams
@@ -56,3 +59,66 @@ def test_a_sampler_over_changing_batches_samples_as_a_fresh_one():
         got = kept(logits[: len(rows)], rows).token_ids
         assert got == Sampler(64, [EOS])(logits[: len(rows)], rows).token_ids
         assert [e is None and g != EOS or g == e for g, e in zip(got, expect)] == [True] * len(rows)
+
+
+def _kinds(b: BatchParams) -> tuple:
+    return (b.plain, b.min_tokens, b.draws, b.penalized, b.biased, b.logprobs)
+
+
+def test_the_slots_kinds_equal_the_rows_own_as_rows_join_leave_and_slots_are_reused():
+    """Random steps over 6 slots: rows sit out steps (a deferred grammar row), leave, and
+    a new request takes a freed slot with other parameters; the kinds read from the slots
+    are always those of the rows' own parameters."""
+    kinds = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, top_p=0.9, seed=3),
+        SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
+        SamplingParams(temperature=0.0, presence_penalty=0.5, logprobs=2),
+        SamplingParams(temperature=0.0, min_tokens=4),
+        SamplingParams(temperature=1.0, logprobs=0),
+    ]
+    rng = random.Random(5)
+    held = {s: rng.choice(kinds) for s in range(6)}  # slot -> its request's parameters
+    cache = BatchParamsCache()
+    for _ in range(300):
+        if rng.random() < 0.2:  # a request ends; a new one (a fresh object) takes the slot
+            slot = rng.randrange(6)
+            held[slot] = replace(rng.choice(kinds))
+        slots = [s for s in range(6) if rng.random() < 0.8]
+        rng.shuffle(slots) if rng.random() < 0.3 else None
+        params = [held[s] for s in slots]
+        assert _kinds(cache.get(params, slots)) == _kinds(BatchParams.of(params))
+
+
+def test_a_batch_whose_rows_sit_out_alternate_steps_is_not_rebuilt_from_its_rows(monkeypatch):
+    """The chat mix's grammar rows sit out every other step: with slots, the kinds come
+    from the slots (no pass over the rows' parameters) after the first two steps."""
+    greedy, hot = SamplingParams(temperature=0.0), SamplingParams(temperature=0.7)
+    cache = BatchParamsCache()
+    cache.get([greedy, hot, hot], [0, 1, 2])
+    cache.get([greedy, hot], [0, 2])
+    built = []
+    monkeypatch.setattr(BatchParams, "of", classmethod(lambda cls, p: built.append(p)))
+    for _ in range(3):
+        assert cache.get([greedy, hot, hot], [0, 1, 2]).draws == [1, 2]
+        assert cache.get([greedy, hot], [0, 2]).draws == [1]
+    assert built == []
+
+
+def test_a_sampler_with_slots_samples_as_one_without():
+    """Seeded and greedy rows with penalties, bias, min_tokens and logprobs: the same
+    tokens and logprobs whether the rows carry their slots (kinds kept per slot) or not."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(2))
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=11, logprobs=3),
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+        SamplingParams(temperature=0.5, seed=7, logit_bias={9: 3.0}),
+        SamplingParams(temperature=0.0, min_tokens=3, logprobs=1),
+    ]
+    with_slots, without = Sampler(300, [EOS]), Sampler(300, [EOS])
+    for step, order in enumerate([[0, 1, 2, 3], [0, 2], [3, 1, 0], [0, 1, 2, 3]]):
+        rows = [SamplingRow(params[i], [5, 6], [9] * step, slot=i) for i in order]
+        plain = [replace(r, slot=-1) for r in rows]
+        a, b = with_slots(logits[: len(rows)], rows), without(logits[: len(rows)], plain)
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == b.logprobs
