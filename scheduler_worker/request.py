@@ -61,9 +61,6 @@ class Request:
     num_preemptions: int = 0
     in_prefill_queue: bool = False
     num_pending: int = 0  # placeholder tokens at the end of token_ids (Scheduler.advance)
-    # bumped whenever the request leaves the active queue (finish, abort, preemption), so
-    # stale queue entries are recognised and dropped lazily instead of searched for
-    queue_epoch: int = 0
     stop_token_id: int | None = None  # the stop_token_ids entry that finished it
     # params.prompt_logprobs: per prompt position, [token id, logprob, [[id, logprob], ...]]
     # (position 0: logprob None), filled chunk by chunk, sent with the first output

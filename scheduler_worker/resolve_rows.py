@@ -51,14 +51,13 @@ def resolve_rows(
                 append(out)
             continue
         # Scheduler.resolve's common case: the placeholder becomes the token, the blocks
-        # it fills are hashed (the request neither stops nor ends here)
+        # it fills are hashed (the request neither stops nor ends here). Its tokens are
+        # known up to index (placeholders resolve in order: the later ones are pending)
         req.num_pending -= 1
         tokens = req.token_ids
         tokens[index] = token
         req.output_token_ids[n_out - 1] = token
-        if min(req.num_computed_tokens, len(tokens) - req.num_pending) // bs > (
-            req.num_hashed_blocks
-        ):
+        if min(req.num_computed_tokens, index + 1) // bs > req.num_hashed_blocks:
             hash_blocks(req)
         num_prompt = req.num_prompt_tokens
         append(

@@ -20,6 +20,8 @@ class ScheduledBatch:
     num_prefill_tokens: int = 0  # tokens of prompt chunks
     # rid -> the tokens drafted for that decode row (its entry computes 1 + len of them)
     drafts: dict[str, list[int]] = field(default_factory=dict)
+    # the decode rows stayed in the scheduler's active queue, in place (decode_batch.py)
+    decodes_kept: bool = False
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -1,14 +1,14 @@
 """Scheduling policy: which requests compute how many tokens in the next engine step.
 
-Queues (all deques; finished, aborted and preempted requests are dropped lazily when
-they reach the front, never searched for):
+Queues (waiting, prefilling: deques, a request that left dropped lazily at the front;
+active: the decode batch kept between steps, decode_batch.py):
 
     waiting ──admit──▶ prefilling ──prompt done──▶ active (decode, round-robin)
        ▲                    │                          │
        └──── preempt (newest first, to the front) ◀────┘
 
-Per-step work is bounded by the batch: at most `decode_batch` live entries of the active
-queue, the prefilling requests it schedules and admits, and each dead entry once.
+Per-step work is bounded by the batch: at most `decode_batch` rows of the active queue,
+the prefilling requests it schedules and admits, and each dead entry once.
 
 A step is `schedule()`, the forward and sampling (the engine), then `update()`: the
 tokens go into the requests, and each one finishes or goes back to its queue. With
@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from common.config import CacheConfig, SchedulerConfig
 from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.block_manager import BlockManager
+from scheduler_worker.decode_batch import advance_decodes, take_decodes
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.spec import Drafter, propose
@@ -66,7 +67,7 @@ class Scheduler:
         self.tables = BlockTables(sched.num_seqs, pad=num_blocks)
         self.waiting: deque[Request] = deque()
         self.prefilling: deque[Request] = deque()
-        self.active: deque[tuple[Request, int]] = deque()  # (request, queue_epoch)
+        self.active: dict[str, tuple[Request, int]] = {}  # decode rows: rid -> (req, 1)
         self.live: dict[str, Request] = {}  # requests holding blocks, in admission order
         self.num_waiting = 0  # requests in `waiting` that are still WAITING
         self.num_preemptions = 0
@@ -91,18 +92,20 @@ class Scheduler:
         within the step's token budget; a decode without a free block preempts the newest."""
         batch, budget = ScheduledBatch(), self.config.num_batched_tokens
         active, entries, bs = self.active, batch.entries, self.block_size
-        running = RequestStatus.RUNNING
         decodes = min(self.config.decode_batch, budget)
         # tokens this step's drafts may take (few to learn or probe), a row's k at most
         spare, most = budget - decodes, self.config.num_speculative_tokens
         drafting = self.drafter is None or self.policy.start_step(min(decodes, len(active)))
         spare = min(spare, self.policy.cap) if drafting else 0
-        num_decode = visited = 0
-        while active and num_decode < decodes:
-            req, epoch = active.popleft()
-            visited += 1
-            if epoch != req.queue_epoch or req.status is not running:
-                continue  # lazily deleted
+        taken = take_decodes(self, batch, decodes, spare)  # the usual step: every row at once
+        num_decode = 0
+        for req, _ in [] if taken is not None else list(active.values()):  # row by row
+            if num_decode >= decodes:
+                break
+            self.num_visited += 1
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted by an earlier row's _reserve
+            del active[req.request_id]  # back at the end once advanced (round-robin)
             # a new block only when the token starts one (_reserve, inlined: every decode)
             if req.num_computed_tokens >= len(req.block_table) * bs and not self._reserve(
                 req, 1, batch
@@ -114,8 +117,8 @@ class Scheduler:
                 spare -= n - 1
             entries[req.request_id] = (req, n)
             num_decode += 1
-        batch.num_decode = num_decode
-        self.num_visited += visited
+        # entries, not num_decode: a row's _reserve may have preempted an earlier row
+        batch.num_decode = len(entries)
         if batch.drafts:
             self.policy.settle(batch)
         budget -= batch.num_decode + sum(map(len, batch.drafts.values()))
@@ -174,9 +177,8 @@ class Scheduler:
 
     def defer(self, batch: ScheduledBatch, reqs: list[Request]) -> None:
         """Decode rows out of the batch, first in the next step, their blocks kept."""
-        for req in reqs:
-            if batch.drop(req):
-                self.active.appendleft((req, req.queue_epoch))
+        front = {r.request_id: (r, 1) for r in reversed(reqs) if batch.drop(r)}
+        self.active = {**front, **self.active} if front else self.active
 
     def _admit(self, req: Request, budget: int) -> int:
         # prompt logprobs need the logits of every prompt position: no cached prefix then
@@ -238,7 +240,7 @@ class Scheduler:
             self.tables.give(req.slot)
             req.slot = -1
         req.num_computed_tokens = req.num_hashed_blocks = req.num_freed_blocks = 0
-        req.queue_epoch += 1
+        self.active.pop(req.request_id, None)
         self.live.pop(req.request_id, None)
         if req.in_prefill_queue:
             self.prefilling.remove(req)  # short deque: requests mid-prompt
@@ -255,12 +257,10 @@ class Scheduler:
 
     def update(self, batch: ScheduledBatch, token_ids: Sequence[int]) -> list[Request]:
         """After the forward: every entry's tokens are in the KV cache, and the requests
-        that sampled (batch.sampling(), in entry order) get one token each from token_ids.
-        Each of those finishes (see _finish_status) and frees its blocks, or goes to the
-        back of the active queue. Returns them, in entry order.
-
-        The context length needs no rule here: admission (common.limits) holds prompt +
-        max_tokens within it, so max_tokens always ends a request first."""
+        that sampled (batch.sampling(), in entry order) get one token each from token_ids:
+        each finishes (_finish_status) and frees its blocks, or decodes on. Returns them,
+        in entry order. (Admission, common.limits, holds prompt + max_tokens within the
+        context: max_tokens always ends a request first.)"""
         sampled = self.advance(batch)
         if len(token_ids) != len(sampled):
             raise ValueError(f"{len(token_ids)} sampled tokens for {len(sampled)} requests")
@@ -271,11 +271,10 @@ class Scheduler:
     def advance(
         self, batch: ScheduledBatch, sampling: list[bool] | None = None
     ) -> list[tuple[Request, int]]:
-        """The first half of update(), run once the step is launched: the entries' tokens
-        count as computed, and each request that samples gets a placeholder token and
-        its place back in the active queue (not when max_tokens ends it whatever the
-        token). Returns (request, index of its placeholder in token_ids), in entry order.
-        `sampling`: batch.sampling(), where the caller read it already."""
+        """The first half of update(), once the step is launched: the entries' tokens count
+        as computed, and each request that samples gets a placeholder token and stays in
+        the active queue (not when max_tokens ends it whatever the token). Returns
+        (request, index of its placeholder), in entry order. `sampling`: batch.sampling()."""
         entries = list(batch.entries.values())
         if sampling is None:
             sampling = batch.sampling()
@@ -283,6 +282,9 @@ class Scheduler:
         active, window, bs = self.active, self.sliding_window is not None, self.block_size
         if batch.drafts:  # a drafted row's drafts count once accepted
             entries = [(r, 1 if r.request_id in batch.drafts else n) for r, n in entries]
+        elif not window and batch.num_decode:  # the decode rows at once, the rest row by row
+            advance_decodes(self, entries[: batch.num_decode], out, batch.decodes_kept)
+            entries, sampling = entries[batch.num_decode :], sampling[batch.num_decode :]
         for (req, n), sample in zip(entries, sampling):
             # _advance, inlined: every row (a placeholder's row fills no block: resolve hashes)
             computed = req.num_computed_tokens = req.num_computed_tokens + n
@@ -299,12 +301,12 @@ class Scheduler:
             tokens.append(PLACEHOLDER)
             req.output_token_ids.append(PLACEHOLDER)
             req.num_pending += 1
-            if index + 1 - req.num_prompt_tokens < req.max_tokens:
-                if req.in_prefill_queue:  # _requeue, inlined: every decode row
-                    self._leave_prefill_queue(req)
-                active.append((req, req.queue_epoch))
-            elif req.in_prefill_queue:  # its last token: done when resolved
+            if req.in_prefill_queue:  # its first token: it decodes from now on
                 self._leave_prefill_queue(req)
+            if index + 1 - req.num_prompt_tokens < req.max_tokens:
+                active[req.request_id] = (req, 1)  # a row kept in place stays there
+            else:
+                active.pop(req.request_id, None)  # its last token: done when resolved
         return out
 
     def resolve(self, req: Request, index: int, token: int) -> RequestStatus | None:
@@ -393,8 +395,6 @@ class Scheduler:
         req.num_freed_blocks = upto
 
     def _leave_prefill_queue(self, req: Request) -> None:
-        if self.prefilling[0] is req:
-            self.prefilling.popleft()
-        else:
-            self.prefilling.remove(req)
+        q = self.prefilling
+        q.popleft() if q[0] is req else q.remove(req)  # most often the first
         req.in_prefill_queue = False
