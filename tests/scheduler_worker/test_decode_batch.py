@@ -119,3 +119,58 @@ def test_rows_that_stop_running_leave_the_batch_at_once():
     assert list(s.active) == ["r4", "r0", "r2", "r3"]  # deferred first, r3 joins last
     s.update(s.schedule(), [EOS, 5, 5, 5])  # r4 stops: out of the batch at once
     assert list(s.active) == ["r0", "r2", "r3"]
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_dirs):
+    return tiny_model_dirs["llama"]
+
+
+def _chat(i: int) -> SamplingParams:
+    """The chat mix's kinds of rows (benchmarks/bench_host_step.py): greedy, sampled,
+    seeded, logprobs, a penalty, a grammar (which sits out steps when overlapped)."""
+    kinds = [
+        {"temperature": 0.0},
+        {"temperature": 0.7, "top_p": 0.9, "seed": 100 + i},
+        {"temperature": 0.0, "logprobs": 3},
+        {"temperature": 0.0, "presence_penalty": 0.5},
+        {"temperature": 0.0, "structured": {"kind": "regex", "spec": "[a-z]{2,14}"}},
+        {"temperature": 1.0, "seed": 7, "min_tokens": 3},
+    ]
+    return SamplingParams(max_tokens=6 + i % 7, **kinds[i % len(kinds)])
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_an_engine_over_the_kept_batch_serves_as_one_taking_rows_afresh(
+    llama, overlap, monkeypatch
+):
+    """Requests joining every other step over a KV pool small enough to preempt, with the
+    chat mix's options: every request's tokens and logprobs are those of an engine whose
+    scheduler takes its rows one by one every step."""
+    from tests.scheduler_worker.test_engine import _prompts, make_engine
+
+    prompts = _prompts(14, seed=3)
+
+    def serve(kept: bool) -> tuple[list, int]:
+        if not kept:
+            monkeypatch.setattr(scheduler_module, "take_decodes", lambda *a: None)
+        engine = make_engine(llama, num_blocks=20, async_scheduling=overlap)
+        outs: dict[str, list] = {}
+        for step in range(400):
+            if step % 2 == 0 and step // 2 < len(prompts):
+                i = step // 2
+                engine.add_request(f"r{i}", prompts[i], _chat(i))
+                outs[f"r{i}"] = []
+            for out in engine.step():
+                outs[out.request_id].append((out.new_token_ids, out.logprobs))
+            if step > 2 * len(prompts) and not engine.has_unfinished():
+                break
+        engine.block_manager.check_integrity()
+        monkeypatch.undo()
+        return [outs[f"r{i}"] for i in range(len(prompts))], engine.scheduler.num_preemptions
+
+    kept, kept_preemptions = serve(True)
+    fresh, fresh_preemptions = serve(False)
+    assert kept == fresh
+    assert kept_preemptions == fresh_preemptions > 0
+    assert all(out for out in kept)
