@@ -79,4 +79,4 @@ def advance_decodes(
     if not kept:
         active.update(zip(map(_RID, map(_REQ, entries)), entries))
     for req in ended:
-        del active[req.request_id]
+        active.pop(req.request_id, None)
