@@ -38,7 +38,7 @@ from scheduler_worker.block_manager import BlockManager
 from scheduler_worker.decode_batch import advance_decodes, take_decodes
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.scheduled_batch import ScheduledBatch
-from scheduler_worker.spec import Drafter, propose
+from scheduler_worker.spec import Drafter, drop_drafts, propose, settle_drafts
 from scheduler_worker.spec.policy import SpecPolicy
 
 
@@ -119,8 +119,7 @@ class Scheduler:
             num_decode += 1
         # entries, not num_decode: a row's _reserve may have preempted an earlier row
         batch.num_decode = len(entries)
-        if batch.drafts:
-            self.policy.settle(batch)
+        settle_drafts(self.policy, self.drafter, batch)  # a draft model's: in one batch
         budget -= batch.num_decode + sum(map(len, batch.drafts.values()))
         preemptions = self.num_preemptions
         admitted = 0
@@ -234,6 +233,7 @@ class Scheduler:
         self.num_waiting += 1
 
     def _release(self, req: Request) -> None:
+        drop_drafts(self.drafter, req)  # a draft model's KV for it
         self.blocks.free(req.block_table[req.num_freed_blocks :])
         req.block_table = []
         if req.slot >= 0:

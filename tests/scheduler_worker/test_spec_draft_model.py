@@ -20,7 +20,7 @@ from common.config import CacheConfig, ConfigError, EngineConfig, ModelConfig, S
 from common.model_files.model_source import check_draft_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
-from scheduler_worker.spec.draft_model import ChainDrafter, DraftModelDrafter
+from scheduler_worker.spec.draft_model import DraftModelDrafter
 from scheduler_worker.spec.ngram import NgramDrafter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,12 +105,12 @@ def random_drafted(default_model_dir, tiny_llama_dir) -> LLMEngine:
 
 def test_random_draft_model_is_refused_mostly_yet_exact(random_drafted, default_model_dir):
     drafter = random_drafted.scheduler.drafter
-    assert isinstance(drafter, ChainDrafter) and isinstance(drafter.first, NgramDrafter)
+    assert isinstance(drafter, DraftModelDrafter) and isinstance(drafter.first, NgramDrafter)
     prompts = _prompts(default_model_dir)
-    proposals = drafter.then.num_proposals
+    proposals = drafter.num_proposals
     plain, drafted, n_draft, n_acc = _both(random_drafted, prompts, max_tokens=8, temperature=0.0)
     assert drafted == plain
-    assert drafter.then.num_proposals > proposals  # the chat prompts: no ngram match at first
+    assert drafter.num_proposals > proposals  # the chat prompts: no ngram match at first
     assert n_draft >= 8 and n_acc < n_draft // 2, (n_draft, n_acc)
 
 
@@ -120,11 +120,11 @@ def test_draft_model_only_where_the_cheaper_drafter_has_none(random_drafted, def
     drafter = random_drafted.scheduler.drafter
     tok = Tokenizer.from_file(str(default_model_dir / "tokenizer.json"))
     prompt = tok.encode("one two three four five six seven. " * 4 + "one two").ids
-    proposals = drafter.then.num_proposals
+    proposals = drafter.num_proposals
     plain, drafted, n_draft, n_acc = _both(random_drafted, [prompt], max_tokens=12, temperature=0.0)
     assert drafted == plain and n_acc >= 4, (plain, n_draft, n_acc)  # the repeats: ngram's
     # asked only at the steps ngram had nothing for: fewer than the tokens it generated
-    assert drafter.then.num_proposals - proposals < len(plain[0]) // 2
+    assert drafter.num_proposals - proposals < len(plain[0]) // 2
 
 
 def _other_tokenizer(tiny_llama_dir: Path, out: Path) -> Path:
