@@ -1,9 +1,11 @@
 """Speculative decoding under load: output tok/s of N concurrent streams with ngram drafts
-(the adaptive switch, spec/policy.py, or every draft) against none, in one engine (the
-request's `speculative` flag switches it), alternating A/B rounds, greedy; the outputs
-must be equal token for token.
+(or a draft model's: --draft-model) (the adaptive switch, spec/policy.py, or every draft)
+against none, in one engine (the request's `speculative` flag switches it), alternating
+A/B rounds, greedy; the outputs must be equal token for token.
 
     python benchmarks/bench_spec_load.py --streams 1,8,32 --workload repeat,chat
+    python benchmarks/bench_spec_load.py --streams 1,8 --draft-model smollm2 \
+        --dtype float16 --quantization none   # the Q4_1 file drafting for float16 weights
 
 Each stream has its own prompt: `repeat` asks to repeat a paragraph of the shipped Pride
 and Prejudice text (prompt lookup pays), `chat` asks for a story on its own subject (little
@@ -67,18 +69,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--draft-model", default=None, help="drafts from this model, not ngram")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--quantization", default="auto")
+    ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
+    method = "ngram" if a.draft_model is None else "draft"
     engine = LLMEngine(
         EngineConfig(
-            model=ModelConfig(model=a.model),
+            model=ModelConfig(
+                model=a.model, dtype=a.dtype, quantization=a.quantization, num_threads=a.threads
+            ),
             scheduler=SchedulerConfig(
-                speculative_method="ngram",
+                speculative_method=method,
+                speculative_model=a.draft_model,
                 num_speculative_tokens=a.num_speculative_tokens,
                 speculative_policy=a.policy,
             ),
         )
     )
-    print(f"cpu: {cpu_model_name()}; policy {a.policy}; k {a.num_speculative_tokens}")
+    print(f"cpu: {cpu_model_name()}; {method}; policy {a.policy}; k {a.num_speculative_tokens}")
     summary = []
     for workload in a.workload.split(","):
         for n in map(int, a.streams.split(",")):
@@ -93,7 +103,7 @@ def main() -> None:
                     rates[spec].append(cpu)
                     outs.setdefault(spec, out)
                     print(
-                        f"{workload} x{n} round {r} {'ngram' if spec else 'none '}: "
+                        f"{workload} x{n} round {r} {method if spec else 'none '}: "
                         f"{wall:.1f} tok/s, {cpu:.1f} tok per CPU s, drafted "
                         f"{engine.counters.draft_tokens - d0}, accepted "
                         f"{engine.counters.accepted_tokens - a0}",
@@ -103,7 +113,7 @@ def main() -> None:
             ratio = statistics.median(rates[True]) / statistics.median(rates[False])
             summary.append(f"{workload} x{n}: {ratio:.2f}x (tok per CPU s), equal {same}")
             if not same:
-                raise SystemExit(f"{workload} x{n}: ngram output differs from plain greedy")
+                raise SystemExit(f"{workload} x{n}: {method} output differs from plain greedy")
     print(f"switched-off steps: {engine.scheduler.policy.num_switched_off}")
     print("\n".join(summary))
 
