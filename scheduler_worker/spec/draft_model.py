@@ -6,7 +6,9 @@ row keeps a live sequence in its pool (draft_seqs.py: rolled back to what the ta
 accepted, never re-admitted), and a step's rows draft together (ModelDrafter.fill):
 
     step 1     every row's tokens since its last proposal (the accepted run and the
-               target's token; the whole prompt at first, chunked) -> d1 per row
+               target's token; the whole prompt at first, chunked) -> d1 per row; a
+               short run as one decode row a token where the backend verifies so
+               (spec/verify_rows.py: the decode kernels, not the prompt path's)
     step j>1   one decode row per row still drafting, d(j-1) -> dj   (k - 1 steps)
 
 so k forwards of the draft model a step, whatever the number of rows. Point-mass drafts:
@@ -31,12 +33,15 @@ from common.model_files.tokenizer_files import same_tokenizer
 from scheduler_worker.backends.base import DecodeRows, SeqInput, StepInputs
 from scheduler_worker.spec import Drafter, ModelDrafter
 from scheduler_worker.spec.draft_seqs import DraftSeq, DraftSeqs
+from scheduler_worker.spec.verify_rows import expand, placement
 
 if TYPE_CHECKING:
     from scheduler_worker.model_runner import ModelRunner
     from scheduler_worker.request import Request
 
 log = get_logger("spec.draft_model")
+
+SHORT_RUN = 16  # a catch-up of at most this many tokens runs as decode rows (step 1)
 
 
 def draft_config(config: EngineConfig, num_blocks: int, num_seqs: int) -> EngineConfig:
@@ -137,7 +142,7 @@ class DraftModelDrafter(ModelDrafter):
                 going.append((i, seq, k))
         if not chunks:
             return out
-        for (i, _, _), token in zip(going, self._run(chunks)):
+        for (i, _, _), token in zip(going, self._catch_up(chunks)):
             out[i].append(token)
         live = [g for g in going if g[2] > 1]
         while live:
@@ -154,6 +159,15 @@ class DraftModelDrafter(ModelDrafter):
                 out[i].append(token)
             live = [g for g in live if len(out[g[0]]) < g[2]]
         return out
+
+    def _catch_up(self, chunks: list[SeqInput]) -> list[int]:
+        """Step 1's forward: the argmax after each sampled chunk, in order."""
+        if not self.runner.backend.verify_as_decode_rows:
+            return self._run(chunks)
+        for c in chunks:  # as decode rows: a row's logits at every token, the last one kept
+            c.verify = c.sample and len(c.token_ids) <= SHORT_RUN
+        tokens = self._run(expand(chunks))
+        return [tokens[first + n - 1] for _, first, n in placement(chunks) if n]
 
     def _run(self, inputs: StepInputs) -> list[int]:
         """One forward of the draft model: each sampled row's argmax."""
