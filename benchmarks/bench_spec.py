@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common.config import EngineConfig, ModelConfig, SchedulerConfig
+from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_model_name
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
@@ -82,29 +82,42 @@ def run(
     max_tokens: int,
     spec: bool,
     sampled: bool = False,
-) -> tuple[list[list[int]], float, float]:
-    """The outputs (one prompt at a time: one stream), wall seconds and this process's CPU
-    seconds (steadier on a shared host)."""
+) -> tuple[list[list[int]], float, float, float]:
+    """The outputs (one prompt at a time: one stream), wall seconds, this process's CPU
+    seconds (steadier on a shared host) and the wall seconds before each request's first
+    token (its prefill), summed."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
     if sampled:  # a seeded chat-like row
         params = SamplingParams(
             max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=1234, speculative=spec
         )
     t0, c0 = time.perf_counter(), time.process_time()
-    outs = [generate(engine, p, params, pred if spec else None) for p, pred in work]
-    return outs, time.perf_counter() - t0, time.process_time() - c0
+    outs, first = [], 0.0
+    for p, pred in work:
+        t = time.perf_counter()
+        outs.append(generate(engine, p, params, pred if spec else None, firsts := []))
+        first += firsts[0] - t if firsts else 0.0
+    return outs, time.perf_counter() - t0, time.process_time() - c0, first
 
 
 def generate(
-    engine: LLMEngine, prompt: list[int], params: SamplingParams, prediction: list[int] | None
+    engine: LLMEngine,
+    prompt: list[int],
+    params: SamplingParams,
+    prediction: list[int] | None,
+    first: list[float] | None = None,
 ) -> list[int]:
-    """One request to its end (LLMEngine.generate, with a prediction)."""
+    """One request to its end (LLMEngine.generate, with a prediction); `first` gets the
+    perf_counter time of its first token."""
     rid = f"bench-{time.monotonic_ns()}"
     engine.add_request(rid, prompt, params, prediction=prediction)
     out: list[int] = []
     while engine.has_unfinished():
         for o in engine.step():
-            out += o.new_token_ids if o.request_id == rid else []
+            if o.request_id == rid:
+                if first is not None and not out and o.new_token_ids:
+                    first.append(time.perf_counter())
+                out += o.new_token_ids
     return out
 
 
@@ -121,24 +134,32 @@ def measure(
     work = prompts(engine.model_dir, workload)[:num_prompts]
     rates: dict[bool, list[float]] = {False: [], True: []}
     cpu_rates: dict[bool, list[float]] = {False: [], True: []}
+    decode_rates: dict[bool, list[float]] = {False: [], True: []}
     outs: dict[bool, list[list[int]]] = {}
     for r in range(rounds):
         for spec in (False, True) if r % 2 == 0 else (True, False):
             before = (engine.counters.draft_tokens, engine.counters.accepted_tokens)
-            out, secs, cpu = run(engine, work, max_tokens, spec, sampled)
+            out, secs, cpu, first = run(engine, work, max_tokens, spec, sampled)
             drafted = engine.counters.draft_tokens - before[0]
             accepted = engine.counters.accepted_tokens - before[1]
             n = sum(map(len, out))
             rates[spec].append(n / secs)
             cpu_rates[spec].append(n / cpu)
+            decode_rates[spec].append((n - len(out)) / (secs - first))
             outs.setdefault(spec, out)
             assert out == outs[spec], "greedy outputs differ between rounds"
             print(
                 f"{workload} round {r} {'spec' if spec else 'none'}: {n} tokens in "
                 f"{secs:.2f} s, {n / secs:.1f} tok/s, {n / cpu:.1f} tok per CPU s, "
+                f"decode {decode_rates[spec][-1]:.1f} tok/s, "
                 f"drafted {drafted}, accepted {accepted}"
             )
     same = outs[True] == outs[False]
+    dec = {k: statistics.median(v) for k, v in decode_rates.items()}
+    print(
+        f"{workload}: median decode tok/s (after each request's first token): none "
+        f"{dec[False]:.1f}, spec {dec[True]:.1f}, ratio {dec[True] / dec[False]:.2f}x"
+    )
     ratio = statistics.median(rates[True]) / statistics.median(rates[False])
     sizes = ", ".join(str(len(p)) for p, _ in work)
     print(f"{workload}: cpu {cpu_model_name()}; prompts of {sizes} tokens")
@@ -173,6 +194,10 @@ def main() -> None:
     engine = LLMEngine(
         EngineConfig(
             model=ModelConfig(model=a.model, num_threads=a.threads),
+            # every run prefills its prompts: a prompt computed afresh and one read back
+            # from the prefix cache may round apart and flip a near-tie token, which made
+            # the rounds' greedy texts differ by what the cache happened to hold
+            cache=CacheConfig(enable_prefix_caching=False),
             scheduler=SchedulerConfig(
                 speculative_method="ngram", num_speculative_tokens=a.num_speculative_tokens
             ),
