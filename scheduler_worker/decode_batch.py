@@ -19,13 +19,24 @@ the end (round-robin). Both give the same batches in the same order
 from __future__ import annotations
 
 from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from scheduler_worker.request import PLACEHOLDER, Request
 from scheduler_worker.scheduled_batch import ScheduledBatch
 
-if TYPE_CHECKING:
-    from scheduler_worker.scheduler import Scheduler
+
+class Scheduler(Protocol):
+    """What these functions use of scheduler.Scheduler (named here, not imported: the
+    scheduler imports this file)."""
+
+    active: dict[str, tuple[Request, int]]
+    block_size: int
+    num_visited: int
+
+    def _reserve(self, req: Request, n: int, batch: ScheduledBatch) -> bool: ...
+
+    def _hash_blocks(self, req: Request) -> None: ...
+
 
 _REQ, _RID, _SPECULATES = itemgetter(0), attrgetter("request_id"), attrgetter("speculates")
 

@@ -5,8 +5,25 @@ of formats.py's table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+
+class Layout(Protocol):
+    """What a BlockWeight reads of its form's row (formats.Format)."""
+
+    @property
+    def unit(self) -> int: ...
+
+    @property
+    def qs_bytes(self) -> int: ...
+
+    def packed_nbytes(self, n: int, k: int) -> int: ...
+
+
+# form -> its row: filled by formats.py with its table (that module imports this one)
+LAYOUTS: dict[str, Layout] = {}
 
 
 @dataclass
@@ -22,13 +39,9 @@ class BlockWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        from scheduler_worker.quant.formats import FORMATS  # the table names every form
-
-        f = FORMATS[self.form]
+        f = LAYOUTS[self.form]
         return self.qs.shape[0], self.qs.shape[1] // f.qs_bytes * f.unit
 
     def nbytes(self) -> int:
         """Bytes of the kernels' layout (pack_blocks), the memory a served weight takes."""
-        from scheduler_worker.quant.formats import FORMATS
-
-        return FORMATS[self.form].packed_nbytes(*self.shape)
+        return LAYOUTS[self.form].packed_nbytes(*self.shape)

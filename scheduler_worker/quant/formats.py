@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from scheduler_worker.quant import iq4nl, iq4xs, kquants, q4q8, q6k
-from scheduler_worker.quant.block_weight import BlockWeight
+from scheduler_worker.quant.block_weight import LAYOUTS, BlockWeight
 from scheduler_worker.quant.groups import GROUP_ROWS, groups
 
 QK = 32  # inputs per block
@@ -124,6 +124,7 @@ ROWS = [
 ]
 # fmt: on
 FORMATS = {f.form: f for f in ROWS}
+LAYOUTS.update(FORMATS)  # what BlockWeight.shape and nbytes read
 FORMS = tuple(FORMATS)
 FMT_CODES = {f.form: f.code for f in ROWS}  # the qlinear op's fmt per form
 AMX_FORMS = tuple(f.form for f in ROWS if f.amx)

@@ -31,8 +31,8 @@ from common.config import ConfigError, EngineConfig
 from common.log import get_logger
 from common.model_files.tokenizer_files import same_tokenizer
 from scheduler_worker.backends.base import DecodeRows, SeqInput, StepInputs
-from scheduler_worker.spec import Drafter, ModelDrafter
 from scheduler_worker.spec.draft_seqs import DraftSeq, DraftSeqs
+from scheduler_worker.spec.drafter import Drafter, ModelDrafter
 from scheduler_worker.spec.verify_rows import expand, placement
 
 if TYPE_CHECKING:
