@@ -27,7 +27,9 @@ from tests.common.test_model_source import _tiny
 from tests.gguf_files import write_llama_gguf
 from tests.scheduler_worker.test_gguf_weights import PROMPTS, _engine, _last_logits
 
-NO_KERNEL_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q5_0", "Q8_0"]
+# the row-by-row path (DequantLinear) against gguf-py: types no kernel serves (Q2_K,
+# Q3_K) and, as the path any type can take, kernel types
+ROW_BY_ROW_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q5_0", "Q8_0"]
 
 
 class _Records(logging.Handler):
@@ -47,7 +49,7 @@ def random_rows(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     return rng.integers(0, 0x3C, size=(n, k // block * size), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("type_name", NO_KERNEL_TYPES)
+@pytest.mark.parametrize("type_name", ROW_BY_ROW_TYPES)
 def test_dequant_linear_matches_gguf_dequantize(type_name):
     n, k = 37, 512
     raw = random_rows(type_name, n, k)
