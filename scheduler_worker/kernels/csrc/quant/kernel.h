@@ -58,6 +58,11 @@ void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64
 // refuses to compile for any other: no format falls into another's tiles).
 #define ZS_INSTANTIATE_GROUPS(FMT) \
   template void groups<FMT>(const Act&, const Packed&, int64_t, Out, int64_t, int64_t);
+// the ISAs with tiles for every format (AVX2, AVX-512)
+#define ZS_INSTANTIATE_EVERY_FORMAT                                                          \
+  ZS_INSTANTIATE_GROUPS(Q4) ZS_INSTANTIATE_GROUPS(Q8) ZS_INSTANTIATE_GROUPS(Q5)             \
+  ZS_INSTANTIATE_GROUPS(Q4K) ZS_INSTANTIATE_GROUPS(Q5K) ZS_INSTANTIATE_GROUPS(Q6K)          \
+  ZS_INSTANTIATE_GROUPS(Q50) ZS_INSTANTIATE_GROUPS(IQ4XS) ZS_INSTANTIATE_GROUPS(IQ4NL)
 template <int FMT>
 constexpr bool NO_TILES = false;  // static_assert(NO_TILES<FMT>) in an ISA's last `else`
 
