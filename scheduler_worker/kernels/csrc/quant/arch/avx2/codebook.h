@@ -6,28 +6,20 @@
 // formed in float32 for 8 rows at once.
 #pragma once
 
-#include "common.h"
+#include "block_tile.h"
 
 namespace zs_qgemm {
 
-// RM activation rows x one group of 16 output rows, as tile_avx2 (two halves of 8 rows).
-template <int FMT, int RM, typename T>
-ZS_AVX2 void tile_codebook_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
+template <int FMT, int RM>
+struct CodebookBlock {
   using L = Layout<FMT>;
-  static_assert(L::R.codebook != nullptr && L::R.piece == QK && !L::M, "a codebook of nibbles, scaled per block");
-  const int64_t nb = w.nb, N = w.N;
-  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(L::R.codebook)));
-  __m256 facc[RM][2];
-  for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
+  static_assert(L::R.codebook != nullptr && L::R.piece == QK && !L::M && L::R.offset == 0,
+                "a codebook of nibbles, scaled per block");
   __m256 du[2];
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = sub_block<FMT>(w, g, b);
-    if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb);
-    ahead.fetch(b);
-    const int8_t* xb[RM];
-    act_blocks(xb, x, i0, nb, b);
-    __m256i iacc[RM][2];
+
+  ZS_AVX2 ZS_INLINE void dot(const uint8_t* wb, const int8_t* const (&xb)[RM], __m256i (&iacc)[RM][2]) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(L::R.codebook)));
     for (int h = 0; h < 2; ++h) {
       for (int i = 0; i < RM; ++i) iacc[i][h] = _mm256_setzero_si256();
       for (int k = 0; k < 4; ++k) {
@@ -45,23 +37,23 @@ ZS_AVX2 void tile_codebook_avx2(const Act& x, const Packed& w, T* out, int64_t i
         }
       }
     }
-    if (L::SUPER && b % 8 == 0)
-      for (int h = 0; h < 2; ++h) du[h] = load8_f16(w.d + unit_of<FMT>(w, g, b) * GR + 8 * h);
-    for (int h = 0; h < 2; ++h) {
-      __m256 dw;
-      if constexpr (L::SUPER) {
-        static_assert(L::R.scale == Scale::D_SC_I8, "int8 block scales");
-        dw = _mm256_mul_ps(du[h], i8x8_to_ps(reinterpret_cast<const int8_t*>(block_scales<FMT>(w, g, b)) + 8 * h));
-      } else {
-        dw = load8_f16(w.d + (g * nb + b) * GR + 8 * h);
-      }
-      for (int i = 0; i < RM; ++i) {
-        const __m256 dx = _mm256_set1_ps(x.d[(i0 + i) * nb + b]);
-        facc[i][h] = _mm256_fmadd_ps(dw, _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx), facc[i][h]);
-      }
+  }
+
+  ZS_AVX2 ZS_INLINE Scales scales(const Packed& w, int64_t g, int64_t b, int h) {
+    if constexpr (L::SUPER) {
+      static_assert(L::R.scale == Scale::D_SC_I8, "int8 block scales");
+      if (b % 8 == 0) du[h] = load8_f16(w.d + unit_of<FMT>(w, g, b) * GR + 8 * h);
+      return {_mm256_mul_ps(du[h], i8x8_to_ps(reinterpret_cast<const int8_t*>(block_scales<FMT>(w, g, b)) + 8 * h)),
+              _mm256_setzero_ps()};
+    } else {
+      return {load8_f16(w.d + (g * w.nb + b) * GR + 8 * h), _mm256_setzero_ps()};
     }
   }
-  store_tile_avx2(facc, out, N, i0, g);
+};
+
+template <int FMT, int RM, typename T>
+ZS_AVX2 void tile_codebook_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
+  block_tile_avx2<FMT, RM, CodebookBlock<FMT, RM>>(x, w, out, i0, g, ahead);
 }
 
 }  // namespace zs_qgemm

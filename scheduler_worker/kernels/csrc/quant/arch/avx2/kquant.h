@@ -5,26 +5,17 @@
 // Q5K), multiplied in float32 for 8 rows at once.
 #pragma once
 
-#include "common.h"
+#include "block_tile.h"
 
 namespace zs_qgemm {
 
-// RM activation rows x one group of 16 output rows, as tile_avx2 (two halves of 8 rows).
-template <int FMT, int RM, typename T>
-ZS_AVX2 void tile_kq_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
+template <int FMT, int RM>
+struct KQuantBlock {
   using L = Layout<FMT>;
-  const int64_t nb = w.nb, N = w.N;
-  const __m256i nib = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
-  __m256 facc[RM][2];
-  for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
   __m256 du[2], mu[2];
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = sub_block<FMT>(w, g, b);
-    if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb);
-    ahead.fetch(b);
-    const int8_t* xb[RM];
-    act_blocks(xb, x, i0, nb, b);
-    __m256i iacc[RM][2];
+
+  ZS_AVX2 ZS_INLINE void dot(const uint8_t* wb, const int8_t* const (&xb)[RM], __m256i (&iacc)[RM][2]) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; ++h) {
       __m256i hb = _mm256_setzero_si256();
       if constexpr (L::HI) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + h * 32));
@@ -51,36 +42,27 @@ ZS_AVX2 void tile_kq_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int
       }
       for (int i = 0; i < RM; ++i) iacc[i][h] = L::HI ? acc32[i] : _mm256_madd_epi16(acc16[i], ones);
     }
-    if (L::SUPER && b % 8 == 0)
-      for (int h = 0; h < 2; ++h) {
+  }
+
+  ZS_AVX2 ZS_INLINE Scales scales(const Packed& w, int64_t g, int64_t b, int h) {
+    if constexpr (L::SUPER) {
+      if (b % 8 == 0) {
         const int64_t u = unit_of<FMT>(w, g, b) * GR + 8 * h;
         du[h] = load8_f16(w.d + u);
         mu[h] = load8_f16(w.m + u);
       }
-    for (int h = 0; h < 2; ++h) {
-      __m256 dw, mw = _mm256_setzero_ps();
-      if constexpr (L::SUPER) {
-        const uint8_t* sc = block_scales<FMT>(w, g, b) + 8 * h;
-        dw = _mm256_mul_ps(du[h], u8x8_to_ps(sc));
-        mw = _mm256_mul_ps(mu[h], u8x8_to_ps(sc + 128));
-      } else {
-        dw = load8_f16(w.d + (g * nb + b) * GR + 8 * h);
-        if constexpr (L::M) mw = load8_f16(w.m + (g * nb + b) * GR + 8 * h);
-      }
-      for (int i = 0; i < RM; ++i) {
-        const __m256 dx = _mm256_set1_ps(x.d[(i0 + i) * nb + b]);
-        if constexpr (L::M) {
-          facc[i][h] = _mm256_fmadd_ps(dw, _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx), facc[i][h]);
-          facc[i][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[(i0 + i) * nb + b]), facc[i][h]);
-        } else {  // d (dx dot - offset s)
-          const __m256 u = _mm256_fmsub_ps(_mm256_cvtepi32_ps(iacc[i][h]), dx,
-                                           _mm256_set1_ps(static_cast<float>(L::R.offset) * x.s[(i0 + i) * nb + b]));
-          facc[i][h] = _mm256_fmadd_ps(dw, u, facc[i][h]);
-        }
-      }
+      const uint8_t* sc = block_scales<FMT>(w, g, b) + 8 * h;
+      return {_mm256_mul_ps(du[h], u8x8_to_ps(sc)), _mm256_mul_ps(mu[h], u8x8_to_ps(sc + 128))};
+    } else {
+      const int64_t at = (g * w.nb + b) * GR + 8 * h;
+      return {load8_f16(w.d + at), L::M ? load8_f16(w.m + at) : _mm256_setzero_ps()};
     }
   }
-  store_tile_avx2(facc, out, N, i0, g);
+};
+
+template <int FMT, int RM, typename T>
+ZS_AVX2 void tile_kq_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
+  block_tile_avx2<FMT, RM, KQuantBlock<FMT, RM>>(x, w, out, i0, g, ahead);
 }
 
 }  // namespace zs_qgemm
