@@ -127,7 +127,7 @@ def test_mixed_step_graph_reads_a_placeholder_token_and_equals_the_cpu_engine(mo
     """A new prompt beside a decode whose token is the step in flight's (overlapped
     scheduling): the mixed-step graph reads it on the device, as the CPU engine computes
     the same step with the token known."""
-    cpu, runner = cpu_runner(model_dir), triton_runner(model_dir)
+    cpu, runner = cpu_runner(model_dir), triton_runner(model_dir, max_num_batched_tokens=64)
     backend = runner.backend
     assert isinstance(backend, CudaBackend)
     backend.capture(runner.model, runner.kv_caches, lambda fn: (g := StandInGraph(fn), g.output))
@@ -145,10 +145,10 @@ def test_mixed_step_graph_reads_a_placeholder_token_and_equals_the_cpu_engine(mo
 def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_dir, caplog):
     """Graphs are captured largest first: out of memory at the third size keeps the two
     captured (4 and 2 rows) and says so; at the first, none (every step eager). The mixed
-    steps' graphs (256, 128, 64 tokens, after the 3 decode sizes) the same way."""
+    steps' graphs (128, 64 tokens, after the 3 decode sizes) the same way."""
     import logging
 
-    runner = triton_runner(model_dir)
+    runner = triton_runner(model_dir, max_num_batched_tokens=128)
     backend = runner.backend
     assert isinstance(backend, CudaBackend)
     for fail_at, kept in ((2, [2, 4]), (4, [1, 2, 4]), (0, None)):
@@ -173,8 +173,8 @@ def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_di
             assert "kept 2 sizes up to 4 rows" in caplog.text and backend.mixed is None
         else:  # every decode size, then the largest mixed size only
             assert graphs is not None and sorted(graphs.graphs) == kept
-            assert backend.mixed is not None and sorted(backend.mixed.graphs) == [256]
-            assert "mixed-step graphs: kept 256;" in caplog.text
+            assert backend.mixed is not None and sorted(backend.mixed.graphs) == [128]
+            assert "mixed-step graphs: kept 128;" in caplog.text
             assert "decode graphs" not in caplog.text
     # without graphs a decode step runs eagerly, and right
     want = run_steps(cpu_runner(model_dir), decode_steps=1)
@@ -187,7 +187,7 @@ def test_every_steps_block_tables_are_a_multiple_of_16_wide(model_dir):
     specializes on divisibility by 16: eager steps of any width and the captured graphs
     all get a multiple of 16, so no step compiles a kernel variant start-up did not."""
     assert [table_width(b) for b in (0, 1, 15, 16, 17, 33)] == [16, 16, 16, 16, 32, 48]
-    runner = triton_runner(model_dir)
+    runner = triton_runner(model_dir, max_num_batched_tokens=64)
     backend = runner.backend
     for seqs in (
         [SeqInput([5] * 20, 0, [0, 1])],  # a prompt of 2 blocks
@@ -210,7 +210,7 @@ def test_bfloat16_steps_keep_a_float32_residual_in_eager_steps_and_graphs(model_
     eager and replayed steps give the CPU reference's logits with the same residual, to
     bf16's rounding (the attentions round at other points, and the interpreter truncates
     to bf16 where a GPU rounds to nearest: here up to 0.07 against logits of +-3)."""
-    runner = triton_runner(model_dir, "bfloat16")
+    runner = triton_runner(model_dir, "bfloat16", max_num_batched_tokens=64)
     backend = runner.backend
     assert isinstance(backend, CudaBackend) and backend.ops.residual_dtype == torch.float32
     reference = cpu_runner(model_dir, "bfloat16")
@@ -236,7 +236,7 @@ def gemma3_dir(tmp_path_factory) -> Path:
 def test_gemma3_through_the_triton_op_set_equals_the_cpu_engine(gemma3_dir):
     """Gemma 3 on the GPU backend's code: eager steps and graph replays."""
     want = run_steps(cpu_runner(gemma3_dir), decode_steps=2)
-    runner = triton_runner(gemma3_dir)
+    runner = triton_runner(gemma3_dir, max_num_batched_tokens=64)
     for got in (run_steps(triton_runner(gemma3_dir), decode_steps=2), None):
         if got is None:  # the same steps again, from the backend's (stand-in) graphs
             backend = runner.backend
@@ -322,7 +322,7 @@ def test_a_verify_step_replays_the_decode_graph_of_its_row_count(model_dir):
     the decode graphs (stand-ins): the 4-row graph replays, no eager step, and each
     position's logits equal the CPU engine's plain decode step there."""
     cpu = cpu_runner(model_dir)
-    runner = triton_runner(model_dir)
+    runner = triton_runner(model_dir, max_num_batched_tokens=64)  # one mixed graph
     backend = runner.backend
     assert isinstance(backend, CudaBackend) and backend.verify_as_decode_rows
 
