@@ -152,6 +152,21 @@ def float_server(default_model_dir):
     )
 
 
+@pytest.fixture(scope="package")
+def ngram_server(default_model_dir):
+    """A server with ngram drafts on every request that asks (the speculation tests:
+    test_spec_serving.py, test_spec_sampled_serving.py, test_spec_structured.py)."""
+    yield from served(
+        "--speculative-method",
+        "ngram",
+        "--num-speculative-tokens",
+        "4",
+        "--speculative-policy",
+        "always",  # the counts asserted are the drafter's: the adaptive fit may drop drafts
+        workers=1,
+    )
+
+
 @pytest.fixture(scope="module")
 def pids_before(server) -> list[int]:
     """The server's processes when a module starts (the server is shared with the rest

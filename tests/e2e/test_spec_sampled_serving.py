@@ -9,7 +9,6 @@ import openai
 import pytest
 
 from benchmarks.bench_spec import PASSAGE
-from tests.e2e.conftest import served
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -19,16 +18,8 @@ MESSAGES = [
 
 
 @pytest.fixture(scope="module")
-def spec_server(default_model_dir):
-    yield from served(
-        "--speculative-method",
-        "ngram",
-        "--num-speculative-tokens",
-        "4",
-        "--speculative-policy",
-        "always",  # the counts asserted are the drafter's: the adaptive fit may drop drafts
-        workers=1,
-    )
+def spec_server(ngram_server):
+    return ngram_server
 
 
 def test_seeded_sampled_text_same_with_and_without_drafts(spec_server):

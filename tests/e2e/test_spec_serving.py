@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from benchmarks.bench_spec import PASSAGE
-from tests.e2e.conftest import REPO, served
+from tests.e2e.conftest import REPO
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,16 +40,8 @@ def ask_greedy(
 
 
 @pytest.fixture(scope="module")
-def spec_server(default_model_dir):
-    yield from served(
-        "--speculative-method",
-        "ngram",
-        "--num-speculative-tokens",
-        "4",
-        "--speculative-policy",
-        "always",  # the counts asserted are the drafter's: the adaptive fit may drop drafts
-        workers=1,
-    )
+def spec_server(ngram_server):
+    return ngram_server
 
 
 def test_same_text_with_and_without_drafts(spec_server):

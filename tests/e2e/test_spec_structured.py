@@ -13,24 +13,14 @@ import openai
 import pytest
 
 from benchmarks.bench_spec_json import ASKS, ORDER_SCHEMA
-from tests.e2e.conftest import served
 from tests.e2e.test_tool_calls import ADD, CALLED_BEFORE, WEATHER, WEATHER_SCHEMA
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def client(default_model_dir):
-    for server in served(
-        "--speculative-method",
-        "ngram",
-        "--num-speculative-tokens",
-        "4",
-        "--speculative-policy",
-        "always",  # the counts asserted are the drafter's: the adaptive fit may drop drafts
-        workers=1,
-    ):
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=240)
+def client(ngram_server):
+    return openai.OpenAI(base_url=ngram_server.url + "/v1", api_key="x", max_retries=0, timeout=240)
 
 
 def _ask(client: openai.OpenAI, spec: bool, stream: bool = False, **kw):
