@@ -18,12 +18,16 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_model_name
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
+
+try:
+    from benchmarks.spec_workloads import edit_asks
+except ImportError:  # run as a script: benchmarks/ is on the path
+    from spec_workloads import edit_asks  # type: ignore[no-redef]
 
 PASSAGE = (
     "The committee met on Tuesday to review the budget for the coming year. After a long "
@@ -34,31 +38,14 @@ PASSAGE = (
 )
 
 
-EDIT_FILE = Path(__file__).parent / "data" / "edit_inventory.py.txt"
-# (what to rename, its new name): one thing each, in the file's first 256 tokens or so
-RENAMES = [("load_items", "read_items"), ("save_items", "store_items"), ("total", "subtotal")]
-
-
-def _edit_asks(with_prediction: bool) -> list[tuple[str, str | None]]:
-    source = EDIT_FILE.read_text()
-    return [
-        (
-            f"Rename `{old}` to `{new}` everywhere in this Python file. Reply with the whole "
-            f"updated file and nothing else.\n\n```python\n{source}```",
-            source if with_prediction else None,
-        )
-        for old, new in RENAMES
-    ]
-
-
 # workload -> (the user's message, the prediction or None) a prompt
 WORKLOADS: dict[str, Callable[[], list[tuple[str, str | None]]]] = {
     "repeat": lambda: [(f"Repeat the following passage word for word.\n\n{PASSAGE}", None)],
     # little to look up: what the drafts cost when they are refused
     "chat": lambda: [("Write a short story about a dragon who learns to cook.", None)],
     # predicted outputs: the file as `prediction`; edit-lookup: the same, prompt lookup only
-    "edit": lambda: _edit_asks(True),
-    "edit-lookup": lambda: _edit_asks(False),
+    "edit": lambda: edit_asks(True),
+    "edit-lookup": lambda: edit_asks(False),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from benchmarks.bench_spec import EDIT_FILE
+from benchmarks.spec_workloads import EDIT_FILE
 
 pytestmark = pytest.mark.timeout(900)
 
