@@ -7,7 +7,10 @@ acceptance, a geometric run). A draft token pays when its expected tokens exceed
 share of the step's time at the step's rate, alpha**i >= c2 * N / T0 (the threshold, per
 row, sets k); the step drafts at all only when its expected extra tokens beat c1 + c2 * D
 at that rate. T0, c1 and c2 are a least-squares fit per batch-size bucket (powers of two)
-of the steps' wall times, decayed so that the fit follows the load; until a bucket has
+of the steps' wall times, decayed so that the fit follows the load, each time measured in
+the bucket's recent plain step (a running mean), so that costs probed under one load are
+not read against a plain step of another (a busier host: drafts looked cheap, docs/
+benchmarks.md, "every workload"); until a bucket has
 seen steps with and without drafts it learns (drafting, one step in four without), and
 then one step in its probe interval drafts and one drafts nothing, so that its costs stay
 measured whatever the policy chose. A step that drafts to learn or to probe drafts at most
@@ -35,6 +38,7 @@ MIN_STEPS = 4  # steps with and without drafts before the fit decides
 PROBE_EVERY = 32  # a bucket probes one step in this many (drafting, and not)...
 PROBE_MAX = 512  # ...and, while its probes find drafts do not pay, up to this many
 PROBE_TOKENS = 8  # the draft tokens of a step that learns or probes, at most
+PLAIN_WEIGHT = 0.125  # a plain step's weight in the bucket's running mean (its unit)
 NO_CAP = 1 << 30
 # drafts must pay by this much on the fit's figures: alpha is an estimate, and where the
 # gain is marginal (8 rows on a CPU, where the GEMMs are bound by arithmetic) drafting
@@ -49,9 +53,11 @@ def bucket(num_rows: int) -> int:
 
 
 class _Fit:
-    """Weighted least squares of t = a + b * [d > 0] + c * d, decayed per sample."""
+    """Weighted least squares of t = a + b * [d > 0] + c * d, decayed per sample; t in
+    units of `plain`, the recent plain step's seconds."""
 
     def __init__(self) -> None:
+        self.plain = 0.0  # 0: no plain step yet
         self.xx = [[0.0] * 3 for _ in range(3)]
         self.xy = [0.0] * 3
         self.with_drafts = 0  # samples seen, undecayed (readiness, not weight)
@@ -62,9 +68,15 @@ class _Fit:
         self.probed = False  # the last drafting step was a probe: its verdict is pending
 
     def add(self, drafts: int, seconds: float) -> None:
+        if not drafts:  # a host that stalls a step once moves the unit by 1/8 at most
+            p = self.plain
+            self.plain = seconds if not p else p + PLAIN_WEIGHT * (min(seconds, 2 * p) - p)
+        if not self.plain:
+            return  # no unit yet
+        t = seconds / self.plain
         x = (1.0, 1.0 if drafts else 0.0, float(drafts))
         for i in range(3):
-            self.xy[i] = self.xy[i] * DECAY + x[i] * seconds
+            self.xy[i] = self.xy[i] * DECAY + x[i] * t
             for j in range(3):
                 self.xx[i][j] = self.xx[i][j] * DECAY + x[i] * x[j]
         self.with_drafts += 1 if drafts else 0
@@ -74,8 +86,9 @@ class _Fit:
         return self.with_drafts >= MIN_STEPS and self.without >= MIN_STEPS
 
     def solve(self) -> tuple[float, float, float]:
-        """(T0, c1, c2); a tiny ridge keeps it solvable when the draft counts never vary
-        (then c1 and c2 share the cost, c2 by the mean count)."""
+        """(T0, c1, c2) in seconds at the current plain step; a tiny ridge keeps it
+        solvable when the draft counts never vary (then c1 and c2 share the cost, c2 by
+        the mean count)."""
         a = [row[:] + [y] for row, y in zip(self.xx, self.xy)]
         for i in (1, 2):
             a[i][i] += 1e-6 * (a[0][0] or 1.0)
@@ -88,7 +101,7 @@ class _Fit:
                 if r != col:
                     f = a[r][col] / a[col][col]
                     a[r] = [v - f * w for v, w in zip(a[r], a[col])]
-        t0, c1, c2 = (a[i][3] / a[i][i] for i in range(3))
+        t0, c1, c2 = (self.plain * a[i][3] / a[i][i] for i in range(3))
         return t0, max(c1, 0.0), max(c2, 0.0)
 
 
@@ -113,8 +126,8 @@ class SpecPolicy:
             return True
         fit = self.fits.setdefault(bucket(num_rows), _Fit())
         fit.steps += 1
-        if not fit.ready():  # learning: a step without drafts one in four until seen
-            if fit.without < MIN_STEPS and fit.steps % 4 == 0:
+        if not fit.ready():  # learning: a step without drafts one in four (the first: the
+            if fit.without < MIN_STEPS and fit.steps % 4 == 1:  # fit's unit) until seen
                 return False
             return self._probe(fit)
         phase = fit.steps % fit.probe_every

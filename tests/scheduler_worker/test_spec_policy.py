@@ -65,8 +65,9 @@ def test_fit_recovers_a_linear_cost():
 
 def test_learning_drafts_and_measures_steps_without():
     policy = SpecPolicy()
-    first = _learn(policy, 1, _cost(0.010, 0.001, 0.0003), steps=4 * MIN_STEPS)
-    assert first.count(False) == MIN_STEPS  # one in four without, until seen
+    first = _learn(policy, 1, _cost(0.010, 0.001, 0.0003), steps=4 * MIN_STEPS - 3)
+    assert first.count(False) == MIN_STEPS  # one in four without, until seen...
+    assert not first[0]  # ...the first: the fit's unit
     assert policy.fits[0].ready()
 
 
@@ -118,6 +119,17 @@ def test_probes_are_small_and_back_off_while_drafts_do_not_pay():
     drafted = _learn(policy, 32, cheap, steps=PROBE_MAX + 8 * PROBE_EVERY)
     assert drafted[-PROBE_EVERY:].count(True) >= PROBE_EVERY - 2
     assert policy.fits[bucket(32)].probe_every == PROBE_EVERY
+
+
+def test_costs_probed_under_one_load_are_not_read_against_another():
+    # 8 rows where drafts do not pay (threshold 1.1 * 2.5 * 8 / 16 > 1); then the host
+    # gets busier and every step takes twice as long, drafted or not: still off
+    policy = SpecPolicy()
+    _learn(policy, 8, _cost(0.016, 0.0, 0.0025), steps=4 * PROBE_EVERY)
+    busier = _learn(policy, 8, _cost(0.032, 0.0, 0.005), steps=4 * PROBE_EVERY)
+    assert busier.count(True) <= 2  # the probes (was: drafting once T0 had moved)
+    t0, _, c2 = policy.fits[bucket(8)].solve()
+    assert t0 == pytest.approx(0.032, rel=0.05) and c2 == pytest.approx(0.005, rel=0.25)
 
 
 def test_settle_drops_drafts_that_cannot_pay_their_fixed_cost():
