@@ -176,7 +176,9 @@ class SpecPolicy:
 
     def settle(self, batch: ScheduledBatch) -> None:
         """After the rows drafted: their drafts go unless the step's expected gain beats
-        its verify cost (the blocks they took stay with their rows, for later tokens)."""
+        its verify cost (the blocks they took stay with their rows, for later tokens); a
+        row whose drafts go drifts back to the prior, as one that sits out (row_tokens),
+        else one poor patch would keep it from verifying, and so from recovering."""
         if self.costs is None or not batch.drafts:
             return
         t0, c1, c2 = self.costs
@@ -189,6 +191,8 @@ class SpecPolicy:
         self.num_switched_off += 1
         for req, _ in drafted:
             batch.entries[req.request_id] = (req, 1)
+            req.spec_refused *= ROW_DECAY
+            req.spec_accepted *= ROW_DECAY
         batch.drafts = {}
 
     # ---- learning ----------------------------------------------------------

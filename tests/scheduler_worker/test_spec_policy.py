@@ -148,6 +148,22 @@ def test_settle_drops_drafts_that_cannot_pay_their_fixed_cost():
     assert batch.drafts == {"r": [5] * 8}
 
 
+def test_a_row_whose_drafts_settle_drops_retries():
+    # one row, as measured at one stream: a verify's fixed cost half a step, a token 1%
+    policy = SpecPolicy()
+    _learn(policy, 1, _cost(0.020, 0.010, 0.0002), steps=2 * PROBE_EVERY)
+    req = _request()
+    for _ in range(5):  # a poor patch: its drafts cannot pay the verify's fixed cost
+        verified(req, 4, 0)
+    kept = []
+    policy.costs = policy.fits[0].solve()  # a deciding step's (not a probe's)
+    for _ in range(60):
+        batch = ScheduledBatch(entries={"r": (req, 5)}, num_decode=1, drafts={"r": [5] * 4})
+        policy.settle(batch)
+        kept.append(bool(batch.drafts))
+    assert not kept[0] and any(kept)  # dropped at first, then drafted again
+
+
 def test_always_policy_never_measures_or_refuses():
     policy = SpecPolicy("always")
     drafted = _learn(policy, 32, _cost(0.032, 0.002, 0.0015), steps=2 * PROBE_EVERY)
