@@ -114,7 +114,9 @@ def main() -> None:
         )
     )
     draft = engine.scheduler.drafter if a.draft_model else None
-    print(f"cpu: {cpu_model_name()}; {a.methods}; policy {a.policy}; k {a.num_speculative_tokens}")
+    print(
+        f"cpu: {cpu_model_name()}; {','.join(methods)}; policy {a.policy}; k {a.num_speculative_tokens}"
+    )
     summary = []
     for workload in a.workload.split(","):
         for n in map(int, a.streams.split(",")):
@@ -127,7 +129,9 @@ def main() -> None:
             for r in range(a.rounds):
                 for method in list(cpu) if r % 2 == 0 else list(cpu)[::-1]:
                     d0, a0 = engine.counters.draft_tokens, engine.counters.accepted_tokens
+                    s0 = engine.counters.busy_time["schedule"]
                     out, tps, cps = run(engine, batch, a.max_tokens, method, draft)
+                    host = engine.counters.busy_time["schedule"] - s0
                     wall[method].append(tps)
                     cpu[method].append(cps)
                     outs.setdefault(method, out)
@@ -135,7 +139,8 @@ def main() -> None:
                         f"{workload} x{n} round {r} {method:6}: {tps:.1f} tok/s, "
                         f"{cps:.1f} tok per CPU s, drafted "
                         f"{engine.counters.draft_tokens - d0}, accepted "
-                        f"{engine.counters.accepted_tokens - a0}",
+                        f"{engine.counters.accepted_tokens - a0}; scheduling "
+                        f"{1e3 * host:.0f} ms",
                         flush=True,
                     )
             off = engine.scheduler.policy.num_switched_off - off
