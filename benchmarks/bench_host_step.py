@@ -63,28 +63,33 @@ def chat_mix(i: int) -> SamplingParams:
     return SamplingParams(**kw)
 
 
-def graph_like_execute(engine: LLMEngine, max_rows: int, vocab: int = VOCAB):
-    """runner.execute as a replayed decode graph costs the host: its inputs staged. The
-    chat mix gets logits as wide as the vocabulary (a grammar allows the model's own
-    tokens: cut to a few, a row can be left with none)."""
-    runner = engine.runner
-    inputs = StaticDecodeInputs(
-        max_rows, 64, torch.device("cpu"), runner.num_blocks, runner.block_size
-    )
-    logits = torch.randn(max_rows, vocab, generator=torch.Generator().manual_seed(0))
-    # peaked as a model's: the byte-level tokens hold ~95% of the mass (a flat row makes
-    # top_p 0.9 keep tens of thousands of tokens, which no model's logits do)
-    logits[:, :256] += 8.0
-    real = runner.execute
+class GraphLike:
+    """runner.execute as a replayed decode graph costs the host: its inputs staged (the
+    step in flight's tokens already on the device). The chat mix gets logits as wide as
+    the vocabulary (a grammar allows the model's own tokens: cut to a few, a row can be
+    left with none). `marked`: the logits' copy in a profiler range (host_share's pass
+    only: a range costs the host more than the copy)."""
 
-    def execute(seqs, argmax_vocab=None):
+    def __init__(self, engine: LLMEngine, max_rows: int, vocab: int = VOCAB) -> None:
+        runner = engine.runner
+        self.inputs = StaticDecodeInputs(
+            max_rows, 64, torch.device("cpu"), runner.num_blocks, runner.block_size
+        )
+        logits = torch.randn(max_rows, vocab, generator=torch.Generator().manual_seed(0))
+        # peaked as a model's: the byte-level tokens hold ~95% of the mass (a flat row makes
+        # top_p 0.9 keep tens of thousands of tokens, which no model's logits do)
+        logits[:, :256] += 8.0
+        self.logits, self.real, self.marked = logits, runner.execute, False
+        self.prev_tokens = torch.full((max_rows,), 7, dtype=torch.long)
+
+    def __call__(self, seqs, argmax_vocab=None):
         if not isinstance(seqs, DecodeRows):
-            return real(seqs, argmax_vocab)  # the prompts: the real forward
-        inputs.fill(seqs, len(seqs), torch.full((max_rows,), 7, dtype=torch.long))
+            return self.real(seqs, argmax_vocab)  # the prompts: the real forward
+        self.inputs.fill(seqs, len(seqs), self.prev_tokens)
+        if not self.marked:
+            return self.logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
         with torch.profiler.record_function("device"):  # a graph's output: device work
-            return logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
-
-    return execute
+            return self.logits[: len(seqs)].clone()
 
 
 def publisher(engine: LLMEngine):
@@ -107,7 +112,9 @@ def host_share(engine: LLMEngine, publish, steps: int) -> float:
     the torch ops a GPU runs as device work (the sampler's, the stand-in's copy of the
     logits: torch.profiler, the ops' own time in those ranges), in one pass (the
     profiler's cost per op counts as the host's: an upper bound)."""
-    sampler = engine.sampler
+    sampler, graph = engine.sampler, engine.runner.execute
+    assert isinstance(graph, GraphLike)
+    graph.marked = True
     for name in ("sample", "greedy"):
         setattr(sampler, name, record(getattr(sampler, name), "device"))
     cpu = torch.profiler.ProfilerActivity.CPU
@@ -117,6 +124,7 @@ def host_share(engine: LLMEngine, publish, steps: int) -> float:
             publish(engine.step())
             num_rows += engine.last_step.num_decode
     seconds = time.perf_counter() - t
+    graph.marked = False
     for name in ("sample", "greedy"):
         delattr(sampler, name)
     total = 0.0
@@ -179,7 +187,7 @@ def run(
     gc.collect()  # as a served worker once ready (WorkerShell.start)
     gc.freeze()
     vocab = VOCAB if mix == "greedy" else engine.vocab_size
-    engine.runner.execute = graph_like_execute(engine, rows, vocab)  # type: ignore[method-assign]
+    engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
     publish = publisher(engine)
     rng = random.Random(0)
     greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)

@@ -28,13 +28,8 @@ from scheduler_worker.heap import keep_step_buffers_in_heap
 from scheduler_worker.model_runner import ModelRunner
 from scheduler_worker.offline import run_to_end
 from scheduler_worker.request import Request, RequestStatus
-from scheduler_worker.resolve_rows import resolve_rows
-from scheduler_worker.sampling import (
-    DeviceSample,
-    Sampler,
-    SamplingRow,
-    TokenLogprobs,
-)
+from scheduler_worker.resolve_rows import fusable, resolve_and_advance, resolve_rows
+from scheduler_worker.sampling import DeviceSample, Sampler, SamplingRow, TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.spec import engine_drafter
@@ -197,13 +192,15 @@ class LLMEngine:
             for req in [r for r, _ in batch.entries.values() if r.status.finished]:
                 batch.drop(req)  # finished by the tokens just read
         launched = None
+        # the launched rows' advance in the pending rows' resolve loop (resolve_rows.py)
+        fuse = pending is not None and fusable(self.scheduler, batch, pending.sampled)
         if batch.entries:
             try:
-                launched = self._launch(batch, stats)
+                launched = self._launch(batch, stats, advance=not fuse)
             except torch.OutOfMemoryError as e:
                 self._fail_step(batch, e)
         if pending is not None:
-            outputs += self._resolve(pending, stats)
+            outputs += self._resolve(pending, stats, launched if fuse else None)
         self._in_flight = launched
         if launched is not None and (not self.overlap or launched.verifies):
             outputs += self._resolve(launched, stats)
@@ -237,9 +234,10 @@ class LLMEngine:
         return failed
 
     @torch.inference_mode()  # the sampler writes masks into the step's (inference) logits
-    def _launch(self, batch: ScheduledBatch, stats: StepStats) -> InFlight:
+    def _launch(self, batch: ScheduledBatch, stats: StepStats, advance: bool = True) -> InFlight:
         """Run the step's forward and sampling on the device and start copying its tokens
-        to the host; the requests advance (Scheduler.advance), their tokens placeholders."""
+        to the host; the requests advance (Scheduler.advance; else in _resolve), their
+        tokens placeholders."""
         t1 = time.perf_counter()
         entries = list(batch.entries.values())
         sampling = batch.sampling()
@@ -312,12 +310,15 @@ class LLMEngine:
         stats.forward += t2 - t1
         stats.sample += time.perf_counter() - t2
         self.counters.prompt_tokens += batch.num_prefill_tokens
-        sampled = self.scheduler.advance(batch, sampling)
+        sampled = self.scheduler.advance(batch, sampling) if advance else []
         return InFlight(sampled, sample, verify, sampled_verify)
 
-    def _resolve(self, step: InFlight, stats: StepStats) -> list[RequestOutput]:
+    def _resolve(
+        self, step: InFlight, stats: StepStats, launched: InFlight | None = None
+    ) -> list[RequestOutput]:
         """Step's tokens on the host (waiting for the device if need be) into its requests:
-        each finishes or goes on; one output per request still running or just finished."""
+        each finishes or goes on; one output per request still running or just finished.
+        `launched`: the step launched since, its rows advanced here (fusable)."""
         t0 = time.perf_counter()
         result = step.sample.result() if step.sample is not None else None
         stats.sample += time.perf_counter() - t0
@@ -329,9 +330,13 @@ class LLMEngine:
         if step.sampled_drafts is not None:
             drafts = {**drafts, **step.sampled_drafts.targets()}
         other = partial(self._resolve_row, drafts, grammars)
-        outputs = resolve_rows(
-            self.scheduler, step.sampled, result.token_ids, result.logprobs, drafts, other
-        )
+        tokens, lps = result.token_ids, result.logprobs
+        if launched is not None:
+            outputs = resolve_and_advance(
+                self.scheduler, step.sampled, tokens, lps, other, launched.sampled
+            )
+        else:
+            outputs = resolve_rows(self.scheduler, step.sampled, tokens, lps, drafts, other)
         self.counters.generation_tokens += len(outputs)
         return outputs
 

@@ -7,17 +7,27 @@ inline: a call a row and the checks such a row cannot need were a tenth of the h
 at 256 rows (docs/benchmarks.md, "Host step, persistent rows"). Any other row goes to
 `other` (the engine: resolve, grammar, verify, last output) in its place, so the outputs
 keep the step's row order.
+
+Overlapped, the usual step launches the very rows whose tokens it then reads, in the same
+order (`fusable`): their advance (Scheduler.advance, a placeholder each) then waits for the
+resolve and runs in its loop (`resolve_and_advance`), a row's record read once, its
+placeholder count unchanged (docs/benchmarks.md, "Host step per row, per-slot arrays"):
+
+    launch N (no advance) ──▶ read N-1's tokens ──▶ each row: advance for N, resolve N-1
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
-from scheduler_worker.request import Request, RequestStatus
+from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.sampling import TokenLogprobs
+from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.step_output import RequestOutput, new_output
 
+_REQ = itemgetter(0)
 OtherRow = Callable[[Request, int, int, "TokenLogprobs | None"], "RequestOutput | None"]
 
 
@@ -78,3 +88,94 @@ def resolve_rows(
             )
         )
     return outputs
+
+
+def fusable(sched: Scheduler, batch: ScheduledBatch, sampled: list[tuple[Request, int]]) -> bool:
+    """The launched batch's advance may wait for the resolve of the step in flight
+    (`sampled`) and run in its loop (resolve_and_advance): a decode-only batch kept in
+    place, of the same rows in the same order (the usual overlapped step)."""
+    if not batch.decodes_kept or batch.drafts or sched.sliding_window is not None:
+        return False
+    entries = batch.entries
+    if batch.num_decode != len(entries) or len(entries) != len(sampled):
+        return False
+    return list(map(_REQ, entries.values())) == list(map(_REQ, sampled))
+
+
+def resolve_and_advance(
+    scheduler: Scheduler,
+    sampled: Sequence[tuple[Request, int]],
+    token_ids: Sequence[int],
+    logprobs: Sequence[TokenLogprobs | None],
+    other: OtherRow,
+    advanced: list[tuple[Request, int]],
+) -> list[RequestOutput]:
+    """resolve_rows for the step in flight whose rows the launched step decodes again, in
+    the same order (fusable): each row first advances for the launched step (a placeholder,
+    as Scheduler.advance: appended to `advanced`), then takes its token. Its record is
+    read once, and its count of placeholders stays as it was."""
+    outputs: list[RequestOutput] = []
+    append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
+    running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
+    active = scheduler.active
+    # each row's flight_row is its row in `sampled` (Scheduler.advance): the same row now
+    for (req, index), token, lp in zip(sampled, token_ids, logprobs):
+        tokens = req.token_ids
+        new = len(tokens)  # the launched step's placeholder goes there
+        num_prompt = req.num_prompt_tokens
+        n_out, n_new = index + 1 - num_prompt, new + 1 - num_prompt  # outputs up to each
+        max_tokens = req.max_tokens
+        if n_new >= max_tokens:
+            active.pop(req.request_id, None)  # its last token: done when resolved
+        if (
+            req.status is not running
+            or req.reads_history
+            or lp is not None
+            or token in req.stop_tokens
+            or n_out >= max_tokens
+            or req.first_token_time is None
+        ):
+            _advance_row(scheduler, req, new)
+            place((req, new))
+            out = other(req, index, token, lp)
+            if out is not None:
+                append(out)
+            continue
+        place((req, new))
+        computed = req.num_computed_tokens = req.num_computed_tokens + 1
+        tokens[index] = token
+        tokens.append(placeholder)
+        outs = req.output_token_ids
+        outs[n_out - 1] = token
+        outs.append(placeholder)
+        if min(computed, index + 1) // bs > req.num_hashed_blocks:
+            hash_blocks(req)
+        append(
+            new_output(
+                RequestOutput,
+                (
+                    req.request_id,
+                    [token],
+                    None,  # finish_reason
+                    None,  # logprobs
+                    num_prompt,
+                    n_new,  # with the launched step's placeholder
+                    req.num_cached_tokens,
+                    None,  # stop_token_id
+                    None,  # stage_times
+                    None,  # prompt_logprobs
+                ),
+            )
+        )
+    return outputs
+
+
+def _advance_row(scheduler: Scheduler, req: Request, new: int) -> None:
+    """Scheduler.advance of one decode row (advance_decodes' body): its token computed,
+    a placeholder at `new`."""
+    computed = req.num_computed_tokens = req.num_computed_tokens + 1
+    if not req.num_pending and computed // scheduler.block_size > req.num_hashed_blocks:
+        scheduler._hash_blocks(req)
+    req.token_ids.append(PLACEHOLDER)
+    req.output_token_ids.append(PLACEHOLDER)
+    req.num_pending += 1

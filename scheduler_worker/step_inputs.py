@@ -19,13 +19,18 @@ from scheduler_worker.request import PLACEHOLDER, Request
 
 _SLOT = attrgetter("slot")
 _COMPUTED = attrgetter("num_computed_tokens")
+_PENDING, _FLIGHT_ROW = attrgetter("num_pending"), attrgetter("flight_row")
 
 
 def decode_rows(reqs: list[Request], tables: BlockTables) -> DecodeRows:
     """A decode-only step's inputs (every row samples its next token). A row with a
     placeholder computes it (its last token, -1): overlapped, most rows of most steps."""
     positions = list(map(_COMPUTED, reqs))
-    prev_rows = [r.flight_row if r.num_pending else -1 for r in reqs]
+    prev_rows = (
+        list(map(_FLIGHT_ROW, reqs))  # every row's token in flight: the usual step
+        if all(map(_PENDING, reqs))
+        else [r.flight_row if r.num_pending else -1 for r in reqs]
+    )
     tokens = (
         [r.token_ids[p] for r, p in zip(reqs, positions)]
         if -1 in prev_rows

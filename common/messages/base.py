@@ -76,6 +76,9 @@ def _exact(tp: type) -> Checker:
     return check
 
 
+_JSON_SCALARS = frozenset((type(None), bool, int, float, str))
+
+
 def check_json(v: Any, depth: int = 0) -> Any:
     """JSON-like values only: None, bool, int, float, str, list, dict with str keys."""
     t = type(v)
@@ -86,6 +89,8 @@ def check_json(v: Any, depth: int = 0) -> Any:
     if t is list or t is tuple:
         if len(v) > MAX_LIST:
             raise WireError(f"list longer than {MAX_LIST}")
+        if set(map(type, v)) <= _JSON_SCALARS:  # a leaf (a logprob's [id, value]): one C pass
+            return v if t is list else list(v)
         return [check_json(x, depth + 1) for x in v]
     if t is dict:
         if len(v) > MAX_LIST:

@@ -137,23 +137,27 @@ class StaticDecodeInputs(StaticTokens):
         width = COLS + w
         staged_rows = self.staging.next_host()[: b * width].view(b, width)
         a = staged_rows.numpy()
-        a[n:, 0:2] = 0
-        a[n:, 2] = self.scratch_block * bs  # padding: K/V into the scratch slot, and
-        a[n:, 3] = 1  # attends it alone
-        a[n:, 4] = -1
-        a[n:, COLS:] = self.scratch_block
-        a[:n, 0] = rows.token_ids
-        np.maximum(a[:n, 0], 0, out=a[:n, 0])  # a placeholder (-1): read from prev_tokens
+        if b > n:
+            a[n:, 0:2] = 0
+            a[n:, 2] = self.scratch_block * bs  # padding: K/V into the scratch slot, and
+            a[n:, 3] = 1  # attends it alone
+            a[n:, 4] = -1
+            a[n:, COLS:] = self.scratch_block
+        num_prev = n - rows.prev_rows.count(-1)
+        if num_prev == n:  # every token in flight (overlapped, most steps): no list to read
+            a[:n, 0] = 0
+        else:
+            a[:n, 0] = rows.token_ids
+            np.maximum(a[:n, 0], 0, out=a[:n, 0])  # a placeholder (-1): read from prev_tokens
         a[:n, 1] = pos
         a[:n, 2] = slots
         a[:n, 3] = pos + 1
         a[:n, 4] = rows.prev_rows
         a[:n, COLS:] = tables  # past a row's blocks: read by no kernel
-        num_prev = n - rows.prev_rows.count(-1)
         staged = self.staging.send(staged_rows)
-        prev = staged[:, 4] if num_prev else None
-        self.put_tokens(staged[:, 0], staged[:, 1], staged[:, 2], prev, prev_tokens)
-        self.ctx[:b].copy_(staged[:, 3])
+        cols = staged[:, :COLS].unbind(1)  # token, position, slot, context, prev: one call
+        self.put_tokens(cols[0], cols[1], cols[2], cols[4] if num_prev else None, prev_tokens)
+        self.ctx[:b].copy_(cols[3])
         self.tables[:b, :w].copy_(staged[:, COLS:])
         return num_prev
 

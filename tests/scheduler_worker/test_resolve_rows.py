@@ -3,6 +3,8 @@ the engine's output would; every other row handed to `other`, in its place."""
 
 from __future__ import annotations
 
+import pytest
+
 from common.config import CacheConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.request import Request, RequestStatus
@@ -69,3 +71,58 @@ def test_the_last_token_and_a_drafted_row_go_to_other():
 
     resolve_rows(sched, sampled, [5, 6], [None, None], {"drafted": ([1], [1])}, other)
     assert seen == ["last", "drafted"] and last.status is RequestStatus.FINISHED_LENGTH
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_dirs):
+    return tiny_model_dirs["llama"]
+
+
+def test_fused_steps_give_what_advance_then_resolve_gives(llama, monkeypatch):
+    """Overlapped steps whose rows advance in the resolve loop (resolve_and_advance) give
+    the outputs, row for row, step for step, of advance then resolve_rows, with rows that
+    join, stop on a token, end at max_tokens and are aborted, and the same cache."""
+    import scheduler_worker.engine as engine_module
+    from tests.scheduler_worker.test_engine import _prompts, make_engine
+
+    prompts = _prompts(6, seed=7)
+
+    def serve(fuse: bool, stops: dict[int, int]) -> tuple[list, int, list]:
+        real, fused = engine_module.fusable, [0]
+
+        def fusable(*args):
+            fused[0] += bool(ok := fuse and real(*args))
+            return ok
+
+        monkeypatch.setattr(engine_module, "fusable", fusable)
+        engine = make_engine(llama, async_scheduling="on")
+        steps = []
+        for step in range(34):
+            if step < len(prompts):  # one joins each step, then the batch stays
+                params = SamplingParams(
+                    max_tokens=6 + 4 * step, temperature=0.0, stop_token_ids=[stops.get(step, 1)]
+                )
+                engine.add_request(f"r{step}", prompts[step], params)
+            if step == 9:
+                engine.abort("r4")
+            outputs = [o._replace(stage_times=None) for o in engine.step()]  # times differ
+            steps.append((outputs, dict(engine.block_manager.hash_to_block)))  # blocks filled
+        engine.block_manager.check_integrity()
+        assert not engine.has_unfinished()
+        monkeypatch.undo()
+        blocks = engine.block_manager  # the prefix cache as the blocks filled
+        return steps, fused[0], [blocks.hash_to_block, list(blocks.free_blocks)]
+
+    first, _, _ = serve(False, {})
+    # a token each of r1 and r5 sampled mid-way stops them there in the runs compared
+    stops = {
+        i: [o for s, _ in first for o in s if o.request_id == f"r{i}"][4].new_token_ids[0]
+        for i in (1, 5)
+    }
+    want, none_fused, want_cache = serve(False, stops)
+    got, fused, cache = serve(True, stops)
+    assert none_fused == 0 and fused >= 8
+    assert got == want and cache == want_cache
+    reasons = {o.request_id: o.finish_reason for s, _ in got for o in s if o.finish_reason}
+    assert reasons["r1"] == reasons["r5"] == "stop" and reasons["r4"] == "abort"
+    assert reasons["r0"] == "length"
