@@ -7,7 +7,8 @@ quantized path computes bit for bit as plain decode steps. Float32's linears are
 GEMM, whose rounding depends on the step's row count (test_spec_verify_rows.py), so there
 the equality is measured on these prompts, not given by construction (before the verify
 went through the decode rows, agent request 6 differed at its 5th output token); float32,
-~5x slower a step, runs the agent workload's first FLOAT32_AGENT_REQUESTS requests only."""
+~5x slower a step, runs the agent workload's first FLOAT32_AGENT_REQUESTS requests only,
+FLOAT32_MAX_TOKENS tokens each."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from scheduler_worker.engine import LLMEngine
 from scheduler_worker.spec.suffix import SuffixDrafter
 
 FLOAT32_AGENT_REQUESTS = 8  # past request 6, where float32 once differed
+FLOAT32_MAX_TOKENS = 24  # it differed at that request's 5th token
 
 
 @pytest.mark.timeout(1800)
@@ -48,7 +50,8 @@ def test_default_model_greedy_equal_with_suffix(default_model_dir, quantization)
         for spec in (False, True):  # one engine: the request's flag switches the drafts
             engine.scheduler.drafter = SuffixDrafter()  # the store starts empty each time
             before = engine.counters.accepted_tokens
-            params = SamplingParams(max_tokens=64, temperature=0.0, speculative=spec)
+            n = 64 if quantization == "auto" else FLOAT32_MAX_TOKENS
+            params = SamplingParams(max_tokens=n, temperature=0.0, speculative=spec)
             for prompt in prompts:  # one after another: the store fills as they finish
                 outs[spec] += engine.generate([prompt], params)
             accepted = engine.counters.accepted_tokens - before
