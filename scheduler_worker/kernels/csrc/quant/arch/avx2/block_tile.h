@@ -13,11 +13,12 @@ struct Scales {
   __m256 dw, mw;
 };
 
-// RM activation rows x one group of 16 output rows (two halves of 8). Block<FMT, RM> has
+// RM activation rows x halves [H0, H1) of a group of 16 output rows (two halves of 8;
+// gemm.cpp: one half from 4 rows on). Block<FMT, RM, H0, H1> has
 //   dot(wb, xb, iacc): the int32 sums of the block at wb with each row's int8 block xb[i];
 //   scales(w, g, b, h): the block's Scales for half h (it may keep a super-block's state).
 // The row update: d dx dot + m s (a minimum), d (dx dot - offset s) (an offset), or d dx dot.
-template <int FMT, int RM, typename Block, typename T>
+template <int FMT, int RM, typename Block, int H0 = 0, int H1 = 2, typename T>
 ZS_AVX2 ZS_INLINE void block_tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead) {
   using L = Layout<FMT>;
   const int64_t nb = w.nb;
@@ -26,13 +27,13 @@ ZS_AVX2 ZS_INLINE void block_tile_avx2(const Act& x, const Packed& w, T* out, in
   for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = sub_block<FMT>(w, g, b);
-    if (x.prefetch && i0 == 0) prefetch_block_ahead<L::SBB>(wb);
+    if (x.prefetch && i0 == 0 && H0 == 0) prefetch_block_ahead<L::SBB>(wb);
     ahead.fetch(b);
     const int8_t* xb[RM];
     act_blocks(xb, x, i0, nb, b);
     __m256i iacc[RM][2];
     blk.dot(wb, xb, iacc);
-    for (int h = 0; h < 2; ++h) {
+    for (int h = H0; h < H1; ++h) {
       const Scales s = blk.scales(w, g, b, h);
       for (int i = 0; i < RM; ++i) {
         const __m256 dot = _mm256_cvtepi32_ps(iacc[i][h]);
@@ -49,7 +50,7 @@ ZS_AVX2 ZS_INLINE void block_tile_avx2(const Act& x, const Packed& w, T* out, in
       }
     }
   }
-  store_tile_avx2(facc, out, w.N, i0, g);
+  store_tile_avx2<RM, H0, H1>(facc, out, w.N, i0, g);
 }
 
 }  // namespace zs_qgemm

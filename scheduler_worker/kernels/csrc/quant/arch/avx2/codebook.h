@@ -10,7 +10,7 @@
 
 namespace zs_qgemm {
 
-template <int FMT, int RM>
+template <int FMT, int RM, int H0, int H1>
 struct CodebookBlock {
   using L = Layout<FMT>;
   static_assert(L::R.codebook != nullptr && L::R.piece == QK && !L::M && L::R.offset == 0,
@@ -20,7 +20,7 @@ struct CodebookBlock {
   ZS_AVX2 ZS_INLINE void dot(const uint8_t* wb, const int8_t* const (&xb)[RM], __m256i (&iacc)[RM][2]) {
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(L::R.codebook)));
-    for (int h = 0; h < 2; ++h) {
+    for (int h = H0; h < H1; ++h) {
       for (int i = 0; i < RM; ++i) iacc[i][h] = _mm256_setzero_si256();
       for (int k = 0; k < 4; ++k) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32));
@@ -51,9 +51,9 @@ struct CodebookBlock {
   }
 };
 
-template <int FMT, int RM, typename T>
+template <int FMT, int RM, int H0 = 0, int H1 = 2, typename T>
 ZS_AVX2 void tile_codebook_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
-  block_tile_avx2<FMT, RM, CodebookBlock<FMT, RM>>(x, w, out, i0, g, ahead);
+  block_tile_avx2<FMT, RM, CodebookBlock<FMT, RM, H0, H1>, H0, H1>(x, w, out, i0, g, ahead);
 }
 
 }  // namespace zs_qgemm

@@ -9,6 +9,10 @@ namespace zs_qgemm {
 
 #define ZS_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+// Keeps an accumulator in its register: without it GCC reassociates a tile's chains of
+// integer adds into trees and spills every partial product to the stack.
+#define ZS_KEEP(v) asm("" : "+x"(v))
+
 ZS_AVX2 inline __m256 load8_avx2(const float* x) { return _mm256_loadu_ps(x); }
 ZS_AVX2 inline __m256 load8_avx2(const c10::BFloat16* x) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
@@ -22,13 +26,13 @@ ZS_AVX2 inline __m256 load8_f16(const c10::Half* p) {
 // An RM-row tile's sums (two halves of 8 a row: one group of 16 outputs) into out's rows
 // [i0, i0 + RM), outputs from g * 16 on (the last group of N may be short): every AVX2
 // GEMM tile's result store.
-template <int RM, typename T>
+// Halves [H0, H1) only: a tile of one half (rows 8 * H0 on) of its group.
+template <int RM, int H0 = 0, int H1 = 2, typename T>
 ZS_AVX2 inline void store_tile_avx2(__m256 (&facc)[RM][2], T* out, int64_t N, int64_t i0, int64_t g) {
-  const int64_t n0 = g * 16, take = std::min<int64_t>(16, N - n0);
+  const int64_t n0 = g * 16 + 8 * H0, take = std::min<int64_t>(8 * (H1 - H0), N - n0);
   for (int i = 0; i < RM; ++i) {
     alignas(32) float tmp[16];
-    _mm256_store_ps(tmp, facc[i][0]);
-    _mm256_store_ps(tmp + 8, facc[i][1]);
+    for (int h = H0; h < H1; ++h) _mm256_store_ps(tmp + 8 * (h - H0), facc[i][h]);
     T* o = out + (i0 + i) * N + n0;
     for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
   }

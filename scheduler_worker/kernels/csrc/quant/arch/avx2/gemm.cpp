@@ -5,6 +5,7 @@
 #include "kquant.h"
 #include "q4_q8.h"
 #include "q6k.h"
+#include "q8_rows.h"
 
 namespace zs_qgemm {
 
@@ -51,24 +52,79 @@ void quantize(const void* x, bool bf16, int64_t nb, int8_t* q, float* d, float* 
   else quantize_row_avx2(static_cast<const float*>(x), nb, q, d, s);
 }
 
-template <int FMT, int RM, typename T>
+template <int FMT, int RM, int H0 = 0, int H1 = 2, typename T>
 static void tile(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead) {
-  if constexpr (FMT == Q4 || FMT == Q8) tile_avx2<FMT, RM>(x, w, out, i0, g, ahead);
-  else if constexpr (FMT == Q6K) tile_q6_avx2<RM>(x, w, out, i0, g, ahead);
-  else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K) tile_kq_avx2<FMT, RM>(x, w, out, i0, g, ahead);
-  else if constexpr (FMT == IQ4XS || FMT == IQ4NL) tile_codebook_avx2<FMT, RM>(x, w, out, i0, g, ahead);
+  if constexpr (FMT == Q4 || FMT == Q8) tile_avx2<FMT, RM, H0, H1>(x, w, out, i0, g, ahead);
+  else if constexpr (FMT == Q6K) tile_q6_avx2<RM, H0, H1>(x, w, out, i0, g, ahead);
+  else if constexpr (FMT == Q5 || FMT == Q50 || FMT == Q4K || FMT == Q5K) tile_kq_avx2<FMT, RM, H0, H1>(x, w, out, i0, g, ahead);
+  else if constexpr (FMT == IQ4XS || FMT == IQ4NL) tile_codebook_avx2<FMT, RM, H0, H1>(x, w, out, i0, g, ahead);
   else static_assert(NO_TILES<FMT>, "no AVX2 tiles for this format");
 }
 
-// Per group, tiles of 2 activation rows then 1; the group's last tile asks for the next
-// group's weights (Ahead: ../../kernel.h) where there is more than one tile of 2 rows.
+// The formats whose tiles take one half of a group (8 output rows), whose registers then
+// hold 4 activation rows.
+template <int FMT>
+constexpr bool HALVES = FMT != Q8;  // Q8 from 3 rows: q8_rows.h
+
+// Half H of group g for M rows: tiles of 4 rows, then 2, then 1; the last one gets `last`.
+template <int FMT, int H, typename T>
+static void half_rows(const Act& x, const Packed& w, T* o, int64_t M, int64_t g, const Ahead& last) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) tile<FMT, 4, H, H + 1>(x, w, o, i, g, i + 4 == M ? last : Ahead{});
+  if (i + 2 <= M) {
+    tile<FMT, 2, H, H + 1>(x, w, o, i, g, i + 2 == M ? last : Ahead{});
+    i += 2;
+  }
+  if (i < M) tile<FMT, 1, H, H + 1>(x, w, o, i, g, last);
+}
+
+// Q8 from 3 rows: per half group, tiles of 4 rows then the rest (q8_rows.h), the
+// activations widened to int16 here, once per call.
+template <typename T>
+static void q8_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0, int64_t g1) {
+  const int64_t nb = w.nb, K = nb * QK;
+  thread_local std::vector<int16_t> q16;
+  thread_local std::vector<int32_t> sums;
+  q16.resize(M * K);
+  sums.resize(M * nb);
+  for (int64_t r = 0; r < M * nb; ++r) {
+    int32_t t = 0;
+    for (int j = 0; j < QK; ++j) t += q16[r * QK + j] = x.q[r * QK + j];
+    sums[r] = t;
+  }
+  const Wide xw{q16.data(), sums.data()};
+  for (int64_t g = g0; g < g1; ++g) {
+    const Ahead ahead =
+        x.prefetch ? ahead_of(w.q, group_bytes<Q8>(nb), g + 1, std::min<int64_t>(1, g1 - g - 1), nb) : Ahead{};
+    for (int h = 0; h < 2; ++h) {
+      int64_t i = 0;
+      for (; i + 4 <= M; i += 4) tile_q8_rows_avx2<4>(xw, x, w, o, i, g, h, h == 1 && i + 4 == M ? ahead : Ahead{});
+      const Ahead& a = h == 1 ? ahead : Ahead{};
+      if (M - i == 3) tile_q8_rows_avx2<3>(xw, x, w, o, i, g, h, a);
+      else if (M - i == 2) tile_q8_rows_avx2<2>(xw, x, w, o, i, g, h, a);
+      else if (M - i == 1) tile_q8_rows_avx2<1>(xw, x, w, o, i, g, h, a);
+    }
+  }
+}
+
+// Per group, tiles of 2 activation rows then 1, or from 4 rows on (Q8: 3) per half group
+// tiles of up to 4; the group's last tile asks for the next group's weights (Ahead:
+// ../../kernel.h) where there is more than one tile.
 template <int FMT>
 void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1) {
+  if constexpr (FMT == Q8)
+    if (M >= 3) return with_out(out, [&](auto* o) { q8_groups(x, w, M, o, g0, g1); });
   with_out(out, [&](auto* o) {
     for (int64_t g = g0; g < g1; ++g) {
       const Ahead ahead = x.prefetch && M > 2
           ? ahead_of(w.q, group_bytes<FMT>(w.nb), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb)
           : Ahead{};
+      if constexpr (HALVES<FMT>)
+        if (M >= 4) {
+          half_rows<FMT, 0>(x, w, o, M, g, Ahead{});
+          half_rows<FMT, 1>(x, w, o, M, g, ahead);
+          continue;
+        }
       int64_t i = 0;
       for (; i + 2 <= M; i += 2) tile<FMT, 2>(x, w, o, i, g, i + 2 == M ? ahead : Ahead{});
       if (i < M) tile<FMT, 1>(x, w, o, i, g, ahead);

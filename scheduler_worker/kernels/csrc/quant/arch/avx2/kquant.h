@@ -9,14 +9,14 @@
 
 namespace zs_qgemm {
 
-template <int FMT, int RM>
+template <int FMT, int RM, int H0, int H1>
 struct KQuantBlock {
   using L = Layout<FMT>;
   __m256 du[2], mu[2];
 
   ZS_AVX2 ZS_INLINE void dot(const uint8_t* wb, const int8_t* const (&xb)[RM], __m256i (&iacc)[RM][2]) {
     const __m256i nib = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
-    for (int h = 0; h < 2; ++h) {
+    for (int h = H0; h < H1; ++h) {
       __m256i hb = _mm256_setzero_si256();
       if constexpr (L::HI) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + h * 32));
       // int16 sums: 4-bit: 16 products of <= 15 * 127 per lane fit; 5-bit: 8 of <= 31 * 127
@@ -60,9 +60,9 @@ struct KQuantBlock {
   }
 };
 
-template <int FMT, int RM, typename T>
+template <int FMT, int RM, int H0 = 0, int H1 = 2, typename T>
 ZS_AVX2 void tile_kq_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
-  block_tile_avx2<FMT, RM, KQuantBlock<FMT, RM>>(x, w, out, i0, g, ahead);
+  block_tile_avx2<FMT, RM, KQuantBlock<FMT, RM, H0, H1>, H0, H1>(x, w, out, i0, g, ahead);
 }
 
 }  // namespace zs_qgemm

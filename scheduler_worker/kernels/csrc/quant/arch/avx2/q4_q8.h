@@ -10,7 +10,7 @@ namespace zs_qgemm {
 // -> int16) then madd with ones (-> int32) give the same 4-product sums per 32-bit lane.
 // 4-bit weights are the unsigned operand as they are; 8-bit ones (stored + 128) are made
 // signed again and their signs moved onto x, so no int16 pair can saturate.
-template <int FMT, int RM, typename T>
+template <int FMT, int RM, int H0 = 0, int H1 = 2, typename T>
 ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
   constexpr int64_t BB = Layout<FMT>::SBB;
   const int64_t nb = w.nb, N = w.N;
@@ -21,7 +21,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
   for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = wq + (g * nb + b) * BB;
-    if (x.prefetch && i0 == 0) prefetch_block_ahead<BB>(wb);
+    if (x.prefetch && i0 == 0 && H0 == 0) prefetch_block_ahead<BB>(wb);
     ahead.fetch(b);
     __m256i iacc[RM][2];
     for (int i = 0; i < RM; ++i) iacc[i][0] = iacc[i][1] = _mm256_setzero_si256();
@@ -29,7 +29,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
     act_blocks(xb, x, i0, nb, b);
     if constexpr (FMT == Q8) {
       for (int k = 0; k < 8; ++k)
-        for (int h = 0; h < 2; ++h) {
+        for (int h = H0; h < H1; ++h) {
           const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32)), flip);
           const __m256i wa = _mm256_sign_epi8(ws, ws);
           for (int i = 0; i < RM; ++i) {
@@ -43,7 +43,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
       __m256i acc16[RM][2];
       for (int i = 0; i < RM; ++i) acc16[i][0] = acc16[i][1] = _mm256_setzero_si256();
       for (int k = 0; k < 4; ++k)
-        for (int h = 0; h < 2; ++h) {
+        for (int h = H0; h < H1; ++h) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32));
           const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
           for (int i = 0; i < RM; ++i) {
@@ -53,10 +53,10 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
           }
         }
       for (int i = 0; i < RM; ++i)
-        for (int h = 0; h < 2; ++h) iacc[i][h] = _mm256_madd_epi16(acc16[i][h], ones);
+        for (int h = H0; h < H1; ++h) iacc[i][h] = _mm256_madd_epi16(acc16[i][h], ones);
     }
     const int64_t at = (g * nb + b) * 16;
-    for (int h = 0; h < 2; ++h) {
+    for (int h = H0; h < H1; ++h) {
       const __m256 dw = load8_f16(wd + at + 8 * h);
       for (int i = 0; i < RM; ++i) {
         const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[i][h]), _mm256_set1_ps(x.d[(i0 + i) * nb + b]));
@@ -66,7 +66,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
       }
     }
   }
-  store_tile_avx2(facc, out, N, i0, g);
+  store_tile_avx2<RM, H0, H1>(facc, out, N, i0, g);
 }
 
 }  // namespace zs_qgemm

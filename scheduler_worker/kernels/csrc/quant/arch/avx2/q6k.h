@@ -9,7 +9,7 @@
 namespace zs_qgemm {
 
 // RM activation rows x one group of 16 output rows, as tile_kq_avx2 (two halves of 8 rows).
-template <int RM, typename T>
+template <int RM, int H0 = 0, int H1 = 2, typename T>
 ZS_AVX2 void tile_q6_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead = {}) {
   const int64_t nb = w.nb, N = w.N;
   const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
@@ -18,14 +18,14 @@ ZS_AVX2 void tile_q6_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int
   __m256 dv[2];
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = sub_block<Q6K>(w, g, b);
-    if (x.prefetch && i0 == 0) prefetch_block_ahead<Layout<Q6K>::SBB>(wb);
+    if (x.prefetch && i0 == 0 && H0 == 0) prefetch_block_ahead<Layout<Q6K>::SBB>(wb);
     ahead.fetch(b);
     const int8_t* sc = q6_sc(w, g, b);
     if (b % 8 == 0)
-      for (int h = 0; h < 2; ++h) dv[h] = load8_f16(q6_d(w, g, b) + 8 * h);
+      for (int h = H0; h < H1; ++h) dv[h] = load8_f16(q6_d(w, g, b) + 8 * h);
     const int8_t* xb[RM];
     act_blocks(xb, x, i0, nb, b);
-    for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7
+    for (int h = H0; h < H1; ++h) {  // rows 8h .. 8h + 7
       __m256 t[RM];
       for (int p = 0; p < 2; ++p) {  // the sub-block's two pieces
         const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + 64 * p + 32 * h));
@@ -58,7 +58,7 @@ ZS_AVX2 void tile_q6_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int
         facc[i][h] = _mm256_fmadd_ps(t[i], _mm256_set1_ps(x.d[(i0 + i) * nb + b]), facc[i][h]);
     }
   }
-  store_tile_avx2(facc, out, N, i0, g);
+  store_tile_avx2<RM, H0, H1>(facc, out, N, i0, g);
 }
 
 }  // namespace zs_qgemm
