@@ -1,4 +1,5 @@
-// The AVX2 kernels of the formats it names (maddubs + madd; the tiles: q4_q8.h, kquant.h, q6k.h, codebook.h)
+// The AVX2 kernels of the formats it names (maddubs + madd; the tiles: q4_q8.h, q8_rows.h, kquant.h, q6k.h,
+// codebook.h)
 // and the AVX2 activation quantizer, which the AVX-512 and AMX kinds use too (the table in
 // qlinear.cpp falls back to the next ISA down).
 #include "codebook.h"
