@@ -25,7 +25,7 @@ from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.step_output import RequestOutput, new_output
+from scheduler_worker.step_output import PLAIN_TAIL, RequestOutput, new_output
 
 _REQ = itemgetter(0)
 OtherRow = Callable[[Request, int, int, "TokenLogprobs | None"], "RequestOutput | None"]
@@ -70,23 +70,9 @@ def resolve_rows(
         if min(req.num_computed_tokens, index + 1) // bs > req.num_hashed_blocks:
             hash_blocks(req)
         num_prompt = req.num_prompt_tokens
-        append(
-            new_output(
-                RequestOutput,
-                (
-                    req.request_id,
-                    [token],
-                    None,  # finish_reason
-                    None,  # logprobs
-                    num_prompt,
-                    len(tokens) - num_prompt,  # with the step in flight's placeholder
-                    req.num_cached_tokens,
-                    None,  # stop_token_id
-                    None,  # stage_times
-                    None,  # prompt_logprobs
-                ),
-            )
-        )
+        n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
+        fields = (req.request_id, [token], None, None, num_prompt, n_total, req.num_cached_tokens)
+        append(new_output(RequestOutput, fields + PLAIN_TAIL))
     return outputs
 
 
@@ -150,23 +136,9 @@ def resolve_and_advance(
         outs.append(placeholder)
         if min(computed, index + 1) // bs > req.num_hashed_blocks:
             hash_blocks(req)
-        append(
-            new_output(
-                RequestOutput,
-                (
-                    req.request_id,
-                    [token],
-                    None,  # finish_reason
-                    None,  # logprobs
-                    num_prompt,
-                    n_new,  # with the launched step's placeholder
-                    req.num_cached_tokens,
-                    None,  # stop_token_id
-                    None,  # stage_times
-                    None,  # prompt_logprobs
-                ),
-            )
-        )
+        # n_new: with the launched step's placeholder
+        fields = (req.request_id, [token], None, None, num_prompt, n_new, req.num_cached_tokens)
+        append(new_output(RequestOutput, fields + PLAIN_TAIL))
     return outputs
 
 
