@@ -15,14 +15,18 @@ from scheduler_worker.sampling import Sampler, SamplingRow
 EOS = 2
 
 
+# one row of each kind: greedy, a draw, a bias, a penalty with logprobs, min_tokens
+ONE_OF_EACH_KIND = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.7, top_p=0.9, seed=3),
+    SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
+    SamplingParams(temperature=0.0, presence_penalty=0.5, logprobs=2),
+    SamplingParams(temperature=0.0, min_tokens=4),
+]
+
+
 def test_the_rows_of_each_kind():
-    params = [
-        SamplingParams(temperature=0.0),
-        SamplingParams(temperature=0.7, top_p=0.9, seed=3),
-        SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
-        SamplingParams(temperature=0.0, presence_penalty=0.5, logprobs=2),
-        SamplingParams(temperature=0.0, min_tokens=4),
-    ]
+    params = ONE_OF_EACH_KIND
     b = BatchParams.of(params)
     assert not b.plain
     assert (b.draws, b.biased, b.penalized, b.logprobs, b.min_tokens) == ([1], [2], [3], [3], [4])
@@ -69,14 +73,7 @@ def test_the_slots_kinds_equal_the_rows_own_as_rows_join_leave_and_slots_are_reu
     """Random steps over 6 slots: rows sit out steps (a deferred grammar row), leave, and
     a new request takes a freed slot with other parameters; the kinds read from the slots
     are always those of the rows' own parameters."""
-    kinds = [
-        SamplingParams(temperature=0.0),
-        SamplingParams(temperature=0.7, top_p=0.9, seed=3),
-        SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
-        SamplingParams(temperature=0.0, presence_penalty=0.5, logprobs=2),
-        SamplingParams(temperature=0.0, min_tokens=4),
-        SamplingParams(temperature=1.0, logprobs=0),
-    ]
+    kinds = [*ONE_OF_EACH_KIND, SamplingParams(temperature=1.0, logprobs=0)]
     rng = random.Random(5)
     held = {s: rng.choice(kinds) for s in range(6)}  # slot -> its request's parameters
     cache = BatchParamsCache()
