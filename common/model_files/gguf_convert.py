@@ -28,6 +28,7 @@ SRC OUT`), which also hands the dequantized arrays' memory back when it exits.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ import numpy as np
 
 from common.families import gguf_spec
 from common.model_files.gguf_config import generation_config, hf_config, read_field
-from common.model_files.gguf_header import check_metadata
+from common.model_files.gguf_header import check_metadata, gguf_blocks_header
 from common.model_files.gguf_names import TOP_NAMES, hf_name, layer_tensor_names
 from common.model_files.model_source import ModelSourceError
 from common.model_files.tokenizer_files import finish_tokenizer_files
@@ -79,30 +80,32 @@ def is_matrix(t) -> bool:
     return len(t.shape) > 1
 
 
-def dequantized(reader, t) -> tuple[str | None, np.ndarray]:
-    """(HF name or None when unknown, float32 array in HF's shape and row order)."""
+def dequantized(get, t) -> tuple[str | None, np.ndarray]:
+    """(HF name or None when unknown, float32 array in HF's shape and row order); `get`
+    reads a metadata scalar (key, default)."""
     import gguf
 
-    arch = read_field(reader, "general.architecture")
+    arch = get("general.architecture")
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
     w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
     name = hf_name(t.name, arch)
     permuted = gguf_spec(arch).qk_permuted
     if name is not None and permuted and (".q_proj." in name or ".k_proj." in name):
-        n_head = int(read_field(reader, f"{arch}.attention.head_count"))
+        n_head = int(get(f"{arch}.attention.head_count"))
         if ".k_proj." in name:
-            n_head = int(read_field(reader, f"{arch}.attention.head_count_kv", n_head))
+            n_head = int(get(f"{arch}.attention.head_count_kv", n_head))
         w = unpermute(w, n_head)
     return name, w
 
 
 def gguf_matrices(path: Path):
     """(HF name, float32 array) of every matrix of a GGUF file, dequantized: what the lean
-    conversion leaves out, for the engine's float path (--quantization none)."""
-    reader = inspect_gguf(Path(path))
-    for t in reader.tensors:
+    conversion leaves out, for the engine's float path (--quantization none). The header
+    is read without building the vocabulary (gguf_blocks_header: GGUFReader takes seconds)."""
+    header = gguf_blocks_header(Path(path))
+    for t in header.tensors:
         if is_matrix(t):
-            name, w = dequantized(reader, t)
+            name, w = dequantized(header.get, t)
             if name is None:
                 raise ModelSourceError(f"GGUF file {path}: unexpected tensor {t.name}")
             yield name, w
@@ -133,7 +136,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
             if name is not None and not full and is_matrix(t):
                 names.add(name)  # read from the GGUF file by the engine
                 continue
-            name, w = dequantized(reader, t)
+            name, w = dequantized(functools.partial(read_field, reader), t)
             if t.name == "rope_freqs.weight":
                 rope_factors = w
                 continue
