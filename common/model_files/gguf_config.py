@@ -1,6 +1,6 @@
 """GGUF metadata -> Hugging Face configs: config.json and generation_config.json.
 
-    GGUFReader ──hf_config──────────▶ config.json (sizes, norms, rope: default, linear,
+    GGUF header ──hf_config─────────▶ config.json (sizes, norms, rope: default, linear,
                                        yarn, or llama3 recovered from rope_freqs by
                                        llama3_rope_parameters; then the family's own keys,
                                        GGUFSpec.config: what llama.cpp fixes in code
@@ -19,13 +19,17 @@ import math
 import numpy as np
 
 from common.families import gguf_family, gguf_spec
+from common.model_files.gguf_header import GGUFHeader
 from common.model_files.model_source import ModelSourceError
 
 LLAMA3_ORIGINAL_CONTEXT = 8192  # llama.cpp stores llama3 rope as factors, not its parameters
 
 
 def read_field(reader, key: str, default=None):
-    """A GGUFReader's metadata value for `key`, or `default` when it is absent or odd."""
+    """The metadata value for `key` of a GGUFHeader (gguf_header.read_header) or of a
+    GGUFReader, or `default` when it is absent or odd."""
+    if isinstance(reader, GGUFHeader):
+        return reader.get(key, default)
     f = reader.fields.get(key)
     if f is None:
         return default

@@ -28,7 +28,6 @@ SRC OUT`), which also hands the dequantized arrays' memory back when it exits.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ import numpy as np
 
 from common.families import gguf_spec
 from common.model_files.gguf_config import generation_config, hf_config, read_field
-from common.model_files.gguf_header import check_metadata, gguf_blocks_header
+from common.model_files.gguf_header import GGUFHeader, gguf_blocks_header
 from common.model_files.gguf_names import TOP_NAMES, hf_name, layer_tensor_names
 from common.model_files.model_source import ModelSourceError
 from common.model_files.tokenizer_files import finish_tokenizer_files
@@ -52,26 +51,11 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def inspect_gguf(path: Path):
-    """Open the header (no tensor reads); a GGUFReader for a well-formed, supported file.
-    It builds the whole vocabulary (seconds): what the conversion needs. The engine, which
-    needs only the tensors, reads the file with
-    common.model_files.gguf_header.gguf_blocks_header."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 (the reader raises many kinds on bad files)
-        raise ModelSourceError(f"GGUF file {path} is corrupt, truncated or not GGUF: {e}") from e
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ModelSourceError(
-                f"GGUF file {path} is truncated: tensor {t.name} ends past "
-                f"the end of the file ({size} bytes)"
-            )
-    check_metadata(path, lambda key: read_field(reader, key))
-    return reader
+def inspect_gguf(path: Path) -> GGUFHeader:
+    """The header of a well-formed, supported file (tensor extents and metadata checked),
+    its metadata arrays decoded (the vocabulary: what the conversion needs). The engine,
+    which needs only the tensors, skips them (gguf_header.gguf_blocks_header)."""
+    return gguf_blocks_header(path, arrays=True)
 
 
 def is_matrix(t) -> bool:
@@ -136,7 +120,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, full: bo
             if name is not None and not full and is_matrix(t):
                 names.add(name)  # read from the GGUF file by the engine
                 continue
-            name, w = dequantized(functools.partial(read_field, reader), t)
+            name, w = dequantized(reader.get, t)
             if t.name == "rope_freqs.weight":
                 rope_factors = w
                 continue

@@ -112,13 +112,13 @@ def gguf_shards(path: Path, part: Partition, args: ModelArgs) -> Iterator[tuple[
     """gguf_convert.gguf_matrices, each matrix cut to this rank's part before it is
     dequantized (llama.cpp's q/k row permutation undone on the rows of blocks first)."""
     from common.families import gguf_spec
-    from common.model_files.gguf_config import read_field
-    from common.model_files.gguf_convert import inspect_gguf, is_matrix, unpermute
+    from common.model_files.gguf_convert import is_matrix, unpermute
+    from common.model_files.gguf_header import gguf_blocks_header
     from common.model_files.gguf_names import hf_name
     from common.model_files.model_source import ModelSourceError
 
-    reader = inspect_gguf(Path(path))
-    arch = read_field(reader, "general.architecture")
+    reader = gguf_blocks_header(Path(path))
+    arch = reader.get("general.architecture")
     permuted = gguf_spec(arch).qk_permuted
     for t in reader.tensors:
         if not is_matrix(t):

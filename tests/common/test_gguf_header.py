@@ -1,6 +1,6 @@
 """common.model_files.gguf_header against gguf-py's own GGUFReader: the same tensors (names, types,
 shapes, offsets, bytes, numpy shapes and dtypes), the same metadata scalars, arrays by
-type and length; clear errors on files that are not GGUF or end early."""
+type and length (and, decoded, equal to GGUFReader's contents); clear errors on files that are not GGUF or end early."""
 
 from __future__ import annotations
 
@@ -28,12 +28,14 @@ def same_as_gguf_py(path: Path) -> None:
         assert np.array_equal(a.data, b.data), a.name
     keys = [k for k in reader.fields if not k.startswith("GGUF.")]
     assert sorted(keys) == sorted(header.fields)
+    decoded = read_header(path, arrays=True).fields  # the conversion's: arrays as lists
     for key in keys:
         got, want = header.fields[key], reader.fields[key]
         if isinstance(got, MetaArray):
             assert got.count == len(want.data), key
+            assert isinstance(decoded[key], list) and decoded[key] == want.contents(), key
         else:
-            assert got == want.contents(), key
+            assert got == want.contents() == decoded[key], key
 
 
 @pytest.fixture
