@@ -1,8 +1,12 @@
 """Speculative decoding under load: output tok/s of N concurrent streams with each method's
 drafts (ngram, suffix; a draft model's: --draft-model) (the adaptive switch,
 spec/policy.py, or every draft) against none, in one engine (the request's `speculative`
-flag switches it; a fresh model-free drafter a run), alternating rounds, greedy; the
-outputs must be equal token for token.
+flag switches it; a fresh model-free drafter a run), greedy; the outputs must be equal
+token for token. Each method keeps a policy of its own (as a server running only it
+would: the plain runs neither feed nor clock a method's fit) and a round runs the methods
+in rotated order (none always first and last biased the ratios: docs/benchmarks.md,
+"Speculation policy, seventh session"). `--control` times none twice a round (`none'`):
+its ratio to none is the cell's noise floor.
 
     python benchmarks/bench_spec_load.py --streams 1,8,32 --workload repeat,chat
     python benchmarks/bench_spec_load.py --streams 8,32 --methods ngram,suffix \
@@ -21,6 +25,7 @@ medians (tokens per CPU second of this process, and wall).
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from pathlib import Path
@@ -30,6 +35,7 @@ from common.cpu import cpu_model_name
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.spec import make_drafter
+from scheduler_worker.spec.policy import SpecPolicy
 
 try:
     from benchmarks.spec_workloads import WORKLOADS
@@ -58,10 +64,7 @@ def conversations(workload: str, n: int) -> list[list[dict]]:
     return [[{"role": "user", "content": ask}] for ask in asks]
 
 
-def prompts(model_dir, workload: str, n: int) -> list[list[int]]:
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+def prompts(tok, workload: str, n: int) -> list[list[int]]:
     out = []
     for messages in conversations(workload, n):
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -72,9 +75,12 @@ def prompts(model_dir, workload: str, n: int) -> list[list[int]]:
 def run(engine: LLMEngine, batch: list[list[int]], max_tokens: int, method: str, draft):
     """The outputs, output tokens per wall second and per CPU second of this process.
     `draft`: the draft model's drafter, kept across runs (its model loads once)."""
-    spec = method != "none"
-    if spec:  # a fresh suffix store a run: it learns only from this run's requests
-        engine.scheduler.drafter = draft if method == "draft" else make_drafter(method)
+    spec = not method.startswith("none")
+    # a fresh suffix store a run: it learns only from this run's requests; none: no drafter
+    # (its steps take the plain path, as a server's without speculation)
+    engine.scheduler.drafter = (
+        draft if method == "draft" else make_drafter(method) if spec else None
+    )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=spec)
     t0, c0 = time.perf_counter(), time.process_time()
     outs = engine.generate(batch, params)
@@ -98,6 +104,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quantization", default="auto")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--control", action="store_true", help="none twice a round (none')")
     a = ap.parse_args()
     methods = ["draft"] if a.draft_model else a.methods.split(",")
     engine = LLMEngine(
@@ -114,47 +121,64 @@ def main() -> None:
         )
     )
     draft = engine.scheduler.drafter if a.draft_model else None
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(engine.model_dir)
+    timed = ["none", *(["none'"] if a.control else []), *methods]
+    policies = {m: SpecPolicy(a.policy) for m in timed}  # each method's own fit
+    gc.collect()  # as the served worker once ready (WorkerShell.start): start-up's objects
+    gc.freeze()  # are out of the collector, which walks only what the runs allocate
     print(
-        f"cpu: {cpu_model_name()}; {','.join(methods)}; policy {a.policy}; k {a.num_speculative_tokens}"
+        f"cpu: {cpu_model_name()}; {','.join(timed)}; policy {a.policy}; k {a.num_speculative_tokens}"
     )
     summary = []
     for workload in a.workload.split(","):
         for n in map(int, a.streams.split(",")):
-            batch = prompts(engine.model_dir, workload, n)
-            run(engine, batch, 8, methods[0], draft)  # warm up (and the policy's first fit)
-            cpu: dict[str, list[float]] = {m: [] for m in ["none", *methods]}
+            batch = prompts(tok, workload, n)
+            for m in timed:  # warm up: the prompts into the prefix cache, each policy's fit
+                engine.scheduler.policy = policies[m]
+                run(engine, batch, 8, m, draft)
+            cpu: dict[str, list[float]] = {m: [] for m in timed}
             wall: dict[str, list[float]] = {m: [] for m in cpu}
             outs: dict[str, list] = {}
-            off = engine.scheduler.policy.num_switched_off
-            for r in range(a.rounds):
-                for method in list(cpu) if r % 2 == 0 else list(cpu)[::-1]:
-                    d0, a0 = engine.counters.draft_tokens, engine.counters.accepted_tokens
-                    s0 = engine.counters.busy_time["schedule"]
+            off = {m: p.num_switched_off for m, p in policies.items()}
+            for r in range(a.rounds):  # each method in each place in turn
+                for method in timed[r % len(timed) :] + timed[: r % len(timed)]:
+                    c = engine.counters
+                    before = (c.draft_tokens, c.accepted_tokens, c.num_steps, c.verify_steps)
+                    p0, s0 = c.prompt_tokens, c.busy_time["schedule"]
+                    engine.scheduler.policy = policies[method]
                     out, tps, cps = run(engine, batch, a.max_tokens, method, draft)
-                    host = engine.counters.busy_time["schedule"] - s0
+                    host = c.busy_time["schedule"] - s0
+                    d, acc, steps, verifies = (
+                        x - y
+                        for x, y in zip(
+                            (c.draft_tokens, c.accepted_tokens, c.num_steps, c.verify_steps), before
+                        )
+                    )
                     wall[method].append(tps)
                     cpu[method].append(cps)
                     outs.setdefault(method, out)
                     print(
                         f"{workload} x{n} round {r} {method:6}: {tps:.1f} tok/s, "
-                        f"{cps:.1f} tok per CPU s, drafted "
-                        f"{engine.counters.draft_tokens - d0}, accepted "
-                        f"{engine.counters.accepted_tokens - a0}; scheduling "
+                        f"{cps:.1f} tok per CPU s, drafted {d}, accepted {acc}; steps {steps}, "
+                        f"verify {verifies}, prefilled {c.prompt_tokens - p0}; scheduling "
                         f"{1e3 * host:.0f} ms",
                         flush=True,
                     )
-            off = engine.scheduler.policy.num_switched_off - off
             med = {m: (statistics.median(cpu[m]), statistics.median(wall[m])) for m in cpu}
-            for m in methods:
+            spread = f"{min(cpu['none']):.0f}-{max(cpu['none']):.0f}"
+            for m in timed[1:]:
                 same = outs[m] == outs["none"]
                 summary.append(
                     f"{workload} x{n} {m}: {med[m][0] / med['none'][0]:.2f}x (tok per CPU s), "
-                    f"{med[m][1] / med['none'][1]:.2f}x wall; none {med['none'][1]:.1f} tok/s; "
-                    f"switched-off steps {off}; equal {same}"
+                    f"{med[m][1] / med['none'][1]:.2f}x wall; none {med['none'][1]:.1f} tok/s, "
+                    f"{spread} tok per CPU s; switched-off steps "
+                    f"{policies[m].num_switched_off - off[m]}; equal {same}"
                 )
                 if not same:  # a float GEMM may round rows by the call's row count
                     print(f"{workload} x{n}: {m} output differs from plain greedy", flush=True)
-            print("\n".join(summary[-len(methods) :]), flush=True)
+            print("\n".join(summary[-len(timed) + 1 :]), flush=True)
     print("\n".join(summary))
 
 
