@@ -163,7 +163,7 @@ class Scheduler:
         k = self.policy.row_tokens(req, min(spare, req.max_tokens - req.num_output_tokens - 1))
         if k <= 0:
             return 0
-        drafts = propose(req, self.drafter, k)
+        drafts = propose(req, self.drafter, k, self.policy.probing)
         end = req.num_computed_tokens + 1 + len(drafts)
         need = self._blocks_needed(len(req.block_table), end)
         if need and not self.blocks.can_allocate(need):

@@ -68,10 +68,15 @@ def drop_drafts(drafter: Drafter | None, req: Request) -> None:
         drafter.drop(req)
 
 
-def propose(req: Request, drafter: Drafter | None, k: int) -> list[int]:
+def propose(req: Request, drafter: Drafter | None, k: int, probing: bool = False) -> list[int]:
     """Up to k drafts for req: from its prediction (prediction.py) first, whatever the
-    method; where that has none, from the server's drafter (its state kept on req)."""
+    method; where that has none, from the server's drafter (its state kept on req). A
+    probe (SpecPolicy.probing) asks a ModelDrafter only for a row it drafts for already:
+    a row's first draft runs its whole prompt through the draft model (docs/benchmarks.md,
+    "Speculation policy, seventh session"), else the cheaper drafter alone."""
     drafts = [] if req.prediction is None else req.prediction.propose(req.token_ids, k)
+    if probing and isinstance(drafter, ModelDrafter) and not drafter.live(req):
+        drafter = drafter.first
     if not drafts and drafter is not None:
         drafts, req.draft_state = drafter.propose(req.token_ids, req.draft_state, k)
     return drafts

@@ -177,5 +177,8 @@ class DraftModelDrafter(ModelDrafter):
             result = result[:, : self.vocab].argmax(dim=-1)
         return result.tolist()
 
+    def live(self, req: Request) -> bool:
+        return req.request_id in self.kv.seqs
+
     def drop(self, req: Request) -> None:
         self.kv.drop(req.request_id)

@@ -64,5 +64,10 @@ class ModelDrafter(ABC):
         """Up to k drafts for each (running decode row, k), in one batch."""
 
     @abstractmethod
+    def live(self, req: Request) -> bool:
+        """The model drafts for req already (its draft state is kept): drafting for it
+        costs only the tokens since its last proposal."""
+
+    @abstractmethod
     def drop(self, req: Request) -> None:
         """req stopped running: its state (its draft KV) goes."""

@@ -116,12 +116,16 @@ class SpecPolicy:
         self.costs: tuple[float, float, float] | None = None  # this step's (T0, c1, c2)
         self.cap = NO_CAP  # this step's draft tokens in all, at most (Scheduler.schedule)
         self.num_switched_off = 0  # steps whose drafts did not pay (a counter, /metrics)
+        # this step probes a bucket whose fit has switched drafts off: a draft model drafts
+        # only for rows whose draft sequence is live (spec.propose)
+        self.probing = False
         self._decided: _Fit | None = None  # this step's bucket, where the fit decided
 
     # ---- deciding ----------------------------------------------------------
     def start_step(self, num_rows: int) -> bool:
         """Before a step's decode rows draft (num_rows: about how many): may they?"""
         self.threshold, self.costs, self.cap, self._decided = 0.0, None, NO_CAP, None
+        self.probing = False
         if not self.adaptive or num_rows <= 0:
             return True
         fit = self.fits.setdefault(bucket(num_rows), _Fit())
@@ -135,7 +139,7 @@ class SpecPolicy:
             return False
         t0, c1, c2 = fit.solve()
         if t0 <= 0.0 or phase == 0:  # a probe, so that c1 and c2 stay measured
-            fit.probed = True
+            fit.probed = self.probing = True
             return self._probe(fit)
         self.costs = (t0, c1, c2)
         self.threshold = MARGIN * c2 * num_rows / t0
