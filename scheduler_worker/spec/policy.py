@@ -10,7 +10,9 @@ at that rate. T0, c1 and c2 are a least-squares fit per batch-size bucket (power
 of the steps' wall times, decayed so that the fit follows the load, each time measured in
 the bucket's recent plain step (a running mean), so that costs probed under one load are
 not read against a plain step of another (a busier host: drafts looked cheap, docs/
-benchmarks.md, "every workload"); until a bucket has
+benchmarks.md, "every workload"), and a step the host stalled counts as at most STALL x
+its expected time (one stalled step switched a bucket on or off for tens of steps: the
+section "Speculation policy, seventh session"); until a bucket has
 seen steps with and without drafts it learns (drafting, one step in four without), and
 then one step in its probe interval drafts and one drafts nothing, so that its costs stay
 measured whatever the policy chose. A step that drafts to learn or to probe drafts at most
@@ -39,6 +41,7 @@ PROBE_EVERY = 32  # a bucket probes one step in this many (drafting, and not)...
 PROBE_MAX = 512  # ...and, while its probes find drafts do not pay, up to this many
 PROBE_TOKENS = 8  # the draft tokens of a step that learns or probes, at most
 PLAIN_WEIGHT = 0.125  # a plain step's weight in the bucket's running mean (its unit)
+STALL = 1.5  # a step's time counts as at most this x its expected time (_Fit.add)
 NO_CAP = 1 << 30
 # drafts must pay by this much on the fit's figures: alpha is an estimate, and where the
 # gain is marginal (8 rows on a CPU, where the GEMMs are bound by arithmetic) drafting
@@ -68,9 +71,17 @@ class _Fit:
         self.probed = False  # the last drafting step was a probe: its verdict is pending
 
     def add(self, drafts: int, seconds: float) -> None:
-        if not drafts:  # a host that stalls a step once moves the unit by 1/8 at most
-            p = self.plain
-            self.plain = seconds if not p else p + PLAIN_WEIGHT * (min(seconds, 2 * p) - p)
+        # a step the host stalled counts as at most STALL x what it should have taken (the
+        # unit, or the fit's figure for its drafts): one stalled plain step read in full
+        # lowered every draft's relative cost, one stalled probe raised it, for ~35 steps
+        p = self.plain
+        if not drafts:  # and moves the unit by (STALL - 1) / 8 at most
+            seconds = min(seconds, STALL * p) if p else seconds
+            self.plain = p + PLAIN_WEIGHT * (seconds - p) if p else seconds
+        elif p and self.ready():
+            t0, c1, c2 = self.solve()
+            if t0 > 0.0:
+                seconds = min(seconds, STALL * (t0 + c1 + c2 * drafts))
         if not self.plain:
             return  # no unit yet
         t = seconds / self.plain

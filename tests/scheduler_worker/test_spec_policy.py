@@ -3,6 +3,8 @@ per-row decisions, and what they do in the scheduler."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from common.sampling_params import SamplingParams
@@ -11,6 +13,7 @@ from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.spec.policy import (
     MARGIN,
     MIN_STEPS,
+    NO_CAP,
     PROBE_EVERY,
     PROBE_MAX,
     PROBE_TOKENS,
@@ -130,6 +133,27 @@ def test_costs_probed_under_one_load_are_not_read_against_another():
     assert busier.count(True) <= 2  # the probes (was: drafting once T0 had moved)
     t0, _, c2 = policy.fits[bucket(8)].solve()
     assert t0 == pytest.approx(0.032, rel=0.05) and c2 == pytest.approx(0.005, rel=0.25)
+
+
+def _stalled(c2: float, seed: int, steps: int = 1200, after: int = 200) -> int:
+    """8 rows, a plain step 16 ms and c2 a draft token, 3% of steps stalled 2-6x by the
+    host (any step, drafted or not): the steps past `after` the fit let draft (not probes)."""
+    rng, policy, n = random.Random(seed), SpecPolicy(), 0
+    for i in range(steps):
+        may = policy.start_step(8)
+        d = min((1 + i % 4) * 8, policy.cap) if may else 0
+        t = 0.016 + c2 * d
+        policy.record(8, d, t * rng.uniform(2, 6) if rng.random() < 0.03 else t)
+        n += i >= after and may and policy.cap == NO_CAP
+    return n
+
+
+def test_a_stalled_step_moves_the_fit_little():
+    # costly (threshold 1.1 * 2.5 * 8 / 16 = 1.4): off, the old fit drafted in up to 32
+    # steps after a stalled plain step; cheap (0.8): on in every step but the probes'
+    # (937), the old fit in 22-535 after a stalled probe
+    assert max(_stalled(0.0025, seed) for seed in range(1, 9)) <= 2
+    assert min(_stalled(0.0015, seed) for seed in range(1, 9)) >= 900
 
 
 def test_settle_drops_drafts_that_cannot_pay_their_fixed_cost():
