@@ -4,8 +4,8 @@ spec/policy.py, or every draft) against none, in one engine (the request's `spec
 flag switches it; a fresh model-free drafter a run), greedy; the outputs must be equal
 token for token. Each method keeps a policy of its own (as a server running only it
 would: the plain runs neither feed nor clock a method's fit) and a round runs the methods
-in rotated order (none always first and last biased the ratios: docs/benchmarks.md,
-"Speculation policy, seventh session"). `--control` times none twice a round (`none'`):
+in rotated order (none first and last in every round could bias the ratios: docs/
+benchmarks.md, "Speculation policy, seventh session"). `--control` times none twice a round (`none'`):
 its ratio to none is the cell's noise floor.
 
     python benchmarks/bench_spec_load.py --streams 1,8,32 --workload repeat,chat
