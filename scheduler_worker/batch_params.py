@@ -1,11 +1,14 @@
 """A step's sampling parameters as the sampler reads them: which rows draw, carry a
-penalty, a logit_bias, min_tokens or logprobs. Kept while the next step's rows hold the
+penalty, a logit_bias, min_tokens, logprobs or a seed, and their numbers (temperature,
+top_p, min_p, top_k, logprobs, seed) as one array [rows, NUM_VALUES]. Kept while the next step's rows hold the
 same parameters in the same order (an overlapped decode batch, most steps); where the rows
 carry their slot (Request.slot), each slot's kinds are kept as bits of a per-slot array,
 written when a slot's parameters change, so a batch whose rows come and go (a grammar row
 sitting out a step) reads its kinds by one numpy index, as vLLM v1's InputBatch keeps its
 rows' parameters: the host's work follows what changed, not the rows (docs/benchmarks.md,
-"Host step, persistent rows" and "Persistent decode batch").
+"Host step, persistent rows", "Persistent decode batch" and "Host step, seventh session").
+The numbers are kept per slot the same way and gathered by one index a step, so the
+sampler builds its parameter tensors from columns, not from a Python list a row.
 """
 
 from __future__ import annotations
@@ -33,6 +36,34 @@ def plain_greedy_params(p: SamplingParams) -> bool:
     return is_greedy(p) and not has_penalty(p) and not p.logit_bias and p.logprobs is None
 
 
+# the columns of a row's numbers (param_values): floats, and ints below 2**53 (a seed as its
+# two 32-bit halves); HAS_SEED 1.0 where the row has a seed
+TEMPERATURE, TOP_P, MIN_P, TOP_K, NUM_TOP, HAS_SEED, SEED_LO, SEED_HI = range(8)
+NUM_VALUES = 8
+_M32 = 0xFFFFFFFF
+
+
+def param_values(p: SamplingParams) -> tuple[float, ...]:
+    """A row's numbers, in the columns above (the seed's halves as seeded_uniforms takes
+    them: a negative seed by its two's complement)."""
+    seed = p.seed or 0
+    return (
+        p.temperature,
+        p.top_p,
+        p.min_p,
+        p.top_k,
+        p.logprobs or 0,
+        p.seed is not None,
+        seed & _M32,
+        (seed >> 32) & _M32,
+    )
+
+
+def values_of(params: list[SamplingParams]) -> np.ndarray:
+    """[rows, NUM_VALUES] float64: each row's param_values."""
+    return np.array(list(map(param_values, params)), dtype=np.float64).reshape(-1, NUM_VALUES)
+
+
 @dataclass(eq=False)
 class BatchParams:
     params: list[SamplingParams]
@@ -42,6 +73,7 @@ class BatchParams:
     penalized: list[int]
     biased: list[int]
     logprobs: list[int]  # the rows that ask for logprobs
+    values: np.ndarray  # [rows, NUM_VALUES] float64: each row's param_values
 
     @classmethod
     def of(cls, params: list[SamplingParams]) -> BatchParams:
@@ -54,6 +86,7 @@ class BatchParams:
             [i for i, p in rows if has_penalty(p)],
             [i for i, p in rows if p.logit_bias],
             [i for i, p in rows if p.logprobs is not None],
+            values_of(params),
         )
 
 
@@ -75,15 +108,17 @@ def kind_bits(p: SamplingParams) -> int:
 class BatchParamsCache:
     """The last step's BatchParams, reused while the rows' parameters are the same (a
     list comparison: the same objects compare by identity, in C); else, given the rows'
-    slots, built from the per-slot kinds.
+    slots, built from the per-slot kinds and numbers.
 
-    Invariant: kinds[s] == kind_bits(at[s]) for every slot s; a slot whose row now holds
-    other parameters (a new request in it) is rewritten before it is read."""
+    Invariant: kinds[s] == kind_bits(at[s]) and values[s] == param_values(at[s]) for every
+    slot s; a slot whose row now holds other parameters (a new request in it) is rewritten
+    before it is read, so no request reads its slot's last holder's."""
 
     def __init__(self) -> None:
         self.last: BatchParams | None = None
         self.at: list[SamplingParams | None] = []  # the parameters each slot's kinds are of
         self.kinds = np.zeros(0, dtype=np.uint8)
+        self.values = np.zeros((0, NUM_VALUES), dtype=np.float64)
 
     def get(self, params: list[SamplingParams], slots: list[int] | None = None) -> BatchParams:
         """slots: the rows' slots (each >= 0, a slot's rows with one request's parameters),
@@ -99,14 +134,17 @@ class BatchParamsCache:
             grow = max(slots) + 1 - len(at)
             at += [None] * grow
             self.kinds = np.concatenate([self.kinds, np.zeros(grow, dtype=np.uint8)])
+            self.values = np.concatenate([self.values, np.zeros((grow, NUM_VALUES))])
         if list(map(at.__getitem__, slots)) != params:  # joined rows: their slots rewritten
             for s, p in zip(slots, params):
                 if at[s] is not p:
-                    at[s], self.kinds[s] = p, kind_bits(p)
+                    at[s], self.kinds[s], self.values[s] = p, kind_bits(p), param_values(p)
         k = self.kinds[slots]
+        min_tokens, draws, penalized, biased, logprobs = (
+            np.flatnonzero(k & bit).tolist()
+            for bit in (_MIN_TOKENS, _DRAW, _PENALTY, _BIAS, _LOGPROBS)
+        )
+        plain = not (k & _NOT_PLAIN).any()
         return BatchParams(
-            params,
-            not (k & _NOT_PLAIN).any(),
-            *(np.flatnonzero(k & bit).tolist() for bit in (_MIN_TOKENS, _DRAW, _PENALTY)),
-            *(np.flatnonzero(k & bit).tolist() for bit in (_BIAS, _LOGPROBS)),
+            params, plain, min_tokens, draws, penalized, biased, logprobs, self.values[slots]
         )

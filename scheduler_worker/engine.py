@@ -25,11 +25,12 @@ from common.model_facts import context_length, eos_token_ids
 from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.heap import keep_step_buffers_in_heap
+from scheduler_worker.logits_processors import sampling_rows
 from scheduler_worker.model_runner import ModelRunner
 from scheduler_worker.offline import run_to_end
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.resolve_rows import fusable, resolve_and_advance, resolve_rows
-from scheduler_worker.sampling import DeviceSample, Sampler, SamplingRow, TokenLogprobs
+from scheduler_worker.sampling import DeviceSample, Sampler, TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.spec import engine_drafter
@@ -256,16 +257,7 @@ class LLMEngine:
         )
         # plain greedy rows (the common case) need no SamplingRow: only their argmax
         plain = masks is None and all(map(_PLAIN, samplers))
-        rows = [
-            SamplingRow(
-                req.params,
-                req.prompt_token_ids,
-                req.output_token_ids,
-                req.flight_row if req.num_pending else -1,
-                slot=req.slot,
-            )
-            for req in ([] if plain else samplers)
-        ]
+        rows = [] if plain else sampling_rows(samplers)
         if batch.drafts and rows:  # a drafted row's last position follows all its drafts
             for row, req in zip(rows, samplers):
                 row.draft_token_ids = batch.drafts.get(req.request_id, ())

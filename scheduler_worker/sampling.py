@@ -52,13 +52,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.device import HostCopy, enqueues_work
-from scheduler_worker.batch_params import BatchParams, BatchParamsCache, plain_greedy_params
+from scheduler_worker.batch_params import (
+    HAS_SEED,
+    MIN_P,
+    NUM_TOP,
+    SEED_HI,
+    SEED_LO,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    BatchParams,
+    BatchParamsCache,
+    plain_greedy_params,
+    values_of,
+)
 from scheduler_worker.logits_processors import (
     SamplingRow,
+    _array,
     _tensor,
     apply_logit_bias,
     apply_penalties,
@@ -137,28 +152,36 @@ def seeded_uniforms(
     every seeded row at once (a counter-based generator, as Philox is): a seeded request's
     i-th token draws the same numbers whatever else is in the batch, on any device, after a
     preemption too, with no generator call a row. counters: each row's output tokens so far."""
-    keys = _tensor(
-        [[s & _M32, (s >> 32) & _M32, c & _M32] for s, c in zip(seeds, counters)], device
-    )
+    keys = [[s & _M32, (s >> 32) & _M32, c & _M32] for s, c in zip(seeds, counters)]
+    return _uniforms(_tensor(keys, device), n)
+
+
+def _uniforms(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """seeded_uniforms from its keys [rows, 3] int64: (seed's low and high 32 bits, counter)."""
+    device = keys.device
     k = _mix(_mix(_mix(keys[:, 0] ^ 0x9E3779B9) ^ keys[:, 1]) ^ keys[:, 2])
     cols = _mix(torch.arange(n, device=device) + 0x632BE5AB)
     x = _mix(k[:, None] ^ cols[None, :])
     return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits, never 0 or 1
 
 
-def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams] | np.ndarray) -> torch.Tensor:
     """Temperature, top-k (on logits), top-p and min-p (on the probabilities that top-k
-    left): unnormalized probabilities with the filtered tokens at 0."""
+    left): unnormalized probabilities with the filtered tokens at 0. params: the rows'
+    parameters, or their numbers (batch_params.values_of: the sampler's, gathered by slot)."""
     dev, vocab = logits.device, logits.shape[1]
-    if any(p.temperature != 1.0 for p in params):
-        logits = logits / _tensor([p.temperature for p in params], dev)[:, None]
-    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    values = values_of(params) if isinstance(params, list) else params
+    temps, f32 = values[:, TEMPERATURE], torch.float32
+    if (temps != 1.0).any():
+        logits = logits / _array(temps, dev, f32)[:, None]
+    ks = values[:, TOP_K].astype(np.int64)
+    ks[(ks <= 0) | (ks >= vocab)] = 0
     candidates = None  # each row's max(ks) largest logits' ids: a top-k row's top-p window
-    if any(ks):
-        k = _tensor([k or 1 for k in ks], dev)[:, None]
-        top = logits.topk(max(ks), dim=-1)
+    if ks.any():
+        k = _array(np.maximum(ks, 1), dev, torch.long)[:, None]
+        top = logits.topk(int(ks.max()), dim=-1)
         kth = top.values.gather(1, k - 1)
-        kth.masked_fill_(_tensor([n == 0 for n in ks], dev)[:, None], float("-inf"))  # off
+        kth.masked_fill_(_array(ks == 0, dev, torch.bool)[:, None], float("-inf"))  # off
         logits = logits.masked_fill(logits < kth, float("-inf"))
         candidates = top.indices
     # an extreme penalty or temperature can push logits to +inf (a repetition_penalty of
@@ -173,12 +196,13 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
         if bool(bad.any()):
             probs[bad] = _finite(logits[bad]).softmax(dim=-1)
     # the smallest probability each row keeps
-    top_ps = [p.top_p for p in params]
+    top_ps, min_ps = values[:, TOP_P], values[:, MIN_P]
     thresh = top_p_thresholds(probs, top_ps, ks, candidates, not enqueues_work(dev))
-    if any(p.min_p > 0.0 for p in params):
-        min_p = _tensor([p.min_p for p in params], dev)[:, None]
+    cut_min_p = bool((min_ps > 0.0).any())
+    if cut_min_p:
+        min_p = _array(min_ps, dev, f32)[:, None]
         thresh = torch.maximum(thresh, probs.amax(dim=-1, keepdim=True) * min_p)
-    if any(p < 1.0 for p in top_ps) or any(p.min_p > 0.0 for p in params):
+    if cut_min_p or (top_ps < 1.0).any():
         probs.masked_fill_(probs < thresh, 0.0)
     return probs
 
@@ -268,14 +292,18 @@ class Sampler:
         processed = apply_penalties(biased, rows, prev_tokens, batch.penalized)
         rand = batch.draws
         if len(rand) == len(rows):
-            tokens = self._sample(processed, rows)
+            tokens = self._sample(processed, rows, batch.values)
         else:
             tokens = greedy_tokens(processed)  # greedy rows: the penalized logits' argmax
             if rand:
                 sel = _tensor(rand, tokens.device)
-                drawn = self._sample(processed.index_select(0, sel), [rows[i] for i in rand])
+                drawn = self._sample(
+                    processed.index_select(0, sel),
+                    list(map(rows.__getitem__, rand)),
+                    batch.values[rand],
+                )
                 tokens.index_copy_(0, sel, drawn)
-        return self._logprobs(raw, tokens, params, batch.logprobs)
+        return self._logprobs(raw, tokens, batch.values, batch.logprobs)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:
@@ -302,32 +330,38 @@ class Sampler:
         return DeviceSample(greedy_tokens(logits[:, : self.vocab_size]))
 
     @staticmethod
-    def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        probs = sampling_probs(logits, [r.params for r in rows])
+    def _sample(logits: torch.Tensor, rows: list[SamplingRow], values: np.ndarray) -> torch.Tensor:
+        """Draw for rows (values: their numbers, batch_params.values_of's columns)."""
+        probs = sampling_probs(logits, values)
         n, dev = num_uniforms(probs.shape[1]), probs.device
-        seeded = [i for i, r in enumerate(rows) if r.params.seed is not None]
-        if not seeded:  # unseeded rows share the default generator
+        has_seed = values[:, HAS_SEED] != 0
+        if not has_seed.any():  # unseeded rows share the default generator
             return sample_from(probs, torch.rand(len(rows), n, device=dev))
-        seeds = [rows[i].params.seed or 0 for i in seeded]
-        counters = [len(rows[i].output_token_ids) + len(rows[i].draft_token_ids) for i in seeded]
-        u = seeded_uniforms(seeds, counters, n, dev)
+        seeded = np.flatnonzero(has_seed)
+        keys = np.empty((len(seeded), 3), dtype=np.int64)
+        keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
+        for j, i in enumerate(seeded.tolist()):  # the seeded rows' token counts
+            row = rows[i]
+            keys[j, 2] = (len(row.output_token_ids) + len(row.draft_token_ids)) & _M32
+        u = _uniforms(_array(keys, dev, torch.long), n)
         if len(seeded) < len(rows):
-            shared = [i for i, r in enumerate(rows) if r.params.seed is None]
+            shared = np.flatnonzero(~has_seed)
             full = torch.empty(len(rows), n, device=dev)
-            full.index_copy_(0, _tensor(shared, dev), torch.rand(len(shared), n, device=dev))
-            u = full.index_copy_(0, _tensor(seeded, dev), u)
+            rand = torch.rand(len(shared), n, device=dev)
+            full.index_copy_(0, _array(shared, dev, torch.long), rand)
+            u = full.index_copy_(0, _array(seeded, dev, torch.long), u)
         return sample_from(probs, u)
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams], idx: list[int]
+        raw: torch.Tensor, tokens: torch.Tensor, values: np.ndarray, idx: list[int]
     ) -> DeviceSample:
         if not idx:
             return DeviceSample(tokens)
         sel = _tensor(idx, raw.device)
         lp = raw.index_select(0, sel).log_softmax(dim=-1)
         sampled_lp = lp.gather(1, tokens.index_select(0, sel)[:, None])[:, 0]
-        num_top = [params[i].logprobs or 0 for i in idx]
+        num_top = values[idx, NUM_TOP].astype(np.int64).tolist()
         sample = DeviceSample(tokens, idx, num_top, sampled_lp)
         if max(num_top) > 0:
             sample.top_logprobs, sample.top_ids = lp.topk(max(num_top), dim=-1)

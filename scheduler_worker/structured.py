@@ -34,6 +34,7 @@ import os
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 import llguidance
@@ -48,6 +49,7 @@ from scheduler_worker.request import Request
 from scheduler_worker.scheduled_batch import ScheduledBatch
 
 log = get_logger("structured")
+_RID, _FIRST = attrgetter("request_id"), itemgetter(0)
 
 MAX_CACHED_GRAMMARS = 256
 
@@ -148,11 +150,16 @@ class GrammarMatchers:
         if not self.matchers:  # no constrained request anywhere: nothing to do
             return None
         todo, known = [], {}
-        for i, r in enumerate(rows):
-            if drafted and r.request_id in drafted:
-                known[i] = drafted[r.request_id][-1]
-            elif r.request_id in self:
-                todo.append((i, self.matchers[r.request_id]))
+        if drafted or len(self.matchers) * 4 > len(rows):
+            for i, r in enumerate(rows):
+                if drafted and r.request_id in drafted:
+                    known[i] = drafted[r.request_id][-1]
+                elif r.request_id in self:
+                    todo.append((i, self.matchers[r.request_id]))
+        else:  # few constrained rows: found from their ids (a row's index made in C)
+            where = dict(zip(map(_RID, rows), range(len(rows))))
+            found = [(where[rid], m) for rid, m in self.matchers.items() if rid in where]
+            todo = sorted(found, key=_FIRST)
         if not todo and not known:
             return None
         if self.overlap and todo:

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 
-from scheduler_worker.logits_processors import _tensor
+from scheduler_worker.logits_processors import _array
 
 TOP_P_WINDOWS = (256,)  # on a CPU, windows tried before the radix search
 TOP_K_WINDOW = 4096  # a top-k row's candidates are its window while k is no larger
@@ -44,33 +45,35 @@ assert sys.byteorder == "little"  # the int16 view's odd halves are the high bit
 
 def top_p_thresholds(
     probs: torch.Tensor,
-    top_ps: list[float],
-    top_ks: list[int],
+    top_ps: np.ndarray,
+    top_ks: np.ndarray,
     candidates: torch.Tensor | None,
     may_branch: bool,
 ) -> torch.Tensor:
     """Each row's threshold [rows, 1] (0 where top_p is 1) for probs [rows, vocab] after
-    top-k. top_ks: each row's k (0: off); candidates: the ids of each row's max(top_ks)
-    largest logits (the top-k filter's), or None. A top-k row's cut lies among its
-    candidates, so they are its window while k <= TOP_K_WINDOW; other rows: top_p_threshold."""
-    dev = probs.device
+    top-k. top_ps: each row's top_p (float64); top_ks: each row's k (0: off); candidates:
+    the ids of each row's max(top_ks) largest logits (the top-k filter's), or None. A top-k
+    row's cut lies among its candidates, so they are its window while k <= TOP_K_WINDOW;
+    other rows: top_p_threshold."""
+    dev, f32 = probs.device, torch.float32
     thresh = probs.new_zeros(len(top_ps), 1)
-    rows = [i for i, p in enumerate(top_ps) if p < 1.0]
-    windows = candidates is not None and max(top_ks) <= TOP_K_WINDOW
-    windowed = [i for i in rows if windows and top_ks[i]]
-    searched = [i for i in rows if not (windows and top_ks[i])]
-    if windowed:
+    rows = np.flatnonzero(top_ps < 1.0)
+    if candidates is not None and top_ks.max() <= TOP_K_WINDOW:
+        has_k = top_ks[rows] != 0
+        windowed, searched = rows[has_k], rows[~has_k]
+    else:
+        windowed, searched = rows[:0], rows
+    if len(windowed):
         assert candidates is not None
-        sel = _tensor(windowed, dev)
+        sel = _array(windowed, dev, torch.long)
         window = probs.gather(1, candidates).index_select(0, sel)
-        # sorted again: a repaired +inf/NaN row's candidates are not in its probs' order
         window = window.sort(dim=-1, descending=True).values
-        top_p = _tensor([top_ps[i] for i in windowed], dev)[:, None]
+        top_p = _array(top_ps[windowed], dev, f32)[:, None]
         thresh.index_copy_(0, sel, window_threshold(window, top_p)[0])
-    if searched:
-        sel = _tensor(searched, dev)
+    if len(searched):
+        sel = _array(searched, dev, torch.long)
         sub = probs if len(searched) == len(top_ps) else probs.index_select(0, sel)
-        top_p = _tensor([top_ps[i] for i in searched], dev)[:, None]
+        top_p = _array(top_ps[searched], dev, f32)[:, None]
         thresh.index_copy_(0, sel, top_p_threshold(sub, top_p, may_branch))
     return thresh
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.batch_params import BatchParams, BatchParamsCache
+from scheduler_worker.batch_params import NUM_VALUES, BatchParams, BatchParamsCache, values_of
 from scheduler_worker.sampling import Sampler, SamplingRow
 
 EOS = 2
@@ -119,3 +120,46 @@ def test_a_sampler_with_slots_samples_as_one_without():
         a, b = with_slots(logits[: len(rows)], rows), without(logits[: len(rows)], plain)
         assert a.token_ids == b.token_ids
         assert a.logprobs == b.logprobs
+
+
+def test_the_slots_numbers_equal_the_rows_own_as_rows_join_leave_and_slots_are_reused():
+    """The per-slot numbers (temperature, top_p, min_p, top_k, logprobs, seed) gathered
+    for a step are always those of the rows' own parameters, over random joins, leaves,
+    sit-outs and slot reuse (a new request never reads its slot's last holder's)."""
+    kinds = [
+        *ONE_OF_EACH_KIND,
+        SamplingParams(temperature=1.3, top_k=7, min_p=0.2, seed=-5),
+        SamplingParams(temperature=0.9, top_p=0.5, seed=2**64 - 1, logprobs=20),
+    ]
+    rng = random.Random(6)
+    held = {s: rng.choice(kinds) for s in range(6)}
+    cache = BatchParamsCache()
+    for _ in range(300):
+        if rng.random() < 0.2:
+            held[rng.randrange(6)] = replace(rng.choice(kinds))
+        slots = [s for s in range(6) if rng.random() < 0.8]
+        rng.shuffle(slots) if rng.random() < 0.3 else None
+        params = [held[s] for s in slots]
+        got = cache.get(params, slots).values
+        assert got.shape == (len(params), NUM_VALUES)
+        assert np.array_equal(got, values_of(params))
+
+
+def test_a_request_in_a_freed_slot_samples_with_its_own_parameters():
+    """Slot 0 held a seeded top-k row with min_p and logprobs; the request that takes it
+    next (other seed, top_p, temperature, no logprobs) samples what a fresh sampler gives
+    it, step after step, and so does the row beside it."""
+    logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(3))
+    old = SamplingParams(temperature=1.5, top_k=3, min_p=0.3, seed=1, logprobs=4)
+    new = SamplingParams(temperature=0.6, top_p=0.8, seed=2**40 + 9)
+    beside = SamplingParams(temperature=1.0, seed=12, presence_penalty=0.5)
+    kept = Sampler(500, [EOS])
+    for step in range(3):
+        rows = [SamplingRow(old, [1], [4] * step, slot=0), SamplingRow(beside, [1], [], slot=1)]
+        kept(logits, rows)
+    for step in range(4):
+        rows = [SamplingRow(new, [1], [4] * step, slot=0), SamplingRow(beside, [1], [], slot=1)]
+        got = kept(logits, rows)
+        fresh = Sampler(500, [EOS])(logits, [replace(r, slot=-1) for r in rows])
+        assert got.token_ids == fresh.token_ids
+        assert got.logprobs == [None, None]  # the old holder's logprobs did not stay
