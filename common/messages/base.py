@@ -17,6 +17,8 @@ import types
 import typing
 from array import array
 from collections.abc import Callable
+from itertools import chain, compress, repeat
+from operator import is_not
 from typing import Any, ClassVar
 
 from common.wire_struct import WireStruct
@@ -89,7 +91,16 @@ def check_json(v: Any, depth: int = 0) -> Any:
     if t is list or t is tuple:
         if len(v) > MAX_LIST:
             raise WireError(f"list longer than {MAX_LIST}")
-        if set(map(type, v)) <= _JSON_SCALARS:  # a leaf (a logprob's [id, value]): one C pass
+        kinds = set(map(type, v))
+        if kinds <= _JSON_SCALARS:  # a leaf (a logprob's [id, value]): one C pass
+            return v if t is list else list(v)
+        # lists of leaves (a top-N's [[id, value], ...]): C passes over them all
+        if (
+            kinds == {list}
+            and depth + 1 < MAX_DEPTH
+            and max(map(len, v)) <= MAX_LIST
+            and set(map(type, chain.from_iterable(v))) <= _JSON_SCALARS
+        ):
             return v if t is list else list(v)
         return [check_json(x, depth + 1) for x in v]
     if t is dict:
@@ -114,7 +125,10 @@ def _check_json_dict(v: Any) -> dict:
     return check_json(v)
 
 
-def _list_of(item: Checker, exact: frozenset[type] | None) -> Checker:
+def _list_of(item: Checker, exact: frozenset[type] | None, optional: bool = False) -> Checker:
+    """optional: an item may be None (taken as is: only the others are checked, found in
+    C, e.g. a step's logprobs column where most rows have none)."""
+
     def check(v: Any) -> list:
         if type(v) is not list and type(v) is not tuple:
             raise _fail("list", v)
@@ -123,6 +137,11 @@ def _list_of(item: Checker, exact: frozenset[type] | None) -> Checker:
         # fast path (list[int], list[str | None], ...): the items' types in one C-level pass
         if exact is not None and set(map(type, v)) <= exact:
             return v if type(v) is list else list(v)
+        if optional:
+            out = list(v)
+            for i in compress(range(len(v)), map(is_not, v, repeat(None))):
+                out[i] = item(v[i])
+            return out
         return [item(x) for x in v]
 
     return check
@@ -239,7 +258,8 @@ def checker_for(tp: Any) -> Checker:
         options = tuple(checker_for(a) for a in args if a is not type(None))
         return _union_of(options, allow_none=type(None) in args)
     if origin is list and len(args) == 1:
-        return _list_of(checker_for(args[0]), _exact_types(args[0]))
+        optional = type(None) in typing.get_args(args[0])
+        return _list_of(checker_for(args[0]), _exact_types(args[0]), optional)
     if origin is tuple and args and args[-1] is not Ellipsis:
         return _tuple_of(tuple(checker_for(a) for a in args))
     if origin is dict and args[:1] == (str,):

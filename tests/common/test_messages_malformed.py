@@ -237,3 +237,22 @@ def test_random_bytes_only_ever_raise_wire_error():
             continue
         assert type(msg) in REGISTRY.values()
         assert decode(encode(msg)) == msg  # whatever decodes is a valid message
+
+
+def test_a_logprobs_column_is_checked_past_its_fast_paths():
+    """StepOutputs.logprobs: rows of None pass as they are, and a top-N list of leaves is
+    checked in one pass: a bad value inside it, a leaf nested too deep, or a bad row
+    beside None rows still raise WireError."""
+    from common.messages.base import MAX_DEPTH, check_json, checker_for
+
+    column = checker_for(list[list | None])
+    good = [None, [[-0.5, [[3, -0.5], [9, -1.25]]]], None]
+    assert column(good) == good
+    for bad in ([None, [[-0.5, [[3, object()]]]]], [None, 7], [None, [[-0.5, [[3, b"x"]]]]]):
+        with pytest.raises(WireError):
+            column(bad)
+    deep: list = [[1, 2]]
+    for _ in range(MAX_DEPTH - 1):
+        deep = [deep]
+    with pytest.raises(WireError):
+        check_json(deep)
