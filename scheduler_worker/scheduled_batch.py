@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not, itemgetter
 
 from scheduler_worker.request import Request
 
 _REQUEST = itemgetter(0)
 _READS_HISTORY = attrgetter("reads_history")
+_STRUCTURED = attrgetter("params.structured")
 
 
 @dataclass
@@ -59,11 +61,9 @@ class ScheduledBatch:
 
     def grammar_waits(self) -> list[Request]:
         """The rows whose grammar needs the token the step in flight is sampling."""
-        return [
-            req
-            for req, _ in self.entries.values()
-            if req.num_pending and req.params.structured is not None
-        ]
+        reqs = list(map(_REQUEST, self.entries.values()))
+        constrained = compress(reqs, map(is_not, map(_STRUCTURED, reqs), repeat(None)))
+        return [req for req in constrained if req.num_pending]  # found in C: a few rows
 
     def wants_prompt_logprobs(self) -> bool:
         # every step: only the rows that read their history are looked at in Python

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+import numpy as np
+
 from scheduler_worker.backends.base import DecodeRows, SeqInput
 from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.request import PLACEHOLDER, Request
@@ -26,16 +28,16 @@ def decode_rows(reqs: list[Request], tables: BlockTables) -> DecodeRows:
     """A decode-only step's inputs (every row samples its next token). A row with a
     placeholder computes it (its last token, -1): overlapped, most rows of most steps."""
     positions = list(map(_COMPUTED, reqs))
-    prev_rows = (
-        list(map(_FLIGHT_ROW, reqs))  # every row's token in flight: the usual step
-        if all(map(_PENDING, reqs))
-        else [r.flight_row if r.num_pending else -1 for r in reqs]
-    )
-    tokens = (
-        [r.token_ids[p] for r, p in zip(reqs, positions)]
-        if -1 in prev_rows
-        else [PLACEHOLDER] * len(reqs)
-    )
+    tokens = [PLACEHOLDER] * len(reqs)
+    if all(map(_PENDING, reqs)):  # every row's token in flight: the usual step
+        prev_rows = list(map(_FLIGHT_ROW, reqs))
+    else:  # some tokens known (a grammar row back from sitting out): only those read
+        flight = np.fromiter(map(_FLIGHT_ROW, reqs), dtype=np.int64, count=len(reqs))
+        pending = np.fromiter(map(_PENDING, reqs), dtype=np.int64, count=len(reqs))
+        prev = np.where(pending > 0, flight, -1)
+        prev_rows = prev.tolist()
+        for i in np.flatnonzero(prev < 0).tolist():
+            tokens[i] = reqs[i].token_ids[positions[i]]
     return DecodeRows(tokens, positions, list(map(_SLOT, reqs)), prev_rows, tables)
 
 
