@@ -153,10 +153,16 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b0, int64_t m, int64
 #pragma omp simd reduction(max : mx)
       for (int64_t t = 0; t < nk; ++t) mx = std::max(mx, sg[t]);
       float sum = 0.f;
+      if constexpr (VEC == 2) {
 #pragma omp simd reduction(+ : sum)
-      for (int64_t t = 0; t < nk; ++t) {
-        sg[t] = fast_exp(sg[t] - mx);
-        sum += sg[t];
+        for (int64_t t = 0; t < nk; ++t) {
+          sg[t] = fast_exp(sg[t] - mx);
+          sum += sg[t];
+        }
+      } else {  // the exps in vectors, their sum in order: the bits these paths always gave
+#pragma omp simd
+        for (int64_t t = 0; t < nk; ++t) sg[t] = fast_exp(sg[t] - mx);
+        for (int64_t t = 0; t < nk; ++t) sum += sg[t];
       }
       const float inv = 1.f / sum;
 #pragma omp simd

@@ -161,14 +161,23 @@ ZS_TARGET_AVX2 inline __m256 sum_lanes8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-template <typename C, int DIM>
-ZS_TARGET_AVX2 inline __m256 key_dot8(const float* q, const C* k) {
-  __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), load8_f32(k));
-  for (int c = 1; c < DIM / 8; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), load8_f32(k + 8 * c), acc);
-  return acc;
+// Key k's 8 lanes of partial sums against each of the G query heads qf[g] (DIM floats
+// each) into p[g][jj], k widened once for the group (a widening a head cost as much as its
+// FMAs); each head's sum in the same order as with a widening of its own.
+template <typename C, int DIM, int GRP>
+ZS_TARGET_AVX2 inline void key_dots8(const float* qf, const C* k, __m256 (*p)[8], int jj) {
+  __m256 acc[GRP];
+  for (int c = 0; c < DIM / 8; ++c) {
+    const __m256 kc = load8_f32(k + 8 * c);
+    for (int g = 0; g < GRP; ++g) {
+      const __m256 qc = _mm256_loadu_ps(qf + g * DIM + 8 * c);
+      acc[g] = c == 0 ? _mm256_mul_ps(qc, kc) : _mm256_fmadd_ps(qc, kc, acc[g]);
+    }
+  }
+  for (int g = 0; g < GRP; ++g) p[g][jj] = acc[g];
 }
 
-// As block_scores_avx512, 8 keys at a time.
+// As block_scores_avx512, 8 keys at a time, each key read once for the G query heads.
 template <typename C, int DIM, int GRP>
 ZS_TARGET_AVX2 __attribute__((noinline)) void block_scores_avx2(const float* qf, const C* kb, int64_t row, int64_t j0,
                                                                  int64_t j1, float* sc, int64_t n_keys, const C* next,
@@ -177,13 +186,18 @@ ZS_TARGET_AVX2 __attribute__((noinline)) void block_scores_avx2(const float* qf,
   for (int64_t j = j0; j < j1; j += 8) {
     const int64_t cnt = std::min<int64_t>(8, j1 - j);
     const C* k = kb + j * row;
+    __m256 p[GRP][8];
+    for (int jj = 0; jj < 8; ++jj) {
+      if (next && j == j0) prefetch_share(next, row, n_next, jj, 8, DIM);  // an eighth a key
+      if (jj < cnt) {
+        key_dots8<C, DIM, GRP>(qf, k + jj * row, p, jj);
+      } else {
+        for (int g = 0; g < GRP; ++g) p[g][jj] = _mm256_setzero_ps();
+      }
+    }
     for (int g = 0; g < GRP; ++g) {
-      if (next && j == j0) prefetch_share(next, row, n_next, g, GRP, DIM);
-      const float* qg = qf + g * DIM;
-      __m256 p[8];
-      for (int jj = 0; jj < 8; ++jj) p[jj] = jj < cnt ? key_dot8<C, DIM>(qg, k + jj * row) : _mm256_setzero_ps();
       alignas(32) float out[8];
-      _mm256_store_ps(out, sum_lanes8(p));
+      _mm256_store_ps(out, sum_lanes8(p[g]));
       for (int64_t jj = 0; jj < cnt; ++jj) sc[g * n_keys + j + jj] = out[jj];
     }
   }
