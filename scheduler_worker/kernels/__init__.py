@@ -67,10 +67,6 @@ CXXFLAGS = [
     # (same soname, torch/lib on the rpath): one OpenMP runtime, tested.
     "-fopenmp",
     "-fno-math-errno",
-    # No FP exceptions observed (clang's default): lets GCC vectorize loops with a
-    # select, such as fast_exp's clamp, on AVX2, which has no masks (else the SiLU and the
-    # attention softmax ran scalar there: docs/benchmarks.md, "AVX2 eight-row step").
-    "-fno-trapping-math",
     "-Wno-unused-function",
     "-DNDEBUG",
 ]

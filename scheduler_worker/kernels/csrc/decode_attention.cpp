@@ -145,23 +145,24 @@ ZS_INLINE void attend_impl(const AttnArgs<T, C>& a, int64_t b0, int64_t m, int64
     }
   });
   first_block(a.v_cache);  // under the softmax
+  const ExpRange range;
   for (int64_t i = 0; i < m; ++i) {
     const int64_t nk = n_keys(i);
     for (int64_t g = 0; g < heads; ++g) {
       float* sg = scores(i) + g * nk;
       float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-      for (int64_t t = 0; t < nk; ++t) mx = std::max(mx, sg[t]);
+      for (int64_t t = 0; t < nk; ++t) mx = __builtin_isgreater(sg[t], mx) ? sg[t] : mx;  // std::max: scalar on AVX2
       float sum = 0.f;
       if constexpr (VEC == 2) {
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < nk; ++t) {
-          sg[t] = fast_exp(sg[t] - mx);
+          sg[t] = fast_exp(sg[t] - mx, range);
           sum += sg[t];
         }
       } else {  // the exps in vectors, their sum in order: the bits these paths always gave
 #pragma omp simd
-        for (int64_t t = 0; t < nk; ++t) sg[t] = fast_exp(sg[t] - mx);
+        for (int64_t t = 0; t < nk; ++t) sg[t] = fast_exp(sg[t] - mx, range);
         for (int64_t t = 0; t < nk; ++t) sum += sg[t];
       }
       const float inv = 1.f / sum;

@@ -78,11 +78,12 @@ template <typename T, int ACT>
 ZS_INLINE void gated_row_impl(const T* __restrict gu, T* __restrict out, int64_t n) {
   const T* __restrict up = gu + n;
   constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  const ExpRange range;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float g = f32(gu[i]);
     const float z = ACT == SILU ? g : kBeta * 2.f * (g + kKappa * g * g * g);
-    const float act = g / (1.f + fast_exp(-z));  // rounded to T before the product, as torch does
+    const float act = g / (1.f + fast_exp(-z, range));  // rounded to T before the product, as torch does
     out[i] = static_cast<T>(f32(static_cast<T>(act)) * f32(up[i]));
   }
 }

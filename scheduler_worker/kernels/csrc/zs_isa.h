@@ -44,12 +44,21 @@ ZS_INLINE float f32(float x) { return x; }
 ZS_INLINE float f32(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
 ZS_INLINE float f32(c10::Half x) { return static_cast<float>(x); }
 
+// fast_exp's clamp bounds as values the optimizer cannot see through (an empty asm, built
+// once before a loop): with constant bounds GCC left the loops of fast_exp scalar on AVX2
+// (a select it cannot make without masks) and on AVX-512 divided twice, once for the
+// clamped lanes (docs/benchmarks.md, "AVX2 eight-row step, seventh session").
+struct ExpRange {
+  float lo = -87.f, hi = 88.f;
+  ZS_INLINE ExpRange() { asm("" : "+x"(lo), "+x"(hi)); }
+};
+
 // exp(x), vectorizable: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, p a degree-6 Taylor
 // polynomial (relative error < 2e-7); x clamped to [-87, 88] (float's normal range). n is
 // rounded by adding and subtracting 1.5 * 2^23 (floor() keeps GCC from vectorizing).
-ZS_INLINE float fast_exp(float x) {
-  x = x < -87.f ? -87.f : x;
-  x = x > 88.f ? 88.f : x;
+ZS_INLINE float fast_exp(float x, const ExpRange& range) {
+  x = x < range.lo ? range.lo : x;
+  x = x > range.hi ? range.hi : x;
   const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
   const float p = 1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f + r * 0.0013888889f)))));
