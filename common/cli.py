@@ -99,8 +99,9 @@ GROUPS: dict[str, list[Flag]] = {
             _S,
             "speculative_method",
             str,
-            "who drafts tokens for greedy rows to verify in one forward (ngram: prompt lookup; "
-            "suffix: the request's tokens and recent requests' outputs)",
+            "who drafts tokens to verify in one forward (ngram: prompt lookup; suffix: the "
+            "request's tokens and recent requests' outputs; auto: ngram on a CPU, none on "
+            "CUDA, whose verify step is not measured yet)",
             SPECULATIVE_METHODS,
         ),
         Flag(

@@ -175,9 +175,20 @@ class CacheConfig:
 # time grows with its rows; a GPU's barely does up to hundreds (vLLM's 256 sequences)
 DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
 ASYNC_SCHEDULING = ("auto", "on", "off")
-SPECULATIVE_METHODS = ("none", "ngram", "suffix", "draft")
+# auto: by the device (resolve_speculative_method): ngram on a CPU, where the policy's
+# measurements show it does not lose (docs/speculative.md); none on CUDA, whose verify step
+# has not been measured yet
+SPECULATIVE_METHODS = ("auto", "none", "ngram", "suffix", "draft")
 SPECULATIVE_POLICIES = ("adaptive", "always")
 MAX_SPECULATIVE_TOKENS = 16
+
+
+def resolve_speculative_method(method: str, device_type: str) -> str:
+    """auto: ngram on a CPU, none elsewhere (CUDA: no verify step measured yet); any
+    other method as given."""
+    if method != "auto":
+        return method
+    return "ngram" if device_type == "cpu" else "none"
 
 
 @dataclass(frozen=True)
@@ -190,7 +201,7 @@ class SchedulerConfig:
     # the device runs apart from the host (a GPU)
     async_scheduling: str = "auto"
     # speculative decoding: who drafts (scheduler_worker/spec/), at most how many tokens a row
-    speculative_method: str = "none"
+    speculative_method: str = "auto"  # auto: by device (resolve_speculative_method)
     num_speculative_tokens: int = 3
     # adaptive: draft only where the measured verify cost pays (spec/policy.py); always
     speculative_policy: str = "adaptive"
@@ -210,7 +221,7 @@ class SchedulerConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.speculative_model and self.speculative_method == "none":
+        if self.speculative_model and self.speculative_method in ("auto", "none"):
             object.__setattr__(self, "speculative_method", "draft")
         if self.speculative_method == "draft" and not self.speculative_model:
             raise ConfigError("speculative_method draft needs a speculative_model (a path)")
@@ -222,12 +233,14 @@ class SchedulerConfig:
             )
 
     def resolved(self, device_type: str) -> SchedulerConfig:
-        """The limits left unset, filled with the device's defaults (DEVICE_DEFAULTS)."""
+        """The limits left unset, filled with the device's defaults (DEVICE_DEFAULTS), and
+        speculative_method auto resolved for the device."""
         seqs, tokens = DEVICE_DEFAULTS.get(device_type, DEVICE_DEFAULTS["cpu"])
         return replace(
             self,
             max_num_seqs=self.max_num_seqs or seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or tokens,
+            speculative_method=resolve_speculative_method(self.speculative_method, device_type),
         )
 
     @property

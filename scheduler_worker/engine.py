@@ -97,6 +97,7 @@ class LLMEngine:
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
+        log.info("speculative decoding: %s", self.scheduler.config.speculative_method)
 
     @property
     def vocab_size(self) -> int:

@@ -104,13 +104,13 @@ def engine_status(
         memory=memory,
         device=where[0],
         gpus=where[1],
-        **spec_figures(engine, config),
+        **spec_figures(engine),
     )
 
 
-def spec_figures(engine: LLMEngine, config: Config) -> dict:
+def spec_figures(engine: LLMEngine) -> dict:
     """EngineStatus.spec and .spec_method: {} and "" without speculative decoding."""
-    method = config.engine.scheduler.speculative_method
+    method = engine.scheduler.config.speculative_method  # resolved: never "auto"
     if method == "none":
         return {}
     c = engine.counters

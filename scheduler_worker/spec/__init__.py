@@ -87,7 +87,8 @@ def engine_drafter(
 ) -> Drafter | None:
     """The engine's drafter: --speculative-method's, and the draft model's where one is
     given (draft_model.py: an `engine` (the LLMEngine class) of its own, loaded here)."""
-    method, model = config.scheduler.speculative_method, config.scheduler.speculative_model
+    sched = config.scheduler.resolved(runner.backend.name)  # auto: by the device
+    method, model = sched.speculative_method, sched.speculative_model
     cheap = make_drafter(method)
     if model is None:
         return cheap

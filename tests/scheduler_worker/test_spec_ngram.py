@@ -64,7 +64,7 @@ def test_flags(capsys):
     cfg = parse_config("t", ["--speculative-method", "ngram", "--num-speculative-tokens", "7"])
     assert cfg.engine.scheduler.speculative_method == "ngram"
     assert cfg.engine.scheduler.num_speculative_tokens == 7
-    assert parse_config("t", []).engine.scheduler.speculative_method == "none"
+    assert parse_config("t", []).engine.scheduler.speculative_method == "auto"
     with pytest.raises(SystemExit) as e:  # refused at start, in one line
         parse_config("t", ["--num-speculative-tokens", "17"])
     err = capsys.readouterr().err.strip()
@@ -110,8 +110,8 @@ def _run(model_dir, prompts, params, spec, runs: list | None = None, **setup):
     or none (False); `runs` collects (request id, tokens verified, tokens kept) of each
     verified row."""
     # "always": every draft verified (the adaptive switch is test_spec_policy.py's)
-    extra = dict(speculative_method="ngram", num_speculative_tokens=4) if spec else {}
-    extra |= {"speculative_policy": "always"} if spec else {}
+    extra = dict(speculative_method="ngram", num_speculative_tokens=4, speculative_policy="always")
+    extra = extra if spec else {"speculative_method": "none"}
     engine = make_engine(model_dir, **{**setup, **extra})
     if spec not in (True, False):
         engine.scheduler.drafter = spec
