@@ -72,6 +72,7 @@ def _run(model_dir, prompts, params, drafter=None, steps=None, **setup):
     """Each request's (tokens, finish reason), added one every other step; `steps` collects
     (tokens in one output, its finish reason) of every output."""
     extra = dict(speculative_method="ngram", num_speculative_tokens=4) if drafter else {}
+    extra = extra or {"speculative_method": "none"}  # no drafter: the plain path
     engine = make_engine(model_dir, **{**setup, **extra})
     if drafter is not None:
         engine.scheduler.drafter = drafter

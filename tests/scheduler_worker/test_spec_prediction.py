@@ -123,7 +123,11 @@ def _run(model_dir, prompts, params, predictions, **setup):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     "setup",
-    [dict(), dict(speculative_method="ngram"), dict(num_blocks=20, max_num_seqs=8)],
+    [
+        dict(speculative_method="none"),
+        dict(speculative_method="ngram"),
+        dict(num_blocks=20, max_num_seqs=8),
+    ],
     ids=["method-none", "method-ngram", "preemption"],
 )
 def test_greedy_equal_with_a_prediction(llama, setup):

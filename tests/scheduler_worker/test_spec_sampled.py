@@ -80,7 +80,7 @@ def test_seeded_sampled_equal_with_drafts(tiny, name, wrong):
     by one, so that some are refused): the same tokens, logprobs and stops as without."""
     params = SAMPLED[name]
     prompts = _repetitive(6, seed=7)
-    want = _collect(make_engine(tiny), prompts, params)
+    want = _collect(make_engine(tiny, speculative_method="none"), prompts, params)
     engine = make_engine(
         tiny, speculative_method="ngram", num_speculative_tokens=4, speculative_policy="always"
     )
@@ -102,7 +102,7 @@ def test_seeded_sampled_equal_with_preemption(tiny):
     params = SAMPLED["temp-top-p"]
     prompts = _repetitive(8, seed=9)
     setup = dict(num_blocks=24, max_num_seqs=8)
-    want = _collect(make_engine(tiny, **setup), prompts, params)
+    want = _collect(make_engine(tiny, speculative_method="none", **setup), prompts, params)
     engine = make_engine(
         tiny,
         speculative_method="ngram",
@@ -154,7 +154,7 @@ def test_unseeded_distribution_kept_chi_square(tiny_model_dirs):
     prompt, n = [5, 17, 99, 3, 250, 41], 20_000
     params = SamplingParams(max_tokens=4, temperature=0.6, top_k=4, ignore_eos=True)
     setup = dict(max_num_seqs=256, max_num_batched_tokens=2048)
-    greedy = make_engine(model, **setup)
+    greedy = make_engine(model, speculative_method="none", **setup)
     # drafts: after each likely first token, the greedy continuation (often but not
     # always what the row samples)
     first = Counter(t[0] for t in greedy.generate([prompt] * 200, params))
