@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import CacheConfig, EngineConfig, ModelConfig
+from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.engine import LLMEngine
@@ -30,7 +30,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = ModelConfig(model=args.model, dtype=args.dtype, quantization=args.quantization)
-    cfg = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_gb=0.5))
+    plain = SchedulerConfig(speculative_method="none")  # the model's step, no drafts
+    cfg = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_gb=0.5), scheduler=plain)
     engine = LLMEngine(cfg, resolve_model(args.model))
     plan = getattr(engine.runner.model, "decode_plan", None) is not None
     engine.generate([[100, 200, 300]], SamplingParams(max_tokens=4, ignore_eos=True))

@@ -180,6 +180,7 @@ def main() -> None:
                 max_num_seqs=max(args.max_num_seqs, 64),
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_decode_batch=args.max_num_seqs,
+                speculative_method="none",  # the plain step, as transformers' generate
             ),
         )
         engine = LLMEngine(cfg, model_dir)

@@ -25,7 +25,7 @@ import json
 
 import torch
 
-from common.config import CacheConfig, EngineConfig, ModelConfig
+from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_kind_label, cpu_model_name
 from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
@@ -58,6 +58,7 @@ def engine(model: str, quantization: str) -> LLMEngine:
             model=ModelConfig(model=model, device="cpu", dtype=dtype, quantization=quantization),
             # no prefix cache: top2_gap writes its own prefill into blocks 1.. of the pool
             cache=CacheConfig(num_blocks=256, enable_prefix_caching=False),
+            scheduler=SchedulerConfig(speculative_method="none"),  # the decode step's text
         ),
         resolve_model(model),
     )

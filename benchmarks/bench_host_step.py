@@ -180,7 +180,10 @@ def run(
         model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
         scheduler=SchedulerConfig(
-            max_num_seqs=rows, max_num_batched_tokens=max(2048, rows), async_scheduling="on"
+            max_num_seqs=rows,
+            max_num_batched_tokens=max(2048, rows),
+            async_scheduling="on",
+            speculative_method="none",  # the plain decode step's host work
         ),
     )
     engine = LLMEngine(cfg, model_dir)

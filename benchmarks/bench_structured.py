@@ -112,7 +112,9 @@ def main() -> None:
         EngineConfig(
             model=ModelConfig(model="smollm2"),
             cache=CacheConfig(num_blocks=4096),
-            scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096),
+            scheduler=SchedulerConfig(
+                max_num_seqs=64, max_num_batched_tokens=4096, speculative_method="none"
+            ),
         ),
         model_dir,
     )

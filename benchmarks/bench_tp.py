@@ -107,7 +107,8 @@ def main() -> None:
                     collective_timeout_s=3600.0,  # a follower waits while the others run
                 ),
                 cache=CacheConfig(kv_cache_memory_gb=0.5),
-                scheduler=SchedulerConfig(max_num_seqs=max(streams)),
+                # tp against tp=1 on the plain decode step
+                scheduler=SchedulerConfig(max_num_seqs=max(streams), speculative_method="none"),
             )
             r = start_ranks(Config(engine=config))
             ranks += [r] if r is not None else []

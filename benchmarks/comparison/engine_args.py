@@ -21,6 +21,10 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
         args.device,
         "--max-num-seqs",
         str(seqs),
+        # like for like: llama.cpp and transformers draft nothing by default (--engine-args
+        # "--speculative-method auto" measures ours with drafts)
+        "--speculative-method",
+        "none",
         *shlex.split(args.engine_args),
     ]
 

@@ -132,7 +132,9 @@ def measure(
 def zeroserve_row(
     args: argparse.Namespace, model: str, p: FilePrompts, log_dir: Path, tag: str
 ) -> dict[str, Any]:
-    server = Zeroserve(model, shlex.split(args.engine_args), log_dir / f"{tag}-zeroserve.log")
+    # like for like: llama-server drafts nothing by default (--engine-args may set a method)
+    flags = ["--speculative-method", "none", *shlex.split(args.engine_args)]
+    server = Zeroserve(model, flags, log_dir / f"{tag}-zeroserve.log")
     row: dict[str, Any] = {"server": "zeroserve", "started_at": time.time()}
     try:
         log(f"{tag}: starting zeroserve --model {model}")

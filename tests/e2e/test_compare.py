@@ -293,6 +293,8 @@ def test_compare_every_row(tmp_path, default_model_dir):
     assert single["zeroserve:generation_tokens_total"] == 8
     assert single["zeroserve:prefix_cache_hits_total"] == 0
     assert "--tokenize-workers" in server["command"]
+    cmd = server["command"]  # like for like with llama-server: no drafts
+    assert cmd[cmd.index("--speculative-method") + 1] == "none"
     assert rows["hf"]["batch"] == 4 and rows["hf"]["main"]["output_tokens"] == 32
     llama = rows["llama_server"]
     assert llama["model"] == "fake.gguf" and llama["main"]["total_output_tokens"] == 32
