@@ -1,6 +1,6 @@
 """OpenAI's Predicted Outputs through the real processes, with the OpenAI SDK, on the
-default model and the default server (no --speculative-method: a prediction drafts on its
-own): the same greedy text with and without a prediction, streamed or whole; the
+default model and the default server (no --speculative-method: auto, ngram on the CPU; a
+prediction drafts first): the same greedy text with and without a prediction, streamed or whole; the
 prediction's accepted / rejected tokens in the usage as OpenAI reports them; a bad
 prediction is a 400 in OpenAI's error shape and the server serves on."""
 
