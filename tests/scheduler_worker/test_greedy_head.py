@@ -24,11 +24,14 @@ PROMPTS = [[1, 504, 3156, 282, 4704, 30], [1, 42, 43, 44], list(range(300, 340))
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir) -> LLMEngine:
-    """The default model as served: its GGUF's own blocks, the tied Q8_0 head."""
+    """The default model as served: its GGUF's own blocks, the tied Q8_0 head; no drafts
+    (the tests count the head's calls a plain step makes)."""
     cfg = EngineConfig(
         model=ModelConfig(model="smollm2", dtype="float32"),
         cache=CacheConfig(num_blocks=64),
-        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
+        scheduler=SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=256, speculative_method="none"
+        ),
     )
     return LLMEngine(cfg, default_model_dir)
 
