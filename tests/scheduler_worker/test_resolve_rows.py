@@ -95,7 +95,8 @@ def test_fused_steps_give_what_advance_then_resolve_gives(llama, monkeypatch):
             return ok
 
         monkeypatch.setattr(engine_module, "fusable", fusable)
-        engine = make_engine(llama, async_scheduling="on")
+        # plain decode steps (the fused loop's case): a step with drafts is never fused
+        engine = make_engine(llama, async_scheduling="on", speculative_method="none")
         steps = []
         for step in range(34):
             if step < len(prompts):  # one joins each step, then the batch stays
