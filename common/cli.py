@@ -20,13 +20,12 @@ from common.config import (
     QUANTIZATIONS,
     REASONING_PARSERS,
     ROUTINGS,
-    SPECULATIVE_METHODS,
-    SPECULATIVE_POLICIES,
     TOOL_CALL_PARSERS,
     Config,
     ConfigError,
 )
 from common.endpoints import ensure_run_dir
+from common.spec_config import SPECULATIVE_METHODS, SPECULATIVE_POLICIES
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from common import spec_config
 from common.config_error import ConfigError as ConfigError  # re-exported
 from common.config_error import parse_gpu_ids
 from common.env import default_cache_dir, env
@@ -175,20 +176,6 @@ class CacheConfig:
 # time grows with its rows; a GPU's barely does up to hundreds (vLLM's 256 sequences)
 DEVICE_DEFAULTS = {"cpu": (64, 512), "cuda": (256, 8192)}
 ASYNC_SCHEDULING = ("auto", "on", "off")
-# auto: by the device (resolve_speculative_method): ngram on a CPU, where the policy's
-# measurements show it does not lose (docs/speculative.md); none on CUDA, whose verify step
-# has not been measured yet
-SPECULATIVE_METHODS = ("auto", "none", "ngram", "suffix", "draft")
-SPECULATIVE_POLICIES = ("adaptive", "always")
-MAX_SPECULATIVE_TOKENS = 16
-
-
-def resolve_speculative_method(method: str, device_type: str) -> str:
-    """auto: ngram on a CPU, none elsewhere (CUDA: no verify step measured yet); any
-    other method as given."""
-    if method != "auto":
-        return method
-    return "ngram" if device_type == "cpu" else "none"
 
 
 @dataclass(frozen=True)
@@ -201,7 +188,7 @@ class SchedulerConfig:
     # the device runs apart from the host (a GPU)
     async_scheduling: str = "auto"
     # speculative decoding: who drafts (scheduler_worker/spec/), at most how many tokens a row
-    speculative_method: str = "auto"  # auto: by device (resolve_speculative_method)
+    speculative_method: str = "auto"  # auto: by device (spec_config.resolved_method)
     num_speculative_tokens: int = 3
     # adaptive: draft only where the measured verify cost pays (spec/policy.py); always
     speculative_policy: str = "adaptive"
@@ -215,22 +202,7 @@ class SchedulerConfig:
             raise ConfigError(
                 f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}"
             )
-        for name, allowed in (
-            ("speculative_method", SPECULATIVE_METHODS),
-            ("speculative_policy", SPECULATIVE_POLICIES),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.speculative_model and self.speculative_method in ("auto", "none"):
-            object.__setattr__(self, "speculative_method", "draft")
-        if self.speculative_method == "draft" and not self.speculative_model:
-            raise ConfigError("speculative_method draft needs a speculative_model (a path)")
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ConfigError(
-                f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, "
-                f"got {k!r}"
-            )
+        spec_config.check(self)
 
     def resolved(self, device_type: str) -> SchedulerConfig:
         """The limits left unset, filled with the device's defaults (DEVICE_DEFAULTS), and
@@ -240,7 +212,7 @@ class SchedulerConfig:
             self,
             max_num_seqs=self.max_num_seqs or seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or tokens,
-            speculative_method=resolve_speculative_method(self.speculative_method, device_type),
+            speculative_method=spec_config.resolved_method(self.speculative_method, device_type),
         )
 
     @property

@@ -10,8 +10,9 @@ import random
 import pytest
 
 from common.cli import parse_config
-from common.config import SchedulerConfig, resolve_speculative_method
+from common.config import SchedulerConfig
 from common.sampling_params import SamplingParams
+from common.spec_config import resolved_method
 from scheduler_worker.engine_status import engine_status
 from scheduler_worker.spec.ngram import NgramDrafter
 from tests.scheduler_worker.test_engine import make_engine
@@ -29,7 +30,7 @@ from tests.scheduler_worker.test_engine import make_engine
     ],
 )
 def test_resolution_by_device(method, device, want):
-    assert resolve_speculative_method(method, device) == want
+    assert resolved_method(method, device) == want
     assert SchedulerConfig(speculative_method=method).resolved(device).speculative_method == want
 
 
