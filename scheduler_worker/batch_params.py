@@ -1,12 +1,13 @@
 """A step's sampling parameters as the sampler reads them: which rows draw, carry a
 penalty, a logit_bias, min_tokens, logprobs or a seed, and their numbers (temperature,
-top_p, min_p, top_k, logprobs, seed) as one array [rows, NUM_VALUES]. Kept while the next step's rows hold the
-same parameters in the same order (an overlapped decode batch, most steps); where the rows
-carry their slot (Request.slot), each slot's kinds are kept as bits of a per-slot array,
-written when a slot's parameters change, so a batch whose rows come and go (a grammar row
-sitting out a step) reads its kinds by one numpy index, as vLLM v1's InputBatch keeps its
-rows' parameters: the host's work follows what changed, not the rows (docs/benchmarks.md,
-"Host step, persistent rows", "Persistent decode batch" and "Host step, seventh session").
+top_p, min_p, top_k, logprobs, seed) as one array [rows, NUM_VALUES]. Kept while the
+next step's rows hold the same parameters in the same order (an overlapped decode batch,
+most steps); where the rows carry their slot (Request.slot), each slot's kinds are kept as
+bits of a per-slot array, written when a slot's parameters change, so a batch whose rows
+come and go (a grammar row sitting out a step) reads its kinds by one numpy index, as vLLM
+v1's InputBatch keeps its rows' parameters: the host's work follows what changed, not the
+rows (docs/benchmarks.md, "Host step, persistent rows", "Persistent decode batch" and
+"Host step, seventh session").
 The numbers are kept per slot the same way and gathered by one index a step, so the
 sampler builds its parameter tensors from columns, not from a Python list a row.
 """

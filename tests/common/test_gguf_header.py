@@ -1,6 +1,7 @@
 """common.model_files.gguf_header against gguf-py's own GGUFReader: the same tensors (names, types,
 shapes, offsets, bytes, numpy shapes and dtypes), the same metadata scalars, arrays by
-type and length (and, decoded, equal to GGUFReader's contents); clear errors on files that are not GGUF or end early."""
+type and length (and, decoded, equal to GGUFReader's contents); clear errors on files
+that are not GGUF or end early."""
 
 from __future__ import annotations
 
