@@ -182,3 +182,41 @@ def test_the_flag_takes_auto_or_off():
     assert ModelConfig().gemv == "auto" and ModelConfig(gemv="off").gemv == "off"
     with pytest.raises(ConfigError, match="gemv"):
         ModelConfig(gemv="always")
+
+
+needs_gpu = pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a CUDA GPU (compiled)")
+
+
+@needs_gpu
+def test_a_captured_split_gemv_replays_what_it_computes_eagerly():
+    n, k = 2048, 2048  # Llama-3.2-1B's o_proj: split on any GPU of 32+ SMs
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    assert num_splits(n, k, sms) > 1
+    ws = workspace([(n, k)], sms)
+    x, w, b = operands(4, n, k, torch.bfloat16, True, seed=5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gemv(x, w, b, ws)  # the compile, outside the graph
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv(x, w, b, ws)
+    for seed in range(3):  # new inputs each replay, as the decode graphs get them
+        x.copy_(operands(4, n, k, torch.bfloat16, False, seed=10 + seed)[0])
+        graph.replay()
+        eager = gemv(x, w, b, ws)
+        assert torch.equal(out, eager)  # the split's sum in a fixed order: bit for bit
+        torch.testing.assert_close(out.float(), reference(x, w, b), rtol=2**-7, atol=1e-2)
+    torch.cuda.synchronize()
+    assert int(ws.counters.abs().sum()) == 0
+
+
+@needs_gpu
+def test_the_gpu_timer_times_both_sides_of_every_shape():
+    model = TinyStack(torch.bfloat16)
+    routes = GemvRoutes("auto")
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    lines = choose_at_start(routes, model, sms, [1, 8])
+    assert len(lines) == 4 and len(routes.timings) == 4
+    assert all(0 < t < 1e-2 for pair in routes.timings.values() for t in pair)
