@@ -32,7 +32,7 @@
 #      search, at 256 x 128,256 / 256 x 49,152 / 32 x 128,256, chat and flat rows
 #      (benchmarks/bench_top_p.py; ZS_TOP_P=0: skipped)
 #  9c. the few-row GEMV against cuBLAS (F.linear) on the 1B and 8B shapes' linears at 1, 2,
-#      4, 8 rows: µs, GB/s and the route's pick (benchmarks/gpu/bench_gemv.py; ZS_GEMV=0:
+#      4, 8 rows: µs, GB/s, the route's pick, K splits 1-16 at 1 row (bench_gemv.py; ZS_GEMV=0:
 #      skipped; on a CPU dry run its plumbing under the interpreter, tiny shapes)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py), greedy
 #      and the chat mix
@@ -576,11 +576,11 @@ if [ "${ZS_GEMV:-1}" != 1 ]; then
 elif (($(left) - RESERVE < 25)); then
   skip gemv "budget ($(left)s left)"
 elif [ "$DEV" = cuda ]; then
-  stage gemv 40 "$PY" "$G/bench_gemv.py" --models 1b,8b --rows 1,2,4,8
+  stage gemv 40 "$PY" "$G/bench_gemv.py" --models 1b,8b --rows 1,2,4,8 --splits 1,2,4,8,16
 else # the plumbing only: the interpreter on tiny shapes
-  stage gemv 40 "$PY" "$G/bench_gemv.py" --device cpu
+  stage gemv 40 "$PY" "$G/bench_gemv.py" --device cpu --rows 1,8 --splits 1,2
 fi
-[ -f "$W/logs/gemv.log" ] && grep -E 'SMs|batch 1|check at' "$W/logs/gemv.log" | cut -c1-250 |
+[ -f "$W/logs/gemv.log" ] && grep -E 'SMs|batch 1|check at|sweep' "$W/logs/gemv.log" | cut -c1-250 |
   sed 's/^/      /' | tee -a "$RUNLOG"
 
 # ---- 9. profile ----------------------------------------------------------------------

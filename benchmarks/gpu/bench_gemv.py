@@ -7,7 +7,8 @@ the K split, and which side the route picks (GemvRoutes, the same margin). Each 
 also checked against float32 F.linear at the largest row count (within one bf16 rounding).
 
     PYTHONPATH=<project> python benchmarks/gpu/bench_gemv.py [--models 1b,8b]
-        [--rows 1,2,4,8] [--replays 5]
+        [--rows 1,2,4,8] [--replays 5] [--splits 1,2,4,8,16 --split-rows 1]
+    (--splits: the GEMV also timed at fixed K splits, per shape: data for num_splits' rule)
     ... --device cpu: the plumbing only, under TRITON_INTERPRET=1 with tiny shapes and a
         wall-clock timer (its figures say nothing of a GPU)
 """
@@ -63,12 +64,33 @@ def wall_measure(weights, workspace, gemv, replays: int):
     return measure
 
 
+def split_time(gemv, pairs, x, workspace, split: int, replays: int, on_gpu: bool) -> float:
+    """Seconds a call of the GEMV at a fixed K split over a shape's copies: graph replays
+    on a GPU, one wall-clock pass on the CPU."""
+
+    def run() -> None:
+        for w, b in pairs:
+            gemv(x, w, b, workspace, split=split)
+
+    if on_gpu:
+        from scheduler_worker.backends.gemv_choice import time_graph
+
+        return time_graph(run, replays) / len(pairs)
+    t0 = time.perf_counter()
+    run()
+    return (time.perf_counter() - t0) / len(pairs)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--models", default=None, help="1b,8b on cuda; tiny on cpu")
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--replays", type=int, default=None, help="5 on cuda, 1 on cpu")
+    ap.add_argument(
+        "--splits", default="", help="also time the GEMV at these fixed K splits (e.g. 1,4,16)"
+    )
+    ap.add_argument("--split-rows", type=int, default=1, help="the sweep's row count")
     args = ap.parse_args()
     on_gpu = args.device == "cuda"
     if not on_gpu:
@@ -131,9 +153,22 @@ def main() -> int:
             print(f"{'':>4}{label:>8} check at {max(rows)} rows: max |gemv - fp32| "
                   f"{err.max().item():.2e}, within one bf16 rounding: "
                   f"{bool((err <= bound).all())}")  # fmt: skip
+        if args.splits:  # data for num_splits' rule: the GEMV at fixed splits
+            sweep = [int(s) for s in args.splits.split(",")]
+            ws_sweep = triton_gemv.GemvWorkspace(dev, sms, weights, max_split=max(sweep))
+            m = args.split_rows
+            for label, n, k, _ in shapes:
+                pairs = weights[(n, k)]
+                x = torch.randn(m, k, device=dev, generator=gen, dtype=torch.bfloat16)
+                got = []
+                for s in sweep:
+                    t = split_time(triton_gemv.gemv, pairs, x, ws_sweep, s, replays, on_gpu)
+                    got.append(f"{s}: {t * 1e6:.1f}")
+                print(f"{'':>4}{label:>8} split sweep at {m} rows, us: {', '.join(got)} "
+                      f"(rule: {triton_gemv.num_splits(n, k, sms)})")  # fmt: skip
         print(f"  {model} batch 1, the linears of a step: F.linear {step['F.linear'] * 1e6:.0f} "
               f"us, as picked {step['picked'] * 1e6:.0f} us; chosen in {seconds:.2f} s "
-              f"(GPU figures: one run, this GPU)")  # fmt: skip
+              f"({'one run, this GPU' if on_gpu else 'CPU interpreter: plumbing only'})")  # fmt: skip
     return 0
 
 

@@ -133,11 +133,18 @@ class GemvWorkspace:
     captured; shared by launches that run in order on one stream. Counters start at zero
     and every launch leaves them there."""
 
-    def __init__(self, device: torch.device, num_sms: int, shapes: Iterable[tuple[int, int]]):
+    def __init__(
+        self,
+        device: torch.device,
+        num_sms: int,
+        shapes: Iterable[tuple[int, int]],
+        max_split: int | None = None,
+    ) -> None:
+        """`max_split`: room for any split up to it at every shape (benchmarks' sweeps)."""
         self.device, self.num_sms = device, num_sms
         part, tiles = 1, 1
         for n, k in shapes:
-            split = num_splits(n, k, num_sms)
+            split = max_split or num_splits(n, k, num_sms)
             if split > 1:
                 part = max(part, split * MAX_ROWS * n)
                 tiles = max(tiles, triton.cdiv(n, BLOCK_N))
