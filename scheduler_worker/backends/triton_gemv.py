@@ -151,13 +151,6 @@ class GemvWorkspace:
         self.partials = torch.empty(part, dtype=torch.float32, device=device)
         self.counters = torch.zeros(tiles, dtype=torch.int32, device=device)
 
-    def fits(self, rows: int, n: int, k: int) -> bool:
-        split = num_splits(n, k, self.num_sms)
-        if split == 1:
-            return True
-        tiles = triton.cdiv(n, BLOCK_N)
-        return split * rows * n <= self.partials.numel() and tiles <= self.counters.numel()
-
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether gemv() takes these operands: 2-D x of at most MAX_ROWS rows, both in one

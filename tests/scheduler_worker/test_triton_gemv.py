@@ -77,7 +77,15 @@ def test_the_split_is_chosen_by_n_k_and_sms_alone_and_sized_by_the_workspace():
     # the default split on a small device: K 1100 over 8 SMs is split, within the workspace
     n, k = 100, 1100
     ws = workspace([(n, k)])
-    assert num_splits(n, k, 8) > 1 and ws.fits(8, n, k) and not ws.fits(8, 4 * n, k)
+    split = num_splits(n, k, 8)
+    assert split > 1 and ws.partials.numel() == split * triton_gemv.MAX_ROWS * n
+    with pytest.raises(AssertionError):  # a wider weight than the workspace was made for
+        gemv(
+            operands(8, 4 * n, k, torch.bfloat16, False)[0],
+            torch.zeros(4 * n, k).to(torch.bfloat16).to(DEVICE),
+            None,
+            ws,
+        )
     x, w, b = operands(8, n, k, torch.bfloat16, True, seed=1)
     y = gemv(x, w, b, ws)
     torch.testing.assert_close(y.float(), reference(x, w, b), rtol=ULP[torch.bfloat16], atol=1e-3)
