@@ -15,13 +15,14 @@ Why a fixed split summed by the last program, not float32 atomics into y: the su
 is fixed, so a row's output does not depend on which program finished first (greedy and
 seeded outputs repeat run to run); no zeroed accumulator is needed, only the counters, which
 each launch leaves at zero (the invariant: every counter is 0 between launches). The split
-depends on (N, K) and the SM count only, never on M, so a row's numbers do not depend on
-how many rows share the step. Grid sizes come from host ints, the workspace is
+depends on (N, K) and the SM count only, never on M, so within the GEMV a row's numbers do
+not depend on how many rows share the step (the route itself is chosen per row count). Grid sizes come from host ints, the workspace is
 preallocated (GemvWorkspace) and nothing is read back on the host, so a CUDA graph captures
 it; launches sharing one workspace must run in order on one stream (the decode graphs do).
 
 tl.dot wants 16 rows: x is loaded as BLOCK_M = 16 rows, those past M masked to zero, so
-one compiled variant serves every M <= 16 (M is a runtime argument). Runs under
+M is a runtime argument and one compiled variant serves M 2-8 (Triton specializes an int
+argument of 1: M = 1 is a second; bias or none, bf16 or fp16 are others). Runs under
 TRITON_INTERPRET=1 on CPU tensors (tests); on a GPU it is unrun so far (docs/benchmarks.md,
 "A few-row GEMV for the GPU's decode").
 """
