@@ -31,6 +31,9 @@
 #  9b. top-p without a sort: the sampler's top-p step, main's full sort against the radix
 #      search, at 256 x 128,256 / 256 x 49,152 / 32 x 128,256, chat and flat rows
 #      (benchmarks/bench_top_p.py; ZS_TOP_P=0: skipped)
+#  9c. the few-row GEMV against cuBLAS (F.linear) on the 1B and 8B shapes' linears at 1, 2,
+#      4, 8 rows: µs, GB/s, the route's pick, K splits 1-16 at 1 row (bench_gemv.py; ZS_GEMV=0:
+#      skipped; on a CPU dry run its plumbing under the interpreter, tiny shapes)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py), greedy
 #      and the chat mix
 # (after 4 for l1b: l1b again with one frontend, 32 streams: the A/B of the default's
@@ -52,7 +55,7 @@
 # ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
-# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
+# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_GEMV (1: stage 9c), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
 # l8b, served with ZS_FP8_FLAGS, "--quantization fp8 --kv-cache-dtype fp8"; benched at ZS_CONC_FP8 1,256 and
 # ZS_CONC_8B_FP8 1,64),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
@@ -338,6 +341,7 @@ missing=()
 # (a file::test runs that test alone: the top-p search's CUDA check, not its file's CPU tests)
 for f in tests/scheduler_worker/test_cuda_backend.py tests/scheduler_worker/test_sampling_device.py \
   tests/scheduler_worker/test_triton_kernels.py tests/scheduler_worker/test_triton_decode_splits.py \
+  tests/scheduler_worker/test_triton_gemv.py \
   tests/scheduler_worker/test_top_p.py::test_the_radix_search_on_cuda_keeps_what_the_cpu_keeps_and_never_waits; do
   if [ -f "${f%%::*}" ]; then tests+=("$f"); else missing+=("$f"); fi
 done
@@ -566,6 +570,19 @@ fi
 [ -f "$W/logs/top_p.log" ] && grep -E '^(cpu|cuda)' "$W/logs/top_p.log" | cut -c1-300 |
   sed 's/^/      /' | tee -a "$RUNLOG"
 
+# ---- 9c. the few-row GEMV against cuBLAS: µs a call, GB/s, the route's pick ----------
+if [ "${ZS_GEMV:-1}" != 1 ]; then
+  skip gemv "ZS_GEMV=${ZS_GEMV}"
+elif (($(left) - RESERVE < 25)); then
+  skip gemv "budget ($(left)s left)"
+elif [ "$DEV" = cuda ]; then
+  stage gemv 40 "$PY" "$G/bench_gemv.py" --models 1b,8b --rows 1,2,4,8 --splits 1,2,4,8,16
+else # the plumbing only: the interpreter on tiny shapes
+  stage gemv 40 "$PY" "$G/bench_gemv.py" --device cpu --rows 1,8 --splits 1,2
+fi
+[ -f "$W/logs/gemv.log" ] && grep -E 'SMs|batch 1|check at|sweep' "$W/logs/gemv.log" | cut -c1-250 |
+  sed 's/^/      /' | tee -a "$RUNLOG"
+
 # ---- 9. profile ----------------------------------------------------------------------
 PM=""
 for m in l1b l8b; do has_model $m && [ -z "$PM" ] && PM=$m; done
@@ -620,6 +637,7 @@ for f in host_step host_step_chat; do
 done
 [ -f "$W/logs/decode_splits.log" ] && cat "$W/logs/decode_splits.log" >>"$OUT/profile.txt"
 [ -f "$W/logs/top_p.log" ] && cat "$W/logs/top_p.log" >>"$OUT/profile.txt"
+[ -f "$W/logs/gemv.log" ] && cat "$W/logs/gemv.log" >>"$OUT/profile.txt"
 cat "$W/logs/summary.log"
 say "done in $(elapsed)s; files in $OUT: $(cd "$OUT" && echo *) run.log"
 cp "$RUNLOG" "$OUT/run.log"

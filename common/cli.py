@@ -14,6 +14,7 @@ from common.config import (
     ASYNC_SCHEDULING,
     DEVICES,
     DTYPES,
+    GEMV_MODES,
     KERNELS,
     KV_DTYPES,
     LOAD_FORMATS,
@@ -93,6 +94,15 @@ GROUPS: dict[str, list[Flag]] = {
             "CUDA: share of the GPU's memory to use; the KV pool takes what the rest leaves",
         ),
         Flag("--max-decode-batch", _S, "max_decode_batch", int, "decode rows per step"),
+        Flag(
+            "--gemv",
+            _M,
+            "gemv",
+            str,
+            "CUDA: a split-K GEMV for decode steps of <= 8 rows where it measured faster "
+            "than cuBLAS at start (auto), or never (off)",
+            GEMV_MODES,
+        ),
         Flag(
             "--speculative-method",
             _S,

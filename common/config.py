@@ -34,6 +34,7 @@ KERNELS = ("auto", "amx", "avx512", "avx2", "scalar", "torch")
 # where the weights come from: auto, the model's files; dummy, random weights made on the
 # device from config.json alone (benchmarks, sizing a deployment; as vLLM's)
 LOAD_FORMATS = ("auto", "dummy")
+GEMV_MODES = ("auto", "off")  # CUDA: the few-row GEMV measured against cuBLAS, or never
 ROUTINGS = ("least_loaded", "round_robin")
 MAX_API_SERVERS = 64  # frontend processes; every worker holds a socket to each
 TOOL_CALL_PARSERS = TOOL_FORMAT_NAMES  # common/tool_formats/; None: the model family's
@@ -96,6 +97,7 @@ class ModelConfig:
     num_threads: int | None = None
     # CUDA: no graph capture, every step eager (start-up faster, decode slower)
     enforce_eager: bool = False
+    gemv: str = "auto"  # see GEMV_MODES (scheduler_worker/backends/gemv_choice.py)
     # ranks a replica's model is split over (scheduler_worker/parallel/); how long a collective
     # waits for the other ranks before the replica stops
     tensor_parallel_size: int = 1
@@ -121,6 +123,8 @@ class ModelConfig:
                 "load_format dummy makes float weights from config.json; quantization gguf "
                 "serves a GGUF file's own blocks: pick one"
             )
+        if self.gemv not in GEMV_MODES:
+            raise ConfigError(f"gemv must be one of {GEMV_MODES}, got {self.gemv!r}")
         if self.kernels not in KERNELS:
             raise ConfigError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
         if self.quantization not in ("auto", "none") and (

@@ -35,6 +35,7 @@ from scheduler_worker.backends.base import (
 )
 from scheduler_worker.backends.device import TORCH_DTYPES, fp8_problem, to_device
 from scheduler_worker.backends.device_clock import DeviceClock
+from scheduler_worker.backends.gemv_choice import choose_at_start
 from scheduler_worker.backends.graphs import (
     DecodeGraphs,
     Graph,
@@ -76,12 +77,15 @@ class CudaBackend(Backend):
         enforce_eager: bool,
         head_dim: int = 64,
         device: torch.device | None = None,
+        gemv: str = "auto",
     ) -> None:
         """`device`: a GPU; tests run the same code on the CPU under the Triton
-        interpreter (TRITON_INTERPRET=1), with stand-in graphs (capture())."""
+        interpreter (TRITON_INTERPRET=1), with stand-in graphs (capture()). `gemv`: the
+        few-row GEMV's route, "auto" (measured at start) or "off" (gemv_choice.py)."""
         device = device or torch.device("cuda")
         super().__init__(device, dtype, block_size)
-        self.ops = TritonOps()
+        self.ops = ops = TritonOps(gemv)
+        self.gemv = ops.gemv  # which few-row linears take the GEMV, chosen at start()
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -205,12 +209,18 @@ class CudaBackend(Backend):
         return max(s for s in SPLIT_CHOICES if s <= want)
 
     def start(self, model: torch.nn.Module, kv_caches: list[KVCache], vocab: int) -> None:
-        """Capture the decode graphs, largest first, into one pool. Out of memory: fewer
-        sizes (the ones captured so far), or eager if none; said in the log."""
+        """Choose the few-row GEMV's shapes (gemv_choice.py), then capture the decode
+        graphs, largest first, into one pool. Out of memory: fewer sizes (the ones
+        captured so far), or eager if none; said in the log."""
         self.facts["warm_up_seconds"] = warm_up(self, model, kv_caches, SPLIT_CHOICES)
         if self.enforce_eager:
             log.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
             return
+        t0 = time.perf_counter()  # the GEMV's choice: timed here, before any capture
+        picks = choose_at_start(self.gemv, model, self.num_sms, capture_sizes(self.max_num_seqs))
+        self.facts["gemv_choice_seconds"] = seconds = time.perf_counter() - t0
+        log.info("few-row GEMV (--gemv %s), chosen in %.2f s:%s", self.gemv.mode, seconds,
+                 "".join("\n    " + p for p in picks) or " nothing measured")  # fmt: skip
         torch.cuda.synchronize(self.device)
         free0 = torch.cuda.mem_get_info(self.device)[0]
         t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 A model's layers call `self.ops.<op>` and never ask which device they are on:
 
     op              TorchOps (reference, any device)    CpuKernelOps (C++)      TritonOps (CUDA)
+    linear          F.linear itself                     (TorchOps)              measured GEMV <= 8 rows
     rms_norm        float32 torch                       zeroserve.rms_norm      triton_ops.rms_norm
     act_mul         torch activation * up               silu_mul / gelu_tanh    triton_ops.act_mul
     rope_inputs     (cos, sin) per token                (positions, f32 tables) (positions, tables)
@@ -22,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from scheduler_worker.activations import ACTIVATIONS, GELU_TANH_ACTS
 from scheduler_worker.attention import AttentionMetadata, paged_attention, write_kv
@@ -40,6 +43,9 @@ class TorchOps:
     residual_dtype: torch.dtype | None = None
     # a decode step's layers may run as one C++ call (models/decode_plan.py)
     one_call_decode = False
+    # a dense layer's product (`Linear` below): F.linear itself, no wrapper, so the CPU's
+    # call costs what nn.Linear's does; TritonOps routes a few rows to its GEMV
+    linear = staticmethod(F.linear)
 
     def fp8_matmul(
         self, x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None
@@ -170,3 +176,14 @@ class CpuKernelOps(TorchOps):
 
 
 TORCH_OPS = TorchOps()
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose product is the op set's `linear` (the backend sets `ops`, as on
+    every layer module): the models' dense projections, so a model file never names a
+    device's matmul (TritonOps: the few-row GEMV where it measured faster)."""
+
+    ops: TorchOps = TORCH_OPS
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(x, self.weight, self.bias)

@@ -45,6 +45,7 @@ def make_backend(
             gpu_memory_utilization=config.cache.gpu_memory_utilization,
             enforce_eager=config.model.enforce_eager,
             head_dim=model.head_dim,
+            gemv=config.model.gemv,
         )
     return CpuBackend(
         model.dtype, config.cache.block_size, cpu_kernel_isa(config, model), step_rows

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from scheduler_worker.activations import GELU_TANH_ACTS
 from scheduler_worker.backends import triton_decode, triton_fp8, triton_prefill
+from scheduler_worker.backends.gemv_choice import GemvRoutes
 from scheduler_worker.backends.ops import TorchOps
 from scheduler_worker.backends.triton_attention import cache_strides
 
@@ -339,6 +340,12 @@ class TritonOps(TorchOps):
     # from float32 (docs/benchmarks.md, "A float32 residual stream"); it costs 4 bytes a
     # hidden unit a token where bf16 takes 2, next to the weights' 2 bytes a parameter
     residual_dtype = torch.float32
+
+    def __init__(self, gemv: str = "auto") -> None:
+        self.gemv = GemvRoutes(gemv)  # the few-row linears' measured route (gemv_choice.py)
+
+    def linear(self, x, weight, bias=None):
+        return self.gemv.linear(x, weight, bias)
 
     def rms_norm(self, x, residual, weight, eps, weight_offset=0.0, out_dtype=None):
         return rms_norm(x, residual, weight, eps, weight_offset, out_dtype)

@@ -12,6 +12,7 @@ from torch import nn
 
 from common.families import BY_ARCHITECTURE
 from common.families.base import LayerRecipe, layer_windows
+from scheduler_worker.backends.ops import Linear
 from scheduler_worker.quant.linear import QuantLinear
 
 
@@ -115,10 +116,8 @@ class AttentionProjections(nn.Module):
         self.head_dim = args.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(
-            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+        self.qkv_proj = Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.o_proj = Linear(self.q_size, args.hidden_size, bias=args.o_bias)
 
 
 class CausalLM(nn.Module):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
+from scheduler_worker.backends.ops import TORCH_OPS, Linear, TorchOps
 from scheduler_worker.models.common import (
     CausalLM,
     ModelArgs,
@@ -55,7 +55,7 @@ class DecoderForCausalLM(CausalLM):
             self.embed_positions = nn.Embedding(args.max_position_embeddings, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = make_norm(args, args.hidden_size)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         windows = args.layer_windows or (None,) * args.num_layers
         own = args.local_rope is not None
         self.layer_rope = ["local" if own and w is not None else "global" for w in windows]

@@ -26,7 +26,7 @@ from torch import nn
 
 from scheduler_worker.activations import ACTIVATIONS
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
+from scheduler_worker.backends.ops import TORCH_OPS, Linear, TorchOps
 from scheduler_worker.models.common import AttentionProjections, ModelArgs
 from scheduler_worker.rope import rotate
 
@@ -133,10 +133,10 @@ class MLP(nn.Module):
         hidden, inter, bias = args.hidden_size, args.intermediate_size, args.mlp_bias
         self.gated = args.recipe.gated_mlp
         if self.gated:
-            self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
+            self.gate_up_proj = Linear(hidden, 2 * inter, bias=bias)
         else:
-            self.up_proj = nn.Linear(hidden, inter, bias=bias)
-        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+            self.up_proj = Linear(hidden, inter, bias=bias)
+        self.down_proj = Linear(inter, hidden, bias=bias)
         self.act = args.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
