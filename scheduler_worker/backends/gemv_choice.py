@@ -21,9 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.log import get_logger
 from scheduler_worker.backends import triton_gemv
 from scheduler_worker.backends.ops import Linear
 
+log = get_logger("cuda")
 ROW_BUCKETS = (1, 2, 4, 8)
 MARGIN = 0.02  # the GEMV must be this much faster: a tie keeps cuBLAS, noise does not flip it
 IMPLS = ("linear", "gemv")
@@ -75,6 +77,27 @@ class GemvRoutes:
                 self.timings[key] = (t_linear, t_gemv)
                 if t_gemv < t_linear * (1.0 - MARGIN):
                     self.faster.add(key)
+
+    def verify(
+        self, weights: dict[Shape, list[tuple[torch.Tensor, torch.Tensor | None]]]
+    ) -> list[Key]:
+        """Each chosen key's GEMV against F.linear on one random input, both rounded to the
+        weight's dtype; a key whose result differs by more than two roundings of the output's
+        magnitude goes back to F.linear (the kernel has not run on a GPU: a wrong result at
+        start must cost speed, not answers). Returns the keys dropped."""
+        wrong: list[Key] = []
+        for m, n, k in sorted(self.faster):
+            w, b = weights[(n, k)][0]
+            gen = torch.Generator(device=w.device).manual_seed(1)
+            x = torch.randn(m, k, device=w.device, dtype=w.dtype, generator=gen)
+            assert self.workspace is not None
+            got = triton_gemv.gemv(x, w, b, self.workspace).float()
+            ref = F.linear(x, w, b).float()
+            eps = torch.finfo(w.dtype).eps
+            if not bool(((got - ref).abs() <= 2 * eps * ref.abs().amax() + 1e-6).all()):
+                wrong.append((m, n, k))
+        self.faster.difference_update(wrong)
+        return wrong
 
     def report(self) -> list[str]:
         """One line per measured key: µs a call each way and the pick."""
@@ -172,6 +195,15 @@ def choose_at_start(
     if not weights:
         return []
     device = next(iter(weights.values()))[0][0].device
-    routes.workspace = triton_gemv.GemvWorkspace(device, num_sms, weights)
-    routes.choose(weights, measure or graph_measure(weights, routes.workspace), buckets)
-    return routes.report()
+    try:
+        routes.workspace = triton_gemv.GemvWorkspace(device, num_sms, weights)
+        routes.choose(weights, measure or graph_measure(weights, routes.workspace), buckets)
+        wrong = routes.verify(weights)
+    except Exception as e:  # noqa: BLE001 - a kernel that cannot run must not stop the server
+        log.warning("few-row GEMV off: it failed at start (%s: %s)", type(e).__name__, e)
+        routes.faster.clear()
+        routes.workspace = None
+        return [f"off: it failed at start ({type(e).__name__}: {e})"]
+    return routes.report() + [
+        f"[{n}x{k}] rows {m}: differs from F.linear -> F.linear" for m, n, k in wrong
+    ]

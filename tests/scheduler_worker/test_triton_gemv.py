@@ -226,3 +226,32 @@ def test_the_gpu_timer_times_both_sides_of_every_shape():
     lines = choose_at_start(routes, model, sms, [1, 8])
     assert len(lines) == 4 and len(routes.timings) == 4
     assert all(0 < t < 1e-2 for pair in routes.timings.values() for t in pair)
+
+
+def test_a_gemv_that_fails_or_differs_at_start_leaves_f_linear(monkeypatch):
+    """The kernel has not run on a GPU: one that raises at start turns the route off, one
+    whose result differs from F.linear loses that key; the server starts either way."""
+    model = TinyStack(torch.bfloat16)
+    real = triton_gemv.gemv
+
+    def off_by_one(x, w, b, ws, split=None):
+        y = real(x, w, b, ws, split)
+        return y + 1 if x.shape[0] == 1 else y
+
+    monkeypatch.setattr(triton_gemv, "gemv", off_by_one)
+    routes = GemvRoutes("auto")
+    lines = choose_at_start(routes, model, 8, [1, 2], StandInTimer({(1, N, K), (2, N, K)}))
+    assert routes.faster == {(2, N, K)}
+    assert any("rows 1: differs from F.linear" in line for line in lines)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such PTX")
+
+    monkeypatch.setattr(triton_gemv, "gemv", broken)
+    routes = GemvRoutes("auto")
+    lines = choose_at_start(routes, model, 8, [1], StandInTimer({(1, N, K)}))
+    assert routes.faster == set() and routes.workspace is None
+    assert lines == ["off: it failed at start (RuntimeError: no such PTX)"]
+    x = torch.randn(1, K).to(torch.bfloat16).to(DEVICE)
+    w = model.a[1].weight
+    torch.testing.assert_close(routes.linear(x, w, None), F.linear(x, w))
