@@ -25,7 +25,7 @@ from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.step_output import PLAIN_TAIL, RequestOutput, new_output
+from scheduler_worker.step_output import RequestOutput, new_output
 
 _REQ = itemgetter(0)
 OtherRow = Callable[[Request, int, int, "TokenLogprobs | None"], "RequestOutput | None"]
@@ -67,12 +67,16 @@ def resolve_rows(
         tokens = req.token_ids
         tokens[index] = token
         req.output_token_ids[n_out - 1] = token
-        if min(req.num_computed_tokens, index + 1) // bs > req.num_hashed_blocks:
+        computed = req.num_computed_tokens
+        if computed // bs > req.num_hashed_blocks and min(computed, index + 1) // bs > (
+            req.num_hashed_blocks
+        ):
             hash_blocks(req)
         num_prompt = req.num_prompt_tokens
         n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
-        fields = (req.request_id, [token], None, None, num_prompt, n_total, req.num_cached_tokens)
-        append(new_output(RequestOutput, fields + PLAIN_TAIL))
+        rid, cached = req.request_id, req.num_cached_tokens
+        fields = (rid, [token], None, None, num_prompt, n_total, cached, None, None, None)
+        append(new_output(RequestOutput, fields))
     return outputs
 
 
@@ -110,15 +114,16 @@ def resolve_and_advance(
         new = len(tokens)  # the launched step's placeholder goes there
         num_prompt = req.num_prompt_tokens
         n_out, n_new = index + 1 - num_prompt, new + 1 - num_prompt  # outputs up to each
-        max_tokens = req.max_tokens
-        if n_new >= max_tokens:
+        ends = False  # this token is its last (n_out <= n_new: only if the next is)
+        if n_new >= req.max_tokens:
             active.pop(req.request_id, None)  # its last token: done when resolved
+            ends = n_out >= req.max_tokens
         if (
             req.status is not running
             or req.reads_history
             or lp is not None
             or token in req.stop_tokens
-            or n_out >= max_tokens
+            or ends
             or req.first_token_time is None
         ):
             _advance_row(scheduler, req, new)
@@ -134,11 +139,15 @@ def resolve_and_advance(
         outs = req.output_token_ids
         outs[n_out - 1] = token
         outs.append(placeholder)
-        if min(computed, index + 1) // bs > req.num_hashed_blocks:
+        # min(...) <= computed: the cheap test first (a block fills one step in bs)
+        if computed // bs > req.num_hashed_blocks and min(computed, index + 1) // bs > (
+            req.num_hashed_blocks
+        ):
             hash_blocks(req)
-        # n_new: with the launched step's placeholder
-        fields = (req.request_id, [token], None, None, num_prompt, n_new, req.num_cached_tokens)
-        append(new_output(RequestOutput, fields + PLAIN_TAIL))
+        # n_new: with the launched step's placeholder (step_output.new_output's fields)
+        rid, cached = req.request_id, req.num_cached_tokens
+        fields = (rid, [token], None, None, num_prompt, n_new, cached, None, None, None)
+        append(new_output(RequestOutput, fields))
     return outputs
 
 
