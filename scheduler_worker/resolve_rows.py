@@ -1,7 +1,8 @@
 """A step's tokens into its requests, the common row in one loop.
 
-Most rows of a decode step are alike: running, reading no history (no grammar, penalty or
-prompt logprobs), without logprobs or drafts, their token neither a stop nor their last.
+Most rows of a decode step are alike: running, without a grammar or prompt logprobs
+(Request.resolves_apart) or drafts, their token neither a stop nor their last (a penalty
+or a token's logprobs change nothing here: the logprobs go in the output as the engine's).
 For those, `resolve_rows` does Scheduler.resolve's work and builds the RequestOutput
 inline: a call a row and the checks such a row cannot need were a tenth of the host's step
 at 256 rows (docs/benchmarks.md, "Host step, persistent rows"). Any other row goes to
@@ -48,8 +49,7 @@ def resolve_rows(
         n_out = index + 1 - req.num_prompt_tokens
         if (
             req.status is not running
-            or req.reads_history
-            or lp is not None
+            or req.resolves_apart
             or token in req.stop_tokens
             or n_out >= req.max_tokens
             or req.first_token_time is None
@@ -75,7 +75,8 @@ def resolve_rows(
         num_prompt = req.num_prompt_tokens
         n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
         rid, cached = req.request_id, req.num_cached_tokens
-        fields = (rid, [token], None, None, num_prompt, n_total, cached, None, None, None)
+        lps = None if lp is None else [lp]
+        fields = (rid, [token], None, lps, num_prompt, n_total, cached, None, None, None)
         append(new_output(RequestOutput, fields))
     return outputs
 
@@ -120,8 +121,7 @@ def resolve_and_advance(
             ends = n_out >= req.max_tokens
         if (
             req.status is not running
-            or req.reads_history
-            or lp is not None
+            or req.resolves_apart
             or token in req.stop_tokens
             or ends
             or req.first_token_time is None
@@ -146,7 +146,8 @@ def resolve_and_advance(
             hash_blocks(req)
         # n_new: with the launched step's placeholder (step_output.new_output's fields)
         rid, cached = req.request_id, req.num_cached_tokens
-        fields = (rid, [token], None, None, num_prompt, n_new, cached, None, None, None)
+        lps = None if lp is None else [lp]
+        fields = (rid, [token], None, lps, num_prompt, n_new, cached, None, None, None)
         append(new_output(RequestOutput, fields))
     return outputs
 

@@ -9,6 +9,7 @@ from common.config import CacheConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.resolve_rows import resolve_rows
+from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.step_output import RequestOutput
 
@@ -43,10 +44,15 @@ def test_common_rows_inline_and_the_others_in_their_place():
         sched.resolve(req, index, token)
         return None
 
-    outputs = resolve_rows(sched, sampled, [5, EOS, 6, 7], [None] * 4, {}, other)
-    assert seen == ["stops", "pen", "first"]  # a stop token, a history reader, a first token
-    # the output a RequestOutput built field by field would be (the inline one is a tuple)
-    assert outputs == [RequestOutput("plain", [5], None, None, 20, 1, 0)]
+    lp = TokenLogprobs(6, -0.5, [6], [-0.5])
+    outputs = resolve_rows(sched, sampled, [5, EOS, 6, 7], [None, None, lp, None], {}, other)
+    assert seen == ["stops", "first"]  # a stop token, a first token
+    # the output a RequestOutput built field by field would be (the inline one is a tuple);
+    # a penalty changes nothing here, a token's logprobs go in its output
+    assert outputs == [
+        RequestOutput("plain", [5], None, None, 20, 1, 0),
+        RequestOutput("pen", [6], None, [lp], 20, 1, 0),
+    ]
     assert plain.output_token_ids == [5] and plain.num_pending == 0
     assert plain.token_ids[-1] == 5 and plain.status is RequestStatus.RUNNING
     assert stops.status is RequestStatus.FINISHED_STOPPED
@@ -127,3 +133,40 @@ def test_fused_steps_give_what_advance_then_resolve_gives(llama, monkeypatch):
     reasons = {o.request_id: o.finish_reason for s, _ in got for o in s if o.finish_reason}
     assert reasons["r1"] == reasons["r5"] == "stop" and reasons["r4"] == "abort"
     assert reasons["r0"] == "length"
+
+
+def test_penalty_and_logprobs_rows_inline_give_the_engines_outputs(llama):
+    """Rows with a penalty or logprobs, resolved inline (fused and not), give the outputs,
+    tokens, logprobs and prefix cache of the same rows all sent to the engine's own path
+    (resolves_apart), step for step; a grammar row still goes there."""
+    from tests.scheduler_worker.test_engine import _prompts, make_engine
+
+    prompts = _prompts(8, seed=3)
+    kinds = [
+        {"presence_penalty": 0.5},
+        {"logprobs": 3},
+        {"frequency_penalty": 0.3, "logprobs": 2, "seed": 5},
+        {},
+        {"repetition_penalty": 1.2, "top_p": 0.9, "seed": 9},
+        {"logprobs": 1, "max_tokens": 5},
+        {"structured": {"kind": "regex", "spec": "[ab]+"}, "max_tokens": 9},
+        {"logprobs": 2, "presence_penalty": 1.0, "max_tokens": 7},
+    ]
+
+    def serve(apart: bool) -> tuple[list, dict]:
+        engine = make_engine(llama, async_scheduling="on", speculative_method="none")
+        steps = []
+        for step in range(30):
+            if step < len(prompts):
+                kw = {"max_tokens": 12, "temperature": 0.8, "seed": 100 + step, **kinds[step]}
+                engine.add_request(f"r{step}", prompts[step], SamplingParams(**kw))
+                if apart:
+                    engine.requests[f"r{step}"].resolves_apart = True
+            steps.append([o._replace(stage_times=None) for o in engine.step()])
+        assert not engine.has_unfinished()
+        return steps, dict(engine.block_manager.hash_to_block)
+
+    want, got = serve(True), serve(False)
+    assert got == want
+    lps = [o.logprobs for s in got[0] for o in s if o.request_id == "r1"]
+    assert len(lps) == 12 and all(lp is not None and len(lp[0].top_ids) == 3 for lp in lps)
