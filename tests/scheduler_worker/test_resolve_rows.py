@@ -97,7 +97,8 @@ def test_fused_steps_give_what_advance_then_resolve_gives(llama, monkeypatch):
         real, fused = engine_module.fusable, [0]
 
         def fusable(*args):
-            fused[0] += bool(ok := fuse and real(*args))
+            ok = real(*args) if fuse else None
+            fused[0] += ok is not None
             return ok
 
         monkeypatch.setattr(engine_module, "fusable", fusable)
@@ -170,3 +171,56 @@ def test_penalty_and_logprobs_rows_inline_give_the_engines_outputs(llama):
     assert got == want
     lps = [o.logprobs for s in got[0] for o in s if o.request_id == "r1"]
     assert len(lps) == 12 and all(lp is not None and len(lp[0].top_ids) == 3 for lp in lps)
+
+
+def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(llama, monkeypatch):
+    """Grammar rows sit out every other overlapped step: the launched rows are those back
+    from sitting out, then a subsequence of the step in flight's. Fused (_resolve_and_
+    advance_some) and not, the outputs, logprobs and prefix cache are the same, step for
+    step, with rows that stop, end, are aborted and sample with seeds and penalties."""
+    import scheduler_worker.engine as engine_module
+    from tests.scheduler_worker.test_engine import _prompts, make_engine
+
+    prompts = _prompts(10, seed=11)
+    kinds = [
+        {"temperature": 0.0},
+        {"structured": {"kind": "regex", "spec": "[a-z]{3,20}"}, "temperature": 0.0},
+        {"temperature": 0.7, "top_p": 0.9, "seed": 4},
+        {"temperature": 0.0, "logprobs": 2, "presence_penalty": 0.5},
+        {"structured": {"kind": "regex", "spec": "[0-9]{2,9}"}, "temperature": 0.8, "seed": 8},
+        {"temperature": 0.0, "max_tokens": 5},
+        {"temperature": 0.9, "seed": 12, "logprobs": 1},
+        {"structured": {"kind": "regex", "spec": "(ab|cd)+"}, "max_tokens": 7, "seed": 3},
+        {"temperature": 0.0},
+        {"temperature": 0.0, "frequency_penalty": 0.4},
+    ]
+
+    def serve(fuse: bool) -> tuple[list, int, dict]:
+        real, subset = engine_module.fusable, [0]
+
+        def fusable(sched, batch, sampled):
+            ok = real(sched, batch, sampled) if fuse else None
+            subset[0] += ok is not None and (bool(ok.joins) or len(ok.rows) != len(sampled))
+            return ok
+
+        monkeypatch.setattr(engine_module, "fusable", fusable)
+        engine = make_engine(llama, async_scheduling="on", speculative_method="none")
+        steps = []
+        for step in range(40):
+            if step < len(prompts):
+                kw = {"max_tokens": 16, **kinds[step]}
+                engine.add_request(f"r{step}", prompts[step], SamplingParams(**kw))
+            if step == 14:
+                engine.abort("r8")
+            steps.append([o._replace(stage_times=None) for o in engine.step()])
+        engine.block_manager.check_integrity()
+        assert not engine.has_unfinished()
+        monkeypatch.undo()
+        return steps, subset[0], dict(engine.block_manager.hash_to_block)
+
+    want, none, want_cache = serve(False)
+    got, subset, cache = serve(True)
+    assert none == 0 and subset >= 5
+    assert got == want and cache == want_cache
+    reasons = {o.request_id: o.finish_reason for s in got for o in s if o.finish_reason}
+    assert reasons["r8"] == "abort" and reasons["r5"] == "length" and len(reasons) == 10
