@@ -15,6 +15,11 @@ resolve and runs in its loop (`resolve_and_advance`), a row's record read once, 
 placeholder count unchanged (docs/benchmarks.md, "Host step per row, per-slot arrays"):
 
     launch N (no advance) ──▶ read N-1's tokens ──▶ each row: advance for N, resolve N-1
+
+With grammar rows, a step's rows are those back from sitting out (no token in flight:
+advanced first), then rows of the step in flight in its order, less those now sitting
+out (`Fused`): the same loop, each row at its new row of step N (docs/benchmarks.md,
+"Host step, eighth session").
 """
 
 from __future__ import annotations
