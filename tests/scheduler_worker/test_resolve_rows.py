@@ -173,11 +173,15 @@ def test_penalty_and_logprobs_rows_inline_give_the_engines_outputs(llama):
     assert len(lps) == 12 and all(lp is not None and len(lp[0].top_ids) == 3 for lp in lps)
 
 
-def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(llama, monkeypatch):
+@pytest.mark.parametrize("num_blocks", [512, 40])
+def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(
+    llama, monkeypatch, num_blocks
+):
     """Grammar rows sit out every other overlapped step: the launched rows are those back
     from sitting out, then a subsequence of the step in flight's. Fused (_resolve_and_
     advance_some) and not, the outputs, logprobs and prefix cache are the same, step for
-    step, with rows that stop, end, are aborted and sample with seeds and penalties."""
+    step, with rows that stop, end, are aborted, are preempted (40 blocks) and sample with
+    seeds and penalties."""
     import scheduler_worker.engine as engine_module
     from tests.scheduler_worker.test_engine import _prompts, make_engine
 
@@ -195,8 +199,8 @@ def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(llama, mo
         {"temperature": 0.0, "frequency_penalty": 0.4},
     ]
 
-    def serve(fuse: bool) -> tuple[list, int, dict]:
-        real, subset = engine_module.fusable, [0]
+    def serve(fuse: bool) -> tuple[list, int, dict, int]:
+        real, subset, preempted = engine_module.fusable, [0], [0]
 
         def fusable(sched, batch, sampled):
             ok = real(sched, batch, sampled) if fuse else None
@@ -204,23 +208,25 @@ def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(llama, mo
             return ok
 
         monkeypatch.setattr(engine_module, "fusable", fusable)
-        engine = make_engine(llama, async_scheduling="on", speculative_method="none")
+        engine = make_engine(llama, num_blocks, async_scheduling="on", speculative_method="none")
         steps = []
-        for step in range(40):
+        for step in range(60):
             if step < len(prompts):
                 kw = {"max_tokens": 16, **kinds[step]}
                 engine.add_request(f"r{step}", prompts[step], SamplingParams(**kw))
             if step == 14:
                 engine.abort("r8")
-            steps.append([o._replace(stage_times=None) for o in engine.step()])
+            outputs = engine.step()
+            preempted[0] += sum(o.stage_times["num_preemptions"] for o in outputs if o.stage_times)
+            steps.append([o._replace(stage_times=None) for o in outputs])
         engine.block_manager.check_integrity()
         assert not engine.has_unfinished()
         monkeypatch.undo()
-        return steps, subset[0], dict(engine.block_manager.hash_to_block)
+        return steps, subset[0], dict(engine.block_manager.hash_to_block), preempted[0]
 
-    want, none, want_cache = serve(False)
-    got, subset, cache = serve(True)
-    assert none == 0 and subset >= 5
+    want, none, want_cache, _ = serve(False)
+    got, subset, cache, preempted = serve(True)
+    assert none == 0 and subset >= 5 and (preempted > 0) == (num_blocks == 40)
     assert got == want and cache == want_cache
     reasons = {o.request_id: o.finish_reason for s in got for o in s if o.finish_reason}
     assert reasons["r8"] == "abort" and reasons["r5"] == "length" and len(reasons) == 10
