@@ -9,8 +9,15 @@ The sampler, the scheduler, the outputs and the worker's encoding for the detoke
 (SchedulerWorker.publish, the message encoded, not sent) run for real. Prints µs a step and a
 row, and with --profile the functions that take the time.
 
+The chat mix's sampler runs its torch ops on the CPU (a GPU's device work), which the wall
+clock cannot tell from the host's (preemption between its ops, the caches it evicts:
+docs/benchmarks.md, "Host step, seventh session"). Its host figure is therefore its
+Python's bytecodes a row (sys.settrace, load-free) times greedy's µs a bytecode, greedy
+run at the same rows in the same process just before (docs/benchmarks.md, "Host step,
+eighth session").
+
     .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat]
-    ZS_BYTECODES=1 ...   also the bytecodes and calls a row a step (load-free)
+    ZS_BYTECODES=1 ...   also greedy's bytecodes and calls a row a step (load-free)
 """
 
 from __future__ import annotations
@@ -67,8 +74,7 @@ class GraphLike:
     """runner.execute as a replayed decode graph costs the host: its inputs staged (the
     step in flight's tokens already on the device). The chat mix gets logits as wide as
     the vocabulary (a grammar allows the model's own tokens: cut to a few, a row can be
-    left with none). `marked`: the logits' copy in a profiler range (host_share's pass
-    only: a range costs the host more than the copy)."""
+    left with none)."""
 
     def __init__(self, engine: LLMEngine, max_rows: int, vocab: int = VOCAB) -> None:
         runner = engine.runner
@@ -79,17 +85,14 @@ class GraphLike:
         # peaked as a model's: the byte-level tokens hold ~95% of the mass (a flat row makes
         # top_p 0.9 keep tens of thousands of tokens, which no model's logits do)
         logits[:, :256] += 8.0
-        self.logits, self.real, self.marked = logits, runner.execute, False
+        self.logits, self.real = logits, runner.execute
         self.prev_tokens = torch.full((max_rows,), 7, dtype=torch.long)
 
     def __call__(self, seqs, argmax_vocab=None):
         if not isinstance(seqs, DecodeRows):
             return self.real(seqs, argmax_vocab)  # the prompts: the real forward
         self.inputs.fill(seqs, len(seqs), self.prev_tokens)
-        if not self.marked:
-            return self.logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
-        with torch.profiler.record_function("device"):  # a graph's output: device work
-            return self.logits[: len(seqs)].clone()
+        return self.logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
 
 
 def publisher(engine: LLMEngine):
@@ -107,39 +110,9 @@ def publisher(engine: LLMEngine):
     return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
 
 
-def host_share(engine: LLMEngine, publish, steps: int) -> float:
-    """Seconds a row of the host's own work: the steps' wall clock less the time inside
-    the torch ops a GPU runs as device work (the sampler's, the stand-in's copy of the
-    logits: torch.profiler, the ops' own time in those ranges), in one pass (the
-    profiler's cost per op counts as the host's: an upper bound)."""
-    sampler, graph = engine.sampler, engine.runner.execute
-    assert isinstance(graph, GraphLike)
-    graph.marked = True
-    for name in ("sample", "greedy"):
-        setattr(sampler, name, record(getattr(sampler, name), "device"))
-    cpu = torch.profiler.ProfilerActivity.CPU
-    num_rows, t = 0, time.perf_counter()
-    with torch.profiler.profile(activities=[cpu]) as prof:
-        for _ in range(steps):
-            publish(engine.step())
-            num_rows += engine.last_step.num_decode
-    seconds = time.perf_counter() - t
-    graph.marked = False
-    for name in ("sample", "greedy"):
-        delattr(sampler, name)
-    total = 0.0
-    for ev in prof.events():
-        parent = ev.cpu_parent
-        while parent is not None and parent.name != "device":
-            parent = parent.cpu_parent
-        if parent is not None and ev.name != "device":
-            total += ev.self_cpu_time_total
-    return (seconds - total * 1e-6) / max(1, num_rows)
-
-
-def bytecodes(engine: LLMEngine, publish, steps: int) -> None:
-    """Print the Python bytecodes and calls a decoded row a step (sys.settrace): what the
-    host's Python does, whatever the machine's load."""
+def bytecodes(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
+    """The Python bytecodes and calls a decoded row a step (sys.settrace): what the host's
+    Python does, whatever the machine's load."""
     counts = [0, 0]
 
     def trace(frame, event, arg):
@@ -153,15 +126,7 @@ def bytecodes(engine: LLMEngine, publish, steps: int) -> None:
         publish(engine.step())
         num_rows += engine.last_step.num_decode
     sys.settrace(None)
-    print(f"  {counts[0] / num_rows:.0f} bytecodes, {counts[1] / num_rows:.2f} calls a row a step")
-
-
-def record(fn, name: str):
-    def wrapped(*args, **kwargs):
-        with torch.profiler.record_function(name):
-            return fn(*args, **kwargs)
-
-    return wrapped
+    return counts[0] / num_rows, counts[1] / num_rows
 
 
 def run(
@@ -171,11 +136,12 @@ def run(
     profile: bool,
     kernels: str = "auto",
     mix: str = "greedy",
-) -> tuple[float, float, float, float]:
+    count: bool = False,
+) -> tuple[float, float, float, tuple[float, float] | None]:
     """Seconds a step, a row (the rows each step decoded, counted: a grammar's JSON may
     end before max_tokens), a step in the sampler (on a CPU its torch ops are the
-    device's work: the chat mix's top-p over the vocabulary is most of them), and, for
-    the chat mix, a row of the host's own work (host_share; 0 for greedy)."""
+    device's work: the chat mix's top-p over the vocabulary is most of them), and with
+    `count` the bytecodes and calls a row a step (else None)."""
     cfg = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
@@ -207,9 +173,7 @@ def run(
         num_rows += engine.last_step.num_decode
         sampler += engine.last_step.sample
     seconds = time.perf_counter() - t
-    host = host_share(engine, publish, steps) if mix != "greedy" else 0.0
-    if os.environ.get("ZS_BYTECODES"):  # load-free: a shared machine's clock is not
-        bytecodes(engine, publish, min(steps, 20))
+    counted = bytecodes(engine, publish, min(steps, 20)) if count else None
     if profile:
         pr = cProfile.Profile()
         pr.enable()
@@ -218,7 +182,7 @@ def run(
         pr.disable()
         pstats.Stats(pr).sort_stats(os.environ.get("ZS_SORT", "tottime")).print_stats(25)
     gc.unfreeze()
-    return seconds / steps, seconds / max(1, num_rows), sampler / steps, host
+    return seconds / steps, seconds / max(1, num_rows), sampler / steps, counted
 
 
 def main() -> None:
@@ -242,16 +206,33 @@ def main() -> None:
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
             copy_tokenizer_files(resolve_model("smollm2"), model_dir)
         for rows in args.rows:
-            step, row, sampler, host = run(
-                model_dir, rows, args.steps, args.profile, args.kernels, args.mix
+            # the chat mix's host figure: its bytecodes at greedy's µs a bytecode (module doc)
+            count = args.mix == "chat" or bool(os.environ.get("ZS_BYTECODES"))
+            step, row, sampler, counted = run(
+                model_dir, rows, args.steps, args.profile, args.kernels, "greedy", count
             )
-            line = (
-                f"rows {rows:4d} ({args.mix}): {step * 1e6:8.0f} µs a step, "
+            greedy_line = (
+                f"rows {rows:4d} (greedy): {step * 1e6:8.0f} µs a step, "
                 f"{row * 1e6:6.2f} µs a row; sampler {sampler * 1e6:6.0f} µs a step"
             )
-            if host:  # what a GPU would leave to the host
-                line += f"; host without the device ops {host * 1e6:6.2f} µs a row"
-            print(line)
+            if counted:  # load-free: a shared machine's clock is not
+                greedy_line += f"; {counted[0]:.0f} bytecodes, {counted[1]:.2f} calls a row"
+            print(greedy_line)
+            if args.mix == "greedy":
+                continue
+            assert counted is not None
+            per_bytecode = row / counted[0]
+            step, row, sampler, chat = run(
+                model_dir, rows, args.steps, args.profile, args.kernels, "chat", True
+            )
+            assert chat is not None
+            print(
+                f"rows {rows:4d} (chat):   {step * 1e6:8.0f} µs a step, "
+                f"{row * 1e6:6.2f} µs a row; sampler {sampler * 1e6:6.0f} µs a step; "
+                f"{chat[0]:.0f} bytecodes, {chat[1]:.2f} calls a row; host "
+                f"(bytecodes x greedy's {per_bytecode * 1e9:.1f} ns each) "
+                f"{chat[0] * per_bytecode * 1e6:6.2f} µs a row"
+            )
 
 
 if __name__ == "__main__":

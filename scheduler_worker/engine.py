@@ -29,7 +29,7 @@ from scheduler_worker.logits_processors import sampling_rows
 from scheduler_worker.model_runner import ModelRunner
 from scheduler_worker.offline import run_to_end
 from scheduler_worker.request import Request, RequestStatus
-from scheduler_worker.resolve_rows import fusable, resolve_and_advance, resolve_rows
+from scheduler_worker.resolve_rows import Fused, fusable, resolve_and_advance, resolve_rows
 from scheduler_worker.sampling import DeviceSample, Sampler, TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
@@ -195,14 +195,14 @@ class LLMEngine:
                 batch.drop(req)  # finished by the tokens just read
         launched = None
         # the launched rows' advance in the pending rows' resolve loop (resolve_rows.py)
-        fuse = pending is not None and fusable(self.scheduler, batch, pending.sampled)
+        fuse = fusable(self.scheduler, batch, pending.sampled) if pending is not None else None
         if batch.entries:
             try:
-                launched = self._launch(batch, stats, advance=not fuse)
+                launched = self._launch(batch, stats, advance=fuse is None)
             except torch.OutOfMemoryError as e:
                 self._fail_step(batch, e)
         if pending is not None:
-            outputs += self._resolve(pending, stats, launched if fuse else None)
+            outputs += self._resolve(pending, stats, launched, fuse)
         self._in_flight = launched
         if launched is not None and (not self.overlap or launched.verifies):
             outputs += self._resolve(launched, stats)
@@ -307,11 +307,15 @@ class LLMEngine:
         return InFlight(sampled, sample, verify, sampled_verify)
 
     def _resolve(
-        self, step: InFlight, stats: StepStats, launched: InFlight | None = None
+        self,
+        step: InFlight,
+        stats: StepStats,
+        launched: InFlight | None = None,
+        fused: Fused | None = None,
     ) -> list[RequestOutput]:
         """Step's tokens on the host (waiting for the device if need be) into its requests:
         each finishes or goes on; one output per request still running or just finished.
-        `launched`: the step launched since, its rows advanced here (fusable)."""
+        `launched`: the step launched since, its rows advanced here if `fused` (fusable)."""
         t0 = time.perf_counter()
         result = step.sample.result() if step.sample is not None else None
         stats.sample += time.perf_counter() - t0
@@ -324,9 +328,9 @@ class LLMEngine:
             drafts = {**drafts, **step.sampled_drafts.targets()}
         other = partial(self._resolve_row, drafts, grammars)
         tokens, lps = result.token_ids, result.logprobs
-        if launched is not None:
+        if launched is not None and fused is not None:
             outputs = resolve_and_advance(
-                self.scheduler, step.sampled, tokens, lps, other, launched.sampled
+                self.scheduler, step.sampled, tokens, lps, other, launched.sampled, fused
             )
         else:
             outputs = resolve_rows(self.scheduler, step.sampled, tokens, lps, drafts, other)

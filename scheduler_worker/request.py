@@ -101,6 +101,9 @@ class Request:
         self.reads_history = (
             p.structured is not None or has_penalty(p) or p.prompt_logprobs is not None
         )
+        # its sampled tokens go through the engine (a grammar advances; prompt logprobs go
+        # with the first output), never resolve_rows' inline loop
+        self.resolves_apart = p.structured is not None or p.prompt_logprobs is not None
         # a greedy row verifies drafts by argmax (spec/verify.py; with a grammar, of the
         # masked logits: GrammarMatchers.check_drafts), the others by sampling every
         # position (spec/sampled.py); a sampled row with a grammar drafts nothing yet

@@ -1,7 +1,8 @@
 """A step's tokens into its requests, the common row in one loop.
 
-Most rows of a decode step are alike: running, reading no history (no grammar, penalty or
-prompt logprobs), without logprobs or drafts, their token neither a stop nor their last.
+Most rows of a decode step are alike: running, without a grammar or prompt logprobs
+(Request.resolves_apart) or drafts, their token neither a stop nor their last (a penalty
+or a token's logprobs change nothing here: the logprobs go in the output as the engine's).
 For those, `resolve_rows` does Scheduler.resolve's work and builds the RequestOutput
 inline: a call a row and the checks such a row cannot need were a tenth of the host's step
 at 256 rows (docs/benchmarks.md, "Host step, persistent rows"). Any other row goes to
@@ -14,20 +15,28 @@ resolve and runs in its loop (`resolve_and_advance`), a row's record read once, 
 placeholder count unchanged (docs/benchmarks.md, "Host step per row, per-slot arrays"):
 
     launch N (no advance) ──▶ read N-1's tokens ──▶ each row: advance for N, resolve N-1
+
+With grammar rows, a step's rows are those back from sitting out (no token in flight:
+advanced first), then rows of the step in flight in its order, less those now sitting
+out (`Fused`): the same loop, each row at its new row of step N (docs/benchmarks.md,
+"Host step, eighth session").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import itemgetter
+from operator import attrgetter, is_, itemgetter
+from typing import NamedTuple
 
+from scheduler_worker.decode_batch import advance_decodes
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.step_output import PLAIN_TAIL, RequestOutput, new_output
+from scheduler_worker.step_output import RequestOutput, new_output
 
 _REQ = itemgetter(0)
+_PENDING, _FLIGHT_ROW = attrgetter("num_pending"), attrgetter("flight_row")
 OtherRow = Callable[[Request, int, int, "TokenLogprobs | None"], "RequestOutput | None"]
 
 
@@ -48,8 +57,7 @@ def resolve_rows(
         n_out = index + 1 - req.num_prompt_tokens
         if (
             req.status is not running
-            or req.reads_history
-            or lp is not None
+            or req.resolves_apart
             or token in req.stop_tokens
             or n_out >= req.max_tokens
             or req.first_token_time is None
@@ -67,25 +75,56 @@ def resolve_rows(
         tokens = req.token_ids
         tokens[index] = token
         req.output_token_ids[n_out - 1] = token
-        if min(req.num_computed_tokens, index + 1) // bs > req.num_hashed_blocks:
+        computed = req.num_computed_tokens
+        if computed // bs > req.num_hashed_blocks and min(computed, index + 1) // bs > (
+            req.num_hashed_blocks
+        ):
             hash_blocks(req)
         num_prompt = req.num_prompt_tokens
         n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
-        fields = (req.request_id, [token], None, None, num_prompt, n_total, req.num_cached_tokens)
-        append(new_output(RequestOutput, fields + PLAIN_TAIL))
+        rid, cached = req.request_id, req.num_cached_tokens
+        lps = None if lp is None else [lp]
+        fields = (rid, [token], None, lps, num_prompt, n_total, cached, None, None, None)
+        append(new_output(RequestOutput, fields))
     return outputs
 
 
-def fusable(sched: Scheduler, batch: ScheduledBatch, sampled: list[tuple[Request, int]]) -> bool:
+class Fused(NamedTuple):
+    """A launched batch whose advance runs in the resolve loop: `joins`, its leading rows
+    with no token in flight (a grammar row back from sitting out), advance first; `rows`,
+    the others, are rows of the step in flight in its order (those it lacks sit out)."""
+
+    joins: list[tuple[Request, int]]
+    rows: list[Request]
+
+
+def fusable(
+    sched: Scheduler, batch: ScheduledBatch, sampled: list[tuple[Request, int]]
+) -> Fused | None:
     """The launched batch's advance may wait for the resolve of the step in flight
     (`sampled`) and run in its loop (resolve_and_advance): a decode-only batch kept in
-    place, of the same rows in the same order (the usual overlapped step)."""
+    place, of the same rows in the same order (the usual overlapped step), or of rows
+    without a token in flight then rows in flight in the same order (grammar rows sit
+    out every other step)."""
     if not batch.decodes_kept or batch.drafts or sched.sliding_window is not None:
-        return False
+        return None
     entries = batch.entries
-    if batch.num_decode != len(entries) or len(entries) != len(sampled):
-        return False
-    return list(map(_REQ, entries.values())) == list(map(_REQ, sampled))
+    if batch.num_decode != len(entries):
+        return None
+    reqs, flying = list(map(_REQ, entries.values())), list(map(_REQ, sampled))
+    if reqs == flying:
+        return Fused([], reqs)
+    pending = list(map(_PENDING, reqs))
+    k = pending.count(0)
+    if pending[:k].count(0) != k:  # the rows with no token in flight: not all first
+        return None
+    rest = reqs[k:]
+    rows = list(map(_FLIGHT_ROW, rest))  # each one's row in the step in flight
+    if rows != sorted(rows) or (rows and not 0 <= rows[0] <= rows[-1] < len(flying)):
+        return None
+    if not all(map(is_, map(flying.__getitem__, rows), rest)):
+        return None
+    return Fused(list(entries.values())[:k], rest)
 
 
 def resolve_and_advance(
@@ -95,11 +134,17 @@ def resolve_and_advance(
     logprobs: Sequence[TokenLogprobs | None],
     other: OtherRow,
     advanced: list[tuple[Request, int]],
+    fused: Fused | None = None,
 ) -> list[RequestOutput]:
     """resolve_rows for the step in flight whose rows the launched step decodes again, in
     the same order (fusable): each row first advances for the launched step (a placeholder,
     as Scheduler.advance: appended to `advanced`), then takes its token. Its record is
-    read once, and its count of placeholders stays as it was."""
+    read once, and its count of placeholders stays as it was. `fused`: fusable's answer
+    (None: the same rows)."""
+    if fused is not None and (fused.joins or len(fused.rows) != len(sampled)):
+        return _resolve_and_advance_some(
+            scheduler, sampled, token_ids, logprobs, other, advanced, fused
+        )
     outputs: list[RequestOutput] = []
     append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
@@ -110,15 +155,15 @@ def resolve_and_advance(
         new = len(tokens)  # the launched step's placeholder goes there
         num_prompt = req.num_prompt_tokens
         n_out, n_new = index + 1 - num_prompt, new + 1 - num_prompt  # outputs up to each
-        max_tokens = req.max_tokens
-        if n_new >= max_tokens:
+        ends = False  # this token is its last (n_out <= n_new: only if the next is)
+        if n_new >= req.max_tokens:
             active.pop(req.request_id, None)  # its last token: done when resolved
+            ends = n_out >= req.max_tokens
         if (
             req.status is not running
-            or req.reads_history
-            or lp is not None
+            or req.resolves_apart
             or token in req.stop_tokens
-            or n_out >= max_tokens
+            or ends
             or req.first_token_time is None
         ):
             _advance_row(scheduler, req, new)
@@ -134,11 +179,16 @@ def resolve_and_advance(
         outs = req.output_token_ids
         outs[n_out - 1] = token
         outs.append(placeholder)
-        if min(computed, index + 1) // bs > req.num_hashed_blocks:
+        # min(...) <= computed: the cheap test first (a block fills one step in bs)
+        if computed // bs > req.num_hashed_blocks and min(computed, index + 1) // bs > (
+            req.num_hashed_blocks
+        ):
             hash_blocks(req)
-        # n_new: with the launched step's placeholder
-        fields = (req.request_id, [token], None, None, num_prompt, n_new, req.num_cached_tokens)
-        append(new_output(RequestOutput, fields + PLAIN_TAIL))
+        # n_new: with the launched step's placeholder (step_output.new_output's fields)
+        rid, cached = req.request_id, req.num_cached_tokens
+        lps = None if lp is None else [lp]
+        fields = (rid, [token], None, lps, num_prompt, n_new, cached, None, None, None)
+        append(new_output(RequestOutput, fields))
     return outputs
 
 
@@ -151,3 +201,66 @@ def _advance_row(scheduler: Scheduler, req: Request, new: int) -> None:
     req.token_ids.append(PLACEHOLDER)
     req.output_token_ids.append(PLACEHOLDER)
     req.num_pending += 1
+
+
+def _resolve_and_advance_some(
+    scheduler: Scheduler,
+    sampled: Sequence[tuple[Request, int]],
+    token_ids: Sequence[int],
+    logprobs: Sequence[TokenLogprobs | None],
+    other: OtherRow,
+    advanced: list[tuple[Request, int]],
+    fused: Fused,
+) -> list[RequestOutput]:
+    """resolve_and_advance where the launched rows are `fused.joins` (advanced first, as
+    Scheduler.advance would) then `fused.rows`, a subsequence of the step in flight's:
+    each of those advances, at its new row, then takes its token in the loop; a row the
+    launched step lacks only takes its token (resolve_rows)."""
+    advance_decodes(scheduler, fused.joins, advanced, True)
+    outputs: list[RequestOutput] = []
+    append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
+    running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
+    active, rows, row = scheduler.active, iter(fused.rows), len(advanced)
+    nxt = next(rows, None)
+    for (req, index), token, lp in zip(sampled, token_ids, logprobs):
+        if req is not nxt:  # sits the launched step out: its token only
+            outputs += resolve_rows(scheduler, [(req, index)], [token], [lp], {}, other)
+            continue
+        nxt = next(rows, None)
+        req.flight_row = row
+        row += 1
+        tokens = req.token_ids
+        new = len(tokens)  # the launched step's placeholder goes there
+        num_prompt = req.num_prompt_tokens
+        n_out, n_new = index + 1 - num_prompt, new + 1 - num_prompt  # outputs up to each
+        ends = False  # this token is its last (n_out <= n_new: only if the next is)
+        if n_new >= req.max_tokens:
+            active.pop(req.request_id, None)  # its last token: done when resolved
+            ends = n_out >= req.max_tokens
+        place((req, new))
+        if (
+            req.status is not running
+            or req.resolves_apart
+            or token in req.stop_tokens
+            or ends
+            or req.first_token_time is None
+        ):
+            _advance_row(scheduler, req, new)
+            out = other(req, index, token, lp)
+            if out is not None:
+                append(out)
+            continue
+        computed = req.num_computed_tokens = req.num_computed_tokens + 1
+        tokens[index] = token
+        tokens.append(placeholder)
+        outs = req.output_token_ids
+        outs[n_out - 1] = token
+        outs.append(placeholder)
+        if computed // bs > req.num_hashed_blocks and min(computed, index + 1) // bs > (
+            req.num_hashed_blocks
+        ):
+            hash_blocks(req)
+        rid, cached, lps = req.request_id, req.num_cached_tokens, None if lp is None else [lp]
+        fields = (rid, [token], None, lps, num_prompt, n_new, cached, None, None, None)
+        append(new_output(RequestOutput, fields))
+    return outputs

@@ -135,6 +135,7 @@ class DeviceSample:
 
 
 _M32 = 0xFFFFFFFF
+_OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -340,9 +341,10 @@ class Sampler:
         seeded = np.flatnonzero(has_seed)
         keys = np.empty((len(seeded), 3), dtype=np.int64)
         keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
-        for j, i in enumerate(seeded.tolist()):  # the seeded rows' token counts
-            row = rows[i]
-            keys[j, 2] = (len(row.output_token_ids) + len(row.draft_token_ids)) & _M32
+        picked = list(map(rows.__getitem__, seeded.tolist()))  # their token counts, in C
+        counts = np.fromiter(map(len, map(_OUTPUTS, picked)), np.int64, len(picked))
+        counts += np.fromiter(map(len, map(_DRAFTS, picked)), np.int64, len(picked))
+        keys[:, 2] = counts & _M32
         u = _uniforms(_array(keys, dev, torch.long), n)
         if len(seeded) < len(rows):
             shared = np.flatnonzero(~has_seed)

@@ -31,9 +31,8 @@ class RequestOutput(NamedTuple):
 
 new_output = tuple.__new__  # new_output(RequestOutput, (all ten fields))
 # a plain token's output: (request_id, [token], None (finish_reason), None (logprobs), the
-# prompt's, the output's and the cached token counts) + PLAIN_TAIL (stop_token_id,
-# stage_times, prompt_logprobs)
-PLAIN_TAIL = (None, None, None)
+# prompt's, the output's and the cached token counts, None, None, None (stop_token_id,
+# stage_times, prompt_logprobs)): one tuple literal, no concatenation
 
 
 @dataclass

@@ -9,6 +9,7 @@ from common.config import CacheConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.resolve_rows import resolve_rows
+from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.step_output import RequestOutput
 
@@ -43,10 +44,15 @@ def test_common_rows_inline_and_the_others_in_their_place():
         sched.resolve(req, index, token)
         return None
 
-    outputs = resolve_rows(sched, sampled, [5, EOS, 6, 7], [None] * 4, {}, other)
-    assert seen == ["stops", "pen", "first"]  # a stop token, a history reader, a first token
-    # the output a RequestOutput built field by field would be (the inline one is a tuple)
-    assert outputs == [RequestOutput("plain", [5], None, None, 20, 1, 0)]
+    lp = TokenLogprobs(6, -0.5, [6], [-0.5])
+    outputs = resolve_rows(sched, sampled, [5, EOS, 6, 7], [None, None, lp, None], {}, other)
+    assert seen == ["stops", "first"]  # a stop token, a first token
+    # the output a RequestOutput built field by field would be (the inline one is a tuple);
+    # a penalty changes nothing here, a token's logprobs go in its output
+    assert outputs == [
+        RequestOutput("plain", [5], None, None, 20, 1, 0),
+        RequestOutput("pen", [6], None, [lp], 20, 1, 0),
+    ]
     assert plain.output_token_ids == [5] and plain.num_pending == 0
     assert plain.token_ids[-1] == 5 and plain.status is RequestStatus.RUNNING
     assert stops.status is RequestStatus.FINISHED_STOPPED
@@ -91,7 +97,8 @@ def test_fused_steps_give_what_advance_then_resolve_gives(llama, monkeypatch):
         real, fused = engine_module.fusable, [0]
 
         def fusable(*args):
-            fused[0] += bool(ok := fuse and real(*args))
+            ok = real(*args) if fuse else None
+            fused[0] += ok is not None
             return ok
 
         monkeypatch.setattr(engine_module, "fusable", fusable)
@@ -127,3 +134,99 @@ def test_fused_steps_give_what_advance_then_resolve_gives(llama, monkeypatch):
     reasons = {o.request_id: o.finish_reason for s, _ in got for o in s if o.finish_reason}
     assert reasons["r1"] == reasons["r5"] == "stop" and reasons["r4"] == "abort"
     assert reasons["r0"] == "length"
+
+
+def test_penalty_and_logprobs_rows_inline_give_the_engines_outputs(llama):
+    """Rows with a penalty or logprobs, resolved inline (fused and not), give the outputs,
+    tokens, logprobs and prefix cache of the same rows all sent to the engine's own path
+    (resolves_apart), step for step; a grammar row still goes there."""
+    from tests.scheduler_worker.test_engine import _prompts, make_engine
+
+    prompts = _prompts(8, seed=3)
+    kinds = [
+        {"presence_penalty": 0.5},
+        {"logprobs": 3},
+        {"frequency_penalty": 0.3, "logprobs": 2, "seed": 5},
+        {},
+        {"repetition_penalty": 1.2, "top_p": 0.9, "seed": 9},
+        {"logprobs": 1, "max_tokens": 5},
+        {"structured": {"kind": "regex", "spec": "[ab]+"}, "max_tokens": 9},
+        {"logprobs": 2, "presence_penalty": 1.0, "max_tokens": 7},
+    ]
+
+    def serve(apart: bool) -> tuple[list, dict]:
+        engine = make_engine(llama, async_scheduling="on", speculative_method="none")
+        steps = []
+        for step in range(30):
+            if step < len(prompts):
+                kw = {"max_tokens": 12, "temperature": 0.8, "seed": 100 + step, **kinds[step]}
+                engine.add_request(f"r{step}", prompts[step], SamplingParams(**kw))
+                if apart:
+                    engine.requests[f"r{step}"].resolves_apart = True
+            steps.append([o._replace(stage_times=None) for o in engine.step()])
+        assert not engine.has_unfinished()
+        return steps, dict(engine.block_manager.hash_to_block)
+
+    want, got = serve(True), serve(False)
+    assert got == want
+    lps = [o.logprobs for s in got[0] for o in s if o.request_id == "r1"]
+    assert len(lps) == 12 and all(lp is not None and len(lp[0].top_ids) == 3 for lp in lps)
+
+
+@pytest.mark.parametrize("num_blocks", [512, 40])
+def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(
+    llama, monkeypatch, num_blocks
+):
+    """Grammar rows sit out every other overlapped step: the launched rows are those back
+    from sitting out, then a subsequence of the step in flight's. Fused (_resolve_and_
+    advance_some) and not, the outputs, logprobs and prefix cache are the same, step for
+    step, with rows that stop, end, are aborted, are preempted (40 blocks) and sample with
+    seeds and penalties."""
+    import scheduler_worker.engine as engine_module
+    from tests.scheduler_worker.test_engine import _prompts, make_engine
+
+    prompts = _prompts(10, seed=11)
+    kinds = [
+        {"temperature": 0.0},
+        {"structured": {"kind": "regex", "spec": "[a-z]{3,20}"}, "temperature": 0.0},
+        {"temperature": 0.7, "top_p": 0.9, "seed": 4},
+        {"temperature": 0.0, "logprobs": 2, "presence_penalty": 0.5},
+        {"structured": {"kind": "regex", "spec": "[0-9]{2,9}"}, "temperature": 0.8, "seed": 8},
+        {"temperature": 0.0, "max_tokens": 5},
+        {"temperature": 0.9, "seed": 12, "logprobs": 1},
+        {"structured": {"kind": "regex", "spec": "(ab|cd)+"}, "max_tokens": 7, "seed": 3},
+        {"temperature": 0.0},
+        {"temperature": 0.0, "frequency_penalty": 0.4},
+    ]
+
+    def serve(fuse: bool) -> tuple[list, int, dict, int]:
+        real, subset, preempted = engine_module.fusable, [0], [0]
+
+        def fusable(sched, batch, sampled):
+            ok = real(sched, batch, sampled) if fuse else None
+            subset[0] += ok is not None and (bool(ok.joins) or len(ok.rows) != len(sampled))
+            return ok
+
+        monkeypatch.setattr(engine_module, "fusable", fusable)
+        engine = make_engine(llama, num_blocks, async_scheduling="on", speculative_method="none")
+        steps = []
+        for step in range(60):
+            if step < len(prompts):
+                kw = {"max_tokens": 16, **kinds[step]}
+                engine.add_request(f"r{step}", prompts[step], SamplingParams(**kw))
+            if step == 14:
+                engine.abort("r8")
+            outputs = engine.step()
+            preempted[0] += sum(o.stage_times["num_preemptions"] for o in outputs if o.stage_times)
+            steps.append([o._replace(stage_times=None) for o in outputs])
+        engine.block_manager.check_integrity()
+        assert not engine.has_unfinished()
+        monkeypatch.undo()
+        return steps, subset[0], dict(engine.block_manager.hash_to_block), preempted[0]
+
+    want, none, want_cache, _ = serve(False)
+    got, subset, cache, preempted = serve(True)
+    assert none == 0 and subset >= 5 and (preempted > 0) == (num_blocks == 40)
+    assert got == want and cache == want_cache
+    reasons = {o.request_id: o.finish_reason for s in got for o in s if o.finish_reason}
+    assert reasons["r8"] == "abort" and reasons["r5"] == "length" and len(reasons) == 10

@@ -42,3 +42,24 @@ def test_a_step_of_single_tokens_packs_them_at_once():
     msg = step_message(0, outs, {}, set())
     assert [unpack_ids(b) for b in msg.new_token_ids] == [[i * 1000] for i in range(50)]
     assert msg.logprobs is None and msg.timings is None and msg.stop_token_ids is None
+
+
+def test_columns_equal_each_outputs_fields_read_by_name():
+    """The columns come from transposing the tuples: each must be its field's, read by
+    name a row (the slow path), prompt logprobs and counts included; none for no rows."""
+    lp = TokenLogprobs(3, -0.25, [3], [-0.25])
+    prompt = [None, [5, -1.0, []]]
+    outs = [
+        RequestOutput(f"r{i}", [i], None, [lp] if i % 3 == 0 else None, 10 + i, 20 + i, i)
+        for i in range(7)
+    ]
+    outs[4] = outs[4]._replace(prompt_logprobs=prompt)
+    msg = step_message(1, outs, {}, set())
+    assert msg.rids == [o.request_id for o in outs]
+    assert msg.num_prompt_tokens == [o.num_prompt_tokens for o in outs]
+    assert msg.num_output_tokens == [o.num_output_tokens for o in outs]
+    assert msg.finish_reasons == [o.finish_reason for o in outs]
+    assert msg.prompt_logprobs == [o.prompt_logprobs for o in outs]
+    assert msg.logprobs == [[[-0.25, [[3, -0.25]]]] if o.logprobs else None for o in outs]
+    empty = step_message(2, [], {}, set())
+    assert empty.rids == [] and empty.new_token_ids == [] and empty.logprobs is None
