@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scheduler_worker import kernels
+from scheduler_worker.quant import weight_arena
 from scheduler_worker.quant.formats import (
     FMT_CODES,
     BlockWeight,
@@ -93,6 +94,9 @@ class QuantLinear(nn.Module):
         self.fmt = FMT_CODES[weight.form]
         # the kernels read the same values repacked 16 rows at a time (pack_blocks)
         qs, d, m = (weight.qs, weight.d, weight.m) if isa is None else pack_blocks(weight)
+        if isa is not None:  # read every step: on huge pages (weight_arena.py)
+            qs, d = weight_arena.hold(qs), weight_arena.hold(d)
+            m = None if m is None else weight_arena.hold(m)
         self.register_buffer("qs", qs)
         self.register_buffer("d", d)
         self.register_buffer("m", m)
