@@ -45,6 +45,7 @@ SOURCES = [
     CSRC / name
     for name in (
         "zs_isa.cpp",
+        "zs_team.cpp",
         "quant/qlinear.cpp",
         "quant/generic/gemm.cpp",
         "quant/arch/avx2/gemm.cpp",

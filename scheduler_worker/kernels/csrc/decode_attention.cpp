@@ -21,6 +21,7 @@
 #include "decode_attention_blocks.h"
 #include "zs_isa.h"
 #include "zs_ops.h"
+#include "zs_team.h"
 
 #include <immintrin.h>
 
@@ -264,9 +265,9 @@ void attend_all(const AttnArgs<T, C>& a, int64_t B, int64_t isa) {
   }
   runs.push_back(B);
   const int64_t R = static_cast<int64_t>(runs.size()) - 1;
-  const int64_t per_task = R >= 2 * at::get_num_threads() ? a.Hkv : 1, tasks_per_run = a.Hkv / per_task;
+  const int64_t per_task = R >= 2 * zs_team::num_threads() ? a.Hkv : 1, tasks_per_run = a.Hkv / per_task;
   const int64_t heads = per_task * G;
-  at::parallel_for(0, R * tasks_per_run, 1, [&](int64_t w0, int64_t w1) {
+  zs_team::parallel_for(0, R * tasks_per_run, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> buf(static_cast<size_t>(max_run * heads * (max_len + 2 * a.D)));
     const Scratch s{buf.data(), max_len};
     for (int64_t w = w0; w < w1; ++w) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "zs_ops.h"
+#include "zs_team.h"
 
 namespace zs_ops {
 namespace {
@@ -99,26 +100,29 @@ at::Tensor decode_layers(at::Tensor residual, at::TensorList weights, at::IntArr
   const int64_t T = residual.size(0), q_size = H * k_caches[0].size(3);
   at::Tensor x;  // the previous layer's MLP output
   Cursor c{weights.data(), formats.data()};
-  for (int64_t l = 0; l < L; ++l) {
-    const at::Tensor& norm1 = *c.w++;
-    at::Tensor h = x.defined() ? rms_norm(x, residual, norm1, eps, isa) : rms_norm(residual, c10::nullopt, norm1, eps, isa);
-    const at::Tensor* qk_norms = c.w;
-    if (style & QK_NORM) c.w += 2;
-    at::Tensor qkv = linear(h, c, isa);
-    if (style & QK_NORM) head_norm_(qkv, qk_norms[0], qk_norms[1], H, Hkv, eps, isa);
-    const at::Tensor& cos = rope[2 * layer_rope[l]];
-    const at::Tensor& sin = rope[2 * layer_rope[l] + 1];
-    auto [q, k] = rope_write_kv(qkv, positions, cos, sin, k_caches[l], v_caches[l], slot_mapping, H, Hkv, isa);
-    const at::Tensor o =
-        paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale, isa, layer_window[l]);
-    h = linear(o.view({T, q_size}), c, isa);
-    if (style & SANDWICH) h = rms_norm(h, c10::nullopt, *c.w++, eps, isa);
-    const at::Tensor& norm2 = *c.w++;
-    h = rms_norm(h, residual, norm2, eps, isa);
-    const at::Tensor gate_up = linear(h, c, isa);
-    x = linear(style & GELU_TANH ? gelu_tanh_mul(gate_up, isa) : silu_mul(gate_up, isa), c, isa);
-    if (style & SANDWICH) x = rms_norm(x, c10::nullopt, *c.w++, eps, isa);
-  }
+  // one OpenMP region for the whole step: each op's split a handoff to the team (zs_team.h)
+  zs_team::with_team([&] {
+    for (int64_t l = 0; l < L; ++l) {
+      const at::Tensor& norm1 = *c.w++;
+      at::Tensor h = x.defined() ? rms_norm(x, residual, norm1, eps, isa) : rms_norm(residual, c10::nullopt, norm1, eps, isa);
+      const at::Tensor* qk_norms = c.w;
+      if (style & QK_NORM) c.w += 2;
+      at::Tensor qkv = linear(h, c, isa);
+      if (style & QK_NORM) head_norm_(qkv, qk_norms[0], qk_norms[1], H, Hkv, eps, isa);
+      const at::Tensor& cos = rope[2 * layer_rope[l]];
+      const at::Tensor& sin = rope[2 * layer_rope[l] + 1];
+      auto [q, k] = rope_write_kv(qkv, positions, cos, sin, k_caches[l], v_caches[l], slot_mapping, H, Hkv, isa);
+      const at::Tensor o =
+          paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale, isa, layer_window[l]);
+      h = linear(o.view({T, q_size}), c, isa);
+      if (style & SANDWICH) h = rms_norm(h, c10::nullopt, *c.w++, eps, isa);
+      const at::Tensor& norm2 = *c.w++;
+      h = rms_norm(h, residual, norm2, eps, isa);
+      const at::Tensor gate_up = linear(h, c, isa);
+      x = linear(style & GELU_TANH ? gelu_tanh_mul(gate_up, isa) : silu_mul(gate_up, isa), c, isa);
+      if (style & SANDWICH) x = rms_norm(x, c10::nullopt, *c.w++, eps, isa);
+    }
+  });
   return x;
 }
 

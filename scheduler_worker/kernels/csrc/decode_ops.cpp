@@ -18,6 +18,7 @@
 
 #include "zs_isa.h"
 #include "zs_ops.h"
+#include "zs_team.h"
 
 #include <algorithm>
 #include <cmath>
@@ -59,7 +60,7 @@ void rms_rows(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
   const auto fn = ZS_PICK(rms_row, (<T>), isa);
   T* r = residual.has_value() ? residual->data_ptr<T>() : nullptr;
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
-  at::parallel_for(0, rows, 16, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, rows, 16, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i)
       fn(x.data_ptr<T>() + i * n, r ? r + i * n : nullptr, w.data_ptr<T>(), y.data_ptr<T>() + i * n, n, eps);
   });
@@ -95,7 +96,7 @@ template <typename T, int ACT>
 void gated_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
   const auto fn = ZS_PICK(gated_row, (<T, ACT>), isa);
   const int64_t rows = x.numel() / std::max<int64_t>(2 * n, 1);
-  at::parallel_for(0, rows, 8, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, rows, 8, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) fn(x.data_ptr<T>() + i * 2 * n, out.data_ptr<T>() + i * n, n);
   });
 }
@@ -127,7 +128,7 @@ void head_norm_rows(at::Tensor& qkv, const at::Tensor& qw, const at::Tensor& kw,
                     float eps, int64_t isa) {
   const auto fn = ZS_PICK(rms_row, (<T>), isa);
   const int64_t width = (H + 2 * Hkv) * D;
-  at::parallel_for(0, qkv.size(0) * (H + Hkv), 16, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, qkv.size(0) * (H + Hkv), 16, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) {
       const int64_t t = i / (H + Hkv), h = i % (H + Hkv);
       T* x = qkv.data_ptr<T>() + t * width + h * D;
@@ -173,7 +174,7 @@ void rope_tokens(const at::Tensor& qkv, const int64_t* pp, const int64_t* sp, co
                  int64_t H, int64_t Hkv, int64_t D, int64_t isa) {
   const auto fn = ZS_PICK(rope_token, (<T, C>), isa);
   const int64_t row = Hkv * D, half = D / 2;
-  at::parallel_for(0, qkv.size(0), 8, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, qkv.size(0), 8, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t)
       fn(qkv.data_ptr<T>() + t * (H + 2 * Hkv) * D, cos.data_ptr<float>() + pp[t] * half,
          sin.data_ptr<float>() + pp[t] * half, q.data_ptr<T>() + t * H * D, k.data_ptr<T>() + t * row,

@@ -13,8 +13,8 @@
 // of them.
 //
 // This file is the entry of every format: the checks, the activation quantizer, the split
-// of the work over groups of output rows with at::parallel_for (torch's OpenMP pool), and
-// the one table of which kernel runs each (format, ISA) pair. The kernels are laid out by
+// of the work over groups of output rows (zs_team::parallel_for: torch's OpenMP pool, or
+// a decode step's team), and the one table of which kernel runs each (format, ISA) pair. The kernels are laid out by
 // ISA: generic/ (portable, the reference the others are tested against), arch/avx2/
 // (maddubs + madd), arch/avx512/ (VNNI dpbusd), arch/amx/ (the tile unit). Within a
 // thread a tile of activation rows x groups keeps the weights in registers across the
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernel.h"
+#include "../zs_team.h"
 
 namespace zs_qgemm {
 
@@ -82,7 +83,7 @@ static void quantize_rows(const at::Tensor& x, int64_t isa, int8_t* qp, float* d
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const char* xp = static_cast<const char*>(x.data_ptr());
   const int64_t row_bytes = K * x.element_size();
-  at::parallel_for(0, M, std::max<int64_t>(1, 256 / std::max<int64_t>(1, nb)), [&](int64_t i0, int64_t i1) {
+  zs_team::parallel_for(0, M, std::max<int64_t>(1, 256 / std::max<int64_t>(1, nb)), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) quantize(xp + i * row_bytes, bf16, nb, qp + i * K, dp + i * nb, sp + i * nb);
   });
 }
@@ -102,7 +103,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
 // off [M, K/16] = -32 * the sum of each piece of 16 quantized activations q [M, K] (Q6K's offsets)
 static void piece_offsets(const int8_t* q, int64_t M, int64_t K, int32_t* o) {
   const int64_t P = K / 16;
-  at::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, P)), [&](int64_t i0, int64_t i1) {
+  zs_team::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, P)), [&](int64_t i0, int64_t i1) {
     for (int64_t e = i0 * P; e < i1 * P; ++e) {
       int32_t s = 0;
       for (int j = 0; j < 16; ++j) s += q[e * 16 + j];
@@ -197,7 +198,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   // tasks of whole group pairs, each above ~2k block dots, so a 576-row GEMV still splits
   const int64_t pairs = (groups + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, 2 * GR * M * nb / 4));
-  at::parallel_for(0, pairs, grain, [&](int64_t p0, int64_t p1) {
+  zs_team::parallel_for(0, pairs, grain, [&](int64_t p0, int64_t p1) {
     kernel(c.a, c.w, M, o, 2 * p0, std::min(groups, 2 * p1));
   });
   return out;
@@ -288,7 +289,7 @@ at::Tensor qlinear_argmax(const at::Tensor& x, const at::Tensor& qs, const at::T
   std::vector<RowBest> part(chunks * M);  // a task's rows at its first chunk's slot
   auto run = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    zs_team::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
       std::vector<T> out(M * ARGMAX_GROUPS * GR);
       std::vector<float> tmp(std::is_same_v<T, float> ? 0 : ARGMAX_GROUPS * GR);
       for (int64_t c = c0; c < c1; ++c) {

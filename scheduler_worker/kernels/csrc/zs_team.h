@@ -1,0 +1,72 @@
+// A decode step's threads held in one OpenMP region for the whole step (decode_layers):
+// the calling thread runs the step and, at each op's split, hands the other threads their
+// shares through two cache lines instead of an `omp parallel` fork/join per op (~10 a
+// layer; each costs several microseconds on a VM, a handoff a fraction of one: the figures
+// in docs/benchmarks.md, "Two threads in the decode step"). The waiting threads spin, as
+// libgomp's do between regions, and yield the CPU when a wait runs long.
+//
+// zs_team::parallel_for splits a range exactly as at::parallel_for does (same chunks to
+// the same thread numbers), so every result is the same bit for bit; outside a team it is
+// at::parallel_for.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <functional>
+
+namespace zs_team {
+
+class Team {
+ public:
+  using Fn = void (*)(const void* ctx, int64_t b, int64_t e);
+  int64_t size() const { return size_; }
+  void set_size(int64_t size) { size_ = size; }  // by the caller, before its first run
+  // f(ctx, ...) over chunks of `chunk` of [b, e): thread t takes chunk t, the caller chunk
+  // 0; returns once every chunk is done (rethrowing a thread's exception).
+  void run(Fn f, const void* ctx, int64_t b, int64_t e, int64_t chunk);
+  void serve(int64_t tid);  // a helper thread's loop, until stop()
+  void stop();
+
+ private:
+  alignas(64) std::atomic<uint64_t> gen_{0};  // bumped to post a task (or the stop)
+  alignas(64) std::atomic<int64_t> pending_{0};  // helpers yet to finish the posted task
+  alignas(64) Fn fn_ = nullptr;
+  const void* ctx_ = nullptr;
+  int64_t begin_ = 0, end_ = 0, chunk_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::atomic_flag error_set_ = ATOMIC_FLAG_INIT;
+  int64_t size_ = 1;
+};
+
+// The team of the calling thread's step, if it is running one.
+Team* current();
+
+// Runs step() on the calling thread with the others of at::get_num_threads() held as its
+// team; without a second thread (or inside a parallel region), step() alone.
+void with_team(const std::function<void()>& step);
+
+// at::parallel_for's split of [begin, end) by grain over the team's threads.
+template <class F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  Team* t = current();
+  if (t == nullptr) return at::parallel_for(begin, end, grain, f);
+  if (begin >= end) return;
+  const int64_t n = end - begin;
+  if (n <= grain || n <= 1) return f(begin, end);
+  const int64_t used = grain > 0 ? std::min(t->size(), (n + grain - 1) / grain) : t->size();
+  t->run([](const void* c, int64_t b, int64_t e) { (*static_cast<const F*>(c))(b, e); }, &f, begin, end,
+         (n + used - 1) / used);
+}
+
+// The threads an op's split may use: the team's, else at::get_num_threads().
+inline int64_t num_threads() {
+  const Team* t = current();
+  return t != nullptr ? t->size() : at::get_num_threads();
+}
+
+}  // namespace zs_team
