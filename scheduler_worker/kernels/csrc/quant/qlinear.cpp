@@ -14,11 +14,11 @@
 //
 // This file is the entry of every format: the checks, the activation quantizer, the split
 // of the work over groups of output rows (zs_team::parallel_for: torch's OpenMP pool, or
-// a decode step's team), and the one table of which kernel runs each (format, ISA) pair. The kernels are laid out by
-// ISA: generic/ (portable, the reference the others are tested against), arch/avx2/
-// (maddubs + madd), arch/avx512/ (VNNI dpbusd), arch/amx/ (the tile unit). Within a
-// thread a tile of activation rows x groups keeps the weights in registers across the
-// rows of the batch.
+// a decode step's team), and the one table of which kernel runs each (format, ISA) pair.
+// The kernels are laid out by ISA: generic/ (portable, the reference the others are
+// tested against), arch/avx2/ (maddubs + madd), arch/avx512/ (VNNI dpbusd), arch/amx/
+// (the tile unit). Within a thread a tile of activation rows x groups keeps the weights
+// in registers across the rows of the batch.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
