@@ -12,7 +12,8 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable, Sequence
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import is_not, itemgetter
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
@@ -98,16 +99,18 @@ def _optional(col: Sequence[Any], convert: Callable[[Any], Any] | None = None) -
     """An optional column: None when no row has a value, else one entry a row."""
     if col.count(None) == len(col):
         return None
-    if convert is None:
-        return list(col)
-    return [None if v is None else convert(v) for v in col]
+    out = list(col)
+    if convert is not None:  # the rows with a value, found in C (1 in 8 in a chat mix)
+        for i in compress(range(len(col)), map(is_not, col, repeat(None))):
+            out[i] = convert(col[i])
+    return out
 
 
 def _wire_logprobs(lps: list) -> list | None:
     """A row's TokenLogprobs as the wire has them: [logprob, [[id, logprob], ...]] a token."""
     if not lps:
         return None
-    return [[lp.logprob, [[t, v] for t, v in zip(lp.top_ids, lp.top_logprobs)]] for lp in lps]
+    return [[lp.logprob, list(map(list, zip(lp.top_ids, lp.top_logprobs)))] for lp in lps]
 
 
 def finished_timings(o: RequestOutput, rec: Record | None, to_wall: float) -> dict:

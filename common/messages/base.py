@@ -18,7 +18,7 @@ import typing
 from array import array
 from collections.abc import Callable
 from itertools import chain, compress, repeat
-from operator import is_not
+from operator import is_, is_not
 from typing import Any, ClassVar
 
 from common.wire_struct import WireStruct
@@ -79,6 +79,7 @@ def _exact(tp: type) -> Checker:
 
 
 _JSON_SCALARS = frozenset((type(None), bool, int, float, str))
+_JSON_SCALARS_OR_LIST = _JSON_SCALARS | {list}
 
 
 def check_json(v: Any, depth: int = 0) -> Any:
@@ -145,6 +146,42 @@ def _list_of(item: Checker, exact: frozenset[type] | None, optional: bool = Fals
         return [item(x) for x in v]
 
     return check
+
+
+def _json_lists(slow: Checker) -> Checker:
+    """list[list | None] (a step's logprobs column): the rows' JSON-like lists checked a
+    nesting level at a time, each level's items in C passes (a step's, not a row's); a
+    column those passes do not prove fine goes to `slow`, the item-by-item check, whose
+    answer (or error) it is."""
+
+    def check(v: Any) -> Any:
+        if type(v) is list and len(v) <= MAX_LIST:
+            level = list(compress(v, map(is_not, v, repeat(None))))
+            if not level or _json_levels(level):
+                return v
+        return slow(v)
+
+    return check
+
+
+def _json_levels(level: list) -> bool:
+    """Every item of `level` (lists, at depth 0) holds only lists and JSON scalars, each
+    list within MAX_LIST and MAX_DEPTH, as check_json takes them as they are: True. False
+    where that is not shown (a tuple, a dict, another type, a bound passed)."""
+    depth = 0
+    while True:
+        if depth >= MAX_DEPTH or set(map(type, level)) != {list}:
+            return False
+        if max(map(len, level)) > MAX_LIST:
+            return False
+        items = list(chain.from_iterable(level))
+        kinds = set(map(type, items))
+        if kinds <= _JSON_SCALARS:
+            return True
+        if not kinds <= _JSON_SCALARS_OR_LIST:
+            return False
+        level = list(compress(items, map(is_, map(type, items), repeat(list))))
+        depth += 1
 
 
 def _tuple_of(items: tuple[Checker, ...]) -> Checker:
@@ -259,7 +296,8 @@ def checker_for(tp: Any) -> Checker:
         return _union_of(options, allow_none=type(None) in args)
     if origin is list and len(args) == 1:
         optional = type(None) in typing.get_args(args[0])
-        return _list_of(checker_for(args[0]), _exact_types(args[0]), optional)
+        slow = _list_of(checker_for(args[0]), _exact_types(args[0]), optional)
+        return _json_lists(slow) if args[0] == list | None else slow
     if origin is tuple and args and args[-1] is not Ellipsis:
         return _tuple_of(tuple(checker_for(a) for a in args))
     if origin is dict and args[:1] == (str,):
