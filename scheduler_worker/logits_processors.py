@@ -14,6 +14,7 @@ non-blocking (`_to`, `_tensor`: the sampler's too).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
@@ -44,24 +45,33 @@ class SamplingRow:
     slot: int = -1  # its request's slot (Request.slot): its parameters' kinds kept there
 
 
-_ROW_FIELDS = attrgetter("params", "prompt_token_ids", "output_token_ids", "slot")
-_PENDING, _FLIGHT_ROW, _BITMASK = (
+_PENDING, _FLIGHT_ROW, _SLOT, _BITMASK, _DRAFTS, _ROW = (
     attrgetter("num_pending"),
     attrgetter("flight_row"),
+    attrgetter("slot"),
     attrgetter("token_bitmask"),
+    attrgetter("draft_token_ids"),
+    attrgetter("sampling_row"),
 )
 
 
 def sampling_rows(reqs: Sequence) -> list[SamplingRow]:
-    """A SamplingRow a request (scheduler_worker.request.Request), its fields read in C:
-    the step in flight's row where its last output is a placeholder (num_pending)."""
+    """Each request's (scheduler_worker.request.Request) own SamplingRow, made once with it
+    (its params and token lists are the request's) and brought up to this step in C passes:
+    its slot, the step in flight's row where its last output is a placeholder
+    (num_pending); a grammar mask or drafts a past step gave it cleared."""
     if not reqs:
         return []
-    params, prompts, outputs, slots = zip(*map(_ROW_FIELDS, reqs))
+    rows = list(map(_ROW, reqs))
     flight = np.fromiter(map(_FLIGHT_ROW, reqs), dtype=np.int64, count=len(reqs))
     pending = np.fromiter(map(_PENDING, reqs), dtype=np.int64, count=len(reqs))
-    rows = np.where(pending > 0, flight, -1).tolist()
-    return list(map(SamplingRow, params, prompts, outputs, rows, repeat(None), repeat(()), slots))
+    deque(map(setattr, rows, repeat("pending_row"), np.where(pending > 0, flight, -1).tolist()), 0)
+    deque(map(setattr, rows, repeat("slot"), map(_SLOT, reqs)), 0)
+    for row in compress(rows, map(is_not, map(_BITMASK, rows), repeat(None))):
+        row.token_bitmask = None
+    for row in compress(rows, map(_DRAFTS, rows)):
+        row.draft_token_ids = ()
+    return rows
 
 
 def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import InitVar, dataclass, field
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.logits_processors import has_penalty
+from scheduler_worker.logits_processors import SamplingRow, has_penalty
 from scheduler_worker.sampling import plain_greedy_params
 from scheduler_worker.spec.prediction import Prediction
 
@@ -91,6 +91,8 @@ class Request:
         if self.params.max_tokens is None:  # LLMEngine.add_request settles it first
             raise ValueError("a request's max_tokens must be settled before it is queued")
         self.max_tokens: int = self.params.max_tokens
+        # its row of the sampler, kept (logits_processors.sampling_rows brings it up to a step)
+        self.sampling_row = SamplingRow(self.params, self.prompt_token_ids, self.output_token_ids)
         # settled once, read for every row of every step (LLMEngine._launch): `plain` rows
         # need only their argmax (never their SamplingRow); only `reads_history` rows may
         # read their tokens on the host before they sample (a grammar, penalties, prompt
