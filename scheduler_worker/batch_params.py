@@ -38,9 +38,10 @@ def plain_greedy_params(p: SamplingParams) -> bool:
 
 
 # the columns of a row's numbers (param_values): floats, and ints below 2**53 (a seed as its
-# two 32-bit halves); HAS_SEED 1.0 where the row has a seed
+# two 32-bit halves); HAS_SEED 1.0 where the row has a seed; then its penalties
 TEMPERATURE, TOP_P, MIN_P, TOP_K, NUM_TOP, HAS_SEED, SEED_LO, SEED_HI = range(8)
-NUM_VALUES = 8
+REPETITION, PRESENCE, FREQUENCY = range(8, 11)
+NUM_VALUES = 11
 _M32 = 0xFFFFFFFF
 
 
@@ -57,6 +58,9 @@ def param_values(p: SamplingParams) -> tuple[float, ...]:
         p.seed is not None,
         seed & _M32,
         (seed >> 32) & _M32,
+        p.repetition_penalty,
+        p.presence_penalty,
+        p.frequency_penalty,
     )
 
 

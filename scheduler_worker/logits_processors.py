@@ -25,7 +25,13 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.device import to_device
-from scheduler_worker.batch_params import has_penalty
+from scheduler_worker.batch_params import (
+    FREQUENCY,
+    PRESENCE,
+    REPETITION,
+    has_penalty,
+    values_of,
+)
 
 
 @dataclass
@@ -52,6 +58,11 @@ _PENDING, _FLIGHT_ROW, _SLOT, _BITMASK, _DRAFTS, _ROW = (
     attrgetter("token_bitmask"),
     attrgetter("draft_token_ids"),
     attrgetter("sampling_row"),
+)
+_PARAMS, _PENDING_ROW, _OUTPUT_IDS = (
+    attrgetter("params"),
+    attrgetter("pending_row"),
+    attrgetter("output_token_ids"),
 )
 
 
@@ -86,7 +97,7 @@ def _array(values: np.ndarray, device: torch.device, dtype: torch.dtype) -> torc
 def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
     """row * vocab + token id for every token (< vocab) of every sequence; a placeholder
     (-1: the token the step in flight is sampling) is left out (`_in_flight`)."""
-    lens = torch.tensor([len(s) for s in seqs])
+    lens = torch.tensor(list(map(len, seqs)), dtype=torch.long)
     rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
     ids = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.long)
     keep = (ids >= 0) & (ids < vocab)
@@ -170,18 +181,20 @@ def apply_logit_bias(
 
 
 def _in_flight(
-    rows: list[SamplingRow], idx: list[int], prev_tokens: torch.Tensor | None
+    rows: list[SamplingRow], prev_tokens: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(positions in idx, their tokens) of the rows among idx whose last output token is the
-    step in flight's (pending_row), read from its sampled tokens on the device: penalties
-    count it without waiting for it to reach the host."""
-    pend = [(k, rows[i].pending_row) for k, i in enumerate(idx) if rows[i].pending_row >= 0]
-    if not pend:
+    """(positions in rows, their tokens) of the rows whose last output token is the step in
+    flight's (pending_row), read from its sampled tokens on the device: penalties count it
+    without waiting for it to reach the host."""
+    at = np.fromiter(map(_PENDING_ROW, rows), dtype=np.int64, count=len(rows))
+    where = np.flatnonzero(at >= 0)
+    if not len(where):
         return None
     assert prev_tokens is not None, "a pending token with no step in flight"
     dev = prev_tokens.device
-    where = _tensor([k for k, _ in pend], dev)
-    return where, prev_tokens.index_select(0, _tensor([r for _, r in pend], dev))
+    return _array(where, dev, torch.long), prev_tokens.index_select(
+        0, _array(at[where], dev, torch.long)
+    )
 
 
 def _outputs(row: SamplingRow) -> Sequence[int]:
@@ -198,40 +211,44 @@ def apply_penalties(
     rows: list[SamplingRow],
     prev_tokens: torch.Tensor | None = None,
     idx: list[int] | None = None,
+    values: np.ndarray | None = None,
 ) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
     A row's token still in flight (pending_row) counts, from `prev_tokens` (the step in
     flight's tokens, on the device). Returns a new tensor; rows without penalties are
-    unchanged. idx: the rows with a penalty, where known."""
+    unchanged. idx: the rows with a penalty, where known; values: every row's numbers
+    (batch_params' columns, the sampler's kept by slot), else read from its parameters."""
     if idx is None:
         idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
         return logits
     dev = logits.device
-    params = [rows[i].params for i in idx]
+    picked = list(map(rows.__getitem__, idx))  # the rows' own values, in C passes
+    pen = values_of(list(map(_PARAMS, picked))) if values is None else values[idx]
+    reps, pres_col, freq_col = pen[:, REPETITION], pen[:, PRESENCE], pen[:, FREQUENCY]
     rows_t = _tensor(idx, dev)
     sub = logits.index_select(0, rows_t)  # a contiguous copy
     vocab = sub.shape[1]
-    pending = _in_flight(rows, idx, prev_tokens)
-    if any(p.repetition_penalty != 1.0 for p in params):
-        rep = _tensor([p.repetition_penalty for p in params], dev)[:, None]
+    pending = _in_flight(picked, prev_tokens)
+    if (reps != 1.0).any():
+        rep = _array(reps, dev, torch.float32)[:, None]
         seqs = [
-            list(chain(rows[i].prompt_token_ids, rows[i].output_token_ids, rows[i].draft_token_ids))
-            if p.repetition_penalty != 1.0
-            else []
-            for i, p in zip(idx, params)
+            list(chain(r.prompt_token_ids, r.output_token_ids, r.draft_token_ids)) if p else []
+            for r, p in zip(picked, (reps != 1.0).tolist())
         ]
         seen = torch.zeros_like(sub, dtype=torch.bool)
         seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
         if pending is not None:
             seen.index_put_(pending, torch.ones_like(pending[0], dtype=torch.bool))
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
-        pres = _tensor([p.presence_penalty for p in params], dev)[:, None]
-        freq = _tensor([p.frequency_penalty for p in params], dev)[:, None]
+    if (pres_col != 0.0).any() or (freq_col != 0.0).any():
+        pres = _array(pres_col, dev, torch.float32)[:, None]
+        freq = _array(freq_col, dev, torch.float32)[:, None]
         counts = torch.zeros_like(sub)
-        flat = _flat_index([_outputs(rows[i]) for i in idx], vocab, dev)
+        drafted = any(map(_DRAFTS, picked))
+        outs = list(map(_outputs, picked)) if drafted else list(map(_OUTPUT_IDS, picked))
+        flat = _flat_index(outs, vocab, dev)
         counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
         if pending is not None:
             one = torch.ones_like(pending[0], dtype=sub.dtype)

@@ -290,7 +290,7 @@ class Sampler:
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
         stopped = mask_stop_tokens(masked, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
-        processed = apply_penalties(biased, rows, prev_tokens, batch.penalized)
+        processed = apply_penalties(biased, rows, prev_tokens, batch.penalized, batch.values)
         rand = batch.draws
         if len(rand) == len(rows):
             tokens = self._sample(processed, rows, batch.values)
