@@ -24,7 +24,9 @@ out (`Fused`): the same loop, each row at its new row of step N (docs/benchmarks
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from typing import NamedTuple
 
@@ -217,18 +219,20 @@ def _resolve_and_advance_some(
     each of those advances, at its new row, then takes its token in the loop; a row the
     launched step lacks only takes its token (resolve_rows)."""
     advance_decodes(scheduler, fused.joins, advanced, True)
+    # in C: which rows of `sampled` the launched step keeps (their flight_row, fusable),
+    # then their rows in it (nothing reads a flight_row while its step resolves)
+    at, start = list(map(_FLIGHT_ROW, fused.rows)), len(advanced)
+    launched = [False] * len(sampled)
+    deque(map(launched.__setitem__, at, repeat(True)), 0)
+    deque(map(setattr, fused.rows, repeat("flight_row"), range(start, start + len(at))), 0)
     outputs: list[RequestOutput] = []
     append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
-    active, rows, row = scheduler.active, iter(fused.rows), len(advanced)
-    nxt = next(rows, None)
-    for (req, index), token, lp in zip(sampled, token_ids, logprobs):
-        if req is not nxt:  # sits the launched step out: its token only
+    active = scheduler.active
+    for (req, index), token, lp, kept in zip(sampled, token_ids, logprobs, launched):
+        if not kept:  # sits the launched step out: its token only
             outputs += resolve_rows(scheduler, [(req, index)], [token], [lp], {}, other)
             continue
-        nxt = next(rows, None)
-        req.flight_row = row
-        row += 1
         tokens = req.token_ids
         new = len(tokens)  # the launched step's placeholder goes there
         num_prompt = req.num_prompt_tokens

@@ -48,9 +48,12 @@ the mass above a token in float64 (the same cut on every device).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, getitem
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -86,8 +89,9 @@ SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
 _PARAMS, _SLOT = attrgetter("params"), attrgetter("slot")
 
 
-@dataclass
-class TokenLogprobs:
+class TokenLogprobs(NamedTuple):
+    """A tuple: a step's are built in C (DeviceSample.result), no frame a row."""
+
     token_id: int
     logprob: float
     top_ids: list[int]
@@ -128,12 +132,17 @@ class DeviceSample:
         assert host is not None
         tokens, sampled, ids, lps = (t.tolist() if t is not None else [] for t in host.wait())
         out: list[TokenLogprobs | None] = [None] * len(tokens)
-        for j, (i, k) in enumerate(zip(self.logprob_rows, self.num_top)):
-            top_ids, top_lps = (ids[j][:k], lps[j][:k]) if ids else ([], [])
-            out[i] = TokenLogprobs(tokens[i], sampled[j], top_ids, top_lps)
+        if not self.logprob_rows:
+            return SamplerOutput(tokens, out)
+        rows, cuts = self.logprob_rows, list(map(slice, self.num_top))  # each row's top-N
+        top_ids = list(map(getitem, ids, cuts)) if ids else [[] for _ in rows]
+        top_lps = list(map(getitem, lps, cuts)) if ids else [[] for _ in rows]
+        fields = zip(map(tokens.__getitem__, rows), sampled, top_ids, top_lps)
+        deque(map(out.__setitem__, rows, map(_new_logprobs, repeat(TokenLogprobs), fields)), 0)
         return SamplerOutput(tokens, out)
 
 
+_new_logprobs = tuple.__new__  # _new_logprobs(TokenLogprobs, (its four fields))
 _M32 = 0xFFFFFFFF
 _OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
 
