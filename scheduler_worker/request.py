@@ -106,6 +106,7 @@ class Request:
         # its sampled tokens go through the engine (a grammar advances; prompt logprobs go
         # with the first output), never resolve_rows' inline loop
         self.resolves_apart = p.structured is not None or p.prompt_logprobs is not None
+        self.asks_prompt_logprobs = p.prompt_logprobs is not None  # ScheduledBatch's filter
         # a greedy row verifies drafts by argmax (spec/verify.py; with a grammar, of the
         # masked logits: GrammarMatchers.check_drafts), the others by sampling every
         # position (spec/sampled.py); a sampled row with a grammar drafts nothing yet

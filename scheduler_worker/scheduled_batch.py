@@ -9,7 +9,7 @@ from operator import attrgetter, is_not, itemgetter
 from scheduler_worker.request import Request
 
 _REQUEST = itemgetter(0)
-_READS_HISTORY = attrgetter("reads_history")
+_ASKS_PROMPT_LOGPROBS = attrgetter("asks_prompt_logprobs")
 _STRUCTURED = attrgetter("params.structured")
 
 
@@ -66,6 +66,6 @@ class ScheduledBatch:
         return [req for req in constrained if req.num_pending]  # found in C: a few rows
 
     def wants_prompt_logprobs(self) -> bool:
-        # every step: only the rows that read their history are looked at in Python
-        readers = filter(_READS_HISTORY, map(_REQUEST, self.entries.values()))
-        return any(req.wants_prompt_logprobs for req in readers)
+        # every step: only the rows that ask for prompt logprobs are looked at in Python
+        asking = filter(_ASKS_PROMPT_LOGPROBS, map(_REQUEST, self.entries.values()))
+        return any(req.wants_prompt_logprobs for req in asking)

@@ -36,3 +36,5 @@ def test_a_requests_settled_flags_agree_with_the_per_step_checks(kw):
     assert req.plain == (Sampler.plain_greedy([row]) and params.structured is None)
     history = params.structured is not None or has_penalty(params) or req.wants_prompt_logprobs
     assert req.reads_history == history
+    assert req.asks_prompt_logprobs == req.wants_prompt_logprobs  # none sent yet
+    assert req.sampling_row == row  # its kept row: the one made afresh
