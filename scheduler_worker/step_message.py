@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import is_not, itemgetter
+from operator import attrgetter, is_not, itemgetter
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
@@ -21,6 +22,11 @@ from scheduler_worker.step_output import RequestOutput
 
 _ONE_ID = struct.Struct("<i").pack  # as pack_ids packs one id
 _FIRST = itemgetter(0)
+_LOGPROB, _TOP_IDS, _TOP_LPS = (
+    attrgetter("logprob"),
+    attrgetter("top_ids"),
+    attrgetter("top_logprobs"),
+)
 _NO_COLUMNS: tuple[tuple, ...] = ((),) * len(RequestOutput._fields)
 
 
@@ -75,7 +81,7 @@ def step_message(
         finish_reasons=list(reasons),
         num_prompt_tokens=list(num_prompt),
         num_output_tokens=list(num_output),
-        logprobs=_optional(logprobs, _wire_logprobs),
+        logprobs=_logprobs_column(logprobs),
         new_requests=new_requests,
         timings=timings,
         sent_time=time.time(),
@@ -95,14 +101,25 @@ def _packed_ids(tokens: Sequence[list[int]]) -> list[bytes]:
     return list(map(_ONE_ID, ids))
 
 
-def _optional(col: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list | None:
+def _optional(col: Sequence[Any]) -> list | None:
     """An optional column: None when no row has a value, else one entry a row."""
+    return None if col.count(None) == len(col) else list(col)
+
+
+def _logprobs_column(col: Sequence[list | None]) -> list | None:
+    """The logprobs column (_wire_logprobs a row): where each row with some has one token's
+    (a decode step's), every row's built in C passes, not a call a row."""
     if col.count(None) == len(col):
         return None
     out = list(col)
-    if convert is not None:  # the rows with a value, found in C (1 in 8 in a chat mix)
-        for i in compress(range(len(col)), map(is_not, col, repeat(None))):
-            out[i] = convert(col[i])
+    at = list(compress(range(len(col)), map(is_not, col, repeat(None))))
+    rows = list(map(col.__getitem__, at))
+    if set(map(len, rows)) != {1}:  # drafts accepted, or an empty list: row by row
+        deque(map(out.__setitem__, at, map(_wire_logprobs, rows)), 0)
+        return out
+    lps = list(map(_FIRST, rows))
+    tops = map(list, map(map, repeat(list), map(zip, map(_TOP_IDS, lps), map(_TOP_LPS, lps))))
+    deque(map(out.__setitem__, at, map(list, zip(map(list, zip(map(_LOGPROB, lps), tops))))), 0)
     return out
 
 

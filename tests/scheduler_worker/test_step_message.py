@@ -63,3 +63,25 @@ def test_columns_equal_each_outputs_fields_read_by_name():
     assert msg.logprobs == [[[-0.25, [[3, -0.25]]]] if o.logprobs else None for o in outs]
     empty = step_message(2, [], {}, set())
     assert empty.rids == [] and empty.new_token_ids == [] and empty.logprobs is None
+
+
+def test_the_logprobs_column_equals_each_rows_own_build():
+    """The column built in C passes (one token's logprobs a row) equals _wire_logprobs a
+    row, with rows of several tokens (accepted drafts), none, or an empty list beside."""
+    import random
+
+    from scheduler_worker.step_message import _logprobs_column, _wire_logprobs
+
+    rng = random.Random(4)
+
+    def lp() -> TokenLogprobs:
+        k = rng.choice((0, 1, 5, 20))
+        ids = [rng.randrange(1000) for _ in range(k)]
+        return TokenLogprobs(rng.randrange(1000), -rng.random(), ids, [-rng.random()] * k)
+
+    shapes = (None, None, None, 1, 1, 2, 0)
+    for _ in range(300):
+        n = rng.randint(1, 40)
+        col = [None if s is None else [lp() for _ in range(s)] for s in rng.choices(shapes, k=n)]
+        want = [None if v is None else _wire_logprobs(v) for v in col]
+        assert _logprobs_column(col) == (None if col.count(None) == n else want)
