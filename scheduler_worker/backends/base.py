@@ -94,17 +94,20 @@ class DecodeRows:
         rows = zip(self.token_ids, self.positions, self.slots, self.prev_rows)
         return [SeqInput([t], p, self.tables.row(s), True, 0, r, s) for t, p, s, r in rows]
 
-    def staged(self, bs: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """positions [n], block tables [n, width] (past a row's blocks: the tables' pad)
-        and cache slots [n], as int64; ValueError when a row's table does not cover its
-        token."""
+    def staged(
+        self, bs: int, width: int, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """positions [n], block tables [n, width] (past a row's blocks: the tables' pad;
+        written into `out` where given, the staging buffer's) and cache slots [n], as
+        int64; ValueError when a row's table does not cover its token."""
         pos = np.array(self.positions, dtype=np.int64)
         idx = np.array(self.slots, dtype=np.int64)
         if (pos // bs >= self.tables.lengths[idx]).any():
             raise ValueError("a decode row's block table does not cover its token")
         have = min(width, self.tables.width)
-        tables = np.full((len(pos), width), self.tables.pad, dtype=np.int64)
+        tables = np.empty((len(pos), width), dtype=np.int64) if out is None else out
         tables[:, :have] = self.tables.array[idx, :have]
+        tables[:, have:] = self.tables.pad
         slots = tables[np.arange(len(pos)), pos // bs] * bs + pos % bs
         return pos, tables, slots
 

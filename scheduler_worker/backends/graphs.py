@@ -133,10 +133,10 @@ class StaticDecodeInputs(StaticTokens):
         w = max(rows.positions) // bs + 1
         if w > self.max_blocks:
             raise ValueError(f"a decode of {w} blocks, past the graphs' {self.max_blocks}")
-        pos, tables, slots = rows.staged(bs, w)
         width = COLS + w
         staged_rows = self.staging.next_host()[: b * width].view(b, width)
         a = staged_rows.numpy()
+        pos, _, slots = rows.staged(bs, w, a[:n, COLS:])  # past a row's blocks: read by none
         if b > n:
             a[n:, 0:2] = 0
             a[n:, 2] = self.scratch_block * bs  # padding: K/V into the scratch slot, and
@@ -153,10 +153,10 @@ class StaticDecodeInputs(StaticTokens):
         a[:n, 2] = slots
         a[:n, 3] = pos + 1
         a[:n, 4] = rows.prev_rows
-        a[:n, COLS:] = tables  # past a row's blocks: read by no kernel
         staged = self.staging.send(staged_rows)
         cols = staged[:, :COLS].unbind(1)  # token, position, slot, context, prev: one call
-        self.put_tokens(cols[0], cols[1], cols[2], cols[4] if num_prev else None, prev_tokens)
+        prev = cols[4] if num_prev else None
+        self.put_tokens(cols[0], cols[1], cols[2], prev, prev_tokens, n if num_prev == n else 0)
         self.ctx[:b].copy_(cols[3])
         self.tables[:b, :w].copy_(staged[:, COLS:])
         return num_prev

@@ -78,10 +78,19 @@ class StaticTokens:
         slots: torch.Tensor,
         prev: torch.Tensor | None,
         prev_tokens: torch.Tensor | None,
+        leading_prev: int = 0,
     ) -> None:
         """The staged columns (device views, n tokens) into the static ones; `prev`: the
-        placeholder rows' column where the step has any, else None."""
-        n = ids.shape[0]
-        self.ids[:n].copy_(ids if prev is None else take_placeholders(ids, prev, prev_tokens))
+        placeholder rows' column where the step has any, else None; `leading_prev`: the
+        first k tokens are placeholders and no other is (the usual overlapped step): a
+        gather and a copy, take_placeholders' answer."""
+        n, k = ids.shape[0], leading_prev
+        if k:
+            assert prev is not None and prev_tokens is not None
+            torch.index_select(prev_tokens, 0, prev[:k], out=self.ids[:k])
+            if k < n:  # padding rows
+                self.ids[k:n].copy_(ids[k:])
+        else:
+            self.ids[:n].copy_(ids if prev is None else take_placeholders(ids, prev, prev_tokens))
         self.pos[:n].copy_(pos)
         self.slots[:n].copy_(slots)
