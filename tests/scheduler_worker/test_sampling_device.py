@@ -83,7 +83,7 @@ def _logits(device: str, dtype: torch.dtype = torch.float32, pad: int = 24) -> t
 
 
 def _lists(out: sampling.SamplerOutput) -> tuple:
-    return out.token_ids, [None if lp is None else vars(lp) for lp in out.logprobs]
+    return out.token_ids, [None if lp is None else lp._asdict() for lp in out.logprobs]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
