@@ -84,9 +84,9 @@ def resolve_rows(
             hash_blocks(req)
         num_prompt = req.num_prompt_tokens
         n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
-        rid, cached = req.request_id, req.num_cached_tokens
         lps = None if lp is None else [lp]
-        fields = (rid, [token], None, lps, num_prompt, n_total, cached, None, None, None)
+        cached = req.num_cached_tokens  # the fields: step_output.new_output's
+        fields = (req.request_id, [token], None, lps, num_prompt, n_total, cached, None, None, None)
         append(new_output(RequestOutput, fields))
     return outputs
 
@@ -156,11 +156,11 @@ def resolve_and_advance(
         tokens = req.token_ids
         new = len(tokens)  # the launched step's placeholder goes there
         num_prompt = req.num_prompt_tokens
-        n_out, n_new = index + 1 - num_prompt, new + 1 - num_prompt  # outputs up to each
-        ends = False  # this token is its last (n_out <= n_new: only if the next is)
+        n_new = new + 1 - num_prompt  # outputs with the launched step's (this one's: fewer)
+        ends = False  # this token is its last (only if the next one is)
         if n_new >= req.max_tokens:
             active.pop(req.request_id, None)  # its last token: done when resolved
-            ends = n_out >= req.max_tokens
+            ends = index + 1 - num_prompt >= req.max_tokens
         if (
             req.status is not running
             or req.resolves_apart
@@ -179,7 +179,7 @@ def resolve_and_advance(
         tokens[index] = token
         tokens.append(placeholder)
         outs = req.output_token_ids
-        outs[n_out - 1] = token
+        outs[index - num_prompt] = token
         outs.append(placeholder)
         # min(...) <= computed: the cheap test first (a block fills one step in bs)
         if computed // bs > req.num_hashed_blocks and min(computed, index + 1) // bs > (
@@ -187,9 +187,9 @@ def resolve_and_advance(
         ):
             hash_blocks(req)
         # n_new: with the launched step's placeholder (step_output.new_output's fields)
-        rid, cached = req.request_id, req.num_cached_tokens
         lps = None if lp is None else [lp]
-        fields = (rid, [token], None, lps, num_prompt, n_new, cached, None, None, None)
+        cached = req.num_cached_tokens
+        fields = (req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None)
         append(new_output(RequestOutput, fields))
     return outputs
 
@@ -236,11 +236,11 @@ def _resolve_and_advance_some(
         tokens = req.token_ids
         new = len(tokens)  # the launched step's placeholder goes there
         num_prompt = req.num_prompt_tokens
-        n_out, n_new = index + 1 - num_prompt, new + 1 - num_prompt  # outputs up to each
-        ends = False  # this token is its last (n_out <= n_new: only if the next is)
+        n_new = new + 1 - num_prompt  # outputs with the launched step's (this one's: fewer)
+        ends = False  # this token is its last (only if the next one is)
         if n_new >= req.max_tokens:
             active.pop(req.request_id, None)  # its last token: done when resolved
-            ends = n_out >= req.max_tokens
+            ends = index + 1 - num_prompt >= req.max_tokens
         place((req, new))
         if (
             req.status is not running
@@ -258,13 +258,14 @@ def _resolve_and_advance_some(
         tokens[index] = token
         tokens.append(placeholder)
         outs = req.output_token_ids
-        outs[n_out - 1] = token
+        outs[index - num_prompt] = token
         outs.append(placeholder)
         if computed // bs > req.num_hashed_blocks and min(computed, index + 1) // bs > (
             req.num_hashed_blocks
         ):
             hash_blocks(req)
-        rid, cached, lps = req.request_id, req.num_cached_tokens, None if lp is None else [lp]
-        fields = (rid, [token], None, lps, num_prompt, n_new, cached, None, None, None)
+        lps = None if lp is None else [lp]
+        cached = req.num_cached_tokens
+        fields = (req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None)
         append(new_output(RequestOutput, fields))
     return outputs
