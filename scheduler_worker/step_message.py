@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import compress, repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import Any, Protocol
@@ -106,19 +106,20 @@ def _optional(col: Sequence[Any]) -> list | None:
     return None if col.count(None) == len(col) else list(col)
 
 
-def _logprobs_column(col: Sequence[list | None]) -> list | None:
+def _logprobs_column(col: Sequence[Any]) -> list | None:
     """The logprobs column (_wire_logprobs a row): where each row with some has one token's
     (a decode step's), every row's built in C passes, not a call a row."""
     if col.count(None) == len(col):
         return None
     out = list(col)
     at = list(compress(range(len(col)), map(is_not, col, repeat(None))))
-    rows = list(map(col.__getitem__, at))
+    rows: list[list] = list(map(col.__getitem__, at))
     if set(map(len, rows)) != {1}:  # drafts accepted, or an empty list: row by row
         deque(map(out.__setitem__, at, map(_wire_logprobs, rows)), 0)
         return out
     lps = list(map(_FIRST, rows))
-    tops = map(list, map(map, repeat(list), map(zip, map(_TOP_IDS, lps), map(_TOP_LPS, lps))))
+    pairs = map(zip, map(_TOP_IDS, lps), map(_TOP_LPS, lps))  # each row's (id, logprob)s
+    tops: Iterator[list] = map(list, map(map, repeat(list), pairs))  # as [[id, logprob], ...]
     deque(map(out.__setitem__, at, map(list, zip(map(list, zip(map(_LOGPROB, lps), tops))))), 0)
     return out
 
