@@ -146,7 +146,7 @@ class BatchParamsCache:
                     at[s], self.kinds[s], self.values[s] = p, kind_bits(p), param_values(p)
         k = self.kinds[slots]
         min_tokens, draws, penalized, biased, logprobs = (
-            np.flatnonzero(k & bit).tolist()
+            (k & bit).nonzero()[0].tolist()  # 1-D: flatnonzero without its wrappers
             for bit in (_MIN_TOKENS, _DRAW, _PENALTY, _BIAS, _LOGPROBS)
         )
         plain = not (k & _NOT_PLAIN).any()

@@ -187,7 +187,7 @@ def _in_flight(
     flight's (pending_row), read from its sampled tokens on the device: penalties count it
     without waiting for it to reach the host."""
     at = np.fromiter(map(_PENDING_ROW, rows), dtype=np.int64, count=len(rows))
-    where = np.flatnonzero(at >= 0)
+    where = (at >= 0).nonzero()[0]
     if not len(where):
         return None
     assert prev_tokens is not None, "a pending token with no step in flight"

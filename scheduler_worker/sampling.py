@@ -347,7 +347,7 @@ class Sampler:
         has_seed = values[:, HAS_SEED] != 0
         if not has_seed.any():  # unseeded rows share the default generator
             return sample_from(probs, torch.rand(len(rows), n, device=dev))
-        seeded = np.flatnonzero(has_seed)
+        seeded = has_seed.nonzero()[0]
         keys = np.empty((len(seeded), 3), dtype=np.int64)
         keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
         picked = list(map(rows.__getitem__, seeded.tolist()))  # their token counts, in C
@@ -356,7 +356,7 @@ class Sampler:
         keys[:, 2] = counts & _M32
         u = _uniforms(_array(keys, dev, torch.long), n)
         if len(seeded) < len(rows):
-            shared = np.flatnonzero(~has_seed)
+            shared = (~has_seed).nonzero()[0]
             full = torch.empty(len(rows), n, device=dev)
             rand = torch.rand(len(shared), n, device=dev)
             full.index_copy_(0, _array(shared, dev, torch.long), rand)

@@ -57,7 +57,7 @@ def top_p_thresholds(
     other rows: top_p_threshold."""
     dev, f32 = probs.device, torch.float32
     thresh = probs.new_zeros(len(top_ps), 1)
-    rows = np.flatnonzero(top_ps < 1.0)
+    rows = (top_ps < 1.0).nonzero()[0]
     if candidates is not None and top_ks.max() <= TOP_K_WINDOW:
         has_k = top_ks[rows] != 0
         windowed, searched = rows[has_k], rows[~has_k]
