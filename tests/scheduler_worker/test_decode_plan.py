@@ -104,10 +104,12 @@ def test_the_steps_threads_give_one_threads_bits_and_pass_on_its_errors(family_d
     """On 2 threads decode_layers holds them as one team for the step (kernels/csrc/
     zs_team.h): its logits and KV cache equal the 1-thread step's bit for bit, and an op's
     error inside the team's region (a KV slot outside the cache) comes back as a
-    RuntimeError, after which the step runs again."""
-    runner = ModelRunner(_config(family_dirs["phi3"]), family_dirs["phi3"])
+    RuntimeError, after which the step runs again. At 1, 3, 8 and 32 rows: the norms, RoPE
+    and the activation split by rows from 8 (test_decode_splits.py, op by op)."""
+    runner = ModelRunner(_config(family_dirs["phi3"], num_blocks=330), family_dirs["phi3"])
     plan = runner.model.decode_plan
-    lens = [5, 12, 25]
+    lens = [5, 12, 25] + [3 + 7 * i % 30 for i in range(29)]
+    row_counts = (1, 3, 8, 32)
     tables = [list(range(1 + 10 * i, 11 + 10 * i)) for i in range(len(lens))]
     for i, n in enumerate(lens):
         runner.execute([SeqInput(list(range(10 + i, 10 + i + n)), 0, tables[i])])
@@ -126,21 +128,21 @@ def test_the_steps_threads_give_one_threads_bits_and_pass_on_its_errors(family_d
         for threads in (1, 2, 2):
             torch.set_num_threads(threads)
             runner.kv_caches[:] = [(k.clone(), v.clone()) for k, v in caches]
-            for rows in (1, 3):  # one sequence alone, then all three
+            for rows in row_counts:  # one sequence alone, then 3, 8 and 32
                 seqs = [SeqInput([7 + i], n, tables[i]) for i, n in enumerate(lens[:rows])]
                 runner.step_rows.set_step(runner.prepare(seqs)[2].num_decode)
                 logits = runner.execute(seqs)
                 results.append((logits, [torch.cat([k, v]) for k, v in runner.kv_caches]))
-            if threads == 2 and len(results) == 4:
+            if threads == 2 and len(results) == 2 * len(row_counts):
                 args, residual, positions, rope, kv, meta, eps = seen["args"]
                 bad = dataclasses.replace(meta, slot_mapping=meta.slot_mapping + 10**6)
                 with pytest.raises(RuntimeError, match="slot out of range"):
                     real_run(args, residual.clone(), positions, rope, kv, bad, eps)
     finally:
         torch.set_num_threads(before)
-    assert len(results) == 6  # (1 row, 3 rows) on 1 thread, then twice on 2
-    for i in range(2, 6):
-        ref_logits, ref_kv = results[i % 2]
+    assert len(results) == 3 * len(row_counts)  # each row count on 1 thread, then twice on 2
+    for i in range(len(row_counts), len(results)):
+        ref_logits, ref_kv = results[i % len(row_counts)]
         assert torch.equal(results[i][0], ref_logits)
         assert all(torch.equal(a, b) for a, b in zip(results[i][1], ref_kv, strict=True))
 

@@ -102,6 +102,7 @@ at::Tensor decode_layers(at::Tensor residual, at::TensorList weights, at::IntArr
   Cursor c{weights.data(), formats.data()};
   // one OpenMP region for the whole step: each op's split a handoff to the team (zs_team.h)
   zs_team::with_team([&] {
+    ZS_PIECE("decode_layers");
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor& norm1 = *c.w++;
       at::Tensor h = x.defined() ? rms_norm(x, residual, norm1, eps, isa) : rms_norm(residual, c10::nullopt, norm1, eps, isa);

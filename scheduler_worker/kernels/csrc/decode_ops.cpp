@@ -20,9 +20,12 @@
 #include "zs_ops.h"
 #include "zs_team.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace zs_ops {
@@ -60,7 +63,7 @@ void rms_rows(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
   const auto fn = ZS_PICK(rms_row, (<T>), isa);
   T* r = residual.has_value() ? residual->data_ptr<T>() : nullptr;
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
-  zs_team::parallel_for(0, rows, 16, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, rows, 4, [&](int64_t a, int64_t b) {  // a row ~0.1 us: 4 and more a task
     for (int64_t i = a; i < b; ++i)
       fn(x.data_ptr<T>() + i * n, r ? r + i * n : nullptr, w.data_ptr<T>(), y.data_ptr<T>() + i * n, n, eps);
   });
@@ -76,34 +79,45 @@ void rms_rows(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
 enum Gate : int { SILU = 0, GELU_TANH = 1 };  // the activation of gated_mul
 
 template <typename T, int ACT>
-ZS_INLINE void gated_row_impl(const T* __restrict gu, T* __restrict out, int64_t n) {
-  const T* __restrict up = gu + n;
+ZS_INLINE void gated_row_impl(const T* __restrict gate, const T* __restrict up, T* __restrict out, int64_t n) {
   constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
   const ExpRange range;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float g = f32(gu[i]);
+    const float g = f32(gate[i]);
     const float z = ACT == SILU ? g : kBeta * 2.f * (g + kKappa * g * g * g);
     const float act = g / (1.f + fast_exp(-z, range));  // rounded to T before the product, as torch does
     out[i] = static_cast<T>(f32(static_cast<T>(act)) * f32(up[i]));
   }
 }
 
-ZS_VARIANTS((template <typename T, int ACT>), gated_row, (gated_row_impl<T, ACT>), (const T* gu, T* out, int64_t n),
-            (gu, out, n))
+ZS_VARIANTS((template <typename T, int ACT>), gated_row, (gated_row_impl<T, ACT>),
+            (const T* gate, const T* up, T* out, int64_t n), (gate, up, out, n))
+
+// Tasks of pieces of GATED_PIECE values (a multiple of every vector width: each value is
+// computed the same way whatever the split), a row's worth and more a task: one row alone
+// does not split (its halves' handoff and cross-core reads cost what they save), an odd
+// number of rows splits evenly.
+constexpr int64_t GATED_PIECE = 256;
 
 template <typename T, int ACT>
 void gated_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
   const auto fn = ZS_PICK(gated_row, (<T, ACT>), isa);
-  const int64_t rows = x.numel() / std::max<int64_t>(2 * n, 1);
-  zs_team::parallel_for(0, rows, 8, [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; ++i) fn(x.data_ptr<T>() + i * 2 * n, out.data_ptr<T>() + i * n, n);
+  const int64_t rows = x.numel() / std::max<int64_t>(2 * n, 1), pieces = (n + GATED_PIECE - 1) / GATED_PIECE;
+  const T* xp = x.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  zs_team::parallel_for(0, rows * pieces, pieces, [&](int64_t a, int64_t b) {
+    for (int64_t u = a; u < b; ++u) {
+      const int64_t i = u / pieces, j = u % pieces * GATED_PIECE;
+      fn(xp + i * 2 * n + j, xp + i * 2 * n + n + j, op + i * n + j, std::min(GATED_PIECE, n - j));
+    }
   });
 }
 
 // x [..., 2n] = [gate | up] -> act(gate) * up [..., n]
 template <int ACT>
 at::Tensor gated_mul(const at::Tensor& x_in, int64_t isa, const char* name) {
+  ZS_PIECE("activation");
   const at::Tensor x = x_in.contiguous();
   const int64_t n2 = x.size(-1), n = n2 / 2;
   TORCH_CHECK(n2 % 2 == 0, name, ": last dim must be even");
@@ -139,10 +153,27 @@ void head_norm_rows(at::Tensor& qkv, const at::Tensor& qw, const at::Tensor& kw,
 
 // ------------------------------------------------------------------ RoPE + KV-cache write
 
+// n floats into float16, rounded to nearest even (c10::Half's bits): 8 at a time by F16C
+// on the vector paths (c10::Half's own conversion is a dozen scalar instructions a value,
+// most of the KV write: docs/benchmarks.md, "The decode step's serial part").
+ZS_TARGET_AVX2 inline void store_half_f16c(const float* src, c10::Half* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = static_cast<c10::Half>(src[i]);
+}
+
+template <int VEC>
+ZS_INLINE void store_half(const float* src, c10::Half* dst, int64_t n) {
+  if constexpr (VEC > 0) store_half_f16c(src, dst, n);
+  else
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<c10::Half>(src[i]);
+}
+
 // One token: rotate its q and k heads (rotate-half, as HF Llama) with the position's
 // cos/sin, write q and k to their outputs, and k and v into the cache slot (of the cache's
-// type C: T, or float16 under float32).
-template <typename T, typename C>
+// type C: T, or float16 under float32). VEC: the vector ISA of the path (0: portable).
+template <typename T, typename C, int VEC>
 ZS_INLINE void rope_token_impl(const T* qkv, const float* cos, const float* sin, T* q_out, T* k_out, C* k_slot,
                                C* v_slot, int64_t H, int64_t Hkv, int64_t D) {
   const int64_t half = D / 2;
@@ -157,16 +188,27 @@ ZS_INLINE void rope_token_impl(const T* qkv, const float* cos, const float* sin,
     }
   }
   const T* v = qkv + (H + Hkv) * D;
-  for (int64_t i = 0; i < Hkv * D; ++i) {
-    k_slot[i] = static_cast<C>(f32(k_out[i]));
-    v_slot[i] = static_cast<C>(f32(v[i]));
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<C, c10::Half>) {
+    store_half<VEC>(k_out, k_slot, Hkv * D);
+    store_half<VEC>(v, v_slot, Hkv * D);
+  } else {
+    for (int64_t i = 0; i < Hkv * D; ++i) {
+      k_slot[i] = static_cast<C>(f32(k_out[i]));
+      v_slot[i] = static_cast<C>(f32(v[i]));
+    }
   }
 }
 
-ZS_VARIANTS((template <typename T, typename C>), rope_token, (rope_token_impl<T, C>),
-            (const T* qkv, const float* cos, const float* sin, T* q_out, T* k_out, C* k_slot, C* v_slot, int64_t H,
-             int64_t Hkv, int64_t D),
-            (qkv, cos, sin, q_out, k_out, k_slot, v_slot, H, Hkv, D))
+// ZS_VARIANTS by hand: each path's copy knows its vector ISA (store_half's F16C)
+#define ZS_ROPE_PARAMS \
+  const T *qkv, const float *cos, const float *sin, T *q_out, T *k_out, C *k_slot, C *v_slot, int64_t H, int64_t Hkv, int64_t D
+#define ZS_ROPE_ARGS qkv, cos, sin, q_out, k_out, k_slot, v_slot, H, Hkv, D
+template <typename T, typename C>
+void rope_token_0(ZS_ROPE_PARAMS) { rope_token_impl<T, C, 0>(ZS_ROPE_ARGS); }
+template <typename T, typename C>
+ZS_TARGET_AVX2 void rope_token_1(ZS_ROPE_PARAMS) { rope_token_impl<T, C, 1>(ZS_ROPE_ARGS); }
+template <typename T, typename C>
+ZS_TARGET_AVX512 void rope_token_2(ZS_ROPE_PARAMS) { rope_token_impl<T, C, 2>(ZS_ROPE_ARGS); }
 
 template <typename T, typename C>
 void rope_tokens(const at::Tensor& qkv, const int64_t* pp, const int64_t* sp, const at::Tensor& cos,
@@ -174,7 +216,7 @@ void rope_tokens(const at::Tensor& qkv, const int64_t* pp, const int64_t* sp, co
                  int64_t H, int64_t Hkv, int64_t D, int64_t isa) {
   const auto fn = ZS_PICK(rope_token, (<T, C>), isa);
   const int64_t row = Hkv * D, half = D / 2;
-  zs_team::parallel_for(0, qkv.size(0), 8, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, qkv.size(0), 4, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t)
       fn(qkv.data_ptr<T>() + t * (H + 2 * Hkv) * D, cos.data_ptr<float>() + pp[t] * half,
          sin.data_ptr<float>() + pp[t] * half, q.data_ptr<T>() + t * H * D, k.data_ptr<T>() + t * row,
@@ -186,6 +228,7 @@ void rope_tokens(const at::Tensor& qkv, const int64_t* pp, const int64_t* sp, co
 
 at::Tensor rms_norm(const at::Tensor& x_in, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
                     double eps, int64_t isa) {
+  ZS_PIECE("rms_norm");
   const int64_t n = x_in.size(-1);
   TORCH_CHECK(weight.numel() == n && weight.scalar_type() == x_in.scalar_type(), "rms_norm: weight does not fit x");
   const at::Tensor x = x_in.contiguous();
@@ -231,6 +274,7 @@ std::tuple<at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const
                                                  const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
                                                  at::Tensor v_cache, const at::Tensor& slot_mapping, int64_t H,
                                                  int64_t Hkv, int64_t isa) {
+  ZS_PIECE("rope_write_kv");
   const at::Tensor qkv = qkv_in.contiguous();
   const int64_t T_ = qkv.size(0), D = k_cache.size(3);
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (H + 2 * Hkv) * D && k_cache.size(2) == Hkv, "rope_write_kv: shapes disagree");

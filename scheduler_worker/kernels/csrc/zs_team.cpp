@@ -9,6 +9,7 @@
 #include <x86intrin.h>
 
 #include <cstdio>
+#include <cstring>
 #endif
 
 namespace zs_team {
@@ -26,6 +27,28 @@ struct Stats {
                    region / 1e6 / steps, caller_work / 1e6 / steps, caller_wait / 1e6 / steps, helper_work / 1e6 / steps);
   }
 } stats;
+
+// the calling thread's cycles in Team::run (chunks, waits) and in closed pieces, and the
+// totals per piece name
+thread_local uint64_t tl_work = 0, tl_wait = 0, tl_inner = 0;
+struct PieceTotals {
+  static constexpr int N = 32;
+  const char* name[N] = {};
+  uint64_t serial[N] = {}, work[N] = {}, wait[N] = {}, calls[N] = {}, least[N] = {};  // least: a call's fewest cycles
+  int slot(const char* n) {
+    int i = 0;
+    while (i < N && name[i] != nullptr && std::strcmp(name[i], n) != 0) ++i;
+    if (i < N && name[i] == nullptr) name[i] = n;
+    return i < N ? i : N - 1;
+  }
+  ~PieceTotals() {
+    if (stats.steps == 0) return;
+    for (int i = 0; i < N && name[i] != nullptr; ++i)
+      std::fprintf(stderr, "zs_team: %-16s Mcycles a step: serial %.3f, chunks %.3f, waiting %.3f (%.1f calls; "
+                   "the fastest %.1f kcycles)\n", name[i], serial[i] / 1e6 / stats.steps, work[i] / 1e6 / stats.steps,
+                   wait[i] / 1e6 / stats.steps, double(calls[i]) / stats.steps, least[i] / 1e3);
+  }
+} pieces;
 #define ZS_STAT(x) x
 #else
 #define ZS_STAT(x)
@@ -42,6 +65,21 @@ inline void relax(int64_t& spins) {
 
 Team* current() { return tls_team; }
 
+#ifdef ZS_TEAM_STATS
+Piece::Piece(const char* name) : name_(tls_team ? name : nullptr), t0_(__rdtsc()), inner0_(tl_inner), work0_(tl_work), wait0_(tl_wait) {}
+
+Piece::~Piece() {
+  if (name_ == nullptr) return;  // outside a team's step
+  const uint64_t all = __rdtsc() - t0_, work = tl_work - work0_, wait = tl_wait - wait0_;
+  const uint64_t serial = all - work - wait - (tl_inner - inner0_);
+  const int i = pieces.slot(name_);
+  pieces.serial[i] += serial, pieces.work[i] += work, pieces.wait[i] += wait, pieces.calls[i]++;
+  const uint64_t own = all - (tl_inner - inner0_);  // the call less the pieces nested in it
+  if (pieces.least[i] == 0 || own < pieces.least[i]) pieces.least[i] = own;
+  tl_inner += serial;  // an enclosing piece counts this one's cycles as its own tasks'
+}
+#endif
+
 void Team::run(Fn f, const void* ctx, int64_t b, int64_t e, int64_t chunk) {
   fn_ = f, ctx_ = ctx, begin_ = b, end_ = e, chunk_ = chunk;
   pending_.store(size_ - 1, std::memory_order_relaxed);  // every helper answers, idle or not
@@ -55,7 +93,8 @@ void Team::run(Fn f, const void* ctx, int64_t b, int64_t e, int64_t chunk) {
   }
   ZS_STAT(const uint64_t t1 = __rdtsc());
   for (int64_t spins = 0; pending_.load(std::memory_order_acquire) != 0;) relax(spins);
-  ZS_STAT(stats.tasks++; stats.caller_work += t1 - t0; stats.caller_wait += __rdtsc() - t1);
+  ZS_STAT(const uint64_t t2 = __rdtsc(); stats.tasks++; stats.caller_work += t1 - t0; stats.caller_wait += t2 - t1;
+          tl_work += t1 - t0; tl_wait += t2 - t1);
   if (mine) std::rethrow_exception(mine);
   if (error_) {
     std::exception_ptr theirs = error_;

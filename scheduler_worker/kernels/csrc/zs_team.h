@@ -63,6 +63,23 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
          (n + used - 1) / used);
 }
 
+#ifdef ZS_TEAM_STATS  // a measuring build: cycles of a named piece of the step, printed at exit
+// On a team's calling thread: the piece's own cycles outside the team's tasks and the pieces
+// nested in it (its serial work), its chunks' cycles and its waits for the helpers'.
+class Piece {
+ public:
+  explicit Piece(const char* name);
+  ~Piece();
+
+ private:
+  const char* name_;
+  uint64_t t0_, inner0_, work0_, wait0_;
+};
+#define ZS_PIECE(name) const zs_team::Piece zs_piece_(name)
+#else
+#define ZS_PIECE(name)
+#endif
+
 // The threads an op's split may use: the team's, else at::get_num_threads().
 inline int64_t num_threads() {
   const Team* t = current();

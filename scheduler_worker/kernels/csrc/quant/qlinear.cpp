@@ -71,8 +71,21 @@ static GroupsFn groups_for(int64_t fmt, int64_t isa) {
   return generic::EVERY[fmt];
 }
 
-// x [M, K] (contiguous) quantized into q [M, K], d [M, K/32], s [M, K/32]
-static void quantize_rows(const at::Tensor& x, int64_t isa, int8_t* qp, float* dp, float* sp) {
+// o[e] = -32 * the sum of piece e of 16 quantized activations q, e < P (Q6K's offsets)
+static void piece_offsets(const int8_t* q, int64_t P, int32_t* o) {
+  for (int64_t e = 0; e < P; ++e) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += q[e * 16 + j];
+    o[e] = -32 * s;
+  }
+}
+
+// x [M, K] (contiguous) quantized into q [M, K], d [M, K/32], s [M, K/32], and where `off`
+// is given Q6K's piece offsets into it [M, K/16] (piece_offsets), in tasks of whole blocks
+// across the rows: a block's results depend on its 32 values alone, so any split gives the
+// same bits, and a decode step's few rows split too.
+static void quantize_rows(const at::Tensor& x, int64_t isa, int8_t* qp, float* dp, float* sp, int32_t* off) {
+  ZS_PIECE("quantize");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % QK == 0, "quantize_act: x must be [M, K] with K % 32 == 0");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "quantize_act: x must be float32 or bfloat16");
@@ -82,9 +95,13 @@ static void quantize_rows(const at::Tensor& x, int64_t isa, int8_t* qp, float* d
   const int64_t M = x.size(0), nb = x.size(1) / QK, K = nb * QK;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const char* xp = static_cast<const char*>(x.data_ptr());
-  const int64_t row_bytes = K * x.element_size();
-  zs_team::parallel_for(0, M, std::max<int64_t>(1, 256 / std::max<int64_t>(1, nb)), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) quantize(xp + i * row_bytes, bf16, nb, qp + i * K, dp + i * nb, sp + i * nb);
+  const int64_t esize = x.element_size();
+  zs_team::parallel_for(0, M * nb, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0, n; b < b1; b += n) {  // row b / nb's blocks b % nb .. + n
+      n = std::min(b1 - b, nb - b % nb);
+      quantize(xp + (b / nb * K + b % nb * QK) * esize, bf16, n, qp + b * QK, dp + b, sp + b);
+    }
+    if (off != nullptr) piece_offsets(qp + b0 * QK, 2 * (b1 - b0), off + 2 * b0);
   });
 }
 
@@ -96,21 +113,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
   at::Tensor q = at::empty({M, nb * QK}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({M, nb}, x.options().dtype(at::kFloat));
   at::Tensor s = at::empty({M, nb}, x.options().dtype(at::kFloat));
-  quantize_rows(x, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+  quantize_rows(x, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(), nullptr);
   return {q, d, s};
 }
 
-// off [M, K/16] = -32 * the sum of each piece of 16 quantized activations q [M, K] (Q6K's offsets)
-static void piece_offsets(const int8_t* q, int64_t M, int64_t K, int32_t* o) {
-  const int64_t P = K / 16;
-  zs_team::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, P)), [&](int64_t i0, int64_t i1) {
-    for (int64_t e = i0 * P; e < i1 * P; ++e) {
-      int32_t s = 0;
-      for (int j = 0; j < 16; ++j) s += q[e * 16 + j];
-      o[e] = -32 * s;
-    }
-  });
-}
 
 // The checks of a weight of format `fmt` in the kernels' layout for x [M, K]; its groups.
 static int64_t check_weight(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
@@ -174,8 +180,7 @@ static Call prepare(const at::Tensor& x_in, const at::Tensor& qs, const at::Tens
     q = c.xq.data_ptr<int8_t>(), xd = c.xd.data_ptr<float>(), xs = c.xs.data_ptr<float>();
     if (pieces) off = c.off.data_ptr<int32_t>();
   }
-  quantize_rows(x, isa, q, xd, xs);
-  if (pieces) piece_offsets(q, M, K, off);
+  quantize_rows(x, isa, q, xd, xs, pieces ? off : nullptr);
   c.a = {q, xd, xs, pieces ? off : nullptr, prefetch_weights(M)};
   c.w = {qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), FORMATS[fmt].m ? m->data_ptr<c10::Half>() : nullptr, nb, N};
   return c;
@@ -186,6 +191,7 @@ static Call prepare(const at::Tensor& x_in, const at::Tensor& qs, const at::Tens
 // 16], with groups = ceil(n / 16).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa) {
+  ZS_PIECE("qlinear");
   const int64_t groups = check_weight(x, qs, d, m, fmt, "qlinear");
   TORCH_CHECK(n > (groups - 1) * GR && n <= groups * GR, "qlinear: ", n, " outputs do not fit ", groups, " groups");
   const int64_t M = x.size(0), nb = x.size(1) / QK;
