@@ -1,8 +1,9 @@
 """The decode step's element-wise ops split across threads (kernels/csrc/decode_ops.cpp,
 quant/qlinear.cpp's activation quantizer): the RMSNorm and RoPE + KV write by rows, the
-gated activation by pieces of 256 values (an odd number of rows splits inside a row), the
-quantizer by blocks of 32 across the rows. On 2 threads each gives its 1-thread bits
-exactly, at SmolLM2's shapes and at 1, 3, 8 and 32 rows, on every ISA path this CPU has. The same chunks run on a decode
+gated activation by pieces of 256 values, the quantizer by blocks of 32 across the rows
+(at 33 rows both split inside a row). On 2 threads each gives its 1-thread bits exactly,
+at SmolLM2's shapes and at 1, 8 and 33 rows, on every ISA path this CPU has; the float16
+KV write (F16C on the vector paths) rounds as torch does. The same chunks run on a decode
 step's team (zs_team.h): test_decode_plan.py checks the whole step on 1 and 2 threads.
 """
 
@@ -41,7 +42,7 @@ def _same_on_1_and_2_threads(fn):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("rows", [1, 3, 8, 32])
+@pytest.mark.parametrize("rows", [1, 8, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_and_activations_split_to_the_same_bits(isa, rows, dtype):
     g = torch.Generator().manual_seed(rows)
@@ -88,11 +89,11 @@ def test_rope_and_kv_write_split_to_the_same_bits(isa, rows, cache_dtype):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("rows", [1, 3, 8, 32])
+@pytest.mark.parametrize("rows", [1, 8, 33])
 def test_activation_quantizer_splits_by_blocks_to_the_same_bits(isa, rows):
     """The quantizer alone (quantize_act) and inside a Q6_K linear, whose per-piece offsets
-    it computes in the same tasks; at 3 rows of K 1536 (48 blocks a row) the 2 threads'
-    halves meet inside row 1."""
+    it computes in the same tasks; at 33 rows of K 1536 (48 blocks a row) the 2 threads'
+    halves meet inside row 16."""
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, INTER, generator=g)
     n = 80

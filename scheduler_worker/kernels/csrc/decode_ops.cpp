@@ -63,7 +63,7 @@ void rms_rows(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
   const auto fn = ZS_PICK(rms_row, (<T>), isa);
   T* r = residual.has_value() ? residual->data_ptr<T>() : nullptr;
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
-  zs_team::parallel_for(0, rows, 4, [&](int64_t a, int64_t b) {  // a row ~0.1 us: 4 and more a task
+  zs_team::parallel_for(0, rows, 16, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i)
       fn(x.data_ptr<T>() + i * n, r ? r + i * n : nullptr, w.data_ptr<T>(), y.data_ptr<T>() + i * n, n, eps);
   });
@@ -95,10 +95,10 @@ ZS_VARIANTS((template <typename T, int ACT>), gated_row, (gated_row_impl<T, ACT>
             (const T* gate, const T* up, T* out, int64_t n), (gate, up, out, n))
 
 // Tasks of pieces of GATED_PIECE values (a multiple of every vector width: each value is
-// computed the same way whatever the split), a row's worth and more a task: one row alone
-// does not split (its halves' handoff and cross-core reads cost what they save), an odd
-// number of rows splits evenly.
-constexpr int64_t GATED_PIECE = 256;
+// computed the same way whatever the split), 8 rows' worth and more a task: below that a
+// split's handoff and cross-core reads cost what it saves ("The decode step's serial
+// part" in docs/benchmarks.md); an odd number of rows splits evenly.
+constexpr int64_t GATED_PIECE = 256, GATED_ROWS = 8;
 
 template <typename T, int ACT>
 void gated_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
@@ -106,7 +106,7 @@ void gated_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
   const int64_t rows = x.numel() / std::max<int64_t>(2 * n, 1), pieces = (n + GATED_PIECE - 1) / GATED_PIECE;
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  zs_team::parallel_for(0, rows * pieces, pieces, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, rows * pieces, GATED_ROWS * pieces, [&](int64_t a, int64_t b) {
     for (int64_t u = a; u < b; ++u) {
       const int64_t i = u / pieces, j = u % pieces * GATED_PIECE;
       fn(xp + i * 2 * n + j, xp + i * 2 * n + n + j, op + i * n + j, std::min(GATED_PIECE, n - j));
@@ -216,7 +216,7 @@ void rope_tokens(const at::Tensor& qkv, const int64_t* pp, const int64_t* sp, co
                  int64_t H, int64_t Hkv, int64_t D, int64_t isa) {
   const auto fn = ZS_PICK(rope_token, (<T, C>), isa);
   const int64_t row = Hkv * D, half = D / 2;
-  zs_team::parallel_for(0, qkv.size(0), 4, [&](int64_t a, int64_t b) {
+  zs_team::parallel_for(0, qkv.size(0), 8, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t)
       fn(qkv.data_ptr<T>() + t * (H + 2 * Hkv) * D, cos.data_ptr<float>() + pp[t] * half,
          sin.data_ptr<float>() + pp[t] * half, q.data_ptr<T>() + t * H * D, k.data_ptr<T>() + t * row,

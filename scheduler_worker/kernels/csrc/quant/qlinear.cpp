@@ -82,8 +82,8 @@ static void piece_offsets(const int8_t* q, int64_t P, int32_t* o) {
 
 // x [M, K] (contiguous) quantized into q [M, K], d [M, K/32], s [M, K/32], and where `off`
 // is given Q6K's piece offsets into it [M, K/16] (piece_offsets), in tasks of whole blocks
-// across the rows: a block's results depend on its 32 values alone, so any split gives the
-// same bits, and a decode step's few rows split too.
+// across the rows (256 and more a task: fewer cost more to hand over than they take): a
+// block's results depend on its 32 values alone, so any split gives the same bits.
 static void quantize_rows(const at::Tensor& x, int64_t isa, int8_t* qp, float* dp, float* sp, int32_t* off) {
   ZS_PIECE("quantize");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % QK == 0, "quantize_act: x must be [M, K] with K % 32 == 0");
@@ -96,7 +96,7 @@ static void quantize_rows(const at::Tensor& x, int64_t isa, int8_t* qp, float* d
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const char* xp = static_cast<const char*>(x.data_ptr());
   const int64_t esize = x.element_size();
-  zs_team::parallel_for(0, M * nb, 64, [&](int64_t b0, int64_t b1) {
+  zs_team::parallel_for(0, M * nb, 256, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0, n; b < b1; b += n) {  // row b / nb's blocks b % nb .. + n
       n = std::min(b1 - b, nb - b % nb);
       quantize(xp + (b / nb * K + b % nb * QK) * esize, bf16, n, qp + b * QK, dp + b, sp + b);
