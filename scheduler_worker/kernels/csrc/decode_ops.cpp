@@ -107,9 +107,10 @@ void gated_rows(const at::Tensor& x, at::Tensor& out, int64_t n, int64_t isa) {
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
   zs_team::parallel_for(0, rows * pieces, GATED_ROWS * pieces, [&](int64_t a, int64_t b) {
-    for (int64_t u = a; u < b; ++u) {
+    for (int64_t u = a, v; u < b; u = v) {  // the task's pieces of row i, [u, v), in one call
       const int64_t i = u / pieces, j = u % pieces * GATED_PIECE;
-      fn(xp + i * 2 * n + j, xp + i * 2 * n + n + j, op + i * n + j, std::min(GATED_PIECE, n - j));
+      v = std::min(b, (i + 1) * pieces);
+      fn(xp + i * 2 * n + j, xp + i * 2 * n + n + j, op + i * n + j, std::min((v - u) * GATED_PIECE, n - j));
     }
   });
 }
