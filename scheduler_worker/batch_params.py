@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.penalty_counts import PenaltyCounts
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy: logits / T would overflow
 
@@ -124,6 +125,7 @@ class BatchParamsCache:
         self.at: list[SamplingParams | None] = []  # the parameters each slot's kinds are of
         self.kinds = np.zeros(0, dtype=np.uint8)
         self.values = np.zeros((0, NUM_VALUES), dtype=np.float64)
+        self.counts = PenaltyCounts()  # penalized slots' token counts, on the device
 
     def get(self, params: list[SamplingParams], slots: list[int] | None = None) -> BatchParams:
         """slots: the rows' slots (each >= 0, a slot's rows with one request's parameters),

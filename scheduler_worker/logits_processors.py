@@ -32,6 +32,7 @@ from scheduler_worker.batch_params import (
     has_penalty,
     values_of,
 )
+from scheduler_worker.penalty_counts import PenaltyCounts
 
 
 @dataclass
@@ -212,13 +213,16 @@ def apply_penalties(
     prev_tokens: torch.Tensor | None = None,
     idx: list[int] | None = None,
     values: np.ndarray | None = None,
+    pool: PenaltyCounts | None = None,
 ) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
     A row's token still in flight (pending_row) counts, from `prev_tokens` (the step in
     flight's tokens, on the device). Returns a new tensor; rows without penalties are
     unchanged. idx: the rows with a penalty, where known; values: every row's numbers
-    (batch_params' columns, the sampler's kept by slot), else read from its parameters."""
+    (batch_params' columns, the sampler's kept by slot), else read from its parameters.
+    pool: the sampler's counts kept per slot, read where every penalized row has a slot
+    (the same logits, bit for bit); else each row's tokens are counted here."""
     if idx is None:
         idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
@@ -231,21 +235,36 @@ def apply_penalties(
     sub = logits.index_select(0, rows_t)  # a contiguous copy
     vocab = sub.shape[1]
     pending = _in_flight(picked, prev_tokens)
-    if (reps != 1.0).any():
+    on_rep = reps != 1.0
+    if pool is not None and -1 not in map(_SLOT, picked):
+        at = pool.gather(picked, vocab, dev)
+        assert pool.counts is not None and pool.seen is not None
+        counts = pool.counts.index_select(0, at).to(sub.dtype)
+        if any(map(_DRAFTS, picked)):  # this step's own: a rejected draft leaves no trace
+            flat = _flat_index(list(map(_DRAFTS, picked)), vocab, dev)
+            counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
+        if pending is not None:
+            counts.index_put_(pending, torch.ones_like(pending[0], dtype=sub.dtype), True)
+        if on_rep.any():
+            rep = _array(reps, dev, torch.float32)[:, None]
+            seen = pool.seen.index_select(0, at).logical_or_(counts > 0)
+            seen.logical_and_(_array(on_rep, dev, torch.bool)[:, None])
+            sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        return _penalize(logits, rows_t, sub, counts, pres_col, freq_col)
+    if on_rep.any():
         rep = _array(reps, dev, torch.float32)[:, None]
         seqs = [
             list(chain(r.prompt_token_ids, r.output_token_ids, r.draft_token_ids)) if p else []
-            for r, p in zip(picked, (reps != 1.0).tolist())
+            for r, p in zip(picked, on_rep.tolist())
         ]
         seen = torch.zeros_like(sub, dtype=torch.bool)
         seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
         if pending is not None:
             seen.index_put_(pending, torch.ones_like(pending[0], dtype=torch.bool))
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    counted: torch.Tensor | None = None
     if (pres_col != 0.0).any() or (freq_col != 0.0).any():
-        pres = _array(pres_col, dev, torch.float32)[:, None]
-        freq = _array(freq_col, dev, torch.float32)[:, None]
-        counts = torch.zeros_like(sub)
+        counted = counts = torch.zeros_like(sub)
         drafted = any(map(_DRAFTS, picked))
         outs = list(map(_outputs, picked)) if drafted else list(map(_OUTPUT_IDS, picked))
         flat = _flat_index(outs, vocab, dev)
@@ -253,5 +272,20 @@ def apply_penalties(
         if pending is not None:
             one = torch.ones_like(pending[0], dtype=sub.dtype)
             counts.index_put_(pending, one, accumulate=True)
+    return _penalize(logits, rows_t, sub, counted, pres_col, freq_col)
+
+
+def _penalize(
+    logits: torch.Tensor,
+    rows_t: torch.Tensor,
+    sub: torch.Tensor,
+    counts: torch.Tensor | None,
+    pres_col: np.ndarray,
+    freq_col: np.ndarray,
+) -> torch.Tensor:
+    """Presence/frequency on the penalized rows' copy (where some row has one), put back."""
+    if counts is not None and ((pres_col != 0.0).any() or (freq_col != 0.0).any()):
+        pres = _array(pres_col, dev := sub.device, torch.float32)[:, None]
+        freq = _array(freq_col, dev, torch.float32)[:, None]
         sub = sub - pres * (counts > 0).to(sub.dtype) - freq * counts
     return logits.clone().index_copy_(0, rows_t, sub)

@@ -15,10 +15,9 @@ sample are scheduler_worker.logits_processors):
                                       │
         DeviceSample (device tensors) ┴─▶ start_copy() ─▶ pinned host ─▶ result(): lists
 
-A batch of plain greedy rows (no penalties, logit_bias, logprobs, grammar or min_tokens
-still blocking) takes one argmax and nothing else; without grammar masks the engine first asks
-the model for the argmax itself (ModelRunner.execute), and where a quantized head takes it
-without writing the logits the step never reaches the sampler. Logprobs are the model's
+A batch of plain greedy rows (no penalties, logit_bias, logprobs, grammar or min_tokens still
+blocking) takes one argmax; without grammar masks the engine asks the model for it first
+(ModelRunner.execute): a quantized head that takes it never writes the logits. Logprobs are the model's
 own, before the grammar mask (as before logit_bias, penalties and temperature; vLLM's
 default `raw_logprobs` too): a token the grammar forbids keeps its logprob in the top-N. Temperatures below GREEDY_EPS (batch_params.py) count as greedy.
 
@@ -299,7 +298,8 @@ class Sampler:
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
         stopped = mask_stop_tokens(masked, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
-        processed = apply_penalties(biased, rows, prev_tokens, batch.penalized, batch.values)
+        pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
+        processed = apply_penalties(biased, rows, prev_tokens, *pen)
         rand = batch.draws
         if len(rand) == len(rows):
             tokens = self._sample(processed, rows, batch.values)

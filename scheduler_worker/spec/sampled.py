@@ -70,7 +70,7 @@ def sample_drafts(
         d = drafts[req.request_id]
         spans[req.request_id] = (d, len(rows))
         p, prompt, out = req.params, req.prompt_token_ids, req.output_token_ids
-        rows += [SamplingRow(p, prompt, out, draft_token_ids=d[:j]) for j in range(len(d))]
+        rows += [SamplingRow(p, prompt, out, -1, None, d[:j], req.slot) for j in range(len(d))]
         pieces.append(logits)
         prompt_logits[i] = None
     if not rows:

@@ -1,0 +1,138 @@
+"""Penalty state kept per slot on the device: each penalized slot's output-token counts
+(int32 [entries, vocab]) and the tokens of its prompt (bool), so a step's penalties cost
+the host the tokens that are new since the last step, not the row's whole context
+(docs/benchmarks.md, "Penalty counts per slot"), as vLLM v1 keeps its batch's output token
+counts on the device.
+
+Entries are a small pool mapped from the sampler's slots (Request.slot), made for the
+slots whose rows carry a penalty only: a batch with no penalty allocates nothing, and the
+pool grows to the most penalized slots one step has seen. An entry is
+filled when a request's row first reaches it (its prompt and the outputs it already has:
+a join, a resume after preemption, a prefix-cache hit, an n > 1 fork), then gains the
+row's newly resolved outputs each step. What is not resolved on the host stays out of
+it and is added to the step's own copy only: the token in flight (read from the step in
+flight's tokens, on the device) and drafts (rejected ones leave no trace).
+
+Invariant: counts[e] holds the first counted[e] outputs of owner[e] (the request's own
+output list, compared by identity) and seen[e] its prompt; a slot's entry whose owner is
+not the row's (a new request in the slot) is reset before it is read. Placeholders
+(-1) are a suffix of a request's outputs (they resolve in order), so the resolved prefix
+only grows while the request runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
+import torch
+
+from scheduler_worker.backends.device import to_device
+
+
+def _flat(entries: list[int], seqs: list[Sequence[int]], vocab: int) -> np.ndarray:
+    """entry * vocab + token id for every token (0 <= id < vocab) of every sequence."""
+    lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))
+    at = np.repeat(np.asarray(entries, dtype=np.int64), lens)
+    keep = (ids >= 0) & (ids < vocab)
+    return at[keep] * vocab + ids[keep]
+
+
+def _resolved(outs: Sequence[int]) -> int:
+    """The length of outs without its trailing placeholders."""
+    n = len(outs)
+    while n and outs[n - 1] < 0:
+        n -= 1
+    return n
+
+
+class PenaltyCounts:
+    def __init__(self, vocab: int = 0) -> None:
+        self.vocab = vocab
+        self.counts: torch.Tensor | None = None  # int32 [entries, vocab]: outputs counted
+        self.seen: torch.Tensor | None = None  # bool [entries, vocab]: the prompt's tokens
+        self.entry: dict[int, int] = {}  # slot -> its entry
+        self.slot: list[int] = []  # entry -> its slot (-1: free)
+        self.owner: list[Sequence[int] | None] = []  # entry -> its request's outputs
+        self.prompt: list[Sequence[int] | None] = []
+        self.counted: list[int] = []
+        self.stamp: list[int] = []  # the call that last read the entry
+        self.calls = 0
+
+    @property
+    def num_entries(self) -> int:
+        return len(self.slot)
+
+    def _take(self, slot: int, device: torch.device) -> int:
+        """An entry for slot: a free one, else one this call has not read (its slot's
+        request re-fills it if it comes back), else a new one (the pool doubles)."""
+        now = self.calls
+        e = next((e for e, t in enumerate(self.stamp) if t != now), len(self.slot))
+        if e < len(self.slot):
+            if self.slot[e] >= 0:
+                del self.entry[self.slot[e]]
+        else:
+            grow = max(e, 1)
+            zeros = torch.zeros(grow, self.vocab, dtype=torch.int32, device=device)
+            old_c, old_s = self.counts, self.seen
+            self.counts = zeros if old_c is None else torch.cat([old_c, zeros])
+            falses = torch.zeros(grow, self.vocab, dtype=torch.bool, device=device)
+            self.seen = falses if old_s is None else torch.cat([old_s, falses])
+            self.slot += [-1] * grow
+            self.owner += [None] * grow
+            self.prompt += [None] * grow
+            self.counted += [0] * grow
+            self.stamp += [-1] * grow
+        self.entry[slot] = e
+        self.slot[e] = slot
+        return e
+
+    def gather(self, rows: Sequence, vocab: int, device: torch.device) -> torch.Tensor:
+        """The rows' (SamplingRow, each with a slot) entries, brought up to their resolved
+        outputs: int64 [rows] on the device."""
+        if vocab != self.vocab or (self.counts is not None and self.counts.device != device):
+            self.__dict__.update(PenaltyCounts(vocab).__dict__)  # a new vocab or device
+        self.calls += 1
+        joined: list[int] = []
+        prompts: list[Sequence[int]] = []
+        grown: list[int] = []
+        news: list[Sequence[int]] = []
+        at: list[int] = []
+        for r in rows:
+            e = self.entry.get(r.slot, -1)
+            outs = r.output_token_ids
+            if e >= 0 and self.stamp[e] == self.calls:  # a verify chunk's later position
+                at.append(e)
+                continue
+            n = _resolved(outs)
+            prompt = r.prompt_token_ids
+            if (  # a new request in the slot; or its outputs cut (never while it runs)
+                e < 0
+                or self.owner[e] is not outs
+                or self.prompt[e] is not prompt
+                or n < self.counted[e]
+            ):
+                e = e if e >= 0 else self._take(r.slot, device)
+                self.owner[e], self.prompt[e], self.counted[e] = outs, prompt, 0
+                joined.append(e)
+                prompts.append(prompt)
+            if n > self.counted[e]:
+                grown.append(e)
+                news.append(outs[self.counted[e] : n])
+                self.counted[e] = n
+            self.stamp[e] = self.calls
+            at.append(e)
+        counts, seen = self.counts, self.seen
+        assert counts is not None and seen is not None
+        if joined:
+            reset = to_device(torch.tensor(joined), device)
+            counts.index_fill_(0, reset, 0)
+            seen.index_fill_(0, reset, False)
+            flat = torch.from_numpy(_flat(joined, prompts, vocab))
+            seen.view(-1).index_fill_(0, to_device(flat, device), True)
+        if grown:
+            flat = to_device(torch.from_numpy(_flat(grown, news, vocab)), device)
+            counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        return to_device(torch.tensor(at), device)
