@@ -248,7 +248,8 @@ def apply_penalties(
         if on_rep.any():
             rep = _array(reps, dev, torch.float32)[:, None]
             seen = pool.seen.index_select(0, at).logical_or_(counts > 0)
-            seen.logical_and_(_array(on_rep, dev, torch.bool)[:, None])
+            if not on_rep.all():  # rows with repetition 1.0: as the per-row path, untouched
+                seen.logical_and_(_array(on_rep, dev, torch.bool)[:, None])
             sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
         return _penalize(logits, rows_t, sub, counts, pres_col, freq_col)
     if on_rep.any():

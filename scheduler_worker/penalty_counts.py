@@ -1,5 +1,5 @@
 """Penalty state kept per slot on the device: each penalized slot's output-token counts
-(int32 [entries, vocab]) and the tokens of its prompt (bool), so a step's penalties cost
+(float32 [entries, vocab]: whole numbers, exact below 2**24, read without a conversion) and the tokens of its prompt (bool), so a step's penalties cost
 the host the tokens that are new since the last step, not the row's whole context
 (docs/benchmarks.md, "Penalty counts per slot"), as vLLM v1 keeps its batch's output token
 counts on the device.
@@ -51,7 +51,7 @@ def _resolved(outs: Sequence[int]) -> int:
 class PenaltyCounts:
     def __init__(self, vocab: int = 0) -> None:
         self.vocab = vocab
-        self.counts: torch.Tensor | None = None  # int32 [entries, vocab]: outputs counted
+        self.counts: torch.Tensor | None = None  # float32 [entries, vocab]: outputs counted
         self.seen: torch.Tensor | None = None  # bool [entries, vocab]: the prompt's tokens
         self.entry: dict[int, int] = {}  # slot -> its entry
         self.slot: list[int] = []  # entry -> its slot (-1: free)
@@ -75,7 +75,7 @@ class PenaltyCounts:
                 del self.entry[self.slot[e]]
         else:
             grow = max(e, 1)
-            zeros = torch.zeros(grow, self.vocab, dtype=torch.int32, device=device)
+            zeros = torch.zeros(grow, self.vocab, dtype=torch.float32, device=device)
             old_c, old_s = self.counts, self.seen
             self.counts = zeros if old_c is None else torch.cat([old_c, zeros])
             falses = torch.zeros(grow, self.vocab, dtype=torch.bool, device=device)
@@ -134,5 +134,5 @@ class PenaltyCounts:
             seen.view(-1).index_fill_(0, to_device(flat, device), True)
         if grown:
             flat = to_device(torch.from_numpy(_flat(grown, news, vocab)), device)
-            counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+            counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
         return to_device(torch.tensor(at), device)

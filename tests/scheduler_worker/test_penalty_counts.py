@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from common.sampling_params import SamplingParams
@@ -43,7 +44,11 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(VOCAB + 3) for _ in range(n)]  # some past the logits' width
 
 
-def test_kept_counts_give_the_per_row_logits_bit_for_bit():
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_CUDA)])
+def test_kept_counts_give_the_per_row_logits_bit_for_bit(device: str):
     rng = random.Random(52)
     pool = PenaltyCounts()
     cache = BatchParamsCache()
@@ -103,12 +108,14 @@ def test_kept_counts_give_the_per_row_logits_bit_for_bit():
         logits = torch.randn(len(rows), VOCAB, generator=torch.Generator().manual_seed(~step))
         logits[logits < -1.8] = float("-inf")  # masked tokens (a grammar, min_tokens)
         logits[:, 3] = 0.0
+        logits, prev = logits.to(device), prev.to(device)
         bp = cache.get([r.params for r in rows], [r.slot for r in rows])
         kept = apply_penalties(logits, rows, prev, bp.penalized, bp.values, pool)
         each = apply_penalties(logits, rows, prev, bp.penalized, bp.values)
         assert torch.equal(kept, each), f"step {step}"
         seen["penalized"] += len(bp.penalized)
         assert pool.num_entries <= 2 * SLOTS
+    assert pool.counts is not None and pool.counts.device.type == device
     assert min(seen.values()) > 10, seen
     assert seen["penalized"] > 800, seen
 
