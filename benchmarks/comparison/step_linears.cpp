@@ -40,8 +40,8 @@ struct Op {
   std::string type;
   int64_t N, K;
   int fmt;
-  std::vector<uint8_t> q;  // ours: packed bytes (random), d and m float16
-  std::vector<c10::Half> d, m;
+  std::vector<uint8_t> q;  // ours: packed bytes (random), d (and m) float16
+  std::vector<c10::Half> d;  // where there is an m: d and m interleaved per unit, as the weight arena holds them
   std::vector<uint8_t> lq;  // llama.cpp's rows
   ggml_type lt;
 };
@@ -105,7 +105,8 @@ static void run_ours(const Op& op, Scratch& s, bool prefetch, bool avx512) {
       s.off[e] = -32 * t;
     }
   const Act a{s.xq.data(), s.xd.data(), s.xs.data(), s.off.data(), prefetch};
-  const Packed w{op.q.data(), op.d.data(), op.m.empty() ? nullptr : op.m.data(), nb, op.N};
+  const bool m = FORMATS[op.fmt].m;
+  const Packed w{op.q.data(), op.d.data(), m ? op.d.data() + GR : nullptr, nb, op.N, m ? 2 * GR : GR};
   kernel_of(op.fmt, avx512)(a, w, M, Out{s.out.data(), false}, 0, (op.N + GR - 1) / GR);
 }
 
@@ -139,8 +140,9 @@ int main(int argc, char** argv) {
     const int64_t groups = (op.N + GR - 1) / GR, units = op.K / f.unit;
     op.q.resize(groups * units * f.unit_bytes);
     for (auto& b : op.q) b = byte(rng);
-    op.d.assign(groups * units * GR, c10::Half(0.01f));
-    if (f.m) op.m.assign(groups * units * GR, c10::Half(-0.02f));
+    op.d.assign(groups * units * GR * (f.m ? 2 : 1), c10::Half(0.01f));
+    if (f.m)
+      for (int64_t u = 0; u < groups * units; ++u) std::fill_n(op.d.begin() + u * 2 * GR + GR, GR, c10::Half(-0.02f));
     // llama.cpp's rows, quantized from random floats a few hundred rows at a time
     const size_t rb = ggml_row_size(op.lt, op.K);
     op.lq.resize(rb * op.N);

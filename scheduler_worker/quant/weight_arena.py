@@ -64,3 +64,16 @@ _ARENA = WeightArena()
 def hold(t: torch.Tensor) -> torch.Tensor:
     """`t` copied into the process's weight arena (QuantLinear's packed bytes and scales)."""
     return _ARENA.hold(t)
+
+
+def hold_scales(
+    d: torch.Tensor, m: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A packed weight's d [groups, units, 16] (and m) in the arena. With an m, the two are
+    interleaved unit by unit, one [groups, units, 2, 16] tensor whose halves are returned:
+    a 1-row kernel then streams one array of scales instead of two (the kernels' layout:
+    formats.h; docs/benchmarks.md, "AVX2 Q5_1 at one row, ninth session")."""
+    if m is None:
+        return hold(d), None
+    dm = hold(torch.stack((d, m), dim=2))
+    return dm[:, :, 0], dm[:, :, 1]

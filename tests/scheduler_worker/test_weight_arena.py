@@ -1,7 +1,8 @@
 """The weight arena: packed weights copied onto huge-page-advised memory keep every byte,
 dtype, shape and a 64-byte alignment, across chunks; the maps are THP-eligible where the
 system allows; a kernel-path QuantLinear reads its weights from there and computes what a
-copy of the same bytes in ordinary memory computes."""
+copy of the same bytes in ordinary memory computes, its d and m interleaved (hold_scales)
+on every ISA path, bit for bit."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ import torch
 
 from scheduler_worker import kernels
 from scheduler_worker.quant import weight_arena
-from scheduler_worker.quant.formats import quantize_q8
+from scheduler_worker.quant.formats import (
+    FMT_CODES,
+    from_gguf,
+    pack_blocks,
+    quantize_q4,
+    quantize_q8,
+)
 from scheduler_worker.quant.linear import QuantLinear
 from scheduler_worker.quant.weight_arena import HUGE_PAGE, WeightArena
 from tests.conftest import kernels_built
+from tests.scheduler_worker.test_kquant_kernels import ISAS, random_raw
+
+ops = torch.ops.zeroserve
 
 
 def _smaps_entry(ptr: int) -> dict[str, str]:
@@ -82,3 +92,53 @@ def test_kernel_quant_linear_reads_the_arena_and_computes_as_before():
     layer.qs, layer.d = layer.qs.clone(), layer.d.clone()
     assert layer.qs.untyped_storage().data_ptr() != probe.untyped_storage().data_ptr()
     assert torch.equal(layer(x), want)
+
+
+def test_hold_scales_interleaves_d_and_m_unit_by_unit():
+    d, m = torch.randn(3, 5, 16).half(), torch.randn(3, 5, 16).half()
+    hd, hm = weight_arena.hold_scales(d, m)
+    assert hm is not None and torch.equal(hd, d) and torch.equal(hm, m)
+    assert hd.stride() == hm.stride() == (5 * 32, 32, 1)
+    assert hm.data_ptr() == hd.data_ptr() + 32  # m's 16 halves right after d's, per unit
+    only_d, none = weight_arena.hold_scales(d, None)
+    assert none is None and only_d.is_contiguous() and torch.equal(only_d, d)
+
+
+def _weights_with_m():
+    """Q4_1 (quantized here), Q5_1, Q4_K and Q5_K (random GGUF blocks), with tails in N."""
+    torch.manual_seed(3)
+    yield quantize_q4(torch.randn(40, 96) * 0.05)
+    yield from_gguf(random_raw("Q5_1", 37, 160, 4), "Q5_1", 37, 160)
+    for t in ("Q4_K", "Q5_K"):
+        yield from_gguf(random_raw(t, 21, 512, 5), t, 21, 512)
+
+
+@pytest.mark.skipif(not kernels_built(), reason="needs the C++ kernels")
+@pytest.mark.parametrize("isa", ISAS)
+def test_interleaved_scales_compute_what_separate_ones_compute(isa):
+    for bw in _weights_with_m():
+        layer = QuantLinear(bw, None, torch.float32, isa)
+        assert layer.m is not None and layer.m.data_ptr() == layer.d.data_ptr() + 32
+        qs, d, m = pack_blocks(bw)
+        assert d.is_contiguous() and m is not None and m.is_contiguous()
+        fmt, n, i = FMT_CODES[bw.form], bw.shape[0], kernels.isa_index(isa)
+        for rows in (1, 2, 3, 4, 5, 8):  # the 1-row tile, pairs, the half-group tiles
+            x = torch.randn(rows, bw.shape[1])
+            assert torch.equal(layer(x), ops.qlinear(x, qs, d, m, fmt, n, i)), (bw.form, rows)
+            assert torch.equal(
+                ops.qlinear_argmax(x, layer.qs, layer.d, layer.m, fmt, n, i),
+                ops.qlinear_argmax(x, qs, d, m, fmt, n, i),
+            )
+
+
+@pytest.mark.skipif(not kernels_built(), reason="needs the C++ kernels")
+def test_qlinear_refuses_scales_in_any_other_layout():
+    bw = quantize_q4(torch.randn(32, 64))
+    qs, d, m = pack_blocks(bw)
+    assert m is not None
+    x, fmt = torch.randn(1, 64), FMT_CODES[bw.form]
+    apart = torch.stack((d, m), dim=2)
+    with pytest.raises(RuntimeError, match="interleaved|halves"):  # m not right after d
+        ops.qlinear(x, qs, apart[:, :, 1], apart[:, :, 0], fmt, 32, 0)
+    with pytest.raises(RuntimeError, match="interleaved|halves"):  # d strided, m contiguous
+        ops.qlinear(x, qs, apart[:, :, 0], m, fmt, 32, 0)

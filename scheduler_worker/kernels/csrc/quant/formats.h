@@ -28,7 +28,9 @@
 // A group's "unit" is a block, or a super-block: its head (the blocks' scale bytes, one
 // per row: sc [8 blocks][16 rows] then mn [8][16] where min is M_MN; int8 per piece:
 // [16 pieces][16 rows]; int8 per block: [8][16]), then its 8 blocks. d (and m) are
-// float16 [groups, units, 16], one per row.
+// float16 [groups, units, 16], one per row; or, where a format has m, d and m interleaved
+// unit by unit (Packed::ds = 32, m = d + 16): one stream of scales instead of two, which a
+// 1-row tile streams faster (docs/benchmarks.md, "AVX2 Q5_1 at one row, ninth session").
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -116,10 +118,11 @@ inline constexpr std::array<FormatInfo, NFMT> FORMATS = infos(std::make_integer_
 
 struct Packed {  // a weight in the layout above
   const uint8_t* q;    // [groups, units, unit bytes]
-  const c10::Half* d;  // [groups, units, 16]
-  const c10::Half* m;  // [groups, units, 16]; null where the format stores none
+  const c10::Half* d;  // [groups, units, 16], a unit's 16 ds apart
+  const c10::Half* m;  // the same shape and ds; null where the format stores none
   int64_t nb;          // blocks of 32 per row (K / 32)
   int64_t N;           // output rows (columns of the result)
+  int64_t ds = GR;     // halves from a unit's scales to the next unit's: 16, or 32 (d, m interleaved)
 };
 
 struct Act {  // activations quantized per block of 32 (qlinear.cpp: quantize_act)
@@ -155,6 +158,6 @@ inline const uint8_t* block_scales(const Packed& w, int64_t g, int64_t b) {
 inline const int8_t* q6_sc(const Packed& w, int64_t g, int64_t b) {
   return reinterpret_cast<const int8_t*>(block_scales<Q6K>(w, g, b));
 }
-inline const c10::Half* q6_d(const Packed& w, int64_t g, int64_t b) { return w.d + unit_of<Q6K>(w, g, b) * GR; }
+inline const c10::Half* q6_d(const Packed& w, int64_t g, int64_t b) { return w.d + unit_of<Q6K>(w, g, b) * w.ds; }
 
 }  // namespace zs_qgemm

@@ -118,6 +118,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
 }
 
 
+// Halves from a unit's scales to the next unit's (Packed::ds): 16 where d (and m) are
+// contiguous, 32 where d and m are the two halves of one [groups, units, 2, 16] tensor
+// (m = d + 16, the weight arena's layout); 0 for any other layout.
+static int64_t scale_stride(const at::Tensor& d, const c10::optional<at::Tensor>& m) {
+  if (d.is_contiguous() && (!m.has_value() || m->is_contiguous())) return GR;
+  const bool pair = m.has_value() && d.stride(2) == 1 && d.stride(1) == 2 * GR && d.stride(0) == d.size(1) * 2 * GR &&
+                    m->strides() == d.strides() && m->data_ptr<c10::Half>() == d.data_ptr<c10::Half>() + GR;
+  return pair ? 2 * GR : 0;
+}
+
 // The checks of a weight of format `fmt` in the kernels' layout for x [M, K]; its groups.
 static int64_t check_weight(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                             const c10::optional<at::Tensor>& m, int64_t fmt, const char* op) {
@@ -127,13 +137,14 @@ static int64_t check_weight(const at::Tensor& x, const at::Tensor& qs, const at:
   const int64_t K = x.size(1);
   TORCH_CHECK(K % f.unit == 0, op, ": K=", K, " must be a multiple of ", f.unit, " (K % ", f.unit,
               " == 0) for ", f.name);
-  TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.is_contiguous() && d.scalar_type() == at::kHalf,
-              op, ": d must be float16 [groups, K/", f.unit, ", 16]");
+  TORCH_CHECK(d.dim() == 3 && d.size(2) == GR && d.scalar_type() == at::kHalf, op, ": d must be float16 [groups, K/",
+              f.unit, ", 16]");
   const int64_t groups = d.size(0), units = K / f.unit;
   TORCH_CHECK(d.size(1) == units, op, ": K=", K, " does not match the weight's ", d.size(1), " units of ", f.unit);
-  TORCH_CHECK(!f.m || (m.has_value() && m->is_contiguous() && m->sizes() == d.sizes() &&
-                       m->scalar_type() == at::kHalf),
-              op, ": a ", f.name, " weight needs m shaped like d");
+  TORCH_CHECK(!f.m || (m.has_value() && m->sizes() == d.sizes() && m->scalar_type() == at::kHalf), op, ": a ",
+              f.name, " weight needs m shaped like d");
+  TORCH_CHECK(scale_stride(d, f.m ? m : c10::nullopt) != 0, op,
+              ": d (and m) must be contiguous, or d and m the halves of one [groups, units, 2, 16] tensor");
   TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.numel() == groups * units * f.unit_bytes,
               op, ": packed weight has the wrong shape");
   return groups;
@@ -182,13 +193,14 @@ static Call prepare(const at::Tensor& x_in, const at::Tensor& qs, const at::Tens
   }
   quantize_rows(x, isa, q, xd, xs, pieces ? off : nullptr);
   c.a = {q, xd, xs, pieces ? off : nullptr, prefetch_weights(M)};
-  c.w = {qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), FORMATS[fmt].m ? m->data_ptr<c10::Half>() : nullptr, nb, N};
+  const c10::optional<at::Tensor> mm = FORMATS[fmt].m ? m : c10::nullopt;
+  c.w = {qs.data_ptr<uint8_t>(), d.data_ptr<c10::Half>(), mm ? mm->data_ptr<c10::Half>() : nullptr, nb, N, scale_stride(d, mm)};
   return c;
 }
 
 // out [M, n] (dtype of x) = x @ dequant(w).T, the weight packed (formats.h): qs uint8
 // [groups, units * unit bytes], d (and m where the format has one) float16 [groups, units,
-// 16], with groups = ceil(n / 16).
+// 16] (or d and m interleaved: scale_stride), with groups = ceil(n / 16).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                    const c10::optional<at::Tensor>& m, int64_t fmt, int64_t n, int64_t isa) {
   ZS_PIECE("qlinear");
@@ -290,7 +302,7 @@ at::Tensor qlinear_argmax(const at::Tensor& x, const at::Tensor& qs, const at::T
   if (M == 0) return idx;
   const Call call = prepare(x, qs, d, m, fmt, n, isa);
   const GroupsFn kernel = groups_for(fmt, isa);
-  const int64_t gq = units * FORMATS[fmt].unit_bytes, gd = units * GR;  // a group's bytes, scales
+  const int64_t gq = units * FORMATS[fmt].unit_bytes, gd = units * call.w.ds;  // a group's bytes, scales
   const int64_t chunks = (used + ARGMAX_GROUPS - 1) / ARGMAX_GROUPS;
   std::vector<RowBest> part(chunks * M);  // a task's rows at its first chunk's slot
   auto run = [&](auto* tag) {
@@ -301,7 +313,8 @@ at::Tensor qlinear_argmax(const at::Tensor& x, const at::Tensor& qs, const at::T
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t g0 = c * ARGMAX_GROUPS, g1 = std::min(used, g0 + ARGMAX_GROUPS);
         const int64_t cols = std::min(n, g1 * GR) - g0 * GR;
-        const Packed w{call.w.q + g0 * gq, call.w.d + g0 * gd, call.w.m ? call.w.m + g0 * gd : nullptr, call.w.nb, cols};
+        const Packed w{call.w.q + g0 * gq, call.w.d + g0 * gd, call.w.m ? call.w.m + g0 * gd : nullptr,
+                       call.w.nb, cols, call.w.ds};
         kernel(call.a, w, M, Out{out.data(), std::is_same_v<T, c10::BFloat16>}, 0, g1 - g0);
         offer_rows(out.data(), M, cols, g0 * GR, isa, &part[c0 * M], tmp.data());
       }
