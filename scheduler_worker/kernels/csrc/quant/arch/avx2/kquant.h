@@ -17,13 +17,21 @@ struct KQuantBlock {
   ZS_AVX2 ZS_INLINE void dot(const uint8_t* wb, const int8_t* const (&xb)[RM], __m256i (&iacc)[RM][2]) {
     const __m256i nib = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
     for (int h = H0; h < H1; ++h) {
-      __m256i hb = _mm256_setzero_si256();
-      if constexpr (L::HI) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + h * 32));
+      // the block's lines in address order, the high-bit plane after the nibbles (the empty
+      // asm keeps GCC from hoisting its load first): loaded first, it cost the hardware
+      // prefetcher the stream (docs/benchmarks.md, "AVX2 Q5_1 at one row, ninth session")
+      __m256i vv[4], hb = _mm256_setzero_si256();
+      for (int k = 0; k < 4; ++k) vv[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32));
+      if constexpr (L::HI) {
+        const uint8_t* hp = wb + 256 + h * 32;
+        asm("" : "+r"(hp) : "x"(vv[0]), "x"(vv[1]), "x"(vv[2]), "x"(vv[3]));
+        hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hp));
+      }
       // int16 sums: 4-bit: 16 products of <= 15 * 127 per lane fit; 5-bit: 8 of <= 31 * 127
       __m256i acc16[RM], acc32[RM];
       for (int i = 0; i < RM; ++i) acc16[i] = acc32[i] = _mm256_setzero_si256();
       for (int k = 0; k < 4; ++k) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + h * 32));
+        const __m256i v = vv[k];
         __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
         if constexpr (L::HI) {
           lo = _mm256_or_si256(lo, hbit_avx2(hb, 2 * k, bit4));
