@@ -28,7 +28,12 @@ ZS_AVX2 void tile_q6_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int
     for (int h = H0; h < H1; ++h) {  // rows 8h .. 8h + 7
       __m256 t[RM];
       for (int p = 0; p < 2; ++p) {  // the sub-block's two pieces
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + 64 * p + 32 * h));
+        // the nibble registers, then the piece's top-bit plane: address order (kquant.h)
+        __m256i vv[4];
+        for (int k = 0; k < 4; ++k) vv[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * k + 32 * h));
+        const uint8_t* hp = wb + 256 + 64 * p + 32 * h;
+        asm("" : "+r"(hp) : "x"(vv[0]), "x"(vv[1]), "x"(vv[2]), "x"(vv[3]));
+        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hp));
         __m256i acc[RM];
         for (int i = 0; i < RM; ++i) acc[i] = _mm256_set1_epi32(x.off[((i0 + i) * nb + b) * 2 + p]);
 #pragma GCC unroll 2
@@ -36,7 +41,7 @@ ZS_AVX2 void tile_q6_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int
           __m256i q[2];
 #pragma GCC unroll 2
           for (int kk = 0; kk < 2; ++kk) {
-            __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * (k + kk) + 32 * h));
+            __m256i v = vv[k + kk];
             if (p) v = _mm256_srli_epi16(v, 4);
             q[kk] = _mm256_or_si256(_mm256_and_si256(v, nib), _mm256_and_si256(q6_top_avx2(hb, k + kk), top));
           }
