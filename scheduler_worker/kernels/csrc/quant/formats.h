@@ -146,6 +146,12 @@ inline const uint8_t* sub_block(const Packed& w, int64_t g, int64_t b) {
   if constexpr (L::SUPER) return w.q + (g * (w.nb / 8) + b / 8) * L::UB + L::HEAD + (b % 8) * L::SBB;
   else return w.q + (g * w.nb + b) * L::SBB;
 }
+// Halves from a unit's scales to the next's: Packed::ds where the format has m, else 16
+// (a constant, so the kernels of formats without m compile as before).
+template <int FMT>
+inline int64_t scale_stride(const Packed& w) {
+  return Layout<FMT>::M ? w.ds : GR;
+}
 template <int FMT>
 inline int64_t unit_of(const Packed& w, int64_t g, int64_t b) {
   return g * (w.nb / Layout<FMT>::UK) + b / Layout<FMT>::UK;
@@ -158,6 +164,6 @@ inline const uint8_t* block_scales(const Packed& w, int64_t g, int64_t b) {
 inline const int8_t* q6_sc(const Packed& w, int64_t g, int64_t b) {
   return reinterpret_cast<const int8_t*>(block_scales<Q6K>(w, g, b));
 }
-inline const c10::Half* q6_d(const Packed& w, int64_t g, int64_t b) { return w.d + unit_of<Q6K>(w, g, b) * w.ds; }
+inline const c10::Half* q6_d(const Packed& w, int64_t g, int64_t b) { return w.d + unit_of<Q6K>(w, g, b) * GR; }
 
 }  // namespace zs_qgemm

@@ -74,7 +74,7 @@ static float dot(const Act& x, const Packed& w, int64_t i, int64_t n) {
     const int8_t* xb = x.q + (i * w.nb + b) * QK;
     int32_t s0, s1;
     half_dots<FMT>(qb, r, xb, s0, s1);
-    const int64_t u = unit_of<FMT>(w, g, b) * w.ds + r;
+    const int64_t u = unit_of<FMT>(w, g, b) * scale_stride<FMT>(w) + r;
     const float d = static_cast<float>(w.d[u]), dx = x.d[i * w.nb + b];
     const uint8_t* sc = nullptr;
     if constexpr (R.scale != Scale::D) sc = block_scales<FMT>(w, g, b);

@@ -42,11 +42,11 @@ struct CodebookBlock {
   ZS_AVX2 ZS_INLINE Scales scales(const Packed& w, int64_t g, int64_t b, int h) {
     if constexpr (L::SUPER) {
       static_assert(L::R.scale == Scale::D_SC_I8, "int8 block scales");
-      if (b % 8 == 0) du[h] = load8_f16(w.d + unit_of<FMT>(w, g, b) * w.ds + 8 * h);
+      if (b % 8 == 0) du[h] = load8_f16(w.d + unit_of<FMT>(w, g, b) * GR + 8 * h);
       return {_mm256_mul_ps(du[h], i8x8_to_ps(reinterpret_cast<const int8_t*>(block_scales<FMT>(w, g, b)) + 8 * h)),
               _mm256_setzero_ps()};
     } else {
-      return {load8_f16(w.d + (g * w.nb + b) * w.ds + 8 * h), _mm256_setzero_ps()};
+      return {load8_f16(w.d + (g * w.nb + b) * GR + 8 * h), _mm256_setzero_ps()};
     }
   }
 };

@@ -55,14 +55,14 @@ struct KQuantBlock {
   ZS_AVX2 ZS_INLINE Scales scales(const Packed& w, int64_t g, int64_t b, int h) {
     if constexpr (L::SUPER) {
       if (b % 8 == 0) {
-        const int64_t u = unit_of<FMT>(w, g, b) * w.ds + 8 * h;
+        const int64_t u = unit_of<FMT>(w, g, b) * scale_stride<FMT>(w) + 8 * h;
         du[h] = load8_f16(w.d + u);
         mu[h] = load8_f16(w.m + u);
       }
       const uint8_t* sc = block_scales<FMT>(w, g, b) + 8 * h;
       return {_mm256_mul_ps(du[h], u8x8_to_ps(sc)), _mm256_mul_ps(mu[h], u8x8_to_ps(sc + 128))};
     } else {
-      const int64_t at = (g * w.nb + b) * w.ds + 8 * h;
+      const int64_t at = (g * w.nb + b) * scale_stride<FMT>(w) + 8 * h;
       return {load8_f16(w.d + at), L::M ? load8_f16(w.m + at) : _mm256_setzero_ps()};
     }
   }

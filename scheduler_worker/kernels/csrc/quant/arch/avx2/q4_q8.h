@@ -55,7 +55,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
       for (int i = 0; i < RM; ++i)
         for (int h = H0; h < H1; ++h) iacc[i][h] = _mm256_madd_epi16(acc16[i][h], ones);
     }
-    const int64_t at = (g * nb + b) * w.ds;
+    const int64_t at = (g * nb + b) * scale_stride<FMT>(w);
     for (int h = H0; h < H1; ++h) {
       const __m256 dw = load8_f16(wd + at + 8 * h);
       for (int i = 0; i < RM; ++i) {

@@ -51,7 +51,7 @@ ZS_AVX2 void tile_q8_rows_avx2(const Wide& xw, const Act& x, const Packed& w, T*
         ZS_KEEP(hi[i]);
       }
     }
-    const __m256 dw = _mm256_permutevar8x32_ps(load8_f16(w.d + (g * nb + b) * w.ds + 8 * h), order);
+    const __m256 dw = _mm256_permutevar8x32_ps(load8_f16(w.d + (g * nb + b) * 16 + 8 * h), order);
     for (int i = 0; i < RM; ++i) {
       const int64_t r = (i0 + i) * nb + b;
       const __m256i s = _mm256_sub_epi32(_mm256_hadd_epi32(lo[i], hi[i]), _mm256_set1_epi32(128 * xw.sum[r]));

@@ -66,7 +66,7 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const Packed& w, T* out, int64_t i0, i
       __m512 dw, mw = _mm512_setzero_ps();
       if constexpr (L::SUPER) {
         if (b % 8 == 0) {
-          const int64_t u = unit_of<FMT>(w, g0 + g, b) * w.ds;
+          const int64_t u = unit_of<FMT>(w, g0 + g, b) * scale_stride<FMT>(w);
           du[g] = load16_f16(w.d + u);
           if constexpr (L::M) mu[g] = load16_f16(w.m + u);
         }
@@ -78,8 +78,8 @@ ZS_AVX512 void tile_kq_vnni(const Act& x, const Packed& w, T* out, int64_t i0, i
           mw = _mm512_mul_ps(mu[g], u8x16_to_ps(sc + 128));
         }
       } else {
-        dw = load16_f16(w.d + ((g0 + g) * nb + b) * w.ds);
-        if constexpr (L::M) mw = load16_f16(w.m + ((g0 + g) * nb + b) * w.ds);
+        dw = load16_f16(w.d + ((g0 + g) * nb + b) * scale_stride<FMT>(w));
+        if constexpr (L::M) mw = load16_f16(w.m + ((g0 + g) * nb + b) * scale_stride<FMT>(w));
       }
       for (int i = 0; i < RM; ++i) {
         const __m512 dx = _mm512_set1_ps(x.d[(i0 + i) * nb + b]);

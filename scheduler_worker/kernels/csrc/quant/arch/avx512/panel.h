@@ -86,7 +86,7 @@ ZS_AVX512 void unpack_kq_panel(const Act& x, const Packed& w, int64_t g, const P
     __m512 d, m = _mm512_setzero_ps();
     if constexpr (L::SUPER) {
       if (b % 8 == 0) {
-        const int64_t u = unit_of<FMT>(w, g, b) * w.ds;
+        const int64_t u = unit_of<FMT>(w, g, b) * scale_stride<FMT>(w);
         du = load16_f16(w.d + u);
         mu = load16_f16(w.m + u);
       }
@@ -94,8 +94,8 @@ ZS_AVX512 void unpack_kq_panel(const Act& x, const Packed& w, int64_t g, const P
       d = _mm512_mul_ps(du, u8x16_to_ps(sc));
       m = _mm512_mul_ps(mu, u8x16_to_ps(sc + 128));
     } else {
-      d = load16_f16(w.d + (g * nb + b) * w.ds);
-      if constexpr (L::M) m = load16_f16(w.m + (g * nb + b) * w.ds);
+      d = load16_f16(w.d + (g * nb + b) * scale_stride<FMT>(w));
+      if constexpr (L::M) m = load16_f16(w.m + (g * nb + b) * scale_stride<FMT>(w));
     }
     _mm512_store_ps(dw + b * GR, d);
     if constexpr (L::M) _mm512_store_ps(mw + b * GR, m);

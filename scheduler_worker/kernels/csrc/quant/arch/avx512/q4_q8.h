@@ -46,7 +46,7 @@ ZS_AVX512 void tile_vnni(const Act& x, const Packed& w, T* out, int64_t i0, int6
       }
     }
     for (int g = 0; g < RG; ++g) {
-      const int64_t at = ((g0 + g) * nb + b) * w.ds;
+      const int64_t at = ((g0 + g) * nb + b) * scale_stride<FMT>(w);
       const __m512 dw = load16_f16(w.d + at);
       for (int i = 0; i < RM; ++i) {
         const float dx = x.d[(i0 + i) * nb + b], s = x.s[(i0 + i) * nb + b];
