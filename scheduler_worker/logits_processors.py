@@ -32,7 +32,7 @@ from scheduler_worker.batch_params import (
     has_penalty,
     values_of,
 )
-from scheduler_worker.penalty_counts import PenaltyCounts
+from scheduler_worker.penalty_counts import PenaltyCounts, flat_index
 
 
 @dataclass
@@ -96,13 +96,9 @@ def _array(values: np.ndarray, device: torch.device, dtype: torch.dtype) -> torc
 
 
 def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """row * vocab + token id for every token (< vocab) of every sequence; a placeholder
-    (-1: the token the step in flight is sampling) is left out (`_in_flight`)."""
-    lens = torch.tensor(list(map(len, seqs)), dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)
-    ids = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.long)
-    keep = (ids >= 0) & (ids < vocab)
-    return to_device(rows[keep] * vocab + ids[keep], device)
+    """flat_index on the device; a placeholder (-1: the token the step in flight is
+    sampling) is counted apart (`_in_flight`)."""
+    return to_device(torch.from_numpy(flat_index(seqs, vocab)), device)
 
 
 def mask_stop_tokens(
@@ -246,14 +242,12 @@ def apply_penalties(
         if pending is not None:
             counts.index_put_(pending, torch.ones_like(pending[0], dtype=sub.dtype), True)
         if on_rep.any():
-            rep = _array(reps, dev, torch.float32)[:, None]
             seen = pool.seen.index_select(0, at).logical_or_(counts > 0)
             if not on_rep.all():  # rows with repetition 1.0: as the per-row path, untouched
                 seen.logical_and_(_array(on_rep, dev, torch.bool)[:, None])
-            sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+            sub = _repetition(sub, seen, reps)
         return _penalize(logits, rows_t, sub, counts, pres_col, freq_col)
     if on_rep.any():
-        rep = _array(reps, dev, torch.float32)[:, None]
         seqs = [
             list(chain(r.prompt_token_ids, r.output_token_ids, r.draft_token_ids)) if p else []
             for r, p in zip(picked, on_rep.tolist())
@@ -262,7 +256,7 @@ def apply_penalties(
         seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
         if pending is not None:
             seen.index_put_(pending, torch.ones_like(pending[0], dtype=torch.bool))
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        sub = _repetition(sub, seen, reps)
     counted: torch.Tensor | None = None
     if (pres_col != 0.0).any() or (freq_col != 0.0).any():
         counted = counts = torch.zeros_like(sub)
@@ -274,6 +268,13 @@ def apply_penalties(
             one = torch.ones_like(pending[0], dtype=sub.dtype)
             counts.index_put_(pending, one, accumulate=True)
     return _penalize(logits, rows_t, sub, counted, pres_col, freq_col)
+
+
+def _repetition(sub: torch.Tensor, seen: torch.Tensor, reps: np.ndarray) -> torch.Tensor:
+    """HF's repetition penalty where `seen`: a positive logit divided, a negative one
+    multiplied."""
+    rep = _array(reps, sub.device, torch.float32)[:, None]
+    return torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
 
 
 def _penalize(

@@ -31,11 +31,15 @@ import torch
 from scheduler_worker.backends.device import to_device
 
 
-def _flat(entries: list[int], seqs: list[Sequence[int]], vocab: int) -> np.ndarray:
-    """entry * vocab + token id for every token (0 <= id < vocab) of every sequence."""
+def flat_index(
+    seqs: Sequence[Sequence[int]], vocab: int, entries: Sequence[int] | None = None
+) -> np.ndarray:
+    """row * vocab + token id for every token (0 <= id < vocab) of every sequence, the
+    rows `entries` (default 0, 1, ...); a placeholder (-1) is left out."""
     lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))
-    at = np.repeat(np.asarray(entries, dtype=np.int64), lens)
+    rows = np.arange(len(seqs)) if entries is None else np.asarray(entries, dtype=np.int64)
+    at = np.repeat(rows.astype(np.int64, copy=False), lens)
     keep = (ids >= 0) & (ids < vocab)
     return at[keep] * vocab + ids[keep]
 
@@ -130,9 +134,9 @@ class PenaltyCounts:
             reset = to_device(torch.tensor(joined), device)
             counts.index_fill_(0, reset, 0)
             seen.index_fill_(0, reset, False)
-            flat = torch.from_numpy(_flat(joined, prompts, vocab))
+            flat = torch.from_numpy(flat_index(prompts, vocab, joined))
             seen.view(-1).index_fill_(0, to_device(flat, device), True)
         if grown:
-            flat = to_device(torch.from_numpy(_flat(grown, news, vocab)), device)
+            flat = to_device(torch.from_numpy(flat_index(news, vocab, grown)), device)
             counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
         return to_device(torch.tensor(at), device)
