@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from common.config import Config, ConfigError
+from common.endpoints import ensure_run_dir
 from common.env import torchrun_rank
 from common.log import get_logger
 from common.process import die_with_parent
@@ -147,7 +148,9 @@ def device_type(config: Config) -> str:
 
 
 def _spawn_followers(ranks: Ranks, config: Config, world: int) -> None:
-    run_dir = config.ipc.resolved_run_dir
+    # an offline engine (no launch.py, no component start) may be the first to need the
+    # run dir: create it here, private, as every component start does
+    run_dir = ensure_run_dir(config.ipc.resolved_run_dir)
     fd, name = tempfile.mkstemp(prefix="tp-config-", suffix=".json", dir=run_dir)
     os.close(fd)
     ranks.config_file = Path(name)

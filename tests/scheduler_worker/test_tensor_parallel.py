@@ -95,6 +95,17 @@ def test_tp2_greedy_equals_tp1_and_transformers(name, tmp_path):
         assert engine.runner.tp is not None and engine.runner.tp.all_reduces > 0
 
 
+def test_tp2_offline_creates_its_private_run_dir(tmp_path, monkeypatch):
+    """An offline engine (no launch.py, no component start before it) writes the followers'
+    config into the run dir: a missing one is created, mode 0700, not a FileNotFoundError."""
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("ZEROSERVE_RUN_DIR", str(run_dir))
+    model_dir = _save("llama-gqa", tmp_path / "m")
+    with tp_engine(model_dir, 2) as engine:
+        assert run_dir.is_dir() and run_dir.stat().st_mode & 0o777 == 0o700
+        assert greedy(engine)[0] == hf_greedy(model_dir, PROMPTS[:1], MAX_NEW)[0]
+
+
 def test_tp2_prompt_logits_and_logits_equal_tp1(tmp_path):
     """The step with prompt logits (followers make the same per-sequence head calls) and
     a mixed step's logits agree with tp=1's to float32 rounding; a greedy step's tokens
