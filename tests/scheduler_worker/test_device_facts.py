@@ -40,6 +40,11 @@ def test_tensor_parallel_ranks_talk_by_their_device_kind():
     assert (dev.collective_backend("cuda"), dev.collective_backend("cpu")) == ("nccl", "gloo")
     assert dev.rank_device("cpu", 3) == CPU
     assert dev.device_kind("cpu") == "cpu"
+    # gloo sums half types in float32 (it has no bfloat16 sum); NCCL as they are
+    assert dev.reduce_dtype("gloo", torch.bfloat16) == torch.float32
+    assert dev.reduce_dtype("gloo", torch.float16) == torch.float32
+    assert dev.reduce_dtype("gloo", torch.int64) == torch.int64
+    assert dev.reduce_dtype("nccl", torch.bfloat16) == torch.bfloat16
 
 
 def test_a_cpu_backend_names_its_place_and_has_no_cache_to_give_back():

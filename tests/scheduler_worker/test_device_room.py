@@ -1,7 +1,8 @@
 """The device stays in its room (backends/): no module of the engine outside it branches on a
-device's kind (a comparison with "cuda" / "cpu", `torch.cuda`, `.is_cuda`), no model reads
-the C++ kernels' ISA, and backends/ imports nothing that imports it back (it sits below the
-runner, the loader and the models). Read with ast; nothing is imported."""
+device's kind (a comparison with "cuda" / "cpu" or its ranks' collectives "nccl" / "gloo",
+`torch.cuda`, `.is_cuda`), no model reads the C++ kernels' ISA, and backends/ imports nothing
+that imports it back (it sits below the runner, the loader and the models). Read with ast;
+nothing is imported."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.test_import_cycles import product_graph
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = REPO / "scheduler_worker"
 ROOM = "scheduler_worker.backends"
-KINDS = {"cuda", "cpu"}
+KINDS = {"cuda", "cpu", "nccl", "gloo"}  # a device's kind, or its ranks' collectives
 
 # file (under scheduler_worker/) -> why it may test a device's kind; none needs to today
 ALLOWED: dict[str, str] = {}
@@ -55,12 +56,13 @@ def test_the_scan_sees_each_kind_of_device_branch():
         "    if t.device.type in ('cpu', 'meta'): pass\n"
         "    if t.is_cuda: pass\n"
         "    torch.cuda.synchronize()\n"
+        "    if group.backend == 'gloo': pass\n"
         "    return ops.kernel_isa\n"
     )
     assert [f.split(":")[0] for f in device_branches(src, models=True)] == [
-        "3", "4", "5", "6", "7",
+        "3", "4", "5", "6", "7", "8",
     ]  # fmt: skip
-    assert device_branches(src)[-1] == "6: torch.cuda"  # kernel_isa: models/ only
+    assert device_branches(src)[-1] == "7: compares with a device kind"  # kernel_isa: models/
     fine = "def g(w, device):\n    return w.device.type != 'meta' and device.index == 0\n"
     assert device_branches(fine, models=True) == []
 
