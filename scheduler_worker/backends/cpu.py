@@ -29,9 +29,9 @@ from scheduler_worker.backends.base import (
     StepInputs,
     step_order,
 )
+from scheduler_worker.backends.cpu_kv_pool import allocate_kv_pool
 from scheduler_worker.backends.device import TORCH_DTYPES
 from scheduler_worker.backends.ops import CpuKernelOps
-from scheduler_worker.kv_pool import allocate_kv_pool
 
 
 class StepRows(Protocol):
