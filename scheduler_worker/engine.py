@@ -77,7 +77,7 @@ class LLMEngine:
         self.sampler = Sampler(
             args.vocab_size,
             self.eos_token_ids,
-            self.runner.isa_index if self.runner.use_kernels else None,
+            self.runner.backend.host_ops_isa,
         )
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.limits = RequestLimits(

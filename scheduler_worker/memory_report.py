@@ -4,10 +4,10 @@ memory that is meant to grow (issue 40, item 5):
     resident (/proc/self/statm) = weights + KV pages touched so far + malloc's heap
                                   (in use + freed but kept) + the rest (Python, libraries)
 
-- KV pages: the CPU's pool is anonymous maps (kv_pool.py) that the kernel fills with zero
-  pages on first write, so resident KV grows as the block manager hands out blocks it has
-  not handed out before (LRU reuse walks the whole pool in time), up to the pool's size;
-  counted page by page with mincore(2).
+- KV pages: the CPU's pool is anonymous maps (backends/cpu_kv_pool.py) that the kernel
+  fills with zero pages on first write, so resident KV grows as the block manager hands
+  out blocks it has not handed out before (LRU reuse walks the whole pool in time), up to
+  the pool's size; counted page by page with mincore(2).
 - The heap keeps what it freed (heap.py: no trimming after start-up, step buffers
   reused): its high-water mark of step buffers stays resident. In use: malloc's own count
   (mallinfo2). Kept free: the arenas' resident pages (mincore over heap.arena_ranges)

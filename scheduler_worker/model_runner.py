@@ -64,7 +64,7 @@ class ModelRunner:
         if self.use_kernels:
             if self.model.enable_decode_layers():
                 log.info("decode steps on the integer kernels: all layers in one C++ call")
-            elif self.weights.method != "none":
+            elif self.weights.method != "none" and self.backend.ops.one_call_decode:
                 log.info(
                     "decode steps through the modules, not one C++ call: some decoder "
                     "linear (or part of one) has no kernel (see the weights lines)"

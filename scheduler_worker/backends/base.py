@@ -149,6 +149,13 @@ class Backend:
     def decode_kernel(self, name: str) -> None:
         self._decode_kernel = name
 
+    @property
+    def host_ops_isa(self) -> int | None:
+        """isa_index for the C++ ops on host tensors beside the forward (the sampler's
+        grammar masks, the drafts' targets), or None where the backend runs no C++ kernels
+        (a GPU, --kernels torch): they take torch's path."""
+        return None if self.kernel_isa is None else self.isa_index
+
     def __init__(self, device: torch.device, dtype: torch.dtype, block_size: int) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.facts: dict[str, float] = {}  # logged and exported: memory, capture

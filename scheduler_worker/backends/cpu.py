@@ -29,9 +29,9 @@ from scheduler_worker.backends.base import (
     StepInputs,
     step_order,
 )
+from scheduler_worker.backends.cpu_kv_pool import allocate_kv_pool
 from scheduler_worker.backends.device import TORCH_DTYPES
 from scheduler_worker.backends.ops import CpuKernelOps
-from scheduler_worker.kv_pool import allocate_kv_pool
 
 
 class StepRows(Protocol):
@@ -98,9 +98,9 @@ class CpuBackend(Backend):
         super().__init__(torch.device("cpu"), dtype, block_size)
         self.kernel_isa = kernel_isa  # the one path every C++ op takes; None: pure torch
         self.isa_index = 0 if kernel_isa is None else kernels.isa_index(kernel_isa)
-        if kernel_isa is not None:
-            self.ops = CpuKernelOps(self.isa_index)
         self.decode_kernel = choose_decode_kernel(dtype, paged=kernel_isa is not None)
+        if kernel_isa is not None:
+            self.ops = CpuKernelOps(self.isa_index, self.decode_kernel == "paged")
         # the paged kernel's rows are computed alone: a verify as decode rows is exact
         self.verify_as_decode_rows = self.decode_kernel == "paged"
         self.step_rows = step_rows  # which rows of a step the integer kernels take

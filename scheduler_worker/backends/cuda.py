@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from common.config import ConfigError
@@ -31,7 +32,6 @@ from scheduler_worker.backends.base import (
     SeqInput,
     StepInputs,
     decode_only,
-    step_order,
 )
 from scheduler_worker.backends.device import TORCH_DTYPES, fp8_problem, to_device
 from scheduler_worker.backends.device_clock import DeviceClock
@@ -46,6 +46,7 @@ from scheduler_worker.backends.graphs import (
 from scheduler_worker.backends.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from scheduler_worker.backends.triton_attention import table_width
 from scheduler_worker.backends.triton_ops import TritonOps
+from scheduler_worker.backends.varlen import VarlenColumns, write_varlen
 from scheduler_worker.backends.warm_up import warm_up
 
 log = get_logger("cuda")
@@ -313,49 +314,34 @@ class CudaBackend(Backend):
         if isinstance(seqs, DecodeRows):
             seqs = seqs.seqs()
         bs, dev = self.block_size, self.device
-        order = step_order(seqs)
         num_decode = sum(1 for s in seqs if len(s.token_ids) == 1)
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        last_index = [0] * len(seqs)
-        prev: list[int] = []  # each token's row in the step in flight (-1: its id is known)
+        t, k = sum(len(s.token_ids) for s in seqs), len(seqs)
         width = table_width(max(-(-(s.num_computed + len(s.token_ids)) // bs) for s in seqs))
-        tables: list[list[int]] = []
-        for i in order:
-            s = seqs[i]
-            start, n = s.num_computed, len(s.token_ids)
-            slots.extend(s.slots(bs))
-            offset = len(ids)
-            prev += [s.prev_row] + [-1] * (n - 1)
-            ids.extend(max(t, 0) for t in s.token_ids)
-            positions.extend(range(start, start + n))
-            last_index[i] = offset + n - 1 if s.sample else -1
-            starts.append(offset + n)
-            seq_lens.append(start + n)
-            row = s.block_table[:width]
-            tables.append(row + [self.scratch_block] * (width - len(row)))
+        ids, pos, slots, prev = (np.empty(t, dtype=np.int64) for _ in range(4))
+        qs, lens, rows = (np.empty(n, dtype=np.int64) for n in (k + 1, k, k))
+        tables = np.full((k, width), self.scratch_block, dtype=np.int64)
+        _, sampled = write_varlen(
+            seqs, bs, VarlenColumns(ids, pos, slots, prev, qs, lens, rows, tables)
+        )
 
-        def put(values, dtype=torch.long) -> torch.Tensor:
-            return to_device(torch.tensor(values, dtype=dtype), dev)
+        def put(values: np.ndarray, dtype=torch.long) -> torch.Tensor:
+            return to_device(torch.from_numpy(values).to(dtype), dev)
 
-        lens_t = put(seq_lens, torch.int32)
+        lens_t = put(lens, torch.int32)
         tables_t = put(tables, torch.int32)
         meta = AttentionMetadata(
             slot_mapping=put(slots),
             num_decode=num_decode,
-            logits_indices=put([i for i in last_index if i >= 0]),
+            logits_indices=put(rows[:sampled]),
             decode_kernel="triton",
-            query_start_loc=put(starts, torch.int32),
+            query_start_loc=put(qs, torch.int32),
             seq_lens=lens_t,
             block_tables=tables_t,
             max_query_len=max(len(s.token_ids) for s in seqs),
         )
-        if num_decode == len(ids):
+        if num_decode == t:
             meta.decode_block_tables, meta.decode_context_lens = tables_t, lens_t
             meta.num_splits = self.splits(num_decode)
         ids_t = put(ids)
-        self.resolve_prev(ids_t, prev)
-        return ids_t, put(positions), meta
+        self.resolve_prev(ids_t, prev.tolist())
+        return ids_t, put(pos), meta

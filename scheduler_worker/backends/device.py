@@ -147,6 +147,19 @@ def collective_backend(kind: str) -> str:
     return "nccl" if kind == "cuda" else "gloo"
 
 
+# what gloo all-reduces and gathers as they are; it has no bfloat16 or float16 sum
+GLOO_REDUCE_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
+
+
+def reduce_dtype(collective: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor of `dtype` is summed in by `collective` (collective_backend's
+    name): float32 for a half type under gloo (cast back after, and the sum rounds as
+    float32's), else `dtype` itself (NCCL reduces bfloat16 as it is)."""
+    if collective == "gloo" and dtype not in GLOO_REDUCE_DTYPES:
+        return torch.float32
+    return dtype
+
+
 def rank_device(kind: str, local_rank: int) -> torch.device:
     """A tensor-parallel rank's device: its own GPU (made current), or the CPU."""
     if kind != "cuda":

@@ -24,9 +24,10 @@ import torch
 
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends.base import KVCache, SeqInput, step_order
+from scheduler_worker.backends.base import KVCache, SeqInput
 from scheduler_worker.backends.graphs import GraphSet, MakeGraph
 from scheduler_worker.backends.staging import StaticTokens
+from scheduler_worker.backends.varlen import VarlenColumns, write_varlen
 
 log = get_logger("cuda")
 
@@ -85,29 +86,11 @@ class StaticMixedInputs(StaticTokens):
             a[o + 2 * s + 1 : o + 3 * s + 1],
         )
         tables = a[o + 3 * s + 1 :].reshape(s, w)
-        ids[:], pos[:], slots[:], prev[:] = 0, 0, scratch * bs, -1
+        ids[:], pos[:], slots[:], prev[:] = 0, 0, scratch * bs, -1  # the padding
         lens[:], rows[:], tables[:] = 1, 0, scratch
-        starts = [0] * len(seqs)
-        n = 0
-        for k, i in enumerate(step_order(seqs)):
-            q = seqs[i]
-            m, p = len(q.token_ids), q.num_computed
-            starts[i] = n
-            ids[n : n + m] = [max(x, 0) for x in q.token_ids]
-            pos[n : n + m] = range(p, p + m)
-            slots[n : n + m] = q.slots(bs)
-            if q.prev_row >= 0:
-                prev[n] = q.prev_row
-            qs[k] = n
-            lens[k] = p + m
-            tables[k, : min(len(q.block_table), w)] = q.block_table[:w]
-            n += m
-        qs[len(seqs) :] = n
-        sampled = 0
-        for i, q in enumerate(seqs):
-            if q.sample:
-                rows[sampled] = starts[i] + len(q.token_ids) - 1
-                sampled += 1
+        cols = VarlenColumns(ids, pos, slots, prev, qs, lens, rows, tables)
+        n, sampled = write_varlen(seqs, bs, cols)
+        qs[len(seqs) :] = n  # padding sequences: no tokens
         staged = self.staging.send(host)
         v = [staged[k * t : (k + 1) * t] for k in range(4)]
         self.put_tokens(v[0], v[1], v[2], v[3] if bool((prev >= 0).any()) else None, prev_tokens)

@@ -132,10 +132,12 @@ class CpuKernelOps(TorchOps):
     attention.py, AttentionMetadata.decode_kernel "paged") the paged decode attention."""
 
     name = "cpu-kernels"
-    one_call_decode = True
 
-    def __init__(self, isa: int) -> None:
+    def __init__(self, isa: int, one_call_decode: bool = True) -> None:
         self.kernel_isa = isa
+        # the one-call op attends with the paged kernel: not where the CPU's decode
+        # attention is a torch path (CpuBackend, ZEROSERVE_DECODE_ATTENTION)
+        self.one_call_decode = one_call_decode
 
     def rms_norm(self, x, residual, weight, eps, weight_offset=0.0, out_dtype=None):
         mixed = out_dtype not in (None, x.dtype) or (

@@ -70,12 +70,9 @@ class DecodePlan:
     style: int = 0  # QK_NORM | SANDWICH | GELU_TANH
 
     def takes(self, meta: AttentionMetadata, rows: int) -> bool:
-        """A decode-only step whose rows all go to the integer kernels."""
-        return (
-            meta.num_decode == rows
-            and meta.decode_kernel == "paged"
-            and self.probe.kernel_rows(rows) == rows
-        )
+        """A decode-only step whose rows all go to the integer kernels (the op set made
+        the plan only where its decode attention is the op's: CpuKernelOps)."""
+        return meta.num_decode == rows and self.probe.kernel_rows(rows) == rows
 
     def run(
         self,

@@ -25,13 +25,12 @@ import torch
 import torch.distributed as dist
 
 from common.log import get_logger
-from scheduler_worker.backends.device import collective_backend, rank_device
+from scheduler_worker.backends.device import collective_backend, rank_device, reduce_dtype
 
 log = get_logger("parallel")
 
 # how long the ranks wait for each other to start (a large model loads for a while)
 START_TIMEOUT = datetime.timedelta(seconds=600)
-GLOO_REDUCE_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
 
 @dataclass
@@ -107,7 +106,7 @@ class TPGroup:
         """The sum over the ranks of x (in place where it can)."""
         t0 = time.perf_counter()
         self.all_reduces += 1
-        if self.backend == "gloo" and x.dtype not in GLOO_REDUCE_DTYPES:
+        if reduce_dtype(self.backend, x.dtype) != x.dtype:  # gloo: no half-type sum
             wide = x.float()
             dist.all_reduce(wide)
             x = wide.to(x.dtype)
@@ -119,7 +118,7 @@ class TPGroup:
     def gather(self, x: torch.Tensor) -> list[torch.Tensor] | None:
         """Rank 0: every rank's x (same shape), in rank order; the other ranks: None."""
         t0 = time.perf_counter()
-        wide = x.float() if self.backend == "gloo" and x.dtype not in GLOO_REDUCE_DTYPES else x
+        wide = x.to(reduce_dtype(self.backend, x.dtype))
         wide = wide.contiguous()
         parts = [torch.empty_like(wide) for _ in range(self.world)] if self.rank == 0 else None
         dist.gather(wide, parts, dst=0)

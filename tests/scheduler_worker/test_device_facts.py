@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scheduler_worker import kernels
 from scheduler_worker.backends import device as dev
 from scheduler_worker.backends.cpu import CpuBackend
 from scheduler_worker.quant.linear import StepRows
+from tests.conftest import kernels_built
 
 CPU = torch.device("cpu")
 
@@ -40,12 +42,21 @@ def test_tensor_parallel_ranks_talk_by_their_device_kind():
     assert (dev.collective_backend("cuda"), dev.collective_backend("cpu")) == ("nccl", "gloo")
     assert dev.rank_device("cpu", 3) == CPU
     assert dev.device_kind("cpu") == "cpu"
+    # gloo sums half types in float32 (it has no bfloat16 sum); NCCL as they are
+    assert dev.reduce_dtype("gloo", torch.bfloat16) == torch.float32
+    assert dev.reduce_dtype("gloo", torch.float16) == torch.float32
+    assert dev.reduce_dtype("gloo", torch.int64) == torch.int64
+    assert dev.reduce_dtype("nccl", torch.bfloat16) == torch.bfloat16
 
 
 def test_a_cpu_backend_names_its_place_and_has_no_cache_to_give_back():
     backend = CpuBackend(torch.float32, 16, None, StepRows())
     assert backend.placement(2) == ("cpu", [])
     backend.release_cached_memory()  # nothing to give back: a no-op
+    assert backend.host_ops_isa is None  # --kernels torch: the sampler's torch masks
+    if kernels_built():
+        with_kernels = CpuBackend(torch.float32, 16, "avx2", StepRows())  # index 1, not 0
+        assert with_kernels.host_ops_isa == kernels.isa_index("avx2") == 1
 
 
 def test_a_gpu_backend_names_its_gpu_and_gives_back_its_cache(monkeypatch):
@@ -57,6 +68,7 @@ def test_a_gpu_backend_names_its_gpu_and_gives_back_its_cache(monkeypatch):
         max_model_len=128, gpu_memory_utilization=0.9, enforce_eager=True, device=CPU,
     )  # fmt: skip
     assert backend.placement() == ("cpu", [])  # the tests' stand-in device
+    assert backend.host_ops_isa is None  # no C++ kernels: the sampler's torch masks
     backend.device = torch.device("cuda", 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"NVIDIA H200 #{index}")

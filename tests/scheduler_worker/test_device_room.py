@@ -1,7 +1,9 @@
 """The device stays in its room (backends/): no module of the engine outside it branches on a
-device's kind (a comparison with "cuda" / "cpu", `torch.cuda`, `.is_cuda`), no model reads
-the C++ kernels' ISA, and backends/ imports nothing that imports it back (it sits below the
-runner, the loader and the models). Read with ast; nothing is imported."""
+device's kind (a comparison with "cuda" / "cpu" or its ranks' collectives "nccl" / "gloo",
+`torch.cuda`, `.is_cuda`), no model reads the C++ kernels' ISA or the decode attention's
+name (it asks its op set: `one_call_decode`), and backends/ imports nothing that imports it
+back (it sits below the runner, the loader and the models). Read with ast; nothing is
+imported."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from tests.test_import_cycles import product_graph
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = REPO / "scheduler_worker"
 ROOM = "scheduler_worker.backends"
-KINDS = {"cuda", "cpu"}
+KINDS = {"cuda", "cpu", "nccl", "gloo"}  # a device's kind, or its ranks' collectives
 
 # file (under scheduler_worker/) -> why it may test a device's kind; none needs to today
 ALLOWED: dict[str, str] = {}
@@ -42,8 +44,8 @@ def device_branches(source: str, path: str = "<src>", models: bool = False) -> l
                 found.append((line, "torch.cuda"))
             elif node.attr in ("is_cuda", "is_cpu"):
                 found.append((line, f".{node.attr}"))
-            elif models and node.attr == "kernel_isa":
-                found.append((line, "a model reads the kernels' ISA"))
+            elif models and node.attr in ("kernel_isa", "decode_kernel"):
+                found.append((line, f"a model reads the kernels' choice ({node.attr})"))
     return [f"{line}: {what}" for line, what in sorted(found)]
 
 
@@ -55,12 +57,13 @@ def test_the_scan_sees_each_kind_of_device_branch():
         "    if t.device.type in ('cpu', 'meta'): pass\n"
         "    if t.is_cuda: pass\n"
         "    torch.cuda.synchronize()\n"
-        "    return ops.kernel_isa\n"
+        "    if group.backend == 'gloo': pass\n"
+        "    return ops.kernel_isa, meta.decode_kernel\n"
     )
     assert [f.split(":")[0] for f in device_branches(src, models=True)] == [
-        "3", "4", "5", "6", "7",
+        "3", "4", "5", "6", "7", "8", "8",
     ]  # fmt: skip
-    assert device_branches(src)[-1] == "6: torch.cuda"  # kernel_isa: models/ only
+    assert device_branches(src)[-1] == "7: compares with a device kind"  # kernel_isa: models/
     fine = "def g(w, device):\n    return w.device.type != 'meta' and device.index == 0\n"
     assert device_branches(fine, models=True) == []
 

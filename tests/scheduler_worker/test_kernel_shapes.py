@@ -63,6 +63,7 @@ def test_many_query_heads_per_kv_head_decode_on_the_kernels(
     src = _tiny_llama(tmp_path / "m", heads, kv_heads, head_dim)
     engine = _engine(src, quantization=quantization)
     assert engine.runner.decode_kernel == "paged" and engine.runner.kernel_isa is not None
+    assert engine.sampler.kernel_isa == engine.runner.isa_index  # grammar masks: the C++ op
     got = engine.generate(PROMPTS, GREEDY)
     if quantization == "none":
         assert got == hf_greedy(src, PROMPTS, GREEDY.max_tokens)
@@ -92,5 +93,6 @@ def test_a_refused_shape_turns_the_ops_off_at_load_with_one_line(tmp_path, monke
     assert len(lines) == 1
     runner = engine.runner
     assert runner.kernel_isa is None and runner.decode_kernel != "paged"
+    assert engine.sampler.kernel_isa is None  # grammar masks: torch's path
     assert all(m.ops.kernel_isa is None for m in runner.model.modules() if hasattr(m, "ops"))
     assert engine.generate(PROMPTS, GREEDY) == hf_greedy(src, PROMPTS, GREEDY.max_tokens)

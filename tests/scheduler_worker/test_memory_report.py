@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
+from scheduler_worker.backends.cpu_kv_pool import zero_pages
 from scheduler_worker.heap import heap_figures
-from scheduler_worker.kv_pool import zero_pages
 from scheduler_worker.memory_report import resident_tensor_bytes
 
 MiB = 1 << 20

@@ -316,3 +316,28 @@ def test_no_one_call_plan_without_the_kernels(tiny_model_dirs):
         cache=CacheConfig(block_size=4, num_blocks=16),
     )
     assert ModelRunner(config, src).model.decode_plan is None
+
+
+@pytest.mark.skipif(not kernels_built(), reason="C++ kernels not built")
+def test_no_one_call_plan_where_decode_attention_is_a_torch_path(tiny_model_dirs, monkeypatch):
+    """The one-call op attends with the paged kernel: under a torch decode attention
+    (ZEROSERVE_DECODE_ATTENTION=sdpa) the op set offers no one-call decode, no plan is made
+    and a decode step runs through the modules, to the paged runner's logits."""
+    from scheduler_worker.model_runner import ModelRunner, SeqInput
+
+    src = tiny_model_dirs["llama"]
+    config = EngineConfig(
+        model=ModelConfig(model=str(src), dtype="float32", device="cpu", quantization="int8"),
+        cache=CacheConfig(block_size=4, num_blocks=16, kv_cache_dtype="float32"),
+    )
+    paged = ModelRunner(config, src)
+    assert paged.backend.ops.one_call_decode and paged.model.decode_plan is not None
+    monkeypatch.setenv("ZEROSERVE_DECODE_ATTENTION", "sdpa")
+    runner = ModelRunner(config, src)
+    assert runner.decode_kernel == "sdpa" and runner.kernel_isa is not None
+    assert not runner.backend.ops.one_call_decode and runner.model.decode_plan is None
+    out = []
+    for r in (runner, paged):
+        r.execute([SeqInput([5, 6, 7], 0, [1])])
+        out.append(r.execute([SeqInput([8], 3, [1])]))
+    torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scheduler_worker.kv_pool import allocate_kv_pool, zero_pages
+from scheduler_worker.backends.cpu_kv_pool import allocate_kv_pool, zero_pages
 from scheduler_worker.loader import one_thread
 
 REPO = Path(__file__).resolve().parents[2]
