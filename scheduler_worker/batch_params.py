@@ -146,12 +146,13 @@ class BatchParamsCache:
             for s, p in zip(slots, params):
                 if at[s] is not p:
                     at[s], self.kinds[s], self.values[s] = p, kind_bits(p), param_values(p)
-        k = self.kinds[slots]
+        idx = np.array(slots, dtype=np.intp)  # once: numpy converts a list index at each use
+        k = self.kinds[idx]
         min_tokens, draws, penalized, biased, logprobs = (
             (k & bit).nonzero()[0].tolist()  # 1-D: flatnonzero without its wrappers
             for bit in (_MIN_TOKENS, _DRAW, _PENALTY, _BIAS, _LOGPROBS)
         )
         plain = not (k & _NOT_PLAIN).any()
         return BatchParams(
-            params, plain, min_tokens, draws, penalized, biased, logprobs, self.values[slots]
+            params, plain, min_tokens, draws, penalized, biased, logprobs, self.values[idx]
         )

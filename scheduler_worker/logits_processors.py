@@ -14,7 +14,6 @@ non-blocking (`_to`, `_tensor`: the sampler's too).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
@@ -52,9 +51,7 @@ class SamplingRow:
     slot: int = -1  # its request's slot (Request.slot): its parameters' kinds kept there
 
 
-_PENDING, _FLIGHT_ROW, _SLOT, _BITMASK, _DRAFTS, _ROW = (
-    attrgetter("num_pending"),
-    attrgetter("flight_row"),
+_SLOT, _BITMASK, _DRAFTS, _ROW = (
     attrgetter("slot"),
     attrgetter("token_bitmask"),
     attrgetter("draft_token_ids"),
@@ -69,20 +66,19 @@ _PARAMS, _PENDING_ROW, _OUTPUT_IDS = (
 
 def sampling_rows(reqs: Sequence) -> list[SamplingRow]:
     """Each request's (scheduler_worker.request.Request) own SamplingRow, made once with it
-    (its params and token lists are the request's) and brought up to this step in C passes:
-    its slot, the step in flight's row where its last output is a placeholder
-    (num_pending); a grammar mask or drafts a past step gave it cleared."""
-    if not reqs:
-        return []
+    (its params and token lists are the request's) and brought up to this step: its slot,
+    the step in flight's row where its last output is a placeholder (num_pending); a
+    grammar mask or drafts a past step gave it cleared. A plain loop: C passes over the
+    rows (map, setattr, np.fromiter) count fewer bytecodes but took ~3x the time
+    (docs/benchmarks.md, "Host step, tenth session")."""
     rows = list(map(_ROW, reqs))
-    flight = np.fromiter(map(_FLIGHT_ROW, reqs), dtype=np.int64, count=len(reqs))
-    pending = np.fromiter(map(_PENDING, reqs), dtype=np.int64, count=len(reqs))
-    deque(map(setattr, rows, repeat("pending_row"), np.where(pending > 0, flight, -1).tolist()), 0)
-    deque(map(setattr, rows, repeat("slot"), map(_SLOT, reqs)), 0)
-    for row in compress(rows, map(is_not, map(_BITMASK, rows), repeat(None))):
-        row.token_bitmask = None
-    for row in compress(rows, map(_DRAFTS, rows)):
-        row.draft_token_ids = ()
+    for req, row in zip(reqs, rows):
+        row.pending_row = req.flight_row if req.num_pending > 0 else -1
+        row.slot = req.slot
+        if row.token_bitmask is not None:
+            row.token_bitmask = None
+        if row.draft_token_ids:
+            row.draft_token_ids = ()
     return rows
 
 

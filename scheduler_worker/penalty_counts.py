@@ -44,14 +44,6 @@ def flat_index(
     return at[keep] * vocab + ids[keep]
 
 
-def _resolved(outs: Sequence[int]) -> int:
-    """The length of outs without its trailing placeholders."""
-    n = len(outs)
-    while n and outs[n - 1] < 0:
-        n -= 1
-    return n
-
-
 class PenaltyCounts:
     def __init__(self, vocab: int = 0) -> None:
         self.vocab = vocab
@@ -99,34 +91,37 @@ class PenaltyCounts:
         if vocab != self.vocab or (self.counts is not None and self.counts.device != device):
             self.__dict__.update(PenaltyCounts(vocab).__dict__)  # a new vocab or device
         self.calls += 1
-        joined: list[int] = []
-        prompts: list[Sequence[int]] = []
-        grown: list[int] = []
-        news: list[Sequence[int]] = []
-        at: list[int] = []
+        calls, joined, prompts, grown, news, at = self.calls, [], [], [], [], []
+        # the lists as locals (_take extends them in place): a row's lookups are LOAD_FASTs
+        entry, stamp, owner, prompt_of, counted = (
+            self.entry,
+            self.stamp,
+            self.owner,
+            self.prompt,
+            self.counted,
+        )
         for r in rows:
-            e = self.entry.get(r.slot, -1)
+            e = entry.get(r.slot, -1)
             outs = r.output_token_ids
-            if e >= 0 and self.stamp[e] == self.calls:  # a verify chunk's later position
+            if e >= 0 and stamp[e] == calls:  # a verify chunk's later position
                 at.append(e)
                 continue
-            n = _resolved(outs)
+            n = len(outs)  # its resolved outputs: without the trailing placeholders
+            while n and outs[n - 1] < 0:
+                n -= 1
             prompt = r.prompt_token_ids
             if (  # a new request in the slot; or its outputs cut (never while it runs)
-                e < 0
-                or self.owner[e] is not outs
-                or self.prompt[e] is not prompt
-                or n < self.counted[e]
+                e < 0 or owner[e] is not outs or prompt_of[e] is not prompt or n < counted[e]
             ):
                 e = e if e >= 0 else self._take(r.slot, device)
-                self.owner[e], self.prompt[e], self.counted[e] = outs, prompt, 0
+                owner[e], prompt_of[e], counted[e] = outs, prompt, 0
                 joined.append(e)
                 prompts.append(prompt)
-            if n > self.counted[e]:
+            if n > counted[e]:
                 grown.append(e)
-                news.append(outs[self.counted[e] : n])
-                self.counted[e] = n
-            self.stamp[e] = self.calls
+                news.append(outs[counted[e] : n])
+                counted[e] = n
+            stamp[e] = calls
             at.append(e)
         counts, seen = self.counts, self.seen
         assert counts is not None and seen is not None

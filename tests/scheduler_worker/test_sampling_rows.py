@@ -1,5 +1,5 @@
 """Each request keeps its SamplingRow between steps (logits_processors.sampling_rows brings
-it up to the step in C passes): at every step it equals the row made afresh from the
+it up to the step): at every step it equals the row made afresh from the
 request, as the per-step build made it, whatever a past step set on it."""
 
 from __future__ import annotations
