@@ -14,9 +14,13 @@ clock cannot tell from the host's (preemption between its ops, the caches it evi
 docs/benchmarks.md, "Host step, seventh session"). Its host figure is therefore its
 Python's bytecodes a row (sys.settrace, load-free) times greedy's µs a bytecode, greedy
 run at the same rows in the same process just before (docs/benchmarks.md, "Host step,
-eighth session").
+eighth session"). That estimate prices a C pass over the rows (map, setattr, np.fromiter)
+at no bytecodes, though it can take 2-3x a plain loop's time ("Host step, tenth session"),
+and it leaves out the torch ops' dispatch. `--mix chat-narrow` bounds it from above: the
+mix without its grammar rows on logits 64 wide, by the thread's CPU, greedy alternated
+beside it; the CPU's compute of the narrow sampler ops (a GPU's device work) still counts.
 
-    .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat]
+    .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat|chat-narrow]
     ZS_BYTECODES=1 ...   also greedy's bytecodes and calls a row a step (load-free)
 """
 
@@ -52,10 +56,11 @@ SCHEMA = (
 )
 
 
-def chat_mix(i: int) -> SamplingParams:
+def chat_mix(i: int, grammar: bool = True) -> SamplingParams:
     """Request i of issue 52's chat mix: a quarter greedy, the rest temperature 0.7 and
     top_p 0.9; a quarter seeded; one in eight with logprobs 5, one in eight with
-    presence_penalty 0.5, one in sixteen with a json_schema."""
+    presence_penalty 0.5, one in sixteen with a json_schema (greedy instead without
+    `grammar`)."""
     kw: dict = {"max_tokens": 480, "ignore_eos": True, "temperature": 0.0}
     if i % 4:
         kw.update(temperature=0.7, top_p=0.9)
@@ -65,7 +70,7 @@ def chat_mix(i: int) -> SamplingParams:
         kw["logprobs"] = 5
     if i % 8 == 3:
         kw["presence_penalty"] = 0.5
-    if i % 16 == 6:
+    if i % 16 == 6 and grammar:
         kw["structured"] = {"kind": "json", "spec": SCHEMA}
     return SamplingParams(**kw)
 
@@ -89,8 +94,10 @@ class GraphLike:
         self.prev_tokens = torch.full((max_rows,), 7, dtype=torch.long)
 
     def __call__(self, seqs, argmax_vocab=None):
-        if not isinstance(seqs, DecodeRows):
-            return self.real(seqs, argmax_vocab)  # the prompts: the real forward
+        if not isinstance(seqs, DecodeRows):  # the prompts: the real forward
+            logits = self.real(seqs, argmax_vocab)
+            narrow = logits.dim() == 2 and self.logits.shape[1] < logits.shape[1]
+            return logits[:, : self.logits.shape[1]] if narrow else logits
         self.inputs.fill(seqs, len(seqs), self.prev_tokens)
         return self.logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
 
@@ -137,11 +144,12 @@ def run(
     kernels: str = "auto",
     mix: str = "greedy",
     count: bool = False,
-) -> tuple[float, float, float, tuple[float, float] | None]:
+) -> tuple[float, float, float, tuple[float, float] | None, float]:
     """Seconds a step, a row (the rows each step decoded, counted: a grammar's JSON may
     end before max_tokens), a step in the sampler (on a CPU its torch ops are the
     device's work: the chat mix's top-p over the vocabulary is most of them), and with
-    `count` the bytecodes and calls a row a step (else None)."""
+    `count` the bytecodes and calls a row a step (else None), and the thread's CPU
+    seconds a row (the measure of `chat-narrow`)."""
     cfg = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
@@ -155,24 +163,26 @@ def run(
     engine = LLMEngine(cfg, model_dir)
     gc.collect()  # as a served worker once ready (WorkerShell.start)
     gc.freeze()
-    vocab = VOCAB if mix == "greedy" else engine.vocab_size
+    vocab = engine.vocab_size if mix == "chat" else VOCAB
     engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
     publish = publisher(engine)
     rng = random.Random(0)
     greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
     for i in range(rows):
-        params = greedy if mix == "greedy" else chat_mix(i)
-        engine.add_request(f"r{i}", [rng.randrange(100, 1000) for _ in range(20)], params)
+        params = greedy if mix == "greedy" else chat_mix(i, grammar=mix == "chat")
+        ids = (1, VOCAB) if mix == "chat-narrow" else (100, 1000)  # inside the narrow logits
+        engine.add_request(f"r{i}", [rng.randrange(*ids) for _ in range(20)], params)
     while any(r.num_output_tokens < 2 for r in engine.requests.values()):
         publish(engine.step())
     for _ in range(10):
         publish(engine.step())
-    t, num_rows, sampler = time.perf_counter(), 0, 0.0
+    t, cpu, num_rows, sampler = time.perf_counter(), time.thread_time(), 0, 0.0
     for _ in range(steps):
         publish(engine.step())
         num_rows += engine.last_step.num_decode
         sampler += engine.last_step.sample
     seconds = time.perf_counter() - t
+    row_cpu = (time.thread_time() - cpu) / max(1, num_rows)
     counted = bytecodes(engine, publish, min(steps, 20)) if count else None
     if profile:
         pr = cProfile.Profile()
@@ -182,7 +192,7 @@ def run(
         pr.disable()
         pstats.Stats(pr).sort_stats(os.environ.get("ZS_SORT", "tottime")).print_stats(25)
     gc.unfreeze()
-    return seconds / steps, seconds / max(1, num_rows), sampler / steps, counted
+    return seconds / steps, seconds / max(1, num_rows), sampler / steps, counted, row_cpu
 
 
 def main() -> None:
@@ -190,7 +200,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 256])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--mix", choices=("greedy", "chat"), default="greedy", help="sampling options")
+    ap.add_argument(
+        "--mix",
+        choices=("greedy", "chat", "chat-narrow"),
+        default="greedy",
+        help="sampling options",
+    )
     ap.add_argument("--model", type=Path, help="a model directory (default: a tiny llama)")
     ap.add_argument(
         "--kernels", default="auto", help="the prompts' forward: auto, or torch (no C++ build)"
@@ -208,7 +223,7 @@ def main() -> None:
         for rows in args.rows:
             # the chat mix's host figure: its bytecodes at greedy's µs a bytecode (module doc)
             count = args.mix == "chat" or bool(os.environ.get("ZS_BYTECODES"))
-            step, row, sampler, counted = run(
+            step, row, sampler, counted, row_cpu = run(
                 model_dir, rows, args.steps, args.profile, args.kernels, "greedy", count
             )
             greedy_line = (
@@ -220,9 +235,12 @@ def main() -> None:
             print(greedy_line)
             if args.mix == "greedy":
                 continue
+            if args.mix == "chat-narrow":  # thread CPU, greedy's and the mix's, alternated
+                narrow(model_dir, rows, args, row_cpu)
+                continue
             assert counted is not None
             per_bytecode = row / counted[0]
-            step, row, sampler, chat = run(
+            step, row, sampler, chat, _ = run(
                 model_dir, rows, args.steps, args.profile, args.kernels, "chat", True
             )
             assert chat is not None
@@ -233,6 +251,24 @@ def main() -> None:
                 f"(bytecodes x greedy's {per_bytecode * 1e9:.1f} ns each) "
                 f"{chat[0] * per_bytecode * 1e6:6.2f} µs a row"
             )
+
+
+def narrow(model_dir: Path, rows: int, args: argparse.Namespace, greedy_cpu: float) -> None:
+    """The chat mix without its grammar rows, on logits 64 tokens wide, timed by the
+    thread's CPU (OMP_NUM_THREADS=1: torch's ops run on this thread). Its sampler's torch
+    ops then cost little more than their dispatch, which a GPU's host pays too, so the
+    figure is the host's time itself (an upper bound: the CPU still computes the narrow
+    ops), where the `chat` line's bytecode estimate prices a C pass over the rows at zero.
+    Greedy and the mix alternate three times; the range of each is printed."""
+    cpus: dict[str, list[float]] = {"greedy": [greedy_cpu], "chat-narrow": []}
+    for i in range(5):
+        mix = "chat-narrow" if i % 2 == 0 else "greedy"
+        cpus[mix].append(run(model_dir, rows, args.steps, False, args.kernels, mix)[4])
+    g, c = (sorted(v) for v in cpus.values())
+    print(
+        f"rows {rows:4d} (chat-narrow): thread CPU {c[0] * 1e6:.2f}-{c[-1] * 1e6:.2f} µs a row; "
+        f"greedy's {g[0] * 1e6:.2f}-{g[-1] * 1e6:.2f} (three runs each, alternated)"
+    )
 
 
 if __name__ == "__main__":
