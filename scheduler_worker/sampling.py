@@ -82,6 +82,9 @@ from scheduler_worker.logits_processors import (
     apply_token_masks,
     mask_stop_tokens,
 )
+from scheduler_worker.seeded_uniforms import M32 as _M32
+from scheduler_worker.seeded_uniforms import seeded_uniforms as seeded_uniforms
+from scheduler_worker.seeded_uniforms import uniforms as _uniforms
 from scheduler_worker.top_p import top_p_thresholds
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
@@ -142,36 +145,7 @@ class DeviceSample:
 
 
 _new_logprobs = tuple.__new__  # _new_logprobs(TokenLogprobs, (its four fields))
-_M32 = 0xFFFFFFFF
 _OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (T. Mueller's) on int64 tensors holding values < 2**32: every
-    product stays under 2**63, so no overflow on any device."""
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
-    return (x >> 16) ^ x
-
-
-def seeded_uniforms(
-    seeds: Sequence[int], counters: Sequence[int], n: int, device: torch.device
-) -> torch.Tensor:
-    """[rows, n] uniforms in (0, 1), each a function of (seed, counter, column) alone, for
-    every seeded row at once (a counter-based generator, as Philox is): a seeded request's
-    i-th token draws the same numbers whatever else is in the batch, on any device, after a
-    preemption too, with no generator call a row. counters: each row's output tokens so far."""
-    keys = [[s & _M32, (s >> 32) & _M32, c & _M32] for s, c in zip(seeds, counters)]
-    return _uniforms(_tensor(keys, device), n)
-
-
-def _uniforms(keys: torch.Tensor, n: int) -> torch.Tensor:
-    """seeded_uniforms from its keys [rows, 3] int64: (seed's low and high 32 bits, counter)."""
-    device = keys.device
-    k = _mix(_mix(_mix(keys[:, 0] ^ 0x9E3779B9) ^ keys[:, 1]) ^ keys[:, 2])
-    cols = _mix(torch.arange(n, device=device) + 0x632BE5AB)
-    x = _mix(k[:, None] ^ cols[None, :])
-    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits, never 0 or 1
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams] | np.ndarray) -> torch.Tensor:
@@ -354,7 +328,7 @@ class Sampler:
         counts = np.fromiter(map(len, map(_OUTPUTS, picked)), np.int64, len(picked))
         counts += np.fromiter(map(len, map(_DRAFTS, picked)), np.int64, len(picked))
         keys[:, 2] = counts & _M32
-        u = _uniforms(_array(keys, dev, torch.long), n)
+        u = _uniforms(keys, n, dev)
         if len(seeded) < len(rows):
             shared = (~has_seed).nonzero()[0]
             full = torch.empty(len(rows), n, device=dev)

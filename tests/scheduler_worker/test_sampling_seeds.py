@@ -3,6 +3,7 @@ column) whatever the batch, and penalties that count a token still being sampled
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from scheduler_worker.logits_processors import apply_penalties
@@ -74,6 +75,29 @@ def test_seeded_uniforms_are_a_function_of_seed_counter_and_column():
     tenths = torch.bincount((big * 10).long(), minlength=10).float() / big.numel()
     assert bool(((tenths - 0.1).abs() < 0.004).all())
     assert len(set(u[0].tolist())) > 590  # few repeats within a row
+
+
+def test_seeded_uniforms_equal_the_all_device_hash():
+    """The rows' keys hashed on the host (numpy) and the columns' hash kept per width give
+    the numbers the hash gives when every step of it runs as torch ops (the seeds' draws
+    of every earlier release), bit for bit, at two widths and twice each (the kept one)."""
+    m32 = 0xFFFFFFFF
+
+    def mix(x):
+        x = ((x >> 16) ^ x) * 0x45D9F3B & m32
+        x = ((x >> 16) ^ x) * 0x45D9F3B & m32
+        return (x >> 16) ^ x
+
+    rng = np.random.default_rng(0)
+    seeds = [int(v) for v in rng.integers(-(2**63), 2**63 - 1, 40)] + [0, 7, 2**64 - 1]
+    counters = [int(v) for v in rng.integers(0, 2**40, len(seeds))]
+    for n in (450, 17, 450):
+        keys = torch.tensor([[s & m32, (s >> 32) & m32, c & m32] for s, c in zip(seeds, counters)])
+        k = mix(mix(mix(keys[:, 0] ^ 0x9E3779B9) ^ keys[:, 1]) ^ keys[:, 2])
+        x = mix(k[:, None] ^ mix(torch.arange(n) + 0x632BE5AB)[None, :])
+        want = ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+        got = seeded_uniforms(seeds, counters, n, torch.device("cpu"))
+        assert torch.equal(got, want)
 
 
 def test_a_seeded_sample_survives_an_ulp_of_noise():
