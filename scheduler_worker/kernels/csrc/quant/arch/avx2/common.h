@@ -30,6 +30,12 @@ ZS_AVX2 inline __m256 load8_f16(const c10::Half* p) {
 template <int RM, int H0 = 0, int H1 = 2, typename T>
 ZS_AVX2 inline void store_tile_avx2(__m256 (&facc)[RM][2], T* out, int64_t N, int64_t i0, int64_t g) {
   const int64_t n0 = g * 16 + 8 * H0, take = std::min<int64_t>(8 * (H1 - H0), N - n0);
+  if constexpr (std::is_same_v<T, float>)
+    if (take == 8 * (H1 - H0)) {  // a whole tile of float32: stored as it is (the copy below became a memcpy call)
+      for (int i = 0; i < RM; ++i)
+        for (int h = H0; h < H1; ++h) _mm256_storeu_ps(out + (i0 + i) * N + n0 + 8 * (h - H0), facc[i][h]);
+      return;
+    }
   for (int i = 0; i < RM; ++i) {
     alignas(32) float tmp[16];
     for (int h = H0; h < H1; ++h) _mm256_store_ps(tmp + 8 * (h - H0), facc[i][h]);

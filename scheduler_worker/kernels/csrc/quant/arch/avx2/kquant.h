@@ -41,6 +41,7 @@ struct KQuantBlock {
           const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xb[i] + 4 * k))),
                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xb[i] + 16 + 4 * k))));
           acc16[i] = _mm256_add_epi16(acc16[i], p);
+          ZS_KEEP(acc16[i]);
         }
         if (L::HI && k % 2 == 1)
           for (int i = 0; i < RM; ++i) {

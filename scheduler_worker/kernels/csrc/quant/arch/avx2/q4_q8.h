@@ -50,6 +50,7 @@ ZS_AVX2 void tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_
             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xb[i] + 4 * k))),
                                                _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xb[i] + 16 + 4 * k))));
             acc16[i][h] = _mm256_add_epi16(acc16[i][h], p);
+            ZS_KEEP(acc16[i][h]);
           }
         }
       for (int i = 0; i < RM; ++i)

@@ -64,6 +64,11 @@ ZS_AVX2 void tile_q8_rows_avx2(const Wide& xw, const Act& x, const Packed& w, T*
     alignas(32) float tmp[8];
     _mm256_store_ps(tmp, _mm256_permutevar8x32_ps(facc[i], order));
     T* o = out + (i0 + i) * N + n0;
+    if constexpr (std::is_same_v<T, float>)
+      if (take == 8) {  // as store_tile_avx2 (common.h): no memcpy call for a whole half
+        _mm256_storeu_ps(o, _mm256_load_ps(tmp));
+        continue;
+      }
     for (int64_t j = 0; j < take; ++j) store(o + j, tmp[j]);
   }
 }
