@@ -17,7 +17,7 @@ from common.model_files.fp8_config import CheckpointQuantError, fp8_layout
 from common.model_files.model_source import check_quantization_source
 from scheduler_worker.backends.base import SeqInput
 from scheduler_worker.engine import LLMEngine
-from scheduler_worker.quant.fp8 import FP8, FP8_MAX, Fp8Linear, quantize_rows
+from scheduler_worker.quant.fp8 import FP8, FP8_MAX, Fp8Linear, dequantize, quantize_rows
 from tests.conftest import save_tiny_llama
 
 PROMPTS = [[1, 17, 230, 99, 4, 310], [42], list(range(300, 320))]
@@ -163,15 +163,42 @@ def test_fp8_checkpoint_loads_as_stored_and_matches_its_dequantized_model(checkp
     assert all(m.weight.dtype == FP8 for m in fp8s)
     assert all(m.per_channel == (layout == "channel") for m in fp8s)
     want = _hf_last_logits(ref_dir)
+    # each FP8 linear, on the input it was given, against the oracle's maths: the input
+    # rounded to FP8 per token (per channel) times the dequantized weight, in float32
+    worst = [0.0]
+
+    def check(m, args, out):
+        x = args[0].reshape(-1, args[0].shape[-1])
+        if m.per_channel:
+            q, s = quantize_rows(x)
+            x = q.float() * s
+        ref = torch.nn.functional.linear(
+            x, dequantize(m.weight, m.weight_scale, x.dtype, m.group_size)
+        )
+        worst[0] = max(
+            worst[0], float((out.reshape(ref.shape) - ref).abs().max() / ref.abs().max())
+        )
+
+    hooks = [m.register_forward_hook(check) for m in fp8s]
     got = _last_logits(engine)
+    for h in hooks:
+        h.remove()
+    assert worst[0] < 1e-5
     # per channel, the activations are FP8 too: transformers on the dequantized weights
     # with each linear's input rounded to FP8 per token is its oracle; block-wise is
     # weight-only, the dequantized model's maths exactly
     oracle = _hf_last_logits(ref_dir, quantize_inputs=True) if layout == "channel" else want
     for g, w, o in zip(got, want, oracle):
-        assert float((g - o).abs().max()) < 1e-3
-        if layout == "channel":  # and the activations' rounding does move the logits
-            assert float((g - w).abs().max()) > 1e-2
+        if layout == "block":
+            assert float((g - o).abs().max()) < 1e-3
+            continue
+        # a float32 ulp upstream (another CPU kind's GEMM order) can move an activation
+        # across an FP8 rounding boundary, a step of 1/16 of it, in the engine or in the
+        # oracle: seen on an AMX Xeon, one prompt in three 0.18 apart where the others
+        # agree to 2e-6. So: much nearer the W8A8 oracle than the unquantized model, whose
+        # distance is what the activations' rounding moves (> 1e-2: it does move them)
+        moved = float((o - w).abs().max())
+        assert moved > 1e-2 and float((g - o).abs().max()) < 0.5 * moved
     # --quantization none: the same checkpoint dequantized at load, transformers' numbers
     plain = _last_logits(_engine(fp8_dir, "none"))
     for g, w in zip(plain, want):
