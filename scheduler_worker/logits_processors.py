@@ -91,6 +91,68 @@ def _array(values: np.ndarray, device: torch.device, dtype: torch.dtype) -> torc
     return to_device(torch.from_numpy(np.ascontiguousarray(values)).to(dtype), device)
 
 
+class DeviceColumns:
+    """The sampler's per-row columns on the device (a step's temperatures, top_p, the rows
+    that draw, the penalized rows, ...), each kept under its name while its values stay
+    the same: an overlapped decode batch holds the same rows with the same parameters most
+    steps, so its columns reach the device once, not each step (on a GPU each fresh one is
+    a pinned staging copy, an H2D copy and a cast: docs/benchmarks.md, "Host step, eleventh
+    session"). A column is checked against the values it was made from (a compare in C),
+    so a stale one is never read; the tensors given out are never written."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[np.ndarray | list, torch.Tensor]] = {}
+        self.reused = 0  # columns read from _kept (tests, benchmarks)
+
+    def get(
+        self,
+        name: str,
+        values: np.ndarray | list,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        kept = self._kept.get(name)
+        if kept is not None:
+            host, t = kept
+            if t.device == device and t.dtype == dtype and _same(host, values):
+                self.reused += 1
+                return t
+        host = values.copy() if isinstance(values, np.ndarray) else list(values)
+        t = (
+            _array(host, device, dtype)
+            if isinstance(host, np.ndarray)
+            else _tensor(host, device, dtype)
+        )
+        self._kept[name] = (host, t)
+        return t
+
+
+def _same(host: np.ndarray | list, values: np.ndarray | list) -> bool:
+    if isinstance(host, list):
+        return isinstance(values, list) and host == values
+    return (
+        isinstance(values, np.ndarray)
+        and host.shape == values.shape
+        and host.dtype == values.dtype
+        and bool((host == values).all())
+    )
+
+
+def _column(
+    cols: DeviceColumns | None,
+    name: str,
+    values: np.ndarray | list,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """values on the device: kept in `cols` under `name`, or made now (no cols)."""
+    if cols is not None:
+        return cols.get(name, values, device, dtype)
+    if isinstance(values, np.ndarray):
+        return _array(values, device, dtype)
+    return _tensor(values, device, dtype)
+
+
 def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
     """flat_index on the device; a placeholder (-1: the token the step in flight is
     sampling) is counted apart (`_in_flight`)."""
@@ -174,7 +236,7 @@ def apply_logit_bias(
 
 
 def _in_flight(
-    rows: list[SamplingRow], prev_tokens: torch.Tensor | None
+    rows: list[SamplingRow], prev_tokens: torch.Tensor | None, cols: DeviceColumns | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(positions in rows, their tokens) of the rows whose last output token is the step in
     flight's (pending_row), read from its sampled tokens on the device: penalties count it
@@ -185,8 +247,8 @@ def _in_flight(
         return None
     assert prev_tokens is not None, "a pending token with no step in flight"
     dev = prev_tokens.device
-    return _array(where, dev, torch.long), prev_tokens.index_select(
-        0, _array(at[where], dev, torch.long)
+    return _column(cols, "pending.at", where, dev, torch.long), prev_tokens.index_select(
+        0, _column(cols, "pending.row", at[where], dev, torch.long)
     )
 
 
@@ -206,6 +268,7 @@ def apply_penalties(
     idx: list[int] | None = None,
     values: np.ndarray | None = None,
     pool: PenaltyCounts | None = None,
+    cols: DeviceColumns | None = None,
 ) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
@@ -214,7 +277,8 @@ def apply_penalties(
     unchanged. idx: the rows with a penalty, where known; values: every row's numbers
     (batch_params' columns, the sampler's kept by slot), else read from its parameters.
     pool: the sampler's counts kept per slot, read where every penalized row has a slot
-    (the same logits, bit for bit); else each row's tokens are counted here."""
+    (the same logits, bit for bit); else each row's tokens are counted here. cols: the
+    sampler's columns kept on the device (DeviceColumns), or None."""
     if idx is None:
         idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
@@ -223,13 +287,13 @@ def apply_penalties(
     picked = list(map(rows.__getitem__, idx))  # the rows' own values, in C passes
     pen = values_of(list(map(_PARAMS, picked))) if values is None else values[idx]
     reps, pres_col, freq_col = pen[:, REPETITION], pen[:, PRESENCE], pen[:, FREQUENCY]
-    rows_t = _tensor(idx, dev)
+    rows_t = _column(cols, "penalty.rows", idx, dev, torch.long)
     sub = logits.index_select(0, rows_t)  # a contiguous copy
     vocab = sub.shape[1]
-    pending = _in_flight(picked, prev_tokens)
+    pending = _in_flight(picked, prev_tokens, cols)
     on_rep = reps != 1.0
     if pool is not None and -1 not in map(_SLOT, picked):
-        at = pool.gather(picked, vocab, dev)
+        at = _column(cols, "penalty.entries", pool.gather(picked, vocab, dev), dev, torch.long)
         assert pool.counts is not None and pool.seen is not None
         counts = pool.counts.index_select(0, at).to(sub.dtype)
         if any(map(_DRAFTS, picked)):  # this step's own: a rejected draft leaves no trace
@@ -240,9 +304,10 @@ def apply_penalties(
         if on_rep.any():
             seen = pool.seen.index_select(0, at).logical_or_(counts > 0)
             if not on_rep.all():  # rows with repetition 1.0: as the per-row path, untouched
-                seen.logical_and_(_array(on_rep, dev, torch.bool)[:, None])
-            sub = _repetition(sub, seen, reps)
-        return _penalize(logits, rows_t, sub, counts, pres_col, freq_col)
+                on = _column(cols, "penalty.on_rep", on_rep, dev, torch.bool)
+                seen.logical_and_(on[:, None])
+            sub = _repetition(sub, seen, reps, cols)
+        return _penalize(logits, rows_t, sub, counts, pres_col, freq_col, cols)
     if on_rep.any():
         seqs = [
             list(chain(r.prompt_token_ids, r.output_token_ids, r.draft_token_ids)) if p else []
@@ -252,7 +317,7 @@ def apply_penalties(
         seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
         if pending is not None:
             seen.index_put_(pending, torch.ones_like(pending[0], dtype=torch.bool))
-        sub = _repetition(sub, seen, reps)
+        sub = _repetition(sub, seen, reps, cols)
     counted: torch.Tensor | None = None
     if (pres_col != 0.0).any() or (freq_col != 0.0).any():
         counted = counts = torch.zeros_like(sub)
@@ -263,13 +328,15 @@ def apply_penalties(
         if pending is not None:
             one = torch.ones_like(pending[0], dtype=sub.dtype)
             counts.index_put_(pending, one, accumulate=True)
-    return _penalize(logits, rows_t, sub, counted, pres_col, freq_col)
+    return _penalize(logits, rows_t, sub, counted, pres_col, freq_col, cols)
 
 
-def _repetition(sub: torch.Tensor, seen: torch.Tensor, reps: np.ndarray) -> torch.Tensor:
+def _repetition(
+    sub: torch.Tensor, seen: torch.Tensor, reps: np.ndarray, cols: DeviceColumns | None = None
+) -> torch.Tensor:
     """HF's repetition penalty where `seen`: a positive logit divided, a negative one
     multiplied."""
-    rep = _array(reps, sub.device, torch.float32)[:, None]
+    rep = _column(cols, "penalty.repetition", reps, sub.device, torch.float32)[:, None]
     return torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
 
 
@@ -280,10 +347,15 @@ def _penalize(
     counts: torch.Tensor | None,
     pres_col: np.ndarray,
     freq_col: np.ndarray,
+    cols: DeviceColumns | None = None,
 ) -> torch.Tensor:
     """Presence/frequency on the penalized rows' copy (where some row has one), put back."""
     if counts is not None and ((pres_col != 0.0).any() or (freq_col != 0.0).any()):
-        pres = _array(pres_col, dev := sub.device, torch.float32)[:, None]
-        freq = _array(freq_col, dev, torch.float32)[:, None]
-        sub = sub - pres * (counts > 0).to(sub.dtype) - freq * counts
+        dev = sub.device
+        if (pres_col != 0.0).any():
+            pres = _column(cols, "penalty.presence", pres_col, dev, torch.float32)
+            sub = sub - pres[:, None] * (counts > 0).to(sub.dtype)
+        if (freq_col != 0.0).any():
+            freq = _column(cols, "penalty.frequency", freq_col, dev, torch.float32)
+            sub = sub - freq[:, None] * counts
     return logits.clone().index_copy_(0, rows_t, sub)

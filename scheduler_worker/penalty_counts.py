@@ -85,9 +85,9 @@ class PenaltyCounts:
         self.slot[e] = slot
         return e
 
-    def gather(self, rows: Sequence, vocab: int, device: torch.device) -> torch.Tensor:
+    def gather(self, rows: Sequence, vocab: int, device: torch.device) -> list[int]:
         """The rows' (SamplingRow, each with a slot) entries, brought up to their resolved
-        outputs: int64 [rows] on the device."""
+        outputs (the caller's column on the device: the same most steps)."""
         if vocab != self.vocab or (self.counts is not None and self.counts.device != device):
             self.__dict__.update(PenaltyCounts(vocab).__dict__)  # a new vocab or device
         self.calls += 1
@@ -134,4 +134,4 @@ class PenaltyCounts:
         if grown:
             flat = to_device(torch.from_numpy(flat_index(news, vocab, grown)), device)
             counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
-        return to_device(torch.tensor(at), device)
+        return at

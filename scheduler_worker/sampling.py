@@ -74,9 +74,9 @@ from scheduler_worker.batch_params import (
     values_of,
 )
 from scheduler_worker.logits_processors import (
+    DeviceColumns,
     SamplingRow,
-    _array,
-    _tensor,
+    _column,
     apply_logit_bias,
     apply_penalties,
     apply_token_masks,
@@ -148,23 +148,29 @@ _new_logprobs = tuple.__new__  # _new_logprobs(TokenLogprobs, (its four fields))
 _OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
 
 
-def sampling_probs(logits: torch.Tensor, params: list[SamplingParams] | np.ndarray) -> torch.Tensor:
+def sampling_probs(
+    logits: torch.Tensor,
+    params: list[SamplingParams] | np.ndarray,
+    cols: DeviceColumns | None = None,
+) -> torch.Tensor:
     """Temperature, top-k (on logits), top-p and min-p (on the probabilities that top-k
     left): unnormalized probabilities with the filtered tokens at 0. params: the rows'
-    parameters, or their numbers (batch_params.values_of: the sampler's, gathered by slot)."""
+    parameters, or their numbers (batch_params.values_of: the sampler's, gathered by slot);
+    cols: the sampler's columns kept on the device, or None."""
     dev, vocab = logits.device, logits.shape[1]
     values = values_of(params) if isinstance(params, list) else params
     temps, f32 = values[:, TEMPERATURE], torch.float32
     if (temps != 1.0).any():
-        logits = logits / _array(temps, dev, f32)[:, None]
+        logits = logits / _column(cols, "temperature", temps, dev, f32)[:, None]
     ks = values[:, TOP_K].astype(np.int64)
     ks[(ks <= 0) | (ks >= vocab)] = 0
     candidates = None  # each row's max(ks) largest logits' ids: a top-k row's top-p window
     if ks.any():
-        k = _array(np.maximum(ks, 1), dev, torch.long)[:, None]
+        k = _column(cols, "top_k", np.maximum(ks, 1), dev, torch.long)[:, None]
         top = logits.topk(int(ks.max()), dim=-1)
         kth = top.values.gather(1, k - 1)
-        kth.masked_fill_(_array(ks == 0, dev, torch.bool)[:, None], float("-inf"))  # off
+        off = _column(cols, "top_k.off", ks == 0, dev, torch.bool)
+        kth.masked_fill_(off[:, None], float("-inf"))
         logits = logits.masked_fill(logits < kth, float("-inf"))
         candidates = top.indices
     # an extreme penalty or temperature can push logits to +inf (a repetition_penalty of
@@ -180,10 +186,10 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams] | np.ndarr
             probs[bad] = _finite(logits[bad]).softmax(dim=-1)
     # the smallest probability each row keeps
     top_ps, min_ps = values[:, TOP_P], values[:, MIN_P]
-    thresh = top_p_thresholds(probs, top_ps, ks, candidates, not enqueues_work(dev))
+    thresh = top_p_thresholds(probs, top_ps, ks, candidates, not enqueues_work(dev), cols)
     cut_min_p = bool((min_ps > 0.0).any())
     if cut_min_p:
-        min_p = _array(min_ps, dev, f32)[:, None]
+        min_p = _column(cols, "min_p", min_ps, dev, f32)[:, None]
         thresh = torch.maximum(thresh, probs.amax(dim=-1, keepdim=True) * min_p)
     if cut_min_p or (top_ps < 1.0).any():
         probs.masked_fill_(probs < thresh, 0.0)
@@ -241,6 +247,7 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
         self.kernel_isa = kernel_isa  # the C++ kernels' path (grammar masks); None: torch
         self.batch = BatchParamsCache()  # the rows' parameters, kept between steps
+        self.columns = DeviceColumns()  # their columns on the device, kept as they hold
 
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow], writable: bool = False
@@ -263,7 +270,7 @@ class Sampler:
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         params = list(map(_PARAMS, rows))
-        batch = self._batch(rows, params)
+        batch, cols = self._batch(rows, params), self.columns
         if self.argmax_only(rows):
             masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
             return DeviceSample(greedy_tokens(masked))
@@ -273,21 +280,22 @@ class Sampler:
         stopped = mask_stop_tokens(masked, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
-        processed = apply_penalties(biased, rows, prev_tokens, *pen)
+        processed = apply_penalties(biased, rows, prev_tokens, *pen, cols)
         rand = batch.draws
         if len(rand) == len(rows):
-            tokens = self._sample(processed, rows, batch.values)
+            tokens = self._sample(processed, rows, batch.values, cols)
         else:
             tokens = greedy_tokens(processed)  # greedy rows: the penalized logits' argmax
             if rand:
-                sel = _tensor(rand, tokens.device)
+                sel = _column(cols, "draws", rand, tokens.device, torch.long)
                 drawn = self._sample(
                     processed.index_select(0, sel),
                     list(map(rows.__getitem__, rand)),
                     batch.values[rand],
+                    cols,
                 )
                 tokens.index_copy_(0, sel, drawn)
-        return self._logprobs(raw, tokens, batch.values, batch.logprobs)
+        return self._logprobs(raw, tokens, batch.values, batch.logprobs, cols)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:
@@ -314,9 +322,14 @@ class Sampler:
         return DeviceSample(greedy_tokens(logits[:, : self.vocab_size]))
 
     @staticmethod
-    def _sample(logits: torch.Tensor, rows: list[SamplingRow], values: np.ndarray) -> torch.Tensor:
+    def _sample(
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        values: np.ndarray,
+        cols: DeviceColumns | None = None,
+    ) -> torch.Tensor:
         """Draw for rows (values: their numbers, batch_params.values_of's columns)."""
-        probs = sampling_probs(logits, values)
+        probs = sampling_probs(logits, values, cols)
         n, dev = num_uniforms(probs.shape[1]), probs.device
         has_seed = values[:, HAS_SEED] != 0
         if not has_seed.any():  # unseeded rows share the default generator
@@ -333,17 +346,21 @@ class Sampler:
             shared = (~has_seed).nonzero()[0]
             full = torch.empty(len(rows), n, device=dev)
             rand = torch.rand(len(shared), n, device=dev)
-            full.index_copy_(0, _array(shared, dev, torch.long), rand)
-            u = full.index_copy_(0, _array(seeded, dev, torch.long), u)
+            full.index_copy_(0, _column(cols, "unseeded", shared, dev, torch.long), rand)
+            u = full.index_copy_(0, _column(cols, "seeded", seeded, dev, torch.long), u)
         return sample_from(probs, u)
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor, tokens: torch.Tensor, values: np.ndarray, idx: list[int]
+        raw: torch.Tensor,
+        tokens: torch.Tensor,
+        values: np.ndarray,
+        idx: list[int],
+        cols: DeviceColumns | None = None,
     ) -> DeviceSample:
         if not idx:
             return DeviceSample(tokens)
-        sel = _tensor(idx, raw.device)
+        sel = _column(cols, "logprobs", idx, raw.device, torch.long)
         lp = raw.index_select(0, sel).log_softmax(dim=-1)
         sampled_lp = lp.gather(1, tokens.index_select(0, sel)[:, None])[:, 0]
         num_top = values[idx, NUM_TOP].astype(np.int64).tolist()

@@ -32,7 +32,7 @@ import sys
 import numpy as np
 import torch
 
-from scheduler_worker.logits_processors import _array
+from scheduler_worker.logits_processors import DeviceColumns, _column
 
 TOP_P_WINDOWS = (256,)  # on a CPU, windows tried before the radix search
 TOP_K_WINDOW = 4096  # a top-k row's candidates are its window while k is no larger
@@ -49,12 +49,13 @@ def top_p_thresholds(
     top_ks: np.ndarray,
     candidates: torch.Tensor | None,
     may_branch: bool,
+    cols: DeviceColumns | None = None,
 ) -> torch.Tensor:
     """Each row's threshold [rows, 1] (0 where top_p is 1) for probs [rows, vocab] after
     top-k. top_ps: each row's top_p (float64); top_ks: each row's k (0: off); candidates:
     the ids of each row's max(top_ks) largest logits (the top-k filter's), or None. A top-k
     row's cut lies among its candidates, so they are its window while k <= TOP_K_WINDOW;
-    other rows: top_p_threshold."""
+    other rows: top_p_threshold. cols: the sampler's columns kept on the device, or None."""
     dev, f32 = probs.device, torch.float32
     thresh = probs.new_zeros(len(top_ps), 1)
     rows = (top_ps < 1.0).nonzero()[0]
@@ -65,15 +66,15 @@ def top_p_thresholds(
         windowed, searched = rows[:0], rows
     if len(windowed):
         assert candidates is not None
-        sel = _array(windowed, dev, torch.long)
+        sel = _column(cols, "top_p.windowed", windowed, dev, torch.long)
         window = probs.gather(1, candidates).index_select(0, sel)
         window = window.sort(dim=-1, descending=True).values
-        top_p = _array(top_ps[windowed], dev, f32)[:, None]
+        top_p = _column(cols, "top_p.window", top_ps[windowed], dev, f32)[:, None]
         thresh.index_copy_(0, sel, window_threshold(window, top_p)[0])
     if len(searched):
-        sel = _array(searched, dev, torch.long)
+        sel = _column(cols, "top_p.searched", searched, dev, torch.long)
         sub = probs if len(searched) == len(top_ps) else probs.index_select(0, sel)
-        top_p = _array(top_ps[searched], dev, f32)[:, None]
+        top_p = _column(cols, "top_p", top_ps[searched], dev, f32)[:, None]
         thresh.index_copy_(0, sel, top_p_threshold(sub, top_p, may_branch))
     return thresh
 
