@@ -7,8 +7,8 @@ vectorized over the rows that need it, in this order (`Sampler.sample`):
     ─▶ repetition penalty, then presence/frequency penalties (`apply_penalties`)
 
 A batch of plain greedy rows takes the grammar mask alone. Each returns its input
-when no row needs it, else a copy (the grammar mask may write in place); the rows that
-need nothing are unchanged. Host lists reach the device through pinned memory,
+when no row needs it, else a copy (the grammar mask and the penalties may write in
+place); the rows that need nothing are unchanged. Host lists reach the device through pinned memory,
 non-blocking (`_to`, `_tensor`: the sampler's too).
 """
 
@@ -269,16 +269,19 @@ def apply_penalties(
     values: np.ndarray | None = None,
     pool: PenaltyCounts | None = None,
     cols: DeviceColumns | None = None,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
     A row's token still in flight (pending_row) counts, from `prev_tokens` (the step in
-    flight's tokens, on the device). Returns a new tensor; rows without penalties are
-    unchanged. idx: the rows with a penalty, where known; values: every row's numbers
+    flight's tokens, on the device). Returns a new tensor (or `logits`: in_place); rows
+    without penalties are unchanged. idx: the rows with a penalty, where known; values: every row's numbers
     (batch_params' columns, the sampler's kept by slot), else read from its parameters.
     pool: the sampler's counts kept per slot, read where every penalized row has a slot
     (the same logits, bit for bit); else each row's tokens are counted here. cols: the
-    sampler's columns kept on the device (DeviceColumns), or None."""
+    sampler's columns kept on the device (DeviceColumns), or None. in_place: the
+    penalized rows go back into `logits` (the caller's to write), not into a copy of the
+    batch's."""
     if idx is None:
         idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
@@ -307,7 +310,7 @@ def apply_penalties(
                 on = _column(cols, "penalty.on_rep", on_rep, dev, torch.bool)
                 seen.logical_and_(on[:, None])
             sub = _repetition(sub, seen, reps, cols)
-        return _penalize(logits, rows_t, sub, counts, pres_col, freq_col, cols)
+        return _penalize(logits, rows_t, sub, counts, pres_col, freq_col, cols, in_place)
     if on_rep.any():
         seqs = [
             list(chain(r.prompt_token_ids, r.output_token_ids, r.draft_token_ids)) if p else []
@@ -328,7 +331,7 @@ def apply_penalties(
         if pending is not None:
             one = torch.ones_like(pending[0], dtype=sub.dtype)
             counts.index_put_(pending, one, accumulate=True)
-    return _penalize(logits, rows_t, sub, counted, pres_col, freq_col, cols)
+    return _penalize(logits, rows_t, sub, counted, pres_col, freq_col, cols, in_place)
 
 
 def _repetition(
@@ -348,8 +351,10 @@ def _penalize(
     pres_col: np.ndarray,
     freq_col: np.ndarray,
     cols: DeviceColumns | None = None,
+    in_place: bool = False,
 ) -> torch.Tensor:
-    """Presence/frequency on the penalized rows' copy (where some row has one), put back."""
+    """Presence/frequency on the penalized rows' copy (where some row has one), put back
+    (into `logits` itself where in_place)."""
     if counts is not None and ((pres_col != 0.0).any() or (freq_col != 0.0).any()):
         dev = sub.device
         if (pres_col != 0.0).any():
@@ -358,4 +363,4 @@ def _penalize(
         if (freq_col != 0.0).any():
             freq = _column(cols, "penalty.frequency", freq_col, dev, torch.float32)
             sub = sub - freq[:, None] * counts
-    return logits.clone().index_copy_(0, rows_t, sub)
+    return (logits if in_place else logits.clone()).index_copy_(0, rows_t, sub)

@@ -264,8 +264,8 @@ class Sampler:
     ) -> DeviceSample:
         """One token per row, left on the logits' device: on a GPU this only enqueues work
         (no host sync). `writable`: the caller hands `logits` over (the engine, a step's
-        own): grammar masks go into them in place unless a row asks for logprobs (which
-        are the raw logits'). `prev_tokens`: the step in flight's tokens, where a row's
+        own): grammar masks and penalties go into them in place, the rows that ask for
+        logprobs (the raw logits') copied apart first. `prev_tokens`: the step in flight's tokens, where a row's
         last output is still one of them (SamplingRow.pending_row)."""
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
@@ -275,12 +275,17 @@ class Sampler:
             masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
             return DeviceSample(greedy_tokens(masked))
         raw = logits.float()
-        in_place = writable and not batch.logprobs
+        # the logprobs rows' raw logits apart (a copy of those rows, not of the batch's):
+        # then masks and penalties may write the step's logits (or float's copy) in place
+        lp_raw = None
+        if batch.logprobs:
+            lp_raw = raw.index_select(0, self._logprob_rows(batch.logprobs, raw.device))
+        in_place = writable or raw is not logits
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
         stopped = mask_stop_tokens(masked, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
-        processed = apply_penalties(biased, rows, prev_tokens, *pen, cols)
+        processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place)
         rand = batch.draws
         if len(rand) == len(rows):
             tokens = self._sample(processed, rows, batch.values, cols)
@@ -295,7 +300,12 @@ class Sampler:
                     cols,
                 )
                 tokens.index_copy_(0, sel, drawn)
-        return self._logprobs(raw, tokens, batch.values, batch.logprobs, cols)
+        if lp_raw is None:
+            return DeviceSample(tokens)
+        return self._logprobs(lp_raw, tokens, batch.values, batch.logprobs, cols)
+
+    def _logprob_rows(self, idx: list[int], device: torch.device) -> torch.Tensor:
+        return _column(self.columns, "logprobs", idx, device, torch.long)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:
@@ -352,16 +362,15 @@ class Sampler:
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor,
+        raw_rows: torch.Tensor,
         tokens: torch.Tensor,
         values: np.ndarray,
         idx: list[int],
         cols: DeviceColumns | None = None,
     ) -> DeviceSample:
-        if not idx:
-            return DeviceSample(tokens)
-        sel = _column(cols, "logprobs", idx, raw.device, torch.long)
-        lp = raw.index_select(0, sel).log_softmax(dim=-1)
+        """The sample with logprobs for rows `idx` (their raw logits: raw_rows)."""
+        sel = _column(cols, "logprobs", idx, raw_rows.device, torch.long)
+        lp = raw_rows.log_softmax(dim=-1)
         sampled_lp = lp.gather(1, tokens.index_select(0, sel)[:, None])[:, 0]
         num_top = values[idx, NUM_TOP].astype(np.int64).tolist()
         sample = DeviceSample(tokens, idx, num_top, sampled_lp)

@@ -84,3 +84,38 @@ def test_kept_columns_draw_what_fresh_ones_draw():
         assert got.token_ids == want.token_ids, step
         assert got.logprobs == want.logprobs, step
     assert kept.columns.reused > 200  # the steps that kept their batch read kept columns
+
+
+def test_writable_logits_take_masks_and_penalties_in_place_and_logprobs_stay_raw():
+    """The engine hands its step's logits over (writable): grammar masks and penalties go
+    into them, not into a copy of the batch, and the rows asking for logprobs still get
+    the raw logits' (copied apart first); the tokens and logprobs are those of the
+    non-writable path, which leaves the caller's logits untouched."""
+    rng = random.Random(5)
+    allow = torch.zeros((VOCAB + 31) // 32, dtype=torch.int32)
+    allow[0] = 0b1110  # tokens 1, 2, 3 only
+    rows = []
+    for i in range(12):
+        kw: dict = {"max_tokens": 64, "temperature": 0.0 if i % 3 else 0.8, "seed": i}
+        if i % 2:
+            kw["presence_penalty"] = 2.0
+        if i % 4 < 2:
+            kw["logprobs"] = 3
+        outs = [rng.randrange(VOCAB) for _ in range(6)]
+        mask = allow if i % 5 == 0 else None
+        rows.append(SamplingRow(SamplingParams(**kw), [1, 2], outs, -1, mask, (), i))
+    logits = torch.randn(len(rows), VOCAB, generator=torch.Generator().manual_seed(1))
+    given = logits.clone()
+    want = Sampler(VOCAB, [0]).sample(given, rows, False).result()
+    assert torch.equal(given, logits)  # not writable: untouched
+    got = Sampler(VOCAB, [0]).sample(given, rows, True).result()
+    assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+    assert not torch.equal(given[1], logits[1])  # a penalized row, written in place
+    assert torch.equal(given[2], logits[2])  # a row with nothing to apply
+    masked = [i for i in range(len(rows)) if i % 5 == 0]
+    assert all(got.token_ids[i] in (1, 2, 3) for i in masked)
+    # row 0: masked, asks for logprobs: the raw logits' (its mask in `given` did not reach them)
+    raw = logits[0].log_softmax(-1)
+    assert got.logprobs[0] is not None
+    assert got.logprobs[0].logprob == raw[got.token_ids[0]].item()
+    assert got.logprobs[0].top_ids == raw.topk(3).indices.tolist()
