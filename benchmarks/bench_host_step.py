@@ -22,6 +22,8 @@ beside it; the CPU's compute of the narrow sampler ops (a GPU's device work) sti
 
     .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat|chat-narrow]
     ZS_BYTECODES=1 ...   also greedy's bytecodes and calls a row a step (load-free)
+    --ops                also the torch ops a step (load-free: on a GPU each one not a view
+                         is a launch or a copy the host pays for; views cost their dispatch)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -136,6 +139,28 @@ def bytecodes(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
     return counts[0] / num_rows, counts[1] / num_rows
 
 
+class OpCounter(TorchDispatchMode):
+    """The aten ops dispatched while active, and how many of them are views."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        self.views += func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
+    """torch ops a step, and of them views, over `steps` steps."""
+    counter = OpCounter()
+    with counter:
+        for _ in range(steps):
+            publish(engine.step())
+    return counter.ops / steps, counter.views / steps
+
+
 def run(
     model_dir: Path,
     rows: int,
@@ -144,12 +169,13 @@ def run(
     kernels: str = "auto",
     mix: str = "greedy",
     count: bool = False,
+    ops: list | None = None,
 ) -> tuple[float, float, float, tuple[float, float] | None, float]:
     """Seconds a step, a row (the rows each step decoded, counted: a grammar's JSON may
     end before max_tokens), a step in the sampler (on a CPU its torch ops are the
     device's work: the chat mix's top-p over the vocabulary is most of them), and with
     `count` the bytecodes and calls a row a step (else None), and the thread's CPU
-    seconds a row (the measure of `chat-narrow`)."""
+    seconds a row (the measure of `chat-narrow`). `ops`: count_ops' figures appended."""
     cfg = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
         cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
@@ -184,6 +210,8 @@ def run(
     seconds = time.perf_counter() - t
     row_cpu = (time.thread_time() - cpu) / max(1, num_rows)
     counted = bytecodes(engine, publish, min(steps, 20)) if count else None
+    if ops is not None:
+        ops.append(count_ops(engine, publish, min(steps, 20)))
     if profile:
         pr = cProfile.Profile()
         pr.enable()
@@ -200,6 +228,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 256])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ops", action="store_true", help="also the torch ops a step")
     ap.add_argument(
         "--mix",
         choices=("greedy", "chat", "chat-narrow"),
@@ -223,8 +252,9 @@ def main() -> None:
         for rows in args.rows:
             # the chat mix's host figure: its bytecodes at greedy's µs a bytecode (module doc)
             count = args.mix == "chat" or bool(os.environ.get("ZS_BYTECODES"))
+            ops: list | None = [] if args.ops else None
             step, row, sampler, counted, row_cpu = run(
-                model_dir, rows, args.steps, args.profile, args.kernels, "greedy", count
+                model_dir, rows, args.steps, args.profile, args.kernels, "greedy", count, ops
             )
             greedy_line = (
                 f"rows {rows:4d} (greedy): {step * 1e6:8.0f} µs a step, "
@@ -233,6 +263,15 @@ def main() -> None:
             if counted:  # load-free: a shared machine's clock is not
                 greedy_line += f"; {counted[0]:.0f} bytecodes, {counted[1]:.2f} calls a row"
             print(greedy_line)
+            if ops is not None and args.mix != "greedy":
+                run(model_dir, rows, 20, False, args.kernels, args.mix, False, ops)
+            if ops:
+                print(
+                    f"rows {rows:4d}: torch ops a step (of them views): "
+                    + ", ".join(
+                        f"{m} {o:.0f} ({v:.0f})" for m, (o, v) in zip(("greedy", args.mix), ops)
+                    )
+                )
             if args.mix == "greedy":
                 continue
             if args.mix == "chat-narrow":  # thread CPU, greedy's and the mix's, alternated
