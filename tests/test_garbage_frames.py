@@ -335,3 +335,8 @@ def test_detok_worker_survives_garbage(run_dir, default_model_dir):
                 assert len(m.texts) == len(m.finish_reasons) == len(m.token_ids) == n
         assert worker.inbox.num_dropped == len(frames)
         assert "good" not in worker.requests  # finished: forgotten
+        # the scheduler's last word, as at its shutdown, still passed on; the drain at exit
+        # then ends after its quiet period, not REPLICA_SILENT_S after a silent replica
+        last = ComponentStatus("scheduler", 4242, "stopping", time.time())
+        push.send(encode(last))
+        collect(frontend, lambda ms: last in ms, thread)

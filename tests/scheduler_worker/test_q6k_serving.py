@@ -118,10 +118,26 @@ def q6k_gguf(tmp_path_factory):
         gguf.quants.quantize = plain
 
 
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    """One cache for the module: the file's conversion (config, tokenizer) is done once,
+    not once per ISA; what differs by ISA is the engine built from it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ZEROSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("q6k_cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def float_logits(q6k_gguf, model_cache) -> list[torch.Tensor]:
+    """The --quantization none float path's logits over the file after each of PROMPTS:
+    the same for every ISA, so computed once."""
+    float_engine = _engine(q6k_gguf, "none")
+    return [_last_logits(float_engine, prompt).clone() for prompt in PROMPTS]
+
+
 @pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
 @pytest.mark.parametrize("isa", ISAS)
-def test_q6k_tensors_served_by_the_kernel(q6k_gguf, isa, tmp_path, monkeypatch):
-    monkeypatch.setenv("ZEROSERVE_CACHE_DIR", str(tmp_path / "cache"))
+def test_q6k_tensors_served_by_the_kernel(q6k_gguf, isa, model_cache, float_logits):
     records = _Records()
     logging.getLogger("zeroserve.loader").addHandler(records)
     try:
@@ -171,8 +187,6 @@ def test_q6k_tensors_served_by_the_kernel(q6k_gguf, isa, tmp_path, monkeypatch):
     model.decode_plan = plan
 
     # against the float path over the same file (8-bit activations on the kernels: close)
-    float_engine = _engine(q6k_gguf, "none")
-    for prompt in PROMPTS:
-        want = _last_logits(float_engine, prompt)
+    for prompt, want in zip(PROMPTS, float_logits, strict=True):
         got = _last_logits(engine, prompt)
         assert (got - want).norm() / want.norm() < 0.03

@@ -176,10 +176,18 @@ def test_running_out_of_memory_while_capturing_keeps_the_sizes_captured(model_di
             assert backend.mixed is not None and sorted(backend.mixed.graphs) == [128]
             assert "mixed-step graphs: kept 128;" in caplog.text
             assert "decode graphs" not in caplog.text
-    # without graphs a decode step runs eagerly, and right
-    want = run_steps(cpu_runner(model_dir), decode_steps=1)
-    got = run_steps(runner, decode_steps=1)
-    torch.testing.assert_close(got[-1], want[-1], rtol=1e-4, atol=1e-4)
+    # without graphs a decode step runs eagerly, and right: over the prompts' K/V from the
+    # torch engine (the eager prefill is test_triton_backend_eager_steps_equal_the_cpu_engine's)
+    cpu = cpu_runner(model_dir)
+    run_steps(cpu, decode_steps=0)
+    for (k, v), (k_cpu, v_cpu) in zip(runner.kv_caches, cpu.kv_caches, strict=True):
+        k.copy_(k_cpu)
+        v.copy_(v_cpu)
+    seqs = [SeqInput([100], len(p), t) for p, t in zip(PROMPTS, TABLES)]
+    with torch.inference_mode():
+        want = cpu.execute(seqs)
+        got = runner.execute(seqs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_every_steps_block_tables_are_a_multiple_of_16_wide(model_dir):
