@@ -195,16 +195,36 @@ class _ShardWriter:
         (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> None:
-    # imports torch: one reason this runs in a child
+def _tokenizer_class(arch: str, gguf_path: Path):
+    """The tokenizer class for a GGUF file of this architecture: AutoTokenizer's choice.
+
+    AutoTokenizer builds the file's whole config first, through gguf-py's GGUFReader (a
+    numpy view per metadata element: 4-6 s for a 49k vocabulary, ~20 s for Gemma 3's
+    262k; docs/benchmarks.md, "A GGUF file's first start"), only to look its model type up
+    in transformers' registry. Our config names the same model type, so the class comes
+    from the registry directly: the same class and the same saved files
+    (test_gguf_tokenizer_is_autotokenizers). A directory that declares its own tokenizer
+    (a tokenizer_config.json or config.json beside the file), which AutoTokenizer would
+    read, still goes through AutoTokenizer; an architecture transformers' GGUF loader
+    lacks (Granite) takes the fast tokenizer, which reads the tokenizer.ggml.* keys alone."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.models.auto.tokenization_auto import (
+        TOKENIZER_MAPPING_NAMES,
+        tokenizer_class_from_name,
+    )
 
-    # AutoTokenizer reads the file's config first, which transformers' GGUF reader refuses
-    # for an architecture it lacks (Granite); the tokenizer itself is described by its
-    # tokenizer.ggml.* keys alone, which the fast tokenizer reads for any architecture
-    known = read_field(reader, "general.architecture") in GGUF_SUPPORTED_ARCHITECTURES
-    cls = AutoTokenizer if known else PreTrainedTokenizerFast
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        return PreTrainedTokenizerFast
+    if any((gguf_path.parent / f).exists() for f in ("tokenizer_config.json", "config.json")):
+        return AutoTokenizer
+    name = TOKENIZER_MAPPING_NAMES.get(gguf_spec(arch).model_type) or "TokenizersBackend"
+    return tokenizer_class_from_name(name) or AutoTokenizer
+
+
+def _write_tokenizer(reader, gguf_path: Path, out_dir: Path, max_len: int) -> None:
+    # imports torch: one reason this runs in a child
+    cls = _tokenizer_class(read_field(reader, "general.architecture"), gguf_path)
     try:
         tok = cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as e:  # noqa: BLE001 (transformers raises many kinds)
