@@ -48,7 +48,7 @@ from common.cli import add_config_args, config_from_args
 from common.config import Config, ConfigError
 from common.cpu import check_kernel_choice
 from common.endpoints import ensure_run_dir
-from common.env import runtime_dir
+from common.env import runtime_dir, shorter_openmp_spins
 from common.gpus import plan_gpus, replica_environment
 from common.log import get_logger
 from common.model_files.model_source import (
@@ -341,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_run_dir(run_dir)  # --run-dir: made (0700) if missing, checked private
         config_path = run_dir / "config.json"
         config.save(config_path)
+        shorter_openmp_spins()  # the children's torch threads idle off the CPU (common/env.py)
         launcher = Launcher(config, config_path, gpus)
 
         def on_signal(signum: int, _frame) -> None:

@@ -21,6 +21,9 @@
     TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR   where compiled kernels are kept; the
                                 scheduler points them under the cache dir when unset
                                 (use_compile_caches)
+    OMP_WAIT_POLICY, GOMP_SPINCOUNT   how long an idle OpenMP thread spins before it
+                                sleeps; launch.py sets GOMP_SPINCOUNT for its children
+                                when neither is set (shorter_openmp_spins)
 
 Child processes get the environment as it is (subprocess copies it); that is not a read.
 """
@@ -118,3 +121,20 @@ def use_compile_caches(cache_dir: Path) -> dict[str, str]:
         if not os.environ.get(name):
             os.environ[name] = str(Path(cache_dir).expanduser().absolute() / sub)
     return {name: os.environ[name] for name in COMPILE_CACHES}
+
+
+# libgomp spins this many turns (~25 ns each on the Xeon of docs/benchmarks.md) before an
+# idle thread sleeps, against its own 300,000 (~7 ms): long enough for the gaps between a
+# step's ops, short enough that torch's idle threads free their CPUs between steps for the
+# frontend, the detokenizer and the tokenizers ("Served and in-process at 8 streams (issue
+# 56), eleventh session")
+OPENMP_SPINCOUNT = "10000"
+
+
+def shorter_openmp_spins() -> str | None:
+    """Set GOMP_SPINCOUNT for the processes started after this call (libgomp reads it as
+    torch loads), unless the user set it or OMP_WAIT_POLICY. Returns what it set, or None."""
+    if os.environ.get("GOMP_SPINCOUNT") or os.environ.get("OMP_WAIT_POLICY"):
+        return None
+    os.environ["GOMP_SPINCOUNT"] = OPENMP_SPINCOUNT
+    return OPENMP_SPINCOUNT

@@ -1,6 +1,7 @@
 // The team of a decode step (zs_team.h).
 #include "zs_team.h"
 
+#include <c10/util/Exception.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <sched.h>
@@ -80,53 +81,62 @@ Piece::~Piece() {
 }
 #endif
 
-void Team::run(Fn f, const void* ctx, int64_t b, int64_t e, int64_t chunk) {
-  fn_ = f, ctx_ = ctx, begin_ = b, end_ = e, chunk_ = chunk;
-  pending_.store(size_ - 1, std::memory_order_relaxed);  // every helper answers, idle or not
-  gen_.fetch_add(1, std::memory_order_release);
-  std::exception_ptr mine;
-  ZS_STAT(const uint64_t t0 = __rdtsc());
-  try {
-    f(ctx, b, std::min(e, b + chunk));
-  } catch (...) {
-    mine = std::current_exception();
-  }
-  ZS_STAT(const uint64_t t1 = __rdtsc());
-  for (int64_t spins = 0; pending_.load(std::memory_order_acquire) != 0;) relax(spins);
-  ZS_STAT(const uint64_t t2 = __rdtsc(); stats.tasks++; stats.caller_work += t1 - t0; stats.caller_wait += t2 - t1;
-          tl_work += t1 - t0; tl_wait += t2 - t1);
-  if (mine) std::rethrow_exception(mine);
-  if (error_) {
-    std::exception_ptr theirs = error_;
-    error_ = nullptr;
-    error_set_.clear();
-    std::rethrow_exception(theirs);
+int64_t Team::claim(uint64_t gen) {
+  uint64_t s = state_.load(std::memory_order_acquire);
+  for (;;) {
+    const int64_t claimed = s & 0xffff, chunks = (s >> 16) & 0xffff;
+    if ((s >> 32) != gen || claimed >= chunks) return -1;
+    if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return claimed;
   }
 }
 
-void Team::serve(int64_t tid) {
+void Team::run_chunk(int64_t i) {
+  const int64_t b = begin_ + i * chunk_;
+  try {
+    fn_(ctx_, b, std::min(end_, b + chunk_));
+  } catch (...) {
+    if (!error_set_.test_and_set()) error_ = std::current_exception();
+  }
+  done_.fetch_add(1, std::memory_order_release);
+}
+
+void Team::run(Fn f, const void* ctx, int64_t b, int64_t e, int64_t chunk) {
+  const int64_t chunks = (e - b + chunk - 1) / chunk;
+  TORCH_CHECK(chunks >= 1 && chunks <= size_ && size_ < 0x10000, "zs_team: ", chunks, " chunks for ", size_, " threads");
+  fn_ = f, ctx_ = ctx, begin_ = b, end_ = e, chunk_ = chunk;
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = (state_.load(std::memory_order_relaxed) >> 32) + 1;
+  state_.store(gen << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);
+  ZS_STAT(const uint64_t t0 = __rdtsc());
+  for (int64_t i; (i = claim(gen)) >= 0;) run_chunk(i);
+  ZS_STAT(const uint64_t t1 = __rdtsc());
+  for (int64_t spins = 0; done_.load(std::memory_order_acquire) != chunks;) relax(spins);
+  ZS_STAT(const uint64_t t2 = __rdtsc(); stats.tasks++; stats.caller_work += t1 - t0; stats.caller_wait += t2 - t1;
+          tl_work += t1 - t0; tl_wait += t2 - t1);
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    error_set_.clear();
+    std::rethrow_exception(error);
+  }
+}
+
+void Team::serve() {
   for (uint64_t seen = 0;;) {
-    uint64_t g;
-    for (int64_t spins = 0; (g = gen_.load(std::memory_order_acquire)) == seen;) relax(spins);
-    seen = g;
-    if (stopping_) return;
-    const int64_t b = begin_ + tid * chunk_;
-    if (b < end_) {
-      ZS_STAT(const uint64_t t0 = __rdtsc());
-      try {
-        fn_(ctx_, b, std::min(end_, b + chunk_));
-      } catch (...) {
-        if (!error_set_.test_and_set()) error_ = std::current_exception();
-      }
-      ZS_STAT(stats.helper_work += __rdtsc() - t0);  // one helper in the measured runs
-    }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    uint64_t gen;
+    for (int64_t spins = 0; (gen = state_.load(std::memory_order_acquire) >> 32) == seen;) relax(spins);
+    seen = gen;
+    if (stopping_.load(std::memory_order_relaxed)) return;
+    ZS_STAT(const uint64_t t0 = __rdtsc());
+    for (int64_t i; (i = claim(gen)) >= 0;) run_chunk(i);
+    ZS_STAT(stats.helper_work += __rdtsc() - t0);  // one helper in the measured runs
   }
 }
 
 void Team::stop() {
-  stopping_ = true;
-  gen_.fetch_add(1, std::memory_order_release);
+  stopping_.store(true, std::memory_order_relaxed);
+  const uint64_t gen = (state_.load(std::memory_order_relaxed) >> 32) + 1;
+  state_.store(gen << 32, std::memory_order_release);
 }
 
 void with_team(const std::function<void()>& step) {
@@ -150,7 +160,7 @@ void with_team(const std::function<void()>& step) {
       tls_team = nullptr;
       team.stop();
     } else {
-      team.serve(omp_get_thread_num());
+      team.serve();
     }
   }
   if (error) std::rethrow_exception(error);

@@ -5,9 +5,11 @@
 // in docs/benchmarks.md, "Two threads in the decode step"). The waiting threads spin, as
 // libgomp's do between regions, and yield the CPU when a wait runs long.
 //
-// zs_team::parallel_for splits a range exactly as at::parallel_for does (same chunks to
-// the same thread numbers), so every result is the same bit for bit; outside a team it is
-// at::parallel_for.
+// zs_team::parallel_for splits a range exactly as at::parallel_for does (the same chunks),
+// so every result is the same bit for bit; outside a team it is at::parallel_for. Each
+// chunk goes to whichever thread claims it first: a helper that another process holds off
+// its CPU leaves its chunk to the caller instead of stalling the step (docs/benchmarks.md,
+// "Served and in-process at 8 streams (issue 56), eleventh session").
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -25,19 +27,28 @@ class Team {
   using Fn = void (*)(const void* ctx, int64_t b, int64_t e);
   int64_t size() const { return size_; }
   void set_size(int64_t size) { size_ = size; }  // by the caller, before its first run
-  // f(ctx, ...) over chunks of `chunk` of [b, e): thread t takes chunk t, the caller chunk
-  // 0; returns once every chunk is done (rethrowing a thread's exception).
+  // f(ctx, ...) over chunks of `chunk` of [b, e) (at most size() of them), each run by the
+  // first thread to claim it, the caller included; returns once every chunk is done
+  // (rethrowing a thread's exception).
   void run(Fn f, const void* ctx, int64_t b, int64_t e, int64_t chunk);
-  void serve(int64_t tid);  // a helper thread's loop, until stop()
+  void serve();  // a helper thread's loop, until stop()
   void stop();
 
  private:
-  alignas(64) std::atomic<uint64_t> gen_{0};  // bumped to post a task (or the stop)
-  alignas(64) std::atomic<int64_t> pending_{0};  // helpers yet to finish the posted task
+  // Claims the next chunk of generation `gen`'s task: its index, or -1 when none is left
+  // (or a newer task was posted).
+  int64_t claim(uint64_t gen);
+  void run_chunk(int64_t i);  // and counts it done
+
+  // the posted task: generation << 32 | chunks << 16 | chunks claimed. A new generation is
+  // posted only once every chunk of the last is done, so a claim of the current one may
+  // read fn_ .. chunk_ (written before the post).
+  alignas(64) std::atomic<uint64_t> state_{0};
+  alignas(64) std::atomic<int64_t> done_{0};  // chunks of the posted task finished
   alignas(64) Fn fn_ = nullptr;
   const void* ctx_ = nullptr;
   int64_t begin_ = 0, end_ = 0, chunk_ = 0;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};
   std::exception_ptr error_;
   std::atomic_flag error_set_ = ATOMIC_FLAG_INIT;
   int64_t size_ = 1;
