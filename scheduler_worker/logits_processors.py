@@ -118,11 +118,7 @@ class DeviceColumns:
                 self.reused += 1
                 return t
         host = values.copy() if isinstance(values, np.ndarray) else list(values)
-        t = (
-            _array(host, device, dtype)
-            if isinstance(host, np.ndarray)
-            else _tensor(host, device, dtype)
-        )
+        t = _fresh(host, device, dtype)  # from the copy: no caller's write reaches it
         self._kept[name] = (host, t)
         return t
 
@@ -148,6 +144,10 @@ def _column(
     """values on the device: kept in `cols` under `name`, or made now (no cols)."""
     if cols is not None:
         return cols.get(name, values, device, dtype)
+    return _fresh(values, device, dtype)
+
+
+def _fresh(values: np.ndarray | list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(values, np.ndarray):
         return _array(values, device, dtype)
     return _tensor(values, device, dtype)

@@ -277,9 +277,10 @@ class Sampler:
         raw = logits.float()
         # the logprobs rows' raw logits apart (a copy of those rows, not of the batch's):
         # then masks and penalties may write the step's logits (or float's copy) in place
-        lp_raw = None
+        lp_raw = lp_sel = None
         if batch.logprobs:
-            lp_raw = raw.index_select(0, self._logprob_rows(batch.logprobs, raw.device))
+            lp_sel = _column(cols, "logprobs", batch.logprobs, raw.device, torch.long)
+            lp_raw = raw.index_select(0, lp_sel)
         in_place = writable or raw is not logits
         masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
         stopped = mask_stop_tokens(masked, rows, self.eos_token_ids, batch.min_tokens)
@@ -300,12 +301,9 @@ class Sampler:
                     cols,
                 )
                 tokens.index_copy_(0, sel, drawn)
-        if lp_raw is None:
+        if lp_raw is None or lp_sel is None:
             return DeviceSample(tokens)
-        return self._logprobs(lp_raw, tokens, batch.values, batch.logprobs, cols)
-
-    def _logprob_rows(self, idx: list[int], device: torch.device) -> torch.Tensor:
-        return _column(self.columns, "logprobs", idx, device, torch.long)
+        return self._logprobs(lp_raw, lp_sel, tokens, batch.values, batch.logprobs)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:
@@ -363,13 +361,13 @@ class Sampler:
     @staticmethod
     def _logprobs(
         raw_rows: torch.Tensor,
+        sel: torch.Tensor,
         tokens: torch.Tensor,
         values: np.ndarray,
         idx: list[int],
-        cols: DeviceColumns | None = None,
     ) -> DeviceSample:
-        """The sample with logprobs for rows `idx` (their raw logits: raw_rows)."""
-        sel = _column(cols, "logprobs", idx, raw_rows.device, torch.long)
+        """The sample with logprobs for rows `idx` (sel: idx on the device; their raw
+        logits: raw_rows)."""
         lp = raw_rows.log_softmax(dim=-1)
         sampled_lp = lp.gather(1, tokens.index_select(0, sel)[:, None])[:, 0]
         num_top = values[idx, NUM_TOP].astype(np.int64).tolist()
