@@ -60,11 +60,8 @@ import torch
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.device import HostCopy, enqueues_work
 from scheduler_worker.batch_params import (
-    HAS_SEED,
     MIN_P,
     NUM_TOP,
-    SEED_HI,
-    SEED_LO,
     TEMPERATURE,
     TOP_K,
     TOP_P,
@@ -73,6 +70,7 @@ from scheduler_worker.batch_params import (
     plain_greedy_params,
     values_of,
 )
+from scheduler_worker.draws import draw_uniforms, kernel_sample
 from scheduler_worker.logits_processors import (
     DeviceColumns,
     SamplingRow,
@@ -82,9 +80,7 @@ from scheduler_worker.logits_processors import (
     apply_token_masks,
     mask_stop_tokens,
 )
-from scheduler_worker.seeded_uniforms import M32 as _M32
 from scheduler_worker.seeded_uniforms import seeded_uniforms as seeded_uniforms
-from scheduler_worker.seeded_uniforms import uniforms as _uniforms
 from scheduler_worker.top_p import top_p_thresholds
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
@@ -145,7 +141,6 @@ class DeviceSample:
 
 
 _new_logprobs = tuple.__new__  # _new_logprobs(TokenLogprobs, (its four fields))
-_OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
 
 
 def sampling_probs(
@@ -288,7 +283,10 @@ class Sampler:
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
         processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place)
         rand = batch.draws
-        if len(rand) == len(rows):
+        if rand and self.kernel_isa is not None:  # the C++ kernels: every row in one op
+            n = num_uniforms(processed.shape[1])
+            tokens = kernel_sample(processed, rows, rand, batch.values, n, self.kernel_isa, cols)
+        elif len(rand) == len(rows):
             tokens = self._sample(processed, rows, batch.values, cols)
         else:
             tokens = greedy_tokens(processed)  # greedy rows: the penalized logits' argmax
@@ -338,24 +336,7 @@ class Sampler:
     ) -> torch.Tensor:
         """Draw for rows (values: their numbers, batch_params.values_of's columns)."""
         probs = sampling_probs(logits, values, cols)
-        n, dev = num_uniforms(probs.shape[1]), probs.device
-        has_seed = values[:, HAS_SEED] != 0
-        if not has_seed.any():  # unseeded rows share the default generator
-            return sample_from(probs, torch.rand(len(rows), n, device=dev))
-        seeded = has_seed.nonzero()[0]
-        keys = np.empty((len(seeded), 3), dtype=np.int64)
-        keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
-        picked = list(map(rows.__getitem__, seeded.tolist()))  # their token counts, in C
-        counts = np.fromiter(map(len, map(_OUTPUTS, picked)), np.int64, len(picked))
-        counts += np.fromiter(map(len, map(_DRAFTS, picked)), np.int64, len(picked))
-        keys[:, 2] = counts & _M32
-        u = _uniforms(keys, n, dev)
-        if len(seeded) < len(rows):
-            shared = (~has_seed).nonzero()[0]
-            full = torch.empty(len(rows), n, device=dev)
-            rand = torch.rand(len(shared), n, device=dev)
-            full.index_copy_(0, _column(cols, "unseeded", shared, dev, torch.long), rand)
-            u = full.index_copy_(0, _column(cols, "seeded", seeded, dev, torch.long), u)
+        u = draw_uniforms(rows, values, num_uniforms(probs.shape[1]), probs.device, cols)
         return sample_from(probs, u)
 
     @staticmethod

@@ -1,16 +1,33 @@
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from scheduler_worker import sampling
+from scheduler_worker import kernels, sampling
 from scheduler_worker.logits_processors import apply_logit_bias, apply_penalties
 from scheduler_worker.sampling import Sampler, SamplingRow, sampling_probs
 
 EOS = 2
+
+
+@pytest.fixture(autouse=True, params=["torch", "kernels"])
+def sampler_path(request, monkeypatch):
+    """Each test twice: the torch path, and the C++ kernels' (a Sampler given their isa:
+    draws.kernel_sample), where they are built."""
+    if request.param == "kernels":
+        if not kernels.load():
+            pytest.skip("the C++ kernels are not built here")
+        isa = kernels.isa_index(kernels.best_isa())
+
+        class KernelSampler(Sampler):
+            __init__ = functools.partialmethod(Sampler.__init__, kernel_isa=isa)
+
+        monkeypatch.setitem(globals(), "Sampler", KernelSampler)
+    return request.param
 
 
 def _row(

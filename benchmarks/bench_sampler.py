@@ -1,0 +1,100 @@
+"""The sampler on the CPU: the torch path against the C++ op (scheduler_worker/draws.py,
+kernels/csrc/sample_rows.cpp), in the same run, alternated, on the issue 52 chat mix.
+
+    .venv/bin/python benchmarks/bench_sampler.py [--rows 32 256] [--vocab 49152 128256] [--threads 1 2]
+
+Rows: benchmarks/bench_top_p.py's "chat" logits (their nuclei match SmolLM2-135M's on real
+text); parameters as the chat mix sends them (bench_serving.py --mix chat, without its
+grammar rows): a quarter greedy, the rest temperature 0.7 and top_p 0.9, a quarter with a
+seed, one in eight with logprobs 5, one in eight with presence_penalty 0.5. Each call is
+`Sampler.sample(...).result()` on the step's own (writable) logits, as the engine makes it.
+Prints ms a call (min / median of --repeat; the thread's CPU time at one thread, the wall
+clock at more), µs a row, the ratio, and how
+many seeded rows drew another token than the torch path (the op's near-ties; a seeded row's
+uniforms are the same on both paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_top_p import make_rows  # noqa: E402
+from common.sampling_params import SamplingParams  # noqa: E402
+from scheduler_worker import kernels  # noqa: E402
+from scheduler_worker.sampling import Sampler, SamplingRow  # noqa: E402
+
+
+def chat_rows(n: int) -> list[SamplingRow]:
+    rows = []
+    for i in range(n):
+        kw: dict = {} if i % 4 == 0 else dict(temperature=0.7, top_p=0.9)
+        if i % 4 == 0:
+            kw["temperature"] = 0.0
+        if i % 4 == 1:
+            kw["seed"] = 1000 + i
+        if i % 8 == 2:
+            kw["logprobs"] = 5
+        if i % 8 == 5:
+            kw["presence_penalty"] = 0.5
+        out = [(i * 7 + j) % 500 for j in range(20)]
+        rows.append(SamplingRow(SamplingParams(**kw), list(range(30)), out, slot=i))
+    return rows
+
+
+def timed(sampler: Sampler, logits: torch.Tensor, rows, repeat: int) -> tuple[float, float, list]:
+    # one thread: its CPU time (load-free); more: the wall clock (the others' work counts)
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    times, tokens = [], []
+    for _ in range(repeat):
+        step = logits.clone()
+        t0 = clock()
+        tokens = sampler.sample(step, rows, writable=True).result().token_ids
+        times.append(clock() - t0)
+    return min(times) * 1e3, statistics.median(times) * 1e3, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[32, 256])
+    ap.add_argument("--vocab", type=int, nargs="+", default=[49152, 128256])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2, help="torch / op pairs, alternated")
+    args = ap.parse_args()
+    if not kernels.load():
+        sys.exit("the C++ kernels are not built here: `python -m scheduler_worker.kernels`")
+    isa = kernels.isa_index(kernels.best_isa())
+    print(
+        f"kernels isa {kernels.best_isa()}; torch {torch.__version__}; clock: thread CPU at 1 thread, else wall"
+    )
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for vocab in args.vocab:
+            for n in args.rows:
+                logits, _ = make_rows("chat", n, vocab, "cpu")
+                rows = chat_rows(n)
+                seeded = [i for i, r in enumerate(rows) if r.params.seed is not None]
+                paths = {"torch": Sampler(vocab, [2]), "op": Sampler(vocab, [2], isa)}
+                for _ in range(args.rounds):
+                    res = {k: timed(s, logits, rows, args.repeat) for k, s in paths.items()}
+                    (t_min, t_med, t_tok), (o_min, o_med, o_tok) = res["torch"], res["op"]
+                    differ = sum(t_tok[i] != o_tok[i] for i in seeded)
+                    print(
+                        f"threads {threads} vocab {vocab} rows {n}: torch {t_min:.2f} / "
+                        f"{t_med:.2f} ms ({t_med / n * 1e3:.0f} us a row), op {o_min:.2f} / "
+                        f"{o_med:.2f} ms ({o_med / n * 1e3:.0f} us a row): {t_med / o_med:.1f}x; "
+                        f"seeded rows differing {differ} of {len(seeded)}",
+                        flush=True,
+                    )
+
+
+if __name__ == "__main__":
+    main()

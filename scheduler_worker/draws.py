@@ -1,0 +1,84 @@
+"""A step's uniforms and, on the CPU kernels, the whole draw in one op.
+
+`draw_uniforms`: the [rows, num_uniforms] uniforms a step's drawing rows race on (sampling.py's
+module doc, "Drawing"): a seeded row's from its (seed, token index) hash (seeded_uniforms), the
+others' from the default generator, in one call for all of them.
+
+`kernel_sample`: where the C++ kernels are on (the CPU backend), temperature, top-k, top-p,
+min-p and the race run as one op, each row in a few passes over its logits
+(kernels/csrc/sample_rows.cpp), and the argmax rows beside them: the torch path's ~8 passes over
+the batch were a third of a 32-row step's forward on the chat mix (docs/benchmarks.md, "Host
+step, eleventh session"). The same uniforms, so the same tokens but at near-ties (its exp
+and its float32 sums' order are not torch's: two race values, or a probability and a
+threshold, within ~1e-6 of each other); a seeded row draws what it would alone.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+import numpy as np
+import torch
+
+from scheduler_worker.batch_params import (
+    HAS_SEED,
+    MIN_P,
+    SEED_HI,
+    SEED_LO,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+)
+from scheduler_worker.logits_processors import DeviceColumns, SamplingRow, _column
+from scheduler_worker.seeded_uniforms import M32, uniforms
+
+_OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
+_KERNEL_COLUMNS = [TEMPERATURE, TOP_K, TOP_P, MIN_P]  # sample_rows' params, in its order
+
+
+def draw_uniforms(
+    rows: list[SamplingRow],
+    values: np.ndarray,
+    n: int,
+    dev: torch.device,
+    cols: DeviceColumns | None = None,
+) -> torch.Tensor:
+    """[len(rows), n] uniforms for drawing rows (values: their numbers)."""
+    has_seed = values[:, HAS_SEED] != 0
+    if not has_seed.any():  # unseeded rows share the default generator
+        return torch.rand(len(rows), n, device=dev)
+    seeded = has_seed.nonzero()[0]
+    keys = np.empty((len(seeded), 3), dtype=np.int64)
+    keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
+    picked = list(map(rows.__getitem__, seeded.tolist()))  # their token counts, in C
+    counts = np.fromiter(map(len, map(_OUTPUTS, picked)), np.int64, len(picked))
+    counts += np.fromiter(map(len, map(_DRAFTS, picked)), np.int64, len(picked))
+    keys[:, 2] = counts & M32
+    u = uniforms(keys, n, dev)
+    if len(seeded) == len(rows):
+        return u
+    shared = (~has_seed).nonzero()[0]
+    full = torch.empty(len(rows), n, device=dev)
+    rand = torch.rand(len(shared), n, device=dev)
+    full.index_copy_(0, _column(cols, "unseeded", shared, dev, torch.long), rand)
+    return full.index_copy_(0, _column(cols, "seeded", seeded, dev, torch.long), u)
+
+
+def kernel_sample(
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    draws: list[int],
+    values: np.ndarray,
+    n: int,
+    isa: int,
+    cols: DeviceColumns | None = None,
+) -> torch.Tensor:
+    """Tokens [rows] for processed logits [rows, vocab] (float32, on the CPU): rows `draws`
+    draw (values: every row's numbers; n: num_uniforms(vocab)), the others take the argmax."""
+    draw = np.full(len(rows), -1, dtype=np.int64)
+    draw[draws] = np.arange(len(draws))
+    u = draw_uniforms(list(map(rows.__getitem__, draws)), values[draws], n, logits.device, cols)
+    params = torch.from_numpy(np.ascontiguousarray(values[:, _KERNEL_COLUMNS]))
+    return torch.ops.zeroserve.sample_rows(
+        logits.contiguous(), torch.from_numpy(draw), params, u, isa
+    )

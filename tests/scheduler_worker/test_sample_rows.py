@@ -1,0 +1,175 @@
+"""The C++ sampler op (kernels/csrc/sample_rows.cpp, scheduler_worker/draws.py) against the
+torch path (sampling.sampling_probs + sample_from) on the same uniforms: the same tokens,
+but where the two race values that decide are a near-tie (its exp and float32 sums are not
+torch's). Every ISA path this CPU runs; the torch path's own bits differ by CPU kind too, so
+a token that differs must be a near-tie, checked, not a count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.sampling_params import SamplingParams
+from scheduler_worker import kernels
+from scheduler_worker.batch_params import MIN_P, NUM_VALUES, TEMPERATURE, TOP_K, TOP_P
+from scheduler_worker.draws import _KERNEL_COLUMNS
+from scheduler_worker.sampling import (
+    SAMPLE_BLOCK,
+    Sampler,
+    SamplingRow,
+    greedy_tokens,
+    num_uniforms,
+    sample_from,
+    sampling_probs,
+)
+
+pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
+ISAS = list(range(kernels.isa_index(kernels.best_isa()) + 1)) if kernels.load() else []
+TIE = 1e-5  # relative: two race values closer than this may order either way
+
+
+def _chat_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """A chat model's next-token rows: p ~ rank^-a over a shuffled vocabulary
+    (benchmarks/bench_top_p.py's "chat" rows), a few near-flat ones among them."""
+    gen = torch.Generator().manual_seed(seed)
+    a = 1.28 + torch.exp(torch.randn(rows, 1, generator=gen) * 0.76 - 1.14)
+    a[::7] = 0.05  # nearly flat: the nucleus is most of the vocabulary
+    ranks = torch.argsort(torch.rand(rows, vocab, generator=gen), dim=-1).float() + 1
+    return -a * ranks.log() + 0.1 * torch.randn(rows, vocab, generator=gen)
+
+
+def _values(rows: int, **cols: list[float]) -> np.ndarray:
+    values = np.zeros((rows, NUM_VALUES))
+    values[:, TEMPERATURE] = 1.0
+    values[:, TOP_P] = 1.0
+    for name, col in cols.items():
+        idx = {"temperature": TEMPERATURE, "top_k": TOP_K, "top_p": TOP_P, "min_p": MIN_P}[name]
+        values[:, idx] = np.resize(np.array(col, dtype=np.float64), rows)
+    return values
+
+
+def _op(logits, values, u, isa, draw=None):
+    draw = torch.arange(len(logits)) if draw is None else draw
+    params = torch.from_numpy(np.ascontiguousarray(values[:, _KERNEL_COLUMNS]))
+    return torch.ops.zeroserve.sample_rows(logits.contiguous(), draw, params, u, isa)
+
+
+def _near_tie(probs: torch.Tensor, u: torch.Tensor, a: int, b: int) -> bool:
+    """Whether tokens a and b of one row (probs: the torch path's, u: its uniforms) are a
+    near-tie of the race: their blocks' race values if the blocks differ, else their own."""
+    vocab = probs.shape[0]
+    p = torch.nn.functional.pad(probs, (0, -vocab % SAMPLE_BLOCK)).view(-1, SAMPLE_BLOCK)
+    nb = p.shape[0]
+    if a // SAMPLE_BLOCK != b // SAMPLE_BLOCK:
+        r = p.sum(-1) / u[:nb].log()
+        ra, rb = r[a // SAMPLE_BLOCK], r[b // SAMPLE_BLOCK]
+    else:
+        r = p[a // SAMPLE_BLOCK] / u[nb:].log()
+        ra, rb = r[a % SAMPLE_BLOCK], r[b % SAMPLE_BLOCK]
+    return bool((ra - rb).abs() <= TIE * max(ra.abs(), rb.abs()))
+
+
+def _check_against_torch(logits, values, isa, trials=4, seed=0):
+    n = num_uniforms(logits.shape[1])
+    gen = torch.Generator().manual_seed(seed)
+    probs = sampling_probs(logits, values)
+    differ = 0
+    for _ in range(trials):
+        u = torch.rand(len(logits), n, generator=gen)
+        want, got = sample_from(probs, u), _op(logits, values, u, isa)
+        for r in (want != got).nonzero()[:, 0].tolist():
+            assert probs[r, got[r]] > 0, f"row {r}: token {got[r]} was cut by the torch path"
+            assert _near_tie(probs[r], u[r], int(want[r]), int(got[r])), (
+                f"row {r}: {int(got[r])} where the torch path drew {int(want[r])}"
+            )
+            differ += 1
+    return differ
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("vocab", [5, 1000, 49152])
+def test_draws_the_torch_paths_tokens(isa, vocab):
+    """Temperature, top-k (a heap, and past 4096 a selection), top-p (0.9, 0.95, near 1 where
+    the candidates fall short, below float32's tiny), min-p, each alone and together."""
+    rows = 48
+    logits = _chat_logits(rows, vocab, seed=vocab)
+    values = _values(
+        rows,
+        temperature=[0.7, 1.0, 0.8, 1.3, 0.5, 1.0],
+        top_k=[0, 0, 40, 0, 5000, 0, 0, 3],
+        top_p=[0.9, 1.0, 0.95, 0.9999999, 1e-40, 0.5, 1.0],
+        min_p=[0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.2],
+    )
+    differ = _check_against_torch(logits, values, isa)
+    assert differ <= 2  # near-ties are rare: each was checked to be one
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_masked_tokens_are_never_drawn_and_odd_rows(isa):
+    """A grammar's -inf tokens are never drawn (the op's exp is clamped, a masked token gets
+    exactly 0); a row masked but for one token takes it; a row with +inf takes it; a row
+    masked everywhere gives token 0, as the torch path does."""
+    vocab = 3000
+    logits = _chat_logits(6, vocab, seed=1)
+    allowed = torch.zeros(vocab, dtype=torch.bool)
+    allowed[torch.randperm(vocab, generator=torch.Generator().manual_seed(2))[:50]] = True
+    logits[0].masked_fill_(~allowed, float("-inf"))
+    logits[1] = float("-inf")
+    logits[1, 2999] = 0.0
+    logits[2, 1234] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, 17] = float("nan")
+    values = _values(6, temperature=[0.7], top_p=[0.9, 1.0])
+    n = num_uniforms(vocab)
+    for trial in range(20):
+        u = torch.rand(6, n, generator=torch.Generator().manual_seed(trial))
+        got = _op(logits, values, u, isa).tolist()
+        assert allowed[got[0]] and got[1] == 2999 and got[2] == 1234 and got[3] == 0
+        assert got[4] != 17
+    assert _check_against_torch(logits[[0, 1, 2, 5]], values[[0, 1, 2, 5]], isa) == 0
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_argmax_rows_pick_what_torch_picks(isa):
+    """Rows without uniforms: the first of tied maxima, +inf, NaN, at a vector's width and
+    past it; the drawing rows beside them take their own uniforms' row."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (5, 100, 49152):
+        x = torch.randint(-3, 3, (6, vocab), generator=gen).float()
+        x[1] = float("-inf")
+        x[1, vocab - 1] = 0.0
+        x[2, vocab // 2] = float("inf")
+        x[3, vocab - 2] = float("nan")
+        values = _values(6, temperature=[0.7])
+        draw = torch.tensor([-1, -1, -1, -1, 1, 0])
+        u = torch.rand(2, num_uniforms(vocab), generator=gen)
+        got = _op(x, values, u, isa, draw)
+        assert got[:4].tolist() == greedy_tokens(x[:4]).tolist()
+        probs = sampling_probs(x[4:], values[4:])
+        assert got[4:].tolist() == sample_from(probs, u[[1, 0]]).tolist()
+
+
+def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch):
+    """Sampler with the kernels' isa: every row in the one op (no torch sampling_probs),
+    greedy rows their argmax, a seeded row the same token alone and among others."""
+    isa = ISAS[-1]
+    vocab = 1000
+    logits = _chat_logits(8, vocab, seed=3)
+
+    def rows(n):
+        out = [SamplingRow(SamplingParams(temperature=0.8, top_p=0.9, seed=7), [], [1, 2])]
+        out += [SamplingRow(SamplingParams(temperature=0.0), [], [])] * (n > 1)
+        out += [SamplingRow(SamplingParams(temperature=1.0, top_k=20), [], [])] * (n - 2)
+        return out
+
+    alone = Sampler(vocab, [], isa)(logits[:1], rows(1)).token_ids
+    torch_path = Sampler(vocab, [])(logits[:1], rows(1)).token_ids
+
+    def boom(*a, **k):
+        raise AssertionError("the kernels' sampler ran the torch path")
+
+    monkeypatch.setattr("scheduler_worker.sampling.sampling_probs", boom)
+    among = Sampler(vocab, [], isa)(logits, rows(8)).token_ids
+    assert among[0] == alone[0] == torch_path[0]
+    assert among[1] == int(logits[1].argmax())
