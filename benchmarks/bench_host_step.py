@@ -191,6 +191,8 @@ def run(
     gc.freeze()
     vocab = engine.vocab_size if mix == "chat" else VOCAB
     engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
+    # the sampler's torch ops, as on a GPU: not the CPU kernels' one op (draws.py)
+    engine.sampler.kernel_isa = None
     publish = publisher(engine)
     rng = random.Random(0)
     greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)

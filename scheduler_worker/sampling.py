@@ -40,7 +40,9 @@ vocabulary had: a logit that moves by an ulp changes the winner only at a near-t
 inverse CDF would add the rounding up over the vocabulary). Seeds: a seeded row's uniforms
 are a hash of (seed, its token's index, column) (`seeded_uniforms`, one computation for
 every seeded row of the step), so its samples do not depend on what else is in the batch;
-unseeded rows share the default generator.
+unseeded rows share the default generator. On the CPU kernels (`Sampler.kernel_isa`) the steps
+from temperature to the race run as one C++ op a row, the argmax rows beside them
+(draws.kernel_sample: the same uniforms, the same tokens but at near-ties).
 Top-k and top-p cut by value: tokens tied with the last one kept are kept too; top-p sums
 the mass above a token in float64 (the same cut on every device).
 """
