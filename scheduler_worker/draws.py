@@ -11,6 +11,7 @@ the batch were a third of a 32-row step's forward on the chat mix (docs/benchmar
 step, eleventh session"). The same uniforms, so the same tokens but at near-ties (its exp
 and its float32 sums' order are not torch's: two race values, or a probability and a
 threshold, within ~1e-6 of each other); a seeded row draws what it would alone.
+`kernel_logprobs`: the logprobs rows' likewise.
 """
 
 from __future__ import annotations
@@ -82,3 +83,13 @@ def kernel_sample(
     return torch.ops.zeroserve.sample_rows(
         logits.contiguous(), torch.from_numpy(draw), params, u, isa
     )
+
+
+def kernel_logprobs(
+    raw: torch.Tensor, tokens: torch.Tensor, num_top: int, isa: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the rows asking for logprobs, raw: their raw logits [k, vocab] (float32, on the
+    CPU), tokens: their sampled tokens [k]: (the tokens' logprobs [k], the top num_top
+    logprobs [k, num_top], their ids [k, num_top]) in one op, where log_softmax writes
+    [k, vocab] and topk reads it again; within float32 rounding of torch's (its exp)."""
+    return torch.ops.zeroserve.logprob_rows(raw.contiguous(), tokens.contiguous(), num_top, isa)

@@ -72,7 +72,7 @@ from scheduler_worker.batch_params import (
     plain_greedy_params,
     values_of,
 )
-from scheduler_worker.draws import draw_uniforms, kernel_sample
+from scheduler_worker.draws import draw_uniforms, kernel_logprobs, kernel_sample
 from scheduler_worker.logits_processors import (
     DeviceColumns,
     SamplingRow,
@@ -341,8 +341,8 @@ class Sampler:
         u = draw_uniforms(rows, values, num_uniforms(probs.shape[1]), probs.device, cols)
         return sample_from(probs, u)
 
-    @staticmethod
     def _logprobs(
+        self,
         raw_rows: torch.Tensor,
         sel: torch.Tensor,
         tokens: torch.Tensor,
@@ -350,11 +350,19 @@ class Sampler:
         idx: list[int],
     ) -> DeviceSample:
         """The sample with logprobs for rows `idx` (sel: idx on the device; their raw
-        logits: raw_rows)."""
-        lp = raw_rows.log_softmax(dim=-1)
-        sampled_lp = lp.gather(1, tokens.index_select(0, sel)[:, None])[:, 0]
+        logits: raw_rows). On the CPU kernels one op (draws.kernel_logprobs)."""
         num_top = values[idx, NUM_TOP].astype(np.int64).tolist()
-        sample = DeviceSample(tokens, idx, num_top, sampled_lp)
+        picked = tokens.index_select(0, sel)
+        if self.kernel_isa is not None:
+            sampled_lp, top_lps, top_ids = kernel_logprobs(
+                raw_rows, picked, max(num_top), self.kernel_isa
+            )
+            sample = DeviceSample(tokens, idx, num_top, sampled_lp)
+            if max(num_top) > 0:
+                sample.top_logprobs, sample.top_ids = top_lps, top_ids
+            return sample
+        lp = raw_rows.log_softmax(dim=-1)
+        sample = DeviceSample(tokens, idx, num_top, lp.gather(1, picked[:, None])[:, 0])
         if max(num_top) > 0:
             sample.top_logprobs, sample.top_ids = lp.topk(max(num_top), dim=-1)
         return sample

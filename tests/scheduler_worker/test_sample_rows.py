@@ -173,3 +173,30 @@ def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch):
     among = Sampler(vocab, [], isa)(logits, rows(8)).token_ids
     assert among[0] == alone[0] == torch_path[0]
     assert among[1] == int(logits[1].argmax())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("vocab", [7, 1000, 49152])
+def test_logprob_rows_are_torchs_log_softmax_and_topk(isa, vocab):
+    """The sampled tokens' logprobs and the top-n (ids and values) as log_softmax and topk
+    give them, within float32 rounding; ties among the top-n in id order; n = 0 and n = V."""
+    logits = _chat_logits(5, vocab, seed=vocab) * 3
+    logits[1, :4] = logits[1].max()  # a tie at the top: ids 0..3 in order
+    tokens = torch.tensor([0, 3, vocab - 1, 5 % vocab, vocab // 2])
+    lp = logits.log_softmax(dim=-1)
+    for n in sorted({0, 1, 5, min(20, vocab), vocab}):
+        sampled, top, ids = torch.ops.zeroserve.logprob_rows(logits, tokens, n, isa)
+        assert sampled.tolist() == pytest.approx(
+            lp.gather(1, tokens[:, None])[:, 0].tolist(), abs=1e-5
+        )
+        assert top.shape == ids.shape == (5, n)
+        if n == 0:
+            continue
+        want = lp.topk(n, dim=-1)
+        assert top.flatten().tolist() == pytest.approx(want.values.flatten().tolist(), abs=1e-5)
+        # the ids name the top-n values (torch's own logprobs at them)
+        assert lp.gather(1, ids).flatten().tolist() == pytest.approx(
+            want.values.flatten().tolist(), abs=1e-6
+        )
+        assert ids[1, : min(n, 4)].tolist() == list(range(min(n, 4)))
+        assert all(len(set(r)) == n for r in ids.tolist())

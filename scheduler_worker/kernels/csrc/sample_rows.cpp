@@ -5,6 +5,8 @@
 //   sample_rows   tokens [R] int64 from the processed logits [R, V] float32: a row with no
 //                 uniforms takes the argmax; the others (temperature, top-k, top-p, min-p,
 //                 the two-level exponential race on their uniforms) draw
+//   logprob_rows  the logprobs rows' sampled-token and top-n logprobs from their raw logits
+//                 (two passes and a top-n heap, where torch's log_softmax writes [k, V])
 //
 // A drawing row, its logits x:
 //   pass 1   a = x / T, NaN -> -inf and +inf -> the largest float (before top-k: the torch
@@ -35,6 +37,8 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace zs_ops {
@@ -107,6 +111,16 @@ ZS_INLINE float block_sum_impl(const float* e, int64_t n, float inv, float t) {
   return s;
 }
 
+// The sum of exp(x - mx) over x[0:n], a -inf x counting 0.
+ZS_INLINE float exp_sum_impl(const float* x, int64_t n, float mx) {
+  const ExpRange range;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] > ninf ? fast_exp(x[i] - mx, range) : 0.f;
+  return sum;
+}
+
 // The largest of a[0:n].
 ZS_INLINE float max_of_impl(const float* a, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
@@ -123,6 +137,7 @@ ZS_INLINE void blocks_impl(const float* e, int64_t V, float inv, float t, float*
     sums[b] = block_sum_impl(e + b * kBlock, std::min(kBlock, V - b * kBlock), inv, t);
 }
 ZS_INLINE void max_of_v_impl(const float* a, int64_t n, float* mx) { *mx = max_of_impl(a, n); }
+ZS_INLINE void exp_sum_v_impl(const float* x, int64_t n, float mx, float* sum) { *sum = exp_sum_impl(x, n, mx); }
 
 ZS_VARIANTS((), argmax_v, argmax_impl, (const float* x, int64_t V, int64_t* out), (x, V, out))
 ZS_VARIANTS((), scale_v, scale_impl, (const float* x, float* a, int64_t V, float T, float* mx), (x, a, V, T, mx))
@@ -130,6 +145,7 @@ ZS_VARIANTS((), exp_v, exp_impl, (float* a, int64_t V, float mx, float lo, float
 ZS_VARIANTS((), blocks_v, blocks_impl, (const float* e, int64_t V, float inv, float t, float* sums),
             (e, V, inv, t, sums))
 ZS_VARIANTS((), max_of_v, max_of_v_impl, (const float* a, int64_t n, float* mx), (a, n, mx))
+ZS_VARIANTS((), exp_sum_v, exp_sum_v_impl, (const float* x, int64_t n, float mx, float* sum), (x, n, mx, sum))
 
 struct Kernels {
   decltype(&argmax_v_0) argmax;
@@ -137,7 +153,14 @@ struct Kernels {
   decltype(&exp_v_0) exp;
   decltype(&blocks_v_0) blocks;
   decltype(&max_of_v_0) max_of;
+  decltype(&exp_sum_v_0) exp_sum;
 };
+
+Kernels kernels_for(int64_t isa) {
+  const int64_t cl = zs_qgemm::clamp_isa(isa);
+  return {ZS_PICK(argmax_v, (), cl), ZS_PICK(scale_v, (), cl),  ZS_PICK(exp_v, (), cl),
+          ZS_PICK(blocks_v, (), cl), ZS_PICK(max_of_v, (), cl), ZS_PICK(exp_sum_v, (), cl)};
+}
 
 // The k-th largest of a[0:V] (1 <= k < V), duplicates counted: a min-heap of the k largest
 // so far, a block of 64 skipped when its largest is no larger than the heap's least.
@@ -257,7 +280,78 @@ int64_t draw_row(const Kernels& k, const float* x, int64_t V, const double* prm,
   return start + race(inside, u + nb, kBlock);
 }
 
+// The n largest of x[0:V] (n <= V) into ids / values, largest first, the lower index first
+// on ties: a min-heap of the n best so far, a block of 64 skipped when none of it beats the
+// heap's least.
+void top_n(const Kernels& kn, const float* x, int64_t V, int64_t n, int64_t* ids, float* values,
+           std::vector<std::pair<float, int64_t>>& heap) {
+  // a before b: the better one (larger value, then lower index) is "greater"
+  const auto better = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  heap.clear();
+  for (int64_t i = 0; i < n; ++i) heap.emplace_back(x[i], i);
+  std::make_heap(heap.begin(), heap.end(), better);  // front: the least of the n
+  constexpr int64_t skip = 64;
+  for (int64_t i0 = n; i0 < V; i0 += skip) {
+    const int64_t i1 = std::min(V, i0 + skip);
+    float mx;
+    kn.max_of(x + i0, i1 - i0, &mx);
+    if (!(mx > heap.front().first)) continue;  // an equal value has a higher index: not better
+    for (int64_t i = i0; i < i1; ++i) {
+      if (x[i] > heap.front().first) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = {x[i], i};
+        std::push_heap(heap.begin(), heap.end(), better);
+      }
+    }
+  }
+  std::sort_heap(heap.begin(), heap.end(), better);  // best first
+  for (int64_t j = 0; j < n; ++j) {
+    ids[j] = heap[j].second;
+    values[j] = heap[j].first;
+  }
+}
+
 }  // namespace
+
+// The logprobs rows of a step (Sampler._logprobs): raw [k, V] float32, the rows' raw logits;
+// tokens [k] int64, each row's sampled token; n, the top logprobs wanted (0 <= n <= V).
+// Returns (the sampled tokens' logprobs [k] float32, the top-n logprobs [k, n] float32, their
+// ids [k, n] int64): log_softmax as x - max - log(sum exp(x - max)), as torch's, top-n by
+// value (the lower id first on ties).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_rows(const at::Tensor& raw, const at::Tensor& tokens,
+                                                           int64_t n, int64_t isa) {
+  TORCH_CHECK(raw.dim() == 2 && raw.is_contiguous() && raw.scalar_type() == at::kFloat,
+              "logprob_rows: raw must be a contiguous float32 [k, V]");
+  const int64_t k = raw.size(0), V = raw.size(1);
+  TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == k && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
+              "logprob_rows: tokens must be a contiguous int64 [k]");
+  TORCH_CHECK(n >= 0 && n <= V, "logprob_rows: n must be in [0, V]");
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  for (int64_t r = 0; r < k; ++r) TORCH_CHECK(tok[r] >= 0 && tok[r] < V, "logprob_rows: token out of range");
+  at::Tensor sampled = at::empty({k}, raw.options()), top = at::empty({k, n}, raw.options());
+  at::Tensor ids = at::empty({k, n}, tokens.options());
+  const float* x = raw.data_ptr<float>();
+  float *sp = sampled.data_ptr<float>(), *tp = top.data_ptr<float>();
+  int64_t* ip = ids.data_ptr<int64_t>();
+  const Kernels kn = kernels_for(isa);
+  at::parallel_for(0, k, 1, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<std::pair<float, int64_t>> heap;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = x + r * V;
+      float mx, sum;
+      kn.max_of(row, V, &mx);
+      kn.exp_sum(row, V, mx, &sum);
+      const float lse = std::log(sum);
+      sp[r] = row[tok[r]] - mx - lse;
+      if (n == 0) continue;
+      top_n(kn, row, V, n, ip + r * n, tp + r * n, heap);
+      for (int64_t j = 0; j < n; ++j) tp[r * n + j] = tp[r * n + j] - mx - lse;
+    }
+  });
+  return {sampled, top, ids};
+}
 
 // logits [R, V] float32; draw [R] int64: the row of u a drawing row takes, -1 for an argmax
 // row; params [R, 4] float64: temperature, top_k (0: off), top_p, min_p; u [D, n] float32
@@ -283,9 +377,7 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& draw, const a
   const float* x = logits.data_ptr<float>();
   const double* prm = params.data_ptr<double>();
   const float* uu = D ? u.data_ptr<float>() : nullptr;
-  const int64_t cl = zs_qgemm::clamp_isa(isa);
-  const Kernels k{ZS_PICK(argmax_v, (), cl), ZS_PICK(scale_v, (), cl), ZS_PICK(exp_v, (), cl),
-                  ZS_PICK(blocks_v, (), cl), ZS_PICK(max_of_v, (), cl)};
+  const Kernels k = kernels_for(isa);
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
     thread_local Scratch s;
     for (int64_t r = r0; r < r1; ++r) {
@@ -302,6 +394,10 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& draw, const a
 
 TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
   lib.def("sample_rows(Tensor logits, Tensor draw, Tensor params, Tensor u, int isa) -> Tensor");
+  lib.def("logprob_rows(Tensor raw, Tensor tokens, int n, int isa) -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) { lib.impl("sample_rows", &zs_ops::sample_rows); }
+TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) {
+  lib.impl("sample_rows", &zs_ops::sample_rows);
+  lib.impl("logprob_rows", &zs_ops::logprob_rows);
+}
