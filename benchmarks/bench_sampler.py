@@ -6,7 +6,7 @@ kernels/csrc/sample_rows.cpp), in the same run, alternated, on the issue 52 chat
 Rows: benchmarks/bench_top_p.py's "chat" logits (their nuclei match SmolLM2-135M's on real
 text); parameters as the chat mix sends them (bench_serving.py --mix chat, without its
 grammar rows): a quarter greedy, the rest temperature 0.7 and top_p 0.9, a quarter with a
-seed, one in eight with logprobs 5, one in eight with presence_penalty 0.5. Each call is
+seed, one in eight with logprobs 5, one in eight with presence_penalty 0.5 (bench_host_step.chat_mix). Each call is
 `Sampler.sample(...).result()` on the step's own (writable) logits, as the engine makes it.
 Prints ms a call (min / median of --repeat; the thread's CPU time at one thread, the wall
 clock at more), µs a row, the ratio, and how
@@ -26,27 +26,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_host_step import chat_mix  # noqa: E402
 from benchmarks.bench_top_p import make_rows  # noqa: E402
-from common.sampling_params import SamplingParams  # noqa: E402
 from scheduler_worker import kernels  # noqa: E402
 from scheduler_worker.sampling import Sampler, SamplingRow  # noqa: E402
 
 
 def chat_rows(n: int) -> list[SamplingRow]:
-    rows = []
-    for i in range(n):
-        kw: dict = {} if i % 4 == 0 else dict(temperature=0.7, top_p=0.9)
-        if i % 4 == 0:
-            kw["temperature"] = 0.0
-        if i % 4 == 1:
-            kw["seed"] = 1000 + i
-        if i % 8 == 2:
-            kw["logprobs"] = 5
-        if i % 8 == 5:
-            kw["presence_penalty"] = 0.5
-        out = [(i * 7 + j) % 500 for j in range(20)]
-        rows.append(SamplingRow(SamplingParams(**kw), list(range(30)), out, slot=i))
-    return rows
+    """The chat mix's rows (bench_host_step.chat_mix, no grammar), each with a prompt and
+    20 output tokens (what penalties count) and a slot (the sampler's kept columns)."""
+    return [
+        SamplingRow(
+            chat_mix(i, grammar=False),
+            list(range(30)),
+            [(i * 7 + j) % 500 for j in range(20)],
+            slot=i,
+        )
+        for i in range(n)
+    ]
 
 
 def timed(sampler: Sampler, logits: torch.Tensor, rows, repeat: int) -> tuple[float, float, list]:
