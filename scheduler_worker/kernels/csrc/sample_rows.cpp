@@ -162,31 +162,52 @@ Kernels kernels_for(int64_t isa) {
           ZS_PICK(blocks_v, (), cl), ZS_PICK(max_of_v, (), cl), ZS_PICK(exp_sum_v, (), cl)};
 }
 
-// The k-th largest of a[0:V] (1 <= k < V), duplicates counted: a min-heap of the k largest
-// so far, a block of 64 skipped when its largest is no larger than the heap's least.
-float kth_largest(const Kernels& kn, const float* a, int64_t V, int64_t k, std::vector<float>& heap) {
-  if (k > kHeapK) {
-    heap.assign(a, a + V);
-    std::nth_element(heap.begin(), heap.begin() + (k - 1), heap.end(), std::greater<float>());
-    return heap[k - 1];
-  }
-  heap.assign(a, a + k);
-  std::make_heap(heap.begin(), heap.end(), std::greater<float>());  // a min-heap
+// The n largest of x[0:V] (n <= V) into ids / values, largest first, the lower index first
+// on ties: a min-heap of the n best so far, a block of 64 skipped when none of it beats the
+// heap's least.
+void top_n(const Kernels& kn, const float* x, int64_t V, int64_t n, int64_t* ids, float* values,
+           std::vector<std::pair<float, int64_t>>& heap) {
+  // a before b: the better one (larger value, then lower index) is "greater"
+  const auto better = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  heap.clear();
+  for (int64_t i = 0; i < n; ++i) heap.emplace_back(x[i], i);
+  std::make_heap(heap.begin(), heap.end(), better);  // front: the least of the n
   constexpr int64_t skip = 64;
-  for (int64_t i0 = k; i0 < V; i0 += skip) {
+  for (int64_t i0 = n; i0 < V; i0 += skip) {
     const int64_t i1 = std::min(V, i0 + skip);
     float mx;
-    kn.max_of(a + i0, i1 - i0, &mx);
-    if (!(mx > heap.front())) continue;
+    kn.max_of(x + i0, i1 - i0, &mx);
+    if (!(mx > heap.front().first)) continue;  // an equal value has a higher index: not better
     for (int64_t i = i0; i < i1; ++i) {
-      if (a[i] > heap.front()) {
-        std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
-        heap.back() = a[i];
-        std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+      if (x[i] > heap.front().first) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = {x[i], i};
+        std::push_heap(heap.begin(), heap.end(), better);
       }
     }
   }
-  return heap.front();
+  std::sort_heap(heap.begin(), heap.end(), better);  // best first
+  for (int64_t j = 0; j < n; ++j) {
+    ids[j] = heap[j].second;
+    values[j] = heap[j].first;
+  }
+}
+
+// The k-th largest of a[0:V] (1 <= k < V), duplicates counted: top_n's last, or past
+// kHeapK a selection on a copy.
+float kth_largest(const Kernels& kn, const float* a, int64_t V, int64_t k, std::vector<float>& buf,
+                  std::vector<int64_t>& ids, std::vector<std::pair<float, int64_t>>& heap) {
+  if (k > kHeapK) {
+    buf.assign(a, a + V);
+    std::nth_element(buf.begin(), buf.begin() + (k - 1), buf.end(), std::greater<float>());
+    return buf[k - 1];
+  }
+  buf.resize(k);
+  ids.resize(k);
+  top_n(kn, a, V, k, ids.data(), buf.data(), heap);
+  return buf[k - 1];
 }
 
 // The top-p threshold of p = e * inv (normalized, >= 0): the value at which the mass from
@@ -245,8 +266,10 @@ int64_t race(const float* v, const float* u, int64_t n) {
 }
 
 struct Scratch {
-  std::vector<float> p, heap, cand, bin, sums;
+  std::vector<float> p, buf, cand, bin, sums;
+  std::vector<int64_t> ids;
   std::vector<double> hist;
+  std::vector<std::pair<float, int64_t>> heap;
 };
 
 int64_t draw_row(const Kernels& k, const float* x, int64_t V, const double* prm, const float* u, Scratch& s) {
@@ -259,7 +282,7 @@ int64_t draw_row(const Kernels& k, const float* x, int64_t V, const double* prm,
   k.scale(x, p, V, T, &mx);
   if (mx == -std::numeric_limits<float>::infinity()) return 0;  // every token masked: the torch path's 0
   float lo = -std::numeric_limits<float>::max();  // -inf (a masked token) is never kept
-  if (top_k) lo = std::max(lo, kth_largest(k, p, V, top_k, s.heap));
+  if (top_k) lo = std::max(lo, kth_largest(k, p, V, top_k, s.buf, s.ids, s.heap));
   float sum;
   k.exp(p, V, mx, lo, &sum);  // p: unnormalized from here, p * inv the probabilities
   const float inv = 1.f / sum;
@@ -278,39 +301,6 @@ int64_t draw_row(const Kernels& k, const float* x, int64_t V, const double* prm,
     inside[i] = q >= t ? q : 0.f;
   }
   return start + race(inside, u + nb, kBlock);
-}
-
-// The n largest of x[0:V] (n <= V) into ids / values, largest first, the lower index first
-// on ties: a min-heap of the n best so far, a block of 64 skipped when none of it beats the
-// heap's least.
-void top_n(const Kernels& kn, const float* x, int64_t V, int64_t n, int64_t* ids, float* values,
-           std::vector<std::pair<float, int64_t>>& heap) {
-  // a before b: the better one (larger value, then lower index) is "greater"
-  const auto better = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  heap.clear();
-  for (int64_t i = 0; i < n; ++i) heap.emplace_back(x[i], i);
-  std::make_heap(heap.begin(), heap.end(), better);  // front: the least of the n
-  constexpr int64_t skip = 64;
-  for (int64_t i0 = n; i0 < V; i0 += skip) {
-    const int64_t i1 = std::min(V, i0 + skip);
-    float mx;
-    kn.max_of(x + i0, i1 - i0, &mx);
-    if (!(mx > heap.front().first)) continue;  // an equal value has a higher index: not better
-    for (int64_t i = i0; i < i1; ++i) {
-      if (x[i] > heap.front().first) {
-        std::pop_heap(heap.begin(), heap.end(), better);
-        heap.back() = {x[i], i};
-        std::push_heap(heap.begin(), heap.end(), better);
-      }
-    }
-  }
-  std::sort_heap(heap.begin(), heap.end(), better);  // best first
-  for (int64_t j = 0; j < n; ++j) {
-    ids[j] = heap[j].second;
-    values[j] = heap[j].first;
-  }
 }
 
 }  // namespace
