@@ -55,6 +55,7 @@ SOURCES = [
         "decode_ops.cpp",
         "decode_model.cpp",
         "sample_rows.cpp",
+        "logprob_rows.cpp",
     )
 ]  # compiled, each on its own (in parallel); headers included
 ISAS = KERNEL_ISAS  # index = the isa argument of the ops

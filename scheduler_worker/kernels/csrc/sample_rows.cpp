@@ -1,23 +1,20 @@
 // A step's sampling on the CPU, each row in a few passes over its logits (sampling.py's
-// module doc has the semantics; the torch path there does the same in ~8 passes over the
-// whole batch, a third of a 32-row step's forward at the default model's vocabulary):
+// module doc has the semantics; the torch path there takes ~8 passes over the whole batch):
 //
 //   sample_rows   tokens [R] int64 from the processed logits [R, V] float32: a row with no
-//                 uniforms takes the argmax; the others (temperature, top-k, top-p, min-p,
-//                 the two-level exponential race on their uniforms) draw
-//   logprob_rows  the logprobs rows' sampled-token and top-n logprobs from their raw logits
-//                 (two passes and a top-n heap, where torch's log_softmax writes [k, V])
+//                 uniforms takes the argmax, the others draw (temperature, top-k, top-p, min-p,
+//                 the two-level exponential race on their uniforms)
+//   (logprob_rows.cpp: the logprobs rows', on the kernels and top_n below: sample_rows.h)
 //
 // A drawing row, its logits x:
 //   pass 1   a = x / T, NaN -> -inf and +inf -> the largest float (before top-k: the torch
 //            path repairs after it, which differs only on a row that had +inf or NaN), max
-//   (top-k)  the k-th largest a, by a min-heap of k (ties with it kept)
-//   pass 2   p = exp(a - max) for the kept a (0 for the rest, -inf included), their sum;
-//            p *= 1 / sum
-//   (top-p)  the mass of p in bins of its high 12 bits (float64): the bin where the mass from
-//            the top reaches top_p, then that bin's values sorted: the threshold t is the
-//            value where the running mass reaches it (ties kept), as top_p.py's window and
-//            radix searches define it; min-p raises t to p_max * min_p
+//   (top-k)  the k-th largest a, from a heap of the k largest (ties with it kept)
+//   pass 2   e = exp(a - max) for the kept a (0 for the rest, -inf included), their sum
+//   (top-p)  the candidates' probabilities p = e / sum in bins of their high 12 bits
+//            (float64 mass), the bin where the mass from the top reaches top_p, then its
+//            values sorted: t is the value where the running mass reaches it (ties kept),
+//            as top_p.py defines it; min-p raises t to p_max * min_p
 //   pass 3   the blocks of 256 tokens' sums of the p >= t, the race among them on the
 //            row's first uniforms (argmin sum / log u), then among the winning block's tokens
 //
@@ -29,6 +26,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "sample_rows.h"
 #include "zs_isa.h"
 
 #include <algorithm>
@@ -121,6 +119,23 @@ ZS_INLINE float exp_sum_impl(const float* x, int64_t n, float mx) {
   return sum;
 }
 
+// The p = e * inv >= floor (and > 0) of e[0:V] appended to out, in order: a block of 16
+// whose largest p falls short skipped on a vector max (most of a chat row's vocabulary).
+ZS_INLINE void collect_impl(const float* e, int64_t V, float inv, float floor, std::vector<float>* out) {
+  constexpr int64_t W = 16;
+  for (int64_t i0 = 0; i0 < V; i0 += W) {
+    const int64_t i1 = std::min(V, i0 + W);
+    float m = 0.f;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = i0; i < i1; ++i) m = e[i] > m ? e[i] : m;
+    if (!(m * inv >= floor && m > 0.f)) continue;  // (e * inv is monotone in e)
+    for (int64_t i = i0; i < i1; ++i) {
+      const float p = e[i] * inv;
+      if (p >= floor && p > 0.f) out->push_back(p);
+    }
+  }
+}
+
 // The largest of a[0:n].
 ZS_INLINE float max_of_impl(const float* a, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
@@ -145,26 +160,21 @@ ZS_VARIANTS((), exp_v, exp_impl, (float* a, int64_t V, float mx, float lo, float
 ZS_VARIANTS((), blocks_v, blocks_impl, (const float* e, int64_t V, float inv, float t, float* sums),
             (e, V, inv, t, sums))
 ZS_VARIANTS((), max_of_v, max_of_v_impl, (const float* a, int64_t n, float* mx), (a, n, mx))
+ZS_VARIANTS((), collect_v, collect_impl, (const float* e, int64_t V, float inv, float floor, std::vector<float>* out),
+            (e, V, inv, floor, out))
 ZS_VARIANTS((), exp_sum_v, exp_sum_v_impl, (const float* x, int64_t n, float mx, float* sum), (x, n, mx, sum))
 
-struct Kernels {
-  decltype(&argmax_v_0) argmax;
-  decltype(&scale_v_0) scale;
-  decltype(&exp_v_0) exp;
-  decltype(&blocks_v_0) blocks;
-  decltype(&max_of_v_0) max_of;
-  decltype(&exp_sum_v_0) exp_sum;
-};
+}  // namespace
 
 Kernels kernels_for(int64_t isa) {
   const int64_t cl = zs_qgemm::clamp_isa(isa);
   return {ZS_PICK(argmax_v, (), cl), ZS_PICK(scale_v, (), cl),  ZS_PICK(exp_v, (), cl),
-          ZS_PICK(blocks_v, (), cl), ZS_PICK(max_of_v, (), cl), ZS_PICK(exp_sum_v, (), cl)};
+          ZS_PICK(blocks_v, (), cl), ZS_PICK(max_of_v, (), cl), ZS_PICK(exp_sum_v, (), cl),
+          ZS_PICK(collect_v, (), cl)};
 }
 
-// The n largest of x[0:V] (n <= V) into ids / values, largest first, the lower index first
-// on ties: a min-heap of the n best so far, a block of 64 skipped when none of it beats the
-// heap's least.
+// top_n (sample_rows.h): a min-heap of the n best so far, a block of 64 skipped when none of
+// it beats the heap's least.
 void top_n(const Kernels& kn, const float* x, int64_t V, int64_t n, int64_t* ids, float* values,
            std::vector<std::pair<float, int64_t>>& heap) {
   // a before b: the better one (larger value, then lower index) is "greater"
@@ -195,6 +205,8 @@ void top_n(const Kernels& kn, const float* x, int64_t V, int64_t n, int64_t* ids
   }
 }
 
+namespace {
+
 // The k-th largest of a[0:V] (1 <= k < V), duplicates counted: top_n's last, or past
 // kHeapK a selection on a copy.
 float kth_largest(const Kernels& kn, const float* a, int64_t V, int64_t k, std::vector<float>& buf,
@@ -214,15 +226,12 @@ float kth_largest(const Kernels& kn, const float* a, int64_t V, int64_t k, std::
 // the largest down, summed in float64, reaches goal (ties kept); 0 where it never does.
 // The p >= c are its candidates, with c low enough that the rest cannot hold 1 - goal of
 // the mass (the cut is then among them); where they fall short after all, every p is one.
-float top_p_threshold(const float* e, int64_t V, float inv, double goal, std::vector<float>& cand,
+float top_p_threshold(const Kernels& kn, const float* e, int64_t V, float inv, double goal, std::vector<float>& cand,
                       std::vector<double>& hist, std::vector<float>& bin) {
   const float c = static_cast<float>((1.0 - goal) / (2.0 * static_cast<double>(V)));
   for (const float floor : {c, 0.f}) {
     cand.clear();
-    for (int64_t i = 0; i < V; ++i) {
-      const float p = e[i] * inv;
-      if (p >= floor && p > 0.f) cand.push_back(p);
-    }
+    kn.collect(e, V, inv, floor, &cand);
     hist.assign(kBins, 0.0);
     for (const float p : cand) hist[std::min<int64_t>(std::bit_cast<uint32_t>(p) >> kBinShift, kBins - 1)] += p;
     double above = 0.0;
@@ -288,7 +297,7 @@ int64_t draw_row(const Kernels& k, const float* x, int64_t V, const double* prm,
   const float inv = 1.f / sum;
   float t = 0.f;
   if (top_p < 1.f)
-    t = top_p_threshold(p, V, inv, std::max(static_cast<double>(top_p), kTiny), s.cand, s.hist, s.bin);
+    t = top_p_threshold(k, p, V, inv, std::max(static_cast<double>(top_p), kTiny), s.cand, s.hist, s.bin);
   if (min_p > 0.f) t = std::max(t, inv * min_p);  // inv: the largest probability (exp(0) = 1)
   const int64_t nb = (V + kBlock - 1) / kBlock;
   s.sums.resize(std::max(nb, kBlock));
@@ -304,44 +313,6 @@ int64_t draw_row(const Kernels& k, const float* x, int64_t V, const double* prm,
 }
 
 }  // namespace
-
-// The logprobs rows of a step (Sampler._logprobs): raw [k, V] float32, the rows' raw logits;
-// tokens [k] int64, each row's sampled token; n, the top logprobs wanted (0 <= n <= V).
-// Returns (the sampled tokens' logprobs [k] float32, the top-n logprobs [k, n] float32, their
-// ids [k, n] int64): log_softmax as x - max - log(sum exp(x - max)), as torch's, top-n by
-// value (the lower id first on ties).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_rows(const at::Tensor& raw, const at::Tensor& tokens,
-                                                           int64_t n, int64_t isa) {
-  TORCH_CHECK(raw.dim() == 2 && raw.is_contiguous() && raw.scalar_type() == at::kFloat,
-              "logprob_rows: raw must be a contiguous float32 [k, V]");
-  const int64_t k = raw.size(0), V = raw.size(1);
-  TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == k && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
-              "logprob_rows: tokens must be a contiguous int64 [k]");
-  TORCH_CHECK(n >= 0 && n <= V, "logprob_rows: n must be in [0, V]");
-  const int64_t* tok = tokens.data_ptr<int64_t>();
-  for (int64_t r = 0; r < k; ++r) TORCH_CHECK(tok[r] >= 0 && tok[r] < V, "logprob_rows: token out of range");
-  at::Tensor sampled = at::empty({k}, raw.options()), top = at::empty({k, n}, raw.options());
-  at::Tensor ids = at::empty({k, n}, tokens.options());
-  const float* x = raw.data_ptr<float>();
-  float *sp = sampled.data_ptr<float>(), *tp = top.data_ptr<float>();
-  int64_t* ip = ids.data_ptr<int64_t>();
-  const Kernels kn = kernels_for(isa);
-  at::parallel_for(0, k, 1, [&](int64_t r0, int64_t r1) {
-    thread_local std::vector<std::pair<float, int64_t>> heap;
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* row = x + r * V;
-      float mx, sum;
-      kn.max_of(row, V, &mx);
-      kn.exp_sum(row, V, mx, &sum);
-      const float lse = std::log(sum);
-      sp[r] = row[tok[r]] - mx - lse;
-      if (n == 0) continue;
-      top_n(kn, row, V, n, ip + r * n, tp + r * n, heap);
-      for (int64_t j = 0; j < n; ++j) tp[r * n + j] = tp[r * n + j] - mx - lse;
-    }
-  });
-  return {sampled, top, ids};
-}
 
 // logits [R, V] float32; draw [R] int64: the row of u a drawing row takes, -1 for an argmax
 // row; params [R, 4] float64: temperature, top_k (0: off), top_p, min_p; u [D, n] float32
@@ -384,10 +355,8 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& draw, const a
 
 TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
   lib.def("sample_rows(Tensor logits, Tensor draw, Tensor params, Tensor u, int isa) -> Tensor");
-  lib.def("logprob_rows(Tensor raw, Tensor tokens, int n, int isa) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(zeroserve, CPU, lib) {
   lib.impl("sample_rows", &zs_ops::sample_rows);
-  lib.impl("logprob_rows", &zs_ops::logprob_rows);
 }
