@@ -79,6 +79,42 @@ static void half_rows(const Act& x, const Packed& w, T* o, int64_t M, int64_t g,
   if (i < M) tile<FMT, 1, H, H + 1>(x, w, o, i, g, last);
 }
 
+// The 5-bit formats from UNPACK_MIN_ROWS rows: per group, every block's planes (the nibbles
+// with their fifth bit ORed in, kquant.h) unpacked once into a thread's buffer, and the
+// tiles of rows then read them there. The row tiles unpack a half's planes once per tile of
+// 4 rows, 9 vector instructions a register against 16 maddubs + adds: at 8 rows twice, at a
+// prompt's hundreds of rows a hundred times. The integer sums and float operations are the
+// tiles' own, so the outputs are the same bits (tests/scheduler_worker/test_kquant_kernels.py).
+template <int FMT>
+constexpr bool UNPACKS = FMT == Q5 || FMT == Q50 || FMT == Q5K;
+constexpr int64_t UNPACK_MIN_ROWS = 8;
+
+template <int FMT, int H, typename T>
+static void half_rows_unpacked(const Act& x, const Packed& w, T* o, int64_t M, int64_t g, const Ahead& last,
+                               const uint8_t* u) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) tile_kq_unpacked_avx2<FMT, 4, H, H + 1>(x, w, o, i, g, i + 4 == M ? last : Ahead{}, u);
+  if (i + 2 <= M) {
+    tile_kq_unpacked_avx2<FMT, 2, H, H + 1>(x, w, o, i, g, i + 2 == M ? last : Ahead{}, u);
+    i += 2;
+  }
+  if (i < M) tile_kq_unpacked_avx2<FMT, 1, H, H + 1>(x, w, o, i, g, last, u);
+}
+
+template <int FMT, typename T>
+static void unpacked_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0, int64_t g1) {
+  thread_local std::vector<__m256i> planes;  // 32-byte aligned: no load splits a cache line
+  planes.resize(w.nb * KQ_PLANE_BYTES / 32);
+  uint8_t* u = reinterpret_cast<uint8_t*>(planes.data());
+  for (int64_t g = g0; g < g1; ++g) {
+    const Ahead ahead =
+        x.prefetch ? ahead_of(w.q, group_bytes<FMT>(w.nb), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb) : Ahead{};
+    kq_unpack_group<FMT>(w, g, x.prefetch, u);
+    half_rows_unpacked<FMT, 0>(x, w, o, M, g, Ahead{}, u);
+    half_rows_unpacked<FMT, 1>(x, w, o, M, g, ahead, u);
+  }
+}
+
 // Q8 from 3 rows: per half group, tiles of 4 rows then the rest (q8_rows.h), the
 // activations widened to int16 here, once per call.
 template <typename T>
@@ -115,6 +151,8 @@ template <int FMT>
 void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1) {
   if constexpr (FMT == Q8)
     if (M >= 3) return with_out(out, [&](auto* o) { q8_groups(x, w, M, o, g0, g1); });
+  if constexpr (UNPACKS<FMT>)
+    if (M >= UNPACK_MIN_ROWS) return with_out(out, [&](auto* o) { unpacked_groups<FMT>(x, w, M, o, g0, g1); });
   with_out(out, [&](auto* o) {
     for (int64_t g = g0; g < g1; ++g) {
       const Ahead ahead = x.prefetch && M > 2
