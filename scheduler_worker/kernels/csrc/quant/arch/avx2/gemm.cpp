@@ -103,9 +103,8 @@ static void half_rows_unpacked(const Act& x, const Packed& w, T* o, int64_t M, i
 
 template <int FMT, typename T>
 static void unpacked_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0, int64_t g1) {
-  thread_local std::vector<__m256i> planes;  // 32-byte aligned: no load splits a cache line
-  planes.resize(w.nb * KQ_PLANE_BYTES / 32);
-  uint8_t* u = reinterpret_cast<uint8_t*>(planes.data());
+  thread_local std::vector<uint8_t> planes;
+  uint8_t* u = aligned_scratch(planes, w.nb * KQ_PLANE_BYTES);
   for (int64_t g = g0; g < g1; ++g) {
     const Ahead ahead =
         x.prefetch ? ahead_of(w.q, group_bytes<FMT>(w.nb), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb) : Ahead{};
@@ -116,12 +115,28 @@ static void unpacked_groups(const Act& x, const Packed& w, int64_t M, T* o, int6
 }
 
 // Q8 from 3 rows: per half group, tiles of 4 rows then the rest (q8_rows.h), the
-// activations widened to int16 here, once per call.
+// activations widened to int16 here, once per call; from Q8_WIDE_MIN_ROWS rows the weights
+// too, a group at a time into an aligned thread buffer (q8_widen_group), instead of once
+// per tile of 4 rows.
+constexpr int64_t Q8_WIDE_MIN_ROWS = 8;
+
+template <bool WIDE, typename T>
+static void q8_half(const Wide& xw, const Act& x, const Packed& w, T* o, int64_t M, int64_t g, int h,
+                    const Ahead& ahead, const int16_t* wide) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) tile_q8_rows_avx2<4, WIDE>(xw, x, w, o, i, g, h, h == 1 && i + 4 == M ? ahead : Ahead{}, wide);
+  const Ahead& a = h == 1 ? ahead : Ahead{};
+  if (M - i == 3) tile_q8_rows_avx2<3, WIDE>(xw, x, w, o, i, g, h, a, wide);
+  else if (M - i == 2) tile_q8_rows_avx2<2, WIDE>(xw, x, w, o, i, g, h, a, wide);
+  else if (M - i == 1) tile_q8_rows_avx2<1, WIDE>(xw, x, w, o, i, g, h, a, wide);
+}
+
 template <typename T>
 static void q8_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0, int64_t g1) {
   const int64_t nb = w.nb, K = nb * QK;
   thread_local std::vector<int16_t> q16;
   thread_local std::vector<int32_t> sums;
+  thread_local std::vector<uint8_t> wide;
   q16.resize(M * K);
   sums.resize(M * nb);
   for (int64_t r = 0; r < M * nb; ++r) {
@@ -130,16 +145,15 @@ static void q8_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0
     sums[r] = t;
   }
   const Wide xw{q16.data(), sums.data()};
+  const bool widen = M >= Q8_WIDE_MIN_ROWS;
+  int16_t* u = widen ? reinterpret_cast<int16_t*>(aligned_scratch(wide, nb * Q8_WIDE_BLOCK * 2)) : nullptr;
   for (int64_t g = g0; g < g1; ++g) {
     const Ahead ahead =
         x.prefetch ? ahead_of(w.q, group_bytes<Q8>(nb), g + 1, std::min<int64_t>(1, g1 - g - 1), nb) : Ahead{};
+    if (widen) q8_widen_group(w, g, x.prefetch, u);
     for (int h = 0; h < 2; ++h) {
-      int64_t i = 0;
-      for (; i + 4 <= M; i += 4) tile_q8_rows_avx2<4>(xw, x, w, o, i, g, h, h == 1 && i + 4 == M ? ahead : Ahead{});
-      const Ahead& a = h == 1 ? ahead : Ahead{};
-      if (M - i == 3) tile_q8_rows_avx2<3>(xw, x, w, o, i, g, h, a);
-      else if (M - i == 2) tile_q8_rows_avx2<2>(xw, x, w, o, i, g, h, a);
-      else if (M - i == 1) tile_q8_rows_avx2<1>(xw, x, w, o, i, g, h, a);
+      if (widen) q8_half<true>(xw, x, w, o, M, g, h, ahead, u);
+      else q8_half<false>(xw, x, w, o, M, g, h, ahead, nullptr);
     }
   }
 }
