@@ -79,26 +79,35 @@ static void half_rows(const Act& x, const Packed& w, T* o, int64_t M, int64_t g,
   if (i < M) tile<FMT, 1, H, H + 1>(x, w, o, i, g, last);
 }
 
-// The 5-bit formats from UNPACK_MIN_ROWS rows: per group, every block's planes (the nibbles
-// with their fifth bit ORed in, kquant.h) unpacked once into a thread's buffer, and the
-// tiles of rows then read them there. The row tiles unpack a half's planes once per tile of
-// 4 rows, 9 vector instructions a register against 16 maddubs + adds: at 8 rows twice, at a
-// prompt's hundreds of rows a hundred times. The integer sums and float operations are the
-// tiles' own, so the outputs are the same bits (tests/scheduler_worker/test_kquant_kernels.py).
+// The 5-bit formats and Q6_K from UNPACK_MIN_ROWS rows: per group, every block's planes
+// (the nibbles with their fifth bit, or top two bits, ORed in: kquant.h, q6k.h) unpacked
+// once into a thread's aligned buffer, and the tiles of rows then read them there. The row
+// tiles unpack a half's planes once per tile of 4 rows, ~9 vector instructions a register
+// against 16 maddubs + adds: at 8 rows twice, at a prompt's hundreds of rows a hundred
+// times. Q4_K (3 instructions a register) ran no faster so (8 rows: 1.09x the time) and
+// keeps the tiles, as on AVX-512 (../avx512/panel.h). The integer sums and float operations
+// are the tiles' own, so the outputs are the same bits (tests/scheduler_worker/
+// test_kquant_kernels.py).
 template <int FMT>
-constexpr bool UNPACKS = FMT == Q5 || FMT == Q50 || FMT == Q5K;
+constexpr bool UNPACKS = FMT == Q5 || FMT == Q50 || FMT == Q5K || FMT == Q6K;
 constexpr int64_t UNPACK_MIN_ROWS = 8;
+
+template <int FMT, int RM, int H, typename T>
+static void tile_unpacked(const Act& x, const Packed& w, T* o, int64_t i, int64_t g, const Ahead& a, const uint8_t* u) {
+  if constexpr (FMT == Q6K) tile_q6_avx2<RM, H, H + 1, true>(x, w, o, i, g, a, u);
+  else tile_kq_unpacked_avx2<FMT, RM, H, H + 1>(x, w, o, i, g, a, u);
+}
 
 template <int FMT, int H, typename T>
 static void half_rows_unpacked(const Act& x, const Packed& w, T* o, int64_t M, int64_t g, const Ahead& last,
                                const uint8_t* u) {
   int64_t i = 0;
-  for (; i + 4 <= M; i += 4) tile_kq_unpacked_avx2<FMT, 4, H, H + 1>(x, w, o, i, g, i + 4 == M ? last : Ahead{}, u);
+  for (; i + 4 <= M; i += 4) tile_unpacked<FMT, 4, H>(x, w, o, i, g, i + 4 == M ? last : Ahead{}, u);
   if (i + 2 <= M) {
-    tile_kq_unpacked_avx2<FMT, 2, H, H + 1>(x, w, o, i, g, i + 2 == M ? last : Ahead{}, u);
+    tile_unpacked<FMT, 2, H>(x, w, o, i, g, i + 2 == M ? last : Ahead{}, u);
     i += 2;
   }
-  if (i < M) tile_kq_unpacked_avx2<FMT, 1, H, H + 1>(x, w, o, i, g, last, u);
+  if (i < M) tile_unpacked<FMT, 1, H>(x, w, o, i, g, last, u);
 }
 
 template <int FMT, typename T>
@@ -108,7 +117,8 @@ static void unpacked_groups(const Act& x, const Packed& w, int64_t M, T* o, int6
   for (int64_t g = g0; g < g1; ++g) {
     const Ahead ahead =
         x.prefetch ? ahead_of(w.q, group_bytes<FMT>(w.nb), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb) : Ahead{};
-    kq_unpack_group<FMT>(w, g, x.prefetch, u);
+    if constexpr (FMT == Q6K) q6_unpack_group(w, g, x.prefetch, u);
+    else kq_unpack_group<FMT>(w, g, x.prefetch, u);
     half_rows_unpacked<FMT, 0>(x, w, o, M, g, Ahead{}, u);
     half_rows_unpacked<FMT, 1>(x, w, o, M, g, ahead, u);
   }
