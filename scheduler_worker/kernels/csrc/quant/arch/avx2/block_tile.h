@@ -9,6 +9,9 @@ namespace zs_qgemm {
 
 // Per half h of the group: the block's weight scale (d, or the super-block's d times the
 // block's scale) and its minimum's (m; zero where the format has none).
+// Bytes a block's unpacked planes take (kquant.h, kq_unpack).
+constexpr int64_t KQ_PLANE_BYTES = 512;
+
 struct Scales {
   __m256 dw, mw;
 };
@@ -18,16 +21,20 @@ struct Scales {
 //   dot(wb, xb, iacc): the int32 sums of the block at wb with each row's int8 block xb[i];
 //   scales(w, g, b, h): the block's Scales for half h (it may keep a super-block's state).
 // The row update: d dx dot + m s (a minimum), d (dx dot - offset s) (an offset), or d dx dot.
+// A Block with U (kquant.h's unpacked one) reads its weights from `unpacked` (KQ_PLANE_BYTES a block, kquant.h)
+// instead of the packed group; the scales still come from w.
 template <int FMT, int RM, typename Block, int H0 = 0, int H1 = 2, typename T>
-ZS_AVX2 ZS_INLINE void block_tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead) {
+ZS_AVX2 ZS_INLINE void block_tile_avx2(const Act& x, const Packed& w, T* out, int64_t i0, int64_t g, const Ahead& ahead,
+                                       const uint8_t* unpacked = nullptr) {
+  constexpr bool U = Block::U;
   using L = Layout<FMT>;
   const int64_t nb = w.nb;
   Block blk;
   __m256 facc[RM][2];
   for (int i = 0; i < RM; ++i) facc[i][0] = facc[i][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = sub_block<FMT>(w, g, b);
-    if (x.prefetch && i0 == 0 && H0 == 0) prefetch_block_ahead<L::SBB>(wb);
+    const uint8_t* wb = U ? unpacked + b * KQ_PLANE_BYTES : sub_block<FMT>(w, g, b);
+    if (!U && x.prefetch && i0 == 0 && H0 == 0) prefetch_block_ahead<L::SBB>(wb);
     ahead.fetch(b);
     const int8_t* xb[RM];
     act_blocks(xb, x, i0, nb, b);

@@ -12,6 +12,7 @@ namespace zs_qgemm {
 
 template <int FMT, int RM, int H0, int H1>
 struct CodebookBlock {
+  static constexpr bool U = false;  // reads the packed blocks (block_tile.h)
   using L = Layout<FMT>;
   static_assert(L::R.codebook != nullptr && L::R.piece == QK && !L::M && L::R.offset == 0,
                 "a codebook of nibbles, scaled per block");

@@ -3,6 +3,9 @@
 // for baseline x86-64 and runs these only where the CPU has AVX2 (zs_isa.h).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "../../kernel.h"
 
 namespace zs_qgemm {
@@ -12,6 +15,13 @@ namespace zs_qgemm {
 // Keeps an accumulator in its register: without it GCC reassociates a tile's chains of
 // integer adds into trees and spills every partial product to the stack.
 #define ZS_KEEP(v) asm("" : "+x"(v))
+
+// A thread's scratch of `bytes` from a 64-byte boundary (a std::vector's data is 16-byte
+// aligned, even of __m256i: a 32-byte load at a 16-byte offset splits a cache line).
+inline uint8_t* aligned_scratch(std::vector<uint8_t>& v, int64_t bytes) {
+  v.resize(bytes + 64);
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
+}
 
 ZS_AVX2 inline __m256 load8_avx2(const float* x) { return _mm256_loadu_ps(x); }
 ZS_AVX2 inline __m256 load8_avx2(const c10::BFloat16* x) {

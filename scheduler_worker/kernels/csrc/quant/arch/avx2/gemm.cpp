@@ -79,13 +79,74 @@ static void half_rows(const Act& x, const Packed& w, T* o, int64_t M, int64_t g,
   if (i < M) tile<FMT, 1, H, H + 1>(x, w, o, i, g, last);
 }
 
+// The 5-bit formats and Q6_K from UNPACK_MIN_ROWS rows: per group, every block's planes
+// (the nibbles with their fifth bit, or top two bits, ORed in: kquant.h, q6k.h) unpacked
+// once into a thread's aligned buffer, and the tiles of rows then read them there. The row
+// tiles unpack a half's planes once per tile of 4 rows, ~9 vector instructions a register
+// against 16 maddubs + adds: at 8 rows twice, at a prompt's hundreds of rows a hundred
+// times. Q4_K (3 instructions a register) ran no faster so (8 rows: 1.09x the time) and
+// keeps the tiles, as on AVX-512 (../avx512/panel.h). The integer sums and float operations
+// are the tiles' own, so the outputs are the same bits (tests/scheduler_worker/
+// test_kquant_kernels.py).
+template <int FMT>
+constexpr bool UNPACKS = FMT == Q5 || FMT == Q50 || FMT == Q5K || FMT == Q6K;
+constexpr int64_t UNPACK_MIN_ROWS = 8;
+
+template <int FMT, int RM, int H, typename T>
+static void tile_unpacked(const Act& x, const Packed& w, T* o, int64_t i, int64_t g, const Ahead& a, const uint8_t* u) {
+  if constexpr (FMT == Q6K) tile_q6_avx2<RM, H, H + 1, true>(x, w, o, i, g, a, u);
+  else tile_kq_unpacked_avx2<FMT, RM, H, H + 1>(x, w, o, i, g, a, u);
+}
+
+template <int FMT, int H, typename T>
+static void half_rows_unpacked(const Act& x, const Packed& w, T* o, int64_t M, int64_t g, const Ahead& last,
+                               const uint8_t* u) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) tile_unpacked<FMT, 4, H>(x, w, o, i, g, i + 4 == M ? last : Ahead{}, u);
+  if (i + 2 <= M) {
+    tile_unpacked<FMT, 2, H>(x, w, o, i, g, i + 2 == M ? last : Ahead{}, u);
+    i += 2;
+  }
+  if (i < M) tile_unpacked<FMT, 1, H>(x, w, o, i, g, last, u);
+}
+
+template <int FMT, typename T>
+static void unpacked_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0, int64_t g1) {
+  thread_local std::vector<uint8_t> planes;
+  uint8_t* u = aligned_scratch(planes, w.nb * KQ_PLANE_BYTES);
+  for (int64_t g = g0; g < g1; ++g) {
+    const Ahead ahead =
+        x.prefetch ? ahead_of(w.q, group_bytes<FMT>(w.nb), g + 1, std::min<int64_t>(1, g1 - g - 1), w.nb) : Ahead{};
+    if constexpr (FMT == Q6K) q6_unpack_group(w, g, x.prefetch, u);
+    else kq_unpack_group<FMT>(w, g, x.prefetch, u);
+    half_rows_unpacked<FMT, 0>(x, w, o, M, g, Ahead{}, u);
+    half_rows_unpacked<FMT, 1>(x, w, o, M, g, ahead, u);
+  }
+}
+
 // Q8 from 3 rows: per half group, tiles of 4 rows then the rest (q8_rows.h), the
-// activations widened to int16 here, once per call.
+// activations widened to int16 here, once per call; from Q8_WIDE_MIN_ROWS rows the weights
+// too, a group at a time into an aligned thread buffer (q8_widen_group), instead of once
+// per tile of 4 rows.
+constexpr int64_t Q8_WIDE_MIN_ROWS = 8;
+
+template <bool WIDE, typename T>
+static void q8_half(const Wide& xw, const Act& x, const Packed& w, T* o, int64_t M, int64_t g, int h,
+                    const Ahead& ahead, const int16_t* wide) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) tile_q8_rows_avx2<4, WIDE>(xw, x, w, o, i, g, h, h == 1 && i + 4 == M ? ahead : Ahead{}, wide);
+  const Ahead& a = h == 1 ? ahead : Ahead{};
+  if (M - i == 3) tile_q8_rows_avx2<3, WIDE>(xw, x, w, o, i, g, h, a, wide);
+  else if (M - i == 2) tile_q8_rows_avx2<2, WIDE>(xw, x, w, o, i, g, h, a, wide);
+  else if (M - i == 1) tile_q8_rows_avx2<1, WIDE>(xw, x, w, o, i, g, h, a, wide);
+}
+
 template <typename T>
 static void q8_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0, int64_t g1) {
   const int64_t nb = w.nb, K = nb * QK;
   thread_local std::vector<int16_t> q16;
   thread_local std::vector<int32_t> sums;
+  thread_local std::vector<uint8_t> wide;
   q16.resize(M * K);
   sums.resize(M * nb);
   for (int64_t r = 0; r < M * nb; ++r) {
@@ -94,16 +155,15 @@ static void q8_groups(const Act& x, const Packed& w, int64_t M, T* o, int64_t g0
     sums[r] = t;
   }
   const Wide xw{q16.data(), sums.data()};
+  const bool widen = M >= Q8_WIDE_MIN_ROWS;
+  int16_t* u = widen ? reinterpret_cast<int16_t*>(aligned_scratch(wide, nb * Q8_WIDE_BLOCK * 2)) : nullptr;
   for (int64_t g = g0; g < g1; ++g) {
     const Ahead ahead =
         x.prefetch ? ahead_of(w.q, group_bytes<Q8>(nb), g + 1, std::min<int64_t>(1, g1 - g - 1), nb) : Ahead{};
+    if (widen) q8_widen_group(w, g, x.prefetch, u);
     for (int h = 0; h < 2; ++h) {
-      int64_t i = 0;
-      for (; i + 4 <= M; i += 4) tile_q8_rows_avx2<4>(xw, x, w, o, i, g, h, h == 1 && i + 4 == M ? ahead : Ahead{});
-      const Ahead& a = h == 1 ? ahead : Ahead{};
-      if (M - i == 3) tile_q8_rows_avx2<3>(xw, x, w, o, i, g, h, a);
-      else if (M - i == 2) tile_q8_rows_avx2<2>(xw, x, w, o, i, g, h, a);
-      else if (M - i == 1) tile_q8_rows_avx2<1>(xw, x, w, o, i, g, h, a);
+      if (widen) q8_half<true>(xw, x, w, o, M, g, h, ahead, u);
+      else q8_half<false>(xw, x, w, o, M, g, h, ahead, nullptr);
     }
   }
 }
@@ -115,6 +175,8 @@ template <int FMT>
 void groups(const Act& x, const Packed& w, int64_t M, Out out, int64_t g0, int64_t g1) {
   if constexpr (FMT == Q8)
     if (M >= 3) return with_out(out, [&](auto* o) { q8_groups(x, w, M, o, g0, g1); });
+  if constexpr (UNPACKS<FMT>)
+    if (M >= UNPACK_MIN_ROWS) return with_out(out, [&](auto* o) { unpacked_groups<FMT>(x, w, M, o, g0, g1); });
   with_out(out, [&](auto* o) {
     for (int64_t g = g0; g < g1; ++g) {
       const Ahead ahead = x.prefetch && M > 2
