@@ -16,18 +16,13 @@ EOS = 2
 
 @pytest.fixture(autouse=True, params=["torch", "kernels"])
 def sampler_path(request, monkeypatch):
-    """Each test twice: the torch path, and the C++ kernels' (a Sampler given their isa:
-    draws.kernel_sample), where they are built."""
+    """Each test on the torch path and on the C++ kernels' (draws.kernel_sample)."""
     if request.param == "kernels":
         if not kernels.load():
             pytest.skip("the C++ kernels are not built here")
         isa = kernels.isa_index(kernels.best_isa())
-
-        class KernelSampler(Sampler):
-            __init__ = functools.partialmethod(Sampler.__init__, kernel_isa=isa)
-
-        monkeypatch.setitem(globals(), "Sampler", KernelSampler)
-    return request.param
+        init = functools.partialmethod(Sampler.__init__, kernel_isa=isa)
+        monkeypatch.setitem(globals(), "Sampler", type("KSampler", (Sampler,), {"__init__": init}))
 
 
 def _row(
