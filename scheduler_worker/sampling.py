@@ -352,19 +352,18 @@ class Sampler:
         """The sample with logprobs for rows `idx` (sel: idx on the device; their raw
         logits: raw_rows). On the CPU kernels one op (draws.kernel_logprobs)."""
         num_top = values[idx, NUM_TOP].astype(np.int64).tolist()
-        picked = tokens.index_select(0, sel)
+        picked, n = tokens.index_select(0, sel), max(num_top)
+        top_lps: torch.Tensor | None
+        top_ids: torch.Tensor | None
         if self.kernel_isa is not None:
-            sampled_lp, top_lps, top_ids = kernel_logprobs(
-                raw_rows, picked, max(num_top), self.kernel_isa
-            )
-            sample = DeviceSample(tokens, idx, num_top, sampled_lp)
-            if max(num_top) > 0:
-                sample.top_logprobs, sample.top_ids = top_lps, top_ids
-            return sample
-        lp = raw_rows.log_softmax(dim=-1)
-        sample = DeviceSample(tokens, idx, num_top, lp.gather(1, picked[:, None])[:, 0])
-        if max(num_top) > 0:
-            sample.top_logprobs, sample.top_ids = lp.topk(max(num_top), dim=-1)
+            sampled_lp, top_lps, top_ids = kernel_logprobs(raw_rows, picked, n, self.kernel_isa)
+        else:
+            lp = raw_rows.log_softmax(dim=-1)
+            sampled_lp = lp.gather(1, picked[:, None])[:, 0]
+            top_lps, top_ids = lp.topk(n, dim=-1) if n > 0 else (None, None)
+        sample = DeviceSample(tokens, idx, num_top, sampled_lp)
+        if n > 0:
+            sample.top_logprobs, sample.top_ids = top_lps, top_ids
         return sample
 
 
