@@ -4,10 +4,16 @@ response formats (frontend.api.openai_format).
 An entry per token is [logprob, [[top id, logprob], ...], [token str, top strs...]?]; the
 third item is the detok's decoded strings. Where it is missing or malformed, tokens are
 named "token_id:<id>" (vLLM's `return_tokens_as_token_ids` convention).
+
+A logprob that is not a finite number (-inf: a token the model's logits rule out; NaN or
++inf: logits that overflowed, e.g. float16) goes out as -9999.0, as OpenAI's API and vLLM
+send an impossible token's: JSON has no infinities, so a non-streaming response would fail
+to render (a 500) and a stream would carry `-Infinity`, which strict JSON parsers refuse.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from common.log import get_logger
@@ -18,6 +24,13 @@ log = get_logger("frontend.logprobs")
 
 # (token, logprob, [(top token, logprob), ...]) for one token, tokens as strings
 TokenLogprob = tuple[str, float, list[tuple[str, float]]]
+FLOOR = -9999.0  # what a logprob that is not a finite number is sent as
+
+
+def logprob_value(v: Any) -> float:
+    """float(v), or FLOOR where that is not finite (-inf, +inf, NaN) or below FLOOR."""
+    f = float(v)
+    return f if math.isfinite(f) and f > FLOOR else FLOOR
 
 
 def _names(entry: list[Any], num_top: int) -> list[str] | None:
@@ -56,8 +69,8 @@ def token_logprobs(d: Delta) -> list[TokenLogprob]:
             out.append(
                 (
                     names[0],
-                    float(entry[0]),
-                    [(name, float(v)) for name, (_, v) in zip(names[1:], entry[1])],
+                    logprob_value(entry[0]),
+                    [(name, logprob_value(v)) for name, (_, v) in zip(names[1:], entry[1])],
                 )
             )
         return out
@@ -80,9 +93,8 @@ def prompt_token_logprobs(d: Delta) -> list[TokenLogprob | None]:
                 continue
             tops = entry[1]
             names = _names(entry, len(tops)) or ["", *(token_name(int(t)) for t, _ in tops)]
-            out.append(
-                (names[0], float(entry[0]), [(n, float(v)) for n, (_, v) in zip(names[1:], tops)])
-            )
+            tops_named = [(n, logprob_value(v)) for n, (_, v) in zip(names[1:], tops)]
+            out.append((names[0], logprob_value(entry[0]), tops_named))
         return out
     except (TypeError, ValueError, IndexError) as e:
         log.warning("ignoring malformed prompt logprobs: %s", e)

@@ -215,7 +215,7 @@ class FakeBackend:
         text = req.prompt
         if req.kind == "chat":
             text = req.messages[-1]["content"] if req.messages else ""
-        modes = ("bad", "hold", "slow", "fail-late", "stranded", "think")
+        modes = ("bad", "hold", "slow", "fail-late", "stranded", "think", "nonfinite")
         mode = text if text in modes else "words"
         if mode == "stranded":
             return True
@@ -267,17 +267,21 @@ class FakeBackend:
                 continue
             else:
                 words = THINK_WORDS if a.mode == "think" else WORDS
-                text = words[a.num_out - 1] if a.mode in ("words", "think") else "Hello"
+                worded = a.mode in ("words", "think", "nonfinite")
+                text = words[a.num_out - 1] if worded else "Hello"
                 finish = None
                 settled = replace(params)  # an unset one settled, as the tokenizer does
                 settle_max_tokens(settled, a.prompt_len, MAX_MODEL_LEN)
                 max_tokens = settled.max_tokens
-                if a.mode in ("words", "think") and a.num_out >= min(max_tokens, len(words)):
+                if worded and a.num_out >= min(max_tokens, len(words)):
                     finish = "length" if max_tokens <= len(words) else "stop"
             lp = None
             if params.logprobs is not None:
                 top = [[100 + k, -0.5 - k] for k in range(params.logprobs)]
                 lp = [[-0.5, top]]
+                if a.mode == "nonfinite":  # overflowed logits: no finite logprob
+                    bad = (float("-inf"), float("nan"), float("inf"))
+                    lp = [[float("nan"), [[100 + k, bad[k % 3]] for k in range(params.logprobs)]]]
             timings = None  # on the finishing output, as the scheduler's
             if finish is not None:  # the arrival stays in the frontend: it adds it
                 wall = time.time()

@@ -238,3 +238,29 @@ def test_models(served, http):
     assert body["data"][0]["max_model_len"] == 2048
     assert http.get(f"/v1/models/{served.config.model_name}").status_code == 200
     assert http.get("/v1/models/nope").json()["error"]["code"] == "model_not_found"
+
+
+def test_logprobs_that_are_not_finite_go_out_as_openais_floor(served, http):
+    """Overflowed logits (NaN, +-inf logprobs from the engine) reach the client as -9999.0,
+    OpenAI's value for an impossible token: the response renders (JSON has no infinities;
+    it was a 500) and a stream carries no `NaN` or `-Infinity` a strict parser refuses."""
+    body = {"prompt": "nonfinite", "logprobs": 3, "max_tokens": 2}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == [-9999.0, -9999.0]
+    assert lp["top_logprobs"][0] == {f"token_id:{100 + k}": -9999.0 for k in range(3)}
+    chat = {"messages": [{"role": "user", "content": "nonfinite"}], "max_tokens": 2}
+    r = http.post("/v1/chat/completions", json={**chat, "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert [c["logprob"] for c in content] == [-9999.0, -9999.0]
+    assert [t["logprob"] for t in content[0]["top_logprobs"]] == [-9999.0, -9999.0]
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+        text = s.read().decode()
+    assert "NaN" not in text and "Infinity" not in text
+    events = [e for e in parse_sse(text) if e != "[DONE]"]
+    assert [v for e in events for v in e["choices"][0]["logprobs"]["token_logprobs"]] == [
+        -9999.0,
+        -9999.0,
+    ]
