@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,7 +72,7 @@ def old_thresholds(probs, top_ps, top_ks, candidates, may_branch) -> torch.Tenso
     thresh = probs.new_zeros(len(top_ps), 1)
     rows = [i for i, p in enumerate(top_ps) if p < 1.0]
     if rows:
-        want = _tensor([top_ps[i] for i in rows], dev)[:, None]
+        want = _tensor([float(top_ps[i]) for i in rows], dev)[:, None]
         sel = _tensor(rows, dev)
         cut = old_top_p_threshold(probs.index_select(0, sel), want, may_branch)
         thresh.index_copy_(0, sel, cut)
@@ -110,7 +111,9 @@ def prepare(logits: torch.Tensor, params: list[SamplingParams]):
         kth.masked_fill_(_tensor([n == 0 for n in ks], logits.device)[:, None], float("-inf"))
         logits = logits.masked_fill(logits < kth, float("-inf"))
         candidates = top.indices
-    return logits.softmax(dim=-1), [p.top_p for p in params], ks, candidates
+    # as the sampler hands them over (batch_params: numpy columns)
+    top_ps = np.array([p.top_p for p in params], dtype=np.float64)
+    return logits.softmax(dim=-1), top_ps, np.array(ks, dtype=np.int64), candidates
 
 
 def timed(fn, device: str, repeat: int, clock: str = "wall") -> float:

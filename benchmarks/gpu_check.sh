@@ -117,7 +117,10 @@ declare -A PORT=([m135]=18731 [l1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [l
   [l8b]=18736 [l8b_cold]=18737 [l1b_cold]=18738 [m135_cold]=18739
   [l1b_warm]=18740 [m135_warm]=18741 [l1b_fp8]=18742 [l8b_fp8]=18743)
 FP8="${ZS_FP8:-1}"
-FP8_FLAGS="${ZS_FP8_FLAGS---quantization fp8 --kv-cache-dtype fp8}" # the FP8 servers' flags
+# the FP8 servers' flags; a CPU dry run has no FP8 KV cache (the GPU's: the start refuses it)
+FP8_DEFAULT="--quantization fp8 --kv-cache-dtype fp8"
+[ "$DEV" = cpu ] && FP8_DEFAULT="--quantization fp8"
+FP8_FLAGS="${ZS_FP8_FLAGS-$FP8_DEFAULT}"
 
 has_model() { [[ " $MODELS " == *" $1 "* ]] && [ -f "$MROOT/$1/config.json" ]; }
 is_dummy() { [[ " $DUMMY " == *" $1 "* ]]; }
