@@ -17,6 +17,9 @@
                                 process's place among a replica's tensor-parallel ranks
                                 (scheduler_worker/parallel/ranks.py; rank 0 sets them for
                                 the ranks it starts itself)
+    LWS_GROUP_SIZE, LWS_WORKER_INDEX, LWS_LEADER_ADDRESS   a Kubernetes LeaderWorkerSet
+                                pod's (without WORLD_SIZE): the same place, one rank a pod
+                                (deploy/kubernetes-multihost)
     XDG_CACHE_HOME, XDG_RUNTIME_DIR   the usual base directories, when set
     TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR   where compiled kernels are kept; the
                                 scheduler points them under the cache dir when unset
@@ -31,6 +34,7 @@ Child processes get the environment as it is (subprocess copies it); that is not
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 ENV_PREFIX = "ZEROSERVE_"
@@ -87,12 +91,27 @@ def cuda_visible_devices() -> list[str] | None:
     return out
 
 
-def torchrun_rank() -> tuple[int, int, str, int, int] | None:
-    """(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) as torchrun sets them (RANK
-    0, port 29500, LOCAL_RANK = RANK where unset), or None when WORLD_SIZE is unset;
-    ValueError naming a variable that is not a number."""
-    if not os.environ.get("WORLD_SIZE"):
-        return None
+@dataclass(frozen=True)
+class LaunchedRank:
+    """A scheduler process's place among its replica's ranks, as its launcher gave it:
+    torchrun (whose agent hosts the rendezvous store: `agent_store`), or a LeaderWorkerSet
+    pod (rank 0's process hosts it at master_addr:master_port)."""
+
+    rank: int
+    world: int
+    master_addr: str
+    master_port: int
+    local_rank: int
+    agent_store: bool
+    launcher: str  # "torchrun" or "LeaderWorkerSet": named in errors
+
+
+def launched_rank() -> LaunchedRank | None:
+    """torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK (RANK 0, port
+    29500, LOCAL_RANK = RANK where unset); else, where WORLD_SIZE is unset, a LeaderWorkerSet
+    pod's LWS_WORKER_INDEX, LWS_GROUP_SIZE and LWS_LEADER_ADDRESS (one rank a pod: LOCAL_RANK
+    0 unless set; MASTER_PORT as above); None when neither is there. ValueError naming a
+    variable that is not a number, or a missing leader address."""
 
     def number(name: str, default: str) -> int:
         text = (os.environ.get(name) or default).strip()
@@ -100,12 +119,24 @@ def torchrun_rank() -> tuple[int, int, str, int, int] | None:
             raise ValueError(f"{name} must be an integer >= 0, got {text!r}")
         return int(text)
 
-    rank = number("RANK", "0")
-    world = number("WORLD_SIZE", "1")
-    if world < 1:
-        raise ValueError("WORLD_SIZE must be at least 1")
-    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    return rank, world, addr, number("MASTER_PORT", "29500"), number("LOCAL_RANK", str(rank))
+    port = number("MASTER_PORT", "29500")
+    if os.environ.get("WORLD_SIZE"):
+        rank, world = number("RANK", "0"), number("WORLD_SIZE", "1")
+        addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        local = number("LOCAL_RANK", str(rank))
+        launched = LaunchedRank(rank, world, addr, port, local, True, "torchrun")
+    elif os.environ.get("LWS_GROUP_SIZE"):
+        rank, world = number("LWS_WORKER_INDEX", "0"), number("LWS_GROUP_SIZE", "1")
+        addr = (os.environ.get("LWS_LEADER_ADDRESS") or "").strip()
+        if not addr:
+            raise ValueError("LWS_GROUP_SIZE is set but LWS_LEADER_ADDRESS is not")
+        local = number("LOCAL_RANK", "0")
+        launched = LaunchedRank(rank, world, addr, port, local, False, "LeaderWorkerSet")
+    else:
+        return None
+    if launched.world < 1:
+        raise ValueError(f"the group size must be at least 1 ({launched.launcher})")
+    return launched
 
 
 # the compilers' own cache variables, and their folders under zeroserve's cache dir

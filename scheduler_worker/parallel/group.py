@@ -3,7 +3,8 @@
     rendezvous   a TCPStore on rank 0: on a free port it picks itself (port 0, so no race
                  for it), handed to the ranks it spawns (parallel/ranks.py); or
                  torchrun's MASTER_ADDR / MASTER_PORT, RANK, WORLD_SIZE (a replica that
-                 spans hosts), rank 0 hosting the store there too
+                 spans hosts: torchrun's agent hosts the store), or a LeaderWorkerSet
+                 pod's LWS_* variables (rank 0's process hosts it, tcp://)
     backend      gloo on a CPU, NCCL on CUDA (each rank on its LOCAL_RANK's GPU of those
                  visible to the replica)
     timeout      every collective's (ModelConfig.collective_timeout_s): a rank that hangs
@@ -42,6 +43,9 @@ class Rendezvous:
     rank: int
     world: int
     local_rank: int = 0  # the GPU index among the replica's visible ones (NCCL)
+    # the store at host:port is torchrun's agent's (env://); else rank 0 hosts it there
+    # (a LeaderWorkerSet's pods: tcp://), or on a free port (`host_store`)
+    agent_store: bool = True
 
 
 class TPGroup:
@@ -80,7 +84,7 @@ class TPGroup:
         """Join the group (blocks until every rank has joined)."""
         dist.init_process_group(
             self.backend,
-            init_method=None if self.store is not None else "env://",
+            init_method=None if self.store is not None else self._init_method(),
             # env:// puts the group's keys under "default_pg/": the followers join so
             store=None if self.store is None else dist.PrefixStore("default_pg", self.store),
             rank=self.rank,
@@ -95,6 +99,10 @@ class TPGroup:
             self.backend,
             self.timeout.total_seconds(),
         )
+
+    def _init_method(self) -> str:
+        """torchrun's agent store through its environment, else rank 0 hosts the store."""
+        return "env://" if self.rdv.agent_store else f"tcp://{self.rdv.host}:{self.rdv.port}"
 
     def close(self) -> None:
         if self.started and dist.is_initialized():

@@ -31,7 +31,7 @@ import torch
 
 from common.config import Config, ConfigError
 from common.endpoints import ensure_run_dir
-from common.env import torchrun_rank
+from common.env import launched_rank
 from common.log import get_logger
 from common.process import die_with_parent
 from scheduler_worker.backends.device import device_kind
@@ -49,18 +49,21 @@ def rendezvous(config: Config) -> Rendezvous | None:
     of tensor_parallel_size ranks it will start itself; None without tensor parallelism."""
     world = config.engine.model.tensor_parallel_size
     try:
-        launched = torchrun_rank()
+        launched = launched_rank()
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if launched is not None:
-        rank, size, addr, port, local = launched
+        rank, size, who = launched.rank, launched.world, launched.launcher
         if size != world:
             raise ConfigError(
-                f"WORLD_SIZE {size} (torchrun's) and --tensor-parallel-size {world} disagree"
+                f"the group size {size} ({who}'s) and --tensor-parallel-size {world} disagree"
             )
         if world > 1 and rank >= size:
-            raise ConfigError(f"RANK {rank} is out of range for WORLD_SIZE {size}")
-        return Rendezvous(addr, port, rank, size, local) if world > 1 else None
+            raise ConfigError(f"rank {rank} is out of range for a group of {size} ({who}'s)")
+        if world == 1:
+            return None
+        addr, port, local = launched.master_addr, launched.master_port, launched.local_rank
+        return Rendezvous(addr, port, rank, size, local, launched.agent_store)
     return Rendezvous("127.0.0.1", 0, 0, world) if world > 1 else None
 
 
@@ -126,7 +129,7 @@ def start_ranks(config: Config) -> Ranks | None:
     config = threads_per_rank(config)
     if config.engine.model.num_threads is not None:
         torch.set_num_threads(config.engine.model.num_threads)
-    own = torchrun_rank() is None  # else torchrun started every rank
+    own = launched_rank() is None  # else torchrun, or each LeaderWorkerSet pod, started it
     timeout = config.engine.model.collective_timeout_s
     group = TPGroup(rdv, device_type(config), timeout, host_store=own)
     ranks = Ranks(group)

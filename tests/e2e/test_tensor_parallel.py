@@ -9,6 +9,7 @@ hung rank (SIGSTOP) fails its replica after --collective-timeout; SIGTERM stops 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -197,3 +198,51 @@ def test_a_torchrun_replica_joins_and_stops_on_sigterm(tp2):
     wait_replica(tp2.url, 1, alive=False, timeout_s=30)
     left = subprocess.run(["pgrep", "-f", "--replica-id 1 --tp 2"], capture_output=True)
     assert left.stdout == b"", "a torchrun rank outlived SIGTERM"
+
+
+def test_leaderworkerset_pods_join_as_one_replica_and_stop_together(tp2):
+    """A LeaderWorkerSet group's pods, one rank each (deploy/kubernetes-multihost): every
+    pod runs the same command, its place from LWS_WORKER_INDEX / LWS_GROUP_SIZE /
+    LWS_LEADER_ADDRESS and nothing else; they join the running server as replica 2, serve
+    a pinned request, and SIGTERM to the leader stops both (the follower on its STOP)."""
+    args = ["--config", str(tp2.run_dir / "config.json"), "--replica-id", "2", "--tp", "2"]
+    port, procs, logs = free_port(), [], []
+    for index in (0, 1):
+        env = {**os.environ, "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": str(index)}
+        env |= {"LWS_LEADER_ADDRESS": "127.0.0.1", "MASTER_PORT": str(port)}
+        for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR"):
+            env.pop(name, None)
+        logs.append(tp2.run_dir.parent / f"{tp2.run_dir.name}-lws{index}.log")
+        with open(logs[-1], "wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "scheduler_worker", *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=REPO,
+                    env=env,
+                )  # fmt: skip
+            )
+    try:
+        wait_replica(tp2.url, 2, alive=True, timeout_s=START_S)
+        r = httpx.post(
+            tp2.url + "/v1/completions",
+            json={"prompt": "Hello", "max_tokens": 4, "data_parallel_rank": 2},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=90) == 0
+        assert procs[1].wait(timeout=30) == 0  # STOP from the leader, not a failed collective
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    leader, follower = (log.read_text() for log in logs)
+    assert "tensor-parallel rank 0 of 2 joined" in leader, leader
+    assert "tensor-parallel rank 1 of 2 joined" in follower, follower
+    assert "stopped by rank 0" in follower, follower
+    wait_replica(tp2.url, 2, alive=False, timeout_s=30)
