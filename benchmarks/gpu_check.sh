@@ -23,6 +23,8 @@
 #   6. prefix cache: the same prompt twice (inside every correctness check)
 #   7. a json_schema response_format request and a tool_choice "required" request
 #   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
+#  8a. preemption: m135 with a 64-block KV pool under 16 greedy streams of 256 tokens
+#      (client_preempt.py; ZS_PREEMPT=0: skipped)
 #   9. an in-process profile of l1b (else l8b) decode steps (and of steps that admit a
 #      prompt; ZS_PROFILE=0: skipped)
 #  8b. every family (Gemma 3, Qwen3, GPT-2, ...) on the real kernels and graphs (pytest)
@@ -55,7 +57,7 @@
 # ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
-# ZS_FP32_CHECK (1), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_GEMV (1: stage 9c), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
+# ZS_FP32_CHECK (1), ZS_PREEMPT (1: stage 8a), ZS_PREEMPT_TOKENS (256), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_GEMV (1: stage 9c), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
 # l8b, served with ZS_FP8_FLAGS, "--quantization fp8 --kv-cache-dtype fp8"; benched at ZS_CONC_FP8 1,256 and
 # ZS_CONC_8B_FP8 1,64),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
@@ -115,7 +117,7 @@ export PYTHONPATH="$ZS"
 BOOK="$ZS/benchmarks/data/pride_and_prejudice_ch1-6.txt"
 declare -A PORT=([m135]=18731 [l1b]=18732 [m135_fp32]=18733 [m135_gguf]=18734 [l1b_1fe]=18735
   [l8b]=18736 [l8b_cold]=18737 [l1b_cold]=18738 [m135_cold]=18739
-  [l1b_warm]=18740 [m135_warm]=18741 [l1b_fp8]=18742 [l8b_fp8]=18743)
+  [l1b_warm]=18740 [m135_warm]=18741 [l1b_fp8]=18742 [l8b_fp8]=18743 [m135_pre]=18744)
 FP8="${ZS_FP8:-1}"
 # the FP8 servers' flags; a CPU dry run has no FP8 KV cache (the GPU's: the start refuses it)
 FP8_DEFAULT="--quantization fp8 --kv-cache-dtype fp8"
@@ -489,6 +491,23 @@ if has_model m135; then
   else
     if serve m135_gguf "$GGUF" "${PORT[m135_gguf]}" "$W/ref_m135.json"; then
       sched_rss m135_gguf
+    fi
+    stop_server
+  fi
+  # preemption: a KV pool of 64 blocks under 16 greedy streams of 256 tokens (their KV ~5x
+  # the pool), overlapped and in graphs: every request whole, the preemptions counted, each
+  # text against the same request's alone (client_preempt.py)
+  if [ "${ZS_PREEMPT:-1}" != 1 ]; then
+    skip preempt_m135 "ZS_PREEMPT=${ZS_PREEMPT}"
+  elif (($(left) - RESERVE < 40)); then
+    skip preempt_m135 "budget ($(left)s left)"
+  else
+    if serve m135_pre "$MROOT/m135" "${PORT[m135_pre]}" "" --num-kv-blocks 64 \
+      --max-model-len 1024; then
+      stage preempt_m135 60 "$PY" "$G/client.py" preempt "http://127.0.0.1:${PORT[m135_pre]}" \
+        "$W/preempt_m135.json" --streams 16 --tokens "${ZS_PREEMPT_TOKENS:-256}"
+      grep -E 'preemption check' "$W/logs/preempt_m135.log" | cut -c1-300 | sed 's/^/      /' |
+        tee -a "$RUNLOG"
     fi
     stop_server
   fi

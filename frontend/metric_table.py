@@ -122,6 +122,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "Speculative decoding: drafted tokens accepted.",
         ("engine",),
     ),
+    S(
+        "preemptions",
+        Counter,
+        "num_preemptions",
+        "Preemptions (a running request's KV dropped for want of blocks, recomputed later),"
+        " counted when the request finishes.",
+        ("engine",),
+    ),
     S("request_success", Counter, "request_success", "Finished requests.", ("finished_reason",)),
     S("ttft", Histogram, "time_to_first_token_seconds", "Time to first token.", (), TTFT_BUCKETS),
     S("itl", Histogram, "inter_token_latency_seconds", "Inter-token latency.", (), ITL_BUCKETS),

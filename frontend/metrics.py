@@ -90,7 +90,8 @@ def stage_durations(t: dict[str, Any]) -> dict[str, float]:
 
 def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
     """The stage durations in ms for the client (usage.timings; the caller asks only for
-    a request that set return_timings), and its speculative decoding counts if it drafted."""
+    a request that set return_timings), its speculative decoding counts if it drafted, and
+    how many times it was preempted if it was."""
     if timings is None:
         return None
     shown: dict[str, float] = {
@@ -99,6 +100,9 @@ def shown_timings(timings: dict[str, Any] | None) -> dict[str, float] | None:
     for key in ("num_draft_tokens", "num_accepted_tokens"):
         if isinstance(timings.get(key), int):
             shown[key] = timings[key]
+    preemptions = timings.get("num_preemptions")
+    if isinstance(preemptions, int) and preemptions > 0:
+        shown["num_preemptions"] = preemptions
     return shown
 
 
@@ -235,6 +239,7 @@ class Metrics:
     generation_tokens: Counter
     spec_draft_tokens: Counter
     spec_accepted_tokens: Counter
+    preemptions: Counter
     request_success: Counter
     ttft: Histogram
     itl: Histogram
@@ -343,6 +348,8 @@ class Metrics:
         self.e2e.observe(e2e_s)
         self.prompt_tokens.labels(engine=str(replica)).inc(num_prompt_tokens)
         self.generation_tokens.labels(engine=str(replica)).inc(num_output_tokens)
+        if timings and isinstance(timings.get("num_preemptions"), int):
+            self.preemptions.labels(engine=str(replica)).inc(timings["num_preemptions"])
         if timings and timings.get("num_draft_tokens"):
             self.spec_draft_tokens.labels(engine=str(replica)).inc(timings["num_draft_tokens"])
             accepted = timings.get("num_accepted_tokens") or 0

@@ -11,6 +11,9 @@ python client.py first URL OUT.json [--steady 8] [--max-tokens 8]
 python client.py structured URL OUT.json
     a response_format json_schema chat request and a tool_choice "required" request:
     does the output parse (JSON / the tool call's arguments)?
+python client.py preempt URL OUT.json [--streams 16] [--tokens 256] [--exact 1]
+    a KV pool too small for the load: every request ends whole, the server preempted,
+    each greedy text against the same request's alone (client_preempt.py)
 python client.py fault URL LAUNCH_PID OUT.json [--streams 16] [--tokens 4096]
     kill -9 the scheduler under streaming load: do the streams end, does /health come
     back (launch.py restarts a dead child), is the next request served?
@@ -27,6 +30,7 @@ import httpx
 from client_first import first
 from client_load import fault, structured
 from client_overlap import overlap
+from client_preempt import preempt
 from client_util import alive, dump, log, post
 
 
@@ -291,6 +295,10 @@ def main() -> int:
     if cmd == "overlap":
         opts = dict(zip(a[3::2], a[4::2]))
         return overlap(a[1], a[2], int(opts.get("--others", 127)), int(opts.get("--tokens", 48)))
+    if cmd == "preempt":
+        opts = dict(zip(a[3::2], a[4::2]))
+        streams, tokens = int(opts.get("--streams", 16)), int(opts.get("--tokens", 256))
+        return preempt(a[1], a[2], streams, tokens, opts.get("--exact", "0") == "1")
     if cmd == "fault":
         opts = dict(zip(a[4::2], a[5::2]))
         streams, tokens = int(opts.get("--streams", 16)), int(opts.get("--tokens", 4096))
