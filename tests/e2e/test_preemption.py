@@ -37,3 +37,5 @@ def test_a_pool_too_small_preempts_and_every_request_ends_whole(small_pool, tmp_
     assert res["preempt"] == "PASS" and res["errors"] == [] and res["all_tokens"]
     assert res["preemptions"] > 0 and res["metric_preemptions"] == res["preemptions"]
     assert res["equal_alone"] == 8
+    # nothing held once idle: every block back in the pool, no request left running
+    small_pool.wait_idle(timeout_s=30)
