@@ -5,28 +5,17 @@ rows)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from scheduler_worker import kernels
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import run_bench
 
 
 @pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
 def test_bench_sampler_times_both_paths_and_compares_seeded_rows():
-    out = subprocess.run(
-        [sys.executable, "benchmarks/bench_sampler.py", "--rows", "16", "--vocab", "4096"]
-        + ["--threads", "1", "--repeat", "2", "--rounds", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    args = ["--rows", "16", "--vocab", "4096", "--threads", "1", "--repeat", "2", "--rounds", "1"]
+    out = run_bench("bench_sampler.py", *args)
     line = re.search(
         r"threads 1 vocab 4096 rows 16: torch ([\d.]+) / ([\d.]+) ms .* op ([\d.]+) / ([\d.]+) ms"
         r".*: ([\d.]+)x; seeded rows differing (\d+) of (\d+)",

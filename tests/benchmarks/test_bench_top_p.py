@@ -5,23 +5,14 @@ float64 sort's (`exact True`) on both kinds of rows."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import run_bench
 
 
 def test_bench_top_p_runs_every_step_and_is_exact():
-    out = subprocess.run(
-        [sys.executable, "benchmarks/bench_top_p.py", "--shapes", "16x4096,8x20000"]
-        + ["--repeat", "1", "--threads", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = run_bench(
+        "bench_top_p.py", "--shapes", "16x4096,8x20000", "--repeat", "1", "--threads", "1"
+    )
     lines = re.findall(r"^cpu (\d+x\d+) (chat|flat): (.*) ms \| exact (\w+)", out, re.M)
     assert [(s, d) for s, d, _, _ in lines] == [
         ("16x4096", "chat"),

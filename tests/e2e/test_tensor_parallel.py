@@ -166,6 +166,18 @@ def test_sigkill_of_rank_1_restarts_its_replica_while_the_other_serves(dp2tp2):
     assert "restarting it" in dp2tp2.log()  # SIGTERM at teardown: serve() checks every rank
 
 
+def joins_and_serves(server: Server, replica: int) -> None:
+    """`replica` joins the running server and serves a request pinned to it."""
+    wait_replica(server.url, replica, alive=True, timeout_s=START_S)
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": "Hello", "max_tokens": 4, "data_parallel_rank": replica},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+
+
 def test_a_torchrun_replica_joins_and_stops_on_sigterm(tp2):
     """torchrun starts a replica's two ranks itself (its RANK / WORLD_SIZE / MASTER_ADDR
     environment, the shape of a replica that spans hosts): they join the running server as
@@ -179,14 +191,7 @@ def test_a_torchrun_replica_joins_and_stops_on_sigterm(tp2):
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
         )  # fmt: skip
     try:
-        wait_replica(tp2.url, 1, alive=True, timeout_s=START_S)
-        r = httpx.post(
-            tp2.url + "/v1/completions",
-            json={"prompt": "Hello", "max_tokens": 4, "data_parallel_rank": 1},
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 4
+        joins_and_serves(tp2, 1)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)  # torchrun's own code on a signal is its business
     finally:
@@ -225,14 +230,7 @@ def test_leaderworkerset_pods_join_as_one_replica_and_stop_together(tp2):
                 )  # fmt: skip
             )
     try:
-        wait_replica(tp2.url, 2, alive=True, timeout_s=START_S)
-        r = httpx.post(
-            tp2.url + "/v1/completions",
-            json={"prompt": "Hello", "max_tokens": 4, "data_parallel_rank": 2},
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 4
+        joins_and_serves(tp2, 2)
         procs[0].send_signal(signal.SIGTERM)
         assert procs[0].wait(timeout=90) == 0
         assert procs[1].wait(timeout=30) == 0  # STOP from the leader, not a failed collective
