@@ -36,6 +36,8 @@
 #  9c. the few-row GEMV against cuBLAS (F.linear) on the 1B and 8B shapes' linears at 1, 2,
 #      4, 8 rows: µs, GB/s, the route's pick, K splits 1-16 at 1 row (bench_gemv.py; ZS_GEMV=0:
 #      skipped; on a CPU dry run its plumbing under the interpreter, tiny shapes)
+#  9d. speculative decoding's verify step: 1 + k decode rows against a plain step, at 1, 8
+#      and 32 rows, k 1, 3, 7, on l1b (else l8b) (bench_spec_verify.py; ZS_SPEC=0: skipped)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py), greedy
 #      and the chat mix
 # (after 4 for l1b: l1b again with one frontend, 32 streams: the A/B of the default's
@@ -57,7 +59,7 @@
 # ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
-# ZS_FP32_CHECK (1), ZS_PREEMPT (1: stage 8a), ZS_PREEMPT_TOKENS (256), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_GEMV (1: stage 9c), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
+# ZS_FP32_CHECK (1), ZS_PREEMPT (1: stage 8a), ZS_PREEMPT_TOKENS (256), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_GEMV (1: stage 9c), ZS_SPEC (1: stage 9d), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
 # l8b, served with ZS_FP8_FLAGS, "--quantization fp8 --kv-cache-dtype fp8"; benched at ZS_CONC_FP8 1,256 and
 # ZS_CONC_8B_FP8 1,64),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
@@ -604,6 +606,26 @@ else # the plumbing only: the interpreter on tiny shapes
 fi
 [ -f "$W/logs/gemv.log" ] && grep -E 'SMs|batch 1|check at|sweep' "$W/logs/gemv.log" | cut -c1-250 |
   sed 's/^/      /' | tee -a "$RUNLOG"
+
+# ---- 9d. speculative decoding's verify step on the device (issue 53) ------------------
+# a (1 + k)-token verify as decode rows against a plain decode step, at 1, 8 and 32 rows,
+# k 1, 3, 7 (the target: <= 1.15 decode steps at one row for k <= 7); its cost and the
+# CPU's measured acceptance decide whether speculation may be on by default on a GPU
+VM=""
+for m in l1b l8b; do has_model $m && [ -z "$VM" ] && VM=$m; done
+if [ "${ZS_SPEC:-1}" != 1 ]; then
+  skip spec_verify "ZS_SPEC=${ZS_SPEC}"
+elif [ -z "$VM" ]; then
+  skip spec_verify "neither l1b nor l8b is in ZS_MODELS ($MODELS)"
+elif (($(left) - RESERVE < 45)); then
+  skip spec_verify "budget ($(left)s left)"
+else
+  SPEC_SHAPE=(--rows 1 8 32 --context 800 --num-speculative-tokens 1 3 7 --reps 9)
+  [ "$DEV" = cpu ] && SPEC_SHAPE=(--rows 1 --context 32 --num-speculative-tokens 3 --reps 2)
+  stage spec_verify 45 "$PY" "$ZS/benchmarks/bench_spec_verify.py" --costs --model "$MROOT/$VM" \
+    --load-format dummy --device "$DEV" --paths rows "${SPEC_SHAPE[@]}"
+  grep -E '^rows ' "$W/logs/spec_verify.log" | cut -c1-250 | sed "s/^/      $VM /" | tee -a "$RUNLOG"
+fi
 
 # ---- 9. profile ----------------------------------------------------------------------
 PM=""
