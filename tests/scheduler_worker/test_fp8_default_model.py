@@ -27,7 +27,12 @@ from scheduler_worker.quant.fp8 import FP8, Fp8Linear
 
 BOOK = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "pride_and_prejudice_ch1-6.txt"
 CTX = 512  # bench_perplexity.py's window
-MAX_BOUND, MEAN_BOUND = 1.0, 0.2  # measured: max 0.32-0.57, mean 0.13-0.14 a prompt
+# measured, a prompt: mean 0.12-0.15 on every CPU kind; the max 0.32-0.57 on AVX-512/AMX,
+# 1.30 as an AVX2 CPU runs it (docs/benchmarks.md, "The suite as an AVX2 CPU runs it"):
+# rounding each activation to E4M3 (3 mantissa bits) turns the last-bit differences of
+# another kind's float32 kernels into whole E4M3 steps at a few tokens. The mean is the
+# stable figure; a wrong scale or layout moves tokens by several nats and fails either
+MAX_BOUND, MEAN_BOUND = 1.5, 0.2
 
 
 def _engine(model_dir: Path, quantization: str) -> LLMEngine:

@@ -5,6 +5,8 @@ float32 sum decided otherwise, only at a near-tie of its rounding."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -236,6 +238,13 @@ MAIN_KEPT = {  # tokens each row kept
 # above is 0.98999995, below top_p (0.99000001 in float32); main's float32 sum made it
 # 0.99000001, not below, and dropped the token (p = 7.4e-7)
 NEAR_TIES = {(128256, 2, 11): 24625}
+# main's counts were taken on an AVX-512 CPU. Another kind's torch (an AVX2 CPU's, or
+# ATEN_CPU_CAPABILITY=avx2) computes the softmax with other float32 roundings, and a row's
+# mass near its cut moves by up to ~1e-5 (measured: 4.7e-6 to 7.9e-6): a top_p row whose cut
+# falls in that band keeps a few tail tokens more or fewer (1-12 here, each p < 1e-5). Such a
+# row must keep what the rule keeps of this CPU's probabilities, both cuts within KIND_MASS
+# of its top_p (docs/benchmarks.md, "The suite as an AVX2 CPU runs it")
+KIND_MASS = 2e-5
 
 
 def _chat_batch(vocab: int, step: int) -> tuple[torch.Tensor, list[SamplingRow]]:
@@ -259,7 +268,22 @@ def test_seeded_tokens_are_mains(monkeypatch, vocab, device_way):
         assert Sampler(vocab, [])(logits, rows).token_ids == MAIN_TOKENS[vocab][step]
         kept = (sampling_probs(logits, [r.params for r in rows]) > 0).sum(-1).tolist()
         want = [NEAR_TIES.get((vocab, step, i), n) for i, n in enumerate(MAIN_KEPT[vocab][step])]
+        for i in (i for i, (a, b) in enumerate(zip(kept, want)) if a != b):
+            assert _a_cut_within_kind_rounding(logits[i], rows[i].params, kept[i], want[i]), i
+            kept[i] = want[i]
         assert kept == want
+
+
+def _a_cut_within_kind_rounding(logits: torch.Tensor, params, here: int, main: int) -> bool:
+    """A top_p row (no top_k, no min_p) keeps `here` tokens by this CPU's probabilities where
+    main kept `main`: `here` is the rule's cut of them (the mass of the first here - 1 below
+    top_p, of the first `here` not), and both cuts lie within KIND_MASS of top_p."""
+    if params.top_k > 0 or params.min_p > 0 or params.top_p >= 1.0:
+        return False
+    full = sampling_probs(logits[None], [replace(params, top_p=1.0)])[0]
+    mass = full.double().sort(descending=True).values.cumsum(0)
+    rule = mass[here - 2].item() < params.top_p <= mass[here - 1].item() + 1e-7
+    return rule and all(abs(mass[n - 1].item() - params.top_p) < KIND_MASS for n in (here, main))
 
 
 @cuda
