@@ -84,11 +84,11 @@ static void half_rows(const Act& x, const Packed& w, T* o, int64_t M, int64_t g,
 // unpacked once into a thread's aligned buffer, and the tiles of rows then read them there.
 // The row tiles unpack a half's planes once per tile of 4 rows, ~9 vector instructions a
 // register (Q4_1: 3) against 16 maddubs + adds: at 8 rows twice, at a prompt's hundreds
-// of rows a hundred times. Q4_1 gains least (one linear: 0.88-0.96x the time from 16 rows,
-// 0.96-1.03x at 8; docs/benchmarks.md, thirteenth session); Q4_K (3 instructions a
-// register and a super-block's scales) ran no faster so (8 rows: 1.09x the time) and keeps
-// the tiles, as on AVX-512 (../avx512/panel.h). The integer sums and float operations are
-// the tiles' own (Q4_1's: q4_q8.h's, in KQuantBlock), so the outputs are the same bits
+// of rows a hundred times. Q4_1 gains least, from 16 rows (docs/benchmarks.md, "AVX2 Q4_1
+// unpacked once per group"); Q4_K (3 instructions a register and a super-block's scales)
+// ran no faster so (8 rows: 1.09x the time) and keeps the tiles, as on AVX-512
+// (../avx512/panel.h). The integer sums and float operations are the tiles' own (Q4_1's:
+// q4_q8.h's, in KQuantBlock), so the outputs are the same bits
 // (tests/scheduler_worker/test_kquant_kernels.py, test_kernels.py).
 template <int FMT>
 constexpr bool UNPACKS = FMT == Q4 || FMT == Q5 || FMT == Q50 || FMT == Q5K || FMT == Q6K;
