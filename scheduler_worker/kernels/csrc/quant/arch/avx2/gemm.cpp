@@ -79,17 +79,19 @@ static void half_rows(const Act& x, const Packed& w, T* o, int64_t M, int64_t g,
   if (i < M) tile<FMT, 1, H, H + 1>(x, w, o, i, g, last);
 }
 
-// The 5-bit formats and Q6_K from UNPACK_MIN_ROWS rows: per group, every block's planes
-// (the nibbles with their fifth bit, or top two bits, ORed in: kquant.h, q6k.h) unpacked
-// once into a thread's aligned buffer, and the tiles of rows then read them there. The row
-// tiles unpack a half's planes once per tile of 4 rows, ~9 vector instructions a register
-// against 16 maddubs + adds: at 8 rows twice, at a prompt's hundreds of rows a hundred
-// times. Q4_K (3 instructions a register) ran no faster so (8 rows: 1.09x the time) and
-// keeps the tiles, as on AVX-512 (../avx512/panel.h). The integer sums and float operations
-// are the tiles' own, so the outputs are the same bits (tests/scheduler_worker/
-// test_kquant_kernels.py).
+// Q4_1, the 5-bit formats and Q6_K from UNPACK_MIN_ROWS rows: per group, every block's
+// planes (the nibbles, with their fifth bit or top two bits ORed in: kquant.h, q6k.h)
+// unpacked once into a thread's aligned buffer, and the tiles of rows then read them there.
+// The row tiles unpack a half's planes once per tile of 4 rows, ~9 vector instructions a
+// register (Q4_1: 3) against 16 maddubs + adds: at 8 rows twice, at a prompt's hundreds
+// of rows a hundred times. Q4_1 gains least, from 16 rows (docs/benchmarks.md, "AVX2 Q4_1
+// unpacked once per group"); Q4_K (3 instructions a register and a super-block's scales)
+// ran no faster so (8 rows: 1.09x the time) and keeps the tiles, as on AVX-512
+// (../avx512/panel.h). The integer sums and float operations are the tiles' own (Q4_1's:
+// q4_q8.h's, in KQuantBlock), so the outputs are the same bits
+// (tests/scheduler_worker/test_kquant_kernels.py, test_kernels.py).
 template <int FMT>
-constexpr bool UNPACKS = FMT == Q5 || FMT == Q50 || FMT == Q5K || FMT == Q6K;
+constexpr bool UNPACKS = FMT == Q4 || FMT == Q5 || FMT == Q50 || FMT == Q5K || FMT == Q6K;
 constexpr int64_t UNPACK_MIN_ROWS = 8;
 
 template <int FMT, int RM, int H, typename T>

@@ -1,8 +1,9 @@
 // The AVX2 tile of the 5-bit and K-quant formats (Q5, Q50, Q4K, Q5K; layouts:
-// ../../formats.h). The integer work per block of 32 inputs is the 4-bit tile's (q4_q8.h)
-// with the fifth bit ORed into the nibbles first; what differs is the scale of each block:
-// float16 d, m per block (Q5), or float16 super-block d, m times the uint8 sub-scales (Q4K,
-// Q5K), multiplied in float32 for 8 rows at once.
+// ../../formats.h), and Q4's over planes unpacked once a group (gemm.cpp). The integer work
+// per block of 32 inputs is the 4-bit tile's (q4_q8.h) with the fifth bit ORed into the
+// nibbles first; what differs is the scale of each block: float16 d, m per block (Q4, Q5),
+// or float16 super-block d, m times the uint8 sub-scales (Q4K, Q5K), multiplied in float32
+// for 8 rows at once.
 #pragma once
 
 #include "block_tile.h"
