@@ -611,25 +611,23 @@ fi
 # a (1 + k)-token verify as decode rows against a plain decode step, at 1, 8 and 32 rows,
 # k 1, 3, 7 (the target: <= 1.15 decode steps at one row for k <= 7); its cost and the
 # CPU's measured acceptance decide whether speculation may be on by default on a GPU
-VM=""
-for m in l1b l8b; do has_model $m && [ -z "$VM" ] && VM=$m; done
+PM="" # the stages below run on the 1B shape, else the 8B's
+for m in l1b l8b; do has_model $m && [ -z "$PM" ] && PM=$m; done
 if [ "${ZS_SPEC:-1}" != 1 ]; then
   skip spec_verify "ZS_SPEC=${ZS_SPEC}"
-elif [ -z "$VM" ]; then
+elif [ -z "$PM" ]; then
   skip spec_verify "neither l1b nor l8b is in ZS_MODELS ($MODELS)"
 elif (($(left) - RESERVE < 45)); then
   skip spec_verify "budget ($(left)s left)"
 else
   SPEC_SHAPE=(--rows 1 8 32 --context 800 --num-speculative-tokens 1 3 7 --reps 9)
   [ "$DEV" = cpu ] && SPEC_SHAPE=(--rows 1 --context 32 --num-speculative-tokens 3 --reps 2)
-  stage spec_verify 45 "$PY" "$ZS/benchmarks/bench_spec_verify.py" --costs --model "$MROOT/$VM" \
+  stage spec_verify 45 "$PY" "$ZS/benchmarks/bench_spec_verify.py" --costs --model "$MROOT/$PM" \
     --load-format dummy --device "$DEV" --paths rows "${SPEC_SHAPE[@]}"
-  grep -E '^rows ' "$W/logs/spec_verify.log" | cut -c1-250 | sed "s/^/      $VM /" | tee -a "$RUNLOG"
+  grep -E '^rows ' "$W/logs/spec_verify.log" | cut -c1-250 | sed "s/^/      $PM /" | tee -a "$RUNLOG"
 fi
 
 # ---- 9. profile ----------------------------------------------------------------------
-PM=""
-for m in l1b l8b; do has_model $m && [ -z "$PM" ] && PM=$m; done
 if [ "${ZS_PROFILE:-1}" != 1 ]; then
   skip profile "ZS_PROFILE=${ZS_PROFILE}"
 elif [ -z "$PM" ]; then
