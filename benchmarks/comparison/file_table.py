@@ -24,6 +24,15 @@ def _per_cpu(row: dict[str, Any], c: str) -> float | None:
     return n / cpu if cpu and n is not None else None
 
 
+def _cpu_split(row: dict[str, Any], c: str) -> str | None:
+    """The server's CPU seconds at c streams by process, and the client's beside them."""
+    by, client = _stream(row, c, "cpu_s_by_process"), _stream(row, c, "client_cpu_s")
+    if not by:
+        return None
+    parts = [f"{role} {v:.1f}" for role, v in sorted(by.items(), key=lambda kv: -kv[1])]
+    return ", ".join(parts) + ("" if client is None else f"; the client {client:.1f}")
+
+
 def scheduler_rss(row: dict[str, Any], key: str = "memory") -> tuple[int | None, int | None]:
     """(RSS, peak RSS) summed over the row's measured processes, bytes."""
     mem = row.get(key) or {}
@@ -75,6 +84,10 @@ def file_block(f: dict[str, Any], streams: list[int]) -> list[str]:
         for label, key, fmt, unit in per_stream:
             line(label.format(c=c), _stream(z, c, key), _stream(ll, c, key), fmt, unit)
         line("  output tok per CPU s, " + c, _per_cpu(z, c), _per_cpu(ll, c), ".1f")
+        for name, r in (("zeroserve", z), ("llama-server", ll)):
+            split = _cpu_split(r, c)
+            if split:
+                lines.append(f"    CPU s, {name}: {split}")
     zl, ll_long = z.get("long") or {}, ll.get("long") or {}
     toks = f["long_prompt_tokens"]
     tok_range = f"{min(toks)}-{max(toks)}" if toks else "?"

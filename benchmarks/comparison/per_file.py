@@ -27,7 +27,13 @@ from benchmarks.comparison.metrics import parse_metrics
 from benchmarks.comparison.process import Process, free_port
 from benchmarks.comparison.server_runs import bench
 from benchmarks.comparison.util import log, median
-from benchmarks.comparison.zeroserve_proc import Zeroserve, proc_cpu_s, proc_memory, tree_pids
+from benchmarks.comparison.zeroserve_proc import (
+    Zeroserve,
+    proc_cpu_by_role,
+    proc_cpu_s,
+    proc_memory,
+    tree_pids,
+)
 
 DEFAULT_ALIAS = "smollm2"
 
@@ -73,12 +79,14 @@ def measure(
 ) -> dict[str, Any]:
     """The loads of one server: per stream count, then the long prompts one at a time.
     pids: the server's processes, whose CPU seconds per stream count are recorded (on a
-    shared machine tokens per CPU second move less with the load than tokens per second)."""
+    shared machine tokens per CPU second move less with the load than tokens per second),
+    in all and by process, beside the benchmark client's own (this process: the same
+    client for both servers, on the same CPUs)."""
     bench(args, base_url, p.warmup, 1, 16, 1, f"{name} warm-up", p.tokenizer_dir)
     out: dict[str, Any] = {"streams": {}, "warnings": []}
     for c in args.stream_list:
         n = max(c, args.min_requests)
-        cpu0 = proc_cpu_s(pids)
+        cpu0, by0, client0 = proc_cpu_s(pids), proc_cpu_by_role(pids), time.process_time()
         res = bench(
             args,
             base_url,
@@ -97,6 +105,10 @@ def measure(
             "failed": res["failed"],
             "output_tokens": res["total_output_tokens"],
             "cpu_s": proc_cpu_s(pids) - cpu0,
+            "client_cpu_s": time.process_time() - client0,
+            "cpu_s_by_process": {
+                role: round(v - by0.get(role, 0.0), 3) for role, v in proc_cpu_by_role(pids).items()
+            },
         }
         if res["failed"] or res["total_output_tokens"] != n * args.output_len:
             out["warnings"].append(

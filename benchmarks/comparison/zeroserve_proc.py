@@ -113,6 +113,36 @@ def proc_cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def process_role(pid: int) -> str:
+    """What a measured process is: the module a launch.py child runs (`python -m
+    scheduler_worker ...`: scheduler_worker, frontend, detok_worker, tokenizer_worker),
+    "launch" for launch.py, a script's name for another Python program, else its
+    program's name (llama-server, whose own `-m` is its model)."""
+    args = cmdline(pid).split()
+    if not args:
+        return "?"
+    if not os.path.basename(args[0]).startswith("python"):
+        return os.path.basename(args[0])
+    rest = args[1:]
+    while rest and rest[0].startswith("-") and rest[0] != "-m":  # the interpreter's options
+        rest = rest[1:]
+    if len(rest) > 1 and rest[0] == "-m":
+        return rest[1]
+    if rest and rest[0].endswith("launch.py"):
+        return "launch"
+    return os.path.basename(rest[0]) if rest else "python"
+
+
+def proc_cpu_by_role(pids: list[int]) -> dict[str, float]:
+    """proc_cpu_s of the processes, summed by process_role (a role's several processes,
+    the tokenizer workers, as one)."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        role = process_role(pid)
+        out[role] = out.get(role, 0.0) + proc_cpu_s([pid])
+    return out
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -99,6 +99,15 @@ def test_compare_files_runs_both_servers_per_file(tmp_path, default_model_dir):
     assert min(z["long"]["server_prompt_tokens"]) >= 60  # ~64-token windows, as counted
     # zeroserve's processes worked for those tokens (the stand-in llama may take < 1 tick)
     assert all(c["cpu_s"] > 0 for c in z["streams"].values())
+    for c in z["streams"].values():  # and by process: launch.py's children by their module
+        by = c["cpu_s_by_process"]
+        assert {"scheduler_worker", "frontend", "detok_worker"} <= set(by), by
+        assert sum(by.values()) == pytest.approx(c["cpu_s"], abs=0.1)
+        assert c["client_cpu_s"] > 0
+    for c in ll["streams"].values():  # the stand-in llama-server: one program
+        assert set(c["cpu_s_by_process"]) == {"llama-server"}
+    split = [line for line in text.splitlines() if "CPU s, zeroserve:" in line]
+    assert split and all("scheduler_worker" in x and "the client" in x for x in split), text
     (sched,) = z["memory"].values()  # one scheduler replica
     assert sched["rss"] > default["tensor_bytes"] and sched["peak_rss"] >= sched["rss"]
     assert z["launch_startup_s"] is not None and z["exit_code"] == 0
