@@ -5,11 +5,15 @@
 // in docs/benchmarks.md, "Two threads in the decode step"). The waiting threads spin, as
 // libgomp's do between regions, and yield the CPU when a wait runs long.
 //
-// zs_team::parallel_for splits a range exactly as at::parallel_for does (the same chunks),
-// so every result is the same bit for bit; outside a team it is at::parallel_for. Each
-// chunk goes to whichever thread claims it first: a helper that another process holds off
-// its CPU leaves its chunk to the caller instead of stalling the step (docs/benchmarks.md,
-// "Served and in-process at 8 streams (issue 56), eleventh session").
+// zs_team::parallel_for splits a range into up to CHUNKS_PER_THREAD chunks a thread, none
+// under the grain; outside a team it is at::parallel_for. Every op split here computes each
+// output in one chunk whatever the split (qlinear's groups, attention's runs and heads, rows;
+// qlinear_argmax merges its chunks in order), so any split gives the same bits. Each chunk
+// goes to whichever thread claims it first: a helper that another process holds off its CPU
+// leaves its chunks to the caller instead of stalling the step (docs/benchmarks.md, "Served
+// and in-process at 8 streams (issue 56), eleventh session"), and a thread whose chunks ran
+// slower takes fewer (one chunk a thread left the caller waiting ~10% of an 8-row step:
+// "The team's chunks, fourteenth session").
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -27,7 +31,7 @@ class Team {
   using Fn = void (*)(const void* ctx, int64_t b, int64_t e);
   int64_t size() const { return size_; }
   void set_size(int64_t size) { size_ = size; }  // by the caller, before its first run
-  // f(ctx, ...) over chunks of `chunk` of [b, e) (at most size() of them), each run by the
+  // f(ctx, ...) over chunks of `chunk` of [b, e) (fewer than 2^16 of them), each run by the
   // first thread to claim it, the caller included; returns once every chunk is done
   // (rethrowing a thread's exception).
   void run(Fn f, const void* ctx, int64_t b, int64_t e, int64_t chunk);
@@ -61,7 +65,12 @@ Team* current();
 // team; without a second thread (or inside a parallel region), step() alone.
 void with_team(const std::function<void()>& step);
 
-// at::parallel_for's split of [begin, end) by grain over the team's threads.
+// How many chunks a team thread may take of one op: enough for the threads' speeds to even
+// out, few enough that a chunk's setup (a thread's activation copy, its scratch) stays small.
+constexpr int64_t CHUNKS_PER_THREAD = 4;
+
+// [begin, end) in chunks of at least grain over the team's threads (at::parallel_for's
+// split outside a team).
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   Team* t = current();
@@ -69,9 +78,10 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   if (begin >= end) return;
   const int64_t n = end - begin;
   if (n <= grain || n <= 1) return f(begin, end);
-  const int64_t used = grain > 0 ? std::min(t->size(), (n + grain - 1) / grain) : t->size();
+  const int64_t most = t->size() * CHUNKS_PER_THREAD;
+  const int64_t chunks = grain > 0 ? std::min(most, (n + grain - 1) / grain) : std::min(most, n);
   t->run([](const void* c, int64_t b, int64_t e) { (*static_cast<const F*>(c))(b, e); }, &f, begin, end,
-         (n + used - 1) / used);
+         (n + chunks - 1) / chunks);
 }
 
 #ifdef ZS_TEAM_STATS  // a measuring build: cycles of a named piece of the step, printed at exit
