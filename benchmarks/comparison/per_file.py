@@ -30,7 +30,6 @@ from benchmarks.comparison.util import log, median
 from benchmarks.comparison.zeroserve_proc import (
     Zeroserve,
     proc_cpu_by_role,
-    proc_cpu_s,
     proc_memory,
     tree_pids,
 )
@@ -86,7 +85,7 @@ def measure(
     out: dict[str, Any] = {"streams": {}, "warnings": []}
     for c in args.stream_list:
         n = max(c, args.min_requests)
-        cpu0, by0, client0 = proc_cpu_s(pids), proc_cpu_by_role(pids), time.process_time()
+        by0, client0 = proc_cpu_by_role(pids), time.process_time()
         res = bench(
             args,
             base_url,
@@ -97,6 +96,7 @@ def measure(
             f"{name} {c} streams",
             p.tokenizer_dir,
         )
+        by = {role: v - by0.get(role, 0.0) for role, v in proc_cpu_by_role(pids).items()}
         out["streams"][str(c)] = {
             "requests": n,
             "output_tok_s": res["output_throughput"],
@@ -104,11 +104,9 @@ def measure(
             "ttft_median_ms": res["median_ttft_ms"],
             "failed": res["failed"],
             "output_tokens": res["total_output_tokens"],
-            "cpu_s": proc_cpu_s(pids) - cpu0,
+            "cpu_s": sum(by.values()),
             "client_cpu_s": time.process_time() - client0,
-            "cpu_s_by_process": {
-                role: round(v - by0.get(role, 0.0), 3) for role, v in proc_cpu_by_role(pids).items()
-            },
+            "cpu_s_by_process": by,
         }
         if res["failed"] or res["total_output_tokens"] != n * args.output_len:
             out["warnings"].append(
