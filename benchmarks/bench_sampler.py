@@ -1,7 +1,11 @@
-"""The sampler on the CPU: the torch path against the C++ op (scheduler_worker/draws.py,
-kernels/csrc/sample_rows.cpp), in the same run, alternated, on the issue 52 chat mix.
+"""The sampler: the torch path against the draw op, in the same run, alternated, on the
+issue 52 chat mix. On the CPU the op is the C++ one (scheduler_worker/draws.py,
+kernels/csrc/sample_rows.cpp); with --device cuda the GPU backend's Triton launch
+(backends/triton_sample.py), timed by the wall clock to the tokens on the host, and the
+host's time to enqueue the call (what a step's host pays, the device's work aside).
 
     .venv/bin/python benchmarks/bench_sampler.py [--rows 32 256] [--vocab 49152 128256] [--threads 1 2]
+    python benchmarks/bench_sampler.py --device cuda [--rows 32 256] [--vocab 49152 128256]
 
 Rows: benchmarks/bench_top_p.py's "chat" logits (their nuclei match SmolLM2-135M's on real
 text); parameters as the chat mix sends them (bench_serving.py --mix chat, without its
@@ -47,15 +51,59 @@ def chat_rows(n: int) -> list[SamplingRow]:
 
 
 def timed(sampler: Sampler, logits: torch.Tensor, rows, repeat: int) -> tuple[float, float, list]:
-    # one thread: its CPU time (load-free); more: the wall clock (the others' work counts)
-    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    # one thread: its CPU time (load-free); more, or a GPU: the wall clock
+    on_cpu = logits.device.type == "cpu"
+    clock = time.thread_time if torch.get_num_threads() == 1 and on_cpu else time.perf_counter
     times, tokens = [], []
     for _ in range(repeat):
         step = logits.clone()
+        if not on_cpu:
+            torch.cuda.synchronize()
         t0 = clock()
         tokens = sampler.sample(step, rows, writable=True).result().token_ids
         times.append(clock() - t0)
     return min(times) * 1e3, statistics.median(times) * 1e3, tokens
+
+
+def enqueue_ms(sampler: Sampler, logits: torch.Tensor, rows, repeat: int) -> float:
+    """A GPU's host time to enqueue a call (the median, ms): Sampler.sample returns before
+    the device is done, so this is the host's share of a step's sampling."""
+    times = []
+    for _ in range(repeat):
+        step = logits.clone()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        sample = sampler.sample(step, rows, writable=True).start_copy()
+        times.append(time.perf_counter() - t0)
+        sample.result()
+    return statistics.median(times) * 1e3
+
+
+def main_cuda(args: argparse.Namespace) -> None:
+    """--device cuda: the torch path against the Triton launch (the GPU backend's draw_rows)."""
+    from scheduler_worker.backends.triton_sample import sample_rows
+
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; clock: wall")
+    for vocab in args.vocab:
+        for n in args.rows:
+            logits, _ = make_rows("chat", n, vocab, "cuda")
+            rows = chat_rows(n)
+            seeded = [i for i, r in enumerate(rows) if r.params.seed is not None]
+            paths = {"torch": Sampler(vocab, [2]), "op": Sampler(vocab, [2], None, sample_rows)}
+            for s in paths.values():  # compiles, lazy state
+                timed(s, logits, rows, 2)
+            for _ in range(args.rounds):
+                res = {k: timed(s, logits, rows, args.repeat) for k, s in paths.items()}
+                host = {k: enqueue_ms(s, logits, rows, args.repeat) for k, s in paths.items()}
+                (t_min, t_med, t_tok), (o_min, o_med, o_tok) = res["torch"], res["op"]
+                differ = sum(t_tok[i] != o_tok[i] for i in seeded)
+                print(
+                    f"cuda vocab {vocab} rows {n}: to the host torch {t_min:.3f} / {t_med:.3f} ms, "
+                    f"op {o_min:.3f} / {o_med:.3f} ms: {t_med / o_med:.1f}x; host enqueue torch "
+                    f"{host['torch']:.3f} ms, op {host['op']:.3f} ms; seeded rows differing "
+                    f"{differ} of {len(seeded)}",
+                    flush=True,
+                )
 
 
 def main() -> None:
@@ -65,7 +113,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2, help="torch / op pairs, alternated")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
+    if args.device == "cuda":
+        return main_cuda(args)
     if not kernels.load():
         sys.exit("the C++ kernels are not built here: `python -m scheduler_worker.kernels`")
     isa = kernels.isa_index(kernels.best_isa())

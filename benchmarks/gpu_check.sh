@@ -36,6 +36,9 @@
 #  9c. the few-row GEMV against cuBLAS (F.linear) on the 1B and 8B shapes' linears at 1, 2,
 #      4, 8 rows: µs, GB/s, the route's pick, K splits 1-16 at 1 row (bench_gemv.py; ZS_GEMV=0:
 #      skipped; on a CPU dry run its plumbing under the interpreter, tiny shapes)
+#  9e. the sampler's draw on the chat mix: the torch path against the one Triton launch
+#      (backends/triton_sample.py), to the host and the host's enqueue, at 32 and 256 rows,
+#      vocabularies 49,152 and 128,256 (bench_sampler.py --device cuda; ZS_SAMPLER=0: skipped)
 #  9d. speculative decoding's verify step: 1 + k decode rows against a plain step, at 1, 8
 #      and 32 rows, k 1, 3, 7, on l1b (else l8b) (bench_spec_verify.py; ZS_SPEC=0: skipped)
 #  10. the host's share of a decode step, per row (benchmarks/bench_host_step.py), greedy
@@ -59,7 +62,7 @@
 # ZS_PROFILE (1), ZS_FIRST_STEADY (8: steady requests after the first), ZS_HF_BATCHES (1,32: the compile baseline's batch sizes),
 # ZS_SERVER_FLAGS (extra launch.py flags), ZS_AB_FRONTENDS (1 on a GPU: l1b again with one
 # frontend, at ZS_AB_CONC streams: 32),
-# ZS_FP32_CHECK (1), ZS_PREEMPT (1: stage 8a), ZS_PREEMPT_TOKENS (256), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_GEMV (1: stage 9c), ZS_SPEC (1: stage 9d), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
+# ZS_FP32_CHECK (1), ZS_PREEMPT (1: stage 8a), ZS_PREEMPT_TOKENS (256), ZS_HF_NEW_TOKENS (128), ZS_TOP_P (1: stage 9b), ZS_SAMPLER (1: stage 9e), ZS_GEMV (1: stage 9c), ZS_SPEC (1: stage 9d), ZS_FP8 (1: l1b_fp8 after l1b and l8b_fp8 after
 # l8b, served with ZS_FP8_FLAGS, "--quantization fp8 --kv-cache-dtype fp8"; benched at ZS_CONC_FP8 1,256 and
 # ZS_CONC_8B_FP8 1,64),
 # ZS_HF_BASELINE=1 (hf_ref's uncompiled baseline too), ZS_WORK (/tmp/zs-gpu-work),
@@ -348,7 +351,7 @@ missing=()
 # (a file::test runs that test alone: the top-p search's CUDA check, not its file's CPU tests)
 for f in tests/scheduler_worker/test_cuda_backend.py tests/scheduler_worker/test_sampling_device.py \
   tests/scheduler_worker/test_triton_kernels.py tests/scheduler_worker/test_triton_decode_splits.py \
-  tests/scheduler_worker/test_triton_gemv.py \
+  tests/scheduler_worker/test_triton_gemv.py tests/scheduler_worker/test_sample_rows.py \
   tests/scheduler_worker/test_top_p.py::test_the_radix_search_on_cuda_keeps_what_the_cpu_keeps_and_never_waits; do
   if [ -f "${f%%::*}" ]; then tests+=("$f"); else missing+=("$f"); fi
 done
@@ -592,6 +595,20 @@ else # the plumbing only: a CPU's sort of 256 x 128,256 rows takes seconds
     --dists chat --repeat 1
 fi
 [ -f "$W/logs/top_p.log" ] && grep -E '^(cpu|cuda)' "$W/logs/top_p.log" | cut -c1-300 |
+  sed 's/^/      /' | tee -a "$RUNLOG"
+
+# ---- 9e. the sampler's draw: the torch path against the one Triton launch -------------
+if [ "${ZS_SAMPLER:-1}" != 1 ]; then
+  skip sampler "ZS_SAMPLER=${ZS_SAMPLER}"
+elif [ "$DEV" != cuda ]; then # interpreted, one call takes seconds: its tests cover it
+  skip sampler "not on a GPU (tests/scheduler_worker/test_sample_rows.py runs the kernel)"
+elif (($(left) - RESERVE < 25)); then
+  skip sampler "budget ($(left)s left)"
+else
+  stage sampler 40 "$PY" "$ZS/benchmarks/bench_sampler.py" --device cuda --rows 32 256 \
+    --vocab 49152 128256 --repeat 10 --rounds 2
+fi
+[ -f "$W/logs/sampler.log" ] && grep -E '^cuda' "$W/logs/sampler.log" | cut -c1-300 |
   sed 's/^/      /' | tee -a "$RUNLOG"
 
 # ---- 9c. the few-row GEMV against cuBLAS: µs a call, GB/s, the route's pick ----------

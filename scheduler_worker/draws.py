@@ -4,13 +4,15 @@
 module doc, "Drawing"): a seeded row's from its (seed, token index) hash (seeded_uniforms), the
 others' from the default generator, in one call for all of them.
 
-`kernel_sample`: where the C++ kernels are on (the CPU backend), temperature, top-k, top-p,
-min-p and the race run as one op, each row in a few passes over its logits
-(kernels/csrc/sample_rows.cpp), and the argmax rows beside them: the torch path's ~8 passes over
-the batch were a third of a 32-row step's forward on the chat mix (docs/benchmarks.md, "Host
-step, eleventh session"). The same uniforms, so the same tokens but at near-ties (its exp
-and its float32 sums' order are not torch's: two race values, or a probability and a
-threshold, within ~1e-6 of each other); a seeded row draws what it would alone.
+`kernel_sample`: where the backend has a draw op (backends/base.py DrawRows), temperature,
+top-k, top-p, min-p and the race run as one op, each row in a few passes over its logits, and
+the argmax rows beside them: on the CPU kernels the C++ op (kernels/csrc/sample_rows.cpp:
+the torch path's ~8 passes over the batch were a third of a 32-row step's forward on the
+chat mix, docs/benchmarks.md, "Host step, eleventh session"), on a GPU one Triton launch
+(backends/triton_sample.py, where the torch path issues ~40 kernels). The same uniforms, so
+the same tokens but at near-ties (their exp and their float32 sums' order are not torch's:
+two race values, or a probability and a threshold, within ~1e-6 of each other); a seeded
+row draws what it would alone.
 `kernel_logprobs`: the logprobs rows' likewise.
 """
 
@@ -21,6 +23,7 @@ from operator import attrgetter
 import numpy as np
 import torch
 
+from scheduler_worker.backends.base import DrawRows
 from scheduler_worker.batch_params import (
     HAS_SEED,
     MIN_P,
@@ -65,23 +68,35 @@ def draw_uniforms(
     return full.index_copy_(0, _column(cols, "seeded", seeded, dev, torch.long), u)
 
 
+def cpu_draw_rows(isa: int) -> DrawRows:
+    """The C++ op (kernels/csrc/sample_rows.cpp) on ISA path `isa`, as a DrawRows."""
+    return lambda logits, draw, params, u: torch.ops.zeroserve.sample_rows(
+        logits, draw, params, u, isa
+    )
+
+
 def kernel_sample(
     logits: torch.Tensor,
     rows: list[SamplingRow],
     draws: list[int],
     values: np.ndarray,
     n: int,
-    isa: int,
+    op: DrawRows,
     cols: DeviceColumns | None = None,
 ) -> torch.Tensor:
-    """Tokens [rows] for processed logits [rows, vocab] (float32, on the CPU): rows `draws`
-    draw (values: every row's numbers; n: num_uniforms(vocab)), the others take the argmax."""
+    """Tokens [rows] for processed logits [rows, vocab] (float32): rows `draws` draw
+    (values: every row's numbers; n: num_uniforms(vocab)), the others take the argmax, in
+    the backend's one op `op`. Its columns stay on the device while they hold (cols)."""
+    dev = logits.device
     draw = np.full(len(rows), -1, dtype=np.int64)
     draw[draws] = np.arange(len(draws))
-    u = draw_uniforms(list(map(rows.__getitem__, draws)), values[draws], n, logits.device, cols)
-    params = torch.from_numpy(np.ascontiguousarray(values[:, _KERNEL_COLUMNS]))
-    return torch.ops.zeroserve.sample_rows(
-        logits.contiguous(), torch.from_numpy(draw), params, u, isa
+    u = draw_uniforms(list(map(rows.__getitem__, draws)), values[draws], n, dev, cols)
+    params = np.ascontiguousarray(values[:, _KERNEL_COLUMNS])
+    return op(
+        logits.contiguous(),
+        _column(cols, "draw.rows", draw, dev, torch.long),
+        _column(cols, "draw.params", params, dev, torch.float64),
+        u,
     )
 
 

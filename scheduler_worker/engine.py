@@ -74,10 +74,9 @@ class LLMEngine:
             sliding_window=args.kv_window,
             drafter=engine_drafter(config, self.runner, self.model_dir, type(self)),
         )
+        backend = self.runner.backend
         self.sampler = Sampler(
-            args.vocab_size,
-            self.eos_token_ids,
-            self.runner.backend.host_ops_isa,
+            args.vocab_size, self.eos_token_ids, backend.host_ops_isa, backend.draw_rows
         )
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.limits = RequestLimits(

@@ -40,9 +40,10 @@ vocabulary had: a logit that moves by an ulp changes the winner only at a near-t
 inverse CDF would add the rounding up over the vocabulary). Seeds: a seeded row's uniforms
 are a hash of (seed, its token's index, column) (`seeded_uniforms`, one computation for
 every seeded row of the step), so its samples do not depend on what else is in the batch;
-unseeded rows share the default generator. On the CPU kernels (`Sampler.kernel_isa`) the steps
-from temperature to the race run as one C++ op a row, the argmax rows beside them
-(draws.kernel_sample: the same uniforms, the same tokens but at near-ties).
+unseeded rows share the default generator. Where the backend has a draw op (on the CPU
+kernels, `Sampler.kernel_isa`: one C++ op a row; on a GPU, `draw_rows`: one Triton launch,
+backends/triton_sample.py) the steps from temperature to the race run in it, the argmax rows
+beside them (draws.kernel_sample: the same uniforms, the same tokens but at near-ties).
 Top-k and top-p cut by value: tokens tied with the last one kept are kept too; top-p sums
 the mass above a token in float64 (the same cut on every device).
 """
@@ -60,6 +61,7 @@ import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.backends.base import DrawRows
 from scheduler_worker.backends.device import HostCopy, enqueues_work
 from scheduler_worker.batch_params import (
     MIN_P,
@@ -72,7 +74,7 @@ from scheduler_worker.batch_params import (
     plain_greedy_params,
     values_of,
 )
-from scheduler_worker.draws import draw_uniforms, kernel_logprobs, kernel_sample
+from scheduler_worker.draws import cpu_draw_rows, draw_uniforms, kernel_logprobs, kernel_sample
 from scheduler_worker.logits_processors import (
     DeviceColumns,
     SamplingRow,
@@ -238,11 +240,16 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 class Sampler:
     def __init__(
-        self, vocab_size: int, eos_token_ids: Sequence[int], kernel_isa: int | None = None
+        self,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        kernel_isa: int | None = None,
+        draw_rows: DrawRows | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.kernel_isa = kernel_isa  # the C++ kernels' path (grammar masks); None: torch
+        self.draw_rows = draw_rows  # the backend's draw op (a GPU's); None: see draw_op
         self.batch = BatchParamsCache()  # the rows' parameters, kept between steps
         self.columns = DeviceColumns()  # their columns on the device, kept as they hold
 
@@ -284,10 +291,10 @@ class Sampler:
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
         processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place)
-        rand = batch.draws
-        if rand and self.kernel_isa is not None:  # the C++ kernels: every row in one op
+        rand, op = batch.draws, self.draw_op()
+        if rand and op is not None:  # every row in the backend's one op
             n = num_uniforms(processed.shape[1])
-            tokens = kernel_sample(processed, rows, rand, batch.values, n, self.kernel_isa, cols)
+            tokens = kernel_sample(processed, rows, rand, batch.values, n, op, cols)
         elif len(rand) == len(rows):
             tokens = self._sample(processed, rows, batch.values, cols)
         else:
@@ -304,6 +311,12 @@ class Sampler:
         if lp_raw is None or lp_sel is None:
             return DeviceSample(tokens)
         return self._logprobs(lp_raw, lp_sel, tokens, batch.values, batch.logprobs)
+
+    def draw_op(self) -> DrawRows | None:
+        """The backend's draw op, else the C++ op on the kernels; None: the torch path."""
+        if self.draw_rows is not None or self.kernel_isa is None:
+            return self.draw_rows
+        return cpu_draw_rows(self.kernel_isa)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:

@@ -15,6 +15,7 @@ while this one runs (engine.py, overlapped scheduling).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,10 @@ from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.backends.staging import take_placeholders
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+# a step's draw in one op: (processed logits [R, V] f32, draw [R] i64 (-1: argmax, else the
+# row's row of u), params [R, 4] f64 (temperature, top_k, top_p, min_p), u [D, n] f32) ->
+# tokens [R] i64, on the logits' device (draws.kernel_sample; the CPU's C++ op has it too)
+DrawRows = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -137,6 +142,9 @@ class Backend:
     kernel_isa: str | None = None  # the C++ kernels' path (a CPU); None: none
     isa_index = 0  # its index (kernels.isa_index), passed to the C++ ops
     clock: DeviceClock | None = None  # the forwards' device time (a GPU)
+    # the sampler's draw as one op on the device (a GPU: triton_sample.sample_rows); None:
+    # the C++ op where host_ops_isa has the kernels, else the sampler's torch path
+    draw_rows: DrawRows | None = None
     _decode_kernel: str | None = None
 
     @property

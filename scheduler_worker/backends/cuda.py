@@ -24,7 +24,7 @@ from common.config import ConfigError
 from common.gpus import own_gpus
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends import triton_decode
+from scheduler_worker.backends import triton_decode, triton_sample
 from scheduler_worker.backends.base import (
     Backend,
     DecodeRows,
@@ -86,6 +86,7 @@ class CudaBackend(Backend):
         device = device or torch.device("cuda")
         super().__init__(device, dtype, block_size)
         self.ops = ops = TritonOps(gemv)
+        self.draw_rows = triton_sample.sample_rows  # the sampler's draw: one launch
         self.gemv = ops.gemv  # which few-row linears take the GEMV, chosen at start()
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -214,6 +215,7 @@ class CudaBackend(Backend):
         graphs, largest first, into one pool. Out of memory: fewer sizes (the ones
         captured so far), or eager if none; said in the log."""
         self.facts["warm_up_seconds"] = warm_up(self, model, kv_caches, SPLIT_CHOICES)
+        triton_sample.warm_up(self.device, vocab)  # the sampler's draw, compiled now
         if self.enforce_eager:
             log.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
             return

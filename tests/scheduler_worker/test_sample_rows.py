@@ -1,10 +1,13 @@
-"""The C++ sampler op (kernels/csrc/sample_rows.cpp, scheduler_worker/draws.py) against the
-torch path (sampling.sampling_probs + sample_from) on the same uniforms: the same tokens,
-but where the two race values that decide are a near-tie (its exp and float32 sums are not
-torch's). Every ISA path this CPU runs; the torch path's own bits differ by CPU kind too, so
-a token that differs must be a near-tie, checked, not a count."""
+"""The sampler ops, the CPU's C++ one (kernels/csrc/sample_rows.cpp, scheduler_worker/draws.py)
+and the GPU's Triton kernel (backends/triton_sample.py, in Triton's interpreter on a CPU),
+against the torch path (sampling.sampling_probs + sample_from) on the same uniforms: the
+same tokens, but where the two race values that decide are a near-tie (their exp and
+float32 sums are not torch's). Every ISA path this CPU runs; the torch path's own bits
+differ by CPU kind too, so a token that differs must be a near-tie, checked, not a count."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -24,8 +27,16 @@ from scheduler_worker.sampling import (
     sampling_probs,
 )
 
-pytestmark = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
+needs_kernels = pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
 ISAS = list(range(kernels.isa_index(kernels.best_isa()) + 1)) if kernels.load() else []
+# the ops: each ISA path of the C++ one, and the Triton kernel ("triton": a GPU's, run in
+# the interpreter where there is none; tests/conftest.py sets TRITON_INTERPRET first)
+OPS: list = [*ISAS, "triton"]
+# where the kernel runs: compiled on a GPU (benchmarks/gpu_check.sh runs this file there),
+# else interpreted on the CPU
+TRITON_DEV = (
+    "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+)
 TIE = 1e-5  # relative: two race values closer than this may order either way
 
 
@@ -49,10 +60,20 @@ def _values(rows: int, **cols: list[float]) -> np.ndarray:
     return values
 
 
-def _op(logits, values, u, isa, draw=None):
+def _triton_op():
+    from scheduler_worker.backends.triton_sample import sample_rows
+
+    return sample_rows
+
+
+def _op(logits, values, u, op, draw=None):
+    """op: an ISA index (the C++ op) or "triton" (the kernel, on the logits' device)."""
     draw = torch.arange(len(logits)) if draw is None else draw
     params = torch.from_numpy(np.ascontiguousarray(values[:, _KERNEL_COLUMNS]))
-    return torch.ops.zeroserve.sample_rows(logits.contiguous(), draw, params, u, isa)
+    if op == "triton":
+        on = [t.to(TRITON_DEV) for t in (logits.contiguous(), draw, params, u)]
+        return _triton_op()(*on).cpu()
+    return torch.ops.zeroserve.sample_rows(logits.contiguous(), draw, params, u, op)
 
 
 def _near_tie(probs: torch.Tensor, u: torch.Tensor, a: int, b: int) -> bool:
@@ -70,14 +91,14 @@ def _near_tie(probs: torch.Tensor, u: torch.Tensor, a: int, b: int) -> bool:
     return bool((ra - rb).abs() <= TIE * max(ra.abs(), rb.abs()))
 
 
-def _check_against_torch(logits, values, isa, trials=4, seed=0):
+def _check_against_torch(logits, values, op, trials=4, seed=0):
     n = num_uniforms(logits.shape[1])
     gen = torch.Generator().manual_seed(seed)
     probs = sampling_probs(logits, values)
     differ = 0
     for _ in range(trials):
         u = torch.rand(len(logits), n, generator=gen)
-        want, got = sample_from(probs, u), _op(logits, values, u, isa)
+        want, got = sample_from(probs, u), _op(logits, values, u, op)
         for r in (want != got).nonzero()[:, 0].tolist():
             assert probs[r, got[r]] > 0, f"row {r}: token {got[r]} was cut by the torch path"
             assert _near_tie(probs[r], u[r], int(want[r]), int(got[r])), (
@@ -87,12 +108,14 @@ def _check_against_torch(logits, values, isa, trials=4, seed=0):
     return differ
 
 
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("vocab", [5, 1000, 49152])
-def test_draws_the_torch_paths_tokens(isa, vocab):
-    """Temperature, top-k (a heap, and past 4096 a selection), top-p (0.9, 0.95, near 1 where
-    the candidates fall short, below float32's tiny), min-p, each alone and together."""
-    rows = 48
+def test_draws_the_torch_paths_tokens(op, vocab):
+    """Temperature, top-k (a heap, and past 4096 a selection; the kernel's bisection),
+    top-p (0.9, 0.95, near 1 where the candidates fall short, below float32's tiny),
+    min-p, each alone and together. The interpreted kernel draws once, 8 rows at the
+    default vocabulary (each of its top-k rows reads the row 32 times)."""
+    rows, trials = (48, 4) if op != "triton" else (8 if vocab > 1000 else 48, 1)
     logits = _chat_logits(rows, vocab, seed=vocab)
     values = _values(
         rows,
@@ -101,12 +124,52 @@ def test_draws_the_torch_paths_tokens(isa, vocab):
         top_p=[0.9, 1.0, 0.95, 0.9999999, 1e-40, 0.5, 1.0],
         min_p=[0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.2],
     )
-    differ = _check_against_torch(logits, values, isa)
+    differ = _check_against_torch(logits, values, op, trials)
     assert differ <= 2  # near-ties are rare: each was checked to be one
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_masked_tokens_are_never_drawn_and_odd_rows(isa):
+@pytest.mark.parametrize("op", OPS)
+def test_the_cut_is_the_torch_paths_token_for_token(op):
+    """Where each filter cuts, exactly: a row's uniforms all 1e-30 but those of one token
+    (and its block) just below 1, which then wins the race if it is kept at all (its race
+    value ~1e7 p against the others' ~p / 69). The most likely token the torch path cut
+    must never come out; its least likely kept one (of p >= 1e-6 of the row's largest)
+    must."""
+    vocab, rows = 3000, 12
+    logits = _chat_logits(rows, vocab, seed=5)
+    values = _values(
+        rows,
+        temperature=[0.7, 1.0, 1.3],
+        top_p=[0.9, 0.5, 0.95, 1.0],
+        min_p=[0.0, 0.0, 0.0, 0.0, 0.0, 0.1],
+        top_k=[0, 0, 0, 0, 0, 0, 0, 50],
+    )
+    probs = sampling_probs(logits, values)
+    n, nb = num_uniforms(vocab), -(-vocab // SAMPLE_BLOCK)
+    for which in ("cut", "kept"):
+        u = torch.full((rows, n), 1e-30)
+        picked = []
+        for r in range(rows):
+            raw = logits[r].softmax(-1)
+            kept = probs[r] > 0
+            if which == "cut":  # the most likely token the filters took out (or none)
+                t = int(raw.masked_fill(kept, -1.0).argmax()) if not kept.all() else -1
+            else:  # the least likely kept
+                fair = kept & (probs[r] >= 1e-6 * probs[r].max())
+                t = int(probs[r].masked_fill(~fair, 2.0).argmin())
+            picked.append(t)
+            if t >= 0:
+                u[r, t // SAMPLE_BLOCK] = u[r, nb + t % SAMPLE_BLOCK] = 1 - 1e-7
+        got = _op(logits, values, u, op).tolist()
+        for r, (g, t) in enumerate(zip(got, picked)):
+            if which == "cut":
+                assert g != t, f"row {r}: drew {t}, which the torch path cut"
+            else:
+                assert g == t, f"row {r}: drew {g}, not the kept {t}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_masked_tokens_are_never_drawn_and_odd_rows(op):
     """A grammar's -inf tokens are never drawn (the op's exp is clamped, a masked token gets
     exactly 0); a row masked but for one token takes it; a row with +inf takes it; a row
     masked everywhere gives token 0, as the torch path does."""
@@ -122,16 +185,16 @@ def test_masked_tokens_are_never_drawn_and_odd_rows(isa):
     logits[4, 17] = float("nan")
     values = _values(6, temperature=[0.7], top_p=[0.9, 1.0])
     n = num_uniforms(vocab)
-    for trial in range(20):
+    for trial in range(20 if op != "triton" else 3):
         u = torch.rand(6, n, generator=torch.Generator().manual_seed(trial))
-        got = _op(logits, values, u, isa).tolist()
+        got = _op(logits, values, u, op).tolist()
         assert allowed[got[0]] and got[1] == 2999 and got[2] == 1234 and got[3] == 0
         assert got[4] != 17
-    assert _check_against_torch(logits[[0, 1, 2, 5]], values[[0, 1, 2, 5]], isa) == 0
+    assert _check_against_torch(logits[[0, 1, 2, 5]], values[[0, 1, 2, 5]], op) == 0
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_argmax_rows_pick_what_torch_picks(isa):
+@pytest.mark.parametrize("op", OPS)
+def test_argmax_rows_pick_what_torch_picks(op):
     """Rows without uniforms: the first of tied maxima, +inf, NaN, at a vector's width and
     past it; the drawing rows beside them take their own uniforms' row."""
     gen = torch.Generator().manual_seed(0)
@@ -144,18 +207,23 @@ def test_argmax_rows_pick_what_torch_picks(isa):
         values = _values(6, temperature=[0.7])
         draw = torch.tensor([-1, -1, -1, -1, 1, 0])
         u = torch.rand(2, num_uniforms(vocab), generator=gen)
-        got = _op(x, values, u, isa, draw)
+        got = _op(x, values, u, op, draw)
         assert got[:4].tolist() == greedy_tokens(x[:4]).tolist()
         probs = sampling_probs(x[4:], values[4:])
         assert got[4:].tolist() == sample_from(probs, u[[1, 0]]).tolist()
 
 
-def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch):
-    """Sampler with the kernels' isa: every row in the one op (no torch sampling_probs),
-    greedy rows their argmax, a seeded row the same token alone and among others."""
-    isa = ISAS[-1]
+@pytest.mark.parametrize("op", ["cpp", "triton"])
+def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch, op):
+    """Sampler with the kernels' isa, or with a backend's draw op (the GPU's Triton
+    kernel): every row in the one op (no torch sampling_probs), greedy rows their argmax,
+    a seeded row the same token alone and among others."""
+    if op == "cpp" and not ISAS:
+        pytest.skip("the C++ kernels are not built here")
+    isa, draw_rows = (ISAS[-1], None) if op == "cpp" else (None, _triton_op())
     vocab = 1000
     logits = _chat_logits(8, vocab, seed=3)
+    dev = "cpu" if op == "cpp" else TRITON_DEV
 
     def rows(n):
         out = [SamplingRow(SamplingParams(temperature=0.8, top_p=0.9, seed=7), [], [1, 2])]
@@ -163,18 +231,19 @@ def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch):
         out += [SamplingRow(SamplingParams(temperature=1.0, top_k=20), [], [])] * (n - 2)
         return out
 
-    alone = Sampler(vocab, [], isa)(logits[:1], rows(1)).token_ids
+    alone = Sampler(vocab, [], isa, draw_rows)(logits[:1].to(dev), rows(1)).token_ids
     torch_path = Sampler(vocab, [])(logits[:1], rows(1)).token_ids
 
     def boom(*a, **k):
         raise AssertionError("the kernels' sampler ran the torch path")
 
     monkeypatch.setattr("scheduler_worker.sampling.sampling_probs", boom)
-    among = Sampler(vocab, [], isa)(logits, rows(8)).token_ids
+    among = Sampler(vocab, [], isa, draw_rows)(logits.to(dev), rows(8)).token_ids
     assert among[0] == alone[0] == torch_path[0]
     assert among[1] == int(logits[1].argmax())
 
 
+@needs_kernels
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("vocab", [7, 1000, 49152])
 def test_logprob_rows_are_torchs_log_softmax_and_topk(isa, vocab):
@@ -200,3 +269,20 @@ def test_logprob_rows_are_torchs_log_softmax_and_topk(isa, vocab):
         )
         assert ids[1, : min(n, 4)].tolist() == list(range(min(n, 4)))
         assert all(len(set(r)) == n for r in ids.tolist())
+
+
+def test_the_kernels_warm_up_runs_an_argmax_and_a_drawing_row(monkeypatch):
+    """What CudaBackend.start launches so the first sampled step does not compile: its
+    inputs pass the op's checks at a vocabulary that is no multiple of the race's blocks."""
+    from scheduler_worker.backends import triton_sample
+
+    calls = []
+    real = triton_sample.sample_rows
+
+    def spy(*args):
+        calls.append(real(*args).tolist())
+        return calls[-1]
+
+    monkeypatch.setattr(triton_sample, "sample_rows", spy)
+    triton_sample.warm_up(torch.device(TRITON_DEV), 300)
+    assert calls == [[0, calls[0][1]]] and 0 <= calls[0][1] < 300

@@ -155,11 +155,22 @@ def _no_host_sync():
         torch.cuda.set_sync_debug_mode(0)
 
 
+def _draw_rows(draw: str):
+    """The GPU backend's draw op (draw "triton", backends/triton_sample.py) or None (the
+    torch path)."""
+    if draw == "torch":
+        return None
+    from scheduler_worker.backends.triton_sample import sample_rows
+
+    return sample_rows
+
+
 @cuda
+@pytest.mark.parametrize("draw", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sample_on_cuda_never_waits_for_the_device(dtype):
+def test_sample_on_cuda_never_waits_for_the_device(dtype, draw):
     logits = _logits("cuda", dtype)
-    sampler = Sampler(VOCAB, [EOS])
+    sampler = Sampler(VOCAB, [EOS], draw_rows=_draw_rows(draw))
     plain_rows = [  # one argmax (the fast path), one through a grammar mask
         SamplingRow(SamplingParams(temperature=0.0), [], []),
         SamplingRow(SamplingParams(temperature=0.0), [], [], token_bitmask=_words(1)),
@@ -210,15 +221,16 @@ def test_sample_on_cuda_never_waits_for_the_device(dtype):
 
 
 @cuda
-def test_seeded_rows_on_cuda_repeat_and_match_the_cpu():
+@pytest.mark.parametrize("draw", ["torch", "triton"])
+def test_seeded_rows_on_cuda_repeat_and_match_the_cpu(draw):
     logits = torch.zeros(len(NAMES), VOCAB, device="cuda")  # flat: the seed decides
-    sampler = Sampler(VOCAB, [EOS])
+    sampler = Sampler(VOCAB, [EOS], draw_rows=_draw_rows(draw))
     seeded = [i for i, r in enumerate(_rows("cuda")) if r.params.seed is not None]
     runs = []
     for unseeded_seed in (1, 2):
         torch.cuda.manual_seed(unseeded_seed)  # the other rows draw differently
         runs.append(sampler.sample(logits, _rows("cuda")).result().token_ids)
-    on_cpu = sampler.sample(logits.cpu(), _rows("cpu")).result().token_ids
+    on_cpu = Sampler(VOCAB, [EOS]).sample(logits.cpu(), _rows("cpu")).result().token_ids
     assert [on_cpu[i] for i in seeded] == [runs[0][i] for i in seeded]  # one hash, any device
     assert [runs[0][i] for i in seeded] == [runs[1][i] for i in seeded]
     assert len({runs[0][i] for i in seeded}) > 1  # the seeds differ, so do their draws

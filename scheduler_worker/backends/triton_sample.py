@@ -1,0 +1,298 @@
+"""A step's draw on a GPU in one Triton launch: the CPU's C++ op (kernels/csrc/sample_rows.cpp)
+as a kernel, one program a row, the same contract and the same numbers but for the exp and
+the order of float32 sums.
+
+    sample_rows(logits [R, V] f32, draw [R] i64, params [R, 4] f64, u [D, n] f32) -> [R] i64
+        draw[r] < 0: the argmax (NaN counting as largest, the first index: torch's max)
+        else: temperature, top-k, top-p, min-p, then the two-level race on u[draw[r]]
+        params: temperature, top_k (0: off), top_p, min_p; n = sampling.num_uniforms(V)
+
+Where the torch path issues ~40 kernels over the whole [rows, vocab] batch (the division,
+top-k, the +inf/NaN repair, softmax, top-p's two float64 histograms of 2^14 and 2^16 bins
+a row, min-p, the mask, the padded block sums and two races), a row here is read ~4 times
+and nothing of [rows, vocab] is written. A drawing row, its logits x:
+
+    pass 1    a = x / T repaired (NaN -> -inf, +inf -> the largest float), its max
+    (top-k)   the k-th largest a by a bisection of its order-preserving bits (32 passes:
+              only rows with a top-k, which chat clients rarely send)
+    pass 2    the sum of e = exp(a - max) over the a kept by top-k
+    (top-p)   the p = e / sum >= c = (1 - top_p) / 2V, which hold the cut (the rest cannot
+              hold 1 - top_p of the mass), compacted into a scratch row of CAP floats; t is
+              the largest value whose mass from the top, summed in float64, reaches top_p,
+              by a bisection of its bits over those candidates (top_p.py's definition: ties
+              kept). Past CAP candidates, or where they fall short, over the whole row.
+              min-p raises t to p_max * min_p.
+    pass 3    the race among blocks of 256 tokens by the sums of their p >= t, on the
+              row's first uniforms (argmin sum / log u, the first on ties), then among the
+              winning block's tokens on the next 256
+
+A seeded row's uniforms are the caller's, so it draws what it would alone. Every launch
+reads shapes and host ints only. Under TRITON_INTERPRET=1 the kernel runs on CPU tensors,
+which is how the tests check it (tests/scheduler_worker/test_sample_rows.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+RACE = 256  # sampling.SAMPLE_BLOCK: tokens a block of the race
+TILE = 2048  # tokens a program reads at once (8 race blocks)
+CAP = 4096  # a row's top-p candidates kept in its scratch row
+NUM_WARPS = 8  # a launch parameter only; the interpreter ignores it
+_F32_MAX = 3.4028234663852886e38
+
+
+@triton.jit
+def _scaled(x_row, offs, V, T):
+    """a = x / T at offs (-inf past V), NaN -> -inf, +inf -> the largest float."""
+    x = tl.load(x_row + offs, mask=offs < V, other=float("-inf"))
+    a = x / T
+    a = tl.where(a != a, float("-inf"), a)
+    return tl.where(a > 3.4028234663852886e38, 3.4028234663852886e38, a)
+
+
+@triton.jit
+def _probs(x_row, offs, V, T, mx, lo, inv):
+    """p = exp(a - mx) * inv for the a >= lo, else 0 (and past V)."""
+    a = _scaled(x_row, offs, V, T)
+    return tl.where(a >= lo, tl.exp(a - mx), 0.0) * inv
+
+
+@triton.jit
+def _key(a):
+    """float32 -> int32 in the same order (-0.0 just below +0.0)."""
+    bits = a.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _argmax(x_row, V, TILE: tl.constexpr):
+    offs0 = tl.arange(0, TILE)
+    mvec = tl.full([TILE], float("-inf"), tl.float32)
+    nvec = tl.zeros([TILE], tl.int32)
+    for start in range(0, V, TILE):
+        x = tl.load(x_row + start + offs0, mask=start + offs0 < V, other=float("-inf"))
+        nan = x != x
+        mvec = tl.maximum(mvec, tl.where(nan, float("-inf"), x))
+        nvec = nvec | nan.to(tl.int32)
+    mx = tl.max(mvec, 0)
+    has_nan = tl.max(nvec, 0) > 0
+    ivec = tl.full([TILE], 2147483647, tl.int32)
+    for start in range(0, V, TILE):
+        offs = start + offs0
+        x = tl.load(x_row + offs, mask=offs < V, other=float("-inf"))
+        hit = tl.where(has_nan, x != x, x == mx) & (offs < V)
+        ivec = tl.minimum(ivec, tl.where(hit, offs, 2147483647))
+    i = tl.min(ivec, 0)
+    return tl.where(i == 2147483647, 0, i).to(tl.int64)
+
+
+@triton.jit
+def _kth_largest(x_row, V, T, k, TILE: tl.constexpr):
+    """The k-th largest a (duplicates counted; 1 <= k < V): the largest key with at least k
+    a at or above it, by bisection over the 2^32 keys."""
+    offs0 = tl.arange(0, TILE)
+    klo = tl.sum(tl.zeros([TILE], tl.int64), 0) - 2147483648  # count(key >= klo) = V >= k
+    khi = klo + 4294967296  # count(key >= khi) = 0 < k
+    for _ in range(32):
+        mid = (klo + khi) // 2
+        cnt = tl.zeros([TILE], tl.int32)
+        for start in range(0, V, TILE):
+            offs = start + offs0
+            key = _key(_scaled(x_row, offs, V, T)).to(tl.int64)
+            cnt += ((key >= mid) & (offs < V)).to(tl.int32)
+        enough = tl.sum(cnt, 0) >= k
+        klo = tl.where(enough, mid, klo)
+        khi = tl.where(enough, khi, mid)
+    key = klo.to(tl.int32)
+    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mass_at_least(x_row, cand_row, n, whole, v, V, T, mx, lo, inv, TILE: tl.constexpr):
+    """The float64 mass of the p >= v: among the n candidates, or over the whole row."""
+    offs0 = tl.arange(0, TILE)
+    acc = tl.zeros([TILE], tl.float64)
+    if whole:
+        for start in range(0, V, TILE):
+            p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
+            acc += tl.where(p >= v, p, 0.0).to(tl.float64)
+    else:
+        for start in range(0, n, TILE):
+            offs = start + offs0
+            p = tl.load(cand_row + offs, mask=offs < n, other=0.0)
+            acc += tl.where(p >= v, p, 0.0).to(tl.float64)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP: tl.constexpr, TILE: tl.constexpr):
+    """The top-p threshold t of the row's p (0: every p kept)."""
+    offs0 = tl.arange(0, TILE)
+    goal = tl.maximum(top_p, 1e-30)
+    floor = ((1.0 - goal) / (2.0 * V)).to(tl.float32)
+    n = tl.sum(tl.zeros([TILE], tl.int32), 0)
+    held = tl.zeros([TILE], tl.float64)
+    total = tl.zeros([TILE], tl.float64)
+    for start in range(0, V, TILE):
+        p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
+        keep = (p >= floor) & (p > 0.0)
+        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand_row + at, p, mask=keep & (at < CAP))
+        n += tl.sum(keep.to(tl.int32), 0)
+        held += tl.where(keep, p, 0.0).to(tl.float64)
+        total += p.to(tl.float64)
+    whole = (tl.sum(held, 0) < goal) | (n > CAP)  # the candidates fell short, or overflowed
+    reached = tl.sum(total, 0) >= goal
+    # the largest bits b (a value present in the row) with mass(p >= b) >= goal
+    blo = tl.sum(tl.zeros([TILE], tl.int32), 0)  # mass(p >= 0): the total, >= goal
+    bhi = blo + 0x3F800001  # above 1.0: no mass
+    for _ in range(30):
+        mid = (blo + bhi) // 2
+        m = _mass_at_least(
+            x_row, cand_row, n, whole, mid.to(tl.float32, bitcast=True), V, T, mx, lo, inv, TILE
+        )
+        blo = tl.where(m >= goal, mid, blo)
+        bhi = tl.where(m >= goal, bhi, mid)
+    return tl.where(reached, blo.to(tl.float32, bitcast=True), 0.0)
+
+
+@triton.jit
+def _draw(
+    x_row, prm, u_row, cand_row, V, NB, CAP: tl.constexpr, TILE: tl.constexpr, RB: tl.constexpr
+):
+    T = tl.load(prm).to(tl.float32)
+    top_k = tl.load(prm + 1).to(tl.int64)
+    top_p = tl.load(prm + 2)
+    min_p = tl.load(prm + 3).to(tl.float32)
+    offs0 = tl.arange(0, TILE)
+    mvec = tl.full([TILE], float("-inf"), tl.float32)
+    for start in range(0, V, TILE):
+        mvec = tl.maximum(mvec, _scaled(x_row, start + offs0, V, T))
+    mx = tl.max(mvec, 0)
+    lo = tl.sum(tl.zeros([TILE], tl.float32), 0) - 3.4028234663852886e38  # -inf never kept
+    if (top_k > 0) & (top_k < V):
+        lo = tl.maximum(lo, _kth_largest(x_row, V, T, top_k, TILE))
+    svec = tl.zeros([TILE], tl.float32)
+    for start in range(0, V, TILE):
+        svec += _probs(x_row, start + offs0, V, T, mx, lo, 1.0)
+    inv = 1.0 / tl.sum(svec, 0)
+    t = tl.sum(tl.zeros([TILE], tl.float32), 0)
+    if top_p < 1.0:
+        t = _top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP, TILE)
+    if min_p > 0.0:
+        t = tl.maximum(t, inv * min_p)  # inv: the largest p (exp(0) = 1)
+    # the race among the blocks, G at a time: [G, RB] tiles, their sums
+    G: tl.constexpr = TILE // RB
+    gi = tl.arange(0, G)
+    ri = tl.arange(0, RB)
+    best_r = tl.sum(tl.zeros([G], tl.float32), 0) + float("inf")
+    best_b = tl.sum(tl.zeros([G], tl.int32), 0)
+    for start in range(0, NB * RB, TILE):
+        offs = start + gi[:, None] * RB + ri[None, :]
+        p = _probs(x_row, offs, V, T, mx, lo, inv)
+        sums = tl.sum(tl.where(p >= t, p, 0.0), 1)
+        b = start // RB + gi
+        r = tl.where(
+            b < NB, sums / tl.log(tl.load(u_row + b, mask=b < NB, other=0.5)), float("inf")
+        )
+        m = tl.min(r, 0)
+        first = tl.min(tl.where(r == m, b, 2147483647), 0)
+        take = m < best_r
+        best_b = tl.where(take, first, best_b)
+        best_r = tl.where(take, m, best_r)
+    base = best_b * RB
+    p = _probs(x_row, base + ri, V, T, mx, lo, inv)
+    r = tl.where(p >= t, p, 0.0) / tl.log(tl.load(u_row + NB + ri))
+    m = tl.min(r, 0)
+    tok = base + tl.min(tl.where(r == m, ri, RB), 0)
+    # a row masked everywhere: token 0, as the torch path gives
+    return tl.where(mx == float("-inf"), 0, tok).to(tl.int64)
+
+
+@triton.jit
+def _sample_rows_kernel(
+    x_ptr,
+    stride_x,
+    draw_ptr,
+    prm_ptr,
+    u_ptr,
+    stride_u,
+    cand_ptr,
+    out_ptr,
+    V,
+    NB,
+    CAP: tl.constexpr,
+    TILE: tl.constexpr,
+    RB: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    d = tl.load(draw_ptr + row)
+    if d < 0:
+        tok = _argmax(x_row, V, TILE)
+    else:
+        u_row = u_ptr + d * stride_u
+        tok = _draw(x_row, prm_ptr + row * 4, u_row, cand_ptr + row * CAP, V, NB, CAP, TILE, RB)
+    tl.store(out_ptr + row, tok)
+
+
+_scratch: dict[torch.device, torch.Tensor] = {}
+
+
+def _candidates(device: torch.device, rows: int) -> torch.Tensor:
+    """A scratch row of CAP floats a program, kept per device and grown (never shrunk)."""
+    buf = _scratch.get(device)
+    if buf is None or buf.numel() < rows * CAP:
+        buf = _scratch[device] = torch.empty(rows * CAP, dtype=torch.float32, device=device)
+    return buf
+
+
+def sample_rows(
+    logits: torch.Tensor, draw: torch.Tensor, params: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """Tokens [R] int64 for processed logits [R, V] (float32): the rows with draw < 0 take
+    the argmax, the others draw on their row of u (module doc)."""
+    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
+        raise ValueError("sample_rows: logits must be float32 [R, V], rows contiguous")
+    rows, vocab = logits.shape
+    nb = -(-vocab // RACE)
+    if draw.shape != (rows,) or draw.dtype != torch.long:
+        raise ValueError("sample_rows: draw must be int64 [R]")
+    if params.shape != (rows, 4) or params.dtype != torch.float64 or not params.is_contiguous():
+        raise ValueError("sample_rows: params must be a contiguous float64 [R, 4]")
+    if u.dim() != 2 or u.dtype != torch.float32 or (u.shape[0] and u.shape[1] != nb + RACE):
+        raise ValueError(f"sample_rows: u must be float32 [D, {nb + RACE}]")
+    out = torch.empty(rows, dtype=torch.long, device=logits.device)
+    if rows == 0:
+        return out
+    u = u.contiguous() if u.shape[0] else u.new_full((1, nb + RACE), 0.5)
+    _sample_rows_kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        draw,
+        params,
+        u,
+        u.stride(0),
+        _candidates(logits.device, rows),
+        out,
+        vocab,
+        nb,
+        CAP=CAP,
+        TILE=TILE,
+        RB=RACE,
+        num_warps=NUM_WARPS,
+    )
+    return out
+
+
+def warm_up(device: torch.device, vocab: int) -> None:
+    """Compile the kernel at start for this vocabulary (its launch is specialized on the
+    row's stride): else the first sampled step stalls every stream for the compile."""
+    nb = -(-vocab // RACE)
+    params = torch.tensor([[1.0, 0.0, 0.9, 0.0]] * 2, dtype=torch.float64, device=device)
+    logits = torch.zeros(2, vocab, device=device)
+    u = torch.full((1, nb + RACE), 0.5, device=device)
+    sample_rows(logits, torch.tensor([-1, 0], device=device), params, u)
