@@ -7,7 +7,7 @@ the order of float32 sums.
         else: temperature, top-k, top-p, min-p, then the two-level race on u[draw[r]]
         params: temperature, top_k (0: off), top_p, min_p; n = sampling.num_uniforms(V)
 
-Where the torch path issues ~40 kernels over the whole [rows, vocab] batch (the division,
+Where the torch path issues ~80 ops over the whole [rows, vocab] batch (the division,
 top-k, the +inf/NaN repair, softmax, top-p's two float64 histograms of 2^14 and 2^16 bins
 a row, min-p, the mask, the padded block sums and two races), a row here is read ~4 times
 and nothing of [rows, vocab] is written. A drawing row, its logits x:
@@ -16,12 +16,15 @@ and nothing of [rows, vocab] is written. A drawing row, its logits x:
     (top-k)   the k-th largest a by a bisection of its order-preserving bits (32 passes:
               only rows with a top-k, which chat clients rarely send)
     pass 2    the sum of e = exp(a - max) over the a kept by top-k
-    (top-p)   the p = e / sum >= c = (1 - top_p) / 2V, which hold the cut (the rest cannot
-              hold 1 - top_p of the mass), compacted into a scratch row of CAP floats; t is
-              the largest value whose mass from the top, summed in float64, reaches top_p,
-              by a bisection of its bits over those candidates (top_p.py's definition: ties
-              kept). Past CAP candidates, or where they fall short, over the whole row.
-              min-p raises t to p_max * min_p.
+    (top-p)   t is the largest value whose mass from the top, summed in float64, reaches
+              top_p (top_p.py's definition: ties kept), by a bisection of its bits. The
+              p = e / sum >= c = (1 - top_p) / 2V hold the cut (the rest cannot hold
+              1 - top_p of the mass): compacted into a scratch row of CAP floats, the
+              bisection runs over them (chat rows at temperature 0.7: all of the search).
+              Where they overflow it (a row at temperature 1 or more), halvings over the
+              whole row narrow the range until its tokens fit, a read each (a few: each
+              halves the range's tokens once it reaches the row's dense part), then the
+              search goes on over them. min-p raises t to p_max * min_p.
     pass 3    the race among blocks of 256 tokens by the sums of their p >= t, on the
               row's first uniforms (argmin sum / log u, the first on ties), then among the
               winning block's tokens on the next 256
@@ -111,51 +114,86 @@ def _kth_largest(x_row, V, T, k, TILE: tl.constexpr):
 
 
 @triton.jit
-def _mass_at_least(x_row, cand_row, n, whole, v, V, T, mx, lo, inv, TILE: tl.constexpr):
-    """The float64 mass of the p >= v: among the n candidates, or over the whole row."""
+def _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP: tl.constexpr, TILE: tl.constexpr):
+    """The row's p > 0 whose bits lie in [blo, bhi) into the scratch row (the first CAP of
+    them); returns how many there are."""
     offs0 = tl.arange(0, TILE)
-    acc = tl.zeros([TILE], tl.float64)
-    if whole:
-        for start in range(0, V, TILE):
-            p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
-            acc += tl.where(p >= v, p, 0.0).to(tl.float64)
-    else:
-        for start in range(0, n, TILE):
-            offs = start + offs0
-            p = tl.load(cand_row + offs, mask=offs < n, other=0.0)
-            acc += tl.where(p >= v, p, 0.0).to(tl.float64)
-    return tl.sum(acc, 0)
+    n = tl.sum(tl.zeros([TILE], tl.int32), 0)
+    for start in range(0, V, TILE):
+        p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
+        bits = p.to(tl.int32, bitcast=True)
+        keep = (p > 0.0) & (bits >= blo) & (bits < bhi)
+        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand_row + at, p, mask=keep & (at < CAP))
+        n += tl.sum(keep.to(tl.int32), 0)
+    return n
 
 
 @triton.jit
 def _top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP: tl.constexpr, TILE: tl.constexpr):
-    """The top-p threshold t of the row's p (0: every p kept)."""
+    """The top-p threshold t of the row's p (0: every p kept): the largest bits b (a value
+    present in the row) with mass(p >= b) >= goal, by bisection over [blo, bhi), with
+    mass(p >= bhi) = s_hi known. The p >= floor are compacted first (most rows: all of the
+    search); where they overflow the scratch row, halvings over the whole row narrow the
+    range until its tokens fit, then they are compacted and the search goes on over them."""
     offs0 = tl.arange(0, TILE)
     goal = tl.maximum(top_p, 1e-30)
     floor = ((1.0 - goal) / (2.0 * V)).to(tl.float32)
-    n = tl.sum(tl.zeros([TILE], tl.int32), 0)
+    fb = floor.to(tl.int32, bitcast=True)
+    n = _compact(x_row, cand_row, fb, 0x3F800001, V, T, mx, lo, inv, CAP, TILE)
     held = tl.zeros([TILE], tl.float64)
     total = tl.zeros([TILE], tl.float64)
+    npos = tl.zeros([TILE], tl.int32)
     for start in range(0, V, TILE):
         p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
-        keep = (p >= floor) & (p > 0.0)
-        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(cand_row + at, p, mask=keep & (at < CAP))
-        n += tl.sum(keep.to(tl.int32), 0)
-        held += tl.where(keep, p, 0.0).to(tl.float64)
+        held += tl.where(p >= floor, p, 0.0).to(tl.float64)
         total += p.to(tl.float64)
-    whole = (tl.sum(held, 0) < goal) | (n > CAP)  # the candidates fell short, or overflowed
+        npos += (p > 0.0).to(tl.int32)
+    s_held = tl.sum(held, 0)
     reached = tl.sum(total, 0) >= goal
-    # the largest bits b (a value present in the row) with mass(p >= b) >= goal
-    blo = tl.sum(tl.zeros([TILE], tl.int32), 0)  # mass(p >= 0): the total, >= goal
-    bhi = blo + 0x3F800001  # above 1.0: no mass
-    for _ in range(30):
-        mid = (blo + bhi) // 2
-        m = _mass_at_least(
-            x_row, cand_row, n, whole, mid.to(tl.float32, bitcast=True), V, T, mx, lo, inv, TILE
-        )
-        blo = tl.where(m >= goal, mid, blo)
-        bhi = tl.where(m >= goal, bhi, mid)
+    above = s_held >= goal  # the cut lies among the p >= floor (else below them all)
+    blo = tl.where(above, fb, 0)
+    bhi = tl.where(above, 0x3F800001, fb)  # 0x3F800001: past 1.0, no mass
+    s_hi = tl.where(above, 0.0, s_held)
+    count = tl.where(above, n, tl.sum(npos, 0) - n)
+    compacted = above & (n <= CAP)
+    # halvings over the whole row until the range's tokens fit the scratch row
+    while (count > CAP) & (bhi - blo > 1):
+        mid = blo + (bhi - blo) // 2
+        v = mid.to(tl.float32, bitcast=True)
+        m = tl.zeros([TILE], tl.float64)
+        c_up = tl.zeros([TILE], tl.int32)
+        c_all = tl.zeros([TILE], tl.int32)
+        for start in range(0, V, TILE):
+            p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
+            bits = p.to(tl.int32, bitcast=True)
+            inside = (p > 0.0) & (bits >= blo) & (bits < bhi)
+            m += tl.where(p >= v, p, 0.0).to(tl.float64)
+            c_up += (inside & (bits >= mid)).to(tl.int32)
+            c_all += inside.to(tl.int32)
+        s_mid = tl.sum(m, 0)
+        ok = s_mid >= goal
+        up = tl.sum(c_up, 0)
+        count = tl.where(ok, up, tl.sum(c_all, 0) - up)
+        blo = tl.where(ok, mid, blo)
+        bhi = tl.where(ok, bhi, mid)
+        s_hi = tl.where(ok, s_hi, s_mid)
+    if not compacted:
+        n = _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP, TILE)
+    # the rest of the search over the range's tokens, in the scratch row: the mass at or
+    # above a value in it is theirs at or above it and the mass above the range's top
+    s_top = s_hi
+    while bhi - blo > 1:
+        mid = blo + (bhi - blo) // 2
+        v = mid.to(tl.float32, bitcast=True)
+        m = tl.zeros([TILE], tl.float64)
+        for start in range(0, n, TILE):
+            offs = start + offs0
+            p = tl.load(cand_row + offs, mask=offs < n, other=0.0)
+            m += tl.where(p >= v, p, 0.0).to(tl.float64)
+        ok = s_top + tl.sum(m, 0) >= goal
+        blo = tl.where(ok, mid, blo)
+        bhi = tl.where(ok, bhi, mid)
     return tl.where(reached, blo.to(tl.float32, bitcast=True), 0.0)
 
 
