@@ -13,8 +13,8 @@ a row, min-p, the mask, the padded block sums and two races), a row here is read
 and nothing of [rows, vocab] is written. A drawing row, its logits x:
 
     pass 1    a = x / T repaired (NaN -> -inf, +inf -> the largest float), its max
-    (top-k)   the k-th largest a by a bisection of its order-preserving bits (32 passes:
-              only rows with a top-k, which chat clients rarely send)
+    (top-k)   the k-th largest a by a bisection of its order-preserving bits: halvings over
+              the row until the range's values fit a scratch row, then over them there
     pass 2    the sum of e = exp(a - max) over the a kept by top-k
     (top-p)   t is the largest value whose mass from the top, summed in float64, reaches
               top_p (top_p.py's definition: ties kept), by a bisection of its bits. The
@@ -93,22 +93,47 @@ def _argmax(x_row, V, TILE: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(x_row, V, T, k, TILE: tl.constexpr):
-    """The k-th largest a (duplicates counted; 1 <= k < V): the largest key with at least k
-    a at or above it, by bisection over the 2^32 keys."""
+def _kth_largest(x_row, cand_row, V, T, k, CAP: tl.constexpr, TILE: tl.constexpr):
+    """The k-th largest a (duplicates counted; 1 <= k < V): the largest key K with at least
+    k keys >= K, by bisection over [klo, khi) (c_hi keys >= khi): halvings over the whole
+    row until the range's keys fit the scratch row, then over them there."""
     offs0 = tl.arange(0, TILE)
-    klo = tl.sum(tl.zeros([TILE], tl.int64), 0) - 2147483648  # count(key >= klo) = V >= k
-    khi = klo + 4294967296  # count(key >= khi) = 0 < k
-    for _ in range(32):
-        mid = (klo + khi) // 2
+    klo = tl.sum(tl.zeros([TILE], tl.int64), 0) - 2147483648  # every key >= klo
+    khi = klo + 4294967296  # none >= khi
+    c_hi = tl.sum(tl.zeros([TILE], tl.int64), 0)
+    count = c_hi + V  # keys in [klo, khi)
+    while (count > CAP) & (khi - klo > 1):
+        mid = klo + (khi - klo) // 2
         cnt = tl.zeros([TILE], tl.int32)
         for start in range(0, V, TILE):
             offs = start + offs0
             key = _key(_scaled(x_row, offs, V, T)).to(tl.int64)
             cnt += ((key >= mid) & (offs < V)).to(tl.int32)
-        enough = tl.sum(cnt, 0) >= k
-        klo = tl.where(enough, mid, klo)
-        khi = tl.where(enough, khi, mid)
+        ge = tl.sum(cnt, 0).to(tl.int64)
+        ok = ge >= k
+        count = tl.where(ok, ge - c_hi, count - (ge - c_hi))
+        klo = tl.where(ok, mid, klo)
+        khi = tl.where(ok, khi, mid)
+        c_hi = tl.where(ok, c_hi, ge)
+    n = tl.sum(tl.zeros([TILE], tl.int32), 0)  # the range's a into the scratch row
+    for start in range(0, V, TILE):
+        offs = start + offs0
+        a = _scaled(x_row, offs, V, T)
+        key = _key(a).to(tl.int64)
+        keep = (offs < V) & (key >= klo) & (key < khi)
+        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand_row + at, a, mask=keep & (at < CAP))
+        n += tl.sum(keep.to(tl.int32), 0)
+    while khi - klo > 1:
+        mid = klo + (khi - klo) // 2
+        cnt = tl.zeros([TILE], tl.int32)
+        for start in range(0, n, TILE):
+            offs = start + offs0
+            a = tl.load(cand_row + offs, mask=offs < n, other=float("-inf"))
+            cnt += ((_key(a).to(tl.int64) >= mid) & (offs < n)).to(tl.int32)
+        ok = c_hi + tl.sum(cnt, 0) >= k
+        klo = tl.where(ok, mid, klo)
+        khi = tl.where(ok, khi, mid)
     key = klo.to(tl.int32)
     return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
@@ -212,7 +237,7 @@ def _draw(
     mx = tl.max(mvec, 0)
     lo = tl.sum(tl.zeros([TILE], tl.float32), 0) - 3.4028234663852886e38  # -inf never kept
     if (top_k > 0) & (top_k < V):
-        lo = tl.maximum(lo, _kth_largest(x_row, V, T, top_k, TILE))
+        lo = tl.maximum(lo, _kth_largest(x_row, cand_row, V, T, top_k, CAP, TILE))
     svec = tl.zeros([TILE], tl.float32)
     for start in range(0, V, TILE):
         svec += _probs(x_row, start + offs0, V, T, mx, lo, 1.0)
