@@ -21,6 +21,8 @@ mix without its grammar rows on logits 64 wide, by the thread's CPU, greedy alte
 beside it; the CPU's compute of the narrow sampler ops (a GPU's device work) still counts.
 
     .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat|chat-narrow]
+    --draw torch         the sampler's draw as the torch path's ops (default: the GPU's one
+                         launch, triton_sample.sample_rows_keyed, stood in for by one op)
     ZS_BYTECODES=1 ...   also greedy's bytecodes and calls a row a step (load-free)
     --ops                also the torch ops a step (load-free: on a GPU each one not a view
                          is a launch or a copy the host pays for; views cost their dispatch)
@@ -48,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from common.messages import encode  # noqa: E402
 from common.sampling_params import SamplingParams  # noqa: E402
-from scheduler_worker.backends.base import DecodeRows  # noqa: E402
+from scheduler_worker.backends.base import DecodeRows, DrawRows  # noqa: E402
 from scheduler_worker.backends.graphs import StaticDecodeInputs  # noqa: E402
 from scheduler_worker.engine import LLMEngine  # noqa: E402
 from scheduler_worker.worker import SchedulerWorker  # noqa: E402
@@ -103,6 +105,15 @@ class GraphLike:
             return logits[:, : self.logits.shape[1]] if narrow else logits
         self.inputs.fill(seqs, len(seqs), self.prev_tokens)
         return self.logits[: len(seqs)].clone()  # fresh, as a step's: grammar masks go in
+
+
+DRAW = "keyed"  # the sampler's draw (--draw)
+
+
+def _launch_stand_in(logits, draw, params, keys):
+    """The GPU's draw (triton_sample.sample_rows_keyed) as the host sees it: one launch,
+    here one op (its device work is not the host's)."""
+    return logits.argmax(dim=-1)
 
 
 def publisher(engine: LLMEngine):
@@ -191,8 +202,12 @@ def run(
     gc.freeze()
     vocab = engine.vocab_size if mix == "chat" else VOCAB
     engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
-    # the sampler's torch ops, as on a GPU: not the CPU kernels' one op (draws.py)
+    # the sampler as on a GPU: not the CPU kernels' one op (draws.py); its draw the GPU
+    # backend's keyed Triton launch (a stand-in op: what the host pays is the launch), or
+    # with --draw torch the torch path's ops
     engine.sampler.kernel_isa = None
+    if DRAW == "keyed":
+        engine.sampler.draw_rows = DrawRows(_launch_stand_in, keyed=True)
     publish = publisher(engine)
     rng = random.Random(0)
     greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
@@ -237,11 +252,20 @@ def main() -> None:
         default="greedy",
         help="sampling options",
     )
+    ap.add_argument(
+        "--draw",
+        choices=("keyed", "torch"),
+        default="keyed",
+        help="the sampler's draw: the GPU backend's one launch (a stand-in op), or the torch "
+        "path's ops (the figures before the fifteenth session)",
+    )
     ap.add_argument("--model", type=Path, help="a model directory (default: a tiny llama)")
     ap.add_argument(
         "--kernels", default="auto", help="the prompts' forward: auto, or torch (no C++ build)"
     )
     args = ap.parse_args()
+    global DRAW
+    DRAW = args.draw
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model

@@ -33,8 +33,8 @@ from scheduler_worker.batch_params import (
     TOP_K,
     TOP_P,
 )
-from scheduler_worker.logits_processors import DeviceColumns, SamplingRow, _column
-from scheduler_worker.seeded_uniforms import M32, uniforms
+from scheduler_worker.logits_processors import DeviceColumns, SamplingRow, _array, _column
+from scheduler_worker.seeded_uniforms import M32, row_keys, uniforms
 
 _OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
 _KERNEL_COLUMNS = [TEMPERATURE, TOP_K, TOP_P, MIN_P]  # sample_rows' params, in its order
@@ -52,13 +52,7 @@ def draw_uniforms(
     if not has_seed.any():  # unseeded rows share the default generator
         return torch.rand(len(rows), n, device=dev)
     seeded = has_seed.nonzero()[0]
-    keys = np.empty((len(seeded), 3), dtype=np.int64)
-    keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
-    picked = list(map(rows.__getitem__, seeded.tolist()))  # their token counts, in C
-    counts = np.fromiter(map(len, map(_OUTPUTS, picked)), np.int64, len(picked))
-    counts += np.fromiter(map(len, map(_DRAFTS, picked)), np.int64, len(picked))
-    keys[:, 2] = counts & M32
-    u = uniforms(keys, n, dev)
+    u = uniforms(_seed_keys(rows, values, seeded), n, dev)
     if len(seeded) == len(rows):
         return u
     shared = (~has_seed).nonzero()[0]
@@ -68,10 +62,35 @@ def draw_uniforms(
     return full.index_copy_(0, _column(cols, "seeded", seeded, dev, torch.long), u)
 
 
+def draw_keys(rows: list[SamplingRow], values: np.ndarray) -> np.ndarray:
+    """Each drawing row's key [len(rows)] int64 for a keyed draw op (seeded_uniforms.row_keys):
+    a seeded row's of (seed, its token's index), so its uniforms are draw_uniforms' to the
+    bit; the others' 32 random bits from torch's default (host) generator."""
+    keys = torch.randint(0, 1 << 32, (len(rows),), dtype=torch.long).numpy()
+    has_seed = values[:, HAS_SEED] != 0
+    if has_seed.any():
+        seeded = has_seed.nonzero()[0]
+        keys[seeded] = row_keys(_seed_keys(rows, values, seeded))
+    return keys
+
+
+def _seed_keys(rows: list[SamplingRow], values: np.ndarray, seeded: np.ndarray) -> np.ndarray:
+    """The seeded rows' (seed low, seed high, token index) [len(seeded), 3] int64."""
+    keys = np.empty((len(seeded), 3), dtype=np.int64)
+    keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
+    picked = list(map(rows.__getitem__, seeded.tolist()))  # their token counts, in C
+    counts = np.fromiter(map(len, map(_OUTPUTS, picked)), np.int64, len(picked))
+    counts += np.fromiter(map(len, map(_DRAFTS, picked)), np.int64, len(picked))
+    keys[:, 2] = counts & M32
+    return keys
+
+
 def cpu_draw_rows(isa: int) -> DrawRows:
     """The C++ op (kernels/csrc/sample_rows.cpp) on ISA path `isa`, as a DrawRows."""
-    return lambda logits, draw, params, u: torch.ops.zeroserve.sample_rows(
-        logits, draw, params, u, isa
+    return DrawRows(
+        lambda logits, draw, params, u: torch.ops.zeroserve.sample_rows(
+            logits, draw, params, u, isa
+        )
     )
 
 
@@ -90,13 +109,17 @@ def kernel_sample(
     dev = logits.device
     draw = np.full(len(rows), -1, dtype=np.int64)
     draw[draws] = np.arange(len(draws))
-    u = draw_uniforms(list(map(rows.__getitem__, draws)), values[draws], n, dev, cols)
+    picked = list(map(rows.__getitem__, draws))
+    if op.keyed:  # the op makes the uniforms: only a key a row goes to the device
+        last = _array(draw_keys(picked, values[draws]), dev, torch.long)
+    else:
+        last = draw_uniforms(picked, values[draws], n, dev, cols)
     params = np.ascontiguousarray(values[:, _KERNEL_COLUMNS])
-    return op(
+    return op.fn(
         logits.contiguous(),
         _column(cols, "draw.rows", draw, dev, torch.long),
         _column(cols, "draw.params", params, dev, torch.float64),
-        u,
+        last,
     )
 
 

@@ -42,8 +42,19 @@ def uniforms(keys: np.ndarray, n: int, device: torch.device) -> torch.Tensor:
     """seeded_uniforms from its keys [rows, 3] int64: (seed's low and high 32 bits, counter).
     The rows' keys are hashed on the host (numpy: a few µs, where ~30 small device ops cost
     a launch each) and the columns' hash is kept per width, so the device runs one mix."""
-    k = _mix(_mix(_mix(keys[:, 0] ^ 0x9E3779B9) ^ keys[:, 1]) ^ keys[:, 2])
-    x = _mix(_array(k, device, torch.long)[:, None] ^ _columns(n, device)[None, :])
+    return row_uniforms(_array(row_keys(keys), device, torch.long), n)
+
+
+def row_keys(keys: np.ndarray) -> np.ndarray:
+    """Each row's key [rows] int64 (< 2**32) from its (seed low, seed high, counter) [rows,
+    3]: what a draw op that makes the uniforms itself takes (triton_sample.py)."""
+    return _mix(_mix(_mix(keys[:, 0] ^ 0x9E3779B9) ^ keys[:, 1]) ^ keys[:, 2])
+
+
+def row_uniforms(k: torch.Tensor, n: int) -> torch.Tensor:
+    """[rows, n] uniforms of the rows' keys k [rows] int64 (on their device): the hash of
+    each key with each column's."""
+    x = _mix(k[:, None] ^ _columns(n, k.device)[None, :])
     return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits, never 0 or 1
 
 

@@ -29,10 +29,18 @@ from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.backends.staging import take_placeholders
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-# a step's draw in one op: (processed logits [R, V] f32, draw [R] i64 (-1: argmax, else the
-# row's row of u), params [R, 4] f64 (temperature, top_k, top_p, min_p), u [D, n] f32) ->
-# tokens [R] i64, on the logits' device (draws.kernel_sample; the CPU's C++ op has it too)
-DrawRows = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DrawRows:
+    """A step's draw in one op (draws.kernel_sample): fn(processed logits [R, V] f32, draw
+    [R] i64 (-1: the argmax, else the row's index among the drawing rows), params [R, 4] f64
+    (temperature, top_k, top_p, min_p), and for the drawing rows their uniforms [D, n] f32
+    or, `keyed`, their keys [D] i64 (seeded_uniforms.row_keys: the op makes the uniforms))
+    -> tokens [R] i64, on the logits' device."""
+
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    keyed: bool = False
 
 
 @dataclass(slots=True)

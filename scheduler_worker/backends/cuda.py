@@ -28,6 +28,7 @@ from scheduler_worker.backends import triton_decode, triton_sample
 from scheduler_worker.backends.base import (
     Backend,
     DecodeRows,
+    DrawRows,
     KVCache,
     SeqInput,
     StepInputs,
@@ -86,7 +87,8 @@ class CudaBackend(Backend):
         device = device or torch.device("cuda")
         super().__init__(device, dtype, block_size)
         self.ops = ops = TritonOps(gemv)
-        self.draw_rows = triton_sample.sample_rows  # the sampler's draw: one launch
+        # the sampler's draw: one launch, the uniforms made in it from each row's key
+        self.draw_rows = DrawRows(triton_sample.sample_rows_keyed, keyed=True)
         self.gemv = ops.gemv  # which few-row linears take the GEMV, chosen at start()
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens

@@ -223,8 +223,38 @@ def _top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP: tl.constexpr, TIL
 
 
 @triton.jit
+def _mix(x):
+    """seeded_uniforms._mix on int64 values < 2**32 (every product stays under 2**63)."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    return (x >> 16) ^ x
+
+
+@triton.jit
+def _uniforms(u_row, key, cols, mask, KEYED: tl.constexpr):
+    """The row's uniforms at columns `cols`: read from its row of u, or (KEYED) made from
+    its key as seeded_uniforms.uniforms makes them: a hash of the key and the column's."""
+    if KEYED:
+        x = _mix(key ^ _mix(cols.to(tl.int64) + 0x632BE5AB))
+        u = ((x >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216)
+    else:
+        u = tl.load(u_row + cols, mask=mask, other=0.5)
+    return u
+
+
+@triton.jit
 def _draw(
-    x_row, prm, u_row, cand_row, V, NB, CAP: tl.constexpr, TILE: tl.constexpr, RB: tl.constexpr
+    x_row,
+    prm,
+    u_row,
+    key,
+    cand_row,
+    V,
+    NB,
+    CAP: tl.constexpr,
+    TILE: tl.constexpr,
+    RB: tl.constexpr,
+    KEYED: tl.constexpr,
 ):
     T = tl.load(prm).to(tl.float32)
     top_k = tl.load(prm + 1).to(tl.int64)
@@ -258,9 +288,8 @@ def _draw(
         p = _probs(x_row, offs, V, T, mx, lo, inv)
         sums = tl.sum(tl.where(p >= t, p, 0.0), 1)
         b = start // RB + gi
-        r = tl.where(
-            b < NB, sums / tl.log(tl.load(u_row + b, mask=b < NB, other=0.5)), float("inf")
-        )
+        u = _uniforms(u_row, key, b, b < NB, KEYED)
+        r = tl.where(b < NB, sums / tl.log(u), float("inf"))
         m = tl.min(r, 0)
         first = tl.min(tl.where(r == m, b, 2147483647), 0)
         take = m < best_r
@@ -268,7 +297,7 @@ def _draw(
         best_r = tl.where(take, m, best_r)
     base = best_b * RB
     p = _probs(x_row, base + ri, V, T, mx, lo, inv)
-    r = tl.where(p >= t, p, 0.0) / tl.log(tl.load(u_row + NB + ri))
+    r = tl.where(p >= t, p, 0.0) / tl.log(_uniforms(u_row, key, NB + ri, ri < RB, KEYED))
     m = tl.min(r, 0)
     tok = base + tl.min(tl.where(r == m, ri, RB), 0)
     # a row masked everywhere: token 0, as the torch path gives
@@ -290,7 +319,9 @@ def _sample_rows_kernel(
     CAP: tl.constexpr,
     TILE: tl.constexpr,
     RB: tl.constexpr,
+    KEYED: tl.constexpr,
 ):
+    """u_ptr: the uniforms [D, n], or (KEYED) the drawing rows' keys [D] int64."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     d = tl.load(draw_ptr + row)
@@ -298,7 +329,12 @@ def _sample_rows_kernel(
         tok = _argmax(x_row, V, TILE)
     else:
         u_row = u_ptr + d * stride_u
-        tok = _draw(x_row, prm_ptr + row * 4, u_row, cand_ptr + row * CAP, V, NB, CAP, TILE, RB)
+        if KEYED:
+            key = tl.load(u_ptr + d)
+        else:
+            key = d
+        cand = cand_ptr + row * CAP
+        tok = _draw(x_row, prm_ptr + row * 4, u_row, key, cand, V, NB, CAP, TILE, RB, KEYED)
     tl.store(out_ptr + row, tok)
 
 
@@ -317,45 +353,62 @@ def sample_rows(
     logits: torch.Tensor, draw: torch.Tensor, params: torch.Tensor, u: torch.Tensor
 ) -> torch.Tensor:
     """Tokens [R] int64 for processed logits [R, V] (float32): the rows with draw < 0 take
-    the argmax, the others draw on their row of u (module doc)."""
+    the argmax, the others draw on their row of u [D, n] (module doc)."""
+    nb = -(-logits.shape[-1] // RACE)
+    if u.dim() != 2 or u.dtype != torch.float32 or (u.shape[0] and u.shape[1] != nb + RACE):
+        raise ValueError(f"sample_rows: u must be float32 [D, {nb + RACE}]")
+    u = u.contiguous() if u.shape[0] else u.new_full((1, nb + RACE), 0.5)
+    return _launch(logits, draw, params, u, u.stride(0), False)
+
+
+def sample_rows_keyed(
+    logits: torch.Tensor, draw: torch.Tensor, params: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    """sample_rows where each drawing row's uniforms are made in the kernel from its key
+    [D] int64 (seeded_uniforms.row_keys), as seeded_uniforms.uniforms makes them: no
+    [D, n] uniforms on the device, no generator launch (the GPU backend's draw op)."""
+    if keys.dim() != 1 or keys.dtype != torch.long:
+        raise ValueError("sample_rows_keyed: keys must be int64 [D]")
+    keys = keys.contiguous() if keys.shape[0] else keys.new_zeros(1)
+    return _launch(logits, draw, params, keys, 0, True)
+
+
+def _launch(logits, draw, params, u, stride_u: int, keyed: bool) -> torch.Tensor:
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         raise ValueError("sample_rows: logits must be float32 [R, V], rows contiguous")
     rows, vocab = logits.shape
-    nb = -(-vocab // RACE)
     if draw.shape != (rows,) or draw.dtype != torch.long:
         raise ValueError("sample_rows: draw must be int64 [R]")
     if params.shape != (rows, 4) or params.dtype != torch.float64 or not params.is_contiguous():
         raise ValueError("sample_rows: params must be a contiguous float64 [R, 4]")
-    if u.dim() != 2 or u.dtype != torch.float32 or (u.shape[0] and u.shape[1] != nb + RACE):
-        raise ValueError(f"sample_rows: u must be float32 [D, {nb + RACE}]")
     out = torch.empty(rows, dtype=torch.long, device=logits.device)
     if rows == 0:
         return out
-    u = u.contiguous() if u.shape[0] else u.new_full((1, nb + RACE), 0.5)
     _sample_rows_kernel[(rows,)](
         logits,
         logits.stride(0),
         draw,
         params,
         u,
-        u.stride(0),
+        stride_u,
         _candidates(logits.device, rows),
         out,
         vocab,
-        nb,
+        -(-vocab // RACE),
         CAP=CAP,
         TILE=TILE,
         RB=RACE,
+        KEYED=keyed,
         num_warps=NUM_WARPS,
     )
     return out
 
 
 def warm_up(device: torch.device, vocab: int) -> None:
-    """Compile the kernel at start for this vocabulary (its launch is specialized on the
-    row's stride): else the first sampled step stalls every stream for the compile."""
-    nb = -(-vocab // RACE)
+    """Compile the backend's variant (keyed) at start for this vocabulary (its launch is
+    specialized on the row's stride): else the first sampled step stalls every stream for
+    the compile."""
     params = torch.tensor([[1.0, 0.0, 0.9, 0.0]] * 2, dtype=torch.float64, device=device)
     logits = torch.zeros(2, vocab, device=device)
-    u = torch.full((1, nb + RACE), 0.5, device=device)
-    sample_rows(logits, torch.tensor([-1, 0], device=device), params, u)
+    keys = torch.tensor([12345], device=device)
+    sample_rows_keyed(logits, torch.tensor([-1, 0], device=device), params, keys)

@@ -15,6 +15,7 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker import kernels
+from scheduler_worker.backends.base import DrawRows
 from scheduler_worker.batch_params import MIN_P, NUM_VALUES, TEMPERATURE, TOP_K, TOP_P
 from scheduler_worker.draws import _KERNEL_COLUMNS
 from scheduler_worker.sampling import (
@@ -64,6 +65,12 @@ def _triton_op():
     from scheduler_worker.backends.triton_sample import sample_rows
 
     return sample_rows
+
+
+def _triton_keyed():
+    from scheduler_worker.backends.triton_sample import sample_rows_keyed
+
+    return sample_rows_keyed
 
 
 def _op(logits, values, u, op, draw=None):
@@ -227,7 +234,9 @@ def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch, op):
     a seeded row the same token alone and among others."""
     if op == "cpp" and not ISAS:
         pytest.skip("the C++ kernels are not built here")
-    isa, draw_rows = (ISAS[-1], None) if op == "cpp" else (None, _triton_op())
+    # the GPU backend's op: keyed (the uniforms made in the kernel from each row's key)
+    keyed = DrawRows(_triton_keyed(), keyed=True)
+    isa, draw_rows = (ISAS[-1], None) if op == "cpp" else (None, keyed)
     vocab = 1000
     logits = _chat_logits(8, vocab, seed=3)
     dev = "cpu" if op == "cpp" else TRITON_DEV
@@ -284,12 +293,31 @@ def test_the_kernels_warm_up_runs_an_argmax_and_a_drawing_row(monkeypatch):
     from scheduler_worker.backends import triton_sample
 
     calls = []
-    real = triton_sample.sample_rows
+    real = triton_sample.sample_rows_keyed
 
     def spy(*args):
         calls.append(real(*args).tolist())
         return calls[-1]
 
-    monkeypatch.setattr(triton_sample, "sample_rows", spy)
+    monkeypatch.setattr(triton_sample, "sample_rows_keyed", spy)
     triton_sample.warm_up(torch.device(TRITON_DEV), 300)
     assert calls == [[0, calls[0][1]]] and 0 <= calls[0][1] < 300
+
+
+def test_the_keyed_kernel_makes_the_uniforms_seeded_uniforms_makes():
+    """The GPU backend's variant (sample_rows_keyed) draws on uniforms it makes from each
+    drawing row's key: the same tokens, to the bit, as the kernel given
+    seeded_uniforms.row_uniforms of those keys (argmax rows beside them)."""
+    from scheduler_worker.seeded_uniforms import row_uniforms
+
+    vocab, rows = 1000, 10
+    logits = _chat_logits(rows, vocab, seed=9)
+    values = _values(rows, temperature=[0.7, 1.0, 1.3], top_p=[0.9, 1.0, 0.95])
+    draw = torch.tensor([0, 1, -1, 2, 3, 4, -1, 5, 6, 7])
+    keys = torch.randint(0, 1 << 32, (8,), generator=torch.Generator().manual_seed(4))
+    params = torch.from_numpy(np.ascontiguousarray(values[:, _KERNEL_COLUMNS]))
+    on = [t.to(TRITON_DEV) for t in (logits, draw, params, keys)]
+    got = _triton_keyed()(*on).cpu()
+    want = _op(logits, values, row_uniforms(keys, num_uniforms(vocab)), "triton", draw)
+    assert got.tolist() == want.tolist()
+    assert got[2] == logits[2].argmax() and got[6] == logits[6].argmax()

@@ -156,13 +156,14 @@ def _no_host_sync():
 
 
 def _draw_rows(draw: str):
-    """The GPU backend's draw op (draw "triton", backends/triton_sample.py) or None (the
-    torch path)."""
+    """The GPU backend's draw op (draw "triton": backends/triton_sample.py, keyed, as
+    CudaBackend declares it) or None (the torch path)."""
     if draw == "torch":
         return None
-    from scheduler_worker.backends.triton_sample import sample_rows
+    from scheduler_worker.backends.base import DrawRows
+    from scheduler_worker.backends.triton_sample import sample_rows_keyed
 
-    return sample_rows
+    return DrawRows(sample_rows_keyed, keyed=True)
 
 
 @cuda
