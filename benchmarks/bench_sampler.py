@@ -65,6 +65,15 @@ def timed(sampler: Sampler, logits: torch.Tensor, rows, repeat: int) -> tuple[fl
     return min(times) * 1e3, statistics.median(times) * 1e3, tokens
 
 
+def pair(paths: dict, logits: torch.Tensor, rows, args: argparse.Namespace) -> tuple:
+    """The torch path's and the op's timed() in turn, and how many seeded rows drew
+    differently (near-ties: the uniforms are the same)."""
+    res = {k: timed(s, logits, rows, args.repeat) for k, s in paths.items()}
+    seeded = [i for i, r in enumerate(rows) if r.params.seed is not None]
+    differ = sum(res["torch"][2][i] != res["op"][2][i] for i in seeded)
+    return res["torch"], res["op"], f"{differ} of {len(seeded)}"
+
+
 def enqueue_ms(sampler: Sampler, logits: torch.Tensor, rows, repeat: int) -> float:
     """A GPU's host time to enqueue a call (the median, ms): Sampler.sample returns before
     the device is done, so this is the host's share of a step's sampling."""
@@ -81,27 +90,26 @@ def enqueue_ms(sampler: Sampler, logits: torch.Tensor, rows, repeat: int) -> flo
 
 def main_cuda(args: argparse.Namespace) -> None:
     """--device cuda: the torch path against the Triton launch (the GPU backend's draw_rows)."""
-    from scheduler_worker.backends.triton_sample import sample_rows
+    from scheduler_worker.backends.base import DrawRows
+    from scheduler_worker.backends.triton_sample import sample_rows_keyed
 
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; clock: wall")
     for vocab in args.vocab:
         for n in args.rows:
             logits, _ = make_rows("chat", n, vocab, "cuda")
             rows = chat_rows(n)
-            seeded = [i for i, r in enumerate(rows) if r.params.seed is not None]
-            paths = {"torch": Sampler(vocab, [2]), "op": Sampler(vocab, [2], None, sample_rows)}
+            keyed = DrawRows(sample_rows_keyed, keyed=True)  # as CudaBackend declares it
+            paths = {"torch": Sampler(vocab, [2]), "op": Sampler(vocab, [2], None, keyed)}
             for s in paths.values():  # compiles, lazy state
                 timed(s, logits, rows, 2)
             for _ in range(args.rounds):
-                res = {k: timed(s, logits, rows, args.repeat) for k, s in paths.items()}
+                (t_min, t_med, _), (o_min, o_med, _), differ = pair(paths, logits, rows, args)
                 host = {k: enqueue_ms(s, logits, rows, args.repeat) for k, s in paths.items()}
-                (t_min, t_med, t_tok), (o_min, o_med, o_tok) = res["torch"], res["op"]
-                differ = sum(t_tok[i] != o_tok[i] for i in seeded)
                 print(
                     f"cuda vocab {vocab} rows {n}: to the host torch {t_min:.3f} / {t_med:.3f} ms, "
                     f"op {o_min:.3f} / {o_med:.3f} ms: {t_med / o_med:.1f}x; host enqueue torch "
                     f"{host['torch']:.3f} ms, op {host['op']:.3f} ms; seeded rows differing "
-                    f"{differ} of {len(seeded)}",
+                    f"{differ}",
                     flush=True,
                 )
 
@@ -129,17 +137,14 @@ def main() -> None:
             for n in args.rows:
                 logits, _ = make_rows("chat", n, vocab, "cpu")
                 rows = chat_rows(n)
-                seeded = [i for i, r in enumerate(rows) if r.params.seed is not None]
                 paths = {"torch": Sampler(vocab, [2]), "op": Sampler(vocab, [2], isa)}
                 for _ in range(args.rounds):
-                    res = {k: timed(s, logits, rows, args.repeat) for k, s in paths.items()}
-                    (t_min, t_med, t_tok), (o_min, o_med, o_tok) = res["torch"], res["op"]
-                    differ = sum(t_tok[i] != o_tok[i] for i in seeded)
+                    (t_min, t_med, _), (o_min, o_med, _), differ = pair(paths, logits, rows, args)
                     print(
                         f"threads {threads} vocab {vocab} rows {n}: torch {t_min:.2f} / "
                         f"{t_med:.2f} ms ({t_med / n * 1e3:.0f} us a row), op {o_min:.2f} / "
                         f"{o_med:.2f} ms ({o_med / n * 1e3:.0f} us a row): {t_med / o_med:.1f}x; "
-                        f"seeded rows differing {differ} of {len(seeded)}",
+                        f"seeded rows differing {differ}",
                         flush=True,
                     )
 
