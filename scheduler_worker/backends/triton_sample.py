@@ -29,8 +29,10 @@ and nothing of [rows, vocab] is written. A drawing row, its logits x:
               row's first uniforms (argmin sum / log u, the first on ties), then among the
               winning block's tokens on the next 256
 
-A seeded row's uniforms are the caller's, so it draws what it would alone. Every launch
-reads shapes and host ints only. Under TRITON_INTERPRET=1 the kernel runs on CPU tensors,
+The cuts' bisections are triton_cuts.py's. `sample_rows_keyed` (the GPU backend's op) takes
+a key a drawing row instead of its uniforms and makes them as seeded_uniforms does (a hash
+of the key and the column): a seeded row's key is its seed's and token index's, so it
+draws what it would alone, on any device. Every launch reads shapes and host ints only. Under TRITON_INTERPRET=1 the kernel runs on CPU tensors,
 which is how the tests check it (tests/scheduler_worker/test_sample_rows.py).
 """
 
@@ -40,34 +42,12 @@ import torch
 import triton
 import triton.language as tl
 
+from scheduler_worker.backends.triton_cuts import kth_largest, probs, scaled, top_p_cut
+
 RACE = 256  # sampling.SAMPLE_BLOCK: tokens a block of the race
 TILE = 2048  # tokens a program reads at once (8 race blocks)
 CAP = 4096  # a row's top-p candidates kept in its scratch row
 NUM_WARPS = 8  # a launch parameter only; the interpreter ignores it
-_F32_MAX = 3.4028234663852886e38
-
-
-@triton.jit
-def _scaled(x_row, offs, V, T):
-    """a = x / T at offs (-inf past V), NaN -> -inf, +inf -> the largest float."""
-    x = tl.load(x_row + offs, mask=offs < V, other=float("-inf"))
-    a = x / T
-    a = tl.where(a != a, float("-inf"), a)
-    return tl.where(a > 3.4028234663852886e38, 3.4028234663852886e38, a)
-
-
-@triton.jit
-def _probs(x_row, offs, V, T, mx, lo, inv):
-    """p = exp(a - mx) * inv for the a >= lo, else 0 (and past V)."""
-    a = _scaled(x_row, offs, V, T)
-    return tl.where(a >= lo, tl.exp(a - mx), 0.0) * inv
-
-
-@triton.jit
-def _key(a):
-    """float32 -> int32 in the same order (-0.0 just below +0.0)."""
-    bits = a.to(tl.int32, bitcast=True)
-    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
 @triton.jit
@@ -90,136 +70,6 @@ def _argmax(x_row, V, TILE: tl.constexpr):
         ivec = tl.minimum(ivec, tl.where(hit, offs, 2147483647))
     i = tl.min(ivec, 0)
     return tl.where(i == 2147483647, 0, i).to(tl.int64)
-
-
-@triton.jit
-def _kth_largest(x_row, cand_row, V, T, k, CAP: tl.constexpr, TILE: tl.constexpr):
-    """The k-th largest a (duplicates counted; 1 <= k < V): the largest key K with at least
-    k keys >= K, by bisection over [klo, khi) (c_hi keys >= khi): halvings over the whole
-    row until the range's keys fit the scratch row, then over them there."""
-    offs0 = tl.arange(0, TILE)
-    klo = tl.sum(tl.zeros([TILE], tl.int64), 0) - 2147483648  # every key >= klo
-    khi = klo + 4294967296  # none >= khi
-    c_hi = tl.sum(tl.zeros([TILE], tl.int64), 0)
-    count = c_hi + V  # keys in [klo, khi)
-    while (count > CAP) & (khi - klo > 1):
-        mid = klo + (khi - klo) // 2
-        cnt = tl.zeros([TILE], tl.int32)
-        for start in range(0, V, TILE):
-            offs = start + offs0
-            key = _key(_scaled(x_row, offs, V, T)).to(tl.int64)
-            cnt += ((key >= mid) & (offs < V)).to(tl.int32)
-        ge = tl.sum(cnt, 0).to(tl.int64)
-        ok = ge >= k
-        count = tl.where(ok, ge - c_hi, count - (ge - c_hi))
-        klo = tl.where(ok, mid, klo)
-        khi = tl.where(ok, khi, mid)
-        c_hi = tl.where(ok, c_hi, ge)
-    n = tl.sum(tl.zeros([TILE], tl.int32), 0)  # the range's a into the scratch row
-    for start in range(0, V, TILE):
-        offs = start + offs0
-        a = _scaled(x_row, offs, V, T)
-        key = _key(a).to(tl.int64)
-        keep = (offs < V) & (key >= klo) & (key < khi)
-        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(cand_row + at, a, mask=keep & (at < CAP))
-        n += tl.sum(keep.to(tl.int32), 0)
-    while khi - klo > 1:
-        mid = klo + (khi - klo) // 2
-        cnt = tl.zeros([TILE], tl.int32)
-        for start in range(0, n, TILE):
-            offs = start + offs0
-            a = tl.load(cand_row + offs, mask=offs < n, other=float("-inf"))
-            cnt += ((_key(a).to(tl.int64) >= mid) & (offs < n)).to(tl.int32)
-        ok = c_hi + tl.sum(cnt, 0) >= k
-        klo = tl.where(ok, mid, klo)
-        khi = tl.where(ok, khi, mid)
-    key = klo.to(tl.int32)
-    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP: tl.constexpr, TILE: tl.constexpr):
-    """The row's p > 0 whose bits lie in [blo, bhi) into the scratch row (the first CAP of
-    them); returns how many there are."""
-    offs0 = tl.arange(0, TILE)
-    n = tl.sum(tl.zeros([TILE], tl.int32), 0)
-    for start in range(0, V, TILE):
-        p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
-        bits = p.to(tl.int32, bitcast=True)
-        keep = (p > 0.0) & (bits >= blo) & (bits < bhi)
-        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(cand_row + at, p, mask=keep & (at < CAP))
-        n += tl.sum(keep.to(tl.int32), 0)
-    return n
-
-
-@triton.jit
-def _top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP: tl.constexpr, TILE: tl.constexpr):
-    """The top-p threshold t of the row's p (0: every p kept): the largest bits b (a value
-    present in the row) with mass(p >= b) >= goal, by bisection over [blo, bhi), with
-    mass(p >= bhi) = s_hi known. The p >= floor are compacted first (most rows: all of the
-    search); where they overflow the scratch row, halvings over the whole row narrow the
-    range until its tokens fit, then they are compacted and the search goes on over them."""
-    offs0 = tl.arange(0, TILE)
-    goal = tl.maximum(top_p, 1e-30)
-    floor = ((1.0 - goal) / (2.0 * V)).to(tl.float32)
-    fb = floor.to(tl.int32, bitcast=True)
-    n = _compact(x_row, cand_row, fb, 0x3F800001, V, T, mx, lo, inv, CAP, TILE)
-    held = tl.zeros([TILE], tl.float64)
-    total = tl.zeros([TILE], tl.float64)
-    npos = tl.zeros([TILE], tl.int32)
-    for start in range(0, V, TILE):
-        p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
-        held += tl.where(p >= floor, p, 0.0).to(tl.float64)
-        total += p.to(tl.float64)
-        npos += (p > 0.0).to(tl.int32)
-    s_held = tl.sum(held, 0)
-    reached = tl.sum(total, 0) >= goal
-    above = s_held >= goal  # the cut lies among the p >= floor (else below them all)
-    blo = tl.where(above, fb, 0)
-    bhi = tl.where(above, 0x3F800001, fb)  # 0x3F800001: past 1.0, no mass
-    s_hi = tl.where(above, 0.0, s_held)
-    count = tl.where(above, n, tl.sum(npos, 0) - n)
-    compacted = above & (n <= CAP)
-    # halvings over the whole row until the range's tokens fit the scratch row
-    while (count > CAP) & (bhi - blo > 1):
-        mid = blo + (bhi - blo) // 2
-        v = mid.to(tl.float32, bitcast=True)
-        m = tl.zeros([TILE], tl.float64)
-        c_up = tl.zeros([TILE], tl.int32)
-        c_all = tl.zeros([TILE], tl.int32)
-        for start in range(0, V, TILE):
-            p = _probs(x_row, start + offs0, V, T, mx, lo, inv)
-            bits = p.to(tl.int32, bitcast=True)
-            inside = (p > 0.0) & (bits >= blo) & (bits < bhi)
-            m += tl.where(p >= v, p, 0.0).to(tl.float64)
-            c_up += (inside & (bits >= mid)).to(tl.int32)
-            c_all += inside.to(tl.int32)
-        s_mid = tl.sum(m, 0)
-        ok = s_mid >= goal
-        up = tl.sum(c_up, 0)
-        count = tl.where(ok, up, tl.sum(c_all, 0) - up)
-        blo = tl.where(ok, mid, blo)
-        bhi = tl.where(ok, bhi, mid)
-        s_hi = tl.where(ok, s_hi, s_mid)
-    if not compacted:
-        n = _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP, TILE)
-    # the rest of the search over the range's tokens, in the scratch row: the mass at or
-    # above a value in it is theirs at or above it and the mass above the range's top
-    s_top = s_hi
-    while bhi - blo > 1:
-        mid = blo + (bhi - blo) // 2
-        v = mid.to(tl.float32, bitcast=True)
-        m = tl.zeros([TILE], tl.float64)
-        for start in range(0, n, TILE):
-            offs = start + offs0
-            p = tl.load(cand_row + offs, mask=offs < n, other=0.0)
-            m += tl.where(p >= v, p, 0.0).to(tl.float64)
-        ok = s_top + tl.sum(m, 0) >= goal
-        blo = tl.where(ok, mid, blo)
-        bhi = tl.where(ok, bhi, mid)
-    return tl.where(reached, blo.to(tl.float32, bitcast=True), 0.0)
 
 
 @triton.jit
@@ -263,18 +113,18 @@ def _draw(
     offs0 = tl.arange(0, TILE)
     mvec = tl.full([TILE], float("-inf"), tl.float32)
     for start in range(0, V, TILE):
-        mvec = tl.maximum(mvec, _scaled(x_row, start + offs0, V, T))
+        mvec = tl.maximum(mvec, scaled(x_row, start + offs0, V, T))
     mx = tl.max(mvec, 0)
     lo = tl.sum(tl.zeros([TILE], tl.float32), 0) - 3.4028234663852886e38  # -inf never kept
     if (top_k > 0) & (top_k < V):
-        lo = tl.maximum(lo, _kth_largest(x_row, cand_row, V, T, top_k, CAP, TILE))
+        lo = tl.maximum(lo, kth_largest(x_row, cand_row, V, T, top_k, CAP, TILE))
     svec = tl.zeros([TILE], tl.float32)
     for start in range(0, V, TILE):
-        svec += _probs(x_row, start + offs0, V, T, mx, lo, 1.0)
+        svec += probs(x_row, start + offs0, V, T, mx, lo, 1.0)
     inv = 1.0 / tl.sum(svec, 0)
     t = tl.sum(tl.zeros([TILE], tl.float32), 0)
     if top_p < 1.0:
-        t = _top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP, TILE)
+        t = top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP, TILE)
     if min_p > 0.0:
         t = tl.maximum(t, inv * min_p)  # inv: the largest p (exp(0) = 1)
     # the race among the blocks, G at a time: [G, RB] tiles, their sums
@@ -285,7 +135,7 @@ def _draw(
     best_b = tl.sum(tl.zeros([G], tl.int32), 0)
     for start in range(0, NB * RB, TILE):
         offs = start + gi[:, None] * RB + ri[None, :]
-        p = _probs(x_row, offs, V, T, mx, lo, inv)
+        p = probs(x_row, offs, V, T, mx, lo, inv)
         sums = tl.sum(tl.where(p >= t, p, 0.0), 1)
         b = start // RB + gi
         u = _uniforms(u_row, key, b, b < NB, KEYED)
@@ -296,7 +146,7 @@ def _draw(
         best_b = tl.where(take, first, best_b)
         best_r = tl.where(take, m, best_r)
     base = best_b * RB
-    p = _probs(x_row, base + ri, V, T, mx, lo, inv)
+    p = probs(x_row, base + ri, V, T, mx, lo, inv)
     r = tl.where(p >= t, p, 0.0) / tl.log(_uniforms(u_row, key, NB + ri, ri < RB, KEYED))
     m = tl.min(r, 0)
     tok = base + tl.min(tl.where(r == m, ri, RB), 0)
