@@ -88,6 +88,7 @@ from scheduler_worker.seeded_uniforms import seeded_uniforms as seeded_uniforms
 from scheduler_worker.top_p import top_p_thresholds
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
+_INF = float("inf")
 _PARAMS, _SLOT = attrgetter("params"), attrgetter("slot")
 
 
@@ -221,9 +222,9 @@ def num_uniforms(vocab: int) -> int:
 
 
 def _race(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """argmax p / q with q = -log(u) ~ Exp(1), as argmin p / log(u): log(u) < 0, a u of 0
-    gives q = inf (that entry cannot win) and a p of 0 never wins over a positive one."""
-    return (p / u.log()).argmin(dim=-1)
+    """argmax p / q, q = -log(u) ~ Exp(1), as argmin p / log(u): a u of 0 cannot win, nor a
+    p of 0 (its 0 / 0 at a u of 1.0, which the seeded hash can give, taken as +inf)."""
+    return (p / u.log()).nan_to_num_(nan=_INF, posinf=_INF, neginf=-_INF).argmin(dim=-1)
 
 
 def _finite(logits: torch.Tensor) -> torch.Tensor:
@@ -231,10 +232,8 @@ def _finite(logits: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """The argmax of each row (the first index of the largest value, as argmax gives, ties,
-    infinities and NaN alike), through `max(dim=-1)`: torch's CPU argmax is a scalar loop,
-    its max reduction is vectorized, several times faster on a large vocabulary
-    (docs/benchmarks.md, "Ninth round")."""
+    """Each row's argmax (its first index, ties, infinities and NaN alike) by `max(dim=-1)`:
+    torch's CPU argmax is a scalar loop, several times slower (benchmarks.md, "Ninth round")."""
     return logits.max(dim=-1).indices
 
 

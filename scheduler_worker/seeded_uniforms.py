@@ -55,7 +55,9 @@ def row_uniforms(k: torch.Tensor, n: int) -> torch.Tensor:
     """[rows, n] uniforms of the rows' keys k [rows] int64 (on their device): the hash of
     each key with each column's."""
     x = _mix(k[:, None] ^ _columns(n, k.device)[None, :])
-    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits, never 0 or 1
+    # 24 bits, never 0; float32 rounds the largest, (2**24 - 0.5) / 2**24, to 1.0 (a race
+    # gives a zero probability's 0 / log(1) no chance: sampling._race)
+    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
 _COLUMNS: dict[tuple[int, torch.device], torch.Tensor] = {}

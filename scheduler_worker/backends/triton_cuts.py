@@ -14,15 +14,32 @@ to the row's dense part (a few: each then halves the range's values).
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+# compiled (a GPU): exp as libdevice's expf (within 2 ulp, where tl.exp's ex2.approx of x *
+# log2(e) is off by ~|x| ulp of x) and x / T rounded as IEEE's; the interpreter has neither
+# libdevice nor inexact ops (numpy's)
+_COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+@triton.jit
+def exp(x):
+    if _COMPILED:
+        y = libdevice.exp(x)
+    else:
+        y = tl.exp(x)
+    return y
 
 
 @triton.jit
 def scaled(x_row, offs, V, T):
     """a = x / T at offs (-inf past V), NaN -> -inf, +inf -> the largest float."""
     x = tl.load(x_row + offs, mask=offs < V, other=float("-inf"))
-    a = x / T
+    a = tl.math.div_rn(x, T)
     a = tl.where(a != a, float("-inf"), a)
     return tl.where(a > 3.4028234663852886e38, 3.4028234663852886e38, a)
 
@@ -31,7 +48,7 @@ def scaled(x_row, offs, V, T):
 def probs(x_row, offs, V, T, mx, lo, inv):
     """p = exp(a - mx) * inv for the a >= lo, else 0 (and past V)."""
     a = scaled(x_row, offs, V, T)
-    return tl.where(a >= lo, tl.exp(a - mx), 0.0) * inv
+    return tl.where(a >= lo, exp(a - mx), 0.0) * inv
 
 
 @triton.jit
@@ -73,6 +90,7 @@ def kth_largest(x_row, cand_row, V, T, k, CAP: tl.constexpr, TILE: tl.constexpr)
         at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
         tl.store(cand_row + at, a, mask=keep & (at < CAP))
         n += tl.sum(keep.to(tl.int32), 0)
+    tl.debug_barrier()
     while khi - klo > 1:
         mid = klo + (khi - klo) // 2
         cnt = tl.zeros([TILE], tl.int32)
@@ -100,6 +118,7 @@ def _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP: tl.constexpr, TI
         at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
         tl.store(cand_row + at, p, mask=keep & (at < CAP))
         n += tl.sum(keep.to(tl.int32), 0)
+    tl.debug_barrier()  # the stores seen by every thread before the scratch row is read
     return n
 
 
@@ -114,15 +133,21 @@ def top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP: tl.constexpr, TILE
     goal = tl.maximum(top_p, 1e-30)
     floor = ((1.0 - goal) / (2.0 * V)).to(tl.float32)
     fb = floor.to(tl.int32, bitcast=True)
-    n = _compact(x_row, cand_row, fb, 0x3F800001, V, T, mx, lo, inv, CAP, TILE)
+    # one read: the p >= floor compacted (as _compact), their mass, the row's, its p > 0
+    n = tl.sum(tl.zeros([TILE], tl.int32), 0)
     held = tl.zeros([TILE], tl.float64)
     total = tl.zeros([TILE], tl.float64)
     npos = tl.zeros([TILE], tl.int32)
     for start in range(0, V, TILE):
         p = probs(x_row, start + offs0, V, T, mx, lo, inv)
-        held += tl.where(p >= floor, p, 0.0).to(tl.float64)
+        keep = (p > 0.0) & (p >= floor)
+        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand_row + at, p, mask=keep & (at < CAP))
+        n += tl.sum(keep.to(tl.int32), 0)
+        held += tl.where(keep, p, 0.0).to(tl.float64)
         total += p.to(tl.float64)
         npos += (p > 0.0).to(tl.int32)
+    tl.debug_barrier()
     s_held = tl.sum(held, 0)
     reached = tl.sum(total, 0) >= goal
     above = s_held >= goal  # the cut lies among the p >= floor (else below them all)

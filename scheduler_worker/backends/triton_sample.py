@@ -107,24 +107,61 @@ def _draw(
     KEYED: tl.constexpr,
 ):
     T = tl.load(prm).to(tl.float32)
-    top_k = tl.load(prm + 1).to(tl.int64)
-    top_p = tl.load(prm + 2)
-    min_p = tl.load(prm + 3).to(tl.float32)
     offs0 = tl.arange(0, TILE)
     mvec = tl.full([TILE], float("-inf"), tl.float32)
+    finite = tl.zeros([TILE], tl.int32)
     for start in range(0, V, TILE):
-        mvec = tl.maximum(mvec, scaled(x_row, start + offs0, V, T))
+        a = scaled(x_row, start + offs0, V, T)
+        mvec = tl.maximum(mvec, a)
+        finite += (a > float("-inf")).to(tl.int32)
     mx = tl.max(mvec, 0)
+    tok = tl.sum(tl.zeros([TILE], tl.int64), 0)  # a row masked everywhere: 0, as torch's
+    if mx > float("-inf"):
+        tok = _draw_kept(x_row, prm, u_row, key, cand_row, V, NB, T, mx, tl.sum(finite, 0),
+                         CAP, TILE, RB, KEYED)  # fmt: skip
+    return tok
+
+
+@triton.jit
+def _race(p, u):
+    """An exponential race's values (the least wins): p / log(u), +inf where p is 0 (a u
+    of 1.0, which the keyed hash can give, would make 0 / 0 a NaN)."""
+    return tl.where(p > 0.0, tl.math.div_rn(p, tl.log(u)), float("inf"))
+
+
+@triton.jit
+def _draw_kept(
+    x_row,
+    prm,
+    u_row,
+    key,
+    cand_row,
+    V,
+    NB,
+    T,
+    mx,
+    num_finite,
+    CAP: tl.constexpr,
+    TILE: tl.constexpr,
+    RB: tl.constexpr,
+    KEYED: tl.constexpr,
+):
+    """_draw past the max, of a row with num_finite tokens not masked (at least one)."""
+    top_k = tl.load(prm + 1).to(tl.int64)
+    top_p = tl.load(prm + 2).to(tl.float32)  # as the C++ op and the torch path read it
+    min_p = tl.load(prm + 3).to(tl.float32)
+    offs0 = tl.arange(0, TILE)
     lo = tl.sum(tl.zeros([TILE], tl.float32), 0) - 3.4028234663852886e38  # -inf never kept
-    if (top_k > 0) & (top_k < V):
+    if (top_k > 0) & (top_k < num_finite):  # else every finite token is among the k
         lo = tl.maximum(lo, kth_largest(x_row, cand_row, V, T, top_k, CAP, TILE))
     svec = tl.zeros([TILE], tl.float32)
     for start in range(0, V, TILE):
         svec += probs(x_row, start + offs0, V, T, mx, lo, 1.0)
-    inv = 1.0 / tl.sum(svec, 0)
+    inv = tl.math.div_rn(tl.full([1], 1.0, tl.float32), tl.sum(svec, 0))
+    inv = tl.sum(inv, 0)
     t = tl.sum(tl.zeros([TILE], tl.float32), 0)
     if top_p < 1.0:
-        t = top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP, TILE)
+        t = top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p.to(tl.float64), CAP, TILE)
     if min_p > 0.0:
         t = tl.maximum(t, inv * min_p)  # inv: the largest p (exp(0) = 1)
     # the race among the blocks, G at a time: [G, RB] tiles, their sums
@@ -138,8 +175,7 @@ def _draw(
         p = probs(x_row, offs, V, T, mx, lo, inv)
         sums = tl.sum(tl.where(p >= t, p, 0.0), 1)
         b = start // RB + gi
-        u = _uniforms(u_row, key, b, b < NB, KEYED)
-        r = tl.where(b < NB, sums / tl.log(u), float("inf"))
+        r = tl.where(b < NB, _race(sums, _uniforms(u_row, key, b, b < NB, KEYED)), float("inf"))
         m = tl.min(r, 0)
         first = tl.min(tl.where(r == m, b, 2147483647), 0)
         take = m < best_r
@@ -147,11 +183,9 @@ def _draw(
         best_r = tl.where(take, m, best_r)
     base = best_b * RB
     p = probs(x_row, base + ri, V, T, mx, lo, inv)
-    r = tl.where(p >= t, p, 0.0) / tl.log(_uniforms(u_row, key, NB + ri, ri < RB, KEYED))
+    r = _race(tl.where(p >= t, p, 0.0), _uniforms(u_row, key, NB + ri, ri < RB, KEYED))
     m = tl.min(r, 0)
-    tok = base + tl.min(tl.where(r == m, ri, RB), 0)
-    # a row masked everywhere: token 0, as the torch path gives
-    return tl.where(mx == float("-inf"), 0, tok).to(tl.int64)
+    return (base + tl.min(tl.where(r == m, ri, RB), 0)).to(tl.int64)
 
 
 @triton.jit
@@ -188,17 +222,6 @@ def _sample_rows_kernel(
     tl.store(out_ptr + row, tok)
 
 
-_scratch: dict[torch.device, torch.Tensor] = {}
-
-
-def _candidates(device: torch.device, rows: int) -> torch.Tensor:
-    """A scratch row of CAP floats a program, kept per device and grown (never shrunk)."""
-    buf = _scratch.get(device)
-    if buf is None or buf.numel() < rows * CAP:
-        buf = _scratch[device] = torch.empty(rows * CAP, dtype=torch.float32, device=device)
-    return buf
-
-
 def sample_rows(
     logits: torch.Tensor, draw: torch.Tensor, params: torch.Tensor, u: torch.Tensor
 ) -> torch.Tensor:
@@ -227,8 +250,10 @@ def _launch(logits, draw, params, u, stride_u: int, keyed: bool) -> torch.Tensor
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         raise ValueError("sample_rows: logits must be float32 [R, V], rows contiguous")
     rows, vocab = logits.shape
-    if draw.shape != (rows,) or draw.dtype != torch.long:
-        raise ValueError("sample_rows: draw must be int64 [R]")
+    if draw.shape != (rows,) or draw.dtype != torch.long or not draw.is_contiguous():
+        raise ValueError("sample_rows: draw must be a contiguous int64 [R]")
+    if not draw.device == params.device == u.device == logits.device:
+        raise ValueError("sample_rows: every input on the logits' device")
     if params.shape != (rows, 4) or params.dtype != torch.float64 or not params.is_contiguous():
         raise ValueError("sample_rows: params must be a contiguous float64 [R, 4]")
     out = torch.empty(rows, dtype=torch.long, device=logits.device)
@@ -241,7 +266,9 @@ def _launch(logits, draw, params, u, stride_u: int, keyed: bool) -> torch.Tensor
         params,
         u,
         stride_u,
-        _candidates(logits.device, rows),
+        # a scratch row of CAP floats a program; the call's own (the caching allocator
+        # gives the same block back on one stream; two streams' calls never share one)
+        torch.empty(rows * CAP, dtype=torch.float32, device=logits.device),
         out,
         vocab,
         -(-vocab // RACE),

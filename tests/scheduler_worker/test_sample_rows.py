@@ -321,3 +321,24 @@ def test_the_keyed_kernel_makes_the_uniforms_seeded_uniforms_makes():
     want = _op(logits, values, row_uniforms(keys, num_uniforms(vocab)), "triton", draw)
     assert got.tolist() == want.tolist()
     assert got[2] == logits[2].argmax() and got[6] == logits[6].argmax()
+
+
+@pytest.mark.parametrize("op", [*OPS, "torch"])
+def test_a_uniform_of_one_never_draws_a_masked_token(op):
+    """The seeded hash's largest uniform rounds to 1.0 in float32: a masked token's race
+    value was 0 / log(1) = NaN, which torch's argmin took (and the C++ op's first entry
+    held). Token 5, then token 0, of a row masked there, with u 1.0 at that token."""
+    vocab = 700
+    n, nb = num_uniforms(vocab), -(-vocab // SAMPLE_BLOCK)
+    for masked in (5, 0):
+        logits = _chat_logits(1, vocab, seed=11)
+        logits[0, masked] = float("-inf")
+        values = _values(1, temperature=[1.0])
+        u = torch.full((1, n), 0.5)
+        u[0, nb + masked] = 1.0
+        u[0, 0] = 1 - 1e-7  # block 0 wins the blocks' race
+        if op == "torch":
+            got = int(sample_from(sampling_probs(logits, values), u)[0])
+        else:
+            got = int(_op(logits, values, u, op)[0])
+        assert got != masked and got < SAMPLE_BLOCK, got

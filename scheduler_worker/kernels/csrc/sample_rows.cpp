@@ -260,11 +260,13 @@ float top_p_threshold(const Kernels& kn, const float* e, int64_t V, float inv, d
 }
 
 // The winner of an exponential race among values v[0:n] on uniforms u: argmin v / log(u),
-// the first on ties (torch's argmin).
+// the first on ties (torch's argmin); a v of 0 never wins (a u of 1.0, which the seeded
+// hash can give, would make its 0 / 0 a NaN), nor does anything where every v is 0: 0.
 int64_t race(const float* v, const float* u, int64_t n) {
   int64_t best = 0;
-  float best_r = v[0] / std::log(u[0]);
-  for (int64_t i = 1; i < n; ++i) {
+  float best_r = std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(v[i] > 0.f)) continue;
     const float r = v[i] / std::log(u[i]);
     if (r < best_r) {
       best_r = r;
