@@ -93,19 +93,8 @@ def _uniforms(u_row, key, cols, mask, KEYED: tl.constexpr):
 
 
 @triton.jit
-def _draw(
-    x_row,
-    prm,
-    u_row,
-    key,
-    cand_row,
-    V,
-    NB,
-    CAP: tl.constexpr,
-    TILE: tl.constexpr,
-    RB: tl.constexpr,
-    KEYED: tl.constexpr,
-):
+def _draw(x_row, prm, u_row, key, cand_row, V, NB,
+          CAP: tl.constexpr, TILE: tl.constexpr, RB: tl.constexpr, KEYED: tl.constexpr):  # fmt: skip
     T = tl.load(prm).to(tl.float32)
     offs0 = tl.arange(0, TILE)
     mvec = tl.full([TILE], float("-inf"), tl.float32)
@@ -130,22 +119,8 @@ def _race(p, u):
 
 
 @triton.jit
-def _draw_kept(
-    x_row,
-    prm,
-    u_row,
-    key,
-    cand_row,
-    V,
-    NB,
-    T,
-    mx,
-    num_finite,
-    CAP: tl.constexpr,
-    TILE: tl.constexpr,
-    RB: tl.constexpr,
-    KEYED: tl.constexpr,
-):
+def _draw_kept(x_row, prm, u_row, key, cand_row, V, NB, T, mx, num_finite,
+               CAP: tl.constexpr, TILE: tl.constexpr, RB: tl.constexpr, KEYED: tl.constexpr):  # fmt: skip
     """_draw past the max, of a row with num_finite tokens not masked (at least one)."""
     top_k = tl.load(prm + 1).to(tl.int64)
     top_p = tl.load(prm + 2).to(tl.float32)  # as the C++ op and the torch path read it
