@@ -9,7 +9,7 @@ top-k, top-p, min-p and the race run as one op, each row in a few passes over it
 the argmax rows beside them: on the CPU kernels the C++ op (kernels/csrc/sample_rows.cpp:
 the torch path's ~8 passes over the batch were a third of a 32-row step's forward on the
 chat mix, docs/benchmarks.md, "Host step, eleventh session"), on a GPU one Triton launch
-(backends/triton_sample.py, where the torch path issues ~40 kernels). The same uniforms, so
+(backends/triton_sample.py, where the torch path issues ~80 ops). The same uniforms, so
 the same tokens but at near-ties (their exp and their float32 sums' order are not torch's:
 two race values, or a probability and a threshold, within ~1e-6 of each other); a seeded
 row draws what it would alone.
@@ -18,6 +18,7 @@ row draws what it would alone.
 
 from __future__ import annotations
 
+import functools
 from operator import attrgetter
 
 import numpy as np
@@ -85,8 +86,10 @@ def _seed_keys(rows: list[SamplingRow], values: np.ndarray, seeded: np.ndarray) 
     return keys
 
 
+@functools.cache
 def cpu_draw_rows(isa: int) -> DrawRows:
-    """The C++ op (kernels/csrc/sample_rows.cpp) on ISA path `isa`, as a DrawRows."""
+    """The C++ op (kernels/csrc/sample_rows.cpp) on ISA path `isa`, as a DrawRows (one a
+    path, not one a step)."""
     return DrawRows(
         lambda logits, draw, params, u: torch.ops.zeroserve.sample_rows(
             logits, draw, params, u, isa

@@ -150,7 +150,7 @@ class Backend:
     kernel_isa: str | None = None  # the C++ kernels' path (a CPU); None: none
     isa_index = 0  # its index (kernels.isa_index), passed to the C++ ops
     clock: DeviceClock | None = None  # the forwards' device time (a GPU)
-    # the sampler's draw as one op on the device (a GPU: triton_sample.sample_rows); None:
+    # the sampler's draw as one op on the device (a GPU: triton_sample.sample_rows_keyed); None:
     # the C++ op where host_ops_isa has the kernels, else the sampler's torch path
     draw_rows: DrawRows | None = None
     _decode_kernel: str | None = None

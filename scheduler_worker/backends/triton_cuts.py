@@ -108,9 +108,13 @@ def kth_largest(x_row, cand_row, V, T, k, CAP: tl.constexpr, TILE: tl.constexpr)
 @triton.jit
 def _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP: tl.constexpr, TILE: tl.constexpr):
     """The row's p > 0 whose bits lie in [blo, bhi) into the scratch row (the first CAP of
-    them); returns how many there are."""
+    them), in one read: (how many there are, their float64 mass, the row's, and how many
+    of its p are > 0)."""
     offs0 = tl.arange(0, TILE)
     n = tl.sum(tl.zeros([TILE], tl.int32), 0)
+    held = tl.zeros([TILE], tl.float64)
+    total = tl.zeros([TILE], tl.float64)
+    npos = tl.zeros([TILE], tl.int32)
     for start in range(0, V, TILE):
         p = probs(x_row, start + offs0, V, T, mx, lo, inv)
         bits = p.to(tl.int32, bitcast=True)
@@ -118,8 +122,11 @@ def _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP: tl.constexpr, TI
         at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
         tl.store(cand_row + at, p, mask=keep & (at < CAP))
         n += tl.sum(keep.to(tl.int32), 0)
+        held += tl.where(keep, p, 0.0).to(tl.float64)
+        total += p.to(tl.float64)
+        npos += (p > 0.0).to(tl.int32)
     tl.debug_barrier()  # the stores seen by every thread before the scratch row is read
-    return n
+    return n, tl.sum(held, 0), tl.sum(total, 0), tl.sum(npos, 0)
 
 
 @triton.jit
@@ -133,28 +140,15 @@ def top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP: tl.constexpr, TILE
     goal = tl.maximum(top_p, 1e-30)
     floor = ((1.0 - goal) / (2.0 * V)).to(tl.float32)
     fb = floor.to(tl.int32, bitcast=True)
-    # one read: the p >= floor compacted (as _compact), their mass, the row's, its p > 0
-    n = tl.sum(tl.zeros([TILE], tl.int32), 0)
-    held = tl.zeros([TILE], tl.float64)
-    total = tl.zeros([TILE], tl.float64)
-    npos = tl.zeros([TILE], tl.int32)
-    for start in range(0, V, TILE):
-        p = probs(x_row, start + offs0, V, T, mx, lo, inv)
-        keep = (p > 0.0) & (p >= floor)
-        at = n + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(cand_row + at, p, mask=keep & (at < CAP))
-        n += tl.sum(keep.to(tl.int32), 0)
-        held += tl.where(keep, p, 0.0).to(tl.float64)
-        total += p.to(tl.float64)
-        npos += (p > 0.0).to(tl.int32)
-    tl.debug_barrier()
-    s_held = tl.sum(held, 0)
-    reached = tl.sum(total, 0) >= goal
+    # one read: the p >= floor compacted, their mass, the row's, its p > 0
+    n, s_held, s_total, npos = _compact(x_row, cand_row, fb, 0x3F800001, V, T, mx, lo, inv,
+                                        CAP, TILE)  # fmt: skip
+    reached = s_total >= goal
     above = s_held >= goal  # the cut lies among the p >= floor (else below them all)
     blo = tl.where(above, fb, 0)
     bhi = tl.where(above, 0x3F800001, fb)  # 0x3F800001: past 1.0, no mass
     s_hi = tl.where(above, 0.0, s_held)
-    count = tl.where(above, n, tl.sum(npos, 0) - n)
+    count = tl.where(above, n, npos - n)
     compacted = above & (n <= CAP)
     # halvings over the whole row until the range's tokens fit the scratch row
     while (count > CAP) & (bhi - blo > 1):
@@ -178,7 +172,7 @@ def top_p_cut(x_row, cand_row, V, T, mx, lo, inv, top_p, CAP: tl.constexpr, TILE
         bhi = tl.where(ok, bhi, mid)
         s_hi = tl.where(ok, s_hi, s_mid)
     if not compacted:
-        n = _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP, TILE)
+        n, _, _, _ = _compact(x_row, cand_row, blo, bhi, V, T, mx, lo, inv, CAP, TILE)
     # the rest of the search over the range's tokens, in the scratch row: the mass at or
     # above a value in it is theirs at or above it and the mass above the range's top
     s_top = s_hi
