@@ -121,12 +121,19 @@ class BlockManager:
         return blocks, num_cached
 
     def cache_full_blocks(
-        self, block_ids: list[int], token_ids: Sequence[int], num_hashed_blocks: int
+        self,
+        block_ids: list[int],
+        token_ids: Sequence[int],
+        num_hashed_blocks: int,
+        known: int | None = None,
     ) -> int:
-        """Register the full blocks block_ids[num_hashed_blocks : len(token_ids) // block_size]
-        (their KV is written). Returns the new number of hashed blocks; with caching off,
-        the number of full blocks (so the caller does not ask again for the same ones)."""
-        num_full = min(len(token_ids) // self.block_size, len(block_ids))
+        """Register the full blocks block_ids[num_hashed_blocks : known // block_size]
+        (their KV is written) of token_ids' first `known` (default: all). Returns the new
+        number of hashed blocks; with caching off, the number of full blocks (so the caller
+        does not ask again for the same ones). `known` spares a caller the copy of a
+        request's whole token list that a slice would take, a block at a time."""
+        known = len(token_ids) if known is None else min(known, len(token_ids))
+        num_full = min(known // self.block_size, len(block_ids))
         if not self.enable_prefix_caching or num_full <= num_hashed_blocks:
             return max(num_hashed_blocks, num_full)
         parent = self.block_hash[block_ids[num_hashed_blocks - 1]] if num_hashed_blocks else None

@@ -374,7 +374,7 @@ class Scheduler:
         known = min(req.num_computed_tokens, len(req.token_ids) - req.num_pending)
         if known // self.block_size > req.num_hashed_blocks:  # a block filled
             req.num_hashed_blocks = self.blocks.cache_full_blocks(
-                req.block_table, req.token_ids[:known], req.num_hashed_blocks
+                req.block_table, req.token_ids, req.num_hashed_blocks, known
             )
 
     def _free_outside_window(self, req: Request) -> None:

@@ -61,7 +61,7 @@ class DraftSeqs:
         seq.drafts = []
         if seq.known // self.block_size > seq.num_hashed:  # a block of the row's tokens filled
             seq.num_hashed = self.blocks.cache_full_blocks(
-                seq.block_table, tokens[: seq.known], seq.num_hashed
+                seq.block_table, tokens, seq.num_hashed, seq.known
             )
         return seq
 

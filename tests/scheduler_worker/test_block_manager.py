@@ -150,6 +150,13 @@ def test_incremental_caching_chains_across_calls():
     assert bm.cache_full_blocks(table, tokens, 3) == 4
     blocks, _ = bm.match_prefix(tokens)
     assert blocks == table[:4]
+    # the same chain from the whole list and a count of known tokens (no slice copied)
+    by_count = BlockManager(16, BS)
+    other = by_count.allocate(5)
+    for known, hashed in ((3, 0), (6, 0), (6, 1), (13, 1), (len(tokens) + 9, 3)):
+        by_count.cache_full_blocks(other, tokens, hashed, known)
+    assert [by_count.block_hash[b] for b in other] == [bm.block_hash[b] for b in table]
+    assert by_count.cache_full_blocks(other, tokens, 0, 13) == 3  # the known count bounds it
     bm.free(blocks)
     bm.free(table)
     bm.check_integrity()
