@@ -207,7 +207,7 @@ def run(
     # with --draw torch the torch path's ops
     engine.sampler.kernel_isa = None
     if DRAW == "keyed":
-        engine.sampler.draw_rows = DrawRows(_launch_stand_in, keyed=True)
+        engine.sampler.draw_rows = DrawRows(_launch_stand_in, keyed=True, device="cpu")
     publish = publisher(engine)
     rng = random.Random(0)
     greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)

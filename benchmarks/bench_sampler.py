@@ -98,8 +98,10 @@ def main_cuda(args: argparse.Namespace) -> None:
         for n in args.rows:
             logits, _ = make_rows("chat", n, vocab, "cuda")
             rows = chat_rows(n)
-            keyed = DrawRows(sample_rows_keyed, keyed=True)  # as CudaBackend declares it
+            # as CudaBackend declares it (on the logits' device: a CPU where a test runs it)
+            keyed = DrawRows(sample_rows_keyed, keyed=True, device=logits.device.type)
             paths = {"torch": Sampler(vocab, [2]), "op": Sampler(vocab, [2], None, keyed)}
+            assert paths["op"].draw_op(logits.device) is keyed  # the op, not the torch path
             for s in paths.values():  # compiles, lazy state
                 timed(s, logits, rows, 2)
             for _ in range(args.rounds):

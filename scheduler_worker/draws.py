@@ -118,8 +118,9 @@ def kernel_sample(
     else:
         last = draw_uniforms(picked, values[draws], n, dev, cols)
     params = np.ascontiguousarray(values[:, _KERNEL_COLUMNS])
+    # both ops read rows a stride apart: a padded vocabulary's view is not copied
     return op.fn(
-        logits.contiguous(),
+        logits if logits.stride(-1) == 1 else logits.contiguous(),
         _column(cols, "draw.rows", draw, dev, torch.long),
         _column(cols, "draw.params", params, dev, torch.float64),
         last,

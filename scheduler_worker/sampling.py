@@ -290,7 +290,7 @@ class Sampler:
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
         processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place)
-        rand, op = batch.draws, self.draw_op()
+        rand, op = batch.draws, self.draw_op(processed.device)
         if rand and op is not None:  # every row in the backend's one op
             n = num_uniforms(processed.shape[1])
             tokens = kernel_sample(processed, rows, rand, batch.values, n, op, cols)
@@ -311,10 +311,13 @@ class Sampler:
             return DeviceSample(tokens)
         return self._logprobs(lp_raw, lp_sel, tokens, batch.values, batch.logprobs)
 
-    def draw_op(self) -> DrawRows | None:
-        """The backend's draw op, else the C++ op on the kernels; None: the torch path."""
-        if self.draw_rows is not None or self.kernel_isa is None:
+    def draw_op(self, device: torch.device) -> DrawRows | None:
+        """For logits on `device`: the backend's draw op where it runs there, else the C++
+        op on the kernels for host logits; None: the torch path."""
+        if self.draw_rows is not None and self.draw_rows.device == device.type:
             return self.draw_rows
+        if self.kernel_isa is None or device.type != "cpu":
+            return None
         return cpu_draw_rows(self.kernel_isa)
 
     @staticmethod

@@ -37,10 +37,12 @@ class DrawRows:
     [R] i64 (-1: the argmax, else the row's index among the drawing rows), params [R, 4] f64
     (temperature, top_k, top_p, min_p), and for the drawing rows their uniforms [D, n] f32
     or, `keyed`, their keys [D] i64 (seeded_uniforms.row_keys: the op makes the uniforms))
-    -> tokens [R] i64, on the logits' device."""
+    -> tokens [R] i64, on the logits' device. `device`: the device type fn takes tensors
+    on (Sampler.draw_op gives it only for logits there)."""
 
     fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     keyed: bool = False
+    device: str = "cpu"
 
 
 @dataclass(slots=True)

@@ -88,7 +88,7 @@ class CudaBackend(Backend):
         super().__init__(device, dtype, block_size)
         self.ops = ops = TritonOps(gemv)
         # the sampler's draw: one launch, the uniforms made in it from each row's key
-        self.draw_rows = DrawRows(triton_sample.sample_rows_keyed, keyed=True)
+        self.draw_rows = DrawRows(triton_sample.sample_rows_keyed, keyed=True, device="cuda")
         self.gemv = ops.gemv  # which few-row linears take the GEMV, chosen at start()
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens

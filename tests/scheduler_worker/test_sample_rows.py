@@ -74,13 +74,14 @@ def _triton_keyed():
 
 
 def _op(logits, values, u, op, draw=None):
-    """op: an ISA index (the C++ op) or "triton" (the kernel, on the logits' device)."""
+    """op: an ISA index (the C++ op) or "triton" (the kernel, on the logits' device). The
+    logits go as they are: both ops read rows a stride apart (a padded vocabulary's view)."""
     draw = torch.arange(len(logits)) if draw is None else draw
     params = torch.from_numpy(np.ascontiguousarray(values[:, _KERNEL_COLUMNS]))
     if op == "triton":
-        on = [t.to(TRITON_DEV) for t in (logits.contiguous(), draw, params, u)]
+        on = [t.to(TRITON_DEV) for t in (logits, draw, params, u)]
         return _triton_op()(*on).cpu()
-    return torch.ops.zeroserve.sample_rows(logits.contiguous(), draw, params, u, op)
+    return torch.ops.zeroserve.sample_rows(logits, draw, params, u, op)
 
 
 def _near_tie(probs: torch.Tensor, u: torch.Tensor, a: int, b: int) -> bool:
@@ -210,10 +211,13 @@ def test_masked_tokens_are_never_drawn_and_odd_rows(op):
 @pytest.mark.parametrize("op", OPS)
 def test_argmax_rows_pick_what_torch_picks(op):
     """Rows without uniforms: the first of tied maxima, +inf, NaN, at a vector's width and
-    past it; the drawing rows beside them take their own uniforms' row."""
+    past it; the drawing rows beside them take their own uniforms' row. The rows are a
+    view of wider ones (a padded vocabulary): the op reads them a stride apart, in place."""
     gen = torch.Generator().manual_seed(0)
     for vocab in (5, 100, 49152):
-        x = torch.randint(-3, 3, (6, vocab), generator=gen).float()
+        padded = torch.full((6, vocab + 19), 9.0)  # columns past the vocabulary: never read
+        x = padded[:, :vocab]
+        x.copy_(torch.randint(-3, 3, (6, vocab), generator=gen).float())
         x[1] = float("-inf")
         x[1, vocab - 1] = 0.0
         x[2, vocab // 2] = float("inf")
@@ -235,7 +239,7 @@ def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch, op):
     if op == "cpp" and not ISAS:
         pytest.skip("the C++ kernels are not built here")
     # the GPU backend's op: keyed (the uniforms made in the kernel from each row's key)
-    keyed = DrawRows(_triton_keyed(), keyed=True)
+    keyed = DrawRows(_triton_keyed(), keyed=True, device=TRITON_DEV)
     isa, draw_rows = (ISAS[-1], None) if op == "cpp" else (None, keyed)
     vocab = 1000
     logits = _chat_logits(8, vocab, seed=3)
@@ -257,6 +261,12 @@ def test_the_sampler_takes_the_op_and_keeps_seeds(monkeypatch, op):
     among = Sampler(vocab, [], isa, draw_rows)(logits.to(dev), rows(8)).token_ids
     assert among[0] == alone[0] == torch_path[0]
     assert among[1] == int(logits[1].argmax())
+    # a model whose vocabulary is padded: the sampler's view of the first `vocab` columns
+    padded = torch.cat([logits, torch.full((8, 13), 50.0)], dim=1).to(dev)
+    assert Sampler(vocab, [], isa, draw_rows)(padded, rows(8)).token_ids[:2] == among[:2]
+    if op == "cpp":  # a backend's op for another device is not handed host logits
+        elsewhere = DrawRows(boom, keyed=True, device="cuda")
+        assert Sampler(vocab, [], isa, elsewhere)(logits, rows(8)).token_ids[:2] == among[:2]
 
 
 @needs_kernels

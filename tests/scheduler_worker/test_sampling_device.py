@@ -163,7 +163,7 @@ def _draw_rows(draw: str):
     from scheduler_worker.backends.base import DrawRows
     from scheduler_worker.backends.triton_sample import sample_rows_keyed
 
-    return DrawRows(sample_rows_keyed, keyed=True)
+    return DrawRows(sample_rows_keyed, keyed=True, device="cuda")
 
 
 @cuda

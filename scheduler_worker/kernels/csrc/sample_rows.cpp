@@ -321,9 +321,10 @@ int64_t draw_row(const Kernels& k, const float* x, int64_t V, const double* prm,
 // (n = sampling.num_uniforms(V)). Returns tokens [R] int64.
 at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& draw, const at::Tensor& params,
                        const at::Tensor& u, int64_t isa) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == at::kFloat,
-              "sample_rows: logits must be a contiguous float32 [R, V]");
-  const int64_t R = logits.size(0), V = logits.size(1);
+  // rows may be apart (a view of logits whose vocabulary the model pads): ld their stride
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1 && logits.scalar_type() == at::kFloat,
+              "sample_rows: logits must be float32 [R, V], each row contiguous");
+  const int64_t R = logits.size(0), V = logits.size(1), ld = logits.stride(0);
   TORCH_CHECK(draw.dim() == 1 && draw.size(0) == R && draw.scalar_type() == at::kLong && draw.is_contiguous(),
               "sample_rows: draw must be a contiguous int64 [R]");
   TORCH_CHECK(params.dim() == 2 && params.size(0) == R && params.size(1) == 4 && params.is_contiguous() &&
@@ -345,9 +346,9 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& draw, const a
     thread_local Scratch s;
     for (int64_t r = r0; r < r1; ++r) {
       if (dr[r] < 0)
-        k.argmax(x + r * V, V, tok + r);
+        k.argmax(x + r * ld, V, tok + r);
       else
-        tok[r] = draw_row(k, x + r * V, V, prm + r * 4, uu + dr[r] * n, s);
+        tok[r] = draw_row(k, x + r * ld, V, prm + r * 4, uu + dr[r] * n, s);
     }
   });
   return out;
