@@ -62,7 +62,7 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.base import DrawRows
-from scheduler_worker.backends.device import HostCopy, enqueues_work
+from scheduler_worker.backends.device import HostCopy, enqueues_work, runs_cpu_kernels
 from scheduler_worker.batch_params import (
     MIN_P,
     NUM_TOP,
@@ -316,7 +316,7 @@ class Sampler:
         op on the kernels for host logits; None: the torch path."""
         if self.draw_rows is not None and self.draw_rows.device == device.type:
             return self.draw_rows
-        if self.kernel_isa is None or device.type != "cpu":
+        if self.kernel_isa is None or not runs_cpu_kernels(device):
             return None
         return cpu_draw_rows(self.kernel_isa)
 
