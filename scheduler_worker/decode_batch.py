@@ -35,6 +35,8 @@ class Scheduler(Protocol):
 
     def _reserve(self, req: Request, n: int, batch: ScheduledBatch) -> bool: ...
 
+    def _extend_each(self, reqs: list[Request]) -> bool: ...
+
     def _hash_blocks(self, req: Request) -> None: ...
 
 
@@ -53,7 +55,10 @@ def take_decodes(sched: Scheduler, batch: ScheduledBatch, decodes: int, spare: i
     entries = batch.entries
     entries.update(active)
     bs = sched.block_size
-    for req in [r for r, _ in active.values() if r.num_computed_tokens >= len(r.block_table) * bs]:
+    needy = [r for r, _ in active.values() if r.num_computed_tokens >= len(r.block_table) * bs]
+    if needy and sched._extend_each(needy):  # every one a block, from the free pool
+        needy = []
+    for req in needy:
         if req.request_id in entries:  # not preempted by an earlier row's _reserve
             sched._reserve(req, 1, batch)  # False: req itself preempted, its entry dropped
     sched.num_visited += len(entries)

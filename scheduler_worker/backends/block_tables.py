@@ -46,12 +46,25 @@ class BlockTables:
         what it was if longer: a window's blocks given back are overwritten in place)."""
         end = start + len(blocks)
         if end > self.width:
-            grown = np.full((self.array.shape[0], max(end, 2 * self.width)), self.pad, np.int32)
-            grown[:, : self.width] = self.array
-            self.array = grown
+            self._grow(end)
         self.array[slot, start:end] = blocks
         if end > self.lengths[slot]:
             self.lengths[slot] = end
+
+    def append(self, slots: list[int], blocks: list[int]) -> None:
+        """Each slot's table one block longer, blocks[i] the new last entry of slots[i]'s
+        (distinct slots): the step where many rows start a block at once, in one write."""
+        idx = np.array(slots, dtype=np.int64)
+        ends = self.lengths[idx]
+        if len(idx) and int(ends.max()) + 1 > self.width:
+            self._grow(int(ends.max()) + 1)
+        self.array[idx, ends] = blocks
+        self.lengths[idx] = ends + 1
+
+    def _grow(self, end: int) -> None:
+        grown = np.full((self.array.shape[0], max(end, 2 * self.width)), self.pad, np.int32)
+        grown[:, : self.width] = self.array
+        self.array = grown
 
     def row(self, slot: int) -> list[int]:
         """The slot's table, as a list (tests, checks)."""

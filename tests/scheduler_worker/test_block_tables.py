@@ -29,6 +29,11 @@ def test_slots_rows_and_growth():
     assert t.width == 4 and t.row(a) == [5, 6, 7] and t.row(b) == []
     t.write(a, 1, [99])  # a window's block given back: in place, the length kept
     assert t.row(a) == [5, 99, 7]
+    t.append([b, a], [8, 3])  # a block more for each, in one write
+    t.append([b], [9])
+    assert t.row(a) == [5, 99, 7, 3] and t.row(b) == [8, 9]
+    t.append([a], [4])  # a's fifth: the width doubles
+    assert t.width == 8 and t.row(a) == [5, 99, 7, 3, 4] and t.row(b) == [8, 9]
     t.give(a)
     assert t.row(a) == [] and (t.array[a] == 99).all()
     assert t.take() == a  # the freed slot comes back first
