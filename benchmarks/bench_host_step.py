@@ -26,6 +26,8 @@ beside it; the CPU's compute of the narrow sampler ops (a GPU's device work) sti
     ZS_BYTECODES=1 ...   also greedy's bytecodes and calls a row a step (load-free)
     --ops                also the torch ops a step (load-free: on a GPU each one not a view
                          is a launch or a copy the host pays for; views cost their dispatch)
+    --prompt-len N       prompts of N tokens (default 20): how the host's step grows with
+                         the rows' contexts (their block tables), the rest unchanged
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import json
 import os
 import pstats
 import random
@@ -89,7 +92,7 @@ class GraphLike:
     def __init__(self, engine: LLMEngine, max_rows: int, vocab: int = VOCAB) -> None:
         runner = engine.runner
         self.inputs = StaticDecodeInputs(
-            max_rows, 64, torch.device("cpu"), runner.num_blocks, runner.block_size
+            max_rows, _max_blocks(), torch.device("cpu"), runner.num_blocks, runner.block_size
         )
         logits = torch.randn(max_rows, vocab, generator=torch.Generator().manual_seed(0))
         # peaked as a model's: the byte-level tokens hold ~95% of the mass (a flat row makes
@@ -108,6 +111,13 @@ class GraphLike:
 
 
 DRAW = "keyed"  # the sampler's draw (--draw)
+PROMPT_LEN = 20  # --prompt-len
+OUT_ROOM = 600  # positions past the prompt a run reaches (its warm-up and steps, with room)
+
+
+def _max_blocks() -> int:
+    """The decode graphs' table width: a row's blocks at the longest context a run reaches."""
+    return max(64, -(-(PROMPT_LEN + OUT_ROOM) // 16))
 
 
 def _launch_stand_in(logits, draw, params, keys):
@@ -172,6 +182,47 @@ def count_ops(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
     return counter.ops / steps, counter.views / steps
 
 
+def engine_for(model_dir: Path, rows: int, kernels: str = "auto", mix: str = "greedy"):
+    """The engine as a GPU's host runs it at `rows` rows: overlapped, its forward a graph's
+    staging (GraphLike), its sampler the GPU's (module doc); KV blocks for PROMPT_LEN."""
+    cfg = EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
+        cache=CacheConfig(
+            block_size=16, num_blocks=rows * (40 + PROMPT_LEN // 16) + 64, kv_cache_dtype="float32"
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=rows,
+            max_num_batched_tokens=max(2048, rows),
+            async_scheduling="on",
+            speculative_method="none",  # the plain decode step's host work
+        ),
+    )
+    engine = LLMEngine(cfg, model_dir)
+    vocab = engine.vocab_size if mix == "chat" else VOCAB
+    engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
+    # the sampler as on a GPU: not the CPU kernels' one op (draws.py); its draw the GPU
+    # backend's keyed Triton launch (a stand-in op: what the host pays is the launch), or
+    # with --draw torch the torch path's ops
+    engine.sampler.kernel_isa = None
+    if DRAW == "keyed":
+        engine.sampler.draw_rows = DrawRows(_launch_stand_in, keyed=True, device="cpu")
+    return engine
+
+
+def start_requests(engine: LLMEngine, publish, rows: int, mix: str, prompt_len: int) -> None:
+    """`rows` requests of prompt_len tokens, stepped until each decodes, then 10 steps."""
+    rng = random.Random(0)
+    greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
+    for i in range(rows):
+        params = greedy if mix == "greedy" else chat_mix(i, grammar=mix == "chat")
+        ids = (1, VOCAB) if mix == "chat-narrow" else (100, 1000)  # inside the narrow logits
+        engine.add_request(f"r{i}", [rng.randrange(*ids) for _ in range(prompt_len)], params)
+    while any(r.num_output_tokens < 2 for r in engine.requests.values()):
+        publish(engine.step())
+    for _ in range(10):
+        publish(engine.step())
+
+
 def run(
     model_dir: Path,
     rows: int,
@@ -187,38 +238,11 @@ def run(
     device's work: the chat mix's top-p over the vocabulary is most of them), and with
     `count` the bytecodes and calls a row a step (else None), and the thread's CPU
     seconds a row (the measure of `chat-narrow`). `ops`: count_ops' figures appended."""
-    cfg = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32", kernels=kernels),
-        cache=CacheConfig(block_size=16, num_blocks=rows * 40 + 64, kv_cache_dtype="float32"),
-        scheduler=SchedulerConfig(
-            max_num_seqs=rows,
-            max_num_batched_tokens=max(2048, rows),
-            async_scheduling="on",
-            speculative_method="none",  # the plain decode step's host work
-        ),
-    )
-    engine = LLMEngine(cfg, model_dir)
+    engine = engine_for(model_dir, rows, kernels, mix)
     gc.collect()  # as a served worker once ready (WorkerShell.start)
     gc.freeze()
-    vocab = engine.vocab_size if mix == "chat" else VOCAB
-    engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
-    # the sampler as on a GPU: not the CPU kernels' one op (draws.py); its draw the GPU
-    # backend's keyed Triton launch (a stand-in op: what the host pays is the launch), or
-    # with --draw torch the torch path's ops
-    engine.sampler.kernel_isa = None
-    if DRAW == "keyed":
-        engine.sampler.draw_rows = DrawRows(_launch_stand_in, keyed=True, device="cpu")
     publish = publisher(engine)
-    rng = random.Random(0)
-    greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
-    for i in range(rows):
-        params = greedy if mix == "greedy" else chat_mix(i, grammar=mix == "chat")
-        ids = (1, VOCAB) if mix == "chat-narrow" else (100, 1000)  # inside the narrow logits
-        engine.add_request(f"r{i}", [rng.randrange(*ids) for _ in range(20)], params)
-    while any(r.num_output_tokens < 2 for r in engine.requests.values()):
-        publish(engine.step())
-    for _ in range(10):
-        publish(engine.step())
+    start_requests(engine, publish, rows, mix, PROMPT_LEN)
     t, cpu, num_rows, sampler = time.perf_counter(), time.thread_time(), 0, 0.0
     for _ in range(steps):
         publish(engine.step())
@@ -263,9 +287,10 @@ def main() -> None:
     ap.add_argument(
         "--kernels", default="auto", help="the prompts' forward: auto, or torch (no C++ build)"
     )
+    ap.add_argument("--prompt-len", type=int, default=20, help="tokens a prompt (default 20)")
     args = ap.parse_args()
-    global DRAW
-    DRAW = args.draw
+    global DRAW, PROMPT_LEN
+    DRAW, PROMPT_LEN = args.draw, args.prompt_len
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
@@ -275,6 +300,8 @@ def main() -> None:
 
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
             copy_tokenizer_files(resolve_model("smollm2"), model_dir)
+            _fit_positions(model_dir, PROMPT_LEN + OUT_ROOM)
+        print(f"prompts of {PROMPT_LEN} tokens")
         for rows in args.rows:
             # the chat mix's host figure: its bytecodes at greedy's µs a bytecode (module doc)
             count = args.mix == "chat" or bool(os.environ.get("ZS_BYTECODES"))
@@ -316,6 +343,15 @@ def main() -> None:
                 f"(bytecodes x greedy's {per_bytecode * 1e9:.1f} ns each) "
                 f"{chat[0] * per_bytecode * 1e6:6.2f} µs a row"
             )
+
+
+def _fit_positions(model_dir: Path, positions: int) -> None:
+    """The tiny model's config made to take contexts of `positions` tokens (its own 512
+    would refuse a long --prompt-len)."""
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["max_position_embeddings"] = max(config["max_position_embeddings"], positions)
+    path.write_text(json.dumps(config))
 
 
 def narrow(model_dir: Path, rows: int, args: argparse.Namespace, greedy_cpu: float) -> None:
