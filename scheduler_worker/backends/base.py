@@ -115,16 +115,26 @@ class DecodeRows:
         """positions [n], block tables [n, width] (past a row's blocks: the tables' pad;
         written into `out` where given, the staging buffer's) and cache slots [n], as
         int64; ValueError when a row's table does not cover its token."""
-        pos = np.array(self.positions, dtype=np.int64)
-        idx = np.array(self.slots, dtype=np.int64)
-        if (pos // bs >= self.tables.lengths[idx]).any():
-            raise ValueError("a decode row's block table does not cover its token")
+        pos, idx = self._covered(bs)
         have = min(width, self.tables.width)
         tables = np.empty((len(pos), width), dtype=np.int64) if out is None else out
         tables[:, :have] = self.tables.array[idx, :have]
         tables[:, have:] = self.tables.pad
         slots = tables[np.arange(len(pos)), pos // bs] * bs + pos % bs
         return pos, tables, slots
+
+    def staged_slots(self, bs: int) -> tuple[np.ndarray, np.ndarray]:
+        """staged's positions and cache slots without the tables (a reader that holds
+        them already), the same check."""
+        pos, idx = self._covered(bs)
+        return pos, self.tables.array[idx, pos // bs].astype(np.int64) * bs + pos % bs
+
+    def _covered(self, bs: int) -> tuple[np.ndarray, np.ndarray]:
+        pos = np.array(self.positions, dtype=np.int64)
+        idx = np.array(self.slots, dtype=np.int64)
+        if (pos // bs >= self.tables.lengths[idx]).any():
+            raise ValueError("a decode row's block table does not cover its token")
+        return pos, idx
 
 
 StepInputs = list[SeqInput] | DecodeRows

@@ -9,6 +9,8 @@ the rows that changed, not with each row's table (docs/benchmarks.md, "Host step
     array:  int32 [slots, width]; a row's first lengths[slot] entries are its table, the
             rest `pad` (a block no kernel reads past a row's context)
     width:  grows (doubling) when a table outgrows it: a few times a process
+    version: counts the writes: a reader that copied the rows at one version (the decode
+            graphs' static tables) copies them again only after a write
 
 Request.block_table (a list) stays the scheduler's own record; every write to it goes
 here too (Scheduler.set_blocks), and tests check that the two agree.
@@ -25,6 +27,7 @@ class BlockTables:
         self.array = np.full((rows, width), pad, dtype=np.int32)
         self.lengths = np.zeros(rows, dtype=np.int32)
         self._free = list(range(rows - 1, -1, -1))  # the lowest slot first
+        self.version = 0
 
     @property
     def width(self) -> int:
@@ -37,6 +40,7 @@ class BlockTables:
 
     def give(self, slot: int) -> None:
         """The slot's request stopped running: its row back to padding."""
+        self.version += 1
         self.array[slot, : self.lengths[slot]] = self.pad
         self.lengths[slot] = 0
         self._free.append(slot)
@@ -45,6 +49,7 @@ class BlockTables:
         """Entries start ... of the slot's table are `blocks` (its length: start + len, or
         what it was if longer: a window's blocks given back are overwritten in place)."""
         end = start + len(blocks)
+        self.version += 1
         if end > self.width:
             self._grow(end)
         self.array[slot, start:end] = blocks
@@ -56,6 +61,7 @@ class BlockTables:
         (distinct slots): the step where many rows start a block at once, in one write."""
         idx = np.array(slots, dtype=np.int64)
         ends = self.lengths[idx]
+        self.version += 1
         if len(idx) and int(ends.max()) + 1 > self.width:
             self._grow(int(ends.max()) + 1)
         self.array[idx, ends] = blocks

@@ -127,6 +127,39 @@ def test_decode_staging_from_tables_equals_from_lists():
     assert slots == [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]
 
 
+def test_static_tables_are_copied_again_only_after_a_write():
+    """A step of the same rows in the same order, no table written since, stages only the
+    token columns (the static tables hold them: most overlapped steps); a write, another
+    order or another graph size copies them again. Slots are right either way."""
+    rng = random.Random(4)
+    bs, n, scratch = 4, 6, 500
+    _, rows = _rows(rng, n, bs, scratch)
+    inp = StaticDecodeInputs(8, 32, torch.device("cpu"), scratch, bs)
+
+    def want_slots(r: DecodeRows) -> list[int]:
+        return [r.tables.row(s)[p // bs] * bs + p % bs for s, p in zip(r.slots, r.positions)]
+
+    prev = torch.arange(100, 100 + n)  # the step in flight's tokens (rows with placeholders)
+    inp.fill(rows, 8, prev)
+    first = inp.tables.clone()
+    inp.tables[0, 0] = -7  # a mark a copy would overwrite
+    rows.positions = [p - p % bs for p in rows.positions]  # within the same blocks
+    inp.fill(rows, 8, prev)
+    assert inp.tables[0, 0] == -7 and inp.slots[:n].tolist() == want_slots(rows)
+    rows.tables.append([rows.slots[0]], [321])  # a row's new block: written, so copied
+    inp.fill(rows, 8, prev)
+    assert inp.tables[0, 0] == first[0, 0] and 321 in inp.tables[0].tolist()
+    inp.tables[0, 0] = -7
+    swapped = DecodeRows(
+        rows.token_ids, rows.positions[::-1], rows.slots[::-1], rows.prev_rows, rows.tables
+    )
+    inp.fill(swapped, 8, prev)  # another order: copied
+    assert inp.tables[n - 1, 0] == first[0, 0] and inp.slots[:n].tolist() == want_slots(swapped)
+    inp.tables[0, 0] = -7
+    inp.fill(swapped, 6, prev)  # another graph size: copied
+    assert inp.tables[0, 0] != -7
+
+
 def test_cpu_decode_inputs_from_rows_equal_those_from_seq_inputs():
     rng = random.Random(4)
     bs, n, scratch = 4, 9, 300
