@@ -21,6 +21,8 @@ from __future__ import annotations
 from operator import attrgetter, itemgetter
 from typing import Protocol
 
+from scheduler_worker.backends.block_tables import BlockTables
+from scheduler_worker.block_manager import BlockManager
 from scheduler_worker.request import PLACEHOLDER, Request
 from scheduler_worker.scheduled_batch import ScheduledBatch
 
@@ -33,9 +35,10 @@ class Scheduler(Protocol):
     block_size: int
     num_visited: int
 
-    def _reserve(self, req: Request, n: int, batch: ScheduledBatch) -> bool: ...
+    blocks: BlockManager
+    tables: BlockTables
 
-    def _extend_each(self, reqs: list[Request]) -> bool: ...
+    def _reserve(self, req: Request, n: int, batch: ScheduledBatch) -> bool: ...
 
     def _hash_blocks(self, req: Request) -> None: ...
 
@@ -56,7 +59,7 @@ def take_decodes(sched: Scheduler, batch: ScheduledBatch, decodes: int, spare: i
     entries.update(active)
     bs = sched.block_size
     needy = [r for r, _ in active.values() if r.num_computed_tokens >= len(r.block_table) * bs]
-    if needy and sched._extend_each(needy):  # every one a block, from the free pool
+    if needy and extend_each(sched, needy):  # every one a block, from the free pool
         needy = []
     for req in needy:
         if req.request_id in entries:  # not preempted by an earlier row's _reserve
@@ -64,6 +67,24 @@ def take_decodes(sched: Scheduler, batch: ScheduledBatch, decodes: int, spare: i
     sched.num_visited += len(entries)
     batch.decodes_kept = True
     return len(entries)
+
+
+def extend_each(sched: Scheduler, reqs: list[Request]) -> bool:
+    """One more block for each of reqs, their tokens starting a block this step, where
+    each needs just the one and the pool has them all: the blocks Scheduler._reserve would
+    give them row by row, in the same order, in one allocation and one table write (a
+    batch that started together crosses a block at once). False, touching nothing, where
+    not (_reserve must run, and may preempt)."""
+    bs = sched.block_size
+    if not sched.blocks.can_allocate(len(reqs)) or any(
+        r.num_computed_tokens >= (len(r.block_table) + 1) * bs for r in reqs
+    ):
+        return False
+    blocks = sched.blocks.allocate(len(reqs))
+    sched.tables.append([r.slot for r in reqs], blocks)
+    for req, block in zip(reqs, blocks):
+        req.block_table.append(block)
+    return True
 
 
 def advance_decodes(

@@ -312,13 +312,11 @@ class Sampler:
         return self._logprobs(lp_raw, lp_sel, tokens, batch.values, batch.logprobs)
 
     def draw_op(self, device: torch.device) -> DrawRows | None:
-        """For logits on `device`: the backend's draw op where it runs there, else the C++
-        op on the kernels for host logits; None: the torch path."""
+        """The draw op for logits on `device`: the backend's, else the C++ one; None: torch's."""
         if self.draw_rows is not None and self.draw_rows.device == device.type:
             return self.draw_rows
-        if self.kernel_isa is None or not runs_cpu_kernels(device):
-            return None
-        return cpu_draw_rows(self.kernel_isa)
+        isa = self.kernel_isa if runs_cpu_kernels(device) else None
+        return None if isa is None else cpu_draw_rows(isa)
 
     @staticmethod
     def plain_greedy(rows: list[SamplingRow]) -> bool:

@@ -223,23 +223,6 @@ class Scheduler:
         self.tables.write(req.slot, len(req.block_table), blocks)
         req.block_table.extend(blocks)
 
-    def _extend_each(self, reqs: list[Request]) -> bool:
-        """One more block for each of reqs, their tokens starting a block this step, where
-        each needs just the one and the pool has them all: the blocks _reserve would give
-        them row by row, in the same order, in one allocation and one table write (a
-        step where a batch that started together crosses a block at once). False,
-        touching nothing, where not (_reserve must run, and may preempt)."""
-        bs = self.block_size
-        if not self.blocks.can_allocate(len(reqs)) or any(
-            r.num_computed_tokens >= (len(r.block_table) + 1) * bs for r in reqs
-        ):
-            return False
-        blocks = self.blocks.allocate(len(reqs))
-        self.tables.append([r.slot for r in reqs], blocks)
-        for req, block in zip(reqs, blocks):
-            req.block_table.append(block)
-        return True
-
     def preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
         self._release(req)
