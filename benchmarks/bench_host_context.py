@@ -73,7 +73,7 @@ def main() -> None:
 
         model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
         copy_tokenizer_files(resolve_model("smollm2"), model_dir)
-        host._fit_positions(model_dir, max(lens) + host.OUT_ROOM)
+        host.fit_positions(model_dir, max(lens) + host.OUT_ROOM)
         got = interleaved(model_dir, args.rows, lens, args.steps)
     base = got[lens[0]]["all"]
     for n in lens:

@@ -300,7 +300,7 @@ def main() -> None:
 
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
             copy_tokenizer_files(resolve_model("smollm2"), model_dir)
-            _fit_positions(model_dir, PROMPT_LEN + OUT_ROOM)
+            fit_positions(model_dir, PROMPT_LEN + OUT_ROOM)
         print(f"prompts of {PROMPT_LEN} tokens")
         for rows in args.rows:
             # the chat mix's host figure: its bytecodes at greedy's µs a bytecode (module doc)
@@ -345,7 +345,7 @@ def main() -> None:
             )
 
 
-def _fit_positions(model_dir: Path, positions: int) -> None:
+def fit_positions(model_dir: Path, positions: int) -> None:
     """The tiny model's config made to take contexts of `positions` tokens (its own 512
     would refuse a long --prompt-len)."""
     path = model_dir / "config.json"

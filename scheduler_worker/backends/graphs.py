@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
 
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import DecodeRows, KVCache, StepInputs
+from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.backends.staging import StaticTokens
 
 # staged per row before its block table: token, position, slot, context length, and the
@@ -96,6 +97,17 @@ class SharedLogits:
         return out
 
 
+class HeldTables(NamedTuple):
+    """What the static tables hold since the fill that last wrote them: rows `slots` of
+    `source` at `version`, `rows` rows (padding past the slots'), `width` blocks wide."""
+
+    source: BlockTables
+    version: int
+    slots: list[int]
+    rows: int
+    width: int
+
+
 class StaticDecodeInputs(StaticTokens):
     """The graphs' inputs at fixed addresses, sized for the largest bucket: the token
     columns (staging.py) and each row's context length and block table."""
@@ -117,9 +129,7 @@ class StaticDecodeInputs(StaticTokens):
         self.tables = torch.full(
             (max_rows, max_blocks), scratch_block, dtype=torch.long, device=device
         )
-        # what the static tables hold since the last fill that wrote them: rows `slots` of
-        # `source` (a BlockTables) at `version`, b rows (padding past them), w blocks wide
-        self.held: tuple | None = None
+        self.held: HeldTables | None = None
 
     def _holds(self, rows: DecodeRows, b: int, w: int) -> bool:
         """The static tables already hold these rows' tables: the same rows of the same
@@ -128,11 +138,11 @@ class StaticDecodeInputs(StaticTokens):
         h = self.held
         return (
             h is not None
-            and h[0] is rows.tables
-            and h[1] == rows.tables.version
-            and h[3] == b
-            and w <= h[4]
-            and h[2] == rows.slots
+            and h.source is rows.tables
+            and h.version == rows.tables.version
+            and h.rows == b
+            and w <= h.width
+            and h.slots == rows.slots
         )
 
     def fill(
@@ -182,7 +192,7 @@ class StaticDecodeInputs(StaticTokens):
         if not held:
             self.tables[:b, :w].copy_(staged[:, COLS:])
             tables = rows.tables
-            self.held = (tables, tables.version, list(rows.slots), b, w)
+            self.held = HeldTables(tables, tables.version, list(rows.slots), b, w)
         return num_prev
 
     def meta(

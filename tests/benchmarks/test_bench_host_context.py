@@ -11,7 +11,7 @@ from benchmarks import bench_host_context, bench_host_step
 def test_the_lengths_step_in_turn_and_each_is_timed(tiny_llama_dir, tmp_path, monkeypatch):
     model_dir = tmp_path / "tiny-llama"
     shutil.copytree(tiny_llama_dir, model_dir)  # its config takes the longer contexts here
-    bench_host_step._fit_positions(model_dir, 100 + bench_host_step.OUT_ROOM)
+    bench_host_step.fit_positions(model_dir, 100 + bench_host_step.OUT_ROOM)
     monkeypatch.setattr(bench_host_step, "PROMPT_LEN", bench_host_step.PROMPT_LEN)
     rows: dict[int, list[int]] = {}
     real = bench_host_step.start_requests
