@@ -14,7 +14,6 @@ engine's step and the publish apart, and its ratio to the first length.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import tempfile
@@ -26,14 +25,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import bench_host_step as host  # noqa: E402
+from common import collector  # noqa: E402
 
 
 def interleaved(model_dir: Path, rows: int, lens: list[int], steps: int) -> dict[int, dict]:
     """Each length's mean seconds a row: {"all", "step", "publish"}, the steps taken in turn."""
     host.PROMPT_LEN = max(lens)  # the KV pool and the graphs' tables fit the longest
     engines = {n: host.engine_for(model_dir, rows) for n in lens}
-    gc.collect()  # as a served worker once ready (WorkerShell.start)
-    gc.freeze()
+    before = collector.settle()  # as a served worker once ready (WorkerShell.start)
     publish = {n: host.publisher(e) for n, e in engines.items()}
     for n, e in engines.items():
         host.start_requests(e, publish[n], rows, "greedy", n)
@@ -50,7 +49,7 @@ def interleaved(model_dir: Path, rows: int, lens: list[int], steps: int) -> dict
             times[n]["step"].append(t1 - t0)
             times[n]["publish"].append(time.perf_counter() - t1)
             times[n]["rows"].append(e.last_step.num_decode)
-    gc.unfreeze()
+    collector.restore(before)
     out = {}
     for n, t in times.items():
         per_row = max(1.0, statistics.mean(t["rows"]))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import json
 import os
 import pstats
@@ -50,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import collector  # noqa: E402
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from common.messages import encode  # noqa: E402
 from common.sampling_params import SamplingParams  # noqa: E402
@@ -239,8 +239,7 @@ def run(
     `count` the bytecodes and calls a row a step (else None), and the thread's CPU
     seconds a row (the measure of `chat-narrow`). `ops`: count_ops' figures appended."""
     engine = engine_for(model_dir, rows, kernels, mix)
-    gc.collect()  # as a served worker once ready (WorkerShell.start)
-    gc.freeze()
+    before = collector.settle()  # as a served worker once ready (WorkerShell.start)
     publish = publisher(engine)
     start_requests(engine, publish, rows, mix, PROMPT_LEN)
     t, cpu, num_rows, sampler = time.perf_counter(), time.thread_time(), 0, 0.0
@@ -260,7 +259,7 @@ def run(
             publish(engine.step())
         pr.disable()
         pstats.Stats(pr).sort_stats(os.environ.get("ZS_SORT", "tottime")).print_stats(25)
-    gc.unfreeze()
+    collector.restore(before)
     return seconds / steps, seconds / max(1, num_rows), sampler / steps, counted, row_cpu
 
 

@@ -25,11 +25,11 @@ medians (tokens per CPU second of this process, and wall).
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from pathlib import Path
 
+from common import collector
 from common.config import EngineConfig, ModelConfig, SchedulerConfig
 from common.cpu import cpu_model_name
 from common.sampling_params import SamplingParams
@@ -126,8 +126,7 @@ def main() -> None:
     tok = transformers.AutoTokenizer.from_pretrained(engine.model_dir)
     timed = ["none", *(["none'"] if a.control else []), *methods]
     policies = {m: SpecPolicy(a.policy) for m in timed}  # each method's own fit
-    gc.collect()  # as the served worker once ready (WorkerShell.start): start-up's objects
-    gc.freeze()  # are out of the collector, which walks only what the runs allocate
+    collector.settle()  # as a served worker once ready (WorkerShell.start)
     print(
         f"cpu: {cpu_model_name()}; {','.join(timed)}; policy {a.policy}; k {a.num_speculative_tokens}"
     )

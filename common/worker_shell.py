@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import zmq
 
+from common import collector
 from common.config import Config
 from common.frontend_links import FrontendLinks
 from common.heartbeat import Heartbeat
@@ -156,9 +157,9 @@ class WorkerShell:
         """Say "ready"; start the heartbeat thread if the worker beats from one. What
         start-up built (modules, the model, tokenizers) is frozen out of the cyclic
         collector first, so that a full collection walks only what serving allocates
-        (docs/benchmarks.md, "The host's share of a decode step")."""
-        gc.collect()
-        gc.freeze()
+        (docs/benchmarks.md, "The host's share of a decode step"), and young collections
+        come every several steps, not several times a step (common/collector.py)."""
+        collector.settle()
         self.beat("ready")
         if self.beacon:
             self._heartbeat = Heartbeat(self.config, self.component).start()
