@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from itertools import compress
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from pathlib import Path
 
 import torch
@@ -50,7 +50,7 @@ from scheduler_worker.step_output import (
 from scheduler_worker.structured import GrammarMatchers
 
 log = get_logger("engine")
-_PLAIN, _REQUEST = attrgetter("plain"), itemgetter(0)
+_REQUEST = itemgetter(0)
 
 
 class LLMEngine:
@@ -87,6 +87,7 @@ class LLMEngine:
         )
         self.requests: dict[str, Request] = {}  # unfinished requests
         self._aborted: list[Request] = []  # finished by abort() since the last step
+        self.asking_prompt_logprobs: list[Request] = []  # ScheduledBatch.wants_prompt_logprobs
         self.counters = EngineCounters()
         self.last_step = StepStats()
         want = config.scheduler.async_scheduling
@@ -152,6 +153,8 @@ class LLMEngine:
                 self.limits.check_prediction(prediction)
         req = Request(request_id, list(prompt_token_ids), params, prediction_token_ids=prediction)
         self.grammars.add(req)  # structured outputs: its matcher
+        if params.prompt_logprobs is not None:
+            self.asking_prompt_logprobs.append(req)
         self.requests[request_id] = req
         self.scheduler.add(req)
 
@@ -186,7 +189,9 @@ class LLMEngine:
             self.scheduler.defer(batch, batch.grammar_waits())
         # a step with drafts runs alone: its rows' next positions depend on what it accepts
         if pending is not None and (
-            not self.overlap or batch.drafts or batch.wants_prompt_logprobs()
+            not self.overlap
+            or batch.drafts
+            or batch.wants_prompt_logprobs(self.asking_prompt_logprobs)
         ):
             outputs += self._resolve(pending, stats)
             pending = self._in_flight = None
@@ -256,7 +261,7 @@ class LLMEngine:
             else seq_inputs(entries, sampling, batch.drafts)
         )
         # plain greedy rows (the common case) need no SamplingRow: only their argmax
-        plain = masks is None and all(map(_PLAIN, samplers))
+        plain = masks is None and all([req.plain for req in samplers])
         rows = [] if plain else sampling_rows(samplers)
         if batch.drafts and rows:  # a drafted row's last position follows all its drafts
             for row, req in zip(rows, samplers):

@@ -40,8 +40,12 @@ class RequestStatus(enum.Enum):
         self.finished = value not in ("waiting", "running")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
+    """Slots: its fields are read for every row of every step. As a plain class its 37
+    attributes passed CPython's 30 for an instance's inline values, so each read was a dict
+    lookup (LOAD_ATTR_WITH_HINT) and each request carried a dict of its own."""
+
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -79,6 +83,15 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     prediction_token_ids: InitVar[Sequence[int] | None] = None  # makes `prediction`
+    # set by __post_init__, from the above
+    num_prompt_tokens: int = field(init=False)
+    output_token_ids: list[int] = field(init=False)
+    max_tokens: int = field(init=False)
+    sampling_row: SamplingRow = field(init=False)
+    plain: bool = field(init=False)
+    reads_history: bool = field(init=False)
+    resolves_apart: bool = field(init=False)
+    speculates: bool = field(init=False)
 
     def __post_init__(self, prediction_token_ids: Sequence[int] | None) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -87,10 +100,10 @@ class Request:
             self.prediction = Prediction(list(prediction_token_ids), self.num_prompt_tokens)
         # kept beside token_ids (not sliced from it) so that reading it every step is O(1):
         # the sampler's penalties and min_tokens read it for every sampled row
-        self.output_token_ids: list[int] = []
+        self.output_token_ids = []
         if self.params.max_tokens is None:  # LLMEngine.add_request settles it first
             raise ValueError("a request's max_tokens must be settled before it is queued")
-        self.max_tokens: int = self.params.max_tokens
+        self.max_tokens = self.params.max_tokens
         # its row of the sampler, kept (logits_processors.sampling_rows brings it up to a step)
         self.sampling_row = SamplingRow(self.params, self.prompt_token_ids, self.output_token_ids)
         # settled once, read for every row of every step (LLMEngine._launch): `plain` rows
@@ -106,7 +119,6 @@ class Request:
         # its sampled tokens go through the engine (a grammar advances; prompt logprobs go
         # with the first output), never resolve_rows' inline loop
         self.resolves_apart = p.structured is not None or p.prompt_logprobs is not None
-        self.asks_prompt_logprobs = p.prompt_logprobs is not None  # ScheduledBatch's filter
         # a greedy row verifies drafts by argmax (spec/verify.py; with a grammar, of the
         # masked logits: GrammarMatchers.check_drafts), the others by sampling every
         # position (spec/sampled.py); a sampled row with a grammar drafts nothing yet

@@ -1,5 +1,6 @@
 """A request's settled flags (Request.plain, Request.reads_history): read by the engine
-for every row of every step in place of the per-step checks they replace."""
+for every row of every step in place of the per-step checks they replace; and the batch's
+check for prompt logprobs owed, which reads the few requests that asked."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.logits_processors import has_penalty
-from scheduler_worker.request import Request
+from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import Sampler, SamplingRow
+from scheduler_worker.scheduled_batch import ScheduledBatch
 
 
 @pytest.mark.parametrize(
@@ -36,5 +38,25 @@ def test_a_requests_settled_flags_agree_with_the_per_step_checks(kw):
     assert req.plain == (Sampler.plain_greedy([row]) and params.structured is None)
     history = params.structured is not None or has_penalty(params) or req.wants_prompt_logprobs
     assert req.reads_history == history
-    assert req.asks_prompt_logprobs == req.wants_prompt_logprobs  # none sent yet
     assert req.sampling_row == row  # its kept row: the one made afresh
+    assert not hasattr(req, "__dict__")  # slots: its fields are read for every row a step
+
+
+def test_a_batch_wants_prompt_logprobs_only_for_an_entry_still_owed_them():
+    """ScheduledBatch.wants_prompt_logprobs looks at the requests that asked (the engine's
+    list), not at the batch's rows: the answer is the old per-row check's, and the list
+    drops those done with their prompt logprobs, or finished and out of the batch."""
+    asks = SamplingParams(max_tokens=4, prompt_logprobs=1)
+    plain = Request("plain", [1, 2], SamplingParams(max_tokens=4))
+    owed, sent, gone = (Request(rid, [1, 2], asks) for rid in ("owed", "sent", "gone"))
+    sent.prompt_logprobs_sent = True
+    gone.status = RequestStatus.FINISHED_ABORTED
+    asking = [owed, sent, gone]
+    batch = ScheduledBatch({r.request_id: (r, 1) for r in (plain, sent)})
+    assert not batch.wants_prompt_logprobs(asking)  # `owed` is not in it
+    assert asking == [owed]
+    batch.entries["owed"] = (owed, 1)
+    assert batch.wants_prompt_logprobs(asking)
+    other = Request("owed", [1, 2], asks)  # another request of the same id
+    assert not ScheduledBatch({"owed": (other, 1)}).wants_prompt_logprobs([owed])
+    assert not batch.wants_prompt_logprobs([])
