@@ -3,24 +3,24 @@
 The columns are built straight from the outputs in one C-level pass (the tuples
 transposed by zip), not a record per row: at 256 rows a step the row-by-row build was a
 fifth of the host's step (docs/benchmarks.md, "Host step"; an attrgetter pass a column
-cost more than the transpose: "Host step, eighth session"). Rows that finish, announce
-their request or carry logprobs are looked at one by one; the common row is not.
+cost more than the transpose: "Host step, eighth session"). The integer columns go packed
+(common/messages/scheduler_detok.py), and finish_reasons only when a row finished. Rows that
+finish, announce their request or carry logprobs are looked at one by one; the common row
+is not.
 """
 
 from __future__ import annotations
 
-import struct
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
 from scheduler_worker.step_output import RequestOutput
 
-_ONE_ID = struct.Struct("<i").pack  # as pack_ids packs one id
 _FIRST = itemgetter(0)
 _LOGPROB, _TOP_IDS, _TOP_LPS = (
     attrgetter("logprob"),
@@ -74,13 +74,15 @@ def step_message(
                 stop_ids[i] = o.stop_token_id
         if stop_ids.count(None) == len(stop_ids):
             stop_ids = None
+    new_ids, num_new = _packed_ids(tokens)
     return StepOutputs(
         step=step,
         rids=list(rids),
-        new_token_ids=_packed_ids(tokens),
-        finish_reasons=list(reasons),
-        num_prompt_tokens=list(num_prompt),
-        num_output_tokens=list(num_output),
+        new_token_ids=new_ids,
+        num_new_tokens=num_new,
+        finish_reasons=None if timings is None else list(reasons),
+        num_prompt_tokens=pack_ids(num_prompt),
+        num_output_tokens=pack_ids(num_output),
         logprobs=_logprobs_column(logprobs),
         new_requests=new_requests,
         timings=timings,
@@ -91,14 +93,13 @@ def step_message(
     )
 
 
-def _packed_ids(tokens: Sequence[list[int]]) -> list[bytes]:
-    """pack_ids of each row's tokens; a step where every row has one token (most) packs
-    them all at once and cuts the bytes."""
-    if set(map(len, tokens)) != {1}:
-        return list(map(pack_ids, tokens))
-    ids = list(map(_FIRST, tokens))
-    pack_ids(ids)  # the check of every id, at once
-    return list(map(_ONE_ID, ids))
+def _packed_ids(tokens: Sequence[list[int]]) -> tuple[bytes, bytes | None]:
+    """The new_token_ids and num_new_tokens columns: every row's tokens packed one row
+    after another, and each row's count (None where every row has one: most steps)."""
+    counts = list(map(len, tokens))
+    if counts.count(1) == len(counts):
+        return pack_ids(list(map(_FIRST, tokens))), None
+    return pack_ids(list(chain.from_iterable(tokens))), pack_ids(counts)
 
 
 def _optional(col: Sequence[Any]) -> list | None:

@@ -45,6 +45,7 @@ from common.messages import (
 )
 from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue
+from tests.common.wire_samples import step_outputs
 
 HEARTBEAT_S = 0.2
 WAIT_S = 20.0
@@ -65,7 +66,7 @@ def samples() -> dict[type[Message], Message]:
         ),
         GenerateRequest: GenerateRequest("s-gen", pack_ids([1, 2]), SamplingParams(), now),
         AbortRequest: AbortRequest("s-abort", "test"),
-        StepOutputs: StepOutputs(
+        StepOutputs: step_outputs(
             0, ["s-step"], [pack_ids([5])], [None], [2], [1], None, [], None, now
         ),
         EngineStatus: EngineStatus("heartbeat", 0, 0, 0.0, 1, 1, 0, 0, "m", 16, 16, now),

@@ -35,6 +35,7 @@ from common.messages import (
 )
 from common.sampling_params import SamplingParams
 from common.zmq_queue import PullQueue
+from tests.common.wire_samples import step_outputs
 from tests.garbage import (
     WAIT_S,
     RawPush,
@@ -223,6 +224,7 @@ def test_scheduler_worker_survives_garbage(run_dir, tiny_llama_dir):
             return any(
                 isinstance(m, StepOutputs)
                 and "good" in m.rids
+                and m.finish_reasons is not None
                 and m.finish_reasons[m.rids.index("good")] is not None
                 for m in ms
             )
@@ -233,8 +235,8 @@ def test_scheduler_worker_survives_garbage(run_dir, tiny_llama_dir):
         tokens, reasons = [], []
         for m in steps:
             assert set(m.rids) == {"good"}, m.rids  # nothing bad, aborted or forged ran
-            tokens += unpack_ids(m.new_token_ids[0])
-            reasons.append(m.finish_reasons[0])
+            tokens += unpack_ids(m.new_token_ids)
+            reasons.append(m.finish_reasons and m.finish_reasons[0])
         assert len(tokens) == 3 and reasons[-1] == "length"
         assert ("good", [], True, False, 0) in [tuple(r) for r in steps[0].new_requests]
         want = {m.rid for m in bad}
@@ -277,7 +279,7 @@ def test_detok_worker_survives_garbage(run_dir, default_model_dir):
 
     def so(rids, new_ids, finish=None, prompt=None, out=None, logprobs=None, new=()):
         n = len(rids)
-        return StepOutputs(
+        return step_outputs(
             0,
             rids,
             new_ids,

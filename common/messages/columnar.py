@@ -74,15 +74,17 @@ class Columnar(Generic[R]):
             out[column] = None if optional and values.count(None) == len(values) else values
         return out
 
-    def unpack(self, msg: Message) -> list[R]:
-        """One record per entry of the key column; WireError if a (set) column is not as
-        long as the key column (the schema checks each column's type, not their lengths)."""
+    def unpack(self, msg: Any, name: str | None = None) -> list[R]:
+        """One record per entry of the key column of `msg` (a message, or its columns as
+        attributes: `name` the message's); WireError if a (set) column is not as long as
+        the key column (the schema checks each column's type, not their lengths)."""
         cols = [getattr(msg, c.column) for c in self.columns]
         n = len(cols[0])
         short = [c.column for c, v in zip(self.columns, cols) if v is not None and len(v) != n]
         if short:
             key = self.columns[0].column
-            raise WireError(f"{type(msg).__name__}: {', '.join(short)} not as long as {key} ({n})")
+            owner = name or type(msg).__name__
+            raise WireError(f"{owner}: {', '.join(short)} not as long as {key} ({n})")
         none: list[Any] = [None] * n
         make = self.record
         return [make(*row) for row in zip(*(none if v is None else v for v in cols))]

@@ -1,8 +1,13 @@
 """scheduler_worker → detok_worker: ONE message per engine step covering every request.
 
-The per-request fields are parallel lists indexed like `rids`: build the message with
+The per-request fields are parallel columns indexed like `rids`: build the message with
 `pack_step_outputs` from one StepOutput per request, read it with `unpack_step_outputs`
-(which refuses lists of unequal lengths); both are `STEP_COLUMNS` (messages.columnar).
+(which refuses columns of unequal lengths); both are `STEP_COLUMNS` (messages.columnar),
+with the integer columns packed (`pack_ids`: int32 each): every row's new tokens one after
+the other, with each row's count only where some row has other than one (a decode step's
+rows have one each), and the prompt and output lengths. A list column cost the scheduler
+a msgpack item and a type check a row each step (docs/benchmarks.md, "The host step in
+instructions"); a packed one costs one of each.
 A request's detokenizer settings travel once, in `new_requests`, in the first StepOutputs
 that mentions it.
 """
@@ -12,9 +17,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from common.messages.base import Message
+from common.messages.base import Message, WireError, pack_ids, unpack_ids
 from common.messages.columnar import Columnar
 
 # (rid, stop strings, skip_special_tokens, include_stop_str_in_output, the frontend that
@@ -27,10 +34,14 @@ class StepOutputs(Message):
     TAG: ClassVar[int] = 4
     step: int
     rids: list[str]
-    new_token_ids: list[bytes]  # pack_ids, per request; may be b"" (e.g. an abort)
-    finish_reasons: list[str | None]  # "stop" | "length" | "abort" | None (still running)
-    num_prompt_tokens: list[int]
-    num_output_tokens: list[int]  # total so far, including this step's
+    # pack_ids of every request's new tokens, one request's after another's
+    new_token_ids: bytes
+    # pack_ids of each request's count of them (0: e.g. an abort); None: one each
+    num_new_tokens: bytes | None
+    # "stop" | "length" | "abort" | None (still running); None: none finished
+    finish_reasons: list[str | None] | None
+    num_prompt_tokens: bytes  # pack_ids, one a request
+    num_output_tokens: bytes  # pack_ids: total so far, including this step's
     # None when no request in the step asked; else one entry per request: None, or one
     # entry per new token, e.g. [logprob, [[token_id, logprob], ...top-N]]
     logprobs: list[list | None] | None
@@ -71,7 +82,7 @@ STEP_COLUMNS: Columnar[StepOutput] = Columnar(
     StepOutput,
     StepOutputs,
     rename={"rid": "rids", "finish_reason": "finish_reasons", "stop_token_id": "stop_token_ids"},
-    optional=("logprobs", "timings", "stop_token_id", "prompt_logprobs"),
+    optional=("finish_reason", "logprobs", "timings", "stop_token_id", "prompt_logprobs"),
 )
 
 
@@ -90,10 +101,47 @@ def pack_step_outputs(
         replica=replica,
         inbox=inbox,
         prefix_cache=prefix_cache,
-        **STEP_COLUMNS.pack(outputs),  # type: ignore[arg-type]
+        **packed_columns(STEP_COLUMNS.pack(outputs)),
     )
 
 
+def packed_columns(cols: dict[str, Any]) -> dict[str, Any]:
+    """STEP_COLUMNS.pack's lists with the integer columns packed (as on the wire)."""
+    ids: list[bytes] = cols["new_token_ids"]
+    counts = [len(b) // 4 for b in ids]
+    return {
+        **cols,
+        "new_token_ids": b"".join(ids),
+        "num_new_tokens": None if counts.count(1) == len(counts) else pack_ids(counts),
+        "num_prompt_tokens": pack_ids(cols["num_prompt_tokens"]),
+        "num_output_tokens": pack_ids(cols["num_output_tokens"]),
+    }
+
+
 def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
-    """One StepOutput per rid; WireError if the per-request lists do not line up."""
-    return STEP_COLUMNS.unpack(msg)
+    """One StepOutput per rid; WireError if the per-request columns do not line up."""
+    n = len(msg.rids)
+    data = msg.new_token_ids
+    if msg.num_new_tokens is None:
+        ends = range(4, 4 * n + 1, 4)
+        total = n
+    else:
+        ends = [4 * e for e in accumulate(unpack_ids(msg.num_new_tokens))]
+        total = len(ends) and ends[-1] // 4
+        if len(ends) != n:
+            raise WireError(f"StepOutputs: num_new_tokens not as long as rids ({n})")
+    if len(data) != 4 * total:
+        raise WireError(f"StepOutputs: {len(data)} bytes of new tokens for {total} tokens")
+    starts = [0, *ends[:-1]] if n else []
+    cols = {
+        "rids": msg.rids,
+        "new_token_ids": [data[a:b] for a, b in zip(starts, ends)],
+        "finish_reasons": msg.finish_reasons,
+        "num_prompt_tokens": unpack_ids(msg.num_prompt_tokens),
+        "num_output_tokens": unpack_ids(msg.num_output_tokens),
+        "logprobs": msg.logprobs,
+        "timings": msg.timings,
+        "stop_token_ids": msg.stop_token_ids,
+        "prompt_logprobs": msg.prompt_logprobs,
+    }
+    return STEP_COLUMNS.unpack(SimpleNamespace(**cols), "StepOutputs")

@@ -76,10 +76,15 @@ def test_step_outputs_round_trip_and_keep_their_wire_bytes(outputs, step):
     by_hand = StepOutputs(
         step=step,
         rids=[o.rid for o in outputs],
-        new_token_ids=[o.new_token_ids for o in outputs],
-        finish_reasons=[o.finish_reason for o in outputs],
-        num_prompt_tokens=[o.num_prompt_tokens for o in outputs],
-        num_output_tokens=[o.num_output_tokens for o in outputs],
+        new_token_ids=b"".join(o.new_token_ids for o in outputs),
+        num_new_tokens=(
+            None
+            if all(len(o.new_token_ids) == 4 for o in outputs)
+            else pack_ids([len(o.new_token_ids) // 4 for o in outputs])
+        ),
+        finish_reasons=_optional([o.finish_reason for o in outputs]),
+        num_prompt_tokens=pack_ids([o.num_prompt_tokens for o in outputs]),
+        num_output_tokens=pack_ids([o.num_output_tokens for o in outputs]),
         logprobs=_optional([o.logprobs for o in outputs]),
         new_requests=[("r", ["\n", "é"], True, False, 0)],
         timings=_optional([o.timings for o in outputs]),
@@ -118,7 +123,8 @@ def test_text_outputs_round_trip_and_keep_their_wire_bytes(outputs):
 
 def test_an_empty_batch_has_empty_columns_and_no_optional_ones():
     msg = pack_step_outputs(0, [], [])
-    assert (msg.rids, msg.new_token_ids, msg.num_output_tokens) == ([], [], [])
+    assert (msg.rids, msg.new_token_ids, msg.num_output_tokens) == ([], b"", b"")
+    assert (msg.num_new_tokens, msg.finish_reasons) == (None, None)
     assert (msg.logprobs, msg.timings, msg.stop_token_ids, msg.prompt_logprobs) == (None,) * 4
     assert unpack_step_outputs(decode(encode(msg))) == []
     assert unpack_text_outputs(decode(encode(pack_text_outputs([])))) == []
@@ -128,10 +134,22 @@ def test_an_empty_batch_has_empty_columns_and_no_optional_ones():
 @given(st.lists(step_output, min_size=1, max_size=4), st.data())
 def test_a_column_of_another_length_is_refused(outputs, data):
     msg = pack_step_outputs(0, outputs, [])
-    name = data.draw(st.sampled_from(["new_token_ids", "finish_reasons", "num_output_tokens"]))
-    longer = [*getattr(msg, name), getattr(msg, name)[0]]
-    with pytest.raises(WireError, match=f"{name} not as long as rids"):
-        unpack_step_outputs(decode(encode(dataclasses.replace(msg, **{name: longer}))))
+    n = len(outputs)
+    counts = [len(o.new_token_ids) // 4 for o in outputs]
+    longer, error = data.draw(
+        st.sampled_from(
+            [
+                ({"finish_reasons": [*(msg.finish_reasons or [None] * n), None]}, None),
+                ({"num_output_tokens": msg.num_output_tokens + pack_ids([1])}, None),
+                ({"num_prompt_tokens": msg.num_prompt_tokens[:-4]}, None),
+                ({"num_new_tokens": pack_ids([*counts, 0])}, None),
+                ({"new_token_ids": msg.new_token_ids + pack_ids([7])}, "bytes of new tokens"),
+            ]
+        )
+    )
+    [name] = longer
+    with pytest.raises(WireError, match=error or f"{name} not as long as rids"):
+        unpack_step_outputs(decode(encode(dataclasses.replace(msg, **longer))))
 
 
 def test_a_codec_that_does_not_fit_its_record_or_message_is_refused_when_built():

@@ -23,9 +23,47 @@ from common.messages import (
     encode,
     pack_ids,
 )
+from common.messages.scheduler_detok import packed_columns
 from common.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=8, stop=["\n"], seed=3)
+
+
+def step_outputs(
+    step: int,
+    rids: list[str],
+    new_token_ids: list[bytes],
+    finish_reasons: list,
+    num_prompt_tokens: list[int],
+    num_output_tokens: list[int],
+    logprobs: list | None,
+    new_requests: list,
+    timings: list | None,
+    sent_time: float,
+    stop_token_ids: list | None = None,
+    prompt_logprobs: list | None = None,
+    **fields,
+) -> StepOutputs:
+    """A StepOutputs from its columns as lists, a row's tokens pack_ids'd (the integer
+    columns packed here, as on the wire)."""
+    cols = {
+        "rids": rids,
+        "new_token_ids": new_token_ids,
+        "finish_reasons": finish_reasons,
+        "num_prompt_tokens": num_prompt_tokens,
+        "num_output_tokens": num_output_tokens,
+        "logprobs": logprobs,
+        "timings": timings,
+        "stop_token_ids": stop_token_ids,
+        "prompt_logprobs": prompt_logprobs,
+    }
+    return StepOutputs(
+        step=step,
+        new_requests=new_requests,
+        sent_time=sent_time,
+        **packed_columns(cols),
+        **fields,
+    )
 
 
 IDS = pack_ids([0, 1, 49151, 2**31 - 1])
@@ -66,16 +104,17 @@ SAMPLES: list[Message] = [
     StepOutputs(
         7,
         ["a", "b"],
-        [pack_ids([5]), b""],
+        pack_ids([5]),
+        pack_ids([1, 0]),
         [None, "abort"],
-        [3, 4],
-        [1, 0],
+        pack_ids([3, 4]),
+        pack_ids([1, 0]),
         [[[-0.5, [[5, -0.5], [6, -1.25]]]], None],
         [("a", ["</s>", "\n\n"], True, False, 0), ("b", [], False, True, 0)],
         [{"arrival": 1.0, "first_token": 2.5}, None],
         123.25,
     ),
-    StepOutputs(0, [], [], [], [], [], None, [], None, 0.0),
+    StepOutputs(0, [], b"", None, None, b"", b"", None, [], None, 0.0),
     EngineStatus("ready", 0, 0, 0.0, 100, 100, 0, 0, "smollm2", 8192, 49152, 1.0),
     EngineStatus("heartbeat", 3, 1, 0.25, 75, 100, 640, 320, "m", 2048, 512, 2.0),
     EngineStatus(
@@ -118,10 +157,11 @@ SAMPLES: list[Message] = [
     StepOutputs(
         1,
         ["a"],
-        [pack_ids([5])],
-        [None],
-        [2],
-        [1],
+        pack_ids([5]),
+        None,
+        None,
+        pack_ids([2]),
+        pack_ids([1]),
         None,
         [],
         None,

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from common.config import Config, IPCConfig
 from common.messages import StepOutputs, pack_ids
 from common.zmq_queue import PullQueue, PushQueue
+from tests.common.wire_samples import step_outputs
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_stop_token_text_is_dropped_unless_asked_for(worker):
     ids = worker.tokenizer.encode("Hello world, again").ids
     stop = ids[-1]
     rids = ["plain", "keep", "length"]
-    step = StepOutputs(
+    step = step_outputs(
         0,
         rids,
         [pack_ids(ids)] * 3,
@@ -75,7 +76,7 @@ def test_a_schedulers_stopping_is_forwarded_behind_its_outputs(run_dir, default_
     worker = DetokWorker(config, Tokenizer.from_file(str(default_model_dir / "tokenizer.json")))
     push = PushQueue(config.ipc.endpoint("detok"), bind=False)
     steps = [
-        StepOutputs(
+        step_outputs(
             i,
             [f"r{i}"],
             [pack_ids([28])],
@@ -122,7 +123,7 @@ def test_stream_interval_sends_the_first_token_then_every_n(worker):
     for i, tid in enumerate(ids):
         last = i == len(ids) - 1
         k = 2 if i <= 1 else 1  # "s" runs for two steps only
-        step = StepOutputs(
+        step = step_outputs(
             i,
             ["r", "s"][:k],
             [pack_ids([tid])] * k,
@@ -166,7 +167,7 @@ def test_a_drain_waits_for_a_replica_that_still_steps_slowly(
 
     def step(i: int, replica: int) -> StepOutputs:
         new = [(f"r{replica}", [], True, False, 0)] if i == 0 else []
-        return StepOutputs(
+        return step_outputs(
             i, [f"r{replica}"], [pack_ids([28])], [None], [1], [i + 1], None, new, None,
             time.time(), replica=replica,
         )  # fmt: skip
@@ -214,7 +215,7 @@ def test_with_two_frontends_each_gets_its_own_requests_text_and_every_status(
     def step(i: int, finish: str | None) -> StepOutputs:
         rids = ["a0", "b1", "c1"]
         new = [("a0", [], True, False, 0), ("b1", [], True, False, 1), ("c1", [], True, False, 1)]
-        return StepOutputs(
+        return step_outputs(
             i,
             rids,
             [pack_ids(ids)] * 3,

@@ -21,8 +21,9 @@ import msgpack
 import pytest
 import zmq
 
-from common.messages import GenerateRequest, StepOutputs, TextOutputs, encode, pack_ids
+from common.messages import GenerateRequest, TextOutputs, encode, pack_ids
 from common.sampling_params import SamplingParams
+from tests.common.wire_samples import step_outputs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +65,7 @@ def test_forged_and_garbage_frames_change_nothing(server):
     ]
     sock = lambda name: f"ipc://{server.run_dir}/{name}.sock"  # noqa: E731
     push_raw(sock("scheduler"), [encode(m) for m in forged] + garbage)
-    step = StepOutputs(
+    step = step_outputs(
         1,
         ["cmpl-forged-0"],
         [pack_ids([42])],

@@ -40,8 +40,13 @@ def test_columns_round_trip_through_the_wire():
 def test_a_step_of_single_tokens_packs_them_at_once():
     outs = [RequestOutput(f"r{i}", [i * 1000], None, None, 5, 9, 0) for i in range(50)]
     msg = step_message(0, outs, {}, set())
-    assert [unpack_ids(b) for b in msg.new_token_ids] == [[i * 1000] for i in range(50)]
+    assert unpack_ids(msg.new_token_ids) == [i * 1000 for i in range(50)]
+    assert msg.num_new_tokens is None  # one a row
+    assert msg.finish_reasons is None  # none finished
     assert msg.logprobs is None and msg.timings is None and msg.stop_token_ids is None
+    got = unpack_step_outputs(decode(encode(msg)))
+    assert [unpack_ids(g.new_token_ids) for g in got] == [[i * 1000] for i in range(50)]
+    assert [g.finish_reason for g in got] == [None] * 50
 
 
 def test_columns_equal_each_outputs_fields_read_by_name():
@@ -56,13 +61,13 @@ def test_columns_equal_each_outputs_fields_read_by_name():
     outs[4] = outs[4]._replace(prompt_logprobs=prompt)
     msg = step_message(1, outs, {}, set())
     assert msg.rids == [o.request_id for o in outs]
-    assert msg.num_prompt_tokens == [o.num_prompt_tokens for o in outs]
-    assert msg.num_output_tokens == [o.num_output_tokens for o in outs]
-    assert msg.finish_reasons == [o.finish_reason for o in outs]
+    assert unpack_ids(msg.num_prompt_tokens) == [o.num_prompt_tokens for o in outs]
+    assert unpack_ids(msg.num_output_tokens) == [o.num_output_tokens for o in outs]
+    assert msg.finish_reasons is None  # none finished
     assert msg.prompt_logprobs == [o.prompt_logprobs for o in outs]
     assert msg.logprobs == [[[-0.25, [[3, -0.25]]]] if o.logprobs else None for o in outs]
     empty = step_message(2, [], {}, set())
-    assert empty.rids == [] and empty.new_token_ids == [] and empty.logprobs is None
+    assert empty.rids == [] and empty.new_token_ids == b"" and empty.logprobs is None
 
 
 def test_the_logprobs_column_equals_each_rows_own_build():

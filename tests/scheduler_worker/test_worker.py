@@ -42,7 +42,7 @@ def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, t
         rid: (s.finish_reasons[i], s.timings[i] if s.timings else None)
         for s in steps
         for i, rid in enumerate(s.rids)
-        if s.finish_reasons[i]
+        if s.finish_reasons and s.finish_reasons[i]
     }
     assert finished.keys() == {"old", "new"}
     assert finished["old"][0] == "abort" and finished["new"][0] == "length"

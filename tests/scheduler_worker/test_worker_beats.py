@@ -37,6 +37,7 @@ def _finished(rid: str):
         return any(
             isinstance(m, StepOutputs)
             and rid in m.rids
+            and m.finish_reasons is not None
             and m.finish_reasons[m.rids.index(rid)] is not None
             for m in msgs
         )
