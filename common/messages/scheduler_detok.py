@@ -122,6 +122,7 @@ def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
     """One StepOutput per rid; WireError if the per-request columns do not line up."""
     n = len(msg.rids)
     data = msg.new_token_ids
+    ends: Sequence[int]
     if msg.num_new_tokens is None:
         ends = range(4, 4 * n + 1, 4)
         total = n
