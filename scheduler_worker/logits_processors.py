@@ -51,15 +51,13 @@ class SamplingRow:
     slot: int = -1  # its request's slot (Request.slot): its parameters' kinds kept there
 
 
-_SLOT, _BITMASK, _DRAFTS, _ROW = (
+# attrgetter passes for a step's few rows (penalties, seeds); a pass over all of them is a
+# list comprehension (an attrgetter pass took ~2x as long: docs/benchmarks.md, "The host
+# step in instructions")
+_SLOT, _DRAFTS, _PARAMS, _OUTPUT_IDS = (
     attrgetter("slot"),
-    attrgetter("token_bitmask"),
     attrgetter("draft_token_ids"),
-    attrgetter("sampling_row"),
-)
-_PARAMS, _PENDING_ROW, _OUTPUT_IDS = (
     attrgetter("params"),
-    attrgetter("pending_row"),
     attrgetter("output_token_ids"),
 )
 
@@ -71,7 +69,7 @@ def sampling_rows(reqs: Sequence) -> list[SamplingRow]:
     grammar mask or drafts a past step gave it cleared. A plain loop: C passes over the
     rows (map, setattr, np.fromiter) count fewer bytecodes but took ~3x the time
     (docs/benchmarks.md, "Host step, tenth session")."""
-    rows = list(map(_ROW, reqs))
+    rows = [req.sampling_row for req in reqs]
     for req, row in zip(reqs, rows):
         row.pending_row = req.flight_row if req.num_pending > 0 else -1
         row.slot = req.slot
@@ -189,7 +187,7 @@ def apply_token_masks(
     their path) a float32 CPU batch takes one op straight from the packed words (this runs
     on the decode critical path, between the forward and the sample); else the words are
     expanded to bools in torch, on the logits' device."""
-    masks = list(map(_BITMASK, rows))
+    masks = [row.token_bitmask for row in rows]
     idx = list(compress(range(len(rows)), map(is_not, masks, repeat(None))))
     if not idx:
         return logits
@@ -241,7 +239,7 @@ def _in_flight(
     """(positions in rows, their tokens) of the rows whose last output token is the step in
     flight's (pending_row), read from its sampled tokens on the device: penalties count it
     without waiting for it to reach the host."""
-    at = np.fromiter(map(_PENDING_ROW, rows), dtype=np.int64, count=len(rows))
+    at = np.array([row.pending_row for row in rows], dtype=np.int64)
     where = (at >= 0).nonzero()[0]
     if not len(where):
         return None

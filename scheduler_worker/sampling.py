@@ -54,7 +54,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter, getitem
+from operator import getitem
 from typing import NamedTuple
 
 import numpy as np
@@ -89,7 +89,6 @@ from scheduler_worker.top_p import top_p_thresholds
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
 _INF = float("inf")
-_PARAMS, _SLOT = attrgetter("params"), attrgetter("slot")
 
 
 class TokenLogprobs(NamedTuple):
@@ -272,7 +271,7 @@ class Sampler:
         last output is still one of them (SamplingRow.pending_row)."""
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
-        params = list(map(_PARAMS, rows))
+        params = [row.params for row in rows]
         batch, cols = self._batch(rows, params), self.columns
         if self.argmax_only(rows):
             masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
@@ -330,12 +329,12 @@ class Sampler:
 
     def argmax_only(self, rows: list[SamplingRow]) -> bool:
         """plain_greedy(rows), the parameters' part kept between steps (BatchParams)."""
-        batch = self._batch(rows, list(map(_PARAMS, rows)))
+        batch = self._batch(rows, [row.params for row in rows])
         return batch.plain and self.plain_greedy([rows[i] for i in batch.min_tokens])
 
     def _batch(self, rows: list[SamplingRow], params: list[SamplingParams]) -> BatchParams:
         """The rows' BatchParams, from their slots' kinds where every row has a slot."""
-        slots = list(map(_SLOT, rows))
+        slots = [row.slot for row in rows]
         return self.batch.get(params, None if -1 in slots else slots)
 
     def greedy(self, logits: torch.Tensor) -> DeviceSample:
