@@ -8,7 +8,7 @@ it does not see cache misses or the machine's speed: confirm a cut by time as we
 (bench_host_step.py, runs alternated).
 
     .venv/bin/python benchmarks/bench_host_instructions.py [--rows 256] [--steps 16]
-        [--mix greedy|chat|chat-narrow]
+        [--mix greedy|chat|chat-narrow] [--prompt-len 20]
 
 Needs valgrind (Debian: `apt-get install valgrind`). Runs itself under callgrind with
 instrumentation off (start-up at ~5x, not ~50x), turns it on for the measured steps
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(rows: int, steps: int, mix: str) -> int:
+def measure(rows: int, steps: int, mix: str, prompt_len: int) -> int:
     """In the process under callgrind: the engine started, `steps` steps counted; returns
     the rows they decoded."""
     sys.path.insert(0, str(ROOT))
@@ -41,6 +41,7 @@ def measure(rows: int, steps: int, mix: str) -> int:
     from tests.conftest import copy_tokenizer_files, make_tiny_model
 
     torch.set_num_threads(1)
+    host.PROMPT_LEN = prompt_len
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
         copy_tokenizer_files(resolve_model("smollm2"), model_dir)
@@ -74,10 +75,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--mix", choices=("greedy", "chat", "chat-narrow"), default="greedy")
+    ap.add_argument("--prompt-len", type=int, default=20, help="tokens a prompt (default 20)")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.inside:  # under callgrind
-        print(f"DECODED {measure(a.rows, a.steps, a.mix)}", flush=True)
+        print(f"DECODED {measure(a.rows, a.steps, a.mix, a.prompt_len)}", flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
         prefix = f"{tmp}/callgrind"
@@ -93,6 +95,7 @@ def main() -> None:
             f"--rows={a.rows}",
             f"--steps={a.steps}",
             f"--mix={a.mix}",
+            f"--prompt-len={a.prompt_len}",
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -102,7 +105,8 @@ def main() -> None:
         rows = int(decoded[0].split()[1])
         total = main_thread_instructions(prefix)
     print(
-        f"rows {a.rows:4d} ({a.mix}): {total / rows:8.0f} instructions a row "
+        f"rows {a.rows:4d} ({a.mix}, prompts of {a.prompt_len}): {total / rows:8.0f} "
+        "instructions a row "
         f"({total:,} over {a.steps} steps, {rows} rows)"
     )
 
