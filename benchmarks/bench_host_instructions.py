@@ -45,6 +45,7 @@ def measure(rows: int, steps: int, mix: str, prompt_len: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
         copy_tokenizer_files(resolve_model("smollm2"), model_dir)
+        host.fit_positions(model_dir, prompt_len + host.OUT_ROOM)
         engine = host.engine_for(model_dir, rows, "auto", mix)
         collector.settle()  # as a served worker once ready
         publish = host.publisher(engine)
