@@ -134,15 +134,8 @@ def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
     if len(data) != 4 * total:
         raise WireError(f"StepOutputs: {len(data)} bytes of new tokens for {total} tokens")
     starts = [0, *ends[:-1]] if n else []
-    cols = {
-        "rids": msg.rids,
-        "new_token_ids": [data[a:b] for a, b in zip(starts, ends)],
-        "finish_reasons": msg.finish_reasons,
-        "num_prompt_tokens": unpack_ids(msg.num_prompt_tokens),
-        "num_output_tokens": unpack_ids(msg.num_output_tokens),
-        "logprobs": msg.logprobs,
-        "timings": msg.timings,
-        "stop_token_ids": msg.stop_token_ids,
-        "prompt_logprobs": msg.prompt_logprobs,
-    }
+    cols = {c.column: getattr(msg, c.column) for c in STEP_COLUMNS.columns}
+    cols["new_token_ids"] = [data[a:b] for a, b in zip(starts, ends)]
+    cols["num_prompt_tokens"] = unpack_ids(msg.num_prompt_tokens)
+    cols["num_output_tokens"] = unpack_ids(msg.num_output_tokens)
     return STEP_COLUMNS.unpack(SimpleNamespace(**cols), "StepOutputs")
