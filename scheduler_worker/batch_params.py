@@ -14,7 +14,9 @@ sampler builds its parameter tensors from columns, not from a Python list a row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +82,7 @@ class BatchParams:
     biased: list[int]
     logprobs: list[int]  # the rows that ask for logprobs
     values: np.ndarray  # [rows, NUM_VALUES] float64: each row's param_values
+    rows: list[Any] | None = None  # the sampler's rows it is of (BatchParamsCache.of_rows)
 
     @classmethod
     def of(cls, params: list[SamplingParams]) -> BatchParams:
@@ -134,6 +137,18 @@ class BatchParamsCache:
             return self.last
         self.last = BatchParams.of(params) if slots is None else self._of_slots(params, slots)
         return self.last
+
+    def of_rows(self, rows: Sequence[Any]) -> BatchParams:
+        """The BatchParams of the sampler's rows (logits_processors.SampledRow): the last
+        step's for the same rows (a list compare, by identity: a row's parameters never
+        change), else get()'s from their parameters and slots."""
+        last = self.last
+        if last is not None and last.rows == rows:
+            return last
+        params, slots = [row.params for row in rows], [row.slot for row in rows]
+        batch = self.get(params, None if -1 in slots else slots)
+        batch.rows = list(rows)
+        return batch
 
     def _of_slots(self, params: list[SamplingParams], slots: list[int]) -> BatchParams:
         at = self.at

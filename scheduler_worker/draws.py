@@ -34,7 +34,7 @@ from scheduler_worker.batch_params import (
     TOP_K,
     TOP_P,
 )
-from scheduler_worker.logits_processors import DeviceColumns, SamplingRow, _array, _column
+from scheduler_worker.logits_processors import DeviceColumns, Rows, _array, _column
 from scheduler_worker.seeded_uniforms import M32, row_keys, uniforms
 
 _OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
@@ -42,7 +42,7 @@ _KERNEL_COLUMNS = [TEMPERATURE, TOP_K, TOP_P, MIN_P]  # sample_rows' params, in 
 
 
 def draw_uniforms(
-    rows: list[SamplingRow],
+    rows: Rows,
     values: np.ndarray,
     n: int,
     dev: torch.device,
@@ -63,7 +63,7 @@ def draw_uniforms(
     return full.index_copy_(0, _column(cols, "seeded", seeded, dev, torch.long), u)
 
 
-def draw_keys(rows: list[SamplingRow], values: np.ndarray) -> np.ndarray:
+def draw_keys(rows: Rows, values: np.ndarray) -> np.ndarray:
     """Each drawing row's key [len(rows)] int64 for a keyed draw op (seeded_uniforms.row_keys):
     a seeded row's of (seed, its token's index), so its uniforms are draw_uniforms' to the
     bit; the others' 32 random bits from torch's default (host) generator."""
@@ -75,7 +75,7 @@ def draw_keys(rows: list[SamplingRow], values: np.ndarray) -> np.ndarray:
     return keys
 
 
-def _seed_keys(rows: list[SamplingRow], values: np.ndarray, seeded: np.ndarray) -> np.ndarray:
+def _seed_keys(rows: Rows, values: np.ndarray, seeded: np.ndarray) -> np.ndarray:
     """The seeded rows' (seed low, seed high, token index) [len(seeded), 3] int64."""
     keys = np.empty((len(seeded), 3), dtype=np.int64)
     keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
@@ -99,7 +99,7 @@ def cpu_draw_rows(isa: int) -> DrawRows:
 
 def kernel_sample(
     logits: torch.Tensor,
-    rows: list[SamplingRow],
+    rows: Rows,
     draws: list[int],
     values: np.ndarray,
     n: int,

@@ -25,10 +25,9 @@ from common.model_facts import context_length, eos_token_ids
 from common.model_files.model_source import resolve_model
 from common.sampling_params import SamplingParams
 from scheduler_worker.heap import keep_step_buffers_in_heap
-from scheduler_worker.logits_processors import sampling_rows
 from scheduler_worker.model_runner import ModelRunner
 from scheduler_worker.offline import run_to_end
-from scheduler_worker.request import Request, RequestStatus
+from scheduler_worker.request import Request, RequestStatus, mark_drafts, mark_masks, unmark
 from scheduler_worker.resolve_rows import Fused, fusable, resolve_and_advance, resolve_rows
 from scheduler_worker.sampling import DeviceSample, Sampler, TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
@@ -95,6 +94,7 @@ class LLMEngine:
         on = want == "on" or (want == "auto" and self.runner.backend.overlap)
         self.overlap = on and self.runner.tp is None
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
+        self._marked: list[Request] = []  # rows the last launch gave a mask or drafts
         self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
         log.info("speculative decoding: %s", self.scheduler.config.speculative_method)
@@ -260,12 +260,13 @@ class LLMEngine:
             if decode_only and not batch.drafts
             else seq_inputs(entries, sampling, batch.drafts)
         )
-        # plain greedy rows (the common case) need no SamplingRow: only their argmax
+        # plain greedy rows (the common case) need no sampler's row: only their argmax; the
+        # others are their own (a Request is a SampledRow), marked for the step alone
         plain = masks is None and all([req.plain for req in samplers])
-        rows = [] if plain else sampling_rows(samplers)
+        rows = [] if plain else samplers
+        self._marked = unmark(self._marked)  # the last launch's masks and drafts
         if batch.drafts and rows:  # a drafted row's last position follows all its drafts
-            for row, req in zip(rows, samplers):
-                row.draft_token_ids = batch.drafts.get(req.request_id, ())
+            self._marked = mark_drafts(samplers, batch.drafts)
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
         argmax = bool(samplers) and (plain or masks is None and self.sampler.argmax_only(rows))
@@ -290,8 +291,7 @@ class LLMEngine:
         else:
             logits = self.runner.execute(inputs, self.sampler.vocab_size if argmax else None)
         t2 = time.perf_counter()
-        for i, words in self.grammars.wait(masks).items():
-            rows[i].token_bitmask = words
+        masked = mark_masks(rows, self.grammars.wait(masks), self._marked)
         sample: DeviceSample | None
         if not samplers:
             sample = None
@@ -301,7 +301,7 @@ class LLMEngine:
             sample = self.sampler.greedy(logits)
         else:
             prev = in_flight.token_ids if in_flight is not None else None
-            sample = self.sampler.sample(logits, rows, True, prev) if rows else None
+            sample = self.sampler.sample(logits, rows, True, prev, masked) if rows else None
         if sample is not None:
             sample.start_copy()
         stats.forward += t2 - t1

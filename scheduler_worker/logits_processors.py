@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,22 +35,48 @@ from scheduler_worker.batch_params import (
 from scheduler_worker.penalty_counts import PenaltyCounts, flat_index
 
 
-@dataclass
+class SampledRow(Protocol):
+    """A row as the sampler reads it. A request is its own row
+    (scheduler_worker.request.Request: nothing is copied a step); SamplingRow is one made
+    by hand (a verify chunk's positions, tests, benchmarks)."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
+    # overlapped scheduling: the row of the step in flight whose token is this row's last
+    # output (a placeholder in output_token_ids), read on the device; -1: none
+    @property
+    def pending_row(self) -> int: ...
+    # structured outputs: the grammar's packed bitmask, int32 [ceil(vocab / 32)], bit j of
+    # word w set where token 32 w + j is allowed (scheduler_worker.structured)
+    @property
+    def token_bitmask(self) -> torch.Tensor | None: ...
+    # speculative decoding: the drafts before this position of a verify chunk (spec/
+    # sampled.py), output tokens as far as its sample goes (seed counter, min_tokens, penalties)
+    @property
+    def draft_token_ids(self) -> Sequence[int]: ...
+    # its request's slot (Request.slot): its parameters' kinds kept there; -1: none
+    @property
+    def slot(self) -> int: ...
+
+
+@dataclass(eq=False)  # rows compare by identity (Sampler._batch keeps the last step's)
 class SamplingRow:
+    """A SampledRow made by hand (the protocol above says what each field is)."""
+
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
-    # overlapped scheduling: the row of the step in flight whose token is this row's last
-    # output (a placeholder in output_token_ids), read on the device; -1: none
     pending_row: int = -1
-    # structured outputs: the grammar's packed bitmask, int32 [ceil(vocab / 32)], bit j of
-    # word w set where token 32 w + j is allowed (scheduler_worker.structured)
     token_bitmask: torch.Tensor | None = None
-    # speculative decoding: the drafts before this position of a verify chunk (spec/
-    # sampled.py), output tokens as far as its sample goes (seed counter, min_tokens, penalties)
     draft_token_ids: Sequence[int] = ()
-    slot: int = -1  # its request's slot (Request.slot): its parameters' kinds kept there
+    slot: int = -1
 
+
+Rows = Sequence[SampledRow]
 
 # attrgetter passes for a step's few rows (penalties, seeds); a pass over all of them is a
 # list comprehension (an attrgetter pass took ~2x as long: docs/benchmarks.md, "The host
@@ -60,24 +87,6 @@ _SLOT, _DRAFTS, _PARAMS, _OUTPUT_IDS = (
     attrgetter("params"),
     attrgetter("output_token_ids"),
 )
-
-
-def sampling_rows(reqs: Sequence) -> list[SamplingRow]:
-    """Each request's (scheduler_worker.request.Request) own SamplingRow, made once with it
-    (its params and token lists are the request's) and brought up to this step: its slot,
-    the step in flight's row where its last output is a placeholder (num_pending); a
-    grammar mask or drafts a past step gave it cleared. A plain loop: C passes over the
-    rows (map, setattr, np.fromiter) count fewer bytecodes but took ~3x the time
-    (docs/benchmarks.md, "Host step, tenth session")."""
-    rows = [req.sampling_row for req in reqs]
-    for req, row in zip(reqs, rows):
-        row.pending_row = req.flight_row if req.num_pending > 0 else -1
-        row.slot = req.slot
-        if row.token_bitmask is not None:
-            row.token_bitmask = None
-        if row.draft_token_ids:
-            row.draft_token_ids = ()
-    return rows
 
 
 def _tensor(values: Sequence, device: torch.device, dtype: torch.dtype | None = None):
@@ -159,7 +168,7 @@ def _flat_index(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device)
 
 def mask_stop_tokens(
     logits: torch.Tensor,
-    rows: list[SamplingRow],
+    rows: Rows,
     eos_token_ids: Sequence[int],
     idx: Sequence[int] | None = None,
 ) -> torch.Tensor:
@@ -180,17 +189,26 @@ def mask_stop_tokens(
 
 
 def apply_token_masks(
-    logits: torch.Tensor, rows: list[SamplingRow], isa: int | None = None, in_place: bool = False
+    logits: torch.Tensor,
+    rows: Rows,
+    isa: int | None = None,
+    in_place: bool = False,
+    masked: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """-inf where a constrained row's grammar forbids the token: into `logits` when
     in_place (and they are contiguous), else into a copy. With the C++ kernels (`isa`:
     their path) a float32 CPU batch takes one op straight from the packed words (this runs
     on the decode critical path, between the forward and the sample); else the words are
-    expanded to bools in torch, on the logits' device."""
-    masks = [row.token_bitmask for row in rows]
-    idx = list(compress(range(len(rows)), map(is_not, masks, repeat(None))))
-    if not idx:
+    expanded to bools in torch, on the logits' device. `masked`: the rows that may carry a
+    mask, where the caller knows them (the engine: the rows it gave one); else all."""
+    if masked is None:
+        masks = [row.token_bitmask for row in rows]
+    else:
+        masks = [rows[i].token_bitmask for i in masked]
+    at = list(compress(range(len(masks)), map(is_not, masks, repeat(None))))
+    if not at:
         return logits
+    idx = at if masked is None else [masked[i] for i in at]
     if in_place and logits.is_contiguous():
         out = logits  # a copy of [32, 49152] float32 cost ~0.5 ms a step, from DRAM
     else:
@@ -206,12 +224,12 @@ def apply_token_masks(
     if bits.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden
         bits = torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]))
     rows_t = _tensor(idx, out.device)
-    masked = out.index_select(0, rows_t).masked_fill_(bits == 0, float("-inf"))
-    return out.index_copy_(0, rows_t, masked)
+    cut = out.index_select(0, rows_t).masked_fill_(bits == 0, float("-inf"))
+    return out.index_copy_(0, rows_t, cut)
 
 
 def apply_logit_bias(
-    logits: torch.Tensor, rows: list[SamplingRow], idx: Sequence[int] | None = None
+    logits: torch.Tensor, rows: Rows, idx: Sequence[int] | None = None
 ) -> torch.Tensor:
     """Each row's logit_bias added to its tokens' logits, in one index_add_ over the batch
     (ids past the logits' width are skipped: validated ones never are). Returns a new
@@ -234,7 +252,7 @@ def apply_logit_bias(
 
 
 def _in_flight(
-    rows: list[SamplingRow], prev_tokens: torch.Tensor | None, cols: DeviceColumns | None = None
+    rows: Rows, prev_tokens: torch.Tensor | None, cols: DeviceColumns | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(positions in rows, their tokens) of the rows whose last output token is the step in
     flight's (pending_row), read from its sampled tokens on the device: penalties count it
@@ -250,7 +268,7 @@ def _in_flight(
     )
 
 
-def _outputs(row: SamplingRow) -> Sequence[int]:
+def _outputs(row: SampledRow) -> Sequence[int]:
     """The row's output tokens before the position it samples (its drafts included)."""
     return (
         [*row.output_token_ids, *row.draft_token_ids]
@@ -261,7 +279,7 @@ def _outputs(row: SamplingRow) -> Sequence[int]:
 
 def apply_penalties(
     logits: torch.Tensor,
-    rows: list[SamplingRow],
+    rows: Rows,
     prev_tokens: torch.Tensor | None = None,
     idx: list[int] | None = None,
     values: np.ndarray | None = None,

@@ -86,7 +86,7 @@ class PenaltyCounts:
         return e
 
     def gather(self, rows: Sequence, vocab: int, device: torch.device) -> list[int]:
-        """The rows' (SamplingRow, each with a slot) entries, brought up to their resolved
+        """The rows' (SampledRow, each with a slot) entries, brought up to their resolved
         outputs (the caller's column on the device: the same most steps)."""
         if vocab != self.vocab or (self.counts is not None and self.counts.device != device):
             self.__dict__.update(PenaltyCounts(vocab).__dict__)  # a new vocab or device

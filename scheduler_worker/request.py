@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.logits_processors import SamplingRow, has_penalty
+from scheduler_worker.logits_processors import has_penalty
 from scheduler_worker.sampling import plain_greedy_params
 from scheduler_worker.spec.prediction import Prediction
+
+if TYPE_CHECKING:
+    import torch
 
 # a token still being sampled on the device (overlapped scheduling: Scheduler.advance)
 PLACEHOLDER = -1
@@ -79,6 +83,11 @@ class Request:
     num_accepted_tokens: int = 0
     spec_accepted: float = 0.0  # recent verifies, decayed (spec/policy.py: its acceptance)
     spec_refused: float = 0.0
+    # the sampler's row (logits_processors.SampledRow): the request is its own, so a step
+    # copies nothing a row. The engine sets these two on the rows that have them for a
+    # step, and clears them at its next launch
+    token_bitmask: torch.Tensor | None = None  # this step's grammar mask
+    draft_token_ids: Sequence[int] = ()  # this step's drafts
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -87,7 +96,6 @@ class Request:
     num_prompt_tokens: int = field(init=False)
     output_token_ids: list[int] = field(init=False)
     max_tokens: int = field(init=False)
-    sampling_row: SamplingRow = field(init=False)
     plain: bool = field(init=False)
     reads_history: bool = field(init=False)
     resolves_apart: bool = field(init=False)
@@ -104,10 +112,8 @@ class Request:
         if self.params.max_tokens is None:  # LLMEngine.add_request settles it first
             raise ValueError("a request's max_tokens must be settled before it is queued")
         self.max_tokens = self.params.max_tokens
-        # its row of the sampler, kept (logits_processors.sampling_rows brings it up to a step)
-        self.sampling_row = SamplingRow(self.params, self.prompt_token_ids, self.output_token_ids)
         # settled once, read for every row of every step (LLMEngine._launch): `plain` rows
-        # need only their argmax (never their SamplingRow); only `reads_history` rows may
+        # need only their argmax (never the sampler's rows); only `reads_history` rows may
         # read their tokens on the host before they sample (a grammar, penalties, prompt
         # logprobs)
         p = self.params
@@ -136,9 +142,42 @@ class Request:
         return self.params.prompt_logprobs is not None and not self.prompt_logprobs_sent
 
     @property
+    def pending_row(self) -> int:
+        """Its row in the step in flight, where its last output is that step's token (a
+        placeholder); else -1 (SampledRow.pending_row)."""
+        return self.flight_row if self.num_pending > 0 else -1
+
+    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+
+def unmark(reqs: list[Request]) -> list[Request]:
+    """Clears what a launch set on its rows for its step alone (mark_drafts, mark_masks):
+    the rows left marked, none."""
+    for req in reqs:
+        req.token_bitmask, req.draft_token_ids = None, ()
+    return []
+
+
+def mark_drafts(reqs: Sequence[Request], drafts: Mapping[str, Sequence[int]]) -> list[Request]:
+    """Each drafted row's drafts for the step (SampledRow.draft_token_ids): the rows marked."""
+    marked = [req for req in reqs if req.request_id in drafts]
+    for req in marked:
+        req.draft_token_ids = drafts[req.request_id]
+    return marked
+
+
+def mark_masks(
+    rows: Sequence[Request], masks: Mapping[int, torch.Tensor], marked: list[Request]
+) -> list[int]:
+    """Row i's grammar mask for the step, masks[i] (SampledRow.token_bitmask), each row
+    added to `marked`: the rows masked, by index."""
+    for i, words in masks.items():
+        rows[i].token_bitmask = words
+        marked.append(rows[i])
+    return list(masks)

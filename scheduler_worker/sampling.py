@@ -69,7 +69,6 @@ from scheduler_worker.batch_params import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
-    BatchParams,
     BatchParamsCache,
     plain_greedy_params,
     values_of,
@@ -77,12 +76,15 @@ from scheduler_worker.batch_params import (
 from scheduler_worker.draws import cpu_draw_rows, draw_uniforms, kernel_logprobs, kernel_sample
 from scheduler_worker.logits_processors import (
     DeviceColumns,
-    SamplingRow,
+    Rows,
     _column,
     apply_logit_bias,
     apply_penalties,
     apply_token_masks,
     mask_stop_tokens,
+)
+from scheduler_worker.logits_processors import (
+    SamplingRow as SamplingRow,
 )
 from scheduler_worker.seeded_uniforms import seeded_uniforms as seeded_uniforms
 from scheduler_worker.top_p import top_p_thresholds
@@ -251,31 +253,30 @@ class Sampler:
         self.batch = BatchParamsCache()  # the rows' parameters, kept between steps
         self.columns = DeviceColumns()  # their columns on the device, kept as they hold
 
-    def __call__(
-        self, logits: torch.Tensor, rows: list[SamplingRow], writable: bool = False
-    ) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, rows: Rows, writable: bool = False) -> SamplerOutput:
         """One token per row, on the host: `sample(...).result()`."""
         return self.sample(logits, rows, writable).result()
 
     def sample(
         self,
         logits: torch.Tensor,
-        rows: list[SamplingRow],
+        rows: Rows,
         writable: bool = False,
         prev_tokens: torch.Tensor | None = None,
+        masked: Sequence[int] | None = None,
     ) -> DeviceSample:
         """One token per row, left on the logits' device: on a GPU this only enqueues work
         (no host sync). `writable`: the caller hands `logits` over (the engine, a step's
         own): grammar masks and penalties go into them in place, the rows that ask for
         logprobs (the raw logits') copied apart first. `prev_tokens`: the step in flight's tokens, where a row's
-        last output is still one of them (SamplingRow.pending_row)."""
+        last output is still one of them (SampledRow.pending_row). `masked`: the rows that
+        may carry a grammar mask, where the caller knows them (else every row is looked at)."""
         assert logits.shape[0] == len(rows), f"{logits.shape[0]} logit rows for {len(rows)} rows"
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
-        params = [row.params for row in rows]
-        batch, cols = self._batch(rows, params), self.columns
+        batch, cols = self.batch.of_rows(rows), self.columns
         if self.argmax_only(rows):
-            masked = apply_token_masks(logits, rows, self.kernel_isa, writable)
-            return DeviceSample(greedy_tokens(masked))
+            cut = apply_token_masks(logits, rows, self.kernel_isa, writable, masked)
+            return DeviceSample(greedy_tokens(cut))
         raw = logits.float()
         # the logprobs rows' raw logits apart (a copy of those rows, not of the batch's):
         # then masks and penalties may write the step's logits (or float's copy) in place
@@ -284,8 +285,8 @@ class Sampler:
             lp_sel = _column(cols, "logprobs", batch.logprobs, raw.device, torch.long)
             lp_raw = raw.index_select(0, lp_sel)
         in_place = writable or raw is not logits
-        masked = apply_token_masks(raw, rows, self.kernel_isa, in_place)
-        stopped = mask_stop_tokens(masked, rows, self.eos_token_ids, batch.min_tokens)
+        cut = apply_token_masks(raw, rows, self.kernel_isa, in_place, masked)
+        stopped = mask_stop_tokens(cut, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
         processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place)
@@ -318,7 +319,7 @@ class Sampler:
         return None if isa is None else cpu_draw_rows(isa)
 
     @staticmethod
-    def plain_greedy(rows: list[SamplingRow]) -> bool:
+    def plain_greedy(rows: Rows) -> bool:
         """Every row takes the argmax of its raw logits (after any grammar mask): greedy,
         with no penalty, no logit_bias, no logprobs and no min_tokens still blocking EOS."""
         return all(
@@ -327,15 +328,10 @@ class Sampler:
             for r in rows
         )
 
-    def argmax_only(self, rows: list[SamplingRow]) -> bool:
+    def argmax_only(self, rows: Rows) -> bool:
         """plain_greedy(rows), the parameters' part kept between steps (BatchParams)."""
-        batch = self._batch(rows, [row.params for row in rows])
+        batch = self.batch.of_rows(rows)
         return batch.plain and self.plain_greedy([rows[i] for i in batch.min_tokens])
-
-    def _batch(self, rows: list[SamplingRow], params: list[SamplingParams]) -> BatchParams:
-        """The rows' BatchParams, from their slots' kinds where every row has a slot."""
-        slots = [row.slot for row in rows]
-        return self.batch.get(params, None if -1 in slots else slots)
 
     def greedy(self, logits: torch.Tensor) -> DeviceSample:
         """A batch of plain greedy rows with no grammar mask (Request.plain): the argmax."""
@@ -344,7 +340,7 @@ class Sampler:
     @staticmethod
     def _sample(
         logits: torch.Tensor,
-        rows: list[SamplingRow],
+        rows: Rows,
         values: np.ndarray,
         cols: DeviceColumns | None = None,
     ) -> torch.Tensor:

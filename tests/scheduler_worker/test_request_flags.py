@@ -36,9 +36,9 @@ def test_a_requests_settled_flags_agree_with_the_per_step_checks(kw):
     req = Request("r", [1, 2, 3], params)
     row = SamplingRow(params, req.prompt_token_ids, req.output_token_ids)
     assert req.plain == (Sampler.plain_greedy([row]) and params.structured is None)
+    assert Sampler.plain_greedy([req]) == Sampler.plain_greedy([row])  # its own row
     history = params.structured is not None or has_penalty(params) or req.wants_prompt_logprobs
     assert req.reads_history == history
-    assert req.sampling_row == row  # its kept row: the one made afresh
     assert not hasattr(req, "__dict__")  # slots: its fields are read for every row a step
 
 

@@ -1,6 +1,7 @@
-"""Each request keeps its SamplingRow between steps (logits_processors.sampling_rows brings
-it up to the step): at every step it equals the row made afresh from the
-request, as the per-step build made it, whatever a past step set on it."""
+"""A request is the sampler's row (logits_processors.SampledRow): at every step it reads as
+the row made by hand from it, whatever a past step set; what the engine sets on it for one
+step (a grammar mask, drafts) is cleared at its next launch; and the sampler's batch
+parameters are kept for the same rows, rebuilt when a row changes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import random
 import torch
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.logits_processors import SamplingRow, sampling_rows
-from scheduler_worker.request import Request
+from scheduler_worker.batch_params import BatchParamsCache
+from scheduler_worker.logits_processors import SamplingRow
+from scheduler_worker.request import Request, mark_drafts, mark_masks, unmark
+
+FIELDS = ("params", "prompt_token_ids", "output_token_ids", "pending_row", "slot")
 
 
 def _fresh(req: Request) -> SamplingRow:
@@ -21,15 +25,17 @@ def _fresh(req: Request) -> SamplingRow:
     )
 
 
-def test_kept_rows_equal_fresh_ones_step_after_step():
+def test_requests_read_as_fresh_rows_and_step_marks_are_cleared_at_the_next_launch():
     rng = random.Random(3)
     params = [
         SamplingParams(max_tokens=50, temperature=0.7, top_p=0.9, seed=i if i % 4 == 1 else None)
         for i in range(12)
     ]
     reqs = [Request(f"r{i}", [5 + i, 6, 7], params[i]) for i in range(12)]
+    marked: list[Request] = []
     checked = 0
     for _ in range(200):
+        marked = unmark(marked)  # the launch's first act (LLMEngine._launch)
         batch = rng.sample(reqs, rng.randint(1, len(reqs)))  # rows join and leave
         for req in batch:  # what a step may change: pending tokens, its slot, its outputs
             req.num_pending = rng.choice((0, 0, 1))
@@ -37,15 +43,36 @@ def test_kept_rows_equal_fresh_ones_step_after_step():
             req.slot = rng.randrange(16) if rng.random() < 0.1 else req.slot
             if rng.random() < 0.5:
                 req.append_token(rng.randrange(100))
-        rows = sampling_rows(batch)
-        for row, req in zip(rows, batch, strict=True):
-            assert row == _fresh(req)
-            assert row.output_token_ids is req.output_token_ids  # the request's, read live
+        for req in reqs:  # none carries a mask or drafts of a past step
+            fresh = _fresh(req)
+            assert all(getattr(req, f) == getattr(fresh, f) for f in FIELDS)
+            assert req.token_bitmask is None and req.draft_token_ids == ()
             checked += 1
-        for row in rows:  # what the engine sets on a step's rows (grammar masks, drafts)
-            if rng.random() < 0.2:
-                row.token_bitmask = torch.full((2,), -1, dtype=torch.int32)
-            if rng.random() < 0.2:
-                row.draft_token_ids = [rng.randrange(100)]
-    assert checked > 1000
-    assert sampling_rows([]) == []
+        drafts = {r.request_id: [rng.randrange(100)] for r in batch if rng.random() < 0.2}
+        marked = mark_drafts(batch, drafts)
+        assert {r.request_id for r in marked} == set(drafts)
+        assert all(r.draft_token_ids == drafts.get(r.request_id, ()) for r in batch)
+        masks = {i: torch.full((2,), -1, dtype=torch.int32) for i in range(len(batch))}
+        masks = {i: w for i, w in masks.items() if rng.random() < 0.2}
+        assert mark_masks(batch, masks, marked) == list(masks)
+        assert all((r.token_bitmask is masks.get(i)) for i, r in enumerate(batch))
+    assert checked > 2000
+
+
+def test_batch_params_are_kept_for_the_same_rows_and_rebuilt_when_one_changes():
+    sampled = SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, presence_penalty=0.5)
+    reqs = [Request(f"r{i}", [1, 2], sampled if i % 2 else greedy) for i in range(6)]
+    for i, req in enumerate(reqs):
+        req.slot = i
+    cache = BatchParamsCache()
+    first = cache.of_rows(reqs)
+    assert cache.of_rows(list(reqs)) is first  # the same rows, another list
+    assert first.draws == [1, 3, 5] and first.penalized == [0, 2, 4]
+    other = Request("r0", [1, 2], sampled)  # a new request in slot 0: same id, new row
+    other.slot = 0
+    rows = [other, *reqs[1:]]
+    again = cache.of_rows(rows)
+    assert again.draws == [0, 1, 3, 5] and again.penalized == [2, 4]
+    cache.get([r.params for r in reqs])  # the cache's last set apart from its rows
+    assert cache.of_rows(rows).draws == [0, 1, 3, 5]  # never another rows' parameters
