@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.sampling_params import SamplingParams  # noqa: E402
 from scheduler_worker.batch_params import BatchParamsCache  # noqa: E402
-from scheduler_worker.logits_processors import SamplingRow, apply_penalties  # noqa: E402
+from scheduler_worker.logits_processors import SamplingRow  # noqa: E402
+from scheduler_worker.penalties import apply_penalties  # noqa: E402
 from scheduler_worker.penalty_counts import PenaltyCounts  # noqa: E402
 
 VOCAB = 128_256  # Llama 3's (--vocab)

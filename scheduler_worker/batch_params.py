@@ -15,7 +15,7 @@ sampler builds its parameter tensors from columns, not from a Python list a row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,9 @@ class BatchParams:
     logprobs: list[int]  # the rows that ask for logprobs
     values: np.ndarray  # [rows, NUM_VALUES] float64: each row's param_values
     rows: list[Any] | None = None  # the sampler's rows it is of (BatchParamsCache.of_rows)
+    # what the sampler derives from these parameters alone (never from the rows' tokens),
+    # kept with them: a step of the same rows sends its keys and counts, not its columns
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, params: list[SamplingParams]) -> BatchParams:

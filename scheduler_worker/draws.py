@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from operator import attrgetter
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from scheduler_worker.batch_params import (
     TOP_P,
 )
 from scheduler_worker.logits_processors import DeviceColumns, Rows, _array, _column
-from scheduler_worker.seeded_uniforms import M32, row_keys, uniforms
+from scheduler_worker.seeded_uniforms import M32, counter_keys, seed_keys, uniforms
 
 _OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
 _KERNEL_COLUMNS = [TEMPERATURE, TOP_K, TOP_P, MIN_P]  # sample_rows' params, in its order
@@ -63,15 +64,46 @@ def draw_uniforms(
     return full.index_copy_(0, _column(cols, "seeded", seeded, dev, torch.long), u)
 
 
-def draw_keys(rows: Rows, values: np.ndarray) -> np.ndarray:
-    """Each drawing row's key [len(rows)] int64 for a keyed draw op (seeded_uniforms.row_keys):
+class DrawColumns(NamedTuple):
+    """What kernel_sample derives from a batch's parameters alone: kept with them
+    (BatchParams.memo) while the rows are the same, so a step sends only its keys."""
+
+    device: torch.device
+    rows: torch.Tensor  # each row's index among the drawing rows (-1: an argmax row)
+    params: torch.Tensor  # every row's _KERNEL_COLUMNS, float64
+    seeded: np.ndarray  # the seeded rows, by their index among the drawing rows
+    seeded_rows: list[int]  # the same rows, by their index in the batch
+    seed_keys: np.ndarray  # their seeds' part of the key (seeded_uniforms.seed_keys)
+
+
+def draw_columns(
+    draws: list[int], values: np.ndarray, dev: torch.device, cols: DeviceColumns | None = None
+) -> DrawColumns:
+    """The DrawColumns of a batch whose rows `draws` draw (values: every row's numbers)."""
+    draw = np.full(len(values), -1, dtype=np.int64)
+    draw[draws] = np.arange(len(draws))
+    params = np.ascontiguousarray(values[:, _KERNEL_COLUMNS])
+    drawing = values[draws]
+    seeded = (drawing[:, HAS_SEED] != 0).nonzero()[0]
+    seeds = drawing[seeded][:, SEED_LO : SEED_HI + 1].astype(np.int64)
+    return DrawColumns(
+        dev,
+        _column(cols, "draw.rows", draw, dev, torch.long),
+        _column(cols, "draw.params", params, dev, torch.float64),
+        seeded,
+        [draws[i] for i in seeded.tolist()],
+        seed_keys(seeds),
+    )
+
+
+def draw_keys(rows: Rows, num_draws: int, columns: DrawColumns) -> np.ndarray:
+    """Each drawing row's key [num_draws] int64 for a keyed draw op (seeded_uniforms.row_keys):
     a seeded row's of (seed, its token's index), so its uniforms are draw_uniforms' to the
     bit; the others' 32 random bits from torch's default (host) generator."""
-    keys = torch.randint(0, 1 << 32, (len(rows),), dtype=torch.long).numpy()
-    has_seed = values[:, HAS_SEED] != 0
-    if has_seed.any():
-        seeded = has_seed.nonzero()[0]
-        keys[seeded] = row_keys(_seed_keys(rows, values, seeded))
+    keys = torch.randint(0, 1 << 32, (num_draws,), dtype=torch.long).numpy()
+    if len(columns.seeded):
+        picked = list(map(rows.__getitem__, columns.seeded_rows))
+        keys[columns.seeded] = counter_keys(columns.seed_keys, _token_counts(picked))
     return keys
 
 
@@ -79,11 +111,16 @@ def _seed_keys(rows: Rows, values: np.ndarray, seeded: np.ndarray) -> np.ndarray
     """The seeded rows' (seed low, seed high, token index) [len(seeded), 3] int64."""
     keys = np.empty((len(seeded), 3), dtype=np.int64)
     keys[:, :2] = values[seeded][:, SEED_LO : SEED_HI + 1]
-    picked = list(map(rows.__getitem__, seeded.tolist()))  # their token counts, in C
-    counts = np.fromiter(map(len, map(_OUTPUTS, picked)), np.int64, len(picked))
-    counts += np.fromiter(map(len, map(_DRAFTS, picked)), np.int64, len(picked))
-    keys[:, 2] = counts & M32
+    keys[:, 2] = _token_counts(list(map(rows.__getitem__, seeded.tolist())))
     return keys
+
+
+def _token_counts(rows: Rows) -> np.ndarray:
+    """Each row's output tokens before the position it samples (its drafts too), mod 2**32:
+    a seeded row's counter."""
+    counts = np.fromiter(map(len, map(_OUTPUTS, rows)), np.int64, len(rows))
+    counts += np.fromiter(map(len, map(_DRAFTS, rows)), np.int64, len(rows))
+    return counts & M32
 
 
 @functools.cache
@@ -105,24 +142,28 @@ def kernel_sample(
     n: int,
     op: DrawRows,
     cols: DeviceColumns | None = None,
+    memo: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Tokens [rows] for processed logits [rows, vocab] (float32): rows `draws` draw
     (values: every row's numbers; n: num_uniforms(vocab)), the others take the argmax, in
-    the backend's one op `op`. Its columns stay on the device while they hold (cols)."""
+    the backend's one op `op`. Its columns stay on the device while they hold (cols);
+    `memo`: the batch's parameters' keeps (BatchParams.memo), where DrawColumns stay."""
     dev = logits.device
-    draw = np.full(len(rows), -1, dtype=np.int64)
-    draw[draws] = np.arange(len(draws))
-    picked = list(map(rows.__getitem__, draws))
+    columns = memo.get("draw") if memo is not None else None
+    if columns is None or columns.device != dev:
+        columns = draw_columns(draws, values, dev, cols)
+        if memo is not None:
+            memo["draw"] = columns
     if op.keyed:  # the op makes the uniforms: only a key a row goes to the device
-        last = _array(draw_keys(picked, values[draws]), dev, torch.long)
+        last = _array(draw_keys(rows, len(draws), columns), dev, torch.long)
     else:
+        picked = list(map(rows.__getitem__, draws))
         last = draw_uniforms(picked, values[draws], n, dev, cols)
-    params = np.ascontiguousarray(values[:, _KERNEL_COLUMNS])
     # both ops read rows a stride apart: a padded vocabulary's view is not copied
     return op.fn(
         logits if logits.stride(-1) == 1 else logits.contiguous(),
-        _column(cols, "draw.rows", draw, dev, torch.long),
-        _column(cols, "draw.params", params, dev, torch.float64),
+        columns.rows,
+        columns.params,
         last,
     )
 

@@ -4,7 +4,8 @@ vectorized over the rows that need it, in this order (`Sampler.sample`):
     grammar mask (`apply_token_masks`, constrained rows)
     ─▶ min_tokens mask (`mask_stop_tokens`: EOS + stop ids)
     ─▶ logit_bias (`apply_logit_bias`: added; -inf stays -inf, the grammar wins)
-    ─▶ repetition penalty, then presence/frequency penalties (`apply_penalties`)
+    ─▶ repetition penalty, then presence/frequency penalties
+       (`scheduler_worker.penalties.apply_penalties`)
 
 A batch of plain greedy rows takes the grammar mask alone. Each returns its input
 when no row needs it, else a copy (the grammar mask and the penalties may write in
@@ -25,14 +26,7 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.backends.device import to_device
-from scheduler_worker.batch_params import (
-    FREQUENCY,
-    PRESENCE,
-    REPETITION,
-    has_penalty,
-    values_of,
-)
-from scheduler_worker.penalty_counts import PenaltyCounts, flat_index
+from scheduler_worker.penalty_counts import flat_index
 
 
 class SampledRow(Protocol):
@@ -249,134 +243,3 @@ def apply_logit_bias(
     dev = logits.device
     logits.view(-1).index_add_(0, _tensor(flat, dev), _tensor(bias, dev, logits.dtype))
     return logits
-
-
-def _in_flight(
-    rows: Rows, prev_tokens: torch.Tensor | None, cols: DeviceColumns | None = None
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(positions in rows, their tokens) of the rows whose last output token is the step in
-    flight's (pending_row), read from its sampled tokens on the device: penalties count it
-    without waiting for it to reach the host."""
-    at = np.array([row.pending_row for row in rows], dtype=np.int64)
-    where = (at >= 0).nonzero()[0]
-    if not len(where):
-        return None
-    assert prev_tokens is not None, "a pending token with no step in flight"
-    dev = prev_tokens.device
-    return _column(cols, "pending.at", where, dev, torch.long), prev_tokens.index_select(
-        0, _column(cols, "pending.row", at[where], dev, torch.long)
-    )
-
-
-def _outputs(row: SampledRow) -> Sequence[int]:
-    """The row's output tokens before the position it samples (its drafts included)."""
-    return (
-        [*row.output_token_ids, *row.draft_token_ids]
-        if row.draft_token_ids
-        else row.output_token_ids
-    )
-
-
-def apply_penalties(
-    logits: torch.Tensor,
-    rows: Rows,
-    prev_tokens: torch.Tensor | None = None,
-    idx: list[int] | None = None,
-    values: np.ndarray | None = None,
-    pool: PenaltyCounts | None = None,
-    cols: DeviceColumns | None = None,
-    in_place: bool = False,
-) -> torch.Tensor:
-    """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
-    presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
-    A row's token still in flight (pending_row) counts, from `prev_tokens` (the step in
-    flight's tokens, on the device). Returns a new tensor (or `logits`: in_place); rows
-    without penalties are unchanged. idx: the rows with a penalty, where known; values: every row's numbers
-    (batch_params' columns, the sampler's kept by slot), else read from its parameters.
-    pool: the sampler's counts kept per slot, read where every penalized row has a slot
-    (the same logits, bit for bit); else each row's tokens are counted here. cols: the
-    sampler's columns kept on the device (DeviceColumns), or None. in_place: the
-    penalized rows go back into `logits` (the caller's to write), not into a copy of the
-    batch's."""
-    if idx is None:
-        idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
-    if not idx:
-        return logits
-    dev = logits.device
-    picked = list(map(rows.__getitem__, idx))  # the rows' own values, in C passes
-    pen = values_of(list(map(_PARAMS, picked))) if values is None else values[idx]
-    reps, pres_col, freq_col = pen[:, REPETITION], pen[:, PRESENCE], pen[:, FREQUENCY]
-    rows_t = _column(cols, "penalty.rows", idx, dev, torch.long)
-    sub = logits.index_select(0, rows_t)  # a contiguous copy
-    vocab = sub.shape[1]
-    pending = _in_flight(picked, prev_tokens, cols)
-    on_rep = reps != 1.0
-    if pool is not None and -1 not in map(_SLOT, picked):
-        at = _column(cols, "penalty.entries", pool.gather(picked, vocab, dev), dev, torch.long)
-        assert pool.counts is not None and pool.seen is not None
-        counts = pool.counts.index_select(0, at).to(sub.dtype)
-        if any(map(_DRAFTS, picked)):  # this step's own: a rejected draft leaves no trace
-            flat = _flat_index(list(map(_DRAFTS, picked)), vocab, dev)
-            counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
-        if pending is not None:
-            counts.index_put_(pending, torch.ones_like(pending[0], dtype=sub.dtype), True)
-        if on_rep.any():
-            seen = pool.seen.index_select(0, at).logical_or_(counts > 0)
-            if not on_rep.all():  # rows with repetition 1.0: as the per-row path, untouched
-                on = _column(cols, "penalty.on_rep", on_rep, dev, torch.bool)
-                seen.logical_and_(on[:, None])
-            sub = _repetition(sub, seen, reps, cols)
-        return _penalize(logits, rows_t, sub, counts, pres_col, freq_col, cols, in_place)
-    if on_rep.any():
-        seqs = [
-            list(chain(r.prompt_token_ids, r.output_token_ids, r.draft_token_ids)) if p else []
-            for r, p in zip(picked, on_rep.tolist())
-        ]
-        seen = torch.zeros_like(sub, dtype=torch.bool)
-        seen.view(-1).index_fill_(0, _flat_index(seqs, vocab, dev), True)
-        if pending is not None:
-            seen.index_put_(pending, torch.ones_like(pending[0], dtype=torch.bool))
-        sub = _repetition(sub, seen, reps, cols)
-    counted: torch.Tensor | None = None
-    if (pres_col != 0.0).any() or (freq_col != 0.0).any():
-        counted = counts = torch.zeros_like(sub)
-        drafted = any(map(_DRAFTS, picked))
-        outs = list(map(_outputs, picked)) if drafted else list(map(_OUTPUT_IDS, picked))
-        flat = _flat_index(outs, vocab, dev)
-        counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
-        if pending is not None:
-            one = torch.ones_like(pending[0], dtype=sub.dtype)
-            counts.index_put_(pending, one, accumulate=True)
-    return _penalize(logits, rows_t, sub, counted, pres_col, freq_col, cols, in_place)
-
-
-def _repetition(
-    sub: torch.Tensor, seen: torch.Tensor, reps: np.ndarray, cols: DeviceColumns | None = None
-) -> torch.Tensor:
-    """HF's repetition penalty where `seen`: a positive logit divided, a negative one
-    multiplied."""
-    rep = _column(cols, "penalty.repetition", reps, sub.device, torch.float32)[:, None]
-    return torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-
-
-def _penalize(
-    logits: torch.Tensor,
-    rows_t: torch.Tensor,
-    sub: torch.Tensor,
-    counts: torch.Tensor | None,
-    pres_col: np.ndarray,
-    freq_col: np.ndarray,
-    cols: DeviceColumns | None = None,
-    in_place: bool = False,
-) -> torch.Tensor:
-    """Presence/frequency on the penalized rows' copy (where some row has one), put back
-    (into `logits` itself where in_place)."""
-    if counts is not None and ((pres_col != 0.0).any() or (freq_col != 0.0).any()):
-        dev = sub.device
-        if (pres_col != 0.0).any():
-            pres = _column(cols, "penalty.presence", pres_col, dev, torch.float32)
-            sub = sub - pres[:, None] * (counts > 0).to(sub.dtype)
-        if (freq_col != 0.0).any():
-            freq = _column(cols, "penalty.frequency", freq_col, dev, torch.float32)
-            sub = sub - freq[:, None] * counts
-    return (logits if in_place else logits.clone()).index_copy_(0, rows_t, sub)

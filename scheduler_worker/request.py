@@ -21,7 +21,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.logits_processors import has_penalty
+from scheduler_worker.batch_params import has_penalty
 from scheduler_worker.sampling import plain_greedy_params
 from scheduler_worker.spec.prediction import Prediction
 

@@ -79,13 +79,11 @@ from scheduler_worker.logits_processors import (
     Rows,
     _column,
     apply_logit_bias,
-    apply_penalties,
     apply_token_masks,
     mask_stop_tokens,
 )
-from scheduler_worker.logits_processors import (
-    SamplingRow as SamplingRow,
-)
+from scheduler_worker.logits_processors import SamplingRow as SamplingRow
+from scheduler_worker.penalties import apply_penalties
 from scheduler_worker.seeded_uniforms import seeded_uniforms as seeded_uniforms
 from scheduler_worker.top_p import top_p_thresholds
 
@@ -289,11 +287,11 @@ class Sampler:
         stopped = mask_stop_tokens(cut, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
-        processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place)
+        processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place, batch.memo)
         rand, op = batch.draws, self.draw_op(processed.device)
         if rand and op is not None:  # every row in the backend's one op
             n = num_uniforms(processed.shape[1])
-            tokens = kernel_sample(processed, rows, rand, batch.values, n, op, cols)
+            tokens = kernel_sample(processed, rows, rand, batch.values, n, op, cols, batch.memo)
         elif len(rand) == len(rows):
             tokens = self._sample(processed, rows, batch.values, cols)
         else:

@@ -48,7 +48,18 @@ def uniforms(keys: np.ndarray, n: int, device: torch.device) -> torch.Tensor:
 def row_keys(keys: np.ndarray) -> np.ndarray:
     """Each row's key [rows] int64 (< 2**32) from its (seed low, seed high, counter) [rows,
     3]: what a draw op that makes the uniforms itself takes (triton_sample.py)."""
-    return _mix(_mix(_mix(keys[:, 0] ^ 0x9E3779B9) ^ keys[:, 1]) ^ keys[:, 2])
+    return counter_keys(seed_keys(keys[:, :2]), keys[:, 2])
+
+
+def seed_keys(seeds: np.ndarray) -> np.ndarray:
+    """row_keys' part of the seed alone [rows] int64, from (seed low, seed high) [rows, 2]:
+    the same every step of a row (the sampler keeps it with the batch's parameters)."""
+    return _mix(_mix(seeds[:, 0] ^ 0x9E3779B9) ^ seeds[:, 1])
+
+
+def counter_keys(seeded: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """row_keys from seed_keys' [rows] and the counters [rows] (< 2**32)."""
+    return _mix(seeded ^ counters)
 
 
 def row_uniforms(k: torch.Tensor, n: int) -> torch.Tensor:

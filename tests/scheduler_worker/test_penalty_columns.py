@@ -11,7 +11,8 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker.batch_params import BatchParamsCache
-from scheduler_worker.logits_processors import SamplingRow, apply_penalties
+from scheduler_worker.logits_processors import SamplingRow
+from scheduler_worker.penalties import apply_penalties
 from scheduler_worker.sampling import Sampler
 
 VOCAB = 30

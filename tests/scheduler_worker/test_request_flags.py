@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.logits_processors import has_penalty
+from scheduler_worker.batch_params import has_penalty
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import Sampler, SamplingRow
 from scheduler_worker.scheduled_batch import ScheduledBatch

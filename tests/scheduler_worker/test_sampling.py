@@ -8,7 +8,8 @@ import torch
 
 from common.sampling_params import SamplingParams
 from scheduler_worker import kernels, sampling
-from scheduler_worker.logits_processors import apply_logit_bias, apply_penalties
+from scheduler_worker.logits_processors import apply_logit_bias
+from scheduler_worker.penalties import apply_penalties
 from scheduler_worker.sampling import Sampler, SamplingRow, sampling_probs
 
 EOS = 2

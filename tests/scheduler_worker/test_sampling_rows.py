@@ -76,3 +76,84 @@ def test_batch_params_are_kept_for_the_same_rows_and_rebuilt_when_one_changes():
     assert again.draws == [0, 1, 3, 5] and again.penalized == [2, 4]
     cache.get([r.params for r in reqs])  # the cache's last set apart from its rows
     assert cache.of_rows(rows).draws == [0, 1, 3, 5]  # never another rows' parameters
+
+
+def test_a_kept_batch_sends_the_keys_a_fresh_one_sends_step_after_step():
+    """The draw op's columns and seeds kept with the batch's parameters (BatchParams.memo):
+    over steps of the same rows, outputs growing, the keyed op gets the same rows, numbers
+    and seeded rows' keys as a sampler that derives them afresh each step."""
+    from scheduler_worker.backends.base import DrawRows
+    from scheduler_worker.sampling import Sampler
+
+    seen: list[list] = []
+
+    def op(logits, draw, params, keys):
+        seen.append([draw.tolist(), params.tolist(), keys.tolist()])
+        return logits.argmax(dim=-1)
+
+    keyed = DrawRows(op, keyed=True, device="cpu")
+    kinds = [
+        {"temperature": 0.8, "top_p": 0.9, "seed": 7},
+        {"temperature": 0.0},
+        {"temperature": 1.0, "top_k": 20},
+        {"temperature": 0.7, "seed": -(2**40) - 3},
+        {"temperature": 0.7, "seed": 2**63 - 1},
+    ]
+    reqs = [
+        Request(f"r{i}", [1, 2], SamplingParams(max_tokens=64, **kw)) for i, kw in enumerate(kinds)
+    ]
+    for i, req in enumerate(reqs):
+        req.slot = i
+    kept = Sampler(100, [], None, keyed)
+    logits = torch.randn(len(reqs), 100, generator=torch.Generator().manual_seed(1))
+    for step in range(4):
+        kept(logits.clone(), reqs)
+        Sampler(100, [], None, keyed)(logits.clone(), reqs)
+        (draw_a, params_a, keys_a), (draw_b, params_b, keys_b) = seen[-2:]
+        assert draw_a == draw_b == [0, -1, 1, 2, 3] and params_a == params_b
+        seeded = [0, 2, 3]  # among the drawing rows
+        assert [keys_a[i] for i in seeded] == [keys_b[i] for i in seeded]
+        if step:  # a seeded row's key moves with its token count
+            assert keys_a[0] != seen[-4][2][0]
+        for req in reqs:
+            req.append_token(5)
+    assert kept.batch.last is not None and "draw" in kept.batch.last.memo
+
+
+def test_kept_penalty_columns_give_the_per_row_penalties_step_after_step():
+    """PenaltyColumns kept with the batch (BatchParams.memo) over steps of the same rows,
+    their outputs growing and a token in flight: the logits of the per-row path each step."""
+    from scheduler_worker.penalties import apply_penalties
+    from scheduler_worker.penalty_counts import PenaltyCounts
+
+    kinds = [
+        {"presence_penalty": 0.5},
+        {"temperature": 0.7},
+        {"frequency_penalty": 0.3, "repetition_penalty": 1.3},
+        {"repetition_penalty": 0.8},
+    ]
+    reqs = [
+        Request(f"r{i}", [3, 4 + i], SamplingParams(max_tokens=64, **kw))
+        for i, kw in enumerate(kinds)
+    ]
+    for i, req in enumerate(reqs):
+        req.slot = i
+    cache, pool = BatchParamsCache(), PenaltyCounts()
+    rng = random.Random(5)
+    for step in range(6):
+        bp = cache.of_rows(reqs)
+        prev = torch.tensor([rng.randrange(20) for _ in reqs])
+        for i, req in enumerate(reqs):  # the step in flight's token is its last output
+            req.num_pending, req.flight_row = step % 2, i
+        logits = torch.randn(len(reqs), 20, generator=torch.Generator().manual_seed(step))
+        args = (bp.penalized, bp.values, pool, None, False, bp.memo)
+        kept = apply_penalties(logits, reqs, prev, *args)
+        assert torch.equal(kept, apply_penalties(logits, reqs, prev))
+        assert "penalty" in bp.memo and cache.of_rows(reqs) is bp
+        for req in reqs:
+            if req.num_pending:
+                req.output_token_ids[-1] = req.token_ids[-1] = int(prev[req.flight_row])
+            req.num_pending = 0
+            req.append_token(rng.randrange(20))
+            if step % 2 == 0:
+                req.append_token(-1)  # a placeholder the next step fills

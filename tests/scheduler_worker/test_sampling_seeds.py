@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from scheduler_worker.logits_processors import apply_penalties
+from scheduler_worker.penalties import apply_penalties
 from scheduler_worker.sampling import Sampler, seeded_uniforms
 from tests.scheduler_worker.test_sampling import EOS, _row
 
