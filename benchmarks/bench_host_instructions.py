@@ -8,7 +8,13 @@ it does not see cache misses or the machine's speed: confirm a cut by time as we
 (bench_host_step.py, runs alternated).
 
     .venv/bin/python benchmarks/bench_host_instructions.py [--rows 256] [--steps 16]
-        [--mix greedy|chat|chat-narrow] [--prompt-len 20]
+        [--mix greedy|chat|chat-narrow] [--prompt-len 20] [--within MODULE:ATTR]
+
+`--within` counts only inside one function and what it calls (e.g.
+`scheduler_worker.sampling:Sampler.sample`, `scheduler_worker.engine:resolve_and_advance`:
+the name as the caller looks it up), collection toggled on its entry and exit by
+callgrind's client request from a small C helper built here (needs gcc and valgrind's
+headers); a toggle costs ~3,000 instructions.
 
 Needs valgrind (Debian: `apt-get install valgrind`). Runs itself under callgrind with
 instrumentation off (start-up at ~5x, not ~50x), turns it on for the measured steps
@@ -29,10 +35,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(rows: int, steps: int, mix: str, prompt_len: int) -> int:
-    """In the process under callgrind: the engine started, `steps` steps counted; returns
-    the rows they decoded."""
+TOGGLE_C = "#include <valgrind/callgrind.h>\nvoid toggle(void) { CALLGRIND_TOGGLE_COLLECT; }\n"
+
+
+def count_within(target: str, helper: str) -> None:
+    """Wraps `target` (MODULE:ATTR or MODULE:CLASS.ATTR) so that callgrind collects only
+    inside it (valgrind run with --collect-atstart=no)."""
+    import ctypes
+    import functools
+    import importlib
+
+    toggle = ctypes.CDLL(helper).toggle
+    module, _, attr = target.partition(":")
+    owner: object = importlib.import_module(module)
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def counted(*args, **kwargs):
+        toggle()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            toggle()
+
+    setattr(owner, name, counted)
+
+
+def measure(rows: int, steps: int, mix: str, prompt_len: int, within: str | None) -> int:
+    """In the process under callgrind: the engine started, `steps` steps counted (inside
+    `within` alone, where given); returns the rows they decoded."""
     sys.path.insert(0, str(ROOT))
+    if within:
+        count_within(within, os.environ["ZS_CALLGRIND_TOGGLE"])
     import torch
 
     from benchmarks import bench_host_step as host
@@ -77,17 +114,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--mix", choices=("greedy", "chat", "chat-narrow"), default="greedy")
     ap.add_argument("--prompt-len", type=int, default=20, help="tokens a prompt (default 20)")
+    ap.add_argument("--within", help="count inside this function only (MODULE:ATTR)")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.inside:  # under callgrind
-        print(f"DECODED {measure(a.rows, a.steps, a.mix, a.prompt_len)}", flush=True)
+        print(f"DECODED {measure(a.rows, a.steps, a.mix, a.prompt_len, a.within)}", flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        prefix = f"{tmp}/callgrind"
+        prefix, env = f"{tmp}/callgrind", {**os.environ, "PYTHONHASHSEED": "0"}
+        within = []
+        if a.within:
+            helper = env["ZS_CALLGRIND_TOGGLE"] = f"{tmp}/toggle.so"
+            Path(f"{tmp}/toggle.c").write_text(TOGGLE_C)
+            subprocess.run(
+                ["cc", "-O2", "-shared", "-fPIC", "-o", helper, f"{tmp}/toggle.c"], check=True
+            )
+            within = ["--collect-atstart=no", f"--within={a.within}"]
         cmd = [
             "valgrind",
             "--tool=callgrind",
             "--instr-atstart=no",
+            *within[:1],
             "--separate-threads=yes",
             f"--callgrind-out-file={prefix}.%p",
             sys.executable,
@@ -97,8 +144,8 @@ def main() -> None:
             f"--steps={a.steps}",
             f"--mix={a.mix}",
             f"--prompt-len={a.prompt_len}",
+            *within[1:],
         ]
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
         decoded = [ln for ln in run.stdout.splitlines() if ln.startswith("DECODED ")]
         if run.returncode or not decoded:
@@ -106,8 +153,8 @@ def main() -> None:
         rows = int(decoded[0].split()[1])
         total = main_thread_instructions(prefix)
     print(
-        f"rows {a.rows:4d} ({a.mix}, prompts of {a.prompt_len}): {total / rows:8.0f} "
-        "instructions a row "
+        f"rows {a.rows:4d} ({a.mix}, prompts of {a.prompt_len}"
+        f"{', within ' + a.within if a.within else ''}): {total / rows:8.0f} instructions a row "
         f"({total:,} over {a.steps} steps, {rows} rows)"
     )
 
