@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from scheduler_worker import kernels, sampling
+from scheduler_worker import kernels, penalties, sampling
 from scheduler_worker.logits_processors import apply_logit_bias
-from scheduler_worker.penalties import apply_penalties
 from scheduler_worker.sampling import Sampler, SamplingRow, sampling_probs
 
 EOS = 2
@@ -124,7 +123,7 @@ def test_penalties_on_hand_computed_values():
         _row(prompt=[4], output=[0, 0, 0, 5, 99], frequency_penalty=-1.0),  # 99: not in vocab
         _row(prompt=[0, 4], output=[], repetition_penalty=0.5, presence_penalty=2.0),
     ]
-    out = apply_penalties(logits, rows)
+    out = penalties.apply_penalties(logits, rows)
     expected = torch.tensor(
         [
             [2.0 / 2, -1.0 * 2 - 0.5 - 0.25, 0.5, -0.5 * 2 - 0.5 - 0.5, 3.0, 0.0],
@@ -135,7 +134,7 @@ def test_penalties_on_hand_computed_values():
     )
     torch.testing.assert_close(out, expected)
     assert torch.equal(logits[0], torch.tensor([2.0, -1.0, 0.5, -0.5, 3.0, 0.0]))  # not in place
-    assert apply_penalties(logits, [_row()] * 4) is logits  # nothing to do: no copy
+    assert penalties.apply_penalties(logits, [_row()] * 4) is logits  # nothing to do: no copy
 
 
 def test_min_tokens_masks_eos_and_stop_ids():
