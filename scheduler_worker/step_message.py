@@ -11,6 +11,7 @@ is not.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ from operator import attrgetter, is_not, itemgetter
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
+from common.messages.scheduler_detok import pack_token_logprobs
 from scheduler_worker.step_output import RequestOutput
 
 _FIRST = itemgetter(0)
@@ -83,7 +85,7 @@ def step_message(
         finish_reasons=None if timings is None else list(reasons),
         num_prompt_tokens=pack_ids(num_prompt),
         num_output_tokens=pack_ids(num_output),
-        logprobs=_logprobs_column(logprobs),
+        **_logprobs_columns(logprobs),
         new_requests=new_requests,
         timings=timings,
         sent_time=time.time(),
@@ -107,9 +109,26 @@ def _optional(col: Sequence[Any]) -> list | None:
     return None if col.count(None) == len(col) else list(col)
 
 
+def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:
+    """The message's logprobs fields: where each row with some has one token's (a decode
+    step's), packed (token_logprobs: pack_token_logprobs), else the lists."""
+    if col.count(None) == len(col):
+        return {"logprobs": None}
+    at = list(compress(range(len(col)), map(is_not, col, repeat(None))))
+    rows: list[list] = list(map(col.__getitem__, at))
+    if set(map(len, rows)) == {1}:
+        lps = list(map(_FIRST, rows))
+        args = map(list, (map(_LOGPROB, lps), map(_TOP_IDS, lps), map(_TOP_LPS, lps)))
+        try:
+            return {"logprobs": None, "token_logprobs": pack_token_logprobs(at, *args)}
+        except struct.error:  # a value past int32 or float: the lists
+            pass
+    return {"logprobs": _logprobs_column(col)}
+
+
 def _logprobs_column(col: Sequence[Any]) -> list | None:
-    """The logprobs column (_wire_logprobs a row): where each row with some has one token's
-    (a decode step's), every row's built in C passes, not a call a row."""
+    """The logprobs column as lists (_wire_logprobs a row): where each row with some has
+    one token's (a decode step's), every row's built in C passes, not a call a row."""
     if col.count(None) == len(col):
         return None
     out = list(col)

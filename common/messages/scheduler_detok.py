@@ -14,10 +14,11 @@ that mentions it.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, chain
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -61,6 +62,10 @@ class StepOutputs(Message):
     inbox: str | None = None
     # the replica's cumulative prefix-cache [queries, hits] in tokens, as of this step
     prefix_cache: list[int] | None = None
+    # the logprobs column packed (pack_token_logprobs), where each row that has logprobs
+    # has one token's (a decode step's); `logprobs` is then None. unpack_step_outputs
+    # gives the column as lists either way
+    token_logprobs: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -138,4 +143,61 @@ def unpack_step_outputs(msg: StepOutputs) -> list[StepOutput]:
     cols["new_token_ids"] = [data[a:b] for a, b in zip(starts, ends)]
     cols["num_prompt_tokens"] = unpack_ids(msg.num_prompt_tokens)
     cols["num_output_tokens"] = unpack_ids(msg.num_output_tokens)
+    if msg.token_logprobs is not None:
+        if msg.logprobs is not None:
+            raise WireError("StepOutputs: logprobs both packed and as lists")
+        cols["logprobs"] = unpack_token_logprobs(msg.token_logprobs, n)
     return STEP_COLUMNS.unpack(SimpleNamespace(**cols), "StepOutputs")
+
+
+def pack_token_logprobs(
+    rows: Sequence[int],
+    logprobs: Sequence[float],
+    top_ids: Sequence[Sequence[int]],
+    top_logprobs: Sequence[Sequence[float]],
+) -> bytes:
+    """StepOutputs.token_logprobs: for rows `rows` (increasing), each one token's logprob
+    and its top-N (ids, logprobs), as k, then rows and N (int32 each), the logprobs
+    (float64: the values as they were), then every row's top ids (int32) and their
+    logprobs (float64). struct.error where a value does not fit (the caller sends lists).
+    The logprobs column's lists cost the scheduler a build, a check and a msgpack item
+    for each number of each row (docs/benchmarks.md, "The chat mix's sampler")."""
+    counts = list(map(len, top_ids))
+    k, t = len(rows), sum(counts)
+    if list(map(len, top_logprobs)) != counts:
+        raise struct.error("top ids and top logprobs of unequal lengths")
+    return struct.pack(
+        f"<I{k}i{k}i{k}d{t}i{t}d",
+        k,
+        *rows,
+        *counts,
+        *logprobs,
+        *chain.from_iterable(top_ids),
+        *chain.from_iterable(top_logprobs),
+    )
+
+
+def unpack_token_logprobs(data: bytes, n: int) -> list[list | None]:
+    """The logprobs column of a step of n rows from pack_token_logprobs' bytes: None, or
+    [[logprob, [[id, logprob], ...]]] a row; WireError if they do not make one."""
+    if len(data) < 4:
+        raise WireError("StepOutputs: token_logprobs shorter than its count")
+    (k,) = struct.unpack_from("<I", data)
+    head = 4 + 16 * k
+    if k > n or len(data) < head:
+        raise WireError(f"StepOutputs: token_logprobs of {k} rows for {n}")
+    rows = struct.unpack_from(f"<{k}i", data, 4)
+    counts = struct.unpack_from(f"<{k}i", data, 4 + 4 * k)
+    lps = struct.unpack_from(f"<{k}d", data, 4 + 8 * k)
+    if min(counts, default=0) < 0 or len(data) != head + 12 * sum(counts):
+        raise WireError("StepOutputs: token_logprobs' top-N counts do not match its bytes")
+    if list(rows) != sorted(set(rows)) or (k and not 0 <= rows[0] <= rows[-1] < n):
+        raise WireError("StepOutputs: token_logprobs' rows not increasing within the step")
+    t = sum(counts)
+    ids = struct.unpack_from(f"<{t}i", data, head)
+    top_lps = struct.unpack_from(f"<{t}d", data, head + 4 * t)
+    out: list[list | None] = [None] * n
+    ends = list(accumulate(counts))
+    for row, lp, start, end in zip(rows, lps, [0, *ends], ends):
+        out[row] = [[lp, [[i, v] for i, v in zip(ids[start:end], top_lps[start:end])]]]
+    return out

@@ -4,6 +4,7 @@ checks, and the id and batch packing helpers."""
 from __future__ import annotations
 
 import dataclasses
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -143,3 +144,32 @@ def test_light_modules_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_packed_token_logprobs_read_back_and_refuse_bytes_that_do_not_make_a_column():
+    """StepOutputs.token_logprobs (wire 14): one token's logprobs a row, packed; read back
+    as the lists; a blob whose counts, rows or length do not line up is a WireError."""
+    from common.messages.scheduler_detok import pack_token_logprobs, unpack_token_logprobs
+
+    data = pack_token_logprobs([1, 3], [-0.5, -2.0], [[5, 6], []], [[-0.5, -1.25], []])
+    want = [None, [[-0.5, [[5, -0.5], [6, -1.25]]]], None, [[-2.0, []]]]
+    assert unpack_token_logprobs(data, 4) == want
+    steps = [StepOutput(r, pack_ids([1]), None, 3, 1) for r in "abcd"]
+    msg = dataclasses.replace(pack_step_outputs(7, steps, []), token_logprobs=data)
+    assert [s.logprobs for s in unpack_step_outputs(decode(encode(msg)))] == want
+    k2 = struct.pack("<I", 2)
+    bad = [
+        b"\x01",  # no count
+        data[:-1],  # a byte short
+        data + b"\x00" * 12,  # a top-N more than the counts say
+        k2 + struct.pack("<2i2i2d", 3, 1, 0, 0, 0.0, 0.0),  # rows not increasing
+        k2 + struct.pack("<2i2i2d", 1, 4, 0, 0, 0.0, 0.0),  # a row past the step
+        k2 + struct.pack("<2i2i2d", 0, 1, -1, 0, 0.0, 0.0),  # a negative count
+        struct.pack("<I", 5),  # more rows than the step
+    ]
+    for blob in bad:
+        with pytest.raises(WireError):
+            unpack_token_logprobs(blob, 4)
+    both = dataclasses.replace(msg, logprobs=[None] * 4)
+    with pytest.raises(WireError, match="both"):
+        unpack_step_outputs(both)

@@ -65,7 +65,11 @@ def test_columns_equal_each_outputs_fields_read_by_name():
     assert unpack_ids(msg.num_output_tokens) == [o.num_output_tokens for o in outs]
     assert msg.finish_reasons is None  # none finished
     assert msg.prompt_logprobs == [o.prompt_logprobs for o in outs]
-    assert msg.logprobs == [[[-0.25, [[3, -0.25]]]] if o.logprobs else None for o in outs]
+    assert msg.logprobs is None and msg.token_logprobs is not None  # one token a row: packed
+    got = unpack_step_outputs(decode(encode(msg)))
+    assert [g.logprobs for g in got] == [
+        [[-0.25, [[3, -0.25]]]] if o.logprobs else None for o in outs
+    ]
     empty = step_message(2, [], {}, set())
     assert empty.rids == [] and empty.new_token_ids == b"" and empty.logprobs is None
 
@@ -75,7 +79,8 @@ def test_the_logprobs_column_equals_each_rows_own_build():
     row, with rows of several tokens (accepted drafts), none, or an empty list beside."""
     import random
 
-    from scheduler_worker.step_message import _logprobs_column, _wire_logprobs
+    from common.messages.scheduler_detok import unpack_token_logprobs
+    from scheduler_worker.step_message import _logprobs_column, _logprobs_columns, _wire_logprobs
 
     rng = random.Random(4)
 
@@ -90,3 +95,12 @@ def test_the_logprobs_column_equals_each_rows_own_build():
         col = [None if s is None else [lp() for _ in range(s)] for s in rng.choices(shapes, k=n)]
         want = [None if v is None else _wire_logprobs(v) for v in col]
         assert _logprobs_column(col) == (None if col.count(None) == n else want)
+        # the message's fields: packed where each row has one token's, read back the same
+        fields = _logprobs_columns(col)
+        packed = fields.get("token_logprobs")
+        assert (packed is not None) == ({len(v) for v in col if v is not None} == {1})
+        got = fields["logprobs"] if packed is None else unpack_token_logprobs(packed, n)
+        assert got == (None if col.count(None) == n else want)
+    # a value the packing cannot hold (an id past int32): the lists
+    big = [[TokenLogprobs(1, -0.5, [2**40], [-0.5])], None]
+    assert _logprobs_columns(big) == {"logprobs": [[[-0.5, [[2**40, -0.5]]]], None]}
