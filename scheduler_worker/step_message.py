@@ -3,8 +3,9 @@
 The columns are built straight from the outputs in one C-level pass (the tuples
 transposed by zip), not a record per row: at 256 rows a step the row-by-row build was a
 fifth of the host's step (docs/benchmarks.md, "Host step"; an attrgetter pass a column
-cost more than the transpose: "Host step, eighth session"). The integer columns go packed
-(common/messages/scheduler_detok.py), and finish_reasons only when a row finished. Rows that
+cost more than the transpose: "Host step, eighth session"). The integer columns and a
+decode step's logprobs go packed (common/messages/scheduler_detok.py), and finish_reasons
+only when a row finished. Rows that
 finish, announce their request or carry logprobs are looked at one by one; the common row
 is not.
 """
@@ -13,8 +14,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import Any, Protocol
@@ -114,9 +114,9 @@ def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:
     step's), packed (token_logprobs: pack_token_logprobs), else the lists."""
     if col.count(None) == len(col):
         return {"logprobs": None}
-    at = list(compress(range(len(col)), map(is_not, col, repeat(None))))
-    rows: list[list] = list(map(col.__getitem__, at))
+    rows = [v for v in col if v is not None]
     if set(map(len, rows)) == {1}:
+        at = list(compress(range(len(col)), map(is_not, col, repeat(None))))
         lps = list(map(_FIRST, rows))
         args = map(list, (map(_LOGPROB, lps), map(_TOP_IDS, lps), map(_TOP_LPS, lps)))
         try:
@@ -127,21 +127,11 @@ def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:
 
 
 def _logprobs_column(col: Sequence[Any]) -> list | None:
-    """The logprobs column as lists (_wire_logprobs a row): where each row with some has
-    one token's (a decode step's), every row's built in C passes, not a call a row."""
+    """The logprobs column as lists, _wire_logprobs a row (None: no row has some): rows of
+    several tokens (accepted drafts), or values the packed form cannot hold."""
     if col.count(None) == len(col):
         return None
-    out = list(col)
-    at = list(compress(range(len(col)), map(is_not, col, repeat(None))))
-    rows: list[list] = list(map(col.__getitem__, at))
-    if set(map(len, rows)) != {1}:  # drafts accepted, or an empty list: row by row
-        deque(map(out.__setitem__, at, map(_wire_logprobs, rows)), 0)
-        return out
-    lps = list(map(_FIRST, rows))
-    pairs = map(zip, map(_TOP_IDS, lps), map(_TOP_LPS, lps))  # each row's (id, logprob)s
-    tops: Iterator[list] = map(list, map(map, repeat(list), pairs))  # as [[id, logprob], ...]
-    deque(map(out.__setitem__, at, map(list, zip(map(list, zip(map(_LOGPROB, lps), tops))))), 0)
-    return out
+    return [None if v is None else _wire_logprobs(v) for v in col]
 
 
 def _wire_logprobs(lps: list) -> list | None:
