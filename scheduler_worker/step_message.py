@@ -5,9 +5,8 @@ transposed by zip), not a record per row: at 256 rows a step the row-by-row buil
 fifth of the host's step (docs/benchmarks.md, "Host step"; an attrgetter pass a column
 cost more than the transpose: "Host step, eighth session"). The integer columns and a
 decode step's logprobs go packed (common/messages/scheduler_detok.py), and finish_reasons
-only when a row finished. Rows that
-finish, announce their request or carry logprobs are looked at one by one; the common row
-is not.
+only when a row finished. Rows that finish, announce their request or carry logprobs
+are looked at one by one; the common row is not.
 """
 
 from __future__ import annotations
