@@ -56,6 +56,8 @@ from common.sampling_params import SamplingParams  # noqa: E402
 from scheduler_worker.backends.base import DecodeRows, DrawRows  # noqa: E402
 from scheduler_worker.backends.graphs import StaticDecodeInputs  # noqa: E402
 from scheduler_worker.engine import LLMEngine  # noqa: E402
+from scheduler_worker.kernels import load as load_kernels  # noqa: E402
+from scheduler_worker.penalties import CPU_PENALIZE  # noqa: E402
 from scheduler_worker.worker import SchedulerWorker  # noqa: E402
 
 VOCAB = 64  # greedy: the stand-in logits' width (the device's argmax costs the host nothing)
@@ -201,11 +203,13 @@ def engine_for(model_dir: Path, rows: int, kernels: str = "auto", mix: str = "gr
     vocab = engine.vocab_size if mix == "chat" else VOCAB
     engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
     # the sampler as on a GPU: not the CPU kernels' one op (draws.py); its draw the GPU
-    # backend's keyed Triton launch (a stand-in op: what the host pays is the launch), or
-    # with --draw torch the torch path's ops
+    # backend's keyed Triton launch (a stand-in op: what the host pays is the launch) and its
+    # penalties one launch too (the C++ op stands in for triton_penalties'), or with --draw
+    # torch the torch path's ops
     engine.sampler.kernel_isa = None
     if DRAW == "keyed":
         engine.sampler.draw_rows = DrawRows(_launch_stand_in, keyed=True, device="cpu")
+        engine.sampler.penalize_rows = CPU_PENALIZE if load_kernels() else None
     return engine
 
 

@@ -75,7 +75,11 @@ class LLMEngine:
         )
         backend = self.runner.backend
         self.sampler = Sampler(
-            args.vocab_size, self.eos_token_ids, backend.host_ops_isa, backend.draw_rows
+            args.vocab_size,
+            self.eos_token_ids,
+            backend.host_ops_isa,
+            backend.draw_rows,
+            backend.penalize_rows,
         )
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.limits = RequestLimits(

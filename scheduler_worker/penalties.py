@@ -2,7 +2,9 @@
 the logits processors (scheduler_worker.logits_processors) before sampling: each step's
 counts are the sampler's kept per slot on the device (penalty_counts.py) plus the tokens
 not yet on the host (the step in flight's, drafts), and the rows' numbers are kept with the
-batch's parameters (PenaltyColumns in BatchParams.memo) while the rows are the same."""
+batch's parameters (PenaltyColumns in BatchParams.memo) while the rows are the same. Where
+the device has the one op (`penalty_op`: the C++ kernels' on a CPU, the backend's Triton
+launch on a GPU) a step without drafts applies them in it, not in ~12 torch ops."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from scheduler_worker.backends.base import PenalizeRows
+from scheduler_worker.backends.device import runs_cpu_kernels
 from scheduler_worker.batch_params import FREQUENCY, PRESENCE, REPETITION, has_penalty, values_of
 from scheduler_worker.logits_processors import (
     _DRAFTS,
@@ -67,6 +71,8 @@ class PenaltyColumns(NamedTuple):
     rep_on: torch.Tensor | None  # on_rep [k] bool, where some rows have it and some not
     presence: torch.Tensor | None  # [k] float32, where a row has one
     frequency: torch.Tensor | None
+    nums: torch.Tensor  # [k, 3] float32: repetition, presence, frequency (the one op's)
+    flags: int  # the terms some row has: 1 repetition, 2 presence, 4 frequency
 
 
 def penalty_columns(
@@ -75,7 +81,8 @@ def penalty_columns(
     """The PenaltyColumns of rows `idx` whose numbers are `pen` (batch_params' columns)."""
     reps, pres, freq = pen[:, REPETITION], pen[:, PRESENCE], pen[:, FREQUENCY]
     on_rep, f32 = reps != 1.0, torch.float32
-    any_rep = bool(on_rep.any())
+    any_rep, any_pres, any_freq = bool(on_rep.any()), bool(pres.any()), bool(freq.any())
+    nums = np.stack([reps, pres, freq], axis=1)
     return PenaltyColumns(
         dev,
         _column(cols, "penalty.rows", idx, dev, torch.long),
@@ -86,9 +93,24 @@ def penalty_columns(
         None
         if on_rep.all() or not any_rep
         else _column(cols, "penalty.on_rep", on_rep, dev, torch.bool),
-        _column(cols, "penalty.presence", pres, dev, f32) if (pres != 0.0).any() else None,
-        _column(cols, "penalty.frequency", freq, dev, f32) if (freq != 0.0).any() else None,
+        _column(cols, "penalty.presence", pres, dev, f32) if any_pres else None,
+        _column(cols, "penalty.frequency", freq, dev, f32) if any_freq else None,
+        _column(cols, "penalty.nums", nums, dev, f32),
+        int(any_rep) | int(any_pres) << 1 | int(any_freq) << 2,
     )
+
+
+CPU_PENALIZE = PenalizeRows(lambda *args: torch.ops.zeroserve.penalize_rows(*args))
+
+
+def penalty_op(
+    backend_op: PenalizeRows | None, isa: int | None, device: torch.device
+) -> PenalizeRows | None:
+    """The one op for logits on `device`: the backend's, else the C++ kernels' (isa: the
+    sampler's kernel_isa); None: the torch ops."""
+    if backend_op is not None and backend_op.device == device.type:
+        return backend_op
+    return CPU_PENALIZE if isa is not None and runs_cpu_kernels(device) else None
 
 
 def apply_penalties(
@@ -101,6 +123,7 @@ def apply_penalties(
     cols: DeviceColumns | None = None,
     in_place: bool = False,
     memo: dict[str, Any] | None = None,
+    op: PenalizeRows | None = None,
 ) -> torch.Tensor:
     """Repetition (HF: over prompt+output, logit>0 divided, <0 multiplied) and OpenAI
     presence/frequency (over output: logit -= presence*[count>0] + frequency*count).
@@ -113,7 +136,8 @@ def apply_penalties(
     sampler's columns kept on the device (DeviceColumns), or None. in_place: the
     penalized rows go back into `logits` (the caller's to write), not into a copy of the
     batch's. memo: the batch's parameters' keeps (BatchParams.memo, for rows `idx`),
-    where PenaltyColumns stay."""
+    where PenaltyColumns stay. op: the device's one op (penalty_op), used with `pool`
+    where no row has drafts and the logits are float32."""
     if idx is None:
         idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     if not idx:
@@ -126,12 +150,19 @@ def apply_penalties(
         pc = penalty_columns(pen, idx, dev, cols)
         if memo is not None:
             memo["penalty"] = pc
-    sub = logits.index_select(0, pc.rows)  # a contiguous copy
-    vocab = sub.shape[1]
-    pending = _in_flight(picked, prev_tokens, cols)
-    if pool is not None and -1 not in map(_SLOT, picked):
+    vocab = logits.shape[1]
+    kept = pool is not None and -1 not in map(_SLOT, picked)
+    if kept:
+        assert pool is not None
         at = _column(cols, "penalty.entries", pool.gather(picked, vocab, dev), dev, torch.long)
-        assert pool.counts is not None and pool.seen is not None
+        if op is not None and logits.dtype == torch.float32 and not any(map(_DRAFTS, picked)):
+            return _penalize_in_one_op(
+                logits, picked, at, pool, pc, op, prev_tokens, cols, in_place
+            )
+    sub = logits.index_select(0, pc.rows)  # a contiguous copy
+    pending = _in_flight(picked, prev_tokens, cols)
+    if kept:
+        assert pool is not None and pool.counts is not None and pool.seen is not None
         counts = pool.counts.index_select(0, at).to(sub.dtype)
         if any(map(_DRAFTS, picked)):  # this step's own: a rejected draft leaves no trace
             flat = _flat_index(list(map(_DRAFTS, picked)), vocab, dev)
@@ -165,6 +196,29 @@ def apply_penalties(
             one = torch.ones_like(pending[0], dtype=sub.dtype)
             counts.index_put_(pending, one, accumulate=True)
     return _penalize(logits, sub, counted, pc, in_place)
+
+
+def _penalize_in_one_op(
+    logits: torch.Tensor,
+    picked: Rows,
+    at: torch.Tensor,
+    pool: PenaltyCounts,
+    pc: PenaltyColumns,
+    op: PenalizeRows,
+    prev_tokens: torch.Tensor | None,
+    cols: DeviceColumns | None,
+    in_place: bool,
+) -> torch.Tensor:
+    """apply_penalties' kept-counts path in the device's one op (the same logits, bit for
+    bit): `at`, the rows' entries of `pool`."""
+    pending = np.array([row.pending_row for row in picked], dtype=np.int64)
+    if prev_tokens is None:
+        assert (pending < 0).all(), "a pending token with no step in flight"
+        prev_tokens = pc.rows[:0]
+    out = logits if in_place and logits.stride(-1) == 1 else logits.clone()
+    pend = _column(cols, "penalty.pending", pending, logits.device, torch.long)
+    op.fn(out, pc.rows, at, pool.counts, pool.seen, pend, prev_tokens, pc.nums, pc.flags)
+    return out
 
 
 def _repetition(sub: torch.Tensor, seen: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:

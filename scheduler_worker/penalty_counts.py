@@ -92,6 +92,8 @@ class PenaltyCounts:
             self.__dict__.update(PenaltyCounts(vocab).__dict__)  # a new vocab or device
         self.calls += 1
         calls, joined, prompts, grown, news, at = self.calls, [], [], [], [], []
+        one_at: list[int] = []  # the entries gaining one output (most, most steps), and it
+        one_id: list[int] = []
         # the lists as locals (_take extends them in place): a row's lookups are LOAD_FASTs
         entry, stamp, owner, prompt_of, counted = (
             self.entry,
@@ -117,7 +119,11 @@ class PenaltyCounts:
                 owner[e], prompt_of[e], counted[e] = outs, prompt, 0
                 joined.append(e)
                 prompts.append(prompt)
-            if n > counted[e]:
+            if n == counted[e] + 1:
+                one_at.append(e)
+                one_id.append(outs[n - 1])
+                counted[e] = n
+            elif n > counted[e]:
                 grown.append(e)
                 news.append(outs[counted[e] : n])
                 counted[e] = n
@@ -131,7 +137,22 @@ class PenaltyCounts:
             seen.index_fill_(0, reset, False)
             flat = torch.from_numpy(flat_index(prompts, vocab, joined))
             seen.view(-1).index_fill_(0, to_device(flat, device), True)
-        if grown:
-            flat = to_device(torch.from_numpy(flat_index(news, vocab, grown)), device)
+        if grown or one_at:
+            added = _one_each(one_at, one_id, vocab)
+            if grown:
+                added = np.concatenate([added, flat_index(news, vocab, grown)])
+            flat = to_device(torch.from_numpy(added), device)
             counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
         return at
+
+
+def _one_each(entries: list[int], ids: list[int], vocab: int) -> np.ndarray:
+    """flat_index of one token an entry, where flat_index's general passes cost ~25 µs for
+    32 rows (docs/benchmarks.md, "Penalties in one op")."""
+    tokens = np.array(ids, dtype=np.int64)
+    flat = np.array(entries, dtype=np.int64) * vocab + tokens
+    return (
+        flat
+        if tokens.min(initial=0) >= 0 and tokens.max(initial=0) < vocab
+        else flat[(tokens >= 0) & (tokens < vocab)]
+    )

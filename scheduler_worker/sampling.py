@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.backends.base import DrawRows
+from scheduler_worker.backends.base import DrawRows, PenalizeRows
 from scheduler_worker.backends.device import HostCopy, enqueues_work, runs_cpu_kernels
 from scheduler_worker.batch_params import (
     MIN_P,
@@ -83,7 +83,7 @@ from scheduler_worker.logits_processors import (
     mask_stop_tokens,
 )
 from scheduler_worker.logits_processors import SamplingRow as SamplingRow
-from scheduler_worker.penalties import apply_penalties
+from scheduler_worker.penalties import apply_penalties, penalty_op
 from scheduler_worker.seeded_uniforms import seeded_uniforms as seeded_uniforms
 from scheduler_worker.top_p import top_p_thresholds
 
@@ -243,11 +243,13 @@ class Sampler:
         eos_token_ids: Sequence[int],
         kernel_isa: int | None = None,
         draw_rows: DrawRows | None = None,
+        penalize_rows: PenalizeRows | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.kernel_isa = kernel_isa  # the C++ kernels' path (grammar masks); None: torch
         self.draw_rows = draw_rows  # the backend's draw op (a GPU's); None: see draw_op
+        self.penalize_rows = penalize_rows  # its penalties' op, likewise (penalty_op)
         self.batch = BatchParamsCache()  # the rows' parameters, kept between steps
         self.columns = DeviceColumns()  # their columns on the device, kept as they hold
 
@@ -287,7 +289,10 @@ class Sampler:
         stopped = mask_stop_tokens(cut, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot
-        processed = apply_penalties(biased, rows, prev_tokens, *pen, cols, in_place, batch.memo)
+        pen_op = penalty_op(self.penalize_rows, self.kernel_isa, raw.device)
+        processed = apply_penalties(
+            biased, rows, prev_tokens, *pen, cols, in_place, batch.memo, pen_op
+        )
         rand, op = batch.draws, self.draw_op(processed.device)
         if rand and op is not None:  # every row in the backend's one op
             n = num_uniforms(processed.shape[1])

@@ -45,6 +45,17 @@ class DrawRows:
     device: str = "cpu"
 
 
+@dataclass(frozen=True)
+class PenalizeRows:
+    """A step's penalties in one op (penalties.apply_penalties, the counts kept per slot):
+    fn(logits [R, V'] f32, written in place, rows [k] i64, entries [k] i64, counts [E, V]
+    f32, seen [E, V] bool, pending [k] i64, prev_tokens [P] i64, nums [k, 3] f32, flags),
+    as kernels/csrc/penalize_rows.cpp defines it, on tensors of the device type `device`."""
+
+    fn: Callable[..., None]
+    device: str = "cpu"
+
+
 @dataclass(slots=True)
 class SeqInput:
     token_ids: list[int]  # tokens to compute this step (1 for a decode); -1: see below
@@ -165,6 +176,7 @@ class Backend:
     # the sampler's draw as one op on the device (a GPU: triton_sample.sample_rows_keyed); None:
     # the C++ op where host_ops_isa has the kernels, else the sampler's torch path
     draw_rows: DrawRows | None = None
+    penalize_rows: PenalizeRows | None = None  # the penalties' one op, likewise (a GPU's)
     _decode_kernel: str | None = None
 
     @property

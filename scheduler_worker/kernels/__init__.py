@@ -56,6 +56,7 @@ SOURCES = [
         "decode_model.cpp",
         "sample_rows.cpp",
         "logprob_rows.cpp",
+        "penalize_rows.cpp",
     )
 ]  # compiled, each on its own (in parallel); headers included
 ISAS = KERNEL_ISAS  # index = the isa argument of the ops

@@ -1,7 +1,9 @@
 """Penalties from the counts kept per slot (penalty_counts.PenaltyCounts) give the logits
 the per-row path gives, bit for bit: requests joining with outputs already made (resume,
 fork), leaving, preempted and resumed in another slot, slots reused, rows sitting out,
-tokens in flight, verify chunks with drafts accepted and rejected."""
+tokens in flight, verify chunks with drafts accepted and rejected; and so do the one ops
+that apply them (penalties.penalty_op: the C++ kernels' on a CPU, the Triton kernel of a
+GPU, here in Triton's interpreter where there is none)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
+from scheduler_worker import kernels
+from scheduler_worker.backends import triton_penalties
+from scheduler_worker.backends.base import PenalizeRows
 from scheduler_worker.batch_params import BatchParamsCache
 from scheduler_worker.logits_processors import SamplingRow
-from scheduler_worker.penalties import apply_penalties
+from scheduler_worker.penalties import CPU_PENALIZE, apply_penalties
 from scheduler_worker.penalty_counts import PenaltyCounts
 from scheduler_worker.sampling import Sampler
 
@@ -52,6 +57,21 @@ _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 def test_kept_counts_give_the_per_row_logits_bit_for_bit(device: str):
     rng = random.Random(52)
     pool = PenaltyCounts()
+    # the one ops, each with its pool, in place on a copy (the engine's step logits)
+    ops = {"triton": PenalizeRows(triton_penalties.penalize_rows, device)}
+    if device == "cpu" and kernels.load():
+        ops["c++"] = CPU_PENALIZE
+    pools = {name: PenaltyCounts() for name in ops}
+    calls = dict.fromkeys(ops, 0)
+
+    def counted(name: str, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+
+        return call
+
+    ops = {name: PenalizeRows(counted(name, op.fn), op.device) for name, op in ops.items()}
     cache = BatchParamsCache()
     running: list[Req] = []
     waiting: list[Req] = []  # preempted: their outputs kept, no slot
@@ -114,11 +134,31 @@ def test_kept_counts_give_the_per_row_logits_bit_for_bit(device: str):
         kept = apply_penalties(logits, rows, prev, bp.penalized, bp.values, pool)
         each = apply_penalties(logits, rows, prev, bp.penalized, bp.values)
         assert torch.equal(kept, each), f"step {step}"
+        for name, op in ops.items():
+            own = logits.clone()
+            out = apply_penalties(own, rows, prev, *bp_cols(bp), pools[name], None, True, op=op)
+            assert out is own and torch.equal(out, each), f"{name}, step {step}"
         seen["penalized"] += len(bp.penalized)
         assert pool.num_entries <= 2 * SLOTS
     assert pool.counts is not None and pool.counts.device.type == device
     assert min(seen.values()) > 10, seen
     assert seen["penalized"] > 800, seen
+    assert min(calls.values()) > 150, calls  # the ops ran (a step with drafts: torch's)
+
+
+@pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
+def test_the_cpu_op_refuses_an_index_out_of_range():
+    logits, counts = torch.zeros(2, 8), torch.zeros(1, 8)
+    seen, one = torch.zeros(1, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+    nums = torch.tensor([[1.0, 0.5, 0.0]])
+    with pytest.raises(RuntimeError, match="out of range"):  # entry 1 of a pool of 1
+        CPU_PENALIZE.fn(logits, one, one + 1, counts, seen, one - 1, one, nums, 2)
+    CPU_PENALIZE.fn(logits, one, one, counts, seen, one - 1, one, nums, 2)
+    assert torch.equal(logits, torch.zeros(2, 8))  # no count: nothing changes
+
+
+def bp_cols(bp) -> tuple:
+    return bp.penalized, bp.values
 
 
 def test_a_batch_without_penalties_allocates_nothing():
