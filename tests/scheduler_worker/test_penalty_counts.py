@@ -23,7 +23,7 @@ from scheduler_worker.penalties import CPU_PENALIZE, apply_penalties
 from scheduler_worker.penalty_counts import PenaltyCounts
 from scheduler_worker.sampling import Sampler
 
-VOCAB, SLOTS = 40, 16
+VOCAB, SLOTS = 42, 16  # 42: the C++ op's SSE2 loop and its tail
 
 
 @dataclass
