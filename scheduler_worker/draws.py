@@ -19,7 +19,6 @@ row draws what it would alone.
 from __future__ import annotations
 
 import functools
-from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,7 +37,6 @@ from scheduler_worker.batch_params import (
 from scheduler_worker.logits_processors import DeviceColumns, Rows, _array, _column
 from scheduler_worker.seeded_uniforms import M32, counter_keys, seed_keys, uniforms
 
-_OUTPUTS, _DRAFTS = attrgetter("output_token_ids"), attrgetter("draft_token_ids")
 _KERNEL_COLUMNS = [TEMPERATURE, TOP_K, TOP_P, MIN_P]  # sample_rows' params, in its order
 
 
@@ -118,9 +116,9 @@ def _seed_keys(rows: Rows, values: np.ndarray, seeded: np.ndarray) -> np.ndarray
 def _token_counts(rows: Rows) -> np.ndarray:
     """Each row's output tokens before the position it samples (its drafts too), mod 2**32:
     a seeded row's counter."""
-    counts = np.fromiter(map(len, map(_OUTPUTS, rows)), np.int64, len(rows))
-    counts += np.fromiter(map(len, map(_DRAFTS, rows)), np.int64, len(rows))
-    return counts & M32
+    # a comprehension: its loads are specialized, where map over attrgetters is not
+    counts = [len(r.output_token_ids) + len(r.draft_token_ids) for r in rows]
+    return np.array(counts, dtype=np.int64) & M32
 
 
 @functools.cache

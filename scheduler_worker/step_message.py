@@ -14,8 +14,8 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Sequence
-from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from itertools import chain
+from operator import itemgetter
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
@@ -23,11 +23,6 @@ from common.messages.scheduler_detok import pack_token_logprobs
 from scheduler_worker.step_output import RequestOutput
 
 _FIRST = itemgetter(0)
-_LOGPROB, _TOP_IDS, _TOP_LPS = (
-    attrgetter("logprob"),
-    attrgetter("top_ids"),
-    attrgetter("top_logprobs"),
-)
 _NO_COLUMNS: tuple[tuple, ...] = ((),) * len(RequestOutput._fields)
 
 
@@ -111,13 +106,15 @@ def _optional(col: Sequence[Any]) -> list | None:
 def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:
     """The message's logprobs fields: where each row with some has one token's (a decode
     step's), packed (token_logprobs: pack_token_logprobs), else the lists."""
-    if col.count(None) == len(col):
+    # comprehensions, whose loads are specialized: C passes over the rows (map, compress,
+    # attrgetter) cost ~4x as much an item (docs/benchmarks.md, "Penalties in one op")
+    at = [i for i, v in enumerate(col) if v is not None]
+    if not at:
         return {"logprobs": None}
-    rows = [v for v in col if v is not None]
-    if set(map(len, rows)) == {1}:
-        at = list(compress(range(len(col)), map(is_not, col, repeat(None))))
-        lps = list(map(_FIRST, rows))
-        args = map(list, (map(_LOGPROB, lps), map(_TOP_IDS, lps), map(_TOP_LPS, lps)))
+    rows = [col[i] for i in at]
+    if all([len(v) == 1 for v in rows]):
+        lps = [v[0] for v in rows]  # TokenLogprobs: (token_id, logprob, top_ids, top_logprobs)
+        args = [lp[1] for lp in lps], [lp[2] for lp in lps], [lp[3] for lp in lps]
         try:
             return {"logprobs": None, "token_logprobs": pack_token_logprobs(at, *args)}
         except struct.error:  # a value past int32 or float: the lists
