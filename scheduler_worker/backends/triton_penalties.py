@@ -1,14 +1,14 @@
 """A step's penalties on a GPU in one Triton launch: the CPU's C++ op
-(kernels/csrc/penalize_rows.cpp) as a kernel, the same contract and the same numbers (each a
-float32 operation rounded as torch's: the division correctly rounded, no FMA), where the torch path issues ~12 ops
-a step over the penalized rows (penalties.py).
+(kernels/csrc/penalize_rows.cpp) as a kernel, the same contract and the same numbers (each
+a float32 operation rounded as torch's: the division correctly rounded, no FMA), where the
+torch path issues ~12 ops a step over the penalized rows (penalties.py).
 
     penalize_rows(logits [R, V'] f32, rows [k] i64, entries [k] i64, counts [E, V] f32,
                   seen [E, V] bool, pending [k] i64, prev_tokens [P] i64, nums [k, 3] f32,
                   flags) -> None, the penalized rows of `logits` written in place
 
 One program a (row, tile of the vocabulary). Under TRITON_INTERPRET=1 it runs on CPU
-tensors, which is how the tests check it (tests/scheduler_worker/test_penalize_rows.py).
+tensors, which is how the tests check it (tests/scheduler_worker/test_penalty_counts.py).
 """
 
 from __future__ import annotations

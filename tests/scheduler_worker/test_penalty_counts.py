@@ -136,7 +136,8 @@ def test_kept_counts_give_the_per_row_logits_bit_for_bit(device: str):
         assert torch.equal(kept, each), f"step {step}"
         for name, op in ops.items():
             own = logits.clone()
-            out = apply_penalties(own, rows, prev, *bp_cols(bp), pools[name], None, True, op=op)
+            pen = (bp.penalized, bp.values, pools[name])
+            out = apply_penalties(own, rows, prev, *pen, in_place=True, op=op)
             assert out is own and torch.equal(out, each), f"{name}, step {step}"
         seen["penalized"] += len(bp.penalized)
         assert pool.num_entries <= 2 * SLOTS
@@ -155,10 +156,6 @@ def test_the_cpu_op_refuses_an_index_out_of_range():
         CPU_PENALIZE.fn(logits, one, one + 1, counts, seen, one - 1, one, nums, 2)
     CPU_PENALIZE.fn(logits, one, one, counts, seen, one - 1, one, nums, 2)
     assert torch.equal(logits, torch.zeros(2, 8))  # no count: nothing changes
-
-
-def bp_cols(bp) -> tuple:
-    return bp.penalized, bp.values
 
 
 def test_a_batch_without_penalties_allocates_nothing():
