@@ -88,12 +88,12 @@ def measure(rows: int, steps: int, mix: str, prompt_len: int, within: str | None
         publish = host.publisher(engine)
         host.start_requests(engine, publish, rows, mix, host.PROMPT_LEN)
         for _ in range(3):
-            publish(engine.step())
+            publish(engine.step_rows())
         control = ["callgrind_control", "-i"]
         subprocess.run([*control, "on", str(os.getpid())], check=True, capture_output=True)
         decoded = 0
         for _ in range(steps):
-            publish(engine.step())
+            publish(engine.step_rows())
             decoded += engine.last_step.num_decode
         subprocess.run([*control, "off", str(os.getpid())], check=True, capture_output=True)
     return decoded

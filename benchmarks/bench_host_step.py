@@ -156,7 +156,7 @@ def bytecodes(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
     num_rows = 0
     sys.settrace(trace)
     for _ in range(steps):
-        publish(engine.step())
+        publish(engine.step_rows())
         num_rows += engine.last_step.num_decode
     sys.settrace(None)
     return counts[0] / num_rows, counts[1] / num_rows
@@ -180,7 +180,7 @@ def count_ops(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
     counter = OpCounter()
     with counter:
         for _ in range(steps):
-            publish(engine.step())
+            publish(engine.step_rows())
     return counter.ops / steps, counter.views / steps
 
 
@@ -222,9 +222,9 @@ def start_requests(engine: LLMEngine, publish, rows: int, mix: str, prompt_len: 
         ids = (1, VOCAB) if mix == "chat-narrow" else (100, 1000)  # inside the narrow logits
         engine.add_request(f"r{i}", [rng.randrange(*ids) for _ in range(prompt_len)], params)
     while any(r.num_output_tokens < 2 for r in engine.requests.values()):
-        publish(engine.step())
+        publish(engine.step_rows())
     for _ in range(10):
-        publish(engine.step())
+        publish(engine.step_rows())
 
 
 def run(
@@ -248,7 +248,7 @@ def run(
     start_requests(engine, publish, rows, mix, PROMPT_LEN)
     t, cpu, num_rows, sampler = time.perf_counter(), time.thread_time(), 0, 0.0
     for _ in range(steps):
-        publish(engine.step())
+        publish(engine.step_rows())
         num_rows += engine.last_step.num_decode
         sampler += engine.last_step.sample
     seconds = time.perf_counter() - t
@@ -260,7 +260,7 @@ def run(
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(steps):
-            publish(engine.step())
+            publish(engine.step_rows())
         pr.disable()
         pstats.Stats(pr).sort_stats(os.environ.get("ZS_SORT", "tottime")).print_stats(25)
     collector.restore(before)

@@ -2,6 +2,7 @@
 
 add_request(rid, prompt_token_ids, params)   validate (unless checked upstream), queue
 step() -> list[RequestOutput]                one forward: each request's new tokens
+step_rows()                                  the same, a common row a plain tuple (the worker's)
 abort(rid)                                   any state; idempotent
 generate(prompts, params)                    offline loop on top of the above
 """
@@ -40,8 +41,10 @@ from scheduler_worker.step_inputs import decode_rows, seq_inputs
 from scheduler_worker.step_output import (
     EngineCounters,
     InFlight,
+    OutputRow,
     RequestOutput,
     StepStats,
+    as_output,
     keep_prompt_logprobs,
     last_output,
     request_output,
@@ -169,29 +172,27 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """step_rows(), each row a RequestOutput."""
+        return list(map(as_output, self.step_rows()))
+
+    def step_rows(self) -> list[OutputRow]:
         """Schedule, launch and (overlapped: the previous step's) resolve; returns the
-        outputs of the step whose tokens reached the host.
+        outputs of the step whose tokens reached the host (step_output.OutputRow).
 
         Overlapped (a GPU): step N+1 is scheduled and launched before step N's tokens
         are read, its decode rows taking step N's tokens on the device (SeqInput.prev_row;
         penalties count them there too). A row whose grammar needs its token on the host
         sits this step out (Scheduler.defer): only it waits. A step with prompt logprobs
         to compute resolves the step in flight before it launches."""
-        outputs = [request_output(r, []) for r in self._aborted]
+        outputs: list[OutputRow] = [request_output(r, []) for r in self._aborted]
         self._aborted.clear()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        stats = StepStats(schedule=t1 - t0)
+        stats = StepStats(schedule=time.perf_counter() - t0)
         pending = self._in_flight
         if pending is not None and self.overlap and self.grammars.matchers:
             self.scheduler.defer(batch, batch.grammar_waits())
-        # a step with drafts runs alone: its rows' next positions depend on what it accepts
-        if pending is not None and (
-            not self.overlap
-            or batch.drafts
-            or batch.wants_prompt_logprobs(self.asking_prompt_logprobs)
-        ):
+        if pending is not None and batch.resolves_first(self.overlap, self.asking_prompt_logprobs):
             outputs += self._resolve(pending, stats)
             pending = self._in_flight = None
             for req in [r for r, _ in batch.entries.values() if r.status.finished]:
@@ -315,7 +316,7 @@ class LLMEngine:
         stats: StepStats,
         launched: InFlight | None = None,
         fused: Fused | None = None,
-    ) -> list[RequestOutput]:
+    ) -> list[OutputRow]:
         """Step's tokens on the host (waiting for the device if need be) into its requests:
         each finishes or goes on; one output per request still running or just finished.
         `launched`: the step launched since, its rows advanced here if `fused` (fusable)."""

@@ -3,8 +3,8 @@
 Most rows of a decode step are alike: running, without a grammar or prompt logprobs
 (Request.resolves_apart) or drafts, their token neither a stop nor their last (a penalty
 or a token's logprobs change nothing here: the logprobs go in the output as the engine's).
-For those, `resolve_rows` does Scheduler.resolve's work and builds the RequestOutput
-inline: a call a row and the checks such a row cannot need were a tenth of the host's step
+For those, `resolve_rows` does Scheduler.resolve's work and builds the output inline, a
+plain tuple of RequestOutput's fields (step_output.OutputRow): a call a row and the checks such a row cannot need were a tenth of the host's step
 at 256 rows (docs/benchmarks.md, "Host step, persistent rows"). Any other row goes to
 `other` (the engine: resolve, grammar, verify, last output) in its place, so the outputs
 keep the step's row order.
@@ -35,7 +35,7 @@ from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.step_output import RequestOutput, new_output
+from scheduler_worker.step_output import OutputRow, RequestOutput
 
 _REQ = itemgetter(0)
 _FLIGHT_ROW = attrgetter("flight_row")
@@ -49,10 +49,10 @@ def resolve_rows(
     logprobs: Sequence[TokenLogprobs | None],
     drafts: dict,
     other: OtherRow,
-) -> list[RequestOutput]:
+) -> list[OutputRow]:
     """Each sampled (request, placeholder index) takes its token; the outputs of the rows
     that have one (a row that finished before its token has none), in row order."""
-    outputs: list[RequestOutput] = []
+    outputs: list[OutputRow] = []
     append = outputs.append
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     for (req, index), token, lp in zip(sampled, token_ids, logprobs):
@@ -86,8 +86,8 @@ def resolve_rows(
         n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
         lps = None if lp is None else [lp]
         cached = req.num_cached_tokens  # the fields: step_output.new_output's
-        fields = (req.request_id, [token], None, lps, num_prompt, n_total, cached, None, None, None)
-        append(new_output(RequestOutput, fields))
+        # the row as a plain tuple of RequestOutput's fields (step_output.OutputRow)
+        append((req.request_id, [token], None, lps, num_prompt, n_total, cached, None, None, None))
     return outputs
 
 
@@ -140,7 +140,7 @@ def resolve_and_advance(
     other: OtherRow,
     advanced: list[tuple[Request, int]],
     fused: Fused | None = None,
-) -> list[RequestOutput]:
+) -> list[OutputRow]:
     """resolve_rows for the step in flight whose rows the launched step decodes again, in
     the same order (fusable): each row first advances for the launched step (a placeholder,
     as Scheduler.advance: appended to `advanced`), then takes its token. Its record is
@@ -150,7 +150,7 @@ def resolve_and_advance(
         return _resolve_and_advance_some(
             scheduler, sampled, token_ids, logprobs, other, advanced, fused
         )
-    outputs: list[RequestOutput] = []
+    outputs: list[OutputRow] = []
     append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
@@ -192,8 +192,7 @@ def resolve_and_advance(
         # n_new: with the launched step's placeholder (step_output.new_output's fields)
         lps = None if lp is None else [lp]
         cached = req.num_cached_tokens
-        fields = (req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None)
-        append(new_output(RequestOutput, fields))
+        append((req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None))
     return outputs
 
 
@@ -216,7 +215,7 @@ def _resolve_and_advance_some(
     other: OtherRow,
     advanced: list[tuple[Request, int]],
     fused: Fused,
-) -> list[RequestOutput]:
+) -> list[OutputRow]:
     """resolve_and_advance where the launched rows are `fused.joins` (advanced first, as
     Scheduler.advance would) then `fused.rows`, a subsequence of the step in flight's:
     each of those advances, at its new row, then takes its token in the loop; a row the
@@ -228,7 +227,7 @@ def _resolve_and_advance_some(
     launched = [False] * len(sampled)
     deque(map(launched.__setitem__, at, repeat(True)), 0)
     deque(map(setattr, fused.rows, repeat("flight_row"), range(start, start + len(at))), 0)
-    outputs: list[RequestOutput] = []
+    outputs: list[OutputRow] = []
     append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
@@ -269,6 +268,5 @@ def _resolve_and_advance_some(
             hash_blocks(req)
         lps = None if lp is None else [lp]
         cached = req.num_cached_tokens
-        fields = (req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None)
-        append(new_output(RequestOutput, fields))
+        append((req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None))
     return outputs

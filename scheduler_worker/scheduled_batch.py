@@ -78,3 +78,9 @@ class ScheduledBatch:
             if req.wants_prompt_logprobs and (not req.status.finished or req.request_id in entries)
         ]
         return any(entries.get(req.request_id, (None,))[0] is req for req in asking)
+
+    def resolves_first(self, overlap: bool, asking: list[Request]) -> bool:
+        """The step in flight must be resolved before this one launches: not overlapped,
+        or this step has drafts (its rows' next positions depend on what it accepts), or
+        prompt logprobs to compute (wants_prompt_logprobs)."""
+        return not overlap or bool(self.drafts) or self.wants_prompt_logprobs(asking)

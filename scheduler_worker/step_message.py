@@ -1,4 +1,5 @@
-"""A step's RequestOutputs -> the one StepOutputs message the detokenizer gets.
+"""A step's outputs (RequestOutputs, or their fields as plain tuples: step_output.OutputRow)
+-> the one StepOutputs message the detokenizer gets.
 
 The columns are built straight from the outputs in one C-level pass (the tuples
 transposed by zip), not a record per row: at 256 rows a step the row-by-row build was a
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
 from common.messages.scheduler_detok import pack_token_logprobs
-from scheduler_worker.step_output import RequestOutput
+from scheduler_worker.step_output import OutputRow, RequestOutput, as_output
 
 _FIRST = itemgetter(0)
 _NO_COLUMNS: tuple[tuple, ...] = ((),) * len(RequestOutput._fields)
@@ -36,7 +37,7 @@ class Record(Protocol):
 
 def step_message(
     step: int,
-    outputs: Sequence[RequestOutput],
+    outputs: Sequence[OutputRow],
     records: dict[str, Any],
     unannounced: set[str],
     **fields: Any,
@@ -45,7 +46,7 @@ def step_message(
     finished request's popped; `unannounced`: ids whose detokenizer settings have not gone
     out yet (they go with the request's first output, in `new_requests`). `fields`: the
     message's replica, inbox and prefix_cache."""
-    # RequestOutput's fields as columns (a step's outputs are RequestOutput tuples)
+    # RequestOutput's fields as columns (a step's outputs are tuples of them)
     rids, tokens, reasons, logprobs, num_prompt, num_output, *_, prompt_logprobs = (
         zip(*outputs) if outputs else _NO_COLUMNS
     )
@@ -63,8 +64,9 @@ def step_message(
     if reasons.count(None) != len(reasons):  # some request finished
         timings, stop_ids = [None] * len(outputs), [None] * len(outputs)
         to_wall = time.time() - time.monotonic()
-        for i, o in enumerate(outputs):
-            if o.finish_reason is not None:
+        for i, row in enumerate(outputs):
+            if row[2] is not None:  # finish_reason (a row may be a plain tuple)
+                o = as_output(row)
                 unannounced.discard(o.request_id)
                 timings[i] = finished_timings(o, records.pop(o.request_id, None), to_wall)
                 stop_ids[i] = o.stop_token_id

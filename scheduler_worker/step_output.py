@@ -34,6 +34,18 @@ new_output = tuple.__new__  # new_output(RequestOutput, (all ten fields))
 # prompt's, the output's and the cached token counts, None, None, None (stop_token_id,
 # stage_times, prompt_logprobs)): one tuple literal, no concatenation
 
+# A step's output row (LLMEngine.step_rows): a RequestOutput, or for the common decode row
+# (resolve_rows.py) a plain tuple of its ten fields in its order, read by index: an
+# instance of a tuple subtype costs a generic allocation and deallocation, ~9% of the
+# host's greedy step at 256 rows (docs/benchmarks.md, "The step's outputs as plain
+# tuples"). step() gives RequestOutputs (as_output).
+OutputRow = tuple
+
+
+def as_output(row: tuple) -> RequestOutput:
+    """A step's output row as a RequestOutput (the row itself where it is one)."""
+    return row if type(row) is RequestOutput else new_output(RequestOutput, row)
+
 
 @dataclass
 class InFlight:

@@ -44,7 +44,7 @@ from common.messages import (
 )
 from common.worker_shell import DRAIN_POLL_MS, WorkerShell, on_stop_signals
 from common.zmq_queue import PullQueue, PushQueue, QueueFull
-from scheduler_worker.engine import LLMEngine, RequestOutput
+from scheduler_worker.engine import LLMEngine
 from scheduler_worker.engine_status import (
     MemoryCadence,
     busy_split,
@@ -55,6 +55,7 @@ from scheduler_worker.heap import release_freed_heap
 from scheduler_worker.parallel.ranks import Ranks, rendezvous, start_ranks
 from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
 from scheduler_worker.step_message import step_message
+from scheduler_worker.step_output import OutputRow
 from scheduler_worker.structured import spare_core
 
 log = get_logger("scheduler")
@@ -212,7 +213,7 @@ class SchedulerWorker:
             log.error("frontend unreachable; dropped error for %s", rid)
 
     # ---- messages out -------------------------------------------------------
-    def publish(self, outputs: list[RequestOutput]) -> None:
+    def publish(self, outputs: list[OutputRow]) -> None:
         if not outputs:
             return
         t0 = time.perf_counter()
@@ -283,7 +284,7 @@ class SchedulerWorker:
             self.ipc_time += time.perf_counter() - t0  # receiving, decoding, admitting
             stepped = self.engine.has_unfinished()
             if stepped:
-                self.publish(self.engine.step())
+                self.publish(self.engine.step_rows())
                 self.step_no += 1
                 for rid in self.engine.take_failed():
                     rec = self.requests.pop(rid, None)

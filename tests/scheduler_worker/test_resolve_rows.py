@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import CacheConfig, SchedulerConfig
+from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
+from scheduler_worker.engine import LLMEngine
 from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.resolve_rows import resolve_rows
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.step_output import RequestOutput
+from scheduler_worker.step_output import RequestOutput, as_output
 
 EOS = 2
 
@@ -53,6 +54,9 @@ def test_common_rows_inline_and_the_others_in_their_place():
         RequestOutput("plain", [5], None, None, 20, 1, 0),
         RequestOutput("pen", [6], None, [lp], 20, 1, 0),
     ]
+    # plain tuples of RequestOutput's fields (step_output.OutputRow): as_output names them
+    assert [type(o) for o in outputs] == [tuple, tuple]
+    assert as_output(outputs[1]).logprobs == [lp] and type(as_output(outputs[1])) is RequestOutput
     assert plain.output_token_ids == [5] and plain.num_pending == 0
     assert plain.token_ids[-1] == 5 and plain.status is RequestStatus.RUNNING
     assert stops.status is RequestStatus.FINISHED_STOPPED
@@ -230,3 +234,31 @@ def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(
     assert got == want and cache == want_cache
     reasons = {o.request_id: o.finish_reason for s in got for o in s if o.finish_reason}
     assert reasons["r8"] == "abort" and reasons["r5"] == "length" and len(reasons) == 10
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_step_gives_request_outputs_and_step_rows_the_same_fields(tiny_llama_dir, overlap):
+    # the worker's loop reads step_rows (a common row a plain tuple); step() names every row
+    def run(method: str) -> list[tuple]:
+        engine = LLMEngine(
+            EngineConfig(
+                model=ModelConfig(model=str(tiny_llama_dir), dtype="float32"),
+                cache=CacheConfig(block_size=4, num_blocks=64),
+                scheduler=SchedulerConfig(async_scheduling=overlap, speculative_method="none"),
+            ),
+            tiny_llama_dir,
+        )
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        for i in range(3):
+            engine.add_request(f"r{i}", [5 + i, 9, 11, 13], params)
+        rows: list[tuple] = []
+        while engine.has_unfinished():
+            rows += getattr(engine, method)()
+        return rows
+
+    named, plain = run("step"), run("step_rows")
+    assert all(type(o) is RequestOutput for o in named)
+    assert any(type(o) is tuple for o in plain)
+    # every field but the finishing rows' stage times (each run's own clock)
+    assert [o[:8] + o[9:] for o in plain] == [o[:8] + o[9:] for o in named]
+    assert [o.finish_reason for o in named if o.finish_reason] == ["length"] * 3

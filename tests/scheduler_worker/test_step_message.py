@@ -17,11 +17,11 @@ def _record(rid: str):
 
 def test_columns_round_trip_through_the_wire():
     lp = TokenLogprobs(9, -0.5, [9, 4], [-0.5, -1.5])
-    outs = [
-        RequestOutput("a", [7], None, None, 3, 1, 0),
+    outs = [  # a common row is a plain tuple of RequestOutput's fields (OutputRow)
+        ("a", [7], None, None, 3, 1, 0, None, None, None),
         RequestOutput("b", [8, 9], "stop", [lp, lp], 4, 6, 2, 9, {"received": 1.0}),
         RequestOutput("c", [], "abort", None, 2, 0, 0),
-        RequestOutput("d", [123456], None, None, 1, 2, 0),
+        ("d", [123456], None, None, 1, 2, 0, None, None, None),
     ]
     records = {rid: _record(rid) for rid in "abcd"}
     unannounced = {"a", "d", "z"}

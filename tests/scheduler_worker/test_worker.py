@@ -26,13 +26,13 @@ def test_records_follow_requests_from_arrival_to_the_finishing_output(run_dir, t
         worker.handle(ComponentStatus("frontend", 111, "heartbeat", time.time()))
         for rid, origin in (("old", 111), ("new", 222)):
             worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params, 11.0, origin))
-        worker.publish(worker.engine.step())
+        worker.publish(worker.engine.step_rows())  # as the worker's loop
         num_steps = 1
         assert worker.requests["new"].announced and worker.requests["old"].announced
         worker.handle(ComponentStatus("frontend", 222, "heartbeat", time.time()))
         assert worker.engine.requests.keys() == {"new"}  # the old frontend's: aborted
         while worker.engine.has_unfinished():
-            worker.publish(worker.engine.step())
+            worker.publish(worker.engine.step_rows())
             num_steps += 1
         assert worker.requests == {}
         steps = collect(detok, lambda ms: len(ms) == num_steps)
