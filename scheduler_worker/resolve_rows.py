@@ -4,10 +4,10 @@ Most rows of a decode step are alike: running, without a grammar or prompt logpr
 (Request.resolves_apart) or drafts, their token neither a stop nor their last (a penalty
 or a token's logprobs change nothing here: the logprobs go in the output as the engine's).
 For those, `resolve_rows` does Scheduler.resolve's work and builds the output inline, a
-plain tuple of RequestOutput's fields (step_output.OutputRow): a call a row and the checks such a row cannot need were a tenth of the host's step
-at 256 rows (docs/benchmarks.md, "Host step, persistent rows"). Any other row goes to
-`other` (the engine: resolve, grammar, verify, last output) in its place, so the outputs
-keep the step's row order.
+plain tuple of RequestOutput's fields (step_output.OutputRow): a call a row and the checks
+such a row cannot need were a tenth of the host's step at 256 rows (docs/benchmarks.md,
+"Host step, persistent rows"). Any other row goes to `other` (the engine: resolve,
+grammar, verify, last output) in its place, so the outputs keep the step's row order.
 
 Overlapped, the usual step launches the very rows whose tokens it then reads, in the same
 order (`fusable`): their advance (Scheduler.advance, a placeholder each) then waits for the
@@ -85,7 +85,7 @@ def resolve_rows(
         num_prompt = req.num_prompt_tokens
         n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
         lps = None if lp is None else [lp]
-        cached = req.num_cached_tokens  # the fields: step_output.new_output's
+        cached = req.num_cached_tokens  # the fields: step_output.OutputRow's
         # the row as a plain tuple of RequestOutput's fields (step_output.OutputRow)
         append((req.request_id, [token], None, lps, num_prompt, n_total, cached, None, None, None))
     return outputs
