@@ -38,6 +38,7 @@ from scheduler_worker.spec.policy import verified
 from scheduler_worker.spec.sampled import SampledVerify, sample_drafts
 from scheduler_worker.spec.verify import accepted_tokens, draft_targets
 from scheduler_worker.step_inputs import decode_rows, seq_inputs
+from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
 from scheduler_worker.step_output import (
     EngineCounters,
     InFlight,
@@ -317,11 +318,10 @@ class LLMEngine:
         launched: InFlight | None = None,
         fused: Fused | None = None,
     ) -> list[OutputRow]:
-        """Step's tokens on the host (waiting for the device if need be) into its requests:
-        each finishes or goes on; one output per request still running or just finished.
-        `launched`: the step launched since, its rows advanced here if `fused` (fusable)."""
+        """The step's tokens on the host (waiting if need be) into its requests, an output
+        each still running or just finished; `launched`'s rows advance here if `fused`."""
         t0 = time.perf_counter()
-        result = step.sample.result() if step.sample is not None else None
+        result = step.sample.result(kept=True) if step.sample is not None else None
         stats.sample += time.perf_counter() - t0
         self.counters.num_steps += 1
         if result is None:  # no row sampled (prompt chunks only)
@@ -348,10 +348,10 @@ class LLMEngine:
         req: Request,
         index: int,
         token: int,
-        lp: TokenLogprobs | None,
+        lp: TokenLogprobs | RowLogprobs | None,
     ) -> RequestOutput | None:
-        """A row resolve_rows leaves to the engine (finished, drafted, reading its history,
-        with logprobs, or its token a stop or its last)."""
+        """A row resolve_rows leaves to the engine: finished, drafted, apart, a stop or last."""
+        lp = token_logprobs(lp)  # its lists (result(kept=True) gave a RowLogprobs)
         if req.status.finished:  # aborted, or stopped at its previous token:
             self.scheduler.resolve(req, index, token)  # nothing more to send
             return None

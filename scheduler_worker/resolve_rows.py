@@ -32,21 +32,22 @@ from typing import NamedTuple
 
 from scheduler_worker.decode_batch import advance_decodes
 from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
-from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
+from scheduler_worker.step_logprobs import RowLogprobs, TokenLogprobs
 from scheduler_worker.step_output import OutputRow, RequestOutput
 
 _REQ = itemgetter(0)
 _FLIGHT_ROW = attrgetter("flight_row")
-OtherRow = Callable[[Request, int, int, "TokenLogprobs | None"], "RequestOutput | None"]
+Logprobs = TokenLogprobs | RowLogprobs | None  # a row's (DeviceSample.result)
+OtherRow = Callable[[Request, int, int, Logprobs], "RequestOutput | None"]
 
 
 def resolve_rows(
     scheduler: Scheduler,
     sampled: Sequence[tuple[Request, int]],
     token_ids: Sequence[int],
-    logprobs: Sequence[TokenLogprobs | None],
+    logprobs: Sequence[Logprobs],
     drafts: dict,
     other: OtherRow,
 ) -> list[OutputRow]:
@@ -136,7 +137,7 @@ def resolve_and_advance(
     scheduler: Scheduler,
     sampled: Sequence[tuple[Request, int]],
     token_ids: Sequence[int],
-    logprobs: Sequence[TokenLogprobs | None],
+    logprobs: Sequence[Logprobs],
     other: OtherRow,
     advanced: list[tuple[Request, int]],
     fused: Fused | None = None,
@@ -211,7 +212,7 @@ def _resolve_and_advance_some(
     scheduler: Scheduler,
     sampled: Sequence[tuple[Request, int]],
     token_ids: Sequence[int],
-    logprobs: Sequence[TokenLogprobs | None],
+    logprobs: Sequence[Logprobs],
     other: OtherRow,
     advanced: list[tuple[Request, int]],
     fused: Fused,

@@ -54,8 +54,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import getitem
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -85,25 +83,17 @@ from scheduler_worker.logits_processors import (
 from scheduler_worker.logits_processors import SamplingRow as SamplingRow
 from scheduler_worker.penalties import apply_penalties, penalty_op
 from scheduler_worker.seeded_uniforms import seeded_uniforms as seeded_uniforms
+from scheduler_worker.step_logprobs import RowLogprobs, StepLogprobs, TokenLogprobs
 from scheduler_worker.top_p import top_p_thresholds
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level race (sample_from)
 _INF = float("inf")
 
 
-class TokenLogprobs(NamedTuple):
-    """A tuple: a step's are built in C (DeviceSample.result), no frame a row."""
-
-    token_id: int
-    logprob: float
-    top_ids: list[int]
-    top_logprobs: list[float]
-
-
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]
+    logprobs: list[TokenLogprobs | RowLogprobs | None]
 
 
 @dataclass
@@ -128,23 +118,26 @@ class DeviceSample:
             self._host = HostCopy(tensors)
         return self
 
-    def result(self) -> SamplerOutput:
-        """The host lists, once the copies are done (start_copy first if not yet)."""
+    def result(self, kept: bool = False) -> SamplerOutput:
+        """The host lists, once the copies are done (start_copy first if not yet). `kept`:
+        a logprobs row's entry is a RowLogprobs into the step's arrays (step_logprobs.py),
+        not its TokenLogprobs."""
         host = self.start_copy()._host
         assert host is not None
-        tokens, sampled, ids, lps = (t.tolist() if t is not None else [] for t in host.wait())
-        out: list[TokenLogprobs | None] = [None] * len(tokens)
-        if not self.logprob_rows:
-            return SamplerOutput(tokens, out)
-        rows, cuts = self.logprob_rows, list(map(slice, self.num_top))  # each row's top-N
-        top_ids = list(map(getitem, ids, cuts)) if ids else [[] for _ in rows]
-        top_lps = list(map(getitem, lps, cuts)) if ids else [[] for _ in rows]
-        fields = zip(map(tokens.__getitem__, rows), sampled, top_ids, top_lps)
-        deque(map(out.__setitem__, rows, map(_new_logprobs, repeat(TokenLogprobs), fields)), 0)
+        t, s, i, p = host.wait()
+        assert t is not None
+        tokens, rows = t.tolist(), self.logprob_rows
+        out: list = [None] * len(tokens)
+        if rows:
+            assert s is not None
+            ids, lps = (None if x is None else x.numpy() for x in (i, p))
+            block = StepLogprobs(tokens, rows, s.numpy(), ids, lps, self.num_top)
+            refs = map(_new_row, repeat(RowLogprobs), zip(repeat(block), range(len(rows))))
+            deque(map(out.__setitem__, rows, refs if kept else map(block.row, range(len(rows)))), 0)
         return SamplerOutput(tokens, out)
 
 
-_new_logprobs = tuple.__new__  # _new_logprobs(TokenLogprobs, (its four fields))
+_new_row = tuple.__new__  # _new_row(RowLogprobs, (block, i))
 
 
 def sampling_probs(

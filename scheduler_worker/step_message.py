@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
 from common.messages.scheduler_detok import pack_token_logprobs
+from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
 from scheduler_worker.step_output import OutputRow, RequestOutput, as_output
 
 _FIRST = itemgetter(0)
@@ -116,10 +117,19 @@ def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:
         return {"logprobs": None}
     rows = [col[i] for i in at]
     if all([len(v) == 1 for v in rows]):
-        lps = [v[0] for v in rows]  # TokenLogprobs: (token_id, logprob, top_ids, top_logprobs)
-        args = [lp[1] for lp in lps], [lp[2] for lp in lps], [lp[3] for lp in lps]
+        lps = [v[0] for v in rows]
         try:
-            return {"logprobs": None, "token_logprobs": pack_token_logprobs(at, *args)}
+            block = lps[0].block if type(lps[0]) is RowLogprobs else None
+            if block is not None and all(
+                [type(lp) is RowLogprobs and lp.block is block for lp in lps]
+            ):
+                # the usual step's: every row from one step's arrays, packed from them
+                packed = block.pack(at, [lp.i for lp in lps])
+            else:  # TokenLogprobs: (token_id, logprob, top_ids, top_logprobs)
+                lps = list(map(token_logprobs, lps))
+                args = [lp[1] for lp in lps], [lp[2] for lp in lps], [lp[3] for lp in lps]
+                packed = pack_token_logprobs(at, *args)
+            return {"logprobs": None, "token_logprobs": packed}
         except struct.error:  # a value past int32 or float: the lists
             pass
     return {"logprobs": _logprobs_column(col)}
@@ -137,7 +147,11 @@ def _wire_logprobs(lps: list) -> list | None:
     """A row's TokenLogprobs as the wire has them: [logprob, [[id, logprob], ...]] a token."""
     if not lps:
         return None
-    return [[lp.logprob, list(map(list, zip(lp.top_ids, lp.top_logprobs)))] for lp in lps]
+    return [
+        [lp.logprob, list(map(list, zip(lp.top_ids, lp.top_logprobs)))]
+        for lp in map(token_logprobs, lps)
+        if lp is not None
+    ]
 
 
 def finished_timings(o: RequestOutput, rec: Record | None, to_wall: float) -> dict:

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from scheduler_worker.request import Request
 from scheduler_worker.sampling import DeviceSample, TokenLogprobs, prompt_logprob_entries
 from scheduler_worker.spec.sampled import SampledVerify
+from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
 
 
 class RequestOutput(NamedTuple):
@@ -38,13 +39,19 @@ new_output = tuple.__new__  # new_output(RequestOutput, (all ten fields))
 # (resolve_rows.py) a plain tuple of its ten fields in its order, read by index: an
 # instance of a tuple subtype costs a generic allocation and deallocation, ~9% of the
 # host's greedy step at 256 rows (docs/benchmarks.md, "The step's outputs as plain
-# tuples"). step() gives RequestOutputs (as_output).
+# tuples"); its logprobs a RowLogprobs (step_logprobs.py). step() gives RequestOutputs
+# (as_output), their logprobs as lists.
 OutputRow = tuple
 
 
 def as_output(row: tuple) -> RequestOutput:
-    """A step's output row as a RequestOutput (the row itself where it is one)."""
-    return row if type(row) is RequestOutput else new_output(RequestOutput, row)
+    """A step's output row as a RequestOutput (the row itself where it is one), its
+    logprobs as lists (a plain row's may be a RowLogprobs: step_logprobs.py)."""
+    if type(row) is RequestOutput:
+        return row
+    if row[3] is not None and any(type(lp) is RowLogprobs for lp in row[3]):
+        row = (*row[:3], list(map(token_logprobs, row[3])), *row[4:])
+    return new_output(RequestOutput, row)
 
 
 @dataclass

@@ -25,6 +25,7 @@ all its drafts as history (LLMEngine._launch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -41,8 +42,8 @@ class SampledVerify:
 
     def targets(self) -> dict[str, tuple[list[int], list[int], list[TokenLogprobs | None]]]:
         """rid -> (drafts, t0..t(k-1), their logprobs): on the host (waits for the copy)."""
-        out = self.sample.result()
-        tokens, lps = out.token_ids, out.logprobs
+        out = self.sample.result()  # each logprobs row's TokenLogprobs (not kept)
+        tokens, lps = out.token_ids, cast(list[TokenLogprobs | None], out.logprobs)
         return {
             rid: (drafts, tokens[a : a + len(drafts)], lps[a : a + len(drafts)])
             for rid, (drafts, a) in self.spans.items()

@@ -104,3 +104,54 @@ def test_the_logprobs_column_equals_each_rows_own_build():
     # a value the packing cannot hold (an id past int32): the lists
     big = [[TokenLogprobs(1, -0.5, [2**40], [-0.5])], None]
     assert _logprobs_columns(big) == {"logprobs": [[[-0.5, [[2**40, -0.5]]]], None]}
+
+
+def test_kept_logprobs_rows_give_the_message_of_their_lists():
+    """Rows carrying RowLogprobs (result(kept=True)) give the same message fields as the
+    same rows with their TokenLogprobs: from one step's block packed from its arrays; two
+    blocks, a TokenLogprobs beside them, or rows of several tokens, by the lists."""
+    import random
+
+    import torch
+
+    from common.messages.scheduler_detok import unpack_token_logprobs
+    from scheduler_worker.sampling import DeviceSample
+    from scheduler_worker.step_logprobs import token_logprobs
+    from scheduler_worker.step_message import _logprobs_columns
+    from scheduler_worker.step_output import as_output
+
+    rng = random.Random(5)
+
+    def block(n: int) -> list:
+        rows = sorted(rng.sample(range(n), rng.randint(1, n)))
+        num_top = [rng.choice((0, 5, 20)) for _ in rows]
+        s = DeviceSample(torch.randint(0, 1000, (n,)), rows, num_top, -torch.rand(len(rows)))
+        if max(num_top):
+            s.top_logprobs = -torch.rand(len(rows), max(num_top))
+            s.top_ids = torch.randint(0, 1000, (len(rows), max(num_top)))
+        return s.result(kept=True).logprobs
+
+    for case in range(200):
+        n = rng.randint(1, 30)
+        kept = block(n)
+        if case % 4 == 1:  # a second step's block in the same message
+            kept = [a if a is not None else b for a, b in zip(kept, block(n))]
+        col = [None if lp is None else [lp] for lp in kept]
+        if case % 4 == 2:  # a row the engine resolved apart, with its lists
+            col[rng.randrange(n)] = [TokenLogprobs(7, -0.25, [7], [-0.25])]
+        if case % 4 == 3:  # an accepted draft's row: several tokens
+            col[rng.randrange(n)] = [TokenLogprobs(7, -0.25, [7], [-0.25])] * 2
+        lists = [None if v is None else list(map(token_logprobs, v)) for v in col]
+        got, want = _logprobs_columns(col), _logprobs_columns(lists)
+        assert got.keys() == want.keys()
+        if "token_logprobs" in got:
+            assert got["token_logprobs"] == want["token_logprobs"]
+            assert unpack_token_logprobs(got["token_logprobs"], n) == unpack_token_logprobs(
+                want["token_logprobs"], n
+            )
+        else:
+            assert got == want
+        # step(): a plain row's RowLogprobs become its TokenLogprobs
+        for v, w in zip(col, lists):
+            row = ("r", [1], None, v, 3, 1, 0, None, None, None)
+            assert as_output(row).logprobs == w
