@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -84,6 +84,10 @@ class RowLogprobs(NamedTuple):
     i: int
 
 
+@overload
+def token_logprobs(lp: TokenLogprobs | RowLogprobs) -> TokenLogprobs: ...
+@overload
+def token_logprobs(lp: None) -> None: ...
 def token_logprobs(lp: TokenLogprobs | RowLogprobs | None) -> TokenLogprobs | None:
     """A row's logprobs as TokenLogprobs (a RowLogprobs made into its lists)."""
     return lp.block.row(lp.i) if type(lp) is RowLogprobs else lp  # type: ignore[return-value]

@@ -150,7 +150,6 @@ def _wire_logprobs(lps: list) -> list | None:
     return [
         [lp.logprob, list(map(list, zip(lp.top_ids, lp.top_logprobs)))]
         for lp in map(token_logprobs, lps)
-        if lp is not None
     ]
 
 
