@@ -2,7 +2,7 @@
 
 add_request(rid, prompt_token_ids, params)   validate (unless checked upstream), queue
 step() -> list[RequestOutput]                one forward: each request's new tokens
-step_rows()                                  the same, a common row a plain tuple (the worker's)
+step_rows()                                  the same as columns (OutputColumns: the worker's)
 abort(rid)                                   any state; idempotent
 generate(prompts, params)                    offline loop on top of the above
 """
@@ -42,10 +42,9 @@ from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
 from scheduler_worker.step_output import (
     EngineCounters,
     InFlight,
-    OutputRow,
+    OutputColumns,
     RequestOutput,
     StepStats,
-    as_output,
     keep_prompt_logprobs,
     last_output,
     request_output,
@@ -174,18 +173,18 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """step_rows(), each row a RequestOutput."""
-        return list(map(as_output, self.step_rows()))
+        return self.step_rows().outputs()
 
-    def step_rows(self) -> list[OutputRow]:
+    def step_rows(self) -> OutputColumns:
         """Schedule, launch and (overlapped: the previous step's) resolve; returns the
-        outputs of the step whose tokens reached the host (step_output.OutputRow).
+        outputs of the step whose tokens reached the host (step_output.OutputColumns).
 
         Overlapped (a GPU): step N+1 is scheduled and launched before step N's tokens
         are read, its decode rows taking step N's tokens on the device (SeqInput.prev_row;
         penalties count them there too). A row whose grammar needs its token on the host
         sits this step out (Scheduler.defer): only it waits. A step with prompt logprobs
         to compute resolves the step in flight before it launches."""
-        outputs: list[OutputRow] = [request_output(r, []) for r in self._aborted]
+        outputs = OutputColumns.of([request_output(r, []) for r in self._aborted])
         self._aborted.clear()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
@@ -194,7 +193,7 @@ class LLMEngine:
         if pending is not None and self.overlap and self.grammars.matchers:
             self.scheduler.defer(batch, batch.grammar_waits())
         if pending is not None and batch.resolves_first(self.overlap, self.asking_prompt_logprobs):
-            outputs += self._resolve(pending, stats)
+            self._resolve(pending, stats, outputs)
             pending = self._in_flight = None
             for req in [r for r, _ in batch.entries.values() if r.status.finished]:
                 batch.drop(req)  # finished by the tokens just read
@@ -207,10 +206,10 @@ class LLMEngine:
             except torch.OutOfMemoryError as e:
                 self._fail_step(batch, e)
         if pending is not None:
-            outputs += self._resolve(pending, stats, launched, fuse)
+            self._resolve(pending, stats, outputs, launched, fuse)
         self._in_flight = launched
         if launched is not None and (not self.overlap or launched.verifies):
-            outputs += self._resolve(launched, stats)
+            self._resolve(launched, stats, outputs)
             self._in_flight = None
         for key in ("schedule", "forward", "sample"):
             self.counters.busy_time[key] += getattr(stats, key)
@@ -315,31 +314,31 @@ class LLMEngine:
         self,
         step: InFlight,
         stats: StepStats,
+        outputs: OutputColumns,
         launched: InFlight | None = None,
         fused: Fused | None = None,
-    ) -> list[OutputRow]:
-        """The step's tokens on the host (waiting if need be) into its requests, an output
-        each still running or just finished; `launched`'s rows advance here if `fused`."""
+    ) -> None:
+        """The step's tokens on the host (waiting if need be) into its requests, into `outputs`
+        an output each still running or just finished; `launched`'s rows advance if `fused`."""
         t0 = time.perf_counter()
         result = step.sample.result(kept=True) if step.sample is not None else None
         stats.sample += time.perf_counter() - t0
         self.counters.num_steps += 1
         if result is None:  # no row sampled (prompt chunks only)
-            return []
+            return
         grammars = self.grammars if self.grammars.matchers else None  # none: no row has one
         drafts: dict = step.drafts
         if step.sampled_drafts is not None:
             drafts = {**drafts, **step.sampled_drafts.targets()}
         other = partial(self._resolve_row, drafts, grammars)
-        tokens, lps = result.token_ids, result.logprobs
+        tokens, lps, before = result.token_ids, result.logprobs, len(outputs)
         if launched is not None and fused is not None:
-            outputs = resolve_and_advance(
-                self.scheduler, step.sampled, tokens, lps, other, launched.sampled, fused
+            resolve_and_advance(
+                self.scheduler, step.sampled, tokens, lps, other, outputs, launched.sampled, fused
             )
         else:
-            outputs = resolve_rows(self.scheduler, step.sampled, tokens, lps, drafts, other)
-        self.counters.generation_tokens += len(outputs)
-        return outputs
+            resolve_rows(self.scheduler, step.sampled, tokens, lps, drafts, other, outputs)
+        self.counters.generation_tokens += len(outputs) - before
 
     def _resolve_row(
         self,

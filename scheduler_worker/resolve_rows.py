@@ -3,11 +3,12 @@
 Most rows of a decode step are alike: running, without a grammar or prompt logprobs
 (Request.resolves_apart) or drafts, their token neither a stop nor their last (a penalty
 or a token's logprobs change nothing here: the logprobs go in the output as the engine's).
-For those, `resolve_rows` does Scheduler.resolve's work and builds the output inline, a
-plain tuple of RequestOutput's fields (step_output.OutputRow): a call a row and the checks
-such a row cannot need were a tenth of the host's step at 256 rows (docs/benchmarks.md,
-"Host step, persistent rows"). Any other row goes to `other` (the engine: resolve,
-grammar, verify, last output) in its place, so the outputs keep the step's row order.
+For those, `resolve_rows` does Scheduler.resolve's work and appends the row's output
+fields to the step's columns inline (step_output.OutputColumns): a call a row and the
+checks such a row cannot need were a tenth of the host's step at 256 rows
+(docs/benchmarks.md, "Host step, persistent rows"). Any other row goes to `other` (the
+engine: resolve, grammar, verify, last output) in its place, so the outputs keep the
+step's row order.
 
 Overlapped, the usual step launches the very rows whose tokens it then reads, in the same
 order (`fusable`): their advance (Scheduler.advance, a placeholder each) then waits for the
@@ -35,7 +36,7 @@ from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.step_logprobs import RowLogprobs, TokenLogprobs
-from scheduler_worker.step_output import OutputRow, RequestOutput
+from scheduler_worker.step_output import OutputColumns, RequestOutput
 
 _REQ = itemgetter(0)
 _FLIGHT_ROW = attrgetter("flight_row")
@@ -50,11 +51,12 @@ def resolve_rows(
     logprobs: Sequence[Logprobs],
     drafts: dict,
     other: OtherRow,
-) -> list[OutputRow]:
+    outputs: OutputColumns,
+) -> None:
     """Each sampled (request, placeholder index) takes its token; the outputs of the rows
-    that have one (a row that finished before its token has none), in row order."""
-    outputs: list[OutputRow] = []
-    append = outputs.append
+    that have one (a row that finished before its token has none) go into `outputs`, in
+    row order."""
+    add, (rid_at, token_at, lps_at, prompt_at, output_at, cached_at) = _appends(outputs)
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     for (req, index), token, lp in zip(sampled, token_ids, logprobs):
         n_out = index + 1 - req.num_prompt_tokens
@@ -69,7 +71,7 @@ def resolve_rows(
         ):
             out = other(req, index, token, lp)
             if out is not None:
-                append(out)
+                add(out)
             continue
         # Scheduler.resolve's common case: the placeholder becomes the token, the blocks
         # it fills are hashed (the request neither stops nor ends here). Its tokens are
@@ -84,12 +86,13 @@ def resolve_rows(
         ):
             hash_blocks(req)
         num_prompt = req.num_prompt_tokens
-        n_total = len(tokens) - num_prompt  # with the step in flight's placeholder
-        lps = None if lp is None else [lp]
-        cached = req.num_cached_tokens  # the fields: step_output.OutputRow's
-        # the row as a plain tuple of RequestOutput's fields (step_output.OutputRow)
-        append((req.request_id, [token], None, lps, num_prompt, n_total, cached, None, None, None))
-    return outputs
+        # the row's output fields into the step's columns (step_output.OutputColumns)
+        rid_at(req.request_id)
+        token_at(token)
+        lps_at(None if lp is None else [lp])
+        prompt_at(num_prompt)
+        output_at(len(tokens) - num_prompt)  # with the step in flight's placeholder
+        cached_at(req.num_cached_tokens)
 
 
 class Fused(NamedTuple):
@@ -139,20 +142,22 @@ def resolve_and_advance(
     token_ids: Sequence[int],
     logprobs: Sequence[Logprobs],
     other: OtherRow,
+    outputs: OutputColumns,
     advanced: list[tuple[Request, int]],
     fused: Fused | None = None,
-) -> list[OutputRow]:
+) -> None:
     """resolve_rows for the step in flight whose rows the launched step decodes again, in
     the same order (fusable): each row first advances for the launched step (a placeholder,
     as Scheduler.advance: appended to `advanced`), then takes its token. Its record is
     read once, and its count of placeholders stays as it was. `fused`: fusable's answer
     (None: the same rows)."""
     if fused is not None and (fused.joins or len(fused.rows) != len(sampled)):
-        return _resolve_and_advance_some(
-            scheduler, sampled, token_ids, logprobs, other, advanced, fused
+        _resolve_and_advance_some(
+            scheduler, sampled, token_ids, logprobs, other, outputs, advanced, fused
         )
-    outputs: list[OutputRow] = []
-    append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
+        return
+    add, (rid_at, token_at, lps_at, prompt_at, output_at, cached_at) = _appends(outputs)
+    place, placeholder = advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
     # each row's flight_row is its row in `sampled` (Scheduler.advance): the same row now
@@ -176,7 +181,7 @@ def resolve_and_advance(
             place((req, new))
             out = other(req, index, token, lp)
             if out is not None:
-                append(out)
+                add(out)
             continue
         place((req, new))
         computed = req.num_computed_tokens = req.num_computed_tokens + 1
@@ -190,11 +195,12 @@ def resolve_and_advance(
             req.num_hashed_blocks
         ):
             hash_blocks(req)
-        # n_new: with the launched step's placeholder (step_output.new_output's fields)
-        lps = None if lp is None else [lp]
-        cached = req.num_cached_tokens
-        append((req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None))
-    return outputs
+        rid_at(req.request_id)
+        token_at(token)
+        lps_at(None if lp is None else [lp])
+        prompt_at(num_prompt)
+        output_at(n_new)  # with the launched step's placeholder
+        cached_at(req.num_cached_tokens)
 
 
 def _advance_row(scheduler: Scheduler, req: Request, new: int) -> None:
@@ -214,9 +220,10 @@ def _resolve_and_advance_some(
     token_ids: Sequence[int],
     logprobs: Sequence[Logprobs],
     other: OtherRow,
+    outputs: OutputColumns,
     advanced: list[tuple[Request, int]],
     fused: Fused,
-) -> list[OutputRow]:
+) -> None:
     """resolve_and_advance where the launched rows are `fused.joins` (advanced first, as
     Scheduler.advance would) then `fused.rows`, a subsequence of the step in flight's:
     each of those advances, at its new row, then takes its token in the loop; a row the
@@ -228,13 +235,13 @@ def _resolve_and_advance_some(
     launched = [False] * len(sampled)
     deque(map(launched.__setitem__, at, repeat(True)), 0)
     deque(map(setattr, fused.rows, repeat("flight_row"), range(start, start + len(at))), 0)
-    outputs: list[OutputRow] = []
-    append, place, placeholder = outputs.append, advanced.append, PLACEHOLDER
+    add, (rid_at, token_at, lps_at, prompt_at, output_at, cached_at) = _appends(outputs)
+    place, placeholder = advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
     for (req, index), token, lp, kept in zip(sampled, token_ids, logprobs, launched):
         if not kept:  # sits the launched step out: its token only
-            outputs += resolve_rows(scheduler, [(req, index)], [token], [lp], {}, other)
+            resolve_rows(scheduler, [(req, index)], [token], [lp], {}, other, outputs)
             continue
         tokens = req.token_ids
         new = len(tokens)  # the launched step's placeholder goes there
@@ -255,7 +262,7 @@ def _resolve_and_advance_some(
             _advance_row(scheduler, req, new)
             out = other(req, index, token, lp)
             if out is not None:
-                append(out)
+                add(out)
             continue
         computed = req.num_computed_tokens = req.num_computed_tokens + 1
         tokens[index] = token
@@ -267,7 +274,17 @@ def _resolve_and_advance_some(
             req.num_hashed_blocks
         ):
             hash_blocks(req)
-        lps = None if lp is None else [lp]
-        cached = req.num_cached_tokens
-        append((req.request_id, [token], None, lps, num_prompt, n_new, cached, None, None, None))
-    return outputs
+        rid_at(req.request_id)
+        token_at(token)
+        lps_at(None if lp is None else [lp])
+        prompt_at(num_prompt)
+        output_at(n_new)
+        cached_at(req.num_cached_tokens)
+
+
+def _appends(outputs: OutputColumns) -> tuple[Callable, tuple[Callable, ...]]:
+    """outputs.add, and the append of each column a common row fills, in its order: a
+    row's request id, token, logprobs, prompt, output and cached token counts."""
+    o = outputs
+    columns = (o.request_ids, o.token_ids, o.logprobs, o.num_prompt, o.num_output, o.num_cached)
+    return o.add, tuple(col.append for col in columns)

@@ -1,13 +1,12 @@
-"""A step's outputs (RequestOutputs, or their fields as plain tuples: step_output.OutputRow)
--> the one StepOutputs message the detokenizer gets.
+"""A step's outputs (step_output.OutputColumns) -> the one StepOutputs message the
+detokenizer gets.
 
-The columns are built straight from the outputs in one C-level pass (the tuples
-transposed by zip), not a record per row: at 256 rows a step the row-by-row build was a
-fifth of the host's step (docs/benchmarks.md, "Host step"; an attrgetter pass a column
-cost more than the transpose: "Host step, eighth session"). The integer columns and a
-decode step's logprobs go packed (common/messages/scheduler_detok.py), and finish_reasons
-only when a row finished. Rows that finish, announce their request or carry logprobs
-are looked at one by one; the common row is not.
+The outputs are columns already (the resolve loop appends a common row's fields to them:
+no record a row, no transpose; docs/benchmarks.md, "A step's outputs as columns"). The
+integer columns and a decode step's logprobs go packed
+(common/messages/scheduler_detok.py), and finish_reasons only when a row finished. Rows
+that finish, announce their request or carry logprobs are looked at one by one; the
+common row is not.
 """
 
 from __future__ import annotations
@@ -15,17 +14,12 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Sequence
-from itertools import chain
-from operator import itemgetter
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
 from common.messages.scheduler_detok import pack_token_logprobs
 from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
-from scheduler_worker.step_output import OutputRow, RequestOutput, as_output
-
-_FIRST = itemgetter(0)
-_NO_COLUMNS: tuple[tuple, ...] = ((),) * len(RequestOutput._fields)
+from scheduler_worker.step_output import OutputColumns, RequestOutput
 
 
 class Record(Protocol):
@@ -38,7 +32,7 @@ class Record(Protocol):
 
 def step_message(
     step: int,
-    outputs: Sequence[OutputRow],
+    outputs: OutputColumns,
     records: dict[str, Any],
     unannounced: set[str],
     **fields: Any,
@@ -47,10 +41,7 @@ def step_message(
     finished request's popped; `unannounced`: ids whose detokenizer settings have not gone
     out yet (they go with the request's first output, in `new_requests`). `fields`: the
     message's replica, inbox and prefix_cache."""
-    # RequestOutput's fields as columns (a step's outputs are tuples of them)
-    rids, tokens, reasons, logprobs, num_prompt, num_output, *_, prompt_logprobs = (
-        zip(*outputs) if outputs else _NO_COLUMNS
-    )
+    rids, n = outputs.request_ids, len(outputs)
     new_requests: list[NewRequest] = []
     if unannounced:
         for rid in rids:
@@ -60,50 +51,54 @@ def step_message(
                 if rec is not None:
                     new_requests.append(rec.detok_settings)
                     rec.announced = True
+    reasons: list[str | None] | None = None
     timings: list[dict | None] | None = None
     stop_ids: list[int | None] | None = None
-    if reasons.count(None) != len(reasons):  # some request finished
-        timings, stop_ids = [None] * len(outputs), [None] * len(outputs)
-        to_wall = time.time() - time.monotonic()
-        for i, row in enumerate(outputs):
-            if row[2] is not None:  # finish_reason (a row may be a plain tuple)
-                o = as_output(row)
+    prompt_logprobs: list | None = None
+    apart = outputs.apart  # the rows with a field past the columns: few, most steps none
+    if apart:
+        finished = {i: o for i, o in apart.items() if o.finish_reason is not None}
+        if finished:  # some request finished
+            reasons, timings, stop_ids = [None] * n, [None] * n, [None] * n
+            to_wall = time.time() - time.monotonic()
+            for i, o in finished.items():
+                reasons[i] = o.finish_reason
                 unannounced.discard(o.request_id)
                 timings[i] = finished_timings(o, records.pop(o.request_id, None), to_wall)
                 stop_ids[i] = o.stop_token_id
-        if stop_ids.count(None) == len(stop_ids):
-            stop_ids = None
-    new_ids, num_new = _packed_ids(tokens)
+            if stop_ids.count(None) == n:
+                stop_ids = None
+        if any(o.prompt_logprobs is not None for o in apart.values()):
+            prompt_logprobs = [None] * n
+            for i, o in apart.items():
+                prompt_logprobs[i] = o.prompt_logprobs
     return StepOutputs(
         step=step,
         rids=list(rids),
-        new_token_ids=new_ids,
-        num_new_tokens=num_new,
-        finish_reasons=None if timings is None else list(reasons),
-        num_prompt_tokens=pack_ids(num_prompt),
-        num_output_tokens=pack_ids(num_output),
-        **_logprobs_columns(logprobs),
+        new_token_ids=pack_ids(outputs.token_ids),
+        num_new_tokens=_num_new(outputs.counts, n),
+        finish_reasons=reasons,
+        num_prompt_tokens=pack_ids(outputs.num_prompt),
+        num_output_tokens=pack_ids(outputs.num_output),
+        **_logprobs_columns(outputs.logprobs),
         new_requests=new_requests,
         timings=timings,
         sent_time=time.time(),
         stop_token_ids=stop_ids,
-        prompt_logprobs=_optional(prompt_logprobs),
+        prompt_logprobs=prompt_logprobs,
         **fields,
     )
 
 
-def _packed_ids(tokens: Sequence[list[int]]) -> tuple[bytes, bytes | None]:
-    """The new_token_ids and num_new_tokens columns: every row's tokens packed one row
-    after another, and each row's count (None where every row has one: most steps)."""
-    counts = list(map(len, tokens))
-    if counts.count(1) == len(counts):
-        return pack_ids(list(map(_FIRST, tokens))), None
-    return pack_ids(list(chain.from_iterable(tokens))), pack_ids(counts)
-
-
-def _optional(col: Sequence[Any]) -> list | None:
-    """An optional column: None when no row has a value, else one entry a row."""
-    return None if col.count(None) == len(col) else list(col)
+def _num_new(counts: dict[int, int], n: int) -> bytes | None:
+    """The num_new_tokens column: each row's count of new tokens, packed (None where every
+    row has one: most steps)."""
+    if not counts:
+        return None
+    col = [1] * n
+    for i, c in counts.items():
+        col[i] = c
+    return pack_ids(col)
 
 
 def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ time went."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -14,7 +15,8 @@ from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
 
 
 class RequestOutput(NamedTuple):
-    """A tuple: the common row's is built in C (`new_output`), no frame a row a step."""
+    """A request's output of a step; the common row's fields go straight into the step's
+    OutputColumns, with no record of their own."""
 
     request_id: str
     new_token_ids: list[int]
@@ -30,28 +32,95 @@ class RequestOutput(NamedTuple):
     prompt_logprobs: list[list | None] | None = None
 
 
-new_output = tuple.__new__  # new_output(RequestOutput, (all ten fields))
-# a plain token's output: (request_id, [token], None (finish_reason), None (logprobs), the
-# prompt's, the output's and the cached token counts, None, None, None (stop_token_id,
-# stage_times, prompt_logprobs)): one tuple literal, no concatenation
+class OutputColumns:
+    """A step's outputs (LLMEngine.step_rows), row by row in the step's order, kept as
+    columns of RequestOutput's fields: the common decode row (resolve_rows.py) appends its
+    own to them, no record a row, and the message (step_message.py) sends the columns as
+    they are. A tuple a row cost its build, a list for its one token, the transpose back
+    to columns and their deallocation, ~0.25 µs a row (docs/benchmarks.md, "A step's
+    outputs as columns"). A row resolved apart comes as its RequestOutput (`add`), kept
+    whole where it has a field past the columns (a finish, prompt logprobs). `outputs()`
+    names every row (LLMEngine.step)."""
 
-# A step's output row (LLMEngine.step_rows): a RequestOutput, or for the common decode row
-# (resolve_rows.py) a plain tuple of its ten fields in its order, read by index: an
-# instance of a tuple subtype costs a generic allocation and deallocation, ~9% of the
-# host's greedy step at 256 rows (docs/benchmarks.md, "The step's outputs as plain
-# tuples"); its logprobs a RowLogprobs (step_logprobs.py). step() gives RequestOutputs
-# (as_output), their logprobs as lists.
-OutputRow = tuple
+    __slots__ = (
+        "request_ids",
+        "token_ids",
+        "logprobs",
+        "num_prompt",
+        "num_output",
+        "num_cached",
+        "counts",
+        "apart",
+    )
 
+    def __init__(self) -> None:
+        self.request_ids: list[str] = []
+        self.token_ids: list[int] = []  # every row's new tokens, one row after another
+        self.logprobs: list[list | None] = []  # a row's, one entry a new token (or None)
+        self.num_prompt: list[int] = []
+        self.num_output: list[int] = []
+        self.num_cached: list[int] = []
+        self.counts: dict[int, int] = {}  # row -> its number of new tokens, where not 1
+        self.apart: dict[int, RequestOutput] = {}  # row -> its output, where it finishes
+        # or carries prompt logprobs (the fields past the columns)
 
-def as_output(row: tuple) -> RequestOutput:
-    """A step's output row as a RequestOutput (the row itself where it is one), its
-    logprobs as lists (a plain row's may be a RowLogprobs: step_logprobs.py)."""
-    if type(row) is RequestOutput:
-        return row
-    if row[3] is not None and any(type(lp) is RowLogprobs for lp in row[3]):
-        row = (*row[:3], list(map(token_logprobs, row[3])), *row[4:])
-    return new_output(RequestOutput, row)
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    @classmethod
+    def of(cls, outputs: list[RequestOutput]) -> OutputColumns:
+        columns = cls()
+        deque(map(columns.add, outputs), 0)
+        return columns
+
+    def add(self, out: RequestOutput) -> None:
+        """A row as its RequestOutput (one resolved apart, an abort)."""
+        i = len(self.request_ids)
+        self.request_ids.append(out.request_id)
+        n = len(out.new_token_ids)
+        self.token_ids += out.new_token_ids
+        if n != 1:
+            self.counts[i] = n
+        self.logprobs.append(out.logprobs)
+        self.num_prompt.append(out.num_prompt_tokens)
+        self.num_output.append(out.num_output_tokens)
+        self.num_cached.append(out.num_cached_tokens)
+        if (
+            out.finish_reason is not None
+            or out.stop_token_id is not None
+            or out.stage_times is not None
+            or out.prompt_logprobs is not None
+        ):
+            self.apart[i] = out
+
+    def outputs(self) -> list[RequestOutput]:
+        """Every row as a RequestOutput, its logprobs as lists (a common row's may be
+        RowLogprobs: step_logprobs.py)."""
+        rows: list[RequestOutput] = []
+        at, counts, apart = 0, self.counts, self.apart
+        for i, rid in enumerate(self.request_ids):
+            n = counts.get(i, 1)
+            kept = apart.get(i)
+            lps = self.logprobs[i]
+            if lps is not None and any([type(lp) is RowLogprobs for lp in lps]):
+                lps = list(map(token_logprobs, lps))
+            if kept is not None:
+                rows.append(kept._replace(logprobs=lps))
+            else:
+                tokens = self.token_ids[at : at + n]
+                rows.append(
+                    RequestOutput(
+                        rid,
+                        tokens,
+                        None,
+                        lps,
+                        self.num_prompt[i],
+                        self.num_output[i],
+                        self.num_cached[i],
+                    )
+                )
+            at += n
+        return rows
 
 
 @dataclass

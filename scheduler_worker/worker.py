@@ -55,7 +55,7 @@ from scheduler_worker.heap import release_freed_heap
 from scheduler_worker.parallel.ranks import Ranks, rendezvous, start_ranks
 from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
 from scheduler_worker.step_message import step_message
-from scheduler_worker.step_output import OutputRow
+from scheduler_worker.step_output import OutputColumns
 from scheduler_worker.structured import spare_core
 
 log = get_logger("scheduler")
@@ -213,7 +213,7 @@ class SchedulerWorker:
             log.error("frontend unreachable; dropped error for %s", rid)
 
     # ---- messages out -------------------------------------------------------
-    def publish(self, outputs: list[OutputRow]) -> None:
+    def publish(self, outputs: OutputColumns) -> None:
         if not outputs:
             return
         t0 = time.perf_counter()

@@ -3,6 +3,8 @@ the engine's output would; every other row handed to `other`, in its place."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -12,7 +14,7 @@ from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.resolve_rows import resolve_rows
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.scheduler import Scheduler
-from scheduler_worker.step_output import RequestOutput, as_output
+from scheduler_worker.step_output import OutputColumns, RequestOutput
 
 EOS = 2
 
@@ -46,17 +48,16 @@ def test_common_rows_inline_and_the_others_in_their_place():
         return None
 
     lp = TokenLogprobs(6, -0.5, [6], [-0.5])
-    outputs = resolve_rows(sched, sampled, [5, EOS, 6, 7], [None, None, lp, None], {}, other)
+    outputs = OutputColumns()
+    resolve_rows(sched, sampled, [5, EOS, 6, 7], [None, None, lp, None], {}, other, outputs)
     assert seen == ["stops", "first"]  # a stop token, a first token
-    # the output a RequestOutput built field by field would be (the inline one is a tuple);
-    # a penalty changes nothing here, a token's logprobs go in its output
-    assert outputs == [
+    # the output a RequestOutput built field by field would be (the inline one's fields go
+    # into the columns alone); a penalty changes nothing here, a token's logprobs go in it
+    assert outputs.outputs() == [
         RequestOutput("plain", [5], None, None, 20, 1, 0),
         RequestOutput("pen", [6], None, [lp], 20, 1, 0),
     ]
-    # plain tuples of RequestOutput's fields (step_output.OutputRow): as_output names them
-    assert [type(o) for o in outputs] == [tuple, tuple]
-    assert as_output(outputs[1]).logprobs == [lp] and type(as_output(outputs[1])) is RequestOutput
+    assert outputs.token_ids == [5, 6] and not outputs.counts and not outputs.apart
     assert plain.output_token_ids == [5] and plain.num_pending == 0
     assert plain.token_ids[-1] == 5 and plain.status is RequestStatus.RUNNING
     assert stops.status is RequestStatus.FINISHED_STOPPED
@@ -79,7 +80,8 @@ def test_the_last_token_and_a_drafted_row_go_to_other():
         sched.resolve(req, index, token)
         return None
 
-    resolve_rows(sched, sampled, [5, 6], [None, None], {"drafted": ([1], [1])}, other)
+    drafts = {"drafted": ([1], [1])}
+    resolve_rows(sched, sampled, [5, 6], [None, None], drafts, other, OutputColumns())
     assert seen == ["last", "drafted"] and last.status is RequestStatus.FINISHED_LENGTH
 
 
@@ -238,8 +240,11 @@ def test_fused_with_grammar_rows_sitting_out_gives_the_unfused_outputs(
 
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_step_gives_request_outputs_and_step_rows_the_same_fields(tiny_llama_dir, overlap):
-    # the worker's loop reads step_rows (a common row a plain tuple); step() names every row
-    def run(method: str) -> list[tuple]:
+    """The worker's loop reads step_rows (columns, a common row's fields in them alone);
+    step() names every row: the same fields, row for row, step for step, with logprobs and
+    the rows that finish and are aborted."""
+
+    def run(method: str) -> list[list[RequestOutput]]:
         engine = LLMEngine(
             EngineConfig(
                 model=ModelConfig(model=str(tiny_llama_dir), dtype="float32"),
@@ -248,17 +253,52 @@ def test_step_gives_request_outputs_and_step_rows_the_same_fields(tiny_llama_dir
             ),
             tiny_llama_dir,
         )
-        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-        for i in range(3):
+        for i in range(4):
+            params = SamplingParams(
+                max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2 if i == 1 else None
+            )
             engine.add_request(f"r{i}", [5 + i, 9, 11, 13], params)
-        rows: list[tuple] = []
+        steps: list[list[RequestOutput]] = []
         while engine.has_unfinished():
-            rows += getattr(engine, method)()
-        return rows
+            if len(steps) == 3:
+                engine.abort("r3")
+            got = getattr(engine, method)()
+            steps.append(got.outputs() if method == "step_rows" else got)
+        return steps
 
-    named, plain = run("step"), run("step_rows")
-    assert all(type(o) is RequestOutput for o in named)
-    assert any(type(o) is tuple for o in plain)
+    named, columns = run("step"), run("step_rows")
+    assert all(type(o) is RequestOutput for s in named for o in s)
     # every field but the finishing rows' stage times (each run's own clock)
-    assert [o[:8] + o[9:] for o in plain] == [o[:8] + o[9:] for o in named]
-    assert [o.finish_reason for o in named if o.finish_reason] == ["length"] * 3
+    assert [[o._replace(stage_times=None) for o in s] for s in columns] == [
+        [o._replace(stage_times=None) for o in s] for s in named
+    ]
+    reasons = [o.finish_reason for s in named for o in s if o.finish_reason]
+    assert sorted(reasons) == ["abort", "length", "length", "length"]
+    lps = [o.logprobs for s in named for o in s if o.request_id == "r1" and o.new_token_ids]
+    assert len(lps) == 6 and all(len(lp) == 1 and len(lp[0].top_ids) == 2 for lp in lps)
+
+
+def test_output_columns_give_back_the_outputs_added():
+    """OutputColumns.add keeps a row's fields in the columns, a finishing row or one with
+    prompt logprobs whole as well; outputs() gives every row back as it came, with common
+    rows' fields appended between (the resolve loop's) in their place."""
+    lp = TokenLogprobs(6, -0.5, [6, 2], [-0.5, -1.5])
+    rows = [
+        RequestOutput("a", [], "abort", None, 4, 0, 0, None, {"received": 1.0}),
+        RequestOutput("b", [3, 4, 5], None, [lp, lp, lp], 7, 9, 4),
+        RequestOutput("c", [8], "stop", None, 2, 3, 0, 8, {"received": 2.0}),
+        RequestOutput("d", [1], None, None, 5, 1, 0, None, None, [None, [5, -1.0, []]]),
+    ]
+    columns = OutputColumns.of(rows[:2])
+    for name, ids in (("x", [11]), ("y", [12])):  # common rows: their fields in the columns
+        columns.request_ids.append(name)
+        columns.token_ids += ids
+        columns.logprobs.append(None)
+        columns.num_prompt.append(20)
+        columns.num_output.append(3)
+        columns.num_cached.append(16)
+    deque(map(columns.add, rows[2:]), 0)
+    common = [RequestOutput(n, t, None, None, 20, 3, 16) for n, t in (("x", [11]), ("y", [12]))]
+    assert columns.outputs() == [*rows[:2], *common, *rows[2:]]
+    assert len(columns) == 6 and columns.token_ids == [3, 4, 5, 11, 12, 8, 1]
+    assert columns.counts == {0: 0, 1: 3} and sorted(columns.apart) == [0, 4, 5]

@@ -1,5 +1,5 @@
-"""scheduler_worker.step_message: a step's RequestOutputs as one StepOutputs, its columns
-built without a record a row, read back by the detokenizer's own unpacking."""
+"""scheduler_worker.step_message: a step's outputs (OutputColumns) as one StepOutputs, its
+columns sent as they are, read back by the detokenizer's own unpacking."""
 
 from __future__ import annotations
 
@@ -8,7 +8,26 @@ from types import SimpleNamespace
 from common.messages import decode, encode, unpack_ids, unpack_step_outputs
 from scheduler_worker.sampling import TokenLogprobs
 from scheduler_worker.step_message import step_message
-from scheduler_worker.step_output import RequestOutput
+from scheduler_worker.step_output import OutputColumns, RequestOutput
+
+
+def _columns(rows: list) -> OutputColumns:
+    """The step's columns of rows: a RequestOutput added, or a common row's fields
+    (request id, token, logprobs, prompt, output and cached counts) appended as the
+    resolve loop does."""
+    columns = OutputColumns()
+    for row in rows:
+        if type(row) is RequestOutput:
+            columns.add(row)
+            continue
+        rid, token, lps, num_prompt, num_output, cached = row
+        columns.request_ids.append(rid)
+        columns.token_ids.append(token)
+        columns.logprobs.append(lps)
+        columns.num_prompt.append(num_prompt)
+        columns.num_output.append(num_output)
+        columns.num_cached.append(cached)
+    return columns
 
 
 def _record(rid: str):
@@ -17,12 +36,14 @@ def _record(rid: str):
 
 def test_columns_round_trip_through_the_wire():
     lp = TokenLogprobs(9, -0.5, [9, 4], [-0.5, -1.5])
-    outs = [  # a common row is a plain tuple of RequestOutput's fields (OutputRow)
-        ("a", [7], None, None, 3, 1, 0, None, None, None),
-        RequestOutput("b", [8, 9], "stop", [lp, lp], 4, 6, 2, 9, {"received": 1.0}),
-        RequestOutput("c", [], "abort", None, 2, 0, 0),
-        ("d", [123456], None, None, 1, 2, 0, None, None, None),
-    ]
+    outs = _columns(
+        [  # a common row: its fields appended to the columns (the resolve loop's)
+            ("a", 7, None, 3, 1, 0),
+            RequestOutput("b", [8, 9], "stop", [lp, lp], 4, 6, 2, 9, {"received": 1.0}),
+            RequestOutput("c", [], "abort", None, 2, 0, 0),
+            ("d", 123456, None, 1, 2, 0),
+        ]
+    )
     records = {rid: _record(rid) for rid in "abcd"}
     unannounced = {"a", "d", "z"}
     msg = step_message(3, outs, records, unannounced, replica=1, inbox="ipc://x")
@@ -38,7 +59,7 @@ def test_columns_round_trip_through_the_wire():
 
 
 def test_a_step_of_single_tokens_packs_them_at_once():
-    outs = [RequestOutput(f"r{i}", [i * 1000], None, None, 5, 9, 0) for i in range(50)]
+    outs = _columns([(f"r{i}", i * 1000, None, 5, 9, 0) for i in range(50)])
     msg = step_message(0, outs, {}, set())
     assert unpack_ids(msg.new_token_ids) == [i * 1000 for i in range(50)]
     assert msg.num_new_tokens is None  # one a row
@@ -50,8 +71,8 @@ def test_a_step_of_single_tokens_packs_them_at_once():
 
 
 def test_columns_equal_each_outputs_fields_read_by_name():
-    """The columns come from transposing the tuples: each must be its field's, read by
-    name a row (the slow path), prompt logprobs and counts included; none for no rows."""
+    """The message's columns are each row's field, read by name a row (the slow path),
+    prompt logprobs and counts included; none for no rows."""
     lp = TokenLogprobs(3, -0.25, [3], [-0.25])
     prompt = [None, [5, -1.0, []]]
     outs = [
@@ -59,7 +80,7 @@ def test_columns_equal_each_outputs_fields_read_by_name():
         for i in range(7)
     ]
     outs[4] = outs[4]._replace(prompt_logprobs=prompt)
-    msg = step_message(1, outs, {}, set())
+    msg = step_message(1, OutputColumns.of(outs), {}, set())
     assert msg.rids == [o.request_id for o in outs]
     assert unpack_ids(msg.num_prompt_tokens) == [o.num_prompt_tokens for o in outs]
     assert unpack_ids(msg.num_output_tokens) == [o.num_output_tokens for o in outs]
@@ -70,7 +91,7 @@ def test_columns_equal_each_outputs_fields_read_by_name():
     assert [g.logprobs for g in got] == [
         [[-0.25, [[3, -0.25]]]] if o.logprobs else None for o in outs
     ]
-    empty = step_message(2, [], {}, set())
+    empty = step_message(2, OutputColumns(), {}, set())
     assert empty.rids == [] and empty.new_token_ids == b"" and empty.logprobs is None
 
 
@@ -118,7 +139,6 @@ def test_kept_logprobs_rows_give_the_message_of_their_lists():
     from scheduler_worker.sampling import DeviceSample
     from scheduler_worker.step_logprobs import token_logprobs
     from scheduler_worker.step_message import _logprobs_columns
-    from scheduler_worker.step_output import as_output
 
     rng = random.Random(5)
 
@@ -151,7 +171,6 @@ def test_kept_logprobs_rows_give_the_message_of_their_lists():
             )
         else:
             assert got == want
-        # step(): a plain row's RowLogprobs become its TokenLogprobs
-        for v, w in zip(col, lists):
-            row = ("r", [1], None, v, 3, 1, 0, None, None, None)
-            assert as_output(row).logprobs == w
+        # step(): a common row's RowLogprobs become its TokenLogprobs
+        named = _columns([("r", 1, v, 3, 1, 0) for v in col]).outputs()
+        assert [o.logprobs for o in named] == lists

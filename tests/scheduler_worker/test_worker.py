@@ -96,7 +96,7 @@ def test_with_two_frontends_each_gets_its_errors_and_only_a_restarted_ones_are_a
             worker.handle(GenerateRequest(rid, pack_ids([1, 2, 3]), params, 1.0, origin, frontend))
         worker.handle(GenerateRequest("empty", pack_ids([]), params, 1.0, 111, 1))
         worker.heartbeat()
-        worker.publish(worker.engine.step())
+        worker.publish(worker.engine.step_rows())
         worker.handle(ComponentStatus("frontend.1", 112, "heartbeat", time.time()))
         assert worker.engine.requests.keys() == {"a"}  # frontend 1 restarted: "b" aborted
         worker.handle(ComponentStatus("frontend.0", 100, "heartbeat", time.time()))

@@ -127,7 +127,7 @@ def test_memory_figures_are_measured_while_idle_and_seldom_while_serving(
         worker.heartbeat()
         assert len(calls) == 3  # and again once it is MEMORY_BUSY_S old
         engine.abort("r")
-        worker.publish(engine.step())  # the abort's output: nothing unfinished after it
+        worker.publish(engine.step_rows())  # the abort's output: nothing unfinished after it
         assert not engine.has_unfinished()
         worker.heartbeat()
         assert len(calls) == 4  # the first beat once idle measures
