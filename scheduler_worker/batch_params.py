@@ -87,6 +87,14 @@ class BatchParams:
     # kept with them: a step of the same rows sends its keys and counts, not its columns
     memo: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def num_top(self) -> list[int]:
+        """The logprobs rows' N (top logprobs), kept with the rows' parameters."""
+        got = self.memo.get("num_top")
+        if got is None:
+            got = self.memo["num_top"] = self.values[self.logprobs, NUM_TOP].astype(int).tolist()
+        return got
+
     @classmethod
     def of(cls, params: list[SamplingParams]) -> BatchParams:
         rows = list(enumerate(params))

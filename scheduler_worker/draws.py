@@ -94,11 +94,34 @@ def draw_columns(
     )
 
 
-def draw_keys(rows: Rows, num_draws: int, columns: DrawColumns) -> np.ndarray:
+class KeyPool:
+    """Unseeded rows' keys for a keyed draw op: 32 random bits each from torch's default
+    (host) generator, drawn BLOCK at a time, so a step takes a slice, not a generator call
+    and a tensor's numpy view (five torch dispatches) of its own. A sampler's own: a new
+    engine after torch.manual_seed draws what it drew before."""
+
+    BLOCK = 4096
+
+    def __init__(self) -> None:
+        self.keys, self.at = np.zeros(0, dtype=np.int64), 0
+
+    def take(self, n: int) -> np.ndarray:
+        """n fresh keys [n] int64, each < 2**32 (the caller may write into them)."""
+        if self.at + n > len(self.keys):
+            size = max(self.BLOCK, n)
+            self.keys, self.at = torch.randint(0, 1 << 32, (size,), dtype=torch.long).numpy(), 0
+        self.at += n
+        return self.keys[self.at - n : self.at]
+
+
+def draw_keys(
+    rows: Rows, num_draws: int, columns: DrawColumns, pool: KeyPool | None = None
+) -> np.ndarray:
     """Each drawing row's key [num_draws] int64 for a keyed draw op (seeded_uniforms.row_keys):
     a seeded row's of (seed, its token's index), so its uniforms are draw_uniforms' to the
-    bit; the others' 32 random bits from torch's default (host) generator."""
-    keys = torch.randint(0, 1 << 32, (num_draws,), dtype=torch.long).numpy()
+    bit; the others' 32 random bits from torch's default (host) generator (`pool`'s, else
+    drawn now)."""
+    keys = (pool or KeyPool()).take(num_draws)
     if len(columns.seeded):
         picked = list(map(rows.__getitem__, columns.seeded_rows))
         keys[columns.seeded] = counter_keys(columns.seed_keys, _token_counts(picked))
@@ -141,11 +164,13 @@ def kernel_sample(
     op: DrawRows,
     cols: DeviceColumns | None = None,
     memo: dict[str, Any] | None = None,
+    pool: KeyPool | None = None,
 ) -> torch.Tensor:
     """Tokens [rows] for processed logits [rows, vocab] (float32): rows `draws` draw
     (values: every row's numbers; n: num_uniforms(vocab)), the others take the argmax, in
     the backend's one op `op`. Its columns stay on the device while they hold (cols);
-    `memo`: the batch's parameters' keeps (BatchParams.memo), where DrawColumns stay."""
+    `memo`: the batch's parameters' keeps (BatchParams.memo), where DrawColumns stay;
+    `pool`: the sampler's unseeded keys (a keyed op's)."""
     dev = logits.device
     columns = memo.get("draw") if memo is not None else None
     if columns is None or columns.device != dev:
@@ -153,7 +178,7 @@ def kernel_sample(
         if memo is not None:
             memo["draw"] = columns
     if op.keyed:  # the op makes the uniforms: only a key a row goes to the device
-        last = _array(draw_keys(rows, len(draws), columns), dev, torch.long)
+        last = _array(draw_keys(rows, len(draws), columns, pool), dev, torch.long)
     else:
         picked = list(map(rows.__getitem__, draws))
         last = draw_uniforms(picked, values[draws], n, dev, cols)

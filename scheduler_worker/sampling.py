@@ -63,7 +63,6 @@ from scheduler_worker.backends.base import DrawRows, PenalizeRows
 from scheduler_worker.backends.device import HostCopy, enqueues_work, runs_cpu_kernels
 from scheduler_worker.batch_params import (
     MIN_P,
-    NUM_TOP,
     TEMPERATURE,
     TOP_K,
     TOP_P,
@@ -71,7 +70,13 @@ from scheduler_worker.batch_params import (
     plain_greedy_params,
     values_of,
 )
-from scheduler_worker.draws import cpu_draw_rows, draw_uniforms, kernel_logprobs, kernel_sample
+from scheduler_worker.draws import (
+    KeyPool,
+    cpu_draw_rows,
+    draw_uniforms,
+    kernel_logprobs,
+    kernel_sample,
+)
 from scheduler_worker.logits_processors import (
     DeviceColumns,
     Rows,
@@ -245,6 +250,7 @@ class Sampler:
         self.penalize_rows = penalize_rows  # its penalties' op, likewise (penalty_op)
         self.batch = BatchParamsCache()  # the rows' parameters, kept between steps
         self.columns = DeviceColumns()  # their columns on the device, kept as they hold
+        self.keys = KeyPool()  # a keyed draw op's unseeded keys
 
     def __call__(self, logits: torch.Tensor, rows: Rows, writable: bool = False) -> SamplerOutput:
         """One token per row, on the host: `sample(...).result()`."""
@@ -270,7 +276,7 @@ class Sampler:
         if self.argmax_only(rows):
             cut = apply_token_masks(logits, rows, self.kernel_isa, writable, masked)
             return DeviceSample(greedy_tokens(cut))
-        raw = logits.float()
+        raw = logits if logits.dtype == torch.float32 else logits.float()
         # the logprobs rows' raw logits apart (a copy of those rows, not of the batch's):
         # then masks and penalties may write the step's logits (or float's copy) in place
         lp_raw = lp_sel = None
@@ -289,7 +295,8 @@ class Sampler:
         rand, op = batch.draws, self.draw_op(processed.device)
         if rand and op is not None:  # every row in the backend's one op
             n = num_uniforms(processed.shape[1])
-            tokens = kernel_sample(processed, rows, rand, batch.values, n, op, cols, batch.memo)
+            memo, keys = batch.memo, self.keys
+            tokens = kernel_sample(processed, rows, rand, batch.values, n, op, cols, memo, keys)
         elif len(rand) == len(rows):
             tokens = self._sample(processed, rows, batch.values, cols)
         else:
@@ -305,7 +312,7 @@ class Sampler:
                 tokens.index_copy_(0, sel, drawn)
         if lp_raw is None or lp_sel is None:
             return DeviceSample(tokens)
-        return self._logprobs(lp_raw, lp_sel, tokens, batch.values, batch.logprobs)
+        return self._logprobs(lp_raw, lp_sel, tokens, batch.num_top, batch.logprobs)
 
     def draw_op(self, device: torch.device) -> DrawRows | None:
         """The draw op for logits on `device`: the backend's, else the C++ one; None: torch's."""
@@ -350,12 +357,12 @@ class Sampler:
         raw_rows: torch.Tensor,
         sel: torch.Tensor,
         tokens: torch.Tensor,
-        values: np.ndarray,
+        num_top: list[int],
         idx: list[int],
     ) -> DeviceSample:
         """The sample with logprobs for rows `idx` (sel: idx on the device; their raw
-        logits: raw_rows). On the CPU kernels one op (draws.kernel_logprobs)."""
-        num_top = values[idx, NUM_TOP].astype(np.int64).tolist()
+        logits: raw_rows; num_top: each one's N). On the CPU kernels one op
+        (draws.kernel_logprobs)."""
         picked, n = tokens.index_select(0, sel), max(num_top)
         top_lps: torch.Tensor | None
         top_ids: torch.Tensor | None
@@ -363,7 +370,7 @@ class Sampler:
             sampled_lp, top_lps, top_ids = kernel_logprobs(raw_rows, picked, n, self.kernel_isa)
         else:
             lp = raw_rows.log_softmax(dim=-1)
-            sampled_lp = lp.gather(1, picked[:, None])[:, 0]
+            sampled_lp = lp.gather(1, picked.unsqueeze(1)).select(1, 0)
             top_lps, top_ids = lp.topk(n, dim=-1) if n > 0 else (None, None)
         sample = DeviceSample(tokens, idx, num_top, sampled_lp)
         if n > 0:
