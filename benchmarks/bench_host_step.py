@@ -58,6 +58,7 @@ from scheduler_worker.backends.graphs import StaticDecodeInputs  # noqa: E402
 from scheduler_worker.engine import LLMEngine  # noqa: E402
 from scheduler_worker.kernels import load as load_kernels  # noqa: E402
 from scheduler_worker.penalties import CPU_PENALIZE  # noqa: E402
+from scheduler_worker.sampling import greedy_tokens  # noqa: E402
 from scheduler_worker.worker import SchedulerWorker  # noqa: E402
 
 VOCAB = 64  # greedy: the stand-in logits' width (the device's argmax costs the host nothing)
@@ -124,8 +125,11 @@ def _max_blocks() -> int:
 
 def _launch_stand_in(logits, draw, params, keys):
     """The GPU's draw (triton_sample.sample_rows_keyed) as the host sees it: one launch,
-    here one op (its device work is not the host's)."""
-    return logits.argmax(dim=-1)
+    here one op (its device work is not the host's): greedy's own (`max`), where torch's
+    CPU `argmax`, a scalar loop, added ~1,000 instructions a row of device work to the
+    count until the twenty-second session (docs/benchmarks.md, "A step's outputs as
+    columns")."""
+    return greedy_tokens(logits)
 
 
 def publisher(engine: LLMEngine):
