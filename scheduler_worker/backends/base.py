@@ -96,6 +96,19 @@ class DecodeRows:
     slots: list[int]
     prev_rows: list[int]
     tables: BlockTables
+    known: int = -1  # how many rows' tokens are known (prev_rows -1), where counted
+    _positions: tuple[list[int], np.ndarray] | None = None  # (positions, as int64)
+
+    def num_known(self) -> int:
+        """The rows whose token is known (no placeholder): most overlapped steps none."""
+        return self.known if self.known >= 0 else self.prev_rows.count(-1)
+
+    def position_array(self) -> np.ndarray:
+        """positions [n] int64, made once for the list they are (its conversion is ~40
+        instructions a row; a list put in their place is converted again)."""
+        if self._positions is None or self._positions[0] is not self.positions:
+            self._positions = (self.positions, np.array(self.positions, dtype=np.int64))
+        return self._positions[1]
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -141,7 +154,7 @@ class DecodeRows:
         return pos, self.tables.array[idx, pos // bs].astype(np.int64) * bs + pos % bs
 
     def _covered(self, bs: int) -> tuple[np.ndarray, np.ndarray]:
-        pos = np.array(self.positions, dtype=np.int64)
+        pos = self.position_array()
         idx = np.array(self.slots, dtype=np.int64)
         if (pos // bs >= self.tables.lengths[idx]).any():
             raise ValueError("a decode row's block table does not cover its token")

@@ -72,7 +72,7 @@ class DecodeInputs:
     def fill(self, rows: DecodeRows, bucket_width: bool) -> int:
         """Write the decode rows; returns the block-table width used."""
         n, bs = len(rows), self.block_size
-        w = max(rows.positions) // bs + 1
+        w = int(rows.position_array().max()) // bs + 1
         w = width_bucket(w) if bucket_width else w
         if n > self.rows or w > self.width:
             self._grow(max(n, 2 * self.rows) if n > self.rows else 0, width_bucket(w))
@@ -215,7 +215,7 @@ class CpuBackend(Backend):
             kernel_isa=self.isa_index,
             decode_block_tables=buf.tables[:m, :w],
             decode_context_lens=ctx_t,
-            decode_max_context=max(rows.positions) + 1,
+            decode_max_context=int(rows.position_array().max()) + 1,
         )
         if self.decode_kernel != "paged":
             cols = w * self.block_size

@@ -57,3 +57,35 @@ def test_fill_equals_the_general_path():
         for got, want in zip(rows.staged(BS, w, out), rows.staged(BS, w)):
             assert np.array_equal(got, want)
     assert kinds["all"] > 50  # the gather's path ran, padded and not
+
+
+def test_decode_rows_count_the_rows_whose_token_is_known():
+    """decode_rows counts the rows whose token is known (no placeholder: a grammar row back
+    from sitting out) as it reads their tokens: the count fill would take from prev_rows.
+    position_array converts a list put in the positions' place again."""
+    from types import SimpleNamespace
+
+    from scheduler_worker.backends.block_tables import BlockTables
+    from scheduler_worker.step_inputs import decode_rows
+
+    rng = random.Random(2)
+    tables = BlockTables(8, SCRATCH, width=4)
+    for _ in range(50):
+        reqs = [
+            SimpleNamespace(
+                num_computed_tokens=rng.randrange(1, 12),
+                num_pending=int(rng.random() < 0.7),
+                flight_row=i,
+                token_ids=list(range(100, 116)),
+                slot=i,
+            )
+            for i in range(rng.randint(1, 8))
+        ]
+        rows = decode_rows(reqs, tables)  # type: ignore[arg-type]
+        assert rows.known == rows.num_known() == sum(not r.num_pending for r in reqs)
+        assert rows.known == rows.prev_rows.count(-1)
+        known = [t for t, p in zip(rows.token_ids, rows.prev_rows) if p < 0]
+        assert known == [100 + r.num_computed_tokens for r in reqs if not r.num_pending]
+        assert rows.position_array().tolist() == [r.num_computed_tokens for r in reqs]
+    rows.positions = [p + 1 for p in rows.positions]
+    assert rows.position_array().tolist() == rows.positions
