@@ -124,3 +124,55 @@ def test_penalties_count_the_token_in_flight_read_on_the_device():
     want = apply_penalties(logits, known)
     assert torch.equal(apply_penalties(logits, pending, prev_tokens), want)
     assert not torch.equal(apply_penalties(logits, [_row([3, 11], [1, 2], **kw)] + known[1:]), want)
+
+
+def test_draw_keys_are_the_seeded_hash_and_fresh_bits_from_the_pool():
+    """draw_keys: a seeded row's key is seeded_uniforms.row_keys' of (its seed, its outputs
+    and drafts), for seeds negative and past 32 bits; an unseeded row's 32 bits come from
+    torch's default generator through the sampler's pool, a block at a time: fresh each
+    step, and the same again after manual_seed with a new pool."""
+    from types import SimpleNamespace
+
+    from common.sampling_params import SamplingParams
+    from scheduler_worker.batch_params import values_of
+    from scheduler_worker.draws import KeyPool, draw_columns, draw_keys
+    from scheduler_worker.seeded_uniforms import M32, row_keys
+
+    seeds = [None, 7, -3, 2**40 + 5, None, 2**63 - 1, None, 0]
+    params = [SamplingParams(temperature=0.8, seed=s) for s in seeds]
+    params[4] = SamplingParams(temperature=0.0)  # an argmax row: no key
+    rows = [
+        SimpleNamespace(output_token_ids=[1] * (3 * i), draft_token_ids=[2] * (i % 3))
+        for i in range(len(params))
+    ]
+    draws = [i for i, p in enumerate(params) if p.temperature > 0]
+    columns = draw_columns(draws, values_of(params), torch.device("cpu"))
+
+    def keys(pool: KeyPool, steps: int) -> list[list[int]]:
+        out = []
+        for _ in range(steps):
+            out.append(draw_keys(rows, len(draws), columns, pool).tolist())
+            for r in rows:
+                r.output_token_ids.append(5)  # the next token's
+        for r in rows:
+            del r.output_token_ids[-steps:]
+        return out
+
+    KeyPool.BLOCK = 16  # a refill every other step
+    try:
+        torch.manual_seed(3)
+        got = keys(KeyPool(), 5)
+        torch.manual_seed(3)
+        assert keys(KeyPool(), 5) == got
+    finally:
+        KeyPool.BLOCK = 4096
+    for step, step_keys in enumerate(got):
+        for j, i in enumerate(draws):
+            seed, r = seeds[i], rows[i]
+            if seed is None:
+                continue
+            count = len(r.output_token_ids) + step + len(r.draft_token_ids)
+            want = row_keys(np.array([[seed & M32, (seed >> 32) & M32, count]], dtype=np.int64))
+            assert step_keys[j] == int(want[0]), (step, i)
+    unseeded = [k for step_keys in got for j, k in enumerate(step_keys) if seeds[draws[j]] is None]
+    assert all(0 <= k < 1 << 32 for k in unseeded) and len(set(unseeded)) == len(unseeded)
