@@ -96,19 +96,17 @@ def draw_columns(
 
 class KeyPool:
     """Unseeded rows' keys for a keyed draw op: 32 random bits each from torch's default
-    (host) generator, drawn BLOCK at a time, so a step takes a slice, not a generator call
+    (host) generator, drawn `block` at a time, so a step takes a slice, not a generator call
     and a tensor's numpy view (five torch dispatches) of its own. A sampler's own: a new
     engine after torch.manual_seed draws what it drew before."""
 
-    BLOCK = 4096
-
-    def __init__(self) -> None:
-        self.keys, self.at = np.zeros(0, dtype=np.int64), 0
+    def __init__(self, block: int = 4096) -> None:
+        self.block, self.keys, self.at = block, np.zeros(0, dtype=np.int64), 0
 
     def take(self, n: int) -> np.ndarray:
         """n fresh keys [n] int64, each < 2**32 (the caller may write into them)."""
         if self.at + n > len(self.keys):
-            size = max(self.BLOCK, n)
+            size = max(self.block, n)
             self.keys, self.at = torch.randint(0, 1 << 32, (size,), dtype=torch.long).numpy(), 0
         self.at += n
         return self.keys[self.at - n : self.at]
@@ -121,7 +119,7 @@ def draw_keys(
     a seeded row's of (seed, its token's index), so its uniforms are draw_uniforms' to the
     bit; the others' 32 random bits from torch's default (host) generator (`pool`'s, else
     drawn now)."""
-    keys = (pool or KeyPool()).take(num_draws)
+    keys = (pool or KeyPool(num_draws)).take(num_draws)  # no pool: this step's alone
     if len(columns.seeded):
         picked = list(map(rows.__getitem__, columns.seeded_rows))
         keys[columns.seeded] = counter_keys(columns.seed_keys, _token_counts(picked))

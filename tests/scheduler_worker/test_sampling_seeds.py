@@ -158,14 +158,10 @@ def test_draw_keys_are_the_seeded_hash_and_fresh_bits_from_the_pool():
             del r.output_token_ids[-steps:]
         return out
 
-    KeyPool.BLOCK = 16  # a refill every other step
-    try:
-        torch.manual_seed(3)
-        got = keys(KeyPool(), 5)
-        torch.manual_seed(3)
-        assert keys(KeyPool(), 5) == got
-    finally:
-        KeyPool.BLOCK = 4096
+    torch.manual_seed(3)
+    got = keys(KeyPool(16), 5)  # blocks of 16 keys: a refill every other step
+    torch.manual_seed(3)
+    assert keys(KeyPool(16), 5) == got
     for step, step_keys in enumerate(got):
         for j, i in enumerate(draws):
             seed, r = seeds[i], rows[i]
