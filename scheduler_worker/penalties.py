@@ -4,7 +4,9 @@ counts are the sampler's kept per slot on the device (penalty_counts.py) plus th
 not yet on the host (the step in flight's, drafts), and the rows' numbers are kept with the
 batch's parameters (PenaltyColumns in BatchParams.memo) while the rows are the same. Where
 the device has the one op (`penalty_op`: the C++ kernels' on a CPU, the backend's Triton
-launch on a GPU) a step without drafts applies them in it, not in ~12 torch ops."""
+launch on a GPU) a step without drafts applies them in it, not in ~12 torch ops, and the
+op counts each row's token in flight into the kept counts as it reads it (COMMIT): an
+overlapped step then sends the counts nothing (each row's last token is already there)."""
 
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ def penalty_columns(
     )
 
 
+COMMIT = 8  # penalize_rows' flag: the tokens in flight stay counted (PenaltyCounts.gather)
 CPU_PENALIZE = PenalizeRows(lambda *args: torch.ops.zeroserve.penalize_rows(*args))
 
 
@@ -154,10 +157,14 @@ def apply_penalties(
     kept = pool is not None and -1 not in map(_SLOT, picked)
     if kept:
         assert pool is not None
-        at = _column(cols, "penalty.entries", pool.gather(picked, vocab, dev), dev, torch.long)
-        if op is not None and logits.dtype == torch.float32 and not any(map(_DRAFTS, picked)):
+        single = op is not None and logits.dtype == torch.float32 and not any(map(_DRAFTS, picked))
+        entries, pend, commit = pool.gather(picked, vocab, dev, single and prev_tokens is not None)
+        at = _column(cols, "penalty.entries", entries, dev, torch.long)
+        if single:
+            assert op is not None
+            flags = pc.flags | (COMMIT if commit else 0)
             return _penalize_in_one_op(
-                logits, picked, at, pool, pc, op, prev_tokens, cols, in_place
+                logits, pend, at, pool, pc, op, prev_tokens, cols, in_place, flags
             )
     sub = logits.index_select(0, pc.rows)  # a contiguous copy
     pending = _in_flight(picked, prev_tokens, cols)
@@ -200,7 +207,7 @@ def apply_penalties(
 
 def _penalize_in_one_op(
     logits: torch.Tensor,
-    picked: Rows,
+    pend: list[int],
     at: torch.Tensor,
     pool: PenaltyCounts,
     pc: PenaltyColumns,
@@ -208,16 +215,18 @@ def _penalize_in_one_op(
     prev_tokens: torch.Tensor | None,
     cols: DeviceColumns | None,
     in_place: bool,
+    flags: int,
 ) -> torch.Tensor:
     """apply_penalties' kept-counts path in the device's one op (the same logits, bit for
-    bit): `at`, the rows' entries of `pool`."""
-    pending = np.array([row.pending_row for row in picked], dtype=np.int64)
+    bit): `at`, the rows' entries of `pool`; pend, their pending_row; flags, the op's
+    (the terms', and COMMIT where gather granted it)."""
+    pending = np.array(pend, dtype=np.int64)
     if prev_tokens is None:
         assert (pending < 0).all(), "a pending token with no step in flight"
         prev_tokens = pc.rows[:0]
     out = logits if in_place and logits.stride(-1) == 1 else logits.clone()
-    pend = _column(cols, "penalty.pending", pending, logits.device, torch.long)
-    op.fn(out, pc.rows, at, pool.counts, pool.seen, pend, prev_tokens, pc.nums, pc.flags)
+    pend_col = _column(cols, "penalty.pending", pending, logits.device, torch.long)
+    op.fn(out, pc.rows, at, pool.counts, pool.seen, pend_col, prev_tokens, pc.nums, flags)
     return out
 
 

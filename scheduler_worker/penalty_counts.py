@@ -13,11 +13,18 @@ row's newly resolved outputs each step. What is not resolved on the host stays o
 it and is added to the step's own copy only: the token in flight (read from the step in
 flight's tokens, on the device) and drafts (rejected ones leave no trace).
 
+Where the device's one op counts the tokens in flight into the pool itself (its flags'
+commit, penalties._penalize_in_one_op), a row's token in flight is counted once, on the
+device, the step it is read, and never sent by the host: most steps then send the device
+nothing (gather's `commit`).
+
 Invariant: counts[e] holds the first counted[e] outputs of owner[e] (the request's own
 output list, compared by identity) and seen[e] its prompt; a slot's entry whose owner is
 not the row's (a new request in the slot) is reset before it is read. Placeholders
 (-1) are a suffix of a request's outputs (they resolve in order), so the resolved prefix
-only grows while the request runs.
+only grows while the request runs; a committed token in flight is counted at its
+placeholder, which resolves to that token (the step's sampled one). A request whose
+outputs are cut below what is counted (its placeholder dropped) is counted again.
 """
 
 from __future__ import annotations
@@ -85,13 +92,21 @@ class PenaltyCounts:
         self.slot[e] = slot
         return e
 
-    def gather(self, rows: Sequence, vocab: int, device: torch.device) -> list[int]:
+    def gather(
+        self, rows: Sequence, vocab: int, device: torch.device, commit: bool = False
+    ) -> tuple[list[int], list[int], bool]:
         """The rows' (SampledRow, each with a slot) entries, brought up to their resolved
-        outputs (the caller's column on the device: the same most steps)."""
+        outputs (the caller's column on the device: the same most steps), each row's
+        pending_row, and whether the tokens in flight are committed. commit: the caller's
+        op will add each row's token in flight to its entry (penalize_rows' flags & 8);
+        granted (True) where each such row's placeholder is its only one and no entry is
+        read twice (a verify chunk's), and then counted from this call on."""
         if vocab != self.vocab or (self.counts is not None and self.counts.device != device):
             self.__dict__.update(PenaltyCounts(vocab).__dict__)  # a new vocab or device
         self.calls += 1
         calls, joined, prompts, grown, news, at = self.calls, [], [], [], [], []
+        pend: list[int] = []
+        flying: list[int] = []  # the entries whose token in flight the op commits
         one_at: list[int] = []  # the entries gaining one output (most, most steps), and it
         one_id: list[int] = []
         # the lists as locals (_take extends them in place): a row's lookups are LOAD_FASTs
@@ -105,10 +120,13 @@ class PenaltyCounts:
         for r in rows:
             e = entry.get(r.slot, -1)
             outs = r.output_token_ids
+            p = r.pending_row
+            pend.append(p)
             if e >= 0 and stamp[e] == calls:  # a verify chunk's later position
                 at.append(e)
+                commit = False
                 continue
-            n = len(outs)  # its resolved outputs: without the trailing placeholders
+            size = n = len(outs)  # its resolved outputs: without the trailing placeholders
             while n and outs[n - 1] < 0:
                 n -= 1
             prompt = r.prompt_token_ids
@@ -129,6 +147,14 @@ class PenaltyCounts:
                 counted[e] = n
             stamp[e] = calls
             at.append(e)
+            if p >= 0:
+                if size == n + 1:
+                    flying.append(e)
+                else:  # never while overlapped (one step in flight): the op counts apart
+                    commit = False
+        if commit:
+            for e in flying:  # its placeholder counted: the op adds its token
+                counted[e] += 1
         counts, seen = self.counts, self.seen
         assert counts is not None and seen is not None
         if joined:
@@ -143,7 +169,7 @@ class PenaltyCounts:
                 added = np.concatenate([added, flat_index(news, vocab, grown)])
             flat = to_device(torch.from_numpy(added), device)
             counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
-        return at
+        return at, pend, commit
 
 
 def _one_each(entries: list[int], ids: list[int], vocab: int) -> np.ndarray:

@@ -49,8 +49,9 @@ class DrawRows:
 class PenalizeRows:
     """A step's penalties in one op (penalties.apply_penalties, the counts kept per slot):
     fn(logits [R, V'] f32, written in place, rows [k] i64, entries [k] i64, counts [E, V]
-    f32, seen [E, V] bool, pending [k] i64, prev_tokens [P] i64, nums [k, 3] f32, flags),
-    as kernels/csrc/penalize_rows.cpp defines it, on tensors of the device type `device`."""
+    f32, seen [E, V] bool, pending [k] i64, prev_tokens [P] i64, nums [k, 3] f32, flags;
+    flags & 8: each token in flight added to `counts` too), as kernels/csrc/penalize_rows.cpp
+    defines it, on tensors of the device type `device`."""
 
     fn: Callable[..., None]
     device: str = "cpu"

@@ -5,7 +5,8 @@ torch path issues ~12 ops a step over the penalized rows (penalties.py).
 
     penalize_rows(logits [R, V'] f32, rows [k] i64, entries [k] i64, counts [E, V] f32,
                   seen [E, V] bool, pending [k] i64, prev_tokens [P] i64, nums [k, 3] f32,
-                  flags) -> None, the penalized rows of `logits` written in place
+                  flags) -> None, the penalized rows of `logits` written in place (and,
+                  with flags & 8, each token in flight added to its entry of `counts`)
 
 One program a (row, tile of the vocabulary). Under TRITON_INTERPRET=1 it runs on CPU
 tensors, which is how the tests check it (tests/scheduler_worker/test_penalty_counts.py).
@@ -45,6 +46,8 @@ def _penalize_rows_kernel(
     tok = tl.where(at >= 0, tok, -1)
     c = tl.load(counts + entry * V + offs, mask=inside, other=0.0)
     c = tl.where(offs == tok, c + 1.0, c)
+    if flags & 8:  # commit: the token in flight stays counted (its tile's program alone)
+        tl.store(counts + entry * V + offs, c, mask=inside & (offs == tok))
     x_at = logits + row * stride_l + offs
     x = tl.load(x_at, mask=inside, other=0.0)
     if flags & 1:

@@ -19,7 +19,7 @@ from scheduler_worker.backends import triton_penalties
 from scheduler_worker.backends.base import PenalizeRows
 from scheduler_worker.batch_params import BatchParamsCache
 from scheduler_worker.logits_processors import SamplingRow
-from scheduler_worker.penalties import CPU_PENALIZE, apply_penalties
+from scheduler_worker.penalties import COMMIT, CPU_PENALIZE, apply_penalties
 from scheduler_worker.penalty_counts import PenaltyCounts
 from scheduler_worker.sampling import Sampler
 
@@ -63,10 +63,12 @@ def test_kept_counts_give_the_per_row_logits_bit_for_bit(device: str):
         ops["c++"] = CPU_PENALIZE
     pools = {name: PenaltyCounts() for name in ops}
     calls = dict.fromkeys(ops, 0)
+    commits = dict.fromkeys(ops, 0)  # calls that kept the tokens in flight counted
 
     def counted(name: str, fn):
         def call(*args):
             calls[name] += 1
+            commits[name] += bool(args[-1] & COMMIT)
             return fn(*args)
 
         return call
@@ -145,6 +147,7 @@ def test_kept_counts_give_the_per_row_logits_bit_for_bit(device: str):
     assert min(seen.values()) > 10, seen
     assert seen["penalized"] > 800, seen
     assert min(calls.values()) > 150, calls  # the ops ran (a step with drafts: torch's)
+    assert min(commits.values()) > 100, commits
 
 
 @pytest.mark.skipif(not kernels.load(), reason="the C++ kernels are not built here")
@@ -189,3 +192,47 @@ def test_an_entry_follows_its_request_not_its_slot():
     assert got[7] == 0.0 and got[9] == -1.0
     a.slot = 1
     assert apply_penalties(logits, [a], None, [0], None, pool)[0, 7] == -4.0
+
+
+@pytest.mark.parametrize("name", ["c++", "triton"])
+def test_a_token_in_flight_the_op_counts_is_counted_once(name: str):
+    """The op keeps a row's token in flight in the pool (COMMIT): resolved at the next step
+    it is not added again. Outputs cut below the count (a finished request's placeholder
+    dropped: it samples no more, but an entry must not trust it) are counted again."""
+    if name == "c++" and not kernels.load():
+        pytest.skip("the C++ kernels are not built here")
+    op = CPU_PENALIZE if name == "c++" else PenalizeRows(triton_penalties.penalize_rows)
+    pool, freq = PenaltyCounts(), SamplingParams(max_tokens=8, frequency_penalty=1.0)
+    bp, prompt, outs = BatchParamsCache().get([freq], [0]), [1], [7, -1]
+    calls: list[int] = []
+
+    def step(in_flight: int | None) -> torch.Tensor:
+        pending, prev = (-1, None) if in_flight is None else (0, torch.tensor([in_flight]))
+        row = SamplingRow(freq, prompt, outs, pending, None, (), 0)
+        logits = torch.zeros(1, VOCAB)
+        flags = PenalizeRows(lambda *a: calls.append(a[-1]) or op.fn(*a), op.device)
+        apply_penalties(logits, [row], prev, [0], bp.values, pool, in_place=True, op=flags)
+        return -logits[0]  # each token's count
+
+    got = step(7)
+    assert got[7] == 2.0 and pool.counted == [2] and calls[-1] & COMMIT
+    assert pool.counts is not None and pool.counts[0, 7] == 2.0  # kept by the op
+    outs[1] = 7  # resolved: counted already
+    outs.append(-1)
+    got = step(9)
+    assert got[7] == 2.0 and got[9] == 1.0 and pool.counts[0, 9] == 1.0
+    assert pool.counted == [3]
+    outs[2] = 9
+    got = step(None)  # nothing in flight: nothing to add
+    assert got[7] == 2.0 and got[9] == 1.0 and pool.counted == [3]
+    assert pool.counts[0].sum() == 3.0
+    outs.append(-1)
+    step(5)
+    assert pool.counts[0, 5] == 1.0 and pool.counted == [4]
+    del outs[3]  # its placeholder dropped: the entry counted again from the outputs
+    got = step(None)
+    assert got[5] == 0.0 and got[7] == 2.0 and got[9] == 1.0 and pool.counts[0, 5] == 0.0
+    assert pool.counted == [3]
+    outs.extend((-1, -1))  # two in flight (never while overlapped): not committed
+    step(4)
+    assert not calls[-1] & COMMIT and pool.counted == [3] and pool.counts[0, 4] == 0.0

@@ -12,6 +12,9 @@
 //   (flags & 1) repetition, where rep != 1 and (seen or c > 0): x > 0 ? x / rep : x * rep
 //   (flags & 2) presence:  x = x - presence * (c > 0)
 //   (flags & 4) frequency: x = x - frequency * c
+//   (flags & 8) commit: the token in flight stays counted, counts[entry] += 1 there (the
+//               host then counts it at its placeholder: PenaltyCounts.gather's commit;
+//               the rows' entries are distinct then, so no two rows write one entry)
 // each a float32 operation rounded as torch's is (no contraction: the baseline build has no
 // FMA), so the logits are the torch path's bit for bit. The flags are the batch's (a term
 // that no row of the batch has is not applied, as in the torch path). A row is one SSE2
@@ -80,7 +83,7 @@ constexpr RowFn kRowFns[8] = {row_fn<0>(), row_fn<1>(), row_fn<2>(), row_fn<3>()
 }  // namespace
 
 
-void penalize_rows(at::Tensor& logits, const at::Tensor& rows, const at::Tensor& entries, const at::Tensor& counts,
+void penalize_rows(at::Tensor& logits, const at::Tensor& rows, const at::Tensor& entries, at::Tensor& counts,
                    const at::Tensor& seen, const at::Tensor& pending, const at::Tensor& prev_tokens,
                    const at::Tensor& nums, int64_t flags) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
@@ -107,19 +110,20 @@ void penalize_rows(at::Tensor& logits, const at::Tensor& rows, const at::Tensor&
                 "penalize_rows: a row, entry or pending index out of range");
   if (k == 0) return;
   float* x = logits.data_ptr<float>();
-  const float* cnt = counts.data_ptr<float>();
+  float* cnt = counts.data_ptr<float>();
   const bool* sn = seen.data_ptr<bool>();
   const int64_t* prev = P ? prev_tokens.data_ptr<int64_t>() : nullptr;
   const float* nm = nums.data_ptr<float>();
-  TORCH_CHECK(flags >= 0 && flags < 8, "penalize_rows: flags must be in [0, 8)");
+  TORCH_CHECK(flags >= 0 && flags < 16, "penalize_rows: flags must be in [0, 16)");
+  const bool commit = (flags & 8) != 0;
   at::parallel_for(0, k, V >= 32768 ? 1 : 8, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float* row = x + rw[i] * ld;
-      const float* c = cnt + en[i] * V;
+      float* c = cnt + en[i] * V;
       const bool* s = sn + en[i] * V;
       const float rep = nm[i * 3], pres = nm[i * 3 + 1], freq = nm[i * 3 + 2];
       // a row at repetition 1.0 skips it (x / 1 and x * 1 are x, bit for bit)
-      const int64_t f = rep == 1.0f ? flags & 6 : flags;
+      const int64_t f = rep == 1.0f ? flags & 6 : flags & 7;
       const int64_t tok = pd[i] >= 0 ? prev[pd[i]] : -1;
       const bool flying = tok >= 0 && tok < V;
       const float x_tok = flying ? row[tok] : 0.0f;
@@ -128,6 +132,7 @@ void penalize_rows(at::Tensor& logits, const at::Tensor& rows, const at::Tensor&
         const float c_tok = c[tok] + 1.0f;
         row[tok] = x_tok;
         kRowFns[f](row + tok, &c_tok, s + tok, 1, rep, pres, freq);
+        if (commit) c[tok] = c_tok;
       }
     }
   });
@@ -137,7 +142,7 @@ void penalize_rows(at::Tensor& logits, const at::Tensor& rows, const at::Tensor&
 
 TORCH_LIBRARY_FRAGMENT(zeroserve, lib) {
   lib.def(
-      "penalize_rows(Tensor(a!) logits, Tensor rows, Tensor entries, Tensor counts, Tensor seen, Tensor pending, "
+      "penalize_rows(Tensor(a!) logits, Tensor rows, Tensor entries, Tensor(b!) counts, Tensor seen, Tensor pending, "
       "Tensor prev_tokens, Tensor nums, int flags) -> ()");
 }
 
