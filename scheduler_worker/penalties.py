@@ -24,7 +24,6 @@ from scheduler_worker.logits_processors import (
     _DRAFTS,
     _OUTPUT_IDS,
     _PARAMS,
-    _SLOT,
     DeviceColumns,
     Rows,
     SampledRow,
@@ -154,24 +153,26 @@ def apply_penalties(
         if memo is not None:
             memo["penalty"] = pc
     vocab = logits.shape[1]
-    kept = pool is not None and -1 not in map(_SLOT, picked)
-    if kept:
-        assert pool is not None
-        single = op is not None and logits.dtype == torch.float32 and not any(map(_DRAFTS, picked))
-        entries, pend, commit = pool.gather(picked, vocab, dev, single and prev_tokens is not None)
-        at = _column(cols, "penalty.entries", entries, dev, torch.long)
-        if single:
-            assert op is not None
-            flags = pc.flags | (COMMIT if commit else 0)
+    single = op is not None and logits.dtype == torch.float32  # the one op, without drafts
+    got = (
+        None
+        if pool is None
+        else pool.gather(picked, vocab, dev, single and prev_tokens is not None)
+    )
+    if got is not None:  # every row has a slot: the pool's counts are read
+        at = _column(cols, "penalty.entries", got.entries, dev, torch.long)
+        if single and not got.drafted:
+            assert op is not None and pool is not None
+            flags = pc.flags | (COMMIT if got.commit else 0)
             return _penalize_in_one_op(
-                logits, pend, at, pool, pc, op, prev_tokens, cols, in_place, flags
+                logits, got.pending, at, pool, pc, op, prev_tokens, cols, in_place, flags
             )
     sub = logits.index_select(0, pc.rows)  # a contiguous copy
     pending = _in_flight(picked, prev_tokens, cols)
-    if kept:
+    if got is not None:
         assert pool is not None and pool.counts is not None and pool.seen is not None
         counts = pool.counts.index_select(0, at).to(sub.dtype)
-        if any(map(_DRAFTS, picked)):  # this step's own: a rejected draft leaves no trace
+        if got.drafted:  # this step's own: a rejected draft leaves no trace
             flat = _flat_index(list(map(_DRAFTS, picked)), vocab, dev)
             counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=sub.dtype))
         if pending is not None:

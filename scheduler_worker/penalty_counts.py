@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -94,13 +95,13 @@ class PenaltyCounts:
 
     def gather(
         self, rows: Sequence, vocab: int, device: torch.device, commit: bool = False
-    ) -> tuple[list[int], list[int], bool]:
-        """The rows' (SampledRow, each with a slot) entries, brought up to their resolved
-        outputs (the caller's column on the device: the same most steps), each row's
-        pending_row, and whether the tokens in flight are committed. commit: the caller's
-        op will add each row's token in flight to its entry (penalize_rows' flags & 8);
-        granted (True) where each such row's placeholder is its only one and no entry is
-        read twice (a verify chunk's), and then counted from this call on."""
+    ) -> Gathered | None:
+        """The rows' (SampledRow) entries, brought up to their resolved outputs; None where
+        a row has no slot (the others' entries brought up all the same). commit: the
+        caller's op will add each row's token in flight to its entry (penalize_rows' flags
+        & 8) unless a row has drafts; granted where each such row's placeholder is its
+        only one and no entry is read twice (a verify chunk's), and then counted from this
+        call on."""
         if vocab != self.vocab or (self.counts is not None and self.counts.device != device):
             self.__dict__.update(PenaltyCounts(vocab).__dict__)  # a new vocab or device
         self.calls += 1
@@ -117,11 +118,18 @@ class PenaltyCounts:
             self.prompt,
             self.counted,
         )
+        drafted = missing = False
         for r in rows:
-            e = entry.get(r.slot, -1)
+            slot = r.slot
+            if slot < 0:
+                missing = True
+                continue
+            e = entry.get(slot, -1)
             outs = r.output_token_ids
             p = r.pending_row
             pend.append(p)
+            if r.draft_token_ids:
+                drafted = True
             if e >= 0 and stamp[e] == calls:  # a verify chunk's later position
                 at.append(e)
                 commit = False
@@ -133,7 +141,7 @@ class PenaltyCounts:
             if (  # a new request in the slot; or its outputs cut (never while it runs)
                 e < 0 or owner[e] is not outs or prompt_of[e] is not prompt or n < counted[e]
             ):
-                e = e if e >= 0 else self._take(r.slot, device)
+                e = e if e >= 0 else self._take(slot, device)
                 owner[e], prompt_of[e], counted[e] = outs, prompt, 0
                 joined.append(e)
                 prompts.append(prompt)
@@ -152,11 +160,13 @@ class PenaltyCounts:
                     flying.append(e)
                 else:  # never while overlapped (one step in flight): the op counts apart
                     commit = False
+        commit = commit and not drafted and not missing
         if commit:
             for e in flying:  # its placeholder counted: the op adds its token
                 counted[e] += 1
         counts, seen = self.counts, self.seen
-        assert counts is not None and seen is not None
+        if counts is None or seen is None:  # no row with a slot: no entry taken
+            return None
         if joined:
             reset = to_device(torch.tensor(joined), device)
             counts.index_fill_(0, reset, 0)
@@ -169,7 +179,16 @@ class PenaltyCounts:
                 added = np.concatenate([added, flat_index(news, vocab, grown)])
             flat = to_device(torch.from_numpy(added), device)
             counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
-        return at, pend, commit
+        return None if missing else Gathered(at, pend, commit, drafted)
+
+
+class Gathered(NamedTuple):
+    """PenaltyCounts.gather's answer for a step's penalized rows."""
+
+    entries: list[int]  # each row's entry of counts and seen
+    pending: list[int]  # each row's pending_row
+    commit: bool  # the op is to add the tokens in flight to the counts (COMMIT)
+    drafted: bool  # some row has drafts (the torch path: the one op takes none)
 
 
 def _one_each(entries: list[int], ids: list[int], vocab: int) -> np.ndarray:

@@ -236,3 +236,21 @@ def test_a_token_in_flight_the_op_counts_is_counted_once(name: str):
     outs.extend((-1, -1))  # two in flight (never while overlapped): not committed
     step(4)
     assert not calls[-1] & COMMIT and pool.counted == [3] and pool.counts[0, 4] == 0.0
+
+
+def test_a_row_without_a_slot_takes_the_per_row_path():
+    """One penalized row without a slot (-1): the step's penalties are counted row by row,
+    the same logits; the slotted row's entry is still brought up to its outputs."""
+    pool, freq = PenaltyCounts(), SamplingParams(max_tokens=8, frequency_penalty=1.0)
+    bp = BatchParamsCache().get([freq, freq])
+    rows = [
+        SamplingRow(freq, [1], [7, 7], -1, None, (), 3),
+        SamplingRow(freq, [1], [9], -1, None, (), -1),
+    ]
+    logits = torch.zeros(2, VOCAB)
+    each = apply_penalties(logits, rows, None, [0, 1], bp.values)
+    got = apply_penalties(logits, rows, None, [0, 1], bp.values, pool, op=CPU_PENALIZE)
+    assert torch.equal(got, each) and got[0, 7] == -2.0 and got[1, 9] == -1.0
+    assert pool.counted == [2] and pool.counts is not None and pool.counts[0, 7] == 2.0
+    alone = apply_penalties(logits, rows[1:], None, [0], bp.values[1:], pool)
+    assert alone[0, 9] == -1.0 and pool.counted == [2]  # no row with a slot: none taken
