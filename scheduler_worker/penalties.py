@@ -221,12 +221,12 @@ def _penalize_in_one_op(
     """apply_penalties' kept-counts path in the device's one op (the same logits, bit for
     bit): `at`, the rows' entries of `pool`; pend, their pending_row; flags, the op's
     (the terms', and COMMIT where gather granted it)."""
-    pending = np.array(pend, dtype=np.int64)
     if prev_tokens is None:
-        assert (pending < 0).all(), "a pending token with no step in flight"
+        assert max(pend) < 0, "a pending token with no step in flight"
         prev_tokens = pc.rows[:0]
     out = logits if in_place and logits.stride(-1) == 1 else logits.clone()
-    pend_col = _column(cols, "penalty.pending", pending, logits.device, torch.long)
+    # kept as a list: its check against the last step's is a list compare, not numpy's
+    pend_col = _column(cols, "penalty.pending", pend, logits.device, torch.long)
     op.fn(out, pc.rows, at, pool.counts, pool.seen, pend_col, prev_tokens, pc.nums, flags)
     return out
 
