@@ -56,7 +56,7 @@ def resolve_rows(
     """Each sampled (request, placeholder index) takes its token; the outputs of the rows
     that have one (a row that finished before its token has none) go into `outputs`, in
     row order."""
-    add, (rid_at, token_at, lps_at, prompt_at, output_at, cached_at) = _appends(outputs)
+    add, lps, rids, (rid_at, token_at, prompt_at, output_at, cached_at) = _appends(outputs)
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     for (req, index), token, lp in zip(sampled, token_ids, logprobs):
         n_out = index + 1 - req.num_prompt_tokens
@@ -87,9 +87,10 @@ def resolve_rows(
             hash_blocks(req)
         num_prompt = req.num_prompt_tokens
         # the row's output fields into the step's columns (step_output.OutputColumns)
+        if lp is not None:  # the few rows asking for logprobs, by their row
+            lps[len(rids)] = [lp]
         rid_at(req.request_id)
         token_at(token)
-        lps_at(None if lp is None else [lp])
         prompt_at(num_prompt)
         output_at(len(tokens) - num_prompt)  # with the step in flight's placeholder
         cached_at(req.num_cached_tokens)
@@ -156,7 +157,7 @@ def resolve_and_advance(
             scheduler, sampled, token_ids, logprobs, other, outputs, advanced, fused
         )
         return
-    add, (rid_at, token_at, lps_at, prompt_at, output_at, cached_at) = _appends(outputs)
+    add, lps, rids, (rid_at, token_at, prompt_at, output_at, cached_at) = _appends(outputs)
     place, placeholder = advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
@@ -195,9 +196,10 @@ def resolve_and_advance(
             req.num_hashed_blocks
         ):
             hash_blocks(req)
+        if lp is not None:  # the few rows asking for logprobs, by their row
+            lps[len(rids)] = [lp]
         rid_at(req.request_id)
         token_at(token)
-        lps_at(None if lp is None else [lp])
         prompt_at(num_prompt)
         output_at(n_new)  # with the launched step's placeholder
         cached_at(req.num_cached_tokens)
@@ -235,7 +237,7 @@ def _resolve_and_advance_some(
     launched = [False] * len(sampled)
     deque(map(launched.__setitem__, at, repeat(True)), 0)
     deque(map(setattr, fused.rows, repeat("flight_row"), range(start, start + len(at))), 0)
-    add, (rid_at, token_at, lps_at, prompt_at, output_at, cached_at) = _appends(outputs)
+    add, lps, rids, (rid_at, token_at, prompt_at, output_at, cached_at) = _appends(outputs)
     place, placeholder = advanced.append, PLACEHOLDER
     running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
@@ -274,17 +276,21 @@ def _resolve_and_advance_some(
             req.num_hashed_blocks
         ):
             hash_blocks(req)
+        if lp is not None:  # the few rows asking for logprobs, by their row
+            lps[len(rids)] = [lp]
         rid_at(req.request_id)
         token_at(token)
-        lps_at(None if lp is None else [lp])
         prompt_at(num_prompt)
         output_at(n_new)
         cached_at(req.num_cached_tokens)
 
 
-def _appends(outputs: OutputColumns) -> tuple[Callable, tuple[Callable, ...]]:
-    """outputs.add, and the append of each column a common row fills, in its order: a
-    row's request id, token, logprobs, prompt, output and cached token counts."""
+def _appends(
+    outputs: OutputColumns,
+) -> tuple[Callable, dict[int, list], list[str], tuple[Callable, ...]]:
+    """outputs.add, its logprobs by row and its request ids (a row's index: their length
+    before its own), and the append of each column a common row fills, in its order: a
+    row's request id, token, prompt, output and cached token counts."""
     o = outputs
-    columns = (o.request_ids, o.token_ids, o.logprobs, o.num_prompt, o.num_output, o.num_cached)
-    return o.add, tuple(col.append for col in columns)
+    columns = (o.request_ids, o.token_ids, o.num_prompt, o.num_output, o.num_cached)
+    return o.add, o.logprobs, o.request_ids, tuple(col.append for col in columns)

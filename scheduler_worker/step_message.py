@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from common.messages import NewRequest, StepOutputs, pack_ids
@@ -80,7 +79,7 @@ def step_message(
         finish_reasons=reasons,
         num_prompt_tokens=pack_ids(outputs.num_prompt),
         num_output_tokens=pack_ids(outputs.num_output),
-        **_logprobs_columns(outputs.logprobs),
+        **_logprobs_columns(outputs.logprobs, n),
         new_requests=new_requests,
         timings=timings,
         sent_time=time.time(),
@@ -101,15 +100,13 @@ def _num_new(counts: dict[int, int], n: int) -> bytes | None:
     return pack_ids(col)
 
 
-def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:
-    """The message's logprobs fields: where each row with some has one token's (a decode
-    step's), packed (token_logprobs: pack_token_logprobs), else the lists."""
-    # comprehensions, whose loads are specialized, where C passes over the rows (map,
-    # compress, attrgetter) ran the generic calls: 1,097 -> 959 instructions a row here
-    # (docs/benchmarks.md, "Penalties in one op")
-    at = [i for i, v in enumerate(col) if v is not None]
-    if not at:
+def _logprobs_columns(col: dict[int, list], n: int) -> dict[str, Any]:
+    """The message's logprobs fields for n rows, `col` the logprobs of those that have
+    some, by row (OutputColumns.logprobs): where each has one token's (a decode step's),
+    packed (token_logprobs: pack_token_logprobs), else the lists."""
+    if not col:
         return {"logprobs": None}
+    at = sorted(col)  # in row order already (rows are added in order): a C pass
     rows = [col[i] for i in at]
     if all([len(v) == 1 for v in rows]):
         lps = [v[0] for v in rows]
@@ -127,15 +124,19 @@ def _logprobs_columns(col: Sequence[Any]) -> dict[str, Any]:
             return {"logprobs": None, "token_logprobs": packed}
         except struct.error:  # a value past int32 or float: the lists
             pass
-    return {"logprobs": _logprobs_column(col)}
+    return {"logprobs": _logprobs_column(col, n)}
 
 
-def _logprobs_column(col: Sequence[Any]) -> list | None:
-    """The logprobs column as lists, _wire_logprobs a row (None: no row has some): rows of
-    several tokens (accepted drafts), or values the packed form cannot hold."""
-    if col.count(None) == len(col):
+def _logprobs_column(col: dict[int, list], n: int) -> list | None:
+    """The logprobs column of n rows as lists, _wire_logprobs a row (None: no row has
+    some): rows of several tokens (accepted drafts), or values the packed form cannot
+    hold."""
+    if not col:
         return None
-    return [None if v is None else _wire_logprobs(v) for v in col]
+    column: list = [None] * n
+    for i, v in col.items():
+        column[i] = _wire_logprobs(v)
+    return column
 
 
 def _wire_logprobs(lps: list) -> list | None:

@@ -39,8 +39,9 @@ class OutputColumns:
     they are. A tuple a row cost its build, a list for its one token, the transpose back
     to columns and their deallocation, ~0.25 µs a row (docs/benchmarks.md, "A step's
     outputs as columns"). A row resolved apart comes as its RequestOutput (`add`), kept
-    whole where it has a field past the columns (a finish, prompt logprobs). `outputs()`
-    names every row (LLMEngine.step)."""
+    whole where it has a field past the columns (a finish, prompt logprobs). Logprobs are
+    kept by row, for the few rows that have some: a row without adds nothing to them.
+    `outputs()` names every row (LLMEngine.step)."""
 
     __slots__ = (
         "request_ids",
@@ -56,7 +57,9 @@ class OutputColumns:
     def __init__(self) -> None:
         self.request_ids: list[str] = []
         self.token_ids: list[int] = []  # every row's new tokens, one row after another
-        self.logprobs: list[list | None] = []  # a row's, one entry a new token (or None)
+        # row -> its logprobs, one entry a new token, for the rows that have some (the
+        # few that ask): a row without adds nothing
+        self.logprobs: dict[int, list] = {}
         self.num_prompt: list[int] = []
         self.num_output: list[int] = []
         self.num_cached: list[int] = []
@@ -81,7 +84,8 @@ class OutputColumns:
         self.token_ids += out.new_token_ids
         if n != 1:
             self.counts[i] = n
-        self.logprobs.append(out.logprobs)
+        if out.logprobs is not None:
+            self.logprobs[i] = out.logprobs
         self.num_prompt.append(out.num_prompt_tokens)
         self.num_output.append(out.num_output_tokens)
         self.num_cached.append(out.num_cached_tokens)
@@ -101,7 +105,7 @@ class OutputColumns:
         for i, rid in enumerate(self.request_ids):
             n = counts.get(i, 1)
             kept = apart.get(i)
-            lps = self.logprobs[i]
+            lps = self.logprobs.get(i)
             if lps is not None and any([type(lp) is RowLogprobs for lp in lps]):
                 lps = list(map(token_logprobs, lps))
             if kept is not None:

@@ -293,7 +293,6 @@ def test_output_columns_give_back_the_outputs_added():
     for name, ids in (("x", [11]), ("y", [12])):  # common rows: their fields in the columns
         columns.request_ids.append(name)
         columns.token_ids += ids
-        columns.logprobs.append(None)
         columns.num_prompt.append(20)
         columns.num_output.append(3)
         columns.num_cached.append(16)

@@ -21,13 +21,19 @@ def _columns(rows: list) -> OutputColumns:
             columns.add(row)
             continue
         rid, token, lps, num_prompt, num_output, cached = row
+        if lps is not None:  # by its row, as the resolve loop keeps them
+            columns.logprobs[len(columns.request_ids)] = lps
         columns.request_ids.append(rid)
         columns.token_ids.append(token)
-        columns.logprobs.append(lps)
         columns.num_prompt.append(num_prompt)
         columns.num_output.append(num_output)
         columns.num_cached.append(cached)
     return columns
+
+
+def _by_row(col: list) -> dict[int, list]:
+    """A full logprobs column (None: a row without) as OutputColumns keeps it, by row."""
+    return {i: v for i, v in enumerate(col) if v is not None}
 
 
 def _record(rid: str):
@@ -115,16 +121,17 @@ def test_the_logprobs_column_equals_each_rows_own_build():
         n = rng.randint(1, 40)
         col = [None if s is None else [lp() for _ in range(s)] for s in rng.choices(shapes, k=n)]
         want = [None if v is None else _wire_logprobs(v) for v in col]
-        assert _logprobs_column(col) == (None if col.count(None) == n else want)
+        assert _logprobs_column(_by_row(col), n) == (None if col.count(None) == n else want)
         # the message's fields: packed where each row has one token's, read back the same
-        fields = _logprobs_columns(col)
+        fields = _logprobs_columns(_by_row(col), n)
         packed = fields.get("token_logprobs")
         assert (packed is not None) == ({len(v) for v in col if v is not None} == {1})
         got = fields["logprobs"] if packed is None else unpack_token_logprobs(packed, n)
         assert got == (None if col.count(None) == n else want)
     # a value the packing cannot hold (an id past int32): the lists
     big = [[TokenLogprobs(1, -0.5, [2**40], [-0.5])], None]
-    assert _logprobs_columns(big) == {"logprobs": [[[-0.5, [[2**40, -0.5]]]], None]}
+    got = _logprobs_columns(_by_row(big), 2)
+    assert got == {"logprobs": [[[-0.5, [[2**40, -0.5]]]], None]}
 
 
 def test_kept_logprobs_rows_give_the_message_of_their_lists():
@@ -162,7 +169,7 @@ def test_kept_logprobs_rows_give_the_message_of_their_lists():
         if case % 4 == 3:  # an accepted draft's row: several tokens
             col[rng.randrange(n)] = [TokenLogprobs(7, -0.25, [7], [-0.25])] * 2
         lists = [None if v is None else list(map(token_logprobs, v)) for v in col]
-        got, want = _logprobs_columns(col), _logprobs_columns(lists)
+        got, want = _logprobs_columns(_by_row(col), n), _logprobs_columns(_by_row(lists), n)
         assert got.keys() == want.keys()
         if "token_logprobs" in got:
             assert got["token_logprobs"] == want["token_logprobs"]
