@@ -33,6 +33,7 @@ class Scheduler(Protocol):
 
     active: dict[str, tuple[Request, int]]
     block_size: int
+    num_speculating: int
     num_visited: int
 
     blocks: BlockManager
@@ -53,7 +54,10 @@ def take_decodes(sched: Scheduler, batch: ScheduledBatch, decodes: int, spare: i
     newest rows if blocks run out, in row order as the row-by-row loop does); None,
     touching nothing, where that loop must run."""
     active = sched.active
-    if len(active) > decodes or spare > 0 and any(map(_SPECULATES, map(_REQ, active.values()))):
+    if len(active) > decodes or (
+        # the active rows are live ones: none of those speculating, no row to look at
+        spare > 0 and sched.num_speculating and any(map(_SPECULATES, map(_REQ, active.values())))
+    ):
         return None
     entries = batch.entries
     entries.update(active)

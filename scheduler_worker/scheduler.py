@@ -71,6 +71,7 @@ class Scheduler:
         self.live: dict[str, Request] = {}  # requests holding blocks, in admission order
         self.num_waiting = 0  # requests in `waiting` that are still WAITING
         self.num_preemptions = 0
+        self.num_speculating = 0  # requests in `live` that may draft (req.speculates)
         self.num_visited = 0  # queue entries touched by schedule(), for tests and stats
 
     @property
@@ -198,6 +199,7 @@ class Scheduler:
         if req.first_scheduled_time is None:
             req.first_scheduled_time = time.monotonic()
         self.live[req.request_id] = req
+        self.num_speculating += req.speculates
         self.prefilling.append(req)
         req.in_prefill_queue = True
         return n
@@ -241,7 +243,8 @@ class Scheduler:
             req.slot = -1
         req.num_computed_tokens = req.num_hashed_blocks = req.num_freed_blocks = 0
         self.active.pop(req.request_id, None)
-        self.live.pop(req.request_id, None)
+        if self.live.pop(req.request_id, None) is not None:
+            self.num_speculating -= req.speculates
         if req.in_prefill_queue:
             self.prefilling.remove(req)  # short deque: requests mid-prompt
             req.in_prefill_queue = False

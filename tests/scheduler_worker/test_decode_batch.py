@@ -174,3 +174,39 @@ def test_an_engine_over_the_kept_batch_serves_as_one_taking_rows_afresh(
     assert kept == fresh
     assert kept_preemptions == fresh_preemptions > 0
     assert all(out for out in kept)
+
+
+def test_the_count_of_live_rows_that_may_draft_follows_admission_preemption_and_finish():
+    """Scheduler.num_speculating (take_decodes looks at no row while it is 0) is the number
+    of live requests that may draft, whatever is admitted, preempted, aborted or finished;
+    a row with a prediction keeps the kept batch out while it is active."""
+    s = Scheduler(
+        SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24),
+        CacheConfig(block_size=4),
+        num_blocks=12,
+        eos_token_ids=[EOS],
+    )
+    rng, reqs, spec_steps, kept_with_spec = random.Random(5), [], 0, 0
+    for step in range(200):
+        if rng.random() < 0.4:
+            rid = f"r{len(reqs)}"
+            prompt = [rng.randrange(1, 29) for _ in range(rng.randrange(1, 9))]
+            pred = [rng.randrange(1, 29) for _ in range(4)] if rng.random() < 0.3 else None
+            params = SamplingParams(max_tokens=rng.randrange(1, 12), ignore_eos=True)
+            reqs.append(Request(rid, prompt, params, prediction_token_ids=pred))
+            s.add(reqs[-1])
+        live = list(s.live.values())
+        if live and rng.random() < 0.1:
+            s.finish(rng.choice(live), RequestStatus.FINISHED_ABORTED)
+        if live and rng.random() < 0.05:
+            s.preempt(rng.choice(list(s.live.values())))
+        drafting = any(r.speculates for r, _ in s.active.values())
+        batch = s.schedule()
+        assert s.num_speculating == sum(r.speculates for r in s.live.values()), step
+        spec_steps += drafting
+        kept_with_spec += drafting and batch.decodes_kept
+        for req, index in s.advance(batch):
+            s.resolve(req, index, _token(req.request_id, index))
+    assert s.num_speculating == sum(r.speculates for r in s.live.values())
+    assert sum(r.speculates for r in reqs) > 10 and spec_steps > 10
+    assert kept_with_spec == 0
