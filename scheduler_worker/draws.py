@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from scheduler_worker.backends.base import DrawRows
+from scheduler_worker.backends.int_columns import int64_array
 from scheduler_worker.batch_params import (
     HAS_SEED,
     MIN_P,
@@ -139,7 +140,7 @@ def _token_counts(rows: Rows) -> np.ndarray:
     a seeded row's counter."""
     # a comprehension: its loads are specialized, where map over attrgetters is not
     counts = [len(r.output_token_ids) + len(r.draft_token_ids) for r in rows]
-    return np.array(counts, dtype=np.int64) & M32
+    return int64_array(counts) & M32
 
 
 @functools.cache

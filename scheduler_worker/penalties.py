@@ -19,6 +19,7 @@ import torch
 
 from scheduler_worker.backends.base import PenalizeRows
 from scheduler_worker.backends.device import runs_cpu_kernels
+from scheduler_worker.backends.int_columns import int64_array
 from scheduler_worker.batch_params import FREQUENCY, PRESENCE, REPETITION, has_penalty, values_of
 from scheduler_worker.logits_processors import (
     _DRAFTS,
@@ -39,7 +40,7 @@ def _in_flight(
     """(positions in rows, their tokens) of the rows whose last output token is the step in
     flight's (pending_row), read from its sampled tokens on the device: penalties count it
     without waiting for it to reach the host."""
-    at = np.array([row.pending_row for row in rows], dtype=np.int64)
+    at = int64_array([row.pending_row for row in rows])
     where = (at >= 0).nonzero()[0]
     if not len(where):
         return None

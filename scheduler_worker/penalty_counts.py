@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from scheduler_worker.backends.device import to_device
+from scheduler_worker.backends.int_columns import int64_array
 
 
 def flat_index(
@@ -194,8 +195,8 @@ class Gathered(NamedTuple):
 def _one_each(entries: list[int], ids: list[int], vocab: int) -> np.ndarray:
     """flat_index of one token an entry, where flat_index's general passes cost ~25 µs for
     32 rows (docs/benchmarks.md, "Penalties in one op")."""
-    tokens = np.array(ids, dtype=np.int64)
-    flat = np.array(entries, dtype=np.int64) * vocab + tokens
+    tokens = int64_array(ids)
+    flat = int64_array(entries) * vocab + tokens
     return (
         flat
         if tokens.min(initial=0) >= 0 and tokens.max(initial=0) < vocab

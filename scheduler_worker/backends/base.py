@@ -25,6 +25,7 @@ from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.block_tables import BlockTables
 from scheduler_worker.backends.device import to_device
 from scheduler_worker.backends.device_clock import DeviceClock
+from scheduler_worker.backends.int_columns import int64_array
 from scheduler_worker.backends.ops import TORCH_OPS, TorchOps
 from scheduler_worker.backends.staging import take_placeholders
 
@@ -105,10 +106,10 @@ class DecodeRows:
         return self.known if self.known >= 0 else self.prev_rows.count(-1)
 
     def position_array(self) -> np.ndarray:
-        """positions [n] int64, made once for the list they are (its conversion is ~40
-        instructions a row; a list put in their place is converted again)."""
+        """positions [n] int64, made once for the list they are (int64_array; a list put
+        in their place is converted again)."""
         if self._positions is None or self._positions[0] is not self.positions:
-            self._positions = (self.positions, np.array(self.positions, dtype=np.int64))
+            self._positions = (self.positions, int64_array(self.positions))
         return self._positions[1]
 
     def __len__(self) -> int:
@@ -156,7 +157,7 @@ class DecodeRows:
 
     def _covered(self, bs: int) -> tuple[np.ndarray, np.ndarray]:
         pos = self.position_array()
-        idx = np.array(self.slots, dtype=np.int64)
+        idx = int64_array(self.slots)
         if (pos // bs >= self.tables.lengths[idx]).any():
             raise ValueError("a decode row's block table does not cover its token")
         return pos, idx

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from scheduler_worker.backends.int_columns import int64_array
+
 
 class BlockTables:
     def __init__(self, rows: int, pad: int, width: int = 16) -> None:
@@ -59,7 +61,7 @@ class BlockTables:
     def append(self, slots: list[int], blocks: list[int]) -> None:
         """Each slot's table one block longer, blocks[i] the new last entry of slots[i]'s
         (distinct slots): the step where many rows start a block at once, in one write."""
-        idx = np.array(slots, dtype=np.int64)
+        idx = int64_array(slots)
         ends = self.lengths[idx]
         self.version += 1
         if len(idx) and int(ends.max()) + 1 > self.width:

@@ -31,6 +31,7 @@ import torch
 from scheduler_worker.attention import AttentionMetadata
 from scheduler_worker.backends.base import DecodeRows, KVCache, StepInputs
 from scheduler_worker.backends.block_tables import BlockTables
+from scheduler_worker.backends.int_columns import int64_array
 from scheduler_worker.backends.staging import StaticTokens
 
 # staged per row before its block table: token, position, slot, context length, and the
@@ -178,12 +179,12 @@ class StaticDecodeInputs(StaticTokens):
         if num_prev == n:  # every token in flight (overlapped, most steps): no list to read
             a[:n, 0] = 0
         else:
-            a[:n, 0] = rows.token_ids
+            a[:n, 0] = int64_array(rows.token_ids)
             np.maximum(a[:n, 0], 0, out=a[:n, 0])  # a placeholder (-1): read from prev_tokens
         a[:n, 1] = pos
         a[:n, 2] = slots
         a[:n, 3] = pos + 1
-        a[:n, 4] = rows.prev_rows
+        a[:n, 4] = int64_array(rows.prev_rows)  # not the list: numpy's packing a row
         staged = self.staging.send(staged_rows)
         cols = staged[:, :COLS].unbind(1)  # token, position, slot, context, prev: one call
         prev = cols[4] if num_prev else None
