@@ -122,8 +122,7 @@ class Scheduler:
         batch.num_decode = len(entries)
         settle_drafts(self.policy, self.drafter, batch)  # a draft model's: in one batch
         budget -= batch.num_decode + sum(map(len, batch.drafts.values()))
-        preemptions = self.num_preemptions
-        admitted = 0
+        preemptions, admitted = self.num_preemptions, 0
         for req in list(self.prefilling):  # a copy: preemption may remove entries
             if budget <= 0:
                 break
@@ -152,8 +151,8 @@ class Scheduler:
         if self.num_preemptions == preemptions:
             batch.num_prefill_tokens += admitted
             return batch
-        batch.drafts = {r: d for r, d in batch.drafts.items() if r in entries}  # not preempted
-        # preemption may have dropped entries: count what is really scheduled
+        # preemption may have dropped entries: the drafts and counts of those still there
+        batch.drafts = {r: d for r, d in batch.drafts.items() if r in entries}
         batch.num_decode = sum(1 for r, n in batch.entries.values() if not r.in_prefill_queue)
         batch.num_prefill_tokens = sum(n for r, n in batch.entries.values() if r.in_prefill_queue)
         return batch
@@ -171,8 +170,7 @@ class Scheduler:
             drafts = drafts[: len(req.block_table) * self.block_size - end + len(drafts)]
         elif need:
             self._extend(req, self.blocks.allocate(need))
-        if drafts:
-            batch.drafts[req.request_id] = drafts
+        batch.drafts.update({req.request_id: drafts} if drafts else {})
         return len(drafts)
 
     def defer(self, batch: ScheduledBatch, reqs: list[Request]) -> None:
@@ -372,8 +370,7 @@ class Scheduler:
         return None
 
     def _hash_blocks(self, req: Request) -> None:
-        """Register req's blocks that filled in the prefix cache: those whose tokens are
-        all known (a placeholder's block waits for resolve())."""
+        """Register req's filled blocks, all tokens known (not a placeholder's), as cached."""
         known = min(req.num_computed_tokens, len(req.token_ids) - req.num_pending)
         if known // self.block_size > req.num_hashed_blocks:  # a block filled
             req.num_hashed_blocks = self.blocks.cache_full_blocks(
