@@ -100,6 +100,10 @@ class Request:
     reads_history: bool = field(init=False)
     resolves_apart: bool = field(init=False)
     speculates: bool = field(init=False)
+    # running, its first token out, not resolves_apart: its token may resolve in the loops'
+    # common path (resolve_rows.py), one test where three were; kept by the Scheduler where
+    # status or first_token_time change
+    resolves_inline: bool = False
 
     def __post_init__(self, prediction_token_ids: Sequence[int] | None) -> None:
         self.token_ids = list(self.prompt_token_ids)

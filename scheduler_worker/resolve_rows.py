@@ -1,8 +1,9 @@
 """A step's tokens into its requests, the common row in one loop.
 
-Most rows of a decode step are alike: running, without a grammar or prompt logprobs
-(Request.resolves_apart) or drafts, their token neither a stop nor their last (a penalty
-or a token's logprobs change nothing here: the logprobs go in the output as the engine's).
+Most rows of a decode step are alike: running, past their first token, without a grammar
+or prompt logprobs (Request.resolves_inline) or drafts, their token neither a stop nor
+their last (a penalty or a token's logprobs change nothing here: the logprobs go in the
+output as the engine's).
 For those, `resolve_rows` does Scheduler.resolve's work and appends the row's output
 fields to the step's columns inline (step_output.OutputColumns): a call a row and the
 checks such a row cannot need were a tenth of the host's step at 256 rows
@@ -32,7 +33,7 @@ from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 from scheduler_worker.decode_batch import advance_decodes
-from scheduler_worker.request import PLACEHOLDER, Request, RequestStatus
+from scheduler_worker.request import PLACEHOLDER, Request
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.step_logprobs import RowLogprobs, TokenLogprobs
@@ -57,15 +58,13 @@ def resolve_rows(
     that have one (a row that finished before its token has none) go into `outputs`, in
     row order."""
     add, lps, rids, (rid_at, token_at, prompt_at, output_at, cached_at) = _appends(outputs)
-    running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
+    bs, hash_blocks = scheduler.block_size, scheduler._hash_blocks
     for (req, index), token, lp in zip(sampled, token_ids, logprobs):
         n_out = index + 1 - req.num_prompt_tokens
         if (
-            req.status is not running
-            or req.resolves_apart
+            not req.resolves_inline
             or token in req.stop_tokens
             or n_out >= req.max_tokens
-            or req.first_token_time is None
             or drafts
             and req.request_id in drafts
         ):
@@ -159,7 +158,7 @@ def resolve_and_advance(
         return
     add, lps, rids, (rid_at, token_at, prompt_at, output_at, cached_at) = _appends(outputs)
     place, placeholder = advanced.append, PLACEHOLDER
-    running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
+    bs, hash_blocks = scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
     # each row's flight_row is its row in `sampled` (Scheduler.advance): the same row now
     for (req, index), token, lp in zip(sampled, token_ids, logprobs):
@@ -171,13 +170,7 @@ def resolve_and_advance(
         if n_new >= req.max_tokens:
             active.pop(req.request_id, None)  # its last token: done when resolved
             ends = index + 1 - num_prompt >= req.max_tokens
-        if (
-            req.status is not running
-            or req.resolves_apart
-            or token in req.stop_tokens
-            or ends
-            or req.first_token_time is None
-        ):
+        if not req.resolves_inline or token in req.stop_tokens or ends:
             _advance_row(scheduler, req, new)
             place((req, new))
             out = other(req, index, token, lp)
@@ -239,7 +232,7 @@ def _resolve_and_advance_some(
     deque(map(setattr, fused.rows, repeat("flight_row"), range(start, start + len(at))), 0)
     add, lps, rids, (rid_at, token_at, prompt_at, output_at, cached_at) = _appends(outputs)
     place, placeholder = advanced.append, PLACEHOLDER
-    running, bs, hash_blocks = RequestStatus.RUNNING, scheduler.block_size, scheduler._hash_blocks
+    bs, hash_blocks = scheduler.block_size, scheduler._hash_blocks
     active = scheduler.active
     for (req, index), token, lp, kept in zip(sampled, token_ids, logprobs, launched):
         if not kept:  # sits the launched step out: its token only
@@ -254,13 +247,7 @@ def _resolve_and_advance_some(
             active.pop(req.request_id, None)  # its last token: done when resolved
             ends = index + 1 - num_prompt >= req.max_tokens
         place((req, new))
-        if (
-            req.status is not running
-            or req.resolves_apart
-            or token in req.stop_tokens
-            or ends
-            or req.first_token_time is None
-        ):
+        if not req.resolves_inline or token in req.stop_tokens or ends:
             _advance_row(scheduler, req, new)
             out = other(req, index, token, lp)
             if out is not None:

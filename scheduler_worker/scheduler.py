@@ -10,15 +10,13 @@ active: the decode batch kept between steps, decode_batch.py):
 Per-step work is bounded by the batch: at most `decode_batch` rows of the active queue,
 the prefilling requests it schedules and admits, and each dead entry once.
 
-A step is `schedule()`, the forward and sampling (the engine), then `update()`: the
-tokens go into the requests, and each one finishes or goes back to its queue. With
-overlapped scheduling update() is two halves, so that step N+1 can be scheduled before step
-N's tokens reach the host:
+A step is `schedule()`, the forward and sampling (the engine), then `update()`: the tokens
+go into the requests, each finishing or going back to its queue. Overlapped, update() is
+two halves, so that step N+1 is scheduled before step N's tokens reach the host:
 
-    advance(batch)          right after the launch: every entry's tokens count as computed;
-                            a request that samples gets a placeholder token (-1, its
-                            `num_pending`) and goes back to the active queue, unless
-                            max_tokens ends it whatever the token is
+    advance(batch)          right after the launch: the entries' tokens count as computed; a
+                            sampling request gets a placeholder (-1, `num_pending`) and goes
+                            back to the active queue, unless max_tokens ends it anyway
     resolve(req, i, token)  when the token is on the host: placeholder i becomes the token,
                             and the request finishes (stop token, max_tokens) or goes on
 
@@ -194,6 +192,7 @@ class Scheduler:
         req.num_computed_tokens = req.num_cached_tokens = num_cached
         req.num_hashed_blocks = len(blocks)
         req.status = RequestStatus.RUNNING
+        req.resolves_inline = req.first_token_time is not None and not req.resolves_apart
         if req.first_scheduled_time is None:
             req.first_scheduled_time = time.monotonic()
         self.live[req.request_id] = req
@@ -240,6 +239,7 @@ class Scheduler:
             self.tables.give(req.slot)
             req.slot = -1
         req.num_computed_tokens = req.num_hashed_blocks = req.num_freed_blocks = 0
+        req.resolves_inline = False  # preempted or finished: no longer running
         self.active.pop(req.request_id, None)
         if self.live.pop(req.request_id, None) is not None:
             self.num_speculating -= req.speculates
@@ -311,10 +311,9 @@ class Scheduler:
         return out
 
     def resolve(self, req: Request, index: int, token: int) -> RequestStatus | None:
-        """The second half: placeholder `index` of req's token_ids is `token`. The request
-        finishes when the token ends it (its status, blocks freed); else None. A request
-        that finished meanwhile (an abort; a stop at an earlier placeholder) only drops
-        its placeholders: nothing more goes to its client."""
+        """The second half: placeholder `index` of req's token_ids is `token`; the request
+        finishes if the token ends it (its status, blocks freed), else None. One finished
+        meanwhile (an abort, a stop at an earlier placeholder) only drops its placeholders."""
         req.num_pending -= 1
         if req.status.finished:
             del req.token_ids[index:]
@@ -329,6 +328,7 @@ class Scheduler:
                 self._hash_blocks(req)
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
+            req.resolves_inline = req.status is RequestStatus.RUNNING and not req.resolves_apart
         if token not in req.stop_tokens and n_out < req.max_tokens:
             return None  # most rows: neither a stop token nor the last
         status = self._finish_status(req, token, n_out)

@@ -23,6 +23,14 @@ def _token(rid: str, index: int) -> int:
     return (int(rid[1:]) * 7919 + index * 104729) % 29
 
 
+def inline_as_its_fields(req: Request) -> bool:
+    """Request.resolves_inline, kept by the scheduler, is what it stands for."""
+    running = req.status is RequestStatus.RUNNING
+    return req.resolves_inline == (
+        running and not req.resolves_apart and req.first_token_time is not None
+    )
+
+
 def _run(
     seed: int, overlap: bool, kept: bool, decode_batch: int, monkeypatch
 ) -> tuple[list, dict, Scheduler]:
@@ -73,6 +81,7 @@ def _run(
         s.blocks.check_integrity()
         for req in s.live.values():  # the per-slot tables agree with the requests'
             assert s.tables.row(req.slot) == req.block_table
+        assert all(map(inline_as_its_fields, reqs.values()))
     outputs = {rid: (r.output_token_ids, r.status) for rid, r in reqs.items()}
     log.append(taken[0] > 50)  # steps that took the kept batch
     return log, outputs, s
@@ -163,6 +172,7 @@ def test_an_engine_over_the_kept_batch_serves_as_one_taking_rows_afresh(
                 outs[f"r{i}"] = []
             for out in engine.step():
                 outs[out.request_id].append((out.new_token_ids, out.logprobs))
+            assert all(map(inline_as_its_fields, engine.requests.values()))
             if step > 2 * len(prompts) and not engine.has_unfinished():
                 break
         engine.block_manager.check_integrity()

@@ -38,8 +38,8 @@ def test_common_rows_inline_and_the_others_in_their_place():
     first = _running(sched, "first")
     batch = sched.schedule()
     sampled = sched.advance(batch)  # each prompt done: a placeholder each
-    for r in (plain, stops, penalized):
-        r.first_token_time = 1.0  # not their first token
+    for r in (plain, stops, penalized):  # not their first token (as resolve() would set)
+        r.first_token_time, r.resolves_inline = 1.0, True
     seen: list[str] = []
 
     def other(req, index, token, lp):
@@ -62,6 +62,7 @@ def test_common_rows_inline_and_the_others_in_their_place():
     assert plain.token_ids[-1] == 5 and plain.status is RequestStatus.RUNNING
     assert stops.status is RequestStatus.FINISHED_STOPPED
     assert first.output_token_ids == [7] and first.first_token_time is not None
+    assert first.resolves_inline and plain.resolves_inline and not stops.resolves_inline
     # the blocks the known tokens fill are hashed, as resolve() would
     assert plain.num_hashed_blocks == 20 // 4 and sched.blocks.check_integrity() is None
 
@@ -73,6 +74,7 @@ def test_the_last_token_and_a_drafted_row_go_to_other():
     sampled = sched.advance(sched.schedule())
     last.max_tokens = 1  # this token is its last
     last.first_token_time = drafted.first_token_time = 1.0
+    last.resolves_inline = drafted.resolves_inline = True
     seen: list[str] = []
 
     def other(req, index, token, lp):
