@@ -168,7 +168,8 @@ class Scheduler:
             drafts = drafts[: len(req.block_table) * self.block_size - end + len(drafts)]
         elif need:
             self._extend(req, self.blocks.allocate(need))
-        batch.drafts.update({req.request_id: drafts} if drafts else {})
+        if drafts:
+            batch.drafts[req.request_id] = drafts
         return len(drafts)
 
     def defer(self, batch: ScheduledBatch, reqs: list[Request]) -> None:
@@ -257,11 +258,10 @@ class Scheduler:
             self.drafter.observe(req.prompt_token_ids, req.output_token_ids)
 
     def update(self, batch: ScheduledBatch, token_ids: Sequence[int]) -> list[Request]:
-        """After the forward: every entry's tokens are in the KV cache, and the requests
-        that sampled (batch.sampling(), in entry order) get one token each from token_ids:
-        each finishes (_finish_status) and frees its blocks, or decodes on. Returns them,
-        in entry order. (Admission, common.limits, holds prompt + max_tokens within the
-        context: max_tokens always ends a request first.)"""
+        """After the forward: every entry's tokens are in the KV cache, and the requests that
+        sampled (batch.sampling(), in entry order) get one token each from token_ids: each finishes
+        (_finish_status) and frees its blocks, or decodes on; returns them in entry order
+        (admission, common.limits, keeps prompt + max_tokens within the context)."""
         sampled = self.advance(batch)
         if len(token_ids) != len(sampled):
             raise ValueError(f"{len(token_ids)} sampled tokens for {len(sampled)} requests")
