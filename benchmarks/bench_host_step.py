@@ -28,6 +28,9 @@ beside it; the CPU's compute of the narrow sampler ops (a GPU's device work) sti
                          is a launch or a copy the host pays for; views cost their dispatch)
     --prompt-len N       prompts of N tokens (default 20): how the host's step grows with
                          the rows' contexts (their block tables), the rest unchanged
+    --width N            the stand-in logits N wide (default 64): the CPU's share of the
+                         sampler's device work (greedy's argmax, chat-narrow's ops) shrinks
+                         with N, the host's Python does not change
 """
 
 from __future__ import annotations
@@ -272,6 +275,7 @@ def run(
 
 
 def main() -> None:
+    global DRAW, PROMPT_LEN, VOCAB
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 256])
     ap.add_argument("--steps", type=int, default=150)
@@ -295,9 +299,17 @@ def main() -> None:
         "--kernels", default="auto", help="the prompts' forward: auto, or torch (no C++ build)"
     )
     ap.add_argument("--prompt-len", type=int, default=20, help="tokens a prompt (default 20)")
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=VOCAB,
+        help=f"the stand-in logits' width for greedy and chat-narrow (default {VOCAB}): "
+        "narrower, the CPU computes less of the sampler's device work",
+    )
     args = ap.parse_args()
-    global DRAW, PROMPT_LEN
-    DRAW, PROMPT_LEN = args.draw, args.prompt_len
+    if not 2 <= args.width <= 1000:
+        ap.error("--width must be 2-1000 (the prompts' token ids lie below it)")
+    DRAW, PROMPT_LEN, VOCAB = args.draw, args.prompt_len, args.width
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
@@ -308,7 +320,7 @@ def main() -> None:
             model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
             copy_tokenizer_files(resolve_model("smollm2"), model_dir)
             fit_positions(model_dir, PROMPT_LEN + OUT_ROOM)
-        print(f"prompts of {PROMPT_LEN} tokens")
+        print(f"prompts of {PROMPT_LEN} tokens, stand-in logits {VOCAB} wide")
         for rows in args.rows:
             # the chat mix's host figure: its bytecodes at greedy's µs a bytecode (module doc)
             count = args.mix == "chat" or bool(os.environ.get("ZS_BYTECODES"))
@@ -362,7 +374,7 @@ def fit_positions(model_dir: Path, positions: int) -> None:
 
 
 def narrow(model_dir: Path, rows: int, args: argparse.Namespace, greedy_cpu: float) -> None:
-    """The chat mix without its grammar rows, on logits 64 tokens wide, timed by the
+    """The chat mix without its grammar rows, on logits VOCAB (--width) wide, timed by the
     thread's CPU (OMP_NUM_THREADS=1: torch's ops run on this thread). Its sampler's torch
     ops then cost little more than their dispatch, which a GPU's host pays too, so the
     figure is the host's time itself (an upper bound: the CPU still computes the narrow

@@ -1,0 +1,46 @@
+"""benchmarks/bench_host_step.py's --width: the stand-in logits as wide as asked, every
+chat-narrow row's prompt and sampled tokens inside them, and a width outside 2-1000
+refused before anything runs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import bench_host_step
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_chat_narrow_rows_sample_inside_the_width(tiny_llama_dir, tmp_path, monkeypatch):
+    model_dir = tmp_path / "tiny-llama"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    bench_host_step.fit_positions(model_dir, bench_host_step.PROMPT_LEN + bench_host_step.OUT_ROOM)
+    monkeypatch.setattr(bench_host_step, "VOCAB", 8)
+    engine = bench_host_step.engine_for(model_dir, 16, mix="chat-narrow")
+    assert engine.runner.execute.logits.shape == (16, 8)
+    publish = bench_host_step.publisher(engine)
+    bench_host_step.start_requests(engine, publish, 16, "chat-narrow", 6)
+    for _ in range(4):
+        publish(engine.step_rows())
+    reqs = list(engine.requests.values())
+    assert len(reqs) == 16 and all(r.num_output_tokens >= 6 for r in reqs)
+    for r in reqs:
+        assert all(0 < t < 8 for t in r.prompt_token_ids)
+        resolved = [t for t in r.output_token_ids if t >= 0]
+        assert resolved and all(t < 8 for t in resolved)
+
+
+def test_a_width_outside_its_range_is_refused():
+    for width in ("1", "1001"):
+        out = subprocess.run(
+            [sys.executable, "benchmarks/bench_host_step.py", "--width", width],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2
+        assert "--width must be 2-1000" in out.stderr
