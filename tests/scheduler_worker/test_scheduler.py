@@ -5,6 +5,7 @@ from __future__ import annotations
 from common.config import CacheConfig, SchedulerConfig
 from common.sampling_params import SamplingParams
 from scheduler_worker.request import Request, RequestStatus
+from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 
 
@@ -117,6 +118,11 @@ def test_a_dropped_entry_takes_its_count_and_sampling_stays_right():
     d1 = batch.entries["d1"][0]
     assert batch.drop(d1) and not batch.drop(d1)
     assert batch.num_decode == 2 and batch.sampling() == [True, True, True]
+    assert batch.drop(batch.entries["p"][0])  # the prompt: its tokens, not a decode
+    assert batch.num_decode == 2 and batch.num_prefill_tokens == 0
+    only = ScheduledBatch({r: (req, 1) for r, (req, _) in batch.entries.items()}, num_decode=2)
+    assert only.drop(batch.entries["d2"][0])  # every entry a decode: no look for its place
+    assert only.num_decode == 1 and only.sampling() == [True]
     small = _scheduler(max_num_seqs=8, max_num_batched_tokens=6)
     small.add(Request("long", list(range(1, 30)), SamplingParams(max_tokens=5)))
     chunk = small.schedule()  # a mid-prompt chunk: no sample
