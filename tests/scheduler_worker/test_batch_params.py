@@ -103,6 +103,45 @@ def test_a_batch_whose_rows_sit_out_alternate_steps_is_not_rebuilt_from_its_rows
     assert built == []
 
 
+def test_two_alternating_batches_are_each_kept_with_what_was_derived_from_them():
+    """Grammar rows sit out every other step, so an overlapped batch alternates between
+    two sets of rows: both BatchParams are kept (their memo with them), by their rows and
+    by their parameters; a third set drops the one used longer ago."""
+    greedy, hot = SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=1)
+    all_rows = [SamplingRow(p, [5], [], slot=i) for i, p in enumerate([greedy, hot, hot])]
+    cache = BatchParamsCache()
+    a, b = cache.of_rows(all_rows), cache.of_rows(all_rows[:2])
+    a.memo["kept"] = b.memo["kept"] = True
+    for _ in range(3):
+        assert cache.of_rows(all_rows) is a and cache.of_rows(all_rows[:2]) is b
+        assert cache.get([greedy, hot, hot], [0, 1, 2]) is a  # a new list of the same params
+    assert a.memo["kept"] and b.memo["kept"] and (a.draws, b.draws) == ([1, 2], [1])
+    c = cache.of_rows(all_rows[1:])  # a third set: b, used before a, dropped
+    assert c.draws == [0, 1] and "kept" not in c.memo
+    assert cache.of_rows(all_rows) is a and cache.of_rows(all_rows[:2]) is not b
+
+
+def test_a_sampler_over_two_alternating_batches_samples_as_a_fresh_one():
+    """Seeded draws, a penalty, a bias and logprobs over batches that alternate (a row
+    sitting out every other step): the same tokens and logprobs as a sampler whose rows
+    carry no slots (their parameters read afresh each step)."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3))
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=11, logprobs=3),
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+        SamplingParams(temperature=0.5, seed=7, logit_bias={9: 3.0}),
+        SamplingParams(temperature=0.9, seed=5, frequency_penalty=0.3),
+    ]
+    with_slots, without = Sampler(300, [EOS]), Sampler(300, [EOS])
+    for step in range(8):
+        order = [0, 1, 2, 3] if step % 2 == 0 else [0, 2, 3]
+        rows = [SamplingRow(params[i], [5, 6], [9, 4][: step % 3], slot=i) for i in order]
+        plain = [replace(r, slot=-1) for r in rows]
+        a, b = with_slots(logits[: len(rows)], rows), without(logits[: len(rows)], plain)
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == b.logprobs
+
+
 def test_a_sampler_with_slots_samples_as_one_without():
     """Seeded and greedy rows with penalties, bias, min_tokens and logprobs: the same
     tokens and logprobs whether the rows carry their slots (kinds kept per slot) or not."""
