@@ -19,8 +19,13 @@ at no bytecodes, though it can take 2-3x a plain loop's time ("Host step, tenth 
 and it leaves out the torch ops' dispatch. `--mix chat-narrow` bounds it from above: the
 mix without its grammar rows on logits 64 wide, by the thread's CPU, greedy alternated
 beside it; the CPU's compute of the narrow sampler ops (a GPU's device work) still counts.
+`--mix chat-narrow-json --width 320` puts the grammar rows back, their schema an array of
+strings (every token it needs a single byte's, below BYTE_TOKENS, where the chat mix's
+object key needs a token past any narrow width), and times it alternated with chat-narrow
+at the same width: what the grammar rows add to the host's step.
 
-    .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512 [--mix chat|chat-narrow]
+    .venv/bin/python benchmarks/bench_host_step.py --rows 32 128 256 512
+        [--mix chat|chat-narrow|chat-narrow-json]
     --draw torch         the sampler's draw as the torch path's ops (default: the GPU's one
                          launch, triton_sample.sample_rows_keyed, stood in for by one op)
     ZS_BYTECODES=1 ...   also greedy's bytecodes and calls a row a step (load-free)
@@ -68,13 +73,16 @@ VOCAB = 64  # greedy: the stand-in logits' width (the device's argmax costs the 
 SCHEMA = (
     '{"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}}'
 )
+# chat-narrow-json's: every token it needs is a single byte's (SmolLM2's lie below 273)
+BYTES_SCHEMA = '{"type": "array", "items": {"type": "string"}}'
+BYTE_TOKENS = 273
 
 
-def chat_mix(i: int, grammar: bool = True) -> SamplingParams:
+def chat_mix(i: int, grammar: bool = True, schema: str = SCHEMA) -> SamplingParams:
     """Request i of issue 52's chat mix: a quarter greedy, the rest temperature 0.7 and
     top_p 0.9; a quarter seeded; one in eight with logprobs 5, one in eight with
-    presence_penalty 0.5, one in sixteen with a json_schema (greedy instead without
-    `grammar`)."""
+    presence_penalty 0.5, one in sixteen with a json_schema, `schema` (greedy instead
+    without `grammar`)."""
     kw: dict = {"max_tokens": 480, "ignore_eos": True, "temperature": 0.0}
     if i % 4:
         kw.update(temperature=0.7, top_p=0.9)
@@ -85,7 +93,7 @@ def chat_mix(i: int, grammar: bool = True) -> SamplingParams:
     if i % 8 == 3:
         kw["presence_penalty"] = 0.5
     if i % 16 == 6 and grammar:
-        kw["structured"] = {"kind": "json", "spec": SCHEMA}
+        kw["structured"] = {"kind": "json", "spec": schema}
     return SamplingParams(**kw)
 
 
@@ -209,6 +217,13 @@ def engine_for(model_dir: Path, rows: int, kernels: str = "auto", mix: str = "gr
     engine = LLMEngine(cfg, model_dir)
     vocab = engine.vocab_size if mix == "chat" else VOCAB
     engine.runner.execute = GraphLike(engine, rows, vocab)  # type: ignore[method-assign]
+    if mix == "chat-narrow-json":  # its arrays open a string and stay in it, as the chat
+        # mix's notes run on: the quote and the close far below the other byte tokens
+        from tokenizers import Tokenizer
+
+        ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id
+        engine.runner.execute.logits[:, ids('"')] -= 16.0
+        engine.runner.execute.logits[:, ids("]")] -= 24.0
     # the sampler as on a GPU: not the CPU kernels' one op (draws.py); its draw the GPU
     # backend's keyed Triton launch (a stand-in op: what the host pays is the launch) and its
     # penalties one launch too (the C++ op stands in for triton_penalties'), or with --draw
@@ -225,8 +240,14 @@ def start_requests(engine: LLMEngine, publish, rows: int, mix: str, prompt_len: 
     rng = random.Random(0)
     greedy = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
     for i in range(rows):
-        params = greedy if mix == "greedy" else chat_mix(i, grammar=mix == "chat")
-        ids = (1, VOCAB) if mix == "chat-narrow" else (100, 1000)  # inside the narrow logits
+        if mix == "greedy":
+            params = greedy
+        elif mix == "chat-narrow-json":
+            params = chat_mix(i, schema=BYTES_SCHEMA)
+        else:
+            params = chat_mix(i, grammar=mix == "chat")
+        narrow = mix.startswith("chat-narrow")
+        ids = (1, VOCAB) if narrow else (100, 1000)  # inside the narrow logits
         engine.add_request(f"r{i}", [rng.randrange(*ids) for _ in range(prompt_len)], params)
     while any(r.num_output_tokens < 2 for r in engine.requests.values()):
         publish(engine.step_rows())
@@ -283,7 +304,7 @@ def main() -> None:
     ap.add_argument("--ops", action="store_true", help="also the torch ops a step")
     ap.add_argument(
         "--mix",
-        choices=("greedy", "chat", "chat-narrow"),
+        choices=("greedy", "chat", "chat-narrow", "chat-narrow-json"),
         default="greedy",
         help="sampling options",
     )
@@ -309,6 +330,8 @@ def main() -> None:
     args = ap.parse_args()
     if not 2 <= args.width <= 1000:
         ap.error("--width must be 2-1000 (the prompts' token ids lie below it)")
+    if args.mix == "chat-narrow-json" and args.width < BYTE_TOKENS:
+        ap.error(f"--mix chat-narrow-json needs --width {BYTE_TOKENS} or more (its byte tokens)")
     DRAW, PROMPT_LEN, VOCAB = args.draw, args.prompt_len, args.width
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -349,6 +372,9 @@ def main() -> None:
             if args.mix == "chat-narrow":  # thread CPU, greedy's and the mix's, alternated
                 narrow(model_dir, rows, args, row_cpu)
                 continue
+            if args.mix == "chat-narrow-json":  # with and without its grammar rows
+                narrow(model_dir, rows, args, None, ("chat-narrow-json", "chat-narrow"))
+                continue
             assert counted is not None
             per_bytecode = row / counted[0]
             step, row, sampler, chat, _ = run(
@@ -373,22 +399,36 @@ def fit_positions(model_dir: Path, positions: int) -> None:
     path.write_text(json.dumps(config))
 
 
-def narrow(model_dir: Path, rows: int, args: argparse.Namespace, greedy_cpu: float) -> None:
+def narrow(
+    model_dir: Path,
+    rows: int,
+    args: argparse.Namespace,
+    other_cpu: float | None,
+    mixes: tuple[str, str] = ("chat-narrow", "greedy"),
+) -> None:
     """The chat mix without its grammar rows, on logits VOCAB (--width) wide, timed by the
     thread's CPU (OMP_NUM_THREADS=1: torch's ops run on this thread). Its sampler's torch
     ops then cost little more than their dispatch, which a GPU's host pays too, so the
     figure is the host's time itself (an upper bound: the CPU still computes the narrow
     ops), where the `chat` line's bytecode estimate prices a C pass over the rows at zero.
-    Greedy and the mix alternate three times; the range of each is printed."""
-    cpus: dict[str, list[float]] = {"greedy": [greedy_cpu], "chat-narrow": []}
-    for i in range(5):
-        mix = "chat-narrow" if i % 2 == 0 else "greedy"
-        cpus[mix].append(run(model_dir, rows, args.steps, False, args.kernels, mix)[4])
-    g, c = (sorted(v) for v in cpus.values())
-    print(
-        f"rows {rows:4d} (chat-narrow): thread CPU {c[0] * 1e6:.2f}-{c[-1] * 1e6:.2f} µs a row; "
-        f"greedy's {g[0] * 1e6:.2f}-{g[-1] * 1e6:.2f} (three runs each, alternated)"
+    `mixes`: the mix and the one it alternates with, three times each (`other_cpu`: one of
+    the second's runs already made), the range of each printed; chat-narrow-json's against
+    chat-narrow, the difference of their fastest runs is what its grammar rows add."""
+    mix, other = mixes
+    cpus: dict[str, list[float]] = {mix: [], other: [] if other_cpu is None else [other_cpu]}
+    for i in range(5 if other_cpu is not None else 6):
+        m = mix if i % 2 == 0 else other
+        cpus[m].append(run(model_dir, rows, args.steps, False, args.kernels, m)[4])
+    c, g = (sorted(v) for v in cpus.values())
+    line = (
+        f"rows {rows:4d} ({mix}): thread CPU {c[0] * 1e6:.2f}-{c[-1] * 1e6:.2f} µs a row; "
+        f"{other}'s {g[0] * 1e6:.2f}-{g[-1] * 1e6:.2f} (three runs each, alternated)"
     )
+    if mix == "chat-narrow-json":
+        line += (
+            f"; its grammar rows' share {(c[0] - g[0]) * 1e6:+.2f} µs a row (fastest less fastest)"
+        )
+    print(line)
 
 
 if __name__ == "__main__":
