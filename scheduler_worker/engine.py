@@ -49,7 +49,7 @@ from scheduler_worker.step_output import (
     last_output,
     request_output,
 )
-from scheduler_worker.structured import GrammarMatchers
+from scheduler_worker.structured import GrammarMatchers, masks_overlap
 
 log = get_logger("engine")
 _REQUEST = itemgetter(0)
@@ -80,6 +80,7 @@ class LLMEngine:
         ops = (backend.host_ops_isa, backend.draw_rows, backend.penalize_rows)
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids, *ops)
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
+        self.grammars.overlap = masks_overlap(backend.overlap)
         self.limits = RequestLimits(
             self.runner.vocab_size,
             self.max_model_len,
@@ -191,7 +192,7 @@ class LLMEngine:
         stats = StepStats(schedule=time.perf_counter() - t0)
         pending = self._in_flight
         if pending is not None and self.overlap and self.grammars.matchers:
-            self.scheduler.defer(batch, batch.grammar_waits())
+            self.scheduler.defer(batch, batch.grammar_waits(self.grammars.matchers))
         if pending is not None and batch.resolves_first(self.overlap, self.asking_prompt_logprobs):
             self._resolve(pending, stats, outputs)
             pending = self._in_flight = None

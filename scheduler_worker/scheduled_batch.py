@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter
 
 from scheduler_worker.request import Request
 
-_REQUEST = itemgetter(0)
-_STRUCTURED = attrgetter("params.structured")
+_FLIGHT_ROW = attrgetter("flight_row")
 
 
 @dataclass
@@ -62,11 +61,15 @@ class ScheduledBatch:
         rest = list(self.entries.values())[self.num_decode :]
         return head + [req.num_computed_tokens + n == req.num_tokens for req, n in rest]
 
-    def grammar_waits(self) -> list[Request]:
-        """The rows whose grammar needs the token the step in flight is sampling."""
-        reqs = list(map(_REQUEST, self.entries.values()))
-        constrained = compress(reqs, map(is_not, map(_STRUCTURED, reqs), repeat(None)))
-        return [req for req in constrained if req.num_pending]  # found in C: a few rows
+    def grammar_waits(self, constrained: Iterable[str]) -> list[Request]:
+        """The rows whose grammar needs the token the step in flight is sampling, in the
+        order of that step's rows. `constrained`: the ids of the requests with a grammar
+        (GrammarMatchers), a few: looked up here, not found by a pass over the rows (three
+        C passes over 256 rows were ~4% of the chat mix's host step in instructions)."""
+        entries = self.entries
+        found = (entries.get(rid) for rid in constrained)
+        waits = [e[0] for e in found if e is not None and e[0].num_pending]
+        return sorted(waits, key=_FLIGHT_ROW) if len(waits) > 1 else waits
 
     def wants_prompt_logprobs(self, asking: list[Request]) -> bool:
         """Some entry's prompt logprobs are still to be computed. `asking`: the requests

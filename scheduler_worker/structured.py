@@ -61,6 +61,14 @@ def spare_core(replicas: int = 1) -> bool:
     return (cores or 1) > replicas * torch.get_num_threads()
 
 
+def masks_overlap(device_runs_forward: bool, replicas: int = 1) -> bool:
+    """Whether a step's masks are made in the mask thread while its forward runs: where
+    the device runs the forward (a GPU: the backend's execute returns before it is done)
+    the host's cores are free for it, and made at once they would hold back the forward's
+    launch; on a CPU only a core spare beside torch's threads is (spare_core)."""
+    return device_runs_forward or spare_core(replicas)
+
+
 class GrammarMatchers:
     def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.model_dir, self.vocab_size = model_dir, vocab_size

@@ -56,7 +56,7 @@ from scheduler_worker.parallel.ranks import Ranks, rendezvous, start_ranks
 from scheduler_worker.refusals import check_kv_pool, inbox_endpoint
 from scheduler_worker.step_message import step_message
 from scheduler_worker.step_output import OutputColumns
-from scheduler_worker.structured import spare_core
+from scheduler_worker.structured import masks_overlap
 
 log = get_logger("scheduler")
 
@@ -95,8 +95,10 @@ class SchedulerWorker:
         # while serving would silence the heartbeat thread (GrammarMatchers)
         self.engine.grammars.wait_tokenizer()
         release_freed_heap()  # and the tokenizer build's
-        # replicas share the cores: a mask thread overlaps the forward only on a spare one
-        self.engine.grammars.overlap = spare_core(config.data_parallel_size)
+        # replicas share the cores: on a CPU a mask thread overlaps the forward only on a
+        # spare one (on a GPU always: structured.masks_overlap)
+        device_runs = self.engine.runner.backend.overlap
+        self.engine.grammars.overlap = masks_overlap(device_runs, config.data_parallel_size)
         self.ctx: zmq.Context = zmq.Context.instance()
         try:
             self.inbox = PullQueue(bind, bind=True, ctx=self.ctx)

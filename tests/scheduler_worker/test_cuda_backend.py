@@ -101,6 +101,7 @@ def test_overlapped_engine_gives_the_synchronous_tokens(model_dir):
     for mode in ("on", "off"):
         engine = LLMEngine(config(model_dir, "cuda", "float32", async_scheduling=mode), model_dir)
         assert engine.overlap == (mode == "on")
+        assert engine.grammars.overlap  # masks made while the forward runs (masks_overlap)
         outs.append(engine.generate(PROMPTS, GREEDY))
         engine.block_manager.check_integrity()
     assert outs[0] == outs[1]

@@ -128,3 +128,15 @@ def test_a_dropped_entry_takes_its_count_and_sampling_stays_right():
     chunk = small.schedule()  # a mid-prompt chunk: no sample
     assert chunk.sampling() == [False] and chunk.drop(chunk.entries["long"][0])
     assert chunk.num_prefill_tokens == 0 and chunk.num_decode == 0
+
+
+def test_the_grammar_rows_that_wait_are_looked_up_by_id_in_the_step_in_flights_order():
+    """ScheduledBatch.grammar_waits: of the constrained ids, the rows in the batch with a
+    token in flight, in their order in the step in flight; an id not in the batch (sitting
+    out, not scheduled) and a row with no token in flight are left out."""
+    reqs = {f"r{i}": Request(f"r{i}", [1, 2], SamplingParams(max_tokens=8)) for i in range(6)}
+    for rid, pending, row in [("r0", 1, 4), ("r1", 0, 0), ("r2", 1, 1), ("r3", 1, 3)]:
+        reqs[rid].num_pending, reqs[rid].flight_row = pending, row
+    batch = ScheduledBatch({rid: (reqs[rid], 1) for rid in ("r0", "r1", "r2", "r4")}, 4)
+    assert batch.grammar_waits(["r0", "r1", "r2", "r3", "r5"]) == [reqs["r2"], reqs["r0"]]
+    assert batch.grammar_waits(["r3", "r1"]) == [] and batch.grammar_waits([]) == []

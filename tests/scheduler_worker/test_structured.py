@@ -24,7 +24,7 @@ from scheduler_worker import kernels
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.logits_processors import apply_token_masks
 from scheduler_worker.sampling import Sampler, SamplingRow
-from scheduler_worker.structured import spare_core
+from scheduler_worker.structured import masks_overlap, spare_core
 
 SCHEMA = {
     "type": "object",
@@ -266,6 +266,15 @@ def test_a_mask_thread_needs_a_core_no_replica_uses(monkeypatch):
     assert not spare_core(cores)  # as many single-thread replicas as cores: none spare
     monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
     assert not spare_core(1)  # torch's default: every core
+
+
+def test_a_gpu_makes_its_masks_in_the_thread_with_no_core_spare(monkeypatch):
+    """Where the device runs the forward (a GPU) the mask thread overlaps it whatever
+    torch's CPU threads are; on a CPU it takes a spare core only."""
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)  # torch's default
+    assert masks_overlap(True) and masks_overlap(True, 4)
+    assert not masks_overlap(False) and masks_overlap(False) == spare_core(1)
 
 
 def test_rebuild_replays_the_output(engine, tok):
