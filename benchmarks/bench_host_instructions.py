@@ -8,7 +8,11 @@ it does not see cache misses or the machine's speed: confirm a cut by time as we
 (bench_host_step.py, runs alternated).
 
     .venv/bin/python benchmarks/bench_host_instructions.py [--rows 256] [--steps 16]
-        [--mix greedy|chat|chat-narrow] [--prompt-len 20] [--within MODULE:ATTR]
+        [--mix greedy|chat|chat-narrow|chat-narrow-json] [--width 64] [--prompt-len 20]
+        [--within MODULE:ATTR]
+
+`--width`: the stand-in logits' width for greedy and the narrow mixes (bench_host_step.py's;
+chat-narrow-json needs 273 or more).
 
 `--within` counts only inside one function and what it calls (e.g.
 `scheduler_worker.sampling:Sampler.sample`, `scheduler_worker.engine:resolve_and_advance`:
@@ -64,7 +68,9 @@ def count_within(target: str, helper: str) -> None:
     setattr(owner, name, counted)
 
 
-def measure(rows: int, steps: int, mix: str, prompt_len: int, within: str | None) -> int:
+def measure(
+    rows: int, steps: int, mix: str, prompt_len: int, within: str | None, width: int = 64
+) -> int:
     """In the process under callgrind: the engine started, `steps` steps counted (inside
     `within` alone, where given); returns the rows they decoded."""
     sys.path.insert(0, str(ROOT))
@@ -78,7 +84,7 @@ def measure(rows: int, steps: int, mix: str, prompt_len: int, within: str | None
     from tests.conftest import copy_tokenizer_files, make_tiny_model
 
     torch.set_num_threads(1)
-    host.PROMPT_LEN = prompt_len
+    host.PROMPT_LEN, host.VOCAB = prompt_len, width
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model("llama", Path(tmp) / "tiny-llama")
         copy_tokenizer_files(resolve_model("smollm2"), model_dir)
@@ -112,13 +118,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--mix", choices=("greedy", "chat", "chat-narrow"), default="greedy")
+    ap.add_argument(
+        "--mix", choices=("greedy", "chat", "chat-narrow", "chat-narrow-json"), default="greedy"
+    )
+    ap.add_argument("--width", type=int, default=64, help="stand-in logits' width (default 64)")
     ap.add_argument("--prompt-len", type=int, default=20, help="tokens a prompt (default 20)")
     ap.add_argument("--within", help="count inside this function only (MODULE:ATTR)")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if not 2 <= a.width <= 1000 or a.mix == "chat-narrow-json" and a.width < 273:
+        ap.error("--width must be 2-1000, and 273 or more for chat-narrow-json")
     if a.inside:  # under callgrind
-        print(f"DECODED {measure(a.rows, a.steps, a.mix, a.prompt_len, a.within)}", flush=True)
+        decoded = measure(a.rows, a.steps, a.mix, a.prompt_len, a.within, a.width)
+        print(f"DECODED {decoded}", flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
         prefix, env = f"{tmp}/callgrind", {**os.environ, "PYTHONHASHSEED": "0"}
@@ -143,6 +155,7 @@ def main() -> None:
             f"--rows={a.rows}",
             f"--steps={a.steps}",
             f"--mix={a.mix}",
+            f"--width={a.width}",
             f"--prompt-len={a.prompt_len}",
             *within[1:],
         ]
@@ -153,7 +166,7 @@ def main() -> None:
         rows = int(decoded[0].split()[1])
         total = main_thread_instructions(prefix)
     print(
-        f"rows {a.rows:4d} ({a.mix}, prompts of {a.prompt_len}"
+        f"rows {a.rows:4d} ({a.mix}, {a.width} wide, prompts of {a.prompt_len}"
         f"{', within ' + a.within if a.within else ''}): {total / rows:8.0f} instructions a row "
         f"({total:,} over {a.steps} steps, {rows} rows)"
     )

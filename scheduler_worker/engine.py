@@ -98,6 +98,7 @@ class LLMEngine:
         self.overlap = on and self.runner.tp is None
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self._marked: list[Request] = []  # rows the last launch gave a mask or drafts
+        self._fused: list = []  # fusable's last two batches of rows (grammar rows alternate)
         self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
         log.info("speculative decoding: %s", self.scheduler.config.speculative_method)
@@ -198,9 +199,9 @@ class LLMEngine:
             pending = self._in_flight = None
             for req in [r for r, _ in batch.entries.values() if r.status.finished]:
                 batch.drop(req)  # finished by the tokens just read
-        launched = None
+        launched, sampled = None, None if pending is None else pending.sampled
         # the launched rows' advance in the pending rows' resolve loop (resolve_rows.py)
-        fuse = fusable(self.scheduler, batch, pending.sampled) if pending is not None else None
+        fuse = None if sampled is None else fusable(self.scheduler, batch, sampled, self._fused)
         if batch.entries:
             try:
                 launched = self._launch(batch, stats, advance=fuse is None)
@@ -242,9 +243,8 @@ class LLMEngine:
 
     @torch.inference_mode()  # the sampler writes masks into the step's (inference) logits
     def _launch(self, batch: ScheduledBatch, stats: StepStats, advance: bool = True) -> InFlight:
-        """Run the step's forward and sampling on the device and start copying its tokens
-        to the host; the requests advance (Scheduler.advance; else in _resolve), their
-        tokens placeholders."""
+        """The step's forward and sampling run on the device, its tokens copied to the host;
+        its rows advance, tokens placeholders (Scheduler.advance; else in _resolve)."""
         t1 = time.perf_counter()
         entries = list(batch.entries.values())
         sampling = batch.sampling()

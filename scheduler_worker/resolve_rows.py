@@ -105,13 +105,18 @@ class Fused(NamedTuple):
 
 
 def fusable(
-    sched: Scheduler, batch: ScheduledBatch, sampled: list[tuple[Request, int]]
+    sched: Scheduler,
+    batch: ScheduledBatch,
+    sampled: list[tuple[Request, int]],
+    seen: list[tuple[list[Request], list[Request]]] | None = None,
 ) -> Fused | None:
     """The launched batch's advance may wait for the resolve of the step in flight
     (`sampled`) and run in its loop (resolve_and_advance): a decode-only batch kept in
     place, of the same rows in the same order (the usual overlapped step), or of rows
     without a token in flight then rows in flight in the same order (grammar rows sit
-    out every other step)."""
+    out every other step). `seen`: the caller's keep of the last two (rows, rows in
+    flight) found so (the batch's rows alternate with grammar rows): the same lists again
+    need no look at each row's place."""
     if not batch.decodes_kept or batch.drafts or sched.sliding_window is not None:
         return None
     entries = batch.entries
@@ -127,12 +132,18 @@ def fusable(
         if req.num_pending:
             break
         k += 1
-    last, num_flying = 0, len(flying)
-    for req in reqs[k:]:  # each one's row in the step in flight, in order
-        row = req.flight_row
-        if not req.num_pending or not last <= row < num_flying or flying[row] is not req:
-            return None
-        last = row
+    # the same rows, and the same rows in flight (compared by identity): each of those
+    # is still at its row in the step in flight (its flight_row, set when it advanced),
+    # so what the loop below found then holds
+    if seen is None or not any(r == reqs and f == flying for r, f in seen):
+        last, num_flying = 0, len(flying)
+        for req in reqs[k:]:  # each one's row in the step in flight, in order
+            row = req.flight_row
+            if not req.num_pending or not last <= row < num_flying or flying[row] is not req:
+                return None
+            last = row
+        if seen is not None:
+            seen[:] = [(reqs, flying), *seen[:1]]
     return Fused(list(entries.values())[:k], reqs[k:])
 
 
