@@ -53,10 +53,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.host_counts import bytecodes, count_ops  # noqa: E402
 from common import collector  # noqa: E402
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from common.messages import encode  # noqa: E402
@@ -156,47 +156,6 @@ def publisher(engine: LLMEngine):
         ipc_time=0.0,
     )
     return lambda outputs: SchedulerWorker.publish(fake, outputs)  # type: ignore[arg-type]
-
-
-def bytecodes(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
-    """The Python bytecodes and calls a decoded row a step (sys.settrace): what the host's
-    Python does, whatever the machine's load."""
-    counts = [0, 0]
-
-    def trace(frame, event, arg):
-        frame.f_trace_opcodes = True
-        counts[event != "opcode"] += event in ("opcode", "call")
-        return trace
-
-    num_rows = 0
-    sys.settrace(trace)
-    for _ in range(steps):
-        publish(engine.step_rows())
-        num_rows += engine.last_step.num_decode
-    sys.settrace(None)
-    return counts[0] / num_rows, counts[1] / num_rows
-
-
-class OpCounter(TorchDispatchMode):
-    """The aten ops dispatched while active, and how many of them are views."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = self.views = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        self.views += func.is_view
-        return func(*args, **(kwargs or {}))
-
-
-def count_ops(engine: LLMEngine, publish, steps: int) -> tuple[float, float]:
-    """torch ops a step, and of them views, over `steps` steps."""
-    counter = OpCounter()
-    with counter:
-        for _ in range(steps):
-            publish(engine.step_rows())
-    return counter.ops / steps, counter.views / steps
 
 
 def engine_for(model_dir: Path, rows: int, kernels: str = "auto", mix: str = "greedy"):
