@@ -4,7 +4,7 @@ top_p, min_p, top_k, logprobs, seed) as one array [rows, NUM_VALUES]. Kept while
 next step's rows hold the same parameters in the same order (an overlapped decode batch,
 most steps); where the rows carry their slot (Request.slot), each slot's kinds are kept as
 bits of a per-slot array, written when a slot's parameters change, so a batch whose rows
-come and go (a grammar row sitting out a step) reads its kinds by one numpy index, as vLLM
+come and go (rows that join, finish or are preempted) reads its kinds by one numpy index, as vLLM
 v1's InputBatch keeps its rows' parameters: the host's work follows what changed, not the
 rows (docs/benchmarks.md, "Host step, persistent rows", "Persistent decode batch" and
 "Host step, seventh session").
@@ -126,10 +126,9 @@ def kind_bits(p: SamplingParams) -> int:
 
 
 class BatchParamsCache:
-    """The last step's BatchParams (or the one before, where the rows alternate), reused
-    while the rows' parameters are the same (a list comparison: the same objects compare
-    by identity, in C); else, given the rows' slots, built from the per-slot kinds and
-    numbers.
+    """The last step's BatchParams, reused while the rows' parameters are the same (a
+    list comparison: the same objects compare by identity, in C); else, given the rows'
+    slots, built from the per-slot kinds and numbers.
 
     Invariant: kinds[s] == kind_bits(at[s]) and values[s] == param_values(at[s]) for every
     slot s; a slot whose row now holds other parameters (a new request in it) is rewritten
@@ -137,9 +136,6 @@ class BatchParamsCache:
 
     def __init__(self) -> None:
         self.last: BatchParams | None = None
-        # the one before it: grammar rows sit out every other step (Scheduler.defer), so an
-        # overlapped batch with some alternates between two sets of rows, each kept here
-        self.before: BatchParams | None = None
         self.at: list[SamplingParams | None] = []  # the parameters each slot's kinds are of
         self.kinds = np.zeros(0, dtype=np.uint8)
         self.values = np.zeros((0, NUM_VALUES), dtype=np.float64)
@@ -150,10 +146,6 @@ class BatchParamsCache:
         or None (rows without slots: built from the parameters)."""
         if self.last is not None and self.last.params == params:
             return self.last
-        if self.before is not None and self.before.params == params:
-            self.last, self.before = self.before, self.last
-            return self.last
-        self.before = self.last
         self.last = BatchParams.of(params) if slots is None else self._of_slots(params, slots)
         return self.last
 
@@ -161,12 +153,9 @@ class BatchParamsCache:
         """The BatchParams of the sampler's rows (logits_processors.SampledRow): the last
         step's for the same rows (a list compare, by identity: a row's parameters never
         change), else get()'s from their parameters and slots."""
-        last, before = self.last, self.before
+        last = self.last
         if last is not None and last.rows == rows:
             return last
-        if before is not None and before.rows == rows:  # the other of two alternating
-            self.last, self.before = before, last
-            return before
         params, slots = [row.params for row in rows], [row.slot for row in rows]
         batch = self.get(params, None if -1 in slots else slots)
         batch.rows = list(rows)

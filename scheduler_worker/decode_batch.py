@@ -6,7 +6,6 @@ update (docs/benchmarks.md, "Persistent decode batch"):
     joins        a request that samples its first token (advance): appended
     leaves       finish, abort, preemption (Scheduler._release), max_tokens reached
                  (advance): deleted
-    deferred     a grammar row waiting on its token (Scheduler.defer): moved to the front
     new block    a row whose token starts one: Scheduler._reserve (which may preempt)
 
 Where every row fits the decode batch and none may draft (the usual step), the batch's

@@ -34,9 +34,8 @@ from scheduler_worker.sampling import DeviceSample, Sampler, TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.spec import engine_drafter
-from scheduler_worker.spec.policy import verified
 from scheduler_worker.spec.sampled import SampledVerify, sample_drafts
-from scheduler_worker.spec.verify import accepted_tokens, draft_targets
+from scheduler_worker.spec.verify import draft_targets, verified_output
 from scheduler_worker.step_inputs import decode_rows, seq_inputs
 from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
 from scheduler_worker.step_output import (
@@ -98,7 +97,6 @@ class LLMEngine:
         self.overlap = on and self.runner.tp is None
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self._marked: list[Request] = []  # rows the last launch gave a mask or drafts
-        self._fused: list = []  # fusable's last two batches of rows (grammar rows alternate)
         self.failed: list[str] = []  # failed by the device since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
         log.info("speculative decoding: %s", self.scheduler.config.speculative_method)
@@ -183,28 +181,30 @@ class LLMEngine:
 
         Overlapped (a GPU): step N+1 is scheduled and launched before step N's tokens
         are read, its decode rows taking step N's tokens on the device (SeqInput.prev_row;
-        penalties count them there too). A row whose grammar needs its token on the host
-        sits this step out (Scheduler.defer): only it waits. A step with prompt logprobs
-        to compute resolves the step in flight before it launches."""
+        penalties count them there too). A row whose grammar needs step N's token for its
+        mask stays in: its forward launches with the others, then step N's tokens are
+        read and its matcher takes its token, and its mask is made before the sample
+        launches (as vLLM's and SGLang's overlapped structured outputs). A step with
+        prompt logprobs to compute resolves the step in flight before it launches."""
         outputs = OutputColumns.of([request_output(r, []) for r in self._aborted])
         self._aborted.clear()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         stats = StepStats(schedule=time.perf_counter() - t0)
-        pending = self._in_flight
-        if pending is not None and self.overlap and self.grammars.matchers:
-            self.scheduler.defer(batch, batch.grammar_waits(self.grammars.matchers))
+        pending, waits = self._in_flight, []
         if pending is not None and batch.resolves_first(self.overlap, self.asking_prompt_logprobs):
             self._resolve(pending, stats, outputs)
             pending = self._in_flight = None
             for req in [r for r, _ in batch.entries.values() if r.status.finished]:
                 batch.drop(req)  # finished by the tokens just read
-        launched, sampled = None, None if pending is None else pending.sampled
+        elif pending is not None and self.grammars.matchers:  # masks after N's tokens
+            waits = batch.grammar_waits(self.grammars.matchers)
+        launched = None
         # the launched rows' advance in the pending rows' resolve loop (resolve_rows.py)
-        fuse = None if sampled is None else fusable(self.scheduler, batch, sampled, self._fused)
+        fuse = fusable(self.scheduler, batch, pending.sampled) if pending is not None else None
         if batch.entries:
             try:
-                launched = self._launch(batch, stats, advance=fuse is None)
+                launched = self._launch(batch, stats, fuse is None, waits)
             except torch.OutOfMemoryError as e:
                 self._fail_step(batch, e)
         if pending is not None:
@@ -242,9 +242,16 @@ class LLMEngine:
         return failed
 
     @torch.inference_mode()  # the sampler writes masks into the step's (inference) logits
-    def _launch(self, batch: ScheduledBatch, stats: StepStats, advance: bool = True) -> InFlight:
+    def _launch(
+        self,
+        batch: ScheduledBatch,
+        stats: StepStats,
+        advance: bool = True,
+        waits: Sequence[Request] = (),
+    ) -> InFlight:
         """The step's forward and sampling run on the device, its tokens copied to the host;
-        its rows advance, tokens placeholders (Scheduler.advance; else in _resolve)."""
+        its rows advance, tokens placeholders (Scheduler.advance; else in _resolve).
+        `waits`: grammar rows whose masks need the tokens in flight (made after the forward)."""
         t1 = time.perf_counter()
         entries = list(batch.entries.values())
         sampling = batch.sampling()
@@ -255,7 +262,8 @@ class LLMEngine:
         samplers = list(compress(map(_REQUEST, entries), sampling))
         # constrained rows' drafts: cut where the grammar refuses, a mask per position
         spec_masks = self.grammars.check_drafts(batch) if batch.drafts else {}
-        masks = self.grammars.start(samplers, spec_masks)
+        masks = None if waits else self.grammars.start(samplers, spec_masks)
+        constrained = masks is not None or bool(waits)
         inputs = (
             decode_rows(samplers, self.scheduler.tables)
             if decode_only and not batch.drafts
@@ -263,14 +271,14 @@ class LLMEngine:
         )
         # plain greedy rows (the common case) need no sampler's row: only their argmax; the
         # others are their own (a Request is a SampledRow), marked for the step alone
-        plain = masks is None and all([req.plain for req in samplers])
+        plain = not constrained and all([req.plain for req in samplers])
         rows = [] if plain else samplers
         self._marked = unmark(self._marked)  # the last launch's masks and drafts
         if batch.drafts and rows:  # a drafted row's last position follows all its drafts
             self._marked = mark_drafts(samplers, batch.drafts)
         # a greedy step without grammar masks needs only each row's argmax: the model's
         # head may take it without writing the logits (ModelRunner.execute)
-        argmax = bool(samplers) and (plain or masks is None and self.sampler.argmax_only(rows))
+        argmax = bool(samplers) and (plain or not constrained and self.sampler.argmax_only(rows))
         in_flight = self._in_flight.sample if self._in_flight is not None else None
         verify: dict[str, tuple[list[int], list[int]]] = {}
         sampled_verify: SampledVerify | None = None
@@ -292,6 +300,12 @@ class LLMEngine:
         else:
             logits = self.runner.execute(inputs, self.sampler.vocab_size if argmax else None)
         t2 = time.perf_counter()
+        if waits:  # the tokens in flight read (kept for their resolve), matchers advanced
+            pending = self._in_flight
+            assert pending is not None and pending.sample is not None  # it sampled them
+            pending.host = pending.sample.result(kept=True)
+            self.grammars.advance_ahead(waits, pending.host.token_ids)
+            masks = self.grammars.start(samplers, at_once=True)  # nothing else to do now
         masked = mark_masks(rows, self.grammars.wait(masks), self._marked)
         sample: DeviceSample | None
         if not samplers:
@@ -322,7 +336,9 @@ class LLMEngine:
         """The step's tokens on the host (waiting if need be) into its requests, into `outputs`
         an output each still running or just finished; `launched`'s rows advance if `fused`."""
         t0 = time.perf_counter()
-        result = step.sample.result(kept=True) if step.sample is not None else None
+        result = step.host  # read already (_launch, for grammar rows' masks)
+        if result is None and step.sample is not None:
+            result = step.sample.result(kept=True)
         stats.sample += time.perf_counter() - t0
         self.counters.num_steps += 1
         if result is None:  # no row sampled (prompt chunks only)
@@ -355,40 +371,20 @@ class LLMEngine:
         if req.status.finished:  # aborted, or stopped at its previous token:
             self.scheduler.resolve(req, index, token)  # nothing more to send
             return None
-        if drafts and req.request_id in drafts:
-            return self._verified(req, index, token, lp, *drafts[req.request_id])
-        self.scheduler.resolve(req, index, token)
-        if grammars is not None and grammars.advance(req, token) and not req.status.finished:
-            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
+        if drafts and req.request_id in drafts:  # the drafts it accepts, and one more
+            sched, row_drafts = self.scheduler, drafts[req.request_id]
+            out = verified_output(
+                sched, self.grammars, self.counters, req, index, token, lp, *row_drafts
+            )
+        else:
+            self.scheduler.resolve(req, index, token)
+            if grammars is not None and grammars.advanced(req, token) and not req.status.finished:
+                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
+            out = last_output(req, token, lp)
         if req.status.finished:
             del self.requests[req.request_id]
             self.grammars.drop(req.request_id)
-        return last_output(req, token, lp)
-
-    def _verified(
-        self,
-        req: Request,
-        index: int,
-        token: int,
-        lp: TokenLogprobs | None,
-        drafts: list[int],
-        targets: list[int],
-        lps: list[TokenLogprobs | None] | None = None,
-    ) -> RequestOutput:
-        """The output of a row that verified drafts (token, lp: its sample after the last;
-        lps: the logprobs of targets, for a row that asked for them)."""
-        tokens, done = accepted_tokens(drafts, targets, token), False
-        if req.request_id in self.grammars:  # its matcher takes exactly the tokens kept
-            tokens, done = self.grammars.advance_all(req, tokens)
-        kept = self.scheduler.accept(req, index, tokens)
-        if done and not req.status.finished:
-            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
-        verified(req, len(drafts), len(kept) - 1, self.counters)
-        if req.status.finished:
-            del self.requests[req.request_id]
-            self.grammars.drop(req.request_id)
-        logprobs = None if lp is None or lps is None else [*lps, lp][: len(kept)]
-        return request_output(req, kept, logprobs)
+        return out
 
     # ---- offline ------------------------------------------------------------
     def generate(

@@ -18,9 +18,10 @@ placeholder count unchanged (docs/benchmarks.md, "Host step per row, per-slot ar
 
     launch N (no advance) ──▶ read N-1's tokens ──▶ each row: advance for N, resolve N-1
 
-With grammar rows, a step's rows are those back from sitting out (no token in flight:
-advanced first), then rows of the step in flight in its order, less those now sitting
-out (`Fused`): the same loop, each row at its new row of step N (docs/benchmarks.md,
+Where the launched step's rows are rows with no token in flight (advanced first), then rows
+of the step in flight in its order less some (those finished meanwhile; grammar rows sat
+out every other step until their masks were made after the forward: LLMEngine._launch),
+the same loop runs each row at its new row of step N (`Fused`; docs/benchmarks.md,
 "Host step, eighth session").
 """
 
@@ -97,26 +98,20 @@ def resolve_rows(
 
 class Fused(NamedTuple):
     """A launched batch whose advance runs in the resolve loop: `joins`, its leading rows
-    with no token in flight (a grammar row back from sitting out), advance first; `rows`,
-    the others, are rows of the step in flight in its order (those it lacks sit out)."""
+    with no token in flight, advance first; `rows`, the others, are rows of the step in
+    flight in its order (those it lacks only resolve)."""
 
     joins: list[tuple[Request, int]]
     rows: list[Request]
 
 
 def fusable(
-    sched: Scheduler,
-    batch: ScheduledBatch,
-    sampled: list[tuple[Request, int]],
-    seen: list[tuple[list[Request], list[Request]]] | None = None,
+    sched: Scheduler, batch: ScheduledBatch, sampled: list[tuple[Request, int]]
 ) -> Fused | None:
     """The launched batch's advance may wait for the resolve of the step in flight
     (`sampled`) and run in its loop (resolve_and_advance): a decode-only batch kept in
     place, of the same rows in the same order (the usual overlapped step), or of rows
-    without a token in flight then rows in flight in the same order (grammar rows sit
-    out every other step). `seen`: the caller's keep of the last two (rows, rows in
-    flight) found so (the batch's rows alternate with grammar rows): the same lists again
-    need no look at each row's place."""
+    without a token in flight then rows in flight in the same order (less those ended)."""
     if not batch.decodes_kept or batch.drafts or sched.sliding_window is not None:
         return None
     entries = batch.entries
@@ -132,18 +127,12 @@ def fusable(
         if req.num_pending:
             break
         k += 1
-    # the same rows, and the same rows in flight (compared by identity): each of those
-    # is still at its row in the step in flight (its flight_row, set when it advanced),
-    # so what the loop below found then holds
-    if seen is None or not any(r == reqs and f == flying for r, f in seen):
-        last, num_flying = 0, len(flying)
-        for req in reqs[k:]:  # each one's row in the step in flight, in order
-            row = req.flight_row
-            if not req.num_pending or not last <= row < num_flying or flying[row] is not req:
-                return None
-            last = row
-        if seen is not None:
-            seen[:] = [(reqs, flying), *seen[:1]]
+    last, num_flying = 0, len(flying)
+    for req in reqs[k:]:  # each one's row in the step in flight, in order
+        row = req.flight_row
+        if not req.num_pending or not last <= row < num_flying or flying[row] is not req:
+            return None
+        last = row
     return Fused(list(entries.values())[:k], reqs[k:])
 
 

@@ -172,11 +172,6 @@ class Scheduler:
             batch.drafts[req.request_id] = drafts
         return len(drafts)
 
-    def defer(self, batch: ScheduledBatch, reqs: list[Request]) -> None:
-        """Decode rows out of the batch, first in the next step, their blocks kept."""
-        front = {r.request_id: (r, 1) for r in reversed(reqs) if batch.drop(r)}
-        self.active = {**front, **self.active} if front else self.active
-
     def _admit(self, req: Request, budget: int) -> int:
         # prompt logprobs need the logits of every prompt position: no cached prefix then
         blocks, num_cached = (

@@ -23,7 +23,7 @@ def decode_rows(reqs: list[Request], tables: BlockTables) -> DecodeRows:
     positions = [req.num_computed_tokens for req in reqs]
     prev_rows = [req.flight_row if req.num_pending else -1 for req in reqs]
     tokens, known = [PLACEHOLDER] * len(reqs), 0
-    if -1 in prev_rows:  # some tokens known (a grammar row back from sitting out): read
+    if -1 in prev_rows:  # some tokens known (a row with no token in flight): read
         at = [i for i, row in enumerate(prev_rows) if row < 0]
         for i in at:
             tokens[i] = reqs[i].token_ids[positions[i]]

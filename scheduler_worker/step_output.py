@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from scheduler_worker.request import Request
-from scheduler_worker.sampling import DeviceSample, TokenLogprobs, prompt_logprob_entries
+from scheduler_worker.sampling import (
+    DeviceSample,
+    SamplerOutput,
+    TokenLogprobs,
+    prompt_logprob_entries,
+)
 from scheduler_worker.spec.sampled import SampledVerify
 from scheduler_worker.step_logprobs import RowLogprobs, token_logprobs
 
@@ -137,6 +142,8 @@ class InFlight:
     drafts: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
     # the rows that verify drafts by sampling (spec/sampled.py), their tokens on the device
     sampled_drafts: SampledVerify | None = None
+    # its tokens on the host, read before its resolve (LLMEngine._masks_ahead)
+    host: SamplerOutput | None = None
 
     @property
     def verifies(self) -> bool:

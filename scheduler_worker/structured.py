@@ -8,6 +8,9 @@
     a drafted row (speculative decoding): check_drafts(batch) ─▶ its drafts cut at the first
              token refused, a mask for each of its 1 + k positions (spec/verify.py masks
              the leading k, the sampler the last) ─▶ advance_all(req, tokens kept)
+    overlapped, a row whose token N-1 is still in flight when step N launches:
+             forward N launched ─▶ step N-1's tokens read ─▶ advance_ahead(rows, tokens)
+             ─▶ start(rows, at_once=True) ─▶ sampler (its resolve takes advanced()'s answer)
     finish / abort ─▶ drop(rid)
 
 The mask a row needs after forward N depends only on the tokens sampled up to step N-1.
@@ -33,6 +36,7 @@ import json
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -77,6 +81,7 @@ class GrammarMatchers:
         self.overlap = spare_core()
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
+        self.ahead: dict[str, bool] = {}  # rid -> advance()'s answer, taken before the resolve
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
         # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
         # 1.7-1.8 s for Gemma 3's 262k from a converted GGUF's compact tokenizer.json:
@@ -146,15 +151,19 @@ class GrammarMatchers:
 
     def drop(self, rid: str) -> None:
         self.matchers.pop(rid, None)
+        self.ahead.pop(rid, None)
 
     # ---- masks ----------------------------------------------------------------------------
     def start(
-        self, rows: list[Request], drafted: dict[str, torch.Tensor] | None = None
+        self,
+        rows: list[Request],
+        drafted: dict[str, torch.Tensor] | None = None,
+        at_once: bool = False,
     ) -> Future[dict[int, torch.Tensor]] | None:
         """Begin the masks of the constrained ones among `rows` (the batch's sampling rows,
         in order); wait() gives {row index: int32 [W] packed bitmask}. None if none is
         constrained. A row with `drafted` masks (check_drafts) samples after its drafts:
-        its last one."""
+        its last one. `at_once`: not in the thread (the caller waits for them next)."""
         if not self.matchers:  # no constrained request anywhere: nothing to do
             return None
         todo, known = [], {}
@@ -170,7 +179,7 @@ class GrammarMatchers:
             todo = sorted(found, key=_FIRST)
         if not todo and not known:
             return None
-        if self.overlap and todo:
+        if self.overlap and todo and not at_once:
             return self._pool.submit(lambda: {**known, **self._masks(todo)})
         t0 = time.perf_counter()
         done: Future[dict[int, torch.Tensor]] = Future()
@@ -261,6 +270,19 @@ class GrammarMatchers:
         return tokens, False
 
     # ---- after sampling -------------------------------------------------------------------
+    def advance_ahead(self, rows: Sequence[Request], token_ids: Sequence[int]) -> None:
+        """Overlapped: rows of the step in flight launched again, whose masks need the
+        token in flight (`token_ids`, that step's, each row's at its flight_row): each
+        matcher takes it before the step resolves, which then reads the answer here
+        (advanced)."""
+        for req in rows:
+            self.ahead[req.request_id] = self.advance(req, token_ids[req.flight_row])
+
+    def advanced(self, req: Request, token: int) -> bool:
+        """advance(req, token), unless advance_ahead took that token already: its answer."""
+        done = self.ahead.pop(req.request_id, None)
+        return self.advance(req, token) if done is None else done
+
     def advance(self, req: Request, token: int) -> bool:
         """Consume the token sampled for req; True when the request must stop here: its
         grammar is complete (only EOS could follow) or broken (logged)."""

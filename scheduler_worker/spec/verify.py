@@ -13,11 +13,19 @@ the grammar refuses one): the token one-by-one constrained decoding would have t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from scheduler_worker.logits_processors import SamplingRow, apply_token_masks
-from scheduler_worker.request import Request
-from scheduler_worker.sampling import greedy_tokens
+from scheduler_worker.request import Request, RequestStatus
+from scheduler_worker.sampling import TokenLogprobs, greedy_tokens
+from scheduler_worker.spec.policy import verified
+from scheduler_worker.step_output import EngineCounters, RequestOutput, request_output
+
+if TYPE_CHECKING:
+    from scheduler_worker.scheduler import Scheduler
+    from scheduler_worker.structured import GrammarMatchers
 
 
 def draft_targets(
@@ -56,3 +64,28 @@ def accepted_tokens(drafts: list[int], targets: list[int], last: int) -> list[in
     while m < len(drafts) and drafts[m] == full[m]:
         m += 1
     return full[: m + 1]
+
+
+def verified_output(
+    scheduler: Scheduler,
+    grammars: GrammarMatchers,
+    counters: EngineCounters,
+    req: Request,
+    index: int,
+    token: int,
+    lp: TokenLogprobs | None,
+    drafts: list[int],
+    targets: list[int],
+    lps: list[TokenLogprobs | None] | None = None,
+) -> RequestOutput:
+    """The output of a row that verified drafts, its tokens taken (token, lp: its sample
+    after the last; lps: the logprobs of targets, for a row that asked for them)."""
+    tokens, done = accepted_tokens(drafts, targets, token), False
+    if req.request_id in grammars:  # its matcher takes exactly the tokens kept
+        tokens, done = grammars.advance_all(req, tokens)
+    kept = scheduler.accept(req, index, tokens)
+    if done and not req.status.finished:
+        scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
+    verified(req, len(drafts), len(kept) - 1, counters)
+    logprobs = None if lp is None or lps is None else [*lps, lp][: len(kept)]
+    return request_output(req, kept, logprobs)

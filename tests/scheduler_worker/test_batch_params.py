@@ -71,7 +71,7 @@ def _kinds(b: BatchParams) -> tuple:
 
 
 def test_the_slots_kinds_equal_the_rows_own_as_rows_join_leave_and_slots_are_reused():
-    """Random steps over 6 slots: rows sit out steps (a deferred grammar row), leave, and
+    """Random steps over 6 slots: rows skip steps (not scheduled in one), leave, and
     a new request takes a freed slot with other parameters; the kinds read from the slots
     are always those of the rows' own parameters."""
     kinds = [*ONE_OF_EACH_KIND, SamplingParams(temperature=1.0, logprobs=0)]
@@ -88,9 +88,9 @@ def test_the_slots_kinds_equal_the_rows_own_as_rows_join_leave_and_slots_are_reu
         assert _kinds(cache.get(params, slots)) == _kinds(BatchParams.of(params))
 
 
-def test_a_batch_whose_rows_sit_out_alternate_steps_is_not_rebuilt_from_its_rows(monkeypatch):
-    """The chat mix's grammar rows sit out every other step: with slots, the kinds come
-    from the slots (no pass over the rows' parameters) after the first two steps."""
+def test_a_batch_whose_rows_come_and_go_is_not_rebuilt_from_its_rows(monkeypatch):
+    """Rows that leave a batch and come back: with slots, the kinds come from the slots
+    (no pass over the rows' parameters) after the first two steps."""
     greedy, hot = SamplingParams(temperature=0.0), SamplingParams(temperature=0.7)
     cache = BatchParamsCache()
     cache.get([greedy, hot, hot], [0, 1, 2])
@@ -101,45 +101,6 @@ def test_a_batch_whose_rows_sit_out_alternate_steps_is_not_rebuilt_from_its_rows
         assert cache.get([greedy, hot, hot], [0, 1, 2]).draws == [1, 2]
         assert cache.get([greedy, hot], [0, 2]).draws == [1]
     assert built == []
-
-
-def test_two_alternating_batches_are_each_kept_with_what_was_derived_from_them():
-    """Grammar rows sit out every other step, so an overlapped batch alternates between
-    two sets of rows: both BatchParams are kept (their memo with them), by their rows and
-    by their parameters; a third set drops the one used longer ago."""
-    greedy, hot = SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=1)
-    all_rows = [SamplingRow(p, [5], [], slot=i) for i, p in enumerate([greedy, hot, hot])]
-    cache = BatchParamsCache()
-    a, b = cache.of_rows(all_rows), cache.of_rows(all_rows[:2])
-    a.memo["kept"] = b.memo["kept"] = True
-    for _ in range(3):
-        assert cache.of_rows(all_rows) is a and cache.of_rows(all_rows[:2]) is b
-        assert cache.get([greedy, hot, hot], [0, 1, 2]) is a  # a new list of the same params
-    assert a.memo["kept"] and b.memo["kept"] and (a.draws, b.draws) == ([1, 2], [1])
-    c = cache.of_rows(all_rows[1:])  # a third set: b, used before a, dropped
-    assert c.draws == [0, 1] and "kept" not in c.memo
-    assert cache.of_rows(all_rows) is a and cache.of_rows(all_rows[:2]) is not b
-
-
-def test_a_sampler_over_two_alternating_batches_samples_as_a_fresh_one():
-    """Seeded draws, a penalty, a bias and logprobs over batches that alternate (a row
-    sitting out every other step): the same tokens and logprobs as a sampler whose rows
-    carry no slots (their parameters read afresh each step)."""
-    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3))
-    params = [
-        SamplingParams(temperature=0.8, top_p=0.9, seed=11, logprobs=3),
-        SamplingParams(temperature=0.0, presence_penalty=0.5),
-        SamplingParams(temperature=0.5, seed=7, logit_bias={9: 3.0}),
-        SamplingParams(temperature=0.9, seed=5, frequency_penalty=0.3),
-    ]
-    with_slots, without = Sampler(300, [EOS]), Sampler(300, [EOS])
-    for step in range(8):
-        order = [0, 1, 2, 3] if step % 2 == 0 else [0, 2, 3]
-        rows = [SamplingRow(params[i], [5, 6], [9, 4][: step % 3], slot=i) for i in order]
-        plain = [replace(r, slot=-1) for r in rows]
-        a, b = with_slots(logits[: len(rows)], rows), without(logits[: len(rows)], plain)
-        assert a.token_ids == b.token_ids
-        assert a.logprobs == b.logprobs
 
 
 def test_a_sampler_with_slots_samples_as_one_without():

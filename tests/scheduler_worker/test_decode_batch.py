@@ -64,9 +64,6 @@ def _run(
         if live and rng.random() < 0.05:
             s.finish(reqs[rng.choice(live)], RequestStatus.FINISHED_ABORTED)
         batch = s.schedule()
-        waits = [r for r, _ in list(batch.entries.values())[: batch.num_decode]]
-        if in_flight is not None and waits and rng.random() < 0.3:  # a grammar row's wait
-            s.defer(batch, rng.sample(waits, rng.randrange(1, len(waits) + 1)))
         log.append(([(rid, n) for rid, (_, n) in batch.entries.items()], batch.num_decode))
         log.append(batch.num_prefill_tokens)
         sampled = s.advance(batch)
@@ -105,7 +102,7 @@ def test_the_kept_batch_gives_the_same_batches_and_tokens_as_one_taken_afresh(
 
 def test_rows_that_stop_running_leave_the_batch_at_once():
     """A finished, aborted or preempted request is no longer in the decode batch (no
-    stale entry to skip later), and a deferred one comes first in the next step."""
+    stale entry to skip later); one that joins comes last."""
     s = Scheduler(
         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
         CacheConfig(block_size=4),
@@ -123,10 +120,9 @@ def test_rows_that_stop_running_leave_the_batch_at_once():
     batch = s.schedule()  # the decode rows as they stand, then r3 admitted again
     assert batch.decodes_kept and list(batch.entries) == ["r0", "r2", "r4", "r3"]
     assert batch.num_decode == 3
-    s.defer(batch, [reqs[4]])
     s.update(batch, [5] * sum(batch.sampling()))
-    assert list(s.active) == ["r4", "r0", "r2", "r3"]  # deferred first, r3 joins last
-    s.update(s.schedule(), [EOS, 5, 5, 5])  # r4 stops: out of the batch at once
+    assert list(s.active) == ["r0", "r2", "r4", "r3"]  # r3 joins last
+    s.update(s.schedule(), [5, 5, EOS, 5])  # r4 stops: out of the batch at once
     assert list(s.active) == ["r0", "r2", "r3"]
 
 
@@ -137,7 +133,7 @@ def llama(tiny_model_dirs):
 
 def _chat(i: int) -> SamplingParams:
     """The chat mix's kinds of rows (benchmarks/bench_host_step.py): greedy, sampled,
-    seeded, logprobs, a penalty, a grammar (which sits out steps when overlapped)."""
+    seeded, logprobs, a penalty, a grammar."""
     kinds = [
         {"temperature": 0.0},
         {"temperature": 0.7, "top_p": 0.9, "seed": 100 + i},

@@ -60,8 +60,8 @@ def test_fill_equals_the_general_path():
 
 
 def test_decode_rows_count_the_rows_whose_token_is_known():
-    """decode_rows counts the rows whose token is known (no placeholder: a grammar row back
-    from sitting out) as it reads their tokens: the count fill would take from prev_rows.
+    """decode_rows counts the rows whose token is known (no placeholder: a row with no token
+    in flight) as it reads their tokens: the count fill would take from prev_rows.
     position_array converts a list put in the positions' place again."""
     from types import SimpleNamespace
 

@@ -11,7 +11,7 @@ import pytest
 from common.sampling_params import SamplingParams
 from scheduler_worker.request import PLACEHOLDER
 from scheduler_worker.sampling import Sampler
-from scheduler_worker.scheduler import Scheduler
+from scheduler_worker.structured import GrammarMatchers
 from tests.scheduler_worker.test_engine import _prompts, make_engine, run_staggered
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -135,28 +135,78 @@ def test_penalty_rows_stay_overlapped_and_equal_synchronous(llama, monkeypatch):
     assert sum(r >= 0 for rows in calls for r in rows) >= 3 * 8  # read on the device
 
 
-def test_a_grammar_row_waits_alone(llama, monkeypatch):
-    """A constrained row needs its token on the host for its next mask: it sits out the
-    step after each of its tokens (Scheduler.defer) while the other rows go on overlapped;
-    every row's tokens equal the synchronous engine's."""
+def _spy_ahead(monkeypatch) -> list[list[str]]:
+    """The rows whose matcher took its token in flight before the resolve, a list a call."""
+    calls: list[list[str]] = []
+    real = GrammarMatchers.advance_ahead
+
+    def advance_ahead(self, rows, token_ids):
+        calls.append([r.request_id for r in rows])
+        return real(self, rows, token_ids)
+
+    monkeypatch.setattr(GrammarMatchers, "advance_ahead", advance_ahead)
+    return calls
+
+
+def test_a_grammar_row_stays_in_every_step(llama, monkeypatch):
+    """A constrained row's next mask needs its token in flight: it stays in the batch, its
+    forward launched with the others, and its mask is made once that token is read
+    (GrammarMatchers.advance_ahead), before the sample launches. It takes as many steps as
+    synchronously (no step sat out), and every row's tokens equal the synchronous engine's."""
     constrained = SamplingParams(
         max_tokens=8, temperature=0.0, structured={"kind": "regex", "spec": "[a-z]{2,12}"}
     )
     prompts = [[5, 6, 7], [9, 8, 7, 6], [1, 2]]
     sync, overlap = both(llama)
     want = sync.generate(prompts, [constrained, GREEDY, GREEDY])
-    deferred: list[tuple[int, int]] = []  # (rows deferred, rows launched) a step
-    real = Scheduler.defer
-
-    def defer(self, batch, reqs):
-        real(self, batch, reqs)
-        deferred.append((len(reqs), len(batch.entries)))
-
-    monkeypatch.setattr(Scheduler, "defer", defer)
+    calls = _spy_ahead(monkeypatch)
     got = overlap.generate(prompts, [constrained, GREEDY, GREEDY])
     assert got == want
-    # the constrained row sat steps out while the two others launched, overlapped
-    assert (1, 2) in deferred
+    # the constrained row alone, once a token after its first (a mask each)
+    assert len(calls) >= len(want[0]) - 2 and all(len(rows) == 1 for rows in calls)
+    # the same steps as synchronously, and one more: the last in flight, resolved after
+    assert overlap.counters.num_steps <= sync.counters.num_steps + 1
+    assert not overlap.grammars.ahead and not overlap.grammars.matchers
+    overlap.block_manager.check_integrity()
+
+
+def _staggered(engine, prompts, params) -> list[list[int]]:
+    """run_staggered with each prompt's own params: one request added every other step."""
+    outs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    pending, step = list(enumerate(zip(prompts, params))), 0
+    while pending or engine.has_unfinished():
+        if pending and step % 2 == 0:
+            i, (prompt, p) = pending.pop(0)
+            engine.add_request(str(i), prompt, p)
+        for out in engine.step():
+            outs[out.request_id].extend(out.new_token_ids)
+        step += 1
+    return list(outs.values())
+
+
+def test_grammar_rows_that_end_stop_or_sample_equal_synchronous(llama):
+    """Grammar rows overlapped among plain, seeded and penalized ones: grammars that
+    complete (the row stops there, its next forward already launched), rows that stop
+    on EOS, sampled and seeded constrained rows, staggered arrivals. Each row's tokens
+    equal the synchronous engine's; nothing is left behind."""
+    short = {"kind": "regex", "spec": "[a-z]{2,4}"}
+    long = {"kind": "regex", "spec": "[a-z ]{4,40}"}
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.0, structured=short),
+        SamplingParams(max_tokens=12, temperature=0.9, seed=3, structured=long),
+        SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=1.0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=11, structured=short),
+        GREEDY,
+        SamplingParams(max_tokens=9, temperature=0.0, structured=long),
+        SamplingParams(max_tokens=12, temperature=0.8, seed=5),
+    ]
+    prompts = _prompts(len(params), seed=9)
+    sync, overlap = both(llama)
+    want, got = _staggered(sync, prompts, params), _staggered(overlap, prompts, params)
+    assert got == want
+    assert any(len(w) < 12 for w in want[:2])  # some grammar completed before max_tokens
+    assert all(PLACEHOLDER not in o for o in got)
+    assert not overlap.grammars.ahead and not overlap.grammars.matchers
     overlap.block_manager.check_integrity()
 
 

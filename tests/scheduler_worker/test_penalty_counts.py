@@ -1,6 +1,6 @@
 """Penalties from the counts kept per slot (penalty_counts.PenaltyCounts) give the logits
 the per-row path gives, bit for bit: requests joining with outputs already made (resume,
-fork), leaving, preempted and resumed in another slot, slots reused, rows sitting out,
+fork), leaving, preempted and resumed in another slot, slots reused, rows skipping a step,
 tokens in flight, verify chunks with drafts accepted and rejected; and so do the one ops
 that apply them (penalties.penalty_op: the C++ kernels' on a CPU, the Triton kernel of a
 GPU, here in Triton's interpreter where there is none)."""
