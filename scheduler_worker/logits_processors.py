@@ -212,7 +212,8 @@ def apply_token_masks(
         torch.ops.zeroserve.token_bitmask_(out, idx, [w.cpu() for w in words], isa)
         return out
     vocab = out.shape[1]
-    packed = to_device(torch.stack(words), out.device)
+    # the words the logits reach, alone (a grammar's words cover its tokenizer's vocabulary)
+    packed = to_device(torch.stack(words)[:, : -(-vocab // 32)], out.device)
     shifts = torch.arange(32, dtype=torch.int32, device=out.device)
     bits = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(idx), -1)[:, :vocab]
     if bits.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden

@@ -338,12 +338,13 @@ def test_a_model_without_a_tokenizer_refuses_constrained_requests(tiny_model_dir
 def test_token_masks_follow_the_bit_order():
     """bit j of word w is token 32w + j, on every path (the C++ op on each ISA this CPU
     has, and torch's for other dtypes or without the kernels); tokens past the words' 32 W
-    are forbidden; rows without a bitmask are untouched."""
+    are forbidden, and words past the logits' width ignored; rows without a bitmask are
+    untouched."""
     gen = torch.Generator().manual_seed(3)
     words = torch.randint(-(2**31), 2**31 - 1, (3, 40), dtype=torch.int32, generator=gen)
     words[:, ::3], words[:, 1::5] = 0, -1  # whole words forbidden / allowed, as grammars have
     sp = SamplingParams()
-    for vocab in (40 * 32 - 7, 40 * 32 + 9):
+    for vocab in (40 * 32 - 7, 40 * 32 + 9, 5 * 32 + 3):
         logits = torch.randn(4, vocab, generator=gen)
         rows = [SamplingRow(sp, [1], [], token_bitmask=w) for w in words] + [
             SamplingRow(sp, [1], [])
