@@ -91,10 +91,14 @@ class LLMEngine:
         self.asking_prompt_logprobs: list[Request] = []  # ScheduledBatch.wants_prompt_logprobs
         self.counters = EngineCounters()
         self.last_step = StepStats()
-        want = config.scheduler.async_scheduling
+        want, method = config.scheduler.async_scheduling, self.scheduler.config.speculative_method
+        # a row drafts only with its last token on the host, never so in an overlapped decode:
+        # a method asked for turns auto's overlap off (as SGLang's overlap scheduler did);
         # not under tensor parallelism: the followers take each step's tokens from its inputs
-        on = want == "on" or (want == "auto" and self.runner.backend.overlap)
+        on = want == "on" or want == "auto" and backend.overlap and method == "none"
         self.overlap = on and self.runner.tp is None
+        if self.overlap and method != "none":
+            log.warning("async scheduling on: no row drafts (speculative %s idle)", method)
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self._marked: list[Request] = []  # rows the last launch gave a mask or drafts
         self.failed: list[str] = []  # failed by the device since take_failed()
