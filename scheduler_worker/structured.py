@@ -49,7 +49,7 @@ import torch
 from common.grammar import GrammarError, check, grammar_text, llg_tokenizer
 from common.log import get_logger
 from common.sampling_params import InvalidParameterError
-from scheduler_worker.request import Request
+from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.scheduled_batch import ScheduledBatch
 
 log = get_logger("structured")
@@ -81,6 +81,7 @@ class GrammarMatchers:
         self.overlap = spare_core()
         self.eos_token_ids = [t for t in eos_token_ids if t < vocab_size]
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
+        self.requests: dict[str, Request] = {}  # rid -> the request (its matcher's)
         self.ahead: dict[str, bool] = {}  # rid -> advance()'s answer, taken before the resolve
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
         # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
@@ -138,6 +139,7 @@ class GrammarMatchers:
         """A matcher for a constrained request (InvalidParameterError if its spec fails)."""
         if req.params.structured is not None:
             self.matchers[req.request_id] = self.compiled(req.params.structured)
+            self.requests[req.request_id] = req
             if req.output_token_ids:
                 self.rebuild(req)
 
@@ -151,6 +153,7 @@ class GrammarMatchers:
 
     def drop(self, rid: str) -> None:
         self.matchers.pop(rid, None)
+        self.requests.pop(rid, None)
         self.ahead.pop(rid, None)
 
     # ---- masks ----------------------------------------------------------------------------
@@ -173,10 +176,8 @@ class GrammarMatchers:
                     known[i] = drafted[r.request_id][-1]
                 elif r.request_id in self:
                     todo.append((i, self.matchers[r.request_id]))
-        else:  # few constrained rows: found from their ids (a row's index made in C)
-            where = dict(zip(map(_RID, rows), range(len(rows))))
-            found = [(where[rid], m) for rid, m in self.matchers.items() if rid in where]
-            todo = sorted(found, key=_FIRST)
+        else:  # few constrained rows: each found at its row of the step before where the
+            todo = self._rows_of(rows)  # batch kept it there (a steady decode), else by id
         if not todo and not known:
             return None
         if self.overlap and todo and not at_once:
@@ -186,6 +187,24 @@ class GrammarMatchers:
         done.set_result({**known, **self._masks(todo)} if todo else known)
         self.step_time += time.perf_counter() - t0
         return done
+
+    def _rows_of(self, rows: list[Request]) -> list[tuple[int, llguidance.LLMatcher]]:
+        """(row in `rows`, matcher) of each constrained request among them, by row. A
+        request at its flight_row (its row in the step before) is found there, checked by
+        identity: an index of every row's id (~170 instructions a row) is made only when
+        one running is not (the batch changed)."""
+        n, where, found = len(rows), None, []
+        for rid, m in self.matchers.items():
+            req = self.requests[rid]
+            i = req.flight_row
+            if 0 <= i < n and rows[i] is req:
+                found.append((i, m))
+            elif req.status is not RequestStatus.WAITING:  # queued: in no step's rows
+                if where is None:
+                    where = dict(zip(map(_RID, rows), range(n)))
+                if rid in where:
+                    found.append((where[rid], m))
+        return sorted(found, key=_FIRST) if len(found) > 1 else found
 
     def wait(self, pending: Future[dict[int, torch.Tensor]] | None) -> dict[int, torch.Tensor]:
         if pending is None:

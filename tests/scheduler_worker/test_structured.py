@@ -23,6 +23,7 @@ from common.sampling_params import InvalidParameterError, SamplingParams
 from scheduler_worker import kernels
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.logits_processors import apply_token_masks
+from scheduler_worker.request import Request, RequestStatus
 from scheduler_worker.sampling import Sampler, SamplingRow
 from scheduler_worker.structured import masks_overlap, spare_core
 
@@ -257,6 +258,44 @@ def test_masks_in_the_thread_equal_masks_at_once(engine):
     finally:
         engine.grammars.overlap = default
     assert got[True] == got[False], f"default overlap here: {default}"
+
+
+def test_constrained_rows_are_found_where_the_index_of_ids_finds_them(engine):
+    """start()'s rows of the constrained requests, found at their row of the step before
+    where the batch kept them there, equal those an index of every row's id finds, over
+    random batches: rows kept, moved, gone, joined; a stale or unset flight_row; queued
+    requests; and a row whose flight_row names another request's row."""
+    g = engine.grammars
+    rng = random.Random(5)
+    reqs = [
+        Request(f"q{i}", [1, 2], SamplingParams(structured=SPECS[2] if i % 3 else None))
+        for i in range(40)
+    ]
+    for r in reqs:
+        g.add(r)
+        r.status = RequestStatus.RUNNING
+    constrained = {r.request_id for r in reqs if r.params.structured is not None}
+    rows = rng.sample(reqs, 24)
+    try:
+        for step in range(300):
+            if step % 4:  # most steps: the batch kept, a row or two gone or joined
+                rows = [r for r in rows if rng.random() > 0.05]
+                rows += rng.sample([r for r in reqs if r not in rows], rng.randrange(3))
+            else:
+                rows = rng.sample(reqs, rng.randrange(1, 40))
+            for r in reqs:
+                r.status = rng.choice([RequestStatus.RUNNING] * 5 + [RequestStatus.WAITING])
+            for r in rows:
+                r.status = RequestStatus.RUNNING
+            where = {r.request_id: i for i, r in enumerate(rows)}
+            want = sorted((where[rid], g.matchers[rid]) for rid in constrained if rid in where)
+            got = g._rows_of(rows)
+            assert [(i, id(m)) for i, m in got] == [(i, id(m)) for i, m in want]
+            for i, r in enumerate(rows):  # the rows' flight_row, mostly current
+                r.flight_row = i if rng.random() > 0.1 else rng.randrange(-1, 40)
+    finally:
+        for r in reqs:
+            g.drop(r.request_id)
 
 
 def test_a_mask_thread_needs_a_core_no_replica_uses(monkeypatch):
