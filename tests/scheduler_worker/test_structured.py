@@ -14,6 +14,7 @@ import re
 
 import jsonschema
 import llguidance
+import numpy as np
 import pytest
 import torch
 
@@ -140,6 +141,31 @@ def test_masks_match_the_library_on_mixed_batches(engine, tok):
         for tokens in stopped:
             text = tok.decode_str([t for t in tokens if t != 2])
             jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_a_step_s_masks_are_the_library_s_with_each_stop_id_by_acceptance(engine, monkeypatch):
+    """_masks (the step's rows filled in one call, their EOS bits set together) gives each
+    row the library's own mask, with every id the engine stops on allowed exactly where
+    that row's matcher accepts, a word's last bit (31) too, and nothing else changed."""
+    g = engine.grammars
+    monkeypatch.setattr(g, "eos_token_ids", [2, 63, 100])
+    states = [(SPECS[1], "123-ab"), (SPECS[1], "12"), (SPECS[2], "red"), (SPECS[2], "")]
+    states += [(SPECS[3], ""), (SPECS[1], "123-abcd")]
+    matchers = []
+    for spec, text in states:
+        m = g.compiled(spec)
+        assert all(m.consume_token(t) for t in g.tokenizer.tokenize_str(text))
+        matchers.append(m)
+    got = g._masks(list(zip(range(3, 3 + len(matchers)), matchers)))
+    assert list(got) == list(range(3, 3 + len(matchers)))
+    accepting = [m.is_accepting() for m in matchers]
+    assert True in accepting and False in accepting
+    for m, a, mask in zip(matchers, accepting, got.values()):
+        want = np.frombuffer(bytearray(m.compute_bitmask()), dtype=np.uint32).copy()
+        for t in g.eos_token_ids:
+            bit = np.uint32(1 << (t & 31))
+            want[t >> 5] = want[t >> 5] | bit if a else want[t >> 5] & ~bit
+        assert np.array_equal(mask.numpy().view(np.uint32), want[: mask.shape[0]])
 
 
 def test_choice_and_regex_outputs_are_exact(engine, tok):
