@@ -214,13 +214,26 @@ def apply_token_masks(
     vocab = out.shape[1]
     # the words the logits reach, alone (a grammar's words cover its tokenizer's vocabulary)
     packed = to_device(torch.stack(words)[:, : -(-vocab // 32)], out.device)
-    shifts = torch.arange(32, dtype=torch.int32, device=out.device)
-    bits = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(idx), -1)[:, :vocab]
-    if bits.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden
-        bits = torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]))
+    forbidden = ((packed.unsqueeze(-1) & _bit_values(out.device)) == 0).view(len(idx), -1)
+    forbidden = forbidden[:, :vocab]
+    if forbidden.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden
+        forbidden = torch.nn.functional.pad(forbidden, (0, vocab - forbidden.shape[1]), value=True)
     rows_t = _tensor(idx, out.device)
-    cut = out.index_select(0, rows_t).masked_fill_(bits == 0, float("-inf"))
+    cut = out.index_select(0, rows_t).masked_fill_(forbidden, float("-inf"))
     return out.index_copy_(0, rows_t, cut)
+
+
+_BIT_VALUES: dict[torch.device, torch.Tensor] = {}
+
+
+def _bit_values(device: torch.device) -> torch.Tensor:
+    """int32 [32]: bit j's value (1 << j; bit 31's is negative), kept per device: a mask's
+    words unpack in two ops (&, == 0), not four with a fresh arange."""
+    bits = _BIT_VALUES.get(device)
+    if bits is None:
+        values = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32)).view(np.int32)
+        bits = _BIT_VALUES[device] = torch.from_numpy(values).to(device)
+    return bits
 
 
 def apply_logit_bias(
