@@ -10,7 +10,8 @@ that does not compile, or spills, is.
 
 Prints a line a kernel (its variants compiled, the most registers, spills, errors) and
 exits 1 where a kernel failed to compile or spilled. Without arguments it runs the Triton
-kernel tests (the layer ops, decode, prefill, GEMV, FP8, the sampler, its penalties). The interpreter
+kernel tests (the layer ops, decode, prefill, GEMV, FP8, the sampler, its penalties, the
+grammar masks). The interpreter
 the tests otherwise use never compiles: a loop-carried value that changes type, or an op
 the GPU backend lacks, shows only here or on a GPU.
 """
@@ -33,6 +34,7 @@ DEFAULT = [
     "tests/scheduler_worker/test_sample_rows.py::test_the_cut_is_the_torch_paths_token_for_token",
     "tests/scheduler_worker/test_sample_rows.py::test_the_keyed_kernel_makes_the_uniforms_seeded_uniforms_makes",
     "tests/scheduler_worker/test_penalty_counts.py::test_kept_counts_give_the_per_row_logits_bit_for_bit[cpu]",
+    "tests/scheduler_worker/test_structured.py::test_token_masks_follow_the_bit_order",
 ]
 
 

@@ -76,7 +76,7 @@ class LLMEngine:
             drafter=engine_drafter(config, self.runner, self.model_dir, type(self)),
         )
         backend = self.runner.backend
-        ops = (backend.host_ops_isa, backend.draw_rows, backend.penalize_rows)
+        ops = (backend.host_ops_isa, backend.draw_rows, backend.penalize_rows, backend.mask_rows)
         self.sampler = Sampler(args.vocab_size, self.eos_token_ids, *ops)
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.grammars.overlap = masks_overlap(backend.overlap)

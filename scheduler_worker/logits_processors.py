@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.backends.base import MaskRows
 from scheduler_worker.backends.device import to_device
 from scheduler_worker.penalty_counts import flat_index
 
@@ -188,13 +189,15 @@ def apply_token_masks(
     isa: int | None = None,
     in_place: bool = False,
     masked: Sequence[int] | None = None,
+    op: MaskRows | None = None,
 ) -> torch.Tensor:
     """-inf where a constrained row's grammar forbids the token: into `logits` when
     in_place (and they are contiguous), else into a copy. With the C++ kernels (`isa`:
     their path) a float32 CPU batch takes one op straight from the packed words (this runs
-    on the decode critical path, between the forward and the sample); else the words are
-    expanded to bools in torch, on the logits' device. `masked`: the rows that may carry a
-    mask, where the caller knows them (the engine: the rows it gave one); else all."""
+    on the decode critical path, between the forward and the sample); so does a batch on
+    the device of the backend's `op` (a GPU's Triton launch); else the words are expanded
+    to bools in torch, on the logits' device. `masked`: the rows that may carry a mask,
+    where the caller knows them (the engine: the rows it gave one); else all."""
     if masked is None:
         masks = [row.token_bitmask for row in rows]
     else:
@@ -214,6 +217,9 @@ def apply_token_masks(
     vocab = out.shape[1]
     # the words the logits reach, alone (a grammar's words cover its tokenizer's vocabulary)
     packed = to_device(torch.stack(words)[:, : -(-vocab // 32)], out.device)
+    if op is not None and op.device == out.device.type:
+        op.fn(out, _tensor(idx, out.device), packed)
+        return out
     forbidden = ((packed.unsqueeze(-1) & _bit_values(out.device)) == 0).view(len(idx), -1)
     forbidden = forbidden[:, :vocab]
     if forbidden.shape[1] < vocab:  # tokens beyond the words' 32 W: forbidden

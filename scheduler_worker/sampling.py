@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
-from scheduler_worker.backends.base import DrawRows, PenalizeRows
+from scheduler_worker.backends.base import DrawRows, MaskRows, PenalizeRows
 from scheduler_worker.backends.device import HostCopy, enqueues_work, runs_cpu_kernels
 from scheduler_worker.batch_params import (
     MIN_P,
@@ -242,12 +242,14 @@ class Sampler:
         kernel_isa: int | None = None,
         draw_rows: DrawRows | None = None,
         penalize_rows: PenalizeRows | None = None,
+        mask_rows: MaskRows | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.kernel_isa = kernel_isa  # the C++ kernels' path (grammar masks); None: torch
         self.draw_rows = draw_rows  # the backend's draw op (a GPU's); None: see draw_op
         self.penalize_rows = penalize_rows  # its penalties' op, likewise (penalty_op)
+        self.mask_rows = mask_rows  # its grammar masks' op, likewise (apply_token_masks)
         self.batch = BatchParamsCache()  # the rows' parameters, kept between steps
         self.columns = DeviceColumns()  # their columns on the device, kept as they hold
         self.keys = KeyPool()  # a keyed draw op's unseeded keys
@@ -274,7 +276,7 @@ class Sampler:
         logits = logits[:, : self.vocab_size]  # drop padded vocab columns, if any
         batch, cols = self.batch.of_rows(rows), self.columns
         if self.argmax_only(rows):
-            cut = apply_token_masks(logits, rows, self.kernel_isa, writable, masked)
+            cut = apply_token_masks(logits, rows, self.kernel_isa, writable, masked, self.mask_rows)
             return DeviceSample(greedy_tokens(cut))
         raw = logits if logits.dtype == torch.float32 else logits.float()
         # the logprobs rows' raw logits apart (a copy of those rows, not of the batch's):
@@ -284,7 +286,7 @@ class Sampler:
             lp_sel = _column(cols, "logprobs", batch.logprobs, raw.device, torch.long)
             lp_raw = raw.index_select(0, lp_sel)
         in_place = writable or raw is not logits
-        cut = apply_token_masks(raw, rows, self.kernel_isa, in_place, masked)
+        cut = apply_token_masks(raw, rows, self.kernel_isa, in_place, masked, self.mask_rows)
         stopped = mask_stop_tokens(cut, rows, self.eos_token_ids, batch.min_tokens)
         biased = apply_logit_bias(stopped, rows, batch.biased)
         pen = (batch.penalized, batch.values, self.batch.counts)  # counts: kept by slot

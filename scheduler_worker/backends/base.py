@@ -58,6 +58,17 @@ class PenalizeRows:
     device: str = "cpu"
 
 
+@dataclass(frozen=True)
+class MaskRows:
+    """A step's grammar masks in one op (logits_processors.apply_token_masks): fn(logits
+    [R, V] f32 or bf16, written in place, rows [k] i64, words [k, W] i32: each row's packed
+    bitmask, a row stride apart) -> None, as backends/triton_masks.py defines it, on
+    tensors of the device type `device`."""
+
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+    device: str = "cpu"
+
+
 @dataclass(slots=True)
 class SeqInput:
     token_ids: list[int]  # tokens to compute this step (1 for a decode); -1: see below
@@ -192,6 +203,7 @@ class Backend:
     # the C++ op where host_ops_isa has the kernels, else the sampler's torch path
     draw_rows: DrawRows | None = None
     penalize_rows: PenalizeRows | None = None  # the penalties' one op, likewise (a GPU's)
+    mask_rows: MaskRows | None = None  # the grammar masks' one op, likewise (a GPU's)
     _decode_kernel: str | None = None
 
     @property

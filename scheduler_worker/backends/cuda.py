@@ -24,12 +24,13 @@ from common.config import ConfigError
 from common.gpus import own_gpus
 from common.log import get_logger
 from scheduler_worker.attention import AttentionMetadata
-from scheduler_worker.backends import triton_decode, triton_penalties, triton_sample
+from scheduler_worker.backends import triton_decode, triton_masks, triton_penalties, triton_sample
 from scheduler_worker.backends.base import (
     Backend,
     DecodeRows,
     DrawRows,
     KVCache,
+    MaskRows,
     PenalizeRows,
     SeqInput,
     StepInputs,
@@ -91,6 +92,7 @@ class CudaBackend(Backend):
         # the sampler's draw: one launch, the uniforms made in it from each row's key
         self.draw_rows = DrawRows(triton_sample.sample_rows_keyed, keyed=True, device="cuda")
         self.penalize_rows = PenalizeRows(triton_penalties.penalize_rows, device="cuda")
+        self.mask_rows = MaskRows(triton_masks.mask_rows, device="cuda")
         self.gemv = ops.gemv  # which few-row linears take the GEMV, chosen at start()
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -221,6 +223,7 @@ class CudaBackend(Backend):
         self.facts["warm_up_seconds"] = warm_up(self, model, kv_caches, SPLIT_CHOICES)
         triton_sample.warm_up(self.device, vocab)  # the sampler's draw, compiled now
         triton_penalties.warm_up(self.device, vocab)  # and its penalties
+        triton_masks.warm_up(self.device, vocab, (torch.float32, self.dtype))  # and masks
         if self.enforce_eager:
             log.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
             return

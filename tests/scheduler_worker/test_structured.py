@@ -22,6 +22,8 @@ from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from common.grammar import grammar_text, llg_tokenizer
 from common.sampling_params import InvalidParameterError, SamplingParams
 from scheduler_worker import kernels
+from scheduler_worker.backends import triton_masks
+from scheduler_worker.backends.base import MaskRows
 from scheduler_worker.engine import LLMEngine
 from scheduler_worker.logits_processors import apply_token_masks
 from scheduler_worker.request import Request, RequestStatus
@@ -404,7 +406,7 @@ def test_token_masks_follow_the_bit_order():
     """bit j of word w is token 32w + j, on every path (the C++ op on each ISA this CPU
     has, and torch's for other dtypes or without the kernels); tokens past the words' 32 W
     are forbidden, and words past the logits' width ignored; rows without a bitmask are
-    untouched."""
+    untouched. A GPU's Triton launch gives the same, float32 and bfloat16."""
     gen = torch.Generator().manual_seed(3)
     words = torch.randint(-(2**31), 2**31 - 1, (3, 40), dtype=torch.int32, generator=gen)
     words[:, ::3], words[:, 1::5] = 0, -1  # whole words forbidden / allowed, as grammars have
@@ -429,4 +431,10 @@ def test_token_masks_follow_the_bit_order():
             assert torch.equal(apply_token_masks(logits, rows, isa), want), (vocab, isa)
         got = apply_token_masks(logits.bfloat16(), rows, isas[-1])  # torch's path
         assert torch.equal(got.isinf(), want.isinf())
+        # a GPU's one launch (backends/triton_masks.py; interpreted here, on the CPU)
+        op = MaskRows(triton_masks.mask_rows, "cpu")
+        got32 = apply_token_masks(logits, rows, None, op=op)
+        got16 = apply_token_masks(logits.bfloat16(), rows, None, op=op)  # both launched first:
+        assert torch.equal(got32, want), vocab  # compile_sm90.py compiles them both
+        assert torch.equal(got16, want.bfloat16()), vocab
         assert torch.equal(pack(unpack(words[:1], 40 * 32)[0]), words[0])  # the helpers agree

@@ -1,7 +1,7 @@
-"""The sampler's Triton kernels (backends/triton_sample.py, and triton_penalties.py's)
-compiled for an H100 / H200 (sm_90) without a GPU, the draw's two variants (the uniforms
-given, and keyed: the one CudaBackend declares), through benchmarks/compile_sm90.py: its tests run with the kernel compiled by
-Triton's own compiler and the ptxas its wheel ships, no launch, and each cubin's resource
+"""The sampler's Triton kernels (backends/triton_sample.py, triton_penalties.py's and
+triton_masks.py's) compiled for an H100 / H200 (sm_90) without a GPU, the draw's two
+variants (the uniforms given, and keyed: the one CudaBackend declares), through
+benchmarks/compile_sm90.py: its tests run with the kernel compiled by Triton's own compiler and the ptxas its wheel ships, no launch, and each cubin's resource
 usage read. The interpreter (test_sample_rows.py) runs the kernel's logic but never
 compiles it: a loop-carried value that changes type, an op the GPU backend lacks, or a
 spill to local memory shows only here, or on a GPU."""
@@ -26,6 +26,7 @@ NODES = [
     "tests/scheduler_worker/test_sample_rows.py::test_the_keyed_kernel_makes_the_uniforms_seeded_uniforms_makes",
     "tests/scheduler_worker/test_sample_rows.py::test_argmax_rows_pick_what_torch_picks",
     "tests/scheduler_worker/test_penalty_counts.py::test_kept_counts_give_the_per_row_logits_bit_for_bit[cpu]",
+    "tests/scheduler_worker/test_structured.py::test_token_masks_follow_the_bit_order",
 ]
 
 
@@ -53,3 +54,10 @@ def test_the_sampler_kernel_compiles_for_sm90_without_spills():
     )
     assert pen and int(pen[1]) == 1, run.stdout  # one variant for every mix of terms
     assert int(pen[2]) <= 255 and pen[3] == "0" and pen[4] == "0"
+    masks = re.search(
+        r"_mask_rows_kernel: (\d+) variant\(s\) compiled for sm_90, registers up to (\d+), "
+        r"(\d+) spilling, (\d+) compile error",
+        run.stdout,
+    )
+    assert masks and int(masks[1]) == 2, run.stdout  # float32 and bfloat16 logits
+    assert int(masks[2]) <= 255 and masks[3] == "0" and masks[4] == "0"
