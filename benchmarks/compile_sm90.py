@@ -34,7 +34,7 @@ DEFAULT = [
     "tests/scheduler_worker/test_sample_rows.py::test_the_cut_is_the_torch_paths_token_for_token",
     "tests/scheduler_worker/test_sample_rows.py::test_the_keyed_kernel_makes_the_uniforms_seeded_uniforms_makes",
     "tests/scheduler_worker/test_penalty_counts.py::test_kept_counts_give_the_per_row_logits_bit_for_bit[cpu]",
-    "tests/scheduler_worker/test_structured.py::test_token_masks_follow_the_bit_order",
+    "tests/scheduler_worker/test_grammar_masks.py::test_token_masks_follow_the_bit_order",
 ]
 
 

@@ -8,7 +8,7 @@ forbids the token, read from the words themselves, where the torch path unpacks 
 
 One program a (row, tile of the vocabulary), storing only where a token is forbidden.
 Under TRITON_INTERPRET=1 it runs on CPU tensors, which is how the tests check it
-(tests/scheduler_worker/test_structured.py).
+(tests/scheduler_worker/test_grammar_masks.py).
 """
 
 from __future__ import annotations
