@@ -309,7 +309,7 @@ class LLMEngine:
             assert pending is not None and pending.sample is not None  # it sampled them
             pending.host = pending.sample.result(kept=True)
             self.grammars.advance_ahead(waits, pending.host.token_ids)
-            masks = self.grammars.start(samplers, at_once=True)  # nothing else to do now
+            masks = self.grammars.start(samplers, spec_masks, at_once=True)  # nothing else now
         masked = mark_masks(rows, self.grammars.wait(masks), self._marked)
         sample: DeviceSample | None
         if not samplers:

@@ -19,10 +19,8 @@ placeholder count unchanged (docs/benchmarks.md, "Host step per row, per-slot ar
     launch N (no advance) ──▶ read N-1's tokens ──▶ each row: advance for N, resolve N-1
 
 Where the launched step's rows are rows with no token in flight (advanced first), then rows
-of the step in flight in its order less some (those finished meanwhile; grammar rows sat
-out every other step until their masks were made after the forward: LLMEngine._launch),
-the same loop runs each row at its new row of step N (`Fused`; docs/benchmarks.md,
-"Host step, eighth session").
+of the step in flight in its order less those finished meanwhile, the same loop runs each
+row at its new row of step N (`Fused`; docs/benchmarks.md, "Host step, eighth session").
 """
 
 from __future__ import annotations
