@@ -142,7 +142,7 @@ class InFlight:
     drafts: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
     # the rows that verify drafts by sampling (spec/sampled.py), their tokens on the device
     sampled_drafts: SampledVerify | None = None
-    # its tokens on the host, read before its resolve (LLMEngine._masks_ahead)
+    # its tokens on the host, read before its resolve (LLMEngine._launch: grammar masks)
     host: SamplerOutput | None = None
 
     @property
