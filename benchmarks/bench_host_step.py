@@ -49,6 +49,7 @@ import random
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -61,9 +62,10 @@ from common import collector  # noqa: E402
 from common.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from common.messages import encode  # noqa: E402
 from common.sampling_params import SamplingParams  # noqa: E402
-from scheduler_worker.backends.base import DecodeRows, DrawRows  # noqa: E402
+from scheduler_worker.backends.base import DecodeRows, DrawRows, MaskRows  # noqa: E402
 from scheduler_worker.backends.graphs import StaticDecodeInputs  # noqa: E402
 from scheduler_worker.engine import LLMEngine  # noqa: E402
+from scheduler_worker.kernels import best_isa, isa_index  # noqa: E402
 from scheduler_worker.kernels import load as load_kernels  # noqa: E402
 from scheduler_worker.penalties import CPU_PENALIZE  # noqa: E402
 from scheduler_worker.sampling import greedy_tokens  # noqa: E402
@@ -73,9 +75,8 @@ VOCAB = 64  # greedy: the stand-in logits' width (the device's argmax costs the 
 SCHEMA = (
     '{"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}}'
 )
-# chat-narrow-json's: every token it needs is a single byte's (SmolLM2's lie below 273)
-BYTES_SCHEMA = '{"type": "array", "items": {"type": "string"}}'
-BYTE_TOKENS = 273
+BYTES_SCHEMA = '{"type": "array", "items": {"type": "string"}}'  # chat-narrow-json's: every
+BYTE_TOKENS = 273  # token it needs a single byte's (SmolLM2's lie below 273)
 
 
 def chat_mix(i: int, grammar: bool = True, schema: str = SCHEMA) -> SamplingParams:
@@ -143,6 +144,11 @@ def _launch_stand_in(logits, draw, params, keys):
     return greedy_tokens(logits)
 
 
+def _masks_stand_in(isa, logits, rows, words):
+    """triton_masks.mask_rows as the host sees it: one launch (the C++ kernels' one op)."""
+    torch.ops.zeroserve.token_bitmask_(logits, rows.tolist(), words.unbind(0), isa)
+
+
 def publisher(engine: LLMEngine):
     """SchedulerWorker.publish over a stand-in worker: the message encoded, not sent."""
     fake = SimpleNamespace(
@@ -183,14 +189,15 @@ def engine_for(model_dir: Path, rows: int, kernels: str = "auto", mix: str = "gr
         ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id
         engine.runner.execute.logits[:, ids('"')] -= 16.0
         engine.runner.execute.logits[:, ids("]")] -= 24.0
-    # the sampler as on a GPU: not the CPU kernels' one op (draws.py); its draw the GPU
-    # backend's keyed Triton launch (a stand-in op: what the host pays is the launch) and its
-    # penalties one launch too (the C++ op stands in for triton_penalties'), or with --draw
-    # torch the torch path's ops
+    # the sampler as on a GPU (not draws.py's CPU op): its draw the keyed Triton launch (a
+    # stand-in op: the host pays the launch), its penalties and masks one launch each too
+    # (C++ ops for triton_penalties' and triton_masks'); --draw torch: the torch path's ops
     engine.sampler.kernel_isa = None
     if DRAW == "keyed":
         engine.sampler.draw_rows = DrawRows(_launch_stand_in, keyed=True, device="cpu")
         engine.sampler.penalize_rows = CPU_PENALIZE if load_kernels() else None
+        if load_kernels():
+            engine.sampler.mask_rows = MaskRows(partial(_masks_stand_in, isa_index(best_isa())))
     return engine
 
 
@@ -366,13 +373,12 @@ def narrow(
     mixes: tuple[str, str] = ("chat-narrow", "greedy"),
 ) -> None:
     """The chat mix without its grammar rows, on logits VOCAB (--width) wide, timed by the
-    thread's CPU (OMP_NUM_THREADS=1: torch's ops run on this thread). Its sampler's torch
-    ops then cost little more than their dispatch, which a GPU's host pays too, so the
-    figure is the host's time itself (an upper bound: the CPU still computes the narrow
-    ops), where the `chat` line's bytecode estimate prices a C pass over the rows at zero.
-    `mixes`: the mix and the one it alternates with, three times each (`other_cpu`: one of
-    the second's runs already made), the range of each printed; chat-narrow-json's against
-    chat-narrow, the difference of their fastest runs is what its grammar rows add."""
+    thread's CPU (OMP_NUM_THREADS=1: torch's ops and the grammar masks' fill run on this
+    thread). Its sampler's torch ops then cost little more than their dispatch, which a
+    GPU's host pays too: the figure is the host's time (an upper bound: the CPU computes
+    the narrow ops). `mixes`: the mix and the one it alternates with, three times each
+    (`other_cpu`: one of the second's runs made), the range of each printed; chat-narrow-
+    json's less chat-narrow's fastest run is what its grammar rows add."""
     mix, other = mixes
     cpus: dict[str, list[float]] = {mix: [], other: [] if other_cpu is None else [other_cpu]}
     for i in range(5 if other_cpu is not None else 6):

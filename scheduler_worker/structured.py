@@ -90,7 +90,6 @@ class GrammarMatchers:
         # before it serves (wait_tokenizer), because a build during a request would starve
         # the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        self._executor = llguidance.LLExecutor(1)  # the masks' batch fill (_masks)
         self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
         # seconds the engine's steps spent on masks: making them (at once), or waiting for
         # the thread after the forward (overlap)
@@ -216,13 +215,15 @@ class GrammarMatchers:
         return masks
 
     def _masks(self, todo: list[tuple[int, llguidance.LLMatcher]]) -> dict[int, torch.Tensor]:
-        # llguidance's batch fill on a pool of one thread (a thread per core fought
-        # torch's threads for the cores: docs/benchmarks.md, "Structured outputs: the cost
-        # of grammar masks"), the step's rows in one call, and their EOS bits set together
-        # (_eos): 16 masks inside a JSON string ~50 µs, ~110 row by row
+        # row by row on this thread, their EOS bits set together (_eos): 10 masks inside a
+        # JSON string ~33 µs, where llguidance's batch fill on a pool of its own took
+        # 45-115 µs, most of it handing the batch to its thread and back (docs/benchmarks.md,
+        # "The masks filled on the engine's thread"); a pool per core fought torch's threads
+        # for the cores ("Structured outputs: the cost of grammar masks")
         bitmask = llg_np.allocate_token_bitmask(len(todo), self.vocab_size)
-        rows = [(m, j) for j, (_, m) in enumerate(todo)]
-        llg_np.fill_next_token_bitmask_par(self._executor, rows, bitmask)
+        fill = llg_np.fill_next_token_bitmask
+        for j, (_, m) in enumerate(todo):
+            fill(m, bitmask, j)
         self._eos(bitmask, [m.is_accepting() for _, m in todo])
         return dict(zip(map(_FIRST, todo), torch.from_numpy(bitmask).unbind(0)))
 
