@@ -177,21 +177,30 @@ def main() -> None:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), nargs="+", default=["repeat"])
     ap.add_argument("--prompts", type=int, default=None, help="each workload's first N prompts")
     ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top_p 0.9, seeded")
+    ap.add_argument("--device", default="auto", help="a GPU's: overlapped, spec/overlap.py")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"))
     a = ap.parse_args()
     engine = LLMEngine(
         EngineConfig(
-            model=ModelConfig(model=a.model, num_threads=a.threads),
+            model=ModelConfig(model=a.model, num_threads=a.threads, device=a.device, dtype=a.dtype),
             # every run prefills its prompts: a prompt computed afresh and one read back
             # from the prefix cache may round apart and flip a near-tie token, which made
             # the rounds' greedy texts differ by what the cache happened to hold
             cache=CacheConfig(enable_prefix_caching=False),
             scheduler=SchedulerConfig(
-                speculative_method="ngram", num_speculative_tokens=a.num_speculative_tokens
+                speculative_method="ngram",
+                num_speculative_tokens=a.num_speculative_tokens,
+                async_scheduling=a.async_scheduling,
             ),
         )
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0.0))  # warm up
     equal = [measure(engine, w, a.rounds, a.max_tokens, a.prompts, a.sampled) for w in a.workload]
+    print(
+        f"overlapped: {engine.overlap}; steps that resolved the one in flight to draft: "
+        f"{engine.gate.tries}"
+    )
     if not all(equal):
         raise SystemExit("output with drafts differs from the plain greedy output")
 

@@ -34,6 +34,7 @@ from scheduler_worker.sampling import DeviceSample, Sampler, TokenLogprobs
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.scheduler import Scheduler
 from scheduler_worker.spec import engine_drafter
+from scheduler_worker.spec.overlap import DraftGate
 from scheduler_worker.spec.sampled import SampledVerify, sample_drafts
 from scheduler_worker.spec.verify import draft_targets, verified_output
 from scheduler_worker.step_inputs import decode_rows, seq_inputs
@@ -63,8 +64,8 @@ class LLMEngine:
             else resolve_model(config.model.model, config.model.resolved_cache_dir)
         )
         keep_step_buffers_in_heap()  # before the model: its step buffers reused, not re-faulted
-        self.runner = ModelRunner(config, self.model_dir)
-        args = self.runner.args
+        self.runner = runner = ModelRunner(config, self.model_dir)
+        args = runner.args
         self.max_model_len = context_length(args.hf_config, config.model.max_model_len)
         self.eos_token_ids = eos_token_ids(args.hf_config, self.model_dir)
         self.scheduler = Scheduler(
@@ -81,24 +82,17 @@ class LLMEngine:
         self.grammars = GrammarMatchers(self.model_dir, args.vocab_size, self.eos_token_ids)
         self.grammars.overlap = masks_overlap(backend.overlap)
         self.limits = RequestLimits(
-            self.runner.vocab_size,
-            self.max_model_len,
-            self.runner.num_blocks,
-            config.cache.block_size,
+            runner.vocab_size, self.max_model_len, runner.num_blocks, config.cache.block_size
         )
         self.requests: dict[str, Request] = {}  # unfinished requests
         self._aborted: list[Request] = []  # finished by abort() since the last step
         self.asking_prompt_logprobs: list[Request] = []  # ScheduledBatch.wants_prompt_logprobs
         self.counters = EngineCounters()
         self.last_step = StepStats()
-        want, method = config.scheduler.async_scheduling, self.scheduler.config.speculative_method
-        # a row drafts only with its last token on the host, never so in an overlapped decode:
-        # a method asked for turns auto's overlap off (as SGLang's overlap scheduler did);
-        # not under tensor parallelism: the followers take each step's tokens from its inputs
-        on = want == "on" or want == "auto" and backend.overlap and method == "none"
-        self.overlap = on and self.runner.tp is None
-        if self.overlap and method != "none":
-            log.warning("async scheduling on: no row drafts (speculative %s idle)", method)
+        want = config.scheduler.async_scheduling  # on, or auto where the device overlaps
+        # (not under tensor parallelism: the followers take each step's tokens from its inputs)
+        self.overlap = (want == "on" or want == "auto" and backend.overlap) and runner.tp is None
+        self.gate = DraftGate()  # overlapped: which steps resolve the one in flight to draft
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self._marked: list[Request] = []  # rows the last launch gave a mask or drafts
         self.failed: list[str] = []  # failed by the device since take_failed()
@@ -189,12 +183,19 @@ class LLMEngine:
         mask stays in: its forward launches with the others, then step N's tokens are
         read and its matcher takes its token, and its mask is made before the sample
         launches (as vLLM's and SGLang's overlapped structured outputs). A step with
-        prompt logprobs to compute resolves the step in flight before it launches."""
+        prompt logprobs to compute, or one whose rows draft (spec/overlap.py), resolves
+        the step in flight first."""
         outputs = OutputColumns.of([request_output(r, []) for r in self._aborted])
         self._aborted.clear()
-        t0 = time.perf_counter()
-        batch = self.scheduler.schedule()
-        stats = StepStats(schedule=time.perf_counter() - t0)
+        t0, stats = time.perf_counter(), StepStats()
+        drafting = self.gate.decide(self.scheduler) if self.overlap else None
+        if drafting and self._in_flight is not None:  # a row drafts from its last token
+            self._resolve(self._in_flight, stats, outputs)
+            self._in_flight = None
+        t1 = time.perf_counter()
+        batch = self.scheduler.schedule(drafting)
+        self.gate.settle(drafting, batch)
+        stats.schedule = time.perf_counter() - t1
         pending, waits = self._in_flight, []
         if pending is not None and batch.resolves_first(self.overlap, self.asking_prompt_logprobs):
             self._resolve(pending, stats, outputs)
@@ -260,11 +261,10 @@ class LLMEngine:
         entries = list(batch.entries.values())
         sampling = batch.sampling()
         stats.num_decode, stats.num_prefill_tokens = batch.num_decode, batch.num_prefill_tokens
-        # the grammar masks of this step's constrained rows (during the forward where a
-        # core is spare, else now: scheduler_worker/structured.py)
         decode_only = batch.num_decode == len(entries)  # every row samples
         samplers = list(compress(map(_REQUEST, entries), sampling))
-        # constrained rows' drafts: cut where the grammar refuses, a mask per position
+        # constrained rows' drafts: cut where the grammar refuses, a mask per position; the
+        # rows' masks (during the forward where a core is spare, else now: structured.py)
         spec_masks = self.grammars.check_drafts(batch) if batch.drafts else {}
         masks = None if waits else self.grammars.start(samplers, spec_masks)
         constrained = masks is not None or bool(waits)

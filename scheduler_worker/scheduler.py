@@ -21,7 +21,7 @@ two halves, so that step N+1 is scheduled before step N's tokens reach the host:
                             and the request finishes (stop token, max_tokens) or goes on
 
 A request with a placeholder is not re-admitted (after a preemption) before its token is
-resolved. Speculative decoding: spec/ (who drafts, and when it pays: spec/policy.py).
+resolved. Speculative decoding: spec/ (when drafts pay: policy.py; overlapped: overlap.py).
 """
 
 from __future__ import annotations
@@ -57,14 +57,13 @@ class Scheduler:
         self.drafter = drafter  # speculative decoding: who drafts for decode rows, and when
         self.policy = SpecPolicy(sched.speculative_policy)
         self.sliding_window = sliding_window
-        self.placeholder_block = num_blocks
-        self.block_size = cache.block_size
+        self.placeholder_block, self.block_size = num_blocks, cache.block_size
         self.eos_token_ids = list(eos_token_ids)
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         # the running requests' tables, a row each (Request.slot), for the step's inputs
         self.tables = BlockTables(sched.num_seqs, pad=num_blocks)
         self.waiting: deque[Request] = deque()
-        self.prefilling: deque[Request] = deque()
+        self.prefilling: deque[Request] = deque()  # admitted, their prompts in chunks
         self.active: dict[str, tuple[Request, int]] = {}  # decode rows: rid -> (req, 1)
         self.live: dict[str, Request] = {}  # requests holding blocks, in admission order
         self.num_waiting = 0  # requests in `waiting` that are still WAITING
@@ -85,16 +84,17 @@ class Scheduler:
         self.waiting.append(req)
         self.num_waiting += 1
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, drafting: bool | None = None) -> ScheduledBatch:
         """Decodes first (one token each, and drafts; round-robin over the active queue),
         then prompt chunks, then admissions (a free slot and its first chunk's blocks),
-        within the step's token budget; a decode without a free block preempts the newest."""
+        within the step's token budget; a decode without a free block preempts the newest.
+        `drafting`: whether rows may draft, decided already (drafting()), else here."""
         batch, budget = ScheduledBatch(), self.config.num_batched_tokens
         active, entries, bs = self.active, batch.entries, self.block_size
         decodes = min(self.config.decode_batch, budget)
         # tokens this step's drafts may take (few to learn or probe), a row's k at most
         spare, most = budget - decodes, self.config.num_speculative_tokens
-        drafting = self.drafter is None or self.policy.start_step(min(decodes, len(active)))
+        drafting = self.drafting() if drafting is None else drafting
         spare = min(spare, self.policy.cap) if drafting else 0
         taken = take_decodes(self, batch, decodes, spare)  # the usual step: every row at once
         num_decode = 0
@@ -154,6 +154,11 @@ class Scheduler:
         batch.num_decode = sum(1 for r, n in batch.entries.values() if not r.in_prefill_queue)
         batch.num_prefill_tokens = sum(n for r, n in batch.entries.values() if r.in_prefill_queue)
         return batch
+
+    def drafting(self) -> bool:
+        """Whether this step's decode rows may draft: the policy's call, once a step."""
+        decodes = min(self.config.decode_batch, self.config.num_batched_tokens)
+        return self.drafter is None or self.policy.start_step(min(decodes, len(self.active)))
 
     def _draft(self, req: Request, spare: int, batch: ScheduledBatch) -> int:
         """Drafts for decode row req: at most `spare`, none past its max_tokens, and only

@@ -67,9 +67,11 @@ def test_busy_time_and_the_waits_between_chained_forwards():
 
 def test_the_engine_chains_a_step_launched_with_one_in_flight(tiny_model_dirs):
     """LLMEngine sets Backend.chained before each forward: in an overlapped run every step
-    after the first while requests run; never in a synchronous one."""
+    after the first while requests run (none drafts: a step that does runs alone,
+    test_spec_overlap.py); never in a synchronous one."""
     for mode, want_chained in (("on", True), ("off", False)):
-        engine = make_engine(tiny_model_dirs["llama"], async_scheduling=mode)
+        llama = tiny_model_dirs["llama"]
+        engine = make_engine(llama, async_scheduling=mode, speculative_method="none")
         backend = engine.runner.backend
         seen: list[bool] = []
         execute = backend.execute

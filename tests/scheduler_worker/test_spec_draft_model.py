@@ -31,7 +31,7 @@ PROMPTS = [
 ]
 
 
-def _engine(model_dir: Path, draft: str, method: str = "none") -> LLMEngine:
+def _engine(model_dir: Path, draft: str, method: str = "none", **sched) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
             model=ModelConfig(model="smollm2", dtype="float32", quantization="none"),
@@ -42,6 +42,7 @@ def _engine(model_dir: Path, draft: str, method: str = "none") -> LLMEngine:
                 speculative_model=draft,
                 num_speculative_tokens=4,
                 speculative_policy="always",  # every draft verified: the counts are the drafter's
+                **sched,
             ),
         ),
         model_dir,
@@ -95,6 +96,20 @@ def test_seeded_sampled_rows_equal_with_draft_model(self_drafted, default_model_
     kw = dict(max_tokens=24, temperature=0.8, top_p=0.9, seed=7)
     plain, drafted, n_draft, n_acc = _both(self_drafted, prompts, **kw)
     assert drafted == plain and n_draft > 0 and n_acc > 0
+
+
+def test_the_draft_model_drafts_beside_the_overlap(default_model_dir):
+    """Overlapped scheduling (a GPU's, on the CPU): each step resolves the one in flight
+    first and drafts (spec/overlap.py), the draft model's rows kept in step with the
+    target's; as many drafts and accepted as synchronously, the outputs the same."""
+    engine = _engine(default_model_dir, "smollm2", async_scheduling="on")
+    assert engine.overlap
+    prompts = _prompts(default_model_dir)
+    plain, drafted, n_draft, n_acc = _both(engine, prompts, max_tokens=32, temperature=0.0)
+    assert drafted == plain
+    assert n_draft > 20 and n_acc > n_draft // 2 and engine.gate.tries > 0, (n_draft, n_acc)
+    engine.block_manager.check_integrity()
+    engine.scheduler.drafter.engine.block_manager.check_integrity()
 
 
 @pytest.fixture(scope="module")

@@ -177,17 +177,6 @@ def test_stops_and_max_tokens_inside_an_accepted_run(llama, wrong):
     assert any(len(kept) < len(tokens) for _, tokens, kept in runs)
 
 
-@pytest.mark.timeout(600)
-def test_overlapped_scheduling_stays_exact(llama):
-    """Overlapped: a row whose token is in flight drafts nothing, and a step with drafts
-    runs alone (the step in flight resolved first); outputs as without drafts."""
-    prompts = _repetitive(6, seed=4)
-    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-    want, _ = _run(llama, prompts, params, False, async_scheduling="on")
-    got, _ = _run(llama, prompts, params, True, async_scheduling="on")
-    assert got == want
-
-
 def test_request_can_turn_speculation_off(llama):
     prompts = _repetitive(4, seed=3)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculative=False)
