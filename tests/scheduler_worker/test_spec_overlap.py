@@ -1,6 +1,7 @@
 """Drafting beside overlapped scheduling (scheduler_worker/spec/overlap.py): a step whose
 rows may draft resolves the step in flight first, a try that finds no draft backs off so
-that the steps stay overlapped, and the outputs are the synchronous engine's."""
+that the steps stay overlapped, and the outputs are the synchronous engine's (a prediction
+beside the overlap: test_spec_prediction.py; the draft model: test_spec_draft_model.py)."""
 
 from __future__ import annotations
 
@@ -115,23 +116,3 @@ def test_rows_that_find_no_draft_stay_overlapped(llama):
     assert 1 <= engine.gate.tries <= 6  # steps 1, 3, 7, 15, 31 of 40 (and the prefill's)
     assert sum(read_on_device) >= GREEDY.max_tokens - 8
     assert engine.counters.draft_tokens == 0
-
-
-def test_a_prediction_drafts_beside_the_overlap(llama):
-    """No speculative method (a GPU's default) and overlap on: a request's `prediction`
-    still drafts, every predicted token accepted where it is the output itself."""
-    prompts = _prompts(2, seed=3)
-    want = run_staggered(_engine(llama, speculative_method="none"), prompts, GREEDY)
-    engine = _engine(llama, speculative_method="none", async_scheduling="on")
-    engine.add_request("p0", prompts[0], GREEDY, prediction=want[0])
-    engine.add_request("p1", prompts[1], GREEDY)
-    outs: dict[str, list[int]] = {"p0": [], "p1": []}
-    stages = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            outs[o.request_id] += o.new_token_ids
-            if o.finish_reason is not None:
-                stages[o.request_id] = o.stage_times or {}
-    assert [outs["p0"], outs["p1"]] == want
-    assert stages["p0"]["accepted_prediction_tokens"] == len(want[0])
-    assert engine.counters.accepted_tokens > 0

@@ -127,8 +127,11 @@ def _run(model_dir, prompts, params, predictions, **setup):
         dict(speculative_method="none"),
         dict(speculative_method="ngram"),
         dict(num_blocks=20, max_num_seqs=8),
+        # a GPU's default: overlapped, no method; a step whose rows draft resolves the
+        # one in flight first (spec/overlap.py)
+        dict(speculative_method="none", async_scheduling="on"),
     ],
-    ids=["method-none", "method-ngram", "preemption"],
+    ids=["method-none", "method-ngram", "preemption", "overlapped"],
 )
 def test_greedy_equal_with_a_prediction(llama, setup):
     rng = random.Random(1)
