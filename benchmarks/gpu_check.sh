@@ -22,7 +22,9 @@
 #   5. m135 served in float32: the fp32 correctness check
 #   6. prefix cache: the same prompt twice (inside every correctness check)
 #   7. a json_schema response_format request and a tool_choice "required" request
-#   8. fault: kill -9 the scheduler under streaming load; streams end, /health returns
+#   8. faults under load: 256 chat streams, a third disconnecting, a tenth invalid, some
+#      with 20 top logprobs (client_faults.py); then kill -9 the scheduler under streaming
+#      load; streams end, /health returns
 #  8a. preemption: m135 with a 64-block KV pool under 16 greedy streams of 256 tokens
 #      (client_preempt.py; ZS_PREEMPT=0: skipped)
 #   9. an in-process profile of l1b (else l8b) decode steps (and of steps that admit a
@@ -469,6 +471,18 @@ if has_model m135; then
     stage overlap_m135 30 "$PY" "$G/client.py" overlap "http://127.0.0.1:${PORT[m135]}" \
       "$W/overlap_m135.json" --others 127 --tokens 48
     grep -E 'overlap checks' "$W/logs/overlap_m135.log" | cut -c1-400 | sed 's/^/      /' >>"$RUNLOG"
+    # faults and bad input under load: a third of 256 chat streams disconnect, a tenth are
+    # invalid, some ask for 20 top logprobs; the rest whole, at speed; nothing leaked
+    FM=(--streams 256 --tokens 128)
+    [ "$DEV" = cpu ] && FM=(--streams 24 --tokens 16)
+    if (($(left) - RESERVE - HOLD >= 40)); then
+      stage faults_m135 40 "$PY" "$G/client_faults.py" "http://127.0.0.1:${PORT[m135]}" \
+        "${FM[@]}" --out "$W/faults_m135.json"
+      grep -E 'fault mix|problem' "$W/logs/faults_m135.log" | cut -c1-400 |
+        sed 's/^/      /' | tee -a "$RUNLOG"
+    else
+      skip faults_m135 "budget ($(left)s left, needs 40s + ${HOLD}s held)"
+    fi
     if (($(left) - RESERVE - HOLD >= 45)); then
       stage fault_m135 90 "$PY" "$G/client.py" fault "http://127.0.0.1:${PORT[m135]}" "$SPID" \
         "$W/fault_m135.json" --streams 16 --tokens 4096

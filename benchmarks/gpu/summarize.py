@@ -175,7 +175,7 @@ def model_summary(work: Path, tag: str) -> dict:
         log, r"zeroserve.loader: loaded", r"decode attention", r"backend", r"engine ready"
     )
     out["server_log_flags"] = server_errors(log)
-    for name in ("structured", "fault", "overlap", "preempt"):
+    for name in ("structured", "fault", "faults", "overlap", "preempt"):
         v = load(work / f"{name}_{tag}.json")
         if v is not None:
             out[name] = v
