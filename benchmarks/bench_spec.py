@@ -9,7 +9,9 @@ The `repeat` prompt asks the model to repeat a passage (prompt lookup pays there
 asks for a story (little to look up); `edit` asks for a rename in a source file
 (benchmarks/data/edit_inventory.py.txt) with the file as the prediction (OpenAI's
 Predicted Outputs), `edit-lookup` the same without it (ngram drafts from the prompt's
-copy). Prints one line a run and the ratio of the medians, per workload.
+copy); `self` the chat prompt with its own output as the prediction (every draft
+accepted: the verify's best case, even on random weights). Prints one line a run and the
+ratio of the medians, per workload.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ WORKLOADS: dict[str, Callable[[], list[tuple[str, str | None]]]] = {
     # predicted outputs: the file as `prediction`; edit-lookup: the same, prompt lookup only
     "edit": lambda: edit_asks(True),
     "edit-lookup": lambda: edit_asks(False),
+    # the chat prompt with the model's own output (a first plain run) as its prediction:
+    # every draft accepted, the verify's best case whatever the weights (a GPU's m135)
+    "self": lambda: [("Write a short story about a dragon who learns to cook.", None)],
 }
 
 
@@ -119,6 +124,9 @@ def measure(
     """Alternating A/B rounds of one workload (its first num_prompts prompts, None: all);
     prints a line a run and the medians' ratio. Returns whether the outputs were equal."""
     work = prompts(engine.model_dir, workload)[:num_prompts]
+    if workload == "self":  # each prompt's own output predicted (sampled: the seeded one)
+        own = run(engine, work, max_tokens, False, sampled)[0]
+        work = [(p, out) for (p, _), out in zip(work, own)]
     rates: dict[bool, list[float]] = {False: [], True: []}
     cpu_rates: dict[bool, list[float]] = {False: [], True: []}
     decode_rates: dict[bool, list[float]] = {False: [], True: []}
