@@ -53,10 +53,8 @@ class Scheduler:
         """sliding_window: every layer attends at most this many latest tokens; blocks
         wholly before it go back as a request advances (_free_outside_window), their
         entries `placeholder_block` (the runner's scratch block, never read)."""
-        self.config = sched
-        self.drafter = drafter  # speculative decoding: who drafts for decode rows, and when
-        self.policy = SpecPolicy(sched.speculative_policy)
-        self.sliding_window = sliding_window
+        self.config, self.sliding_window = sched, sliding_window
+        self.drafter, self.policy = drafter, SpecPolicy(sched.speculative_policy)  # spec/
         self.placeholder_block, self.block_size = num_blocks, cache.block_size
         self.eos_token_ids = list(eos_token_ids)
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
@@ -155,10 +153,12 @@ class Scheduler:
         batch.num_prefill_tokens = sum(n for r, n in batch.entries.values() if r.in_prefill_queue)
         return batch
 
-    def drafting(self) -> bool:
-        """Whether this step's decode rows may draft: the policy's call, once a step."""
+    def drafting(self, overlapped: bool = False) -> bool:
+        """Whether this step's decode rows may draft: the policy's call, once a step; a
+        prediction (no drafter) drafts unasked unless the step gives up the overlap."""
         decodes = min(self.config.decode_batch, self.config.num_batched_tokens)
-        return self.drafter is None or self.policy.start_step(min(decodes, len(self.active)))
+        asks = self.drafter is not None or overlapped
+        return not asks or self.policy.start_step(min(decodes, len(self.active)))
 
     def _draft(self, req: Request, spare: int, batch: ScheduledBatch) -> int:
         """Drafts for decode row req: at most `spare`, none past its max_tokens, and only

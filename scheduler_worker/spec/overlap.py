@@ -5,7 +5,9 @@ so no row knows its last token and none can draft (a drafter reads it). Where ro
 draft (a speculative method, or a request's `prediction`) the engine asks before it
 schedules a step whether this one drafts: the policy's call (SpecPolicy.start_step, the
 verify's measured cost against the plain step's, which overlapped is the overlapped
-step's), and then the step in flight resolves first and this step runs synchronously,
+step's; asked for predictions too, which synchronously draft unasked: here one request's
+prediction would take every row's overlap), and if so the step in flight resolves
+first and this step runs synchronously,
 its drafts verified at once (LLMEngine.step_rows). A step whose rows found no draft goes
 in flight as any other, and each such try in a row doubles the plain, overlapped steps
 before the next (up to MAX_WAIT): where little repeats (chat), the steps stay overlapped
@@ -37,7 +39,7 @@ class DraftGate:
         if self.wait > 0:
             self.wait -= 1
             return False
-        drafting = sched.drafting()
+        drafting = sched.drafting(overlapped=True)
         self.tries += drafting
         return drafting
 

@@ -21,7 +21,8 @@ GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 class _Sched(SimpleNamespace):
     """The scheduler as the gate reads it: how many rows may draft, the policy's call."""
 
-    def drafting(self) -> bool:
+    def drafting(self, overlapped: bool = False) -> bool:
+        assert overlapped  # the policy asked even where only predictions draft
         self.asked += 1
         return self.answer
 
@@ -116,3 +117,18 @@ def test_rows_that_find_no_draft_stay_overlapped(llama):
     assert 1 <= engine.gate.tries <= 6  # steps 1, 3, 7, 15, 31 of 40 (and the prefill's)
     assert sum(read_on_device) >= GREEDY.max_tokens - 8
     assert engine.counters.draft_tokens == 0
+
+
+def test_a_prediction_beside_the_overlap_asks_the_policy(llama):
+    """Synchronously a request's prediction drafts without asking the policy; beside the
+    overlap a draft costs every row the overlap of its step, so the policy's fit decides
+    (the default, adaptive), as for a method's drafts."""
+    prompt = _prompts(1, seed=3)[0]
+    fits = {}
+    for mode in ("off", "on"):
+        engine = make_engine(llama, speculative_method="none", async_scheduling=mode)
+        engine.add_request("p", prompt, GREEDY, prediction=list(range(3, 43)))
+        while engine.has_unfinished():
+            engine.step()
+        fits[mode] = sum(f.steps for f in engine.scheduler.policy.fits.values())
+    assert fits["off"] == 0 and fits["on"] > 0
