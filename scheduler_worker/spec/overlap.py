@@ -6,14 +6,13 @@ draft (a speculative method, or a request's `prediction`) the engine asks before
 schedules a step whether this one drafts: the policy's call (SpecPolicy.start_step, the
 verify's measured cost against the plain step's, which overlapped is the overlapped
 step's; asked for predictions too, which synchronously draft unasked: here one request's
-prediction would take every row's overlap), and if so the step in flight resolves
-first and this step runs synchronously,
-its drafts verified at once (LLMEngine.step_rows). A step whose rows found no draft goes
-in flight as any other, and each such try in a row doubles the plain, overlapped steps
-before the next (up to MAX_WAIT): where little repeats (chat), the steps stay overlapped
-but for a try now and then; where drafts are found (edits, agents' JSON), every step
-verifies, as without overlap. SGLang's overlap scheduler and vLLM's async scheduling
-turned the overlap off for speculation instead; so did this engine until now.
+prediction would cost every row its step's overlap). If so, the step in flight resolves
+first and this step runs synchronously, its drafts verified at once (LLMEngine.step_rows).
+A step whose rows found no draft goes in flight as any other, and each such try in a row
+doubles the plain, overlapped steps before the next (up to MAX_WAIT): where little repeats
+(chat) the steps stay overlapped but for a try now and then; where drafts are found
+(edits, agents' JSON) every step verifies, as without overlap. SGLang's overlap scheduler
+turned the overlap off beside speculation instead, as this engine did until now.
 """
 
 from __future__ import annotations
