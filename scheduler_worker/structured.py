@@ -91,6 +91,10 @@ class GrammarMatchers:
         # the heartbeat thread too, and the frontend would take the replica for dead
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._tokenizer = self._pool.submit(llg_tokenizer, str(model_dir), vocab_size)
+        # the masks' words, kept between steps with a torch view of each row (_masks): a
+        # step's are copied or read by the sampler before the next step's are filled
+        self._words = np.empty((0, -(-vocab_size // 32)), np.int32)
+        self._rows: tuple[torch.Tensor, ...] = ()
         # seconds the engine's steps spent on masks: making them (at once), or waiting for
         # the thread after the forward (overlap)
         self.step_time = 0.0
@@ -220,12 +224,15 @@ class GrammarMatchers:
         # 45-115 µs, most of it handing the batch to its thread and back (docs/benchmarks.md,
         # "The masks filled on the engine's thread"); a pool per core fought torch's threads
         # for the cores ("Structured outputs: the cost of grammar masks")
-        bitmask = llg_np.allocate_token_bitmask(len(todo), self.vocab_size)
-        fill = llg_np.fill_next_token_bitmask
-        for j, (_, m) in enumerate(todo):
-            fill(m, bitmask, j)
-        self._eos(bitmask, [m.is_accepting() for _, m in todo])
-        return dict(zip(map(_FIRST, todo), torch.from_numpy(bitmask).unbind(0)))
+        n, words = len(todo), self._words
+        if len(words) < n:
+            words = self._words = np.empty((2 * n, words.shape[1]), np.int32)
+            self._rows = torch.from_numpy(words).unbind(0)
+        at, row = words.ctypes.data, words.shape[1] * 4  # row j at at + j * row: C order
+        for j, (_, m) in enumerate(todo):  # llguidance.numpy's fill without its checks
+            m.unsafe_compute_mask_ptr(at + j * row, row)
+        self._eos(words[:n], [m.is_accepting() for _, m in todo])
+        return dict(zip(map(_FIRST, todo), self._rows))  # the first n rows
 
     def _fill(self, m: llguidance.LLMatcher, bitmask: np.ndarray, j: int) -> None:
         """Row j of bitmask: the tokens m allows next, its EOS bits as _eos sets them."""
