@@ -249,8 +249,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "replica_spec_steps",
         Counter,
         "spec_decode_num_steps",
-        "Speculative decoding steps by kind: verify (steps that verified drafts) and "
-        "switched_off (steps whose drafts the measured costs said would not pay).",
+        "Speculative decoding steps by kind: verify (steps that verified drafts), "
+        "switched_off (steps whose drafts the measured costs said would not pay) and "
+        "resolved_first (overlapped scheduling: steps that waited for the step in flight "
+        "so that their rows could draft).",
         ("engine", "method", "kind"),
     ),
 )

@@ -138,7 +138,7 @@ class EngineSeries(Collector):
         if msg.device:  # kept while it is down: where it ran, and runs again on restart
             self.devices[k] = (msg.device[:100], ",".join(msg.gpus)[:200])
         engine = str(k)
-        for kind in ("verify", "switched_off"):
+        for kind in ("verify", "switched_off", "resolved_first"):
             steps = (msg.spec or {}).get(f"{kind}_steps")
             if msg.spec_method and isinstance(steps, (int, float)):
                 self.spec[(engine, msg.spec_method[:32], kind)] = steps

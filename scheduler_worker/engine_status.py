@@ -119,5 +119,6 @@ def spec_figures(engine: LLMEngine) -> dict:
         "accepted_tokens": c.accepted_tokens,
         "verify_steps": c.verify_steps,
         "switched_off_steps": engine.scheduler.policy.num_switched_off,
+        "resolved_first_steps": engine.gate.tries,  # overlapped: the overlap given up
     }
     return {"spec": spec, "spec_method": method}

@@ -43,6 +43,7 @@ class EngineStatus(Message):
     device: str = ""
     gpus: list[str] = field(default_factory=list)
     # speculative decoding, cumulative: draft_tokens, accepted_tokens, verify_steps (steps
-    # with drafts), switched_off_steps (spec/policy.py: drafts that would not pay); its method
+    # with drafts), switched_off_steps (spec/policy.py: drafts that would not pay),
+    # resolved_first_steps (spec/overlap.py: the step in flight resolved to draft); its method
     spec: dict[str, float] = field(default_factory=dict)
     spec_method: str = ""

@@ -69,7 +69,7 @@ def status(replica: int = 0, busy: float = 1.5, gpus: list[str] | None = None) -
         memory={"resident_bytes": 1000},
         device="NVIDIA H200" if gpus is None or gpus else "cpu",
         gpus=[str(2 + replica)] if gpus is None else gpus,
-        spec={"verify_steps": 7, "switched_off_steps": 2},
+        spec={"verify_steps": 7, "switched_off_steps": 2, "resolved_first_steps": 3},
         spec_method="ngram",
     )
 
@@ -164,3 +164,5 @@ def test_speculative_steps_by_replica_method_and_kind():
     assert value(m, "spec_decode_num_steps_total", engine="1", method="ngram", kind="verify") == 7
     kind = "switched_off"
     assert value(m, "spec_decode_num_steps_total", engine="0", method="ngram", kind=kind) == 2
+    kind = "resolved_first"
+    assert value(m, "spec_decode_num_steps_total", engine="1", method="ngram", kind=kind) == 3

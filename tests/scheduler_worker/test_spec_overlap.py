@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from common.sampling_params import SamplingParams
+from scheduler_worker.engine_status import spec_figures
 from scheduler_worker.scheduled_batch import ScheduledBatch
 from scheduler_worker.spec.overlap import MAX_WAIT, DraftGate
 from tests.scheduler_worker.test_engine import _prompts, make_engine, run_staggered
@@ -86,6 +87,8 @@ def test_ngram_drafts_beside_the_overlap_and_outputs_stay_exact(llama):
     assert engine.overlap
     assert run_staggered(engine, prompts, GREEDY) == want
     assert engine.counters.accepted_tokens > 0 and engine.gate.tries > 0
+    # the replica's beat carries the steps that gave up the overlap (/metrics: resolved_first)
+    assert spec_figures(engine)["spec"]["resolved_first_steps"] == engine.gate.tries
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
