@@ -174,6 +174,15 @@ def table(s: dict) -> str:
         if ov:
             checks = ", ".join(f"{k} {ov.get(k)}" for k in ("seeded", "stop", "n", "grammar"))
             L.append(f"   overlapped options ({tag}): {checks}")
+        fm = m.get("faults")
+        if fm:
+            L.append(
+                f"   fault mix ({tag}, {fm.get('streams')} streams {fm.get('kinds')}): "
+                f"{fm.get('verdict')}; whole streams' tok/s {(fm.get('faults') or {}).get('tok_s')}"
+                f" against {(fm.get('clean') or {}).get('tok_s')} without the faults (x"
+                f"{fm.get('tok_s_ratio')}); idle after {(fm.get('after') or {}).get('idle')}; "
+                f"problems {(fm.get('problems') or [])[:2]}"
+            )
         f = m.get("fault")
         if f:
             L.append(
