@@ -13,10 +13,10 @@ New K/V are written to the cache at `slot_mapping` (one slot per token) before a
 reads it, so a prefill chunk sees its own tokens as well as everything computed before
 (prefix-cache hits, earlier chunks). Decode sequences are attended in one batched call
 over a padded gather of their blocks; each prefill sequence gets its own SDPA call. Where
-the C++ kernel serves the decodes ("paged"), a prefill chunk whose context is short
-(PAGED_PREFILL_MAX_CONTEXT) is attended by the same kernel instead: each of its tokens is a
-row of its own, one query over its sequence's blocks up to its own position, in one call
-with the step's decodes (`AttentionMetadata.row_block_tables`).
+the C++ kernel serves the decodes ("paged"), every prefill chunk is attended by the same
+kernel instead (PAGED_PREFILL_MAX_CONTEXT): each of its tokens is a row of its own, one
+query over its sequence's blocks up to its own position, in one call with the step's
+decodes (`AttentionMetadata.row_block_tables`).
 
 Sliding-window layers (`window` W, as Mistral's and Gemma 3's local layers): the query at
 position p attends keys p - W < j <= p, as transformers' sliding-window mask. The masks are
@@ -40,12 +40,16 @@ import torch.nn.functional as F
 from common.cpu import cpu_flags as common_cpu_flags
 from common.env import env
 
-# Prefill chunks of at most this many tokens of context (cached prefix + chunk) are attended
-# by the C++ paged kernel, token by token, rather than by torch's SDPA (one call per
-# sequence and layer, over K/V cast from the cache's float16). A query reads its
-# sequence's K/V again from cache, which stays cheap while they fit in L2; longer contexts
-# stay on SDPA, which tiles the queries (docs/benchmarks.md, "Eighth round").
-PAGED_PREFILL_MAX_CONTEXT = 384
+# Prefill chunks of at most this many tokens of context (cached prefix + chunk; None: every
+# chunk) are attended by the C++ paged kernel, token by token, rather than by torch's SDPA
+# (one call per sequence and layer, over K/V gathered and cast from the cache's float16).
+# The kernel's runs of consecutive queries read each block once for the run; served in
+# 512-token chunks it takes 0.65-0.74x SDPA's prefill time at 512-8000 tokens (AVX-512).
+# And each query's arithmetic is a decode row's whatever its chunk, where SDPA's rounding
+# moves with the chunk's shape: a prompt's logits are then the same computed fresh, in
+# chunks of any size or over a cached prefix (docs/benchmarks.md, "One kernel for every
+# prompt", where 384 was the limit before).
+PAGED_PREFILL_MAX_CONTEXT: int | None = None
 
 
 @dataclass

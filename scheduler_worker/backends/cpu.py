@@ -235,10 +235,11 @@ class CpuBackend(Backend):
 
 
 def _paged_rows(meta: AttentionMetadata, seqs: list[SeqInput], bs: int, pos: torch.Tensor) -> None:
-    """Marks the step's short prefills (attention.PAGED_PREFILL_MAX_CONTEXT) `paged` and sets
-    the kernel's rows (`AttentionMetadata.row_*`): theirs and the decodes'. `seqs` in the
-    step's token order, `pos` the tokens' positions."""
-    short = [p for p in meta.prefills if p.num_context <= PAGED_PREFILL_MAX_CONTEXT]
+    """Marks the step's short prefills (attention.PAGED_PREFILL_MAX_CONTEXT; None: all)
+    `paged` and sets the kernel's rows (`AttentionMetadata.row_*`): theirs and the
+    decodes'. `seqs` in the step's token order, `pos` the tokens' positions."""
+    limit = PAGED_PREFILL_MAX_CONTEXT
+    short = [p for p in meta.prefills if limit is None or p.num_context <= limit]
     if not short:
         return
     for p in short:
@@ -249,7 +250,7 @@ def _paged_rows(meta: AttentionMetadata, seqs: list[SeqInput], bs: int, pos: tor
     width = max((s.num_computed + len(s.token_ids) + bs - 1) // bs for s in seqs)
     for s in seqs:
         n = len(s.token_ids)
-        if n == 1 or s.num_computed + n <= PAGED_PREFILL_MAX_CONTEXT:
+        if n == 1 or limit is None or s.num_computed + n <= limit:
             table = s.block_table[:width]
             row = torch.tensor(table + [0] * (width - len(table)), dtype=torch.long)
             tables.append(row.expand(n, width))

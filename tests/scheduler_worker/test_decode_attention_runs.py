@@ -45,6 +45,8 @@ CASES = [  # (sequences as (length, queries), block size, heads, KV heads, head 
     ([(1, 4), (33, 9)], 8, 8, 1, 128, 0),  # from the first position; a block boundary inside
     ([(60, 6), (10, 3)], 16, 4, 1, 256, 23),  # a window starting inside a block
     ([(5, 3), (9, 2)], 4, 3, 3, 6, 0),  # a head size without vector blocks
+    # a prompt's queries at a long context: the run cut to fit its scratch (kRunScratch)
+    ([(2000, 20)], 16, 32, 8, 128, 0),
 ] + [([(17, 5)] * 8, 16, 9, 3, 64, 0)]  # 8 streams: tasks of whole runs
 
 

@@ -90,3 +90,45 @@ def test_which_rows_the_kernel_takes(tiny_model_dirs, monkeypatch):
     # none short: no rows
     _, _, meta = runner.prepare([seqs[2]])
     assert meta.row_block_tables is None and not meta.prefills[0].paged
+
+
+def test_a_prompt_gives_the_same_logits_however_it_was_chunked_or_cached(
+    default_model_dir, each_cpu_kind
+):
+    """On the kernels' path every prompt position is attended by the paged kernel, a row of
+    its own, as a decode step attends it (attention.PAGED_PREFILL_MAX_CONTEXT): the default
+    model's first tokens' logprobs are then the same bit for bit computed fresh in one
+    chunk, in chunks of any size (across the old threshold of 384, a last one of a single
+    token), or over the prefix the first run cached (a tail of one token: 705 = 44 blocks
+    + 1). With SDPA past 384 tokens of context, as before, most of these differed."""
+    import dataclasses
+    import random
+
+    from common.config import SchedulerConfig
+    from common.sampling_params import SamplingParams
+    from scheduler_worker.engine import LLMEngine
+
+    cfg = EngineConfig(
+        model=ModelConfig(model=str(default_model_dir)),
+        scheduler=SchedulerConfig(speculative_method="none"),
+    )
+    engine = LLMEngine(cfg, default_model_dir)
+    assert engine.runner.decode_kernel == "paged"
+
+    def first_logprobs(rid: str, ids: list[int], budget: int) -> list:
+        sched = engine.scheduler
+        sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=budget)
+        engine.add_request(rid, ids, SamplingParams(max_tokens=3, temperature=0.0, logprobs=5))
+        out = []
+        while engine.has_unfinished():
+            out += [o.logprobs for o in engine.step() if o.request_id == rid]
+        return out
+
+    rng = random.Random(0)
+    ids = [rng.randrange(100, 40000) for _ in range(705)]
+    fresh = first_logprobs("fresh", ids, 2048)  # one chunk; its blocks now cached
+    assert len(fresh) == 3
+    assert first_logprobs("cached", ids, 512) == fresh  # 704 cached, a tail of one
+    engine.scheduler.blocks.enable_prefix_caching = False
+    for budget in (512, 352, 100, 37):  # 352: 352 + 352 + a chunk of one
+        assert first_logprobs(f"chunks of {budget}", ids, budget) == fresh, budget

@@ -237,6 +237,10 @@ AttendFn<T, C> pick(int64_t D, int64_t G, int64_t isa) {
 }
 
 constexpr int64_t kMaxRun = 17;  // queries a task takes together: 1 + the most drafts a row has
+// A run's scratch (every query's scores, accumulators and q) is held per thread: a long
+// prompt's run at a long context is cut to fit this many bytes (each query's arithmetic is
+// its own whatever the run, so only the blocks' rereads change)
+constexpr int64_t kRunScratch = 4 << 20;
 
 // Whether query b continues query b - 1's run: the next position of the same sequence
 // (one position on, the same blocks). Only a saving: each query reads its own table.
@@ -257,10 +261,12 @@ void attend_all(const AttnArgs<T, C>& a, int64_t B, int64_t isa) {
   const int64_t G = a.H / a.Hkv;
   const AttendFn<T, C> fn = pick<T, C>(a.D, G, isa);
   int64_t max_len = 0, max_run = 1;
+  for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, a.lens[b] - first_key(a.lens[b], a.window));
+  const int64_t per_query = a.H * (max_len + 2 * a.D) * static_cast<int64_t>(sizeof(float));
+  const int64_t run_cap = std::clamp<int64_t>(kRunScratch / per_query, 1, kMaxRun);
   std::vector<int64_t> runs{0};  // run r: queries runs[r] .. runs[r + 1] - 1
-  for (int64_t b = 0; b < B; ++b) {
-    max_len = std::max(max_len, a.lens[b] - first_key(a.lens[b], a.window));
-    if (b > 0 && (b - runs.back() >= kMaxRun || !continues(a, b))) runs.push_back(b);
+  for (int64_t b = 1; b < B; ++b) {
+    if (b - runs.back() >= run_cap || !continues(a, b)) runs.push_back(b);
     max_run = std::max(max_run, b + 1 - runs.back());
   }
   runs.push_back(B);
