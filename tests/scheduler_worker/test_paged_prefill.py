@@ -100,7 +100,9 @@ def test_a_prompt_gives_the_same_logits_however_it_was_chunked_or_cached(
     model's first tokens' logprobs are then the same bit for bit computed fresh in one
     chunk, in chunks of any size (across the old threshold of 384, a last one of a single
     token), or over the prefix the first run cached (a tail of one token: 705 = 44 blocks
-    + 1). With SDPA past 384 tokens of context, as before, most of these differed."""
+    + 1). And a decoded token's are those of the same position computed as a prompt (a
+    preempted request's recompute, a conversation's next turn computed afresh). With SDPA
+    past 384 tokens of context, as before, most of these differed."""
     import dataclasses
     import random
 
@@ -119,9 +121,9 @@ def test_a_prompt_gives_the_same_logits_however_it_was_chunked_or_cached(
         sched = engine.scheduler
         sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=budget)
         engine.add_request(rid, ids, SamplingParams(max_tokens=3, temperature=0.0, logprobs=5))
-        out = []
+        out = []  # (tokens, logprobs) of each output
         while engine.has_unfinished():
-            out += [o.logprobs for o in engine.step() if o.request_id == rid]
+            out += [(o.new_token_ids, o.logprobs) for o in engine.step() if o.request_id == rid]
         return out
 
     rng = random.Random(0)
@@ -132,3 +134,6 @@ def test_a_prompt_gives_the_same_logits_however_it_was_chunked_or_cached(
     engine.scheduler.blocks.enable_prefix_caching = False
     for budget in (512, 352, 100, 37):  # 352: 352 + 352 + a chunk of one
         assert first_logprobs(f"chunks of {budget}", ids, budget) == fresh, budget
+    decoded = [t for tokens, _ in fresh for t in tokens]
+    again = first_logprobs("as a prompt", ids + decoded[:2], 512)  # the third decoded
+    assert again[0] == fresh[2]
