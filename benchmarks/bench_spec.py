@@ -157,7 +157,7 @@ def measure(
     )
     ratio = statistics.median(rates[True]) / statistics.median(rates[False])
     sizes = ", ".join(str(len(p)) for p, _ in work)
-    print(f"{workload}: cpu {cpu_model_name()}; prompts of {sizes} tokens")
+    print(f"{workload}: {device_label(engine)}; prompts of {sizes} tokens")
     med = {k: statistics.median(v) for k, v in cpu_rates.items()}
     print(
         f"{workload}: median tok per CPU s: none {med[False]:.1f}, spec {med[True]:.1f}, "
@@ -173,6 +173,15 @@ def measure(
         at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         print(f"{workload}: prompt {first} differs first at output token {at}")
     return same
+
+
+def device_label(engine: LLMEngine) -> str:
+    """The device the figures ran on: the GPU's name (the host's CPU beside it), or the CPU."""
+    if engine.runner.backend.name == "cuda":
+        import torch
+
+        return f"gpu {torch.cuda.get_device_name()} (host cpu {cpu_model_name()})"
+    return f"cpu {cpu_model_name()}"
 
 
 def main() -> None:
