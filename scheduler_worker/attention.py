@@ -44,7 +44,7 @@ from common.env import env
 # chunk) are attended by the C++ paged kernel, token by token, rather than by torch's SDPA
 # (one call per sequence and layer, over K/V gathered and cast from the cache's float16).
 # The kernel's runs of consecutive queries read each block once for the run; served in
-# 512-token chunks it takes 0.65-0.74x SDPA's prefill time at 512-8000 tokens (AVX-512).
+# 512-token chunks it took 0.61-0.75x SDPA's prefill time at 512-8000 tokens (AVX-512).
 # And each query's arithmetic is a decode row's whatever its chunk, where SDPA's rounding
 # moves with the chunk's shape: a prompt's logits are then the same computed fresh, in
 # chunks of any size or over a cached prefix (docs/benchmarks.md, "One kernel for every
