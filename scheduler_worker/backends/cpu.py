@@ -227,6 +227,8 @@ class CpuBackend(Backend):
         p = PrefillSlice(start=offset, end=offset + n, num_context=start + n)
         if start == 0:
             return p  # whole context is this chunk: causal attention on the fresh K/V
+        if self.decode_kernel == "paged" and _paged_prefill(start + n):
+            return p  # the kernel reads the blocks in place (_paged_rows): no gather, no mask
         nblocks = (start + n + self.block_size - 1) // self.block_size
         p.block_ids = torch.tensor(table[:nblocks], dtype=torch.long)
         q_pos = torch.arange(start, start + n)
@@ -234,12 +236,18 @@ class CpuBackend(Backend):
         return p
 
 
-def _paged_rows(meta: AttentionMetadata, seqs: list[SeqInput], bs: int, pos: torch.Tensor) -> None:
-    """Marks the step's short prefills (attention.PAGED_PREFILL_MAX_CONTEXT; None: all)
-    `paged` and sets the kernel's rows (`AttentionMetadata.row_*`): theirs and the
-    decodes'. `seqs` in the step's token order, `pos` the tokens' positions."""
+def _paged_prefill(num_context: int) -> bool:
+    """Whether a prefill chunk of this context is attended by the paged kernel, where it
+    serves the decodes (attention.PAGED_PREFILL_MAX_CONTEXT; None: every chunk)."""
     limit = PAGED_PREFILL_MAX_CONTEXT
-    short = [p for p in meta.prefills if limit is None or p.num_context <= limit]
+    return limit is None or num_context <= limit
+
+
+def _paged_rows(meta: AttentionMetadata, seqs: list[SeqInput], bs: int, pos: torch.Tensor) -> None:
+    """Marks the step's short prefills (_paged_prefill) `paged` and sets the kernel's rows
+    (`AttentionMetadata.row_*`): theirs and the decodes'. `seqs` in the step's token
+    order, `pos` the tokens' positions."""
+    short = [p for p in meta.prefills if _paged_prefill(p.num_context)]
     if not short:
         return
     for p in short:
@@ -250,7 +258,7 @@ def _paged_rows(meta: AttentionMetadata, seqs: list[SeqInput], bs: int, pos: tor
     width = max((s.num_computed + len(s.token_ids) + bs - 1) // bs for s in seqs)
     for s in seqs:
         n = len(s.token_ids)
-        if n == 1 or limit is None or s.num_computed + n <= limit:
+        if n == 1 or _paged_prefill(s.num_computed + n):
             table = s.block_table[:width]
             row = torch.tensor(table + [0] * (width - len(table)), dtype=torch.long)
             tables.append(row.expand(n, width))
