@@ -39,9 +39,9 @@ class HermesFormat(JsonCallsFormat):
             closed = CLOSE in part
             body = part.split(CLOSE, 1)[0]
             last = k == len(parts) - 1
-            call = self.object_call(body, final or closed or not last)
-            if call is None:
-                if last and not final:
+            call = self.object_call(body)
+            if call is None:  # no name: malformed, or (the last) still being written
+                if last and not final and not closed:
                     break  # still being written
                 continue  # a malformed call: skipped
             out.append(call)

@@ -82,28 +82,29 @@ class JsonCallsFormat(ToolFormat):
             f"args_{k}: {schema_rule(params, numbers)}",
         ]
 
-    def object_run(self, text: str, i: int, sep: str, final: bool) -> list[PartialCall]:
+    def object_run(self, text: str, i: int, sep: str) -> list[PartialCall]:
         """The calls of the JSON objects from text[i] on, `sep` between them (the last one
-        maybe incomplete); stops at anything else."""
+        maybe incomplete); stops at anything else, and after a malformed one."""
         out: list[PartialCall] = []
         while i < len(text) and text[i] == "{":
             end = scan_json(text, i)
-            call = self.object_call(
-                text[i:] if end is None else text[i:end], final or end is not None
-            )
+            call = self.object_call(text[i:] if end is None else text[i:end])
             if call is None:
                 break
             out.append(call)
-            if end is None:
+            if end is None or not call.done:  # still written, or malformed: the run ends
                 break
             i = skip_ws(text, end)
             if i < len(text) and text[i] == sep:
                 i = skip_ws(text, i + 1)
         return out
 
-    def object_call(self, body: str, final: bool) -> PartialCall | None:
+    def object_call(self, body: str) -> PartialCall | None:
         """One call from the text of its JSON object (maybe incomplete), or None when it has
-        no complete name yet. Keys are read in order, so "arguments" may come first."""
+        no complete name yet. Keys are read in order, so "arguments" may come first. A
+        call is done once its arguments are a complete JSON object; one cut short or
+        malformed is returned not done (a whole response drops it, a stream has sent its
+        start and keeps its index)."""
         i = skip_ws(body, 0)
         if i >= len(body) or body[i] != "{":
             return None
@@ -144,11 +145,10 @@ class JsonCallsFormat(ToolFormat):
         if name is None:
             return None
         if args is None:
-            # arguments not begun: none, unless the object is complete without any
-            complete = final or (i < len(body) and body[i] == "}")
+            # arguments not begun: none if the object closed without any; cut before its
+            # arguments or its closing brace (max_tokens, a stop), it is not a call
+            complete = i < len(body) and body[i] == "}"
             return PartialCall(name, "{}" if complete else "", complete)
         if args_done and json_object(args) is None:
-            return PartialCall(name, args, False) if not final else None
-        if not args_done and final:
-            return None
+            return PartialCall(name, args, False)  # malformed: never done
         return PartialCall(name, args, args_done)

@@ -25,4 +25,4 @@ class Llama3JsonFormat(JsonCallsFormat):
     )
 
     def calls(self, region: str, final: bool) -> list[PartialCall]:
-        return self.object_run(region, self.after_lead(region), ";", final)
+        return self.object_run(region, self.after_lead(region), ";")

@@ -34,7 +34,7 @@ class MistralFormat(JsonCallsFormat):
         body = region[len(MARK) :]
         i = skip_ws(body, 0)
         if i < len(body) and body[i] == "[":
-            return self.object_run(body, skip_ws(body, i + 1), ",", final)
+            return self.object_run(body, skip_ws(body, i + 1), ",")
         if i >= len(body):
             return []
         return self._named(region, final)
@@ -55,6 +55,7 @@ class MistralFormat(JsonCallsFormat):
                 if not final and k == len(parts) - 1:
                     out.append(PartialCall(name, args, False))
                 break
-            if json_object(args) is not None:
-                out.append(PartialCall(name, args, True))
+            # a malformed one stays in its place, not done (parse drops it; a stream's
+            # later calls keep their indexes)
+            out.append(PartialCall(name, args, json_object(args) is not None))
         return out

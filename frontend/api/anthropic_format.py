@@ -212,7 +212,7 @@ class AnthropicFormat(ResponseFormat):
 
     def stream_end(self, choices: list[Choice]) -> str:
         c = choices[0]
-        called = self.tools is not None and self.tools.num_calls > 0
+        called = self.tools is not None and self.tools.called
         reason, sequence = stop_reason(c.finish_reason, c.stop_reason, called, self.stops)
         usage = usage_of(self.chat.usage_chunk(choices)["usage"])
         delta = {"stop_reason": reason, "stop_sequence": sequence}

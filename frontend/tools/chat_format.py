@@ -47,5 +47,5 @@ class ToolChatFormat(ChatFormat):
         if calls:
             delta["tool_calls"] = calls
         entry["delta"] = delta
-        entry["finish_reason"] = _finish(d.finish_reason, ts.num_calls > 0)
+        entry["finish_reason"] = _finish(d.finish_reason, ts.called)
         return sse(chunk)

@@ -11,8 +11,11 @@ deltas and `delta.tool_calls` entries.
 States: CONTENT (no region yet; the tail that may still be the start of a region is held
 back, parser.hold_back) -> CALLS (everything after the region's start belongs to the
 calls). The invariant the parsers keep: a call's arguments text only grows, so the
-fragments sent are always a prefix of the final arguments. When the text ends with a
-region that held no call, the held text is sent as content after all.
+fragments sent are always a prefix of the final arguments. They are sent only as far as
+they are valid JSON (json_prefix_len): a model that writes `{"city": Paris}` has sent
+`{"city": ` and no more, and what a client has assembled always parses as partial JSON.
+When the text ends with a region that held no call, the held text is sent as content
+after all. A choice "called" (finish_reason "tool_calls") only if a call was completed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import uuid
 from typing import Any
 
 from common.tool_formats import PartialCall, ToolFormat
+from common.tool_formats.json_prefix import json_prefix_len
 
 
 def call_id() -> str:
@@ -35,10 +39,16 @@ class ToolStream:
         self.region: int | None = None  # where the calls begin, once seen
         self.ids: list[str] = []  # per call index sent so far
         self.args_sent: list[int] = []  # chars of each call's arguments sent
+        self.done: list[bool] = []  # per call index: its arguments complete (a JSON object)
 
     @property
     def num_calls(self) -> int:
         return len(self.ids)
+
+    @property
+    def called(self) -> bool:
+        """A call was completed: the choice finishes with "tool_calls", not "stop"."""
+        return any(self.done)
 
     def feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         """(content to send, tool_calls delta entries) for the next piece of text."""
@@ -53,10 +63,9 @@ class ToolStream:
                 return content, []
             self.region = at
             content, self.sent = self.text[self.sent : at], at
-        calls = self.parser.calls(self.text[self.region :], final)
-        if final:
-            calls = [c for c in calls if c.done]
-        deltas = self._deltas(calls)
+        # read as still growing even at the end: a malformed call then stays in its place
+        # (not done) rather than dropped, which would move the later calls' indexes
+        deltas = self._deltas(self.parser.calls(self.text[self.region :], False))
         if final and not self.ids:  # a region with no call in it: it was content
             content += self.text[self.sent :]
             self.sent = len(self.text)
@@ -70,6 +79,7 @@ class ToolStream:
             if i == len(self.ids):
                 self.ids.append(call_id())
                 self.args_sent.append(0)
+                self.done.append(False)
                 out.append(
                     {
                         "index": i,
@@ -78,9 +88,11 @@ class ToolStream:
                         "function": {"name": c.name, "arguments": ""},
                     }
                 )
-            fragment = c.arguments[self.args_sent[i] :]
+            self.done[i] = self.done[i] or c.done
+            valid = c.arguments if c.done else c.arguments[: json_prefix_len(c.arguments)]
+            fragment = valid[self.args_sent[i] :]
             if fragment:
-                self.args_sent[i] = len(c.arguments)
+                self.args_sent[i] = len(valid)
                 if out and out[-1]["index"] == i:
                     out[-1]["function"]["arguments"] += fragment
                 else:

@@ -148,3 +148,51 @@ def test_held_back_text_is_released_when_it_is_not_a_tag():
     assert ts.feed("a <to", False) == ("a ", [])
     assert ts.feed("y> b", False) == ("<toy> b", [])
     assert ts.feed(" <", True) == (" <", [])
+
+
+@pytest.mark.parametrize(
+    "text, calls",
+    [
+        ('<tool_call>\n{"name": "delete_file", "arguments":', []),
+        ('<tool_call>\n{"name": "delete_file",', []),
+        ('<tool_call>\n{"name": "delete_file"', []),
+        (
+            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "g", "arguments":',
+            [("f", "{}")],
+        ),
+    ],
+)
+def test_a_call_cut_before_its_arguments_is_no_call(text, calls):
+    """max_tokens or a stop cutting a call after its name: the whole response never reads
+    it as a call with no arguments (an agent would run delete_file({}))."""
+    parsed = tool_format("hermes").parse(text)
+    assert [(c.name, c.arguments) for c in parsed.calls] == calls
+    if not calls:
+        assert parsed.content == text
+
+
+@pytest.mark.parametrize("parser", ["hermes", "mistral"])
+def test_a_stream_sends_malformed_arguments_only_as_far_as_they_are_json(parser):
+    """The model writes a bare word where a value goes: the stream stops the arguments
+    before it, so every call's fragments still parse as partial JSON, the next call keeps
+    its own index, and the choice is not "called" unless a call completed."""
+    bad, good = '{"city": Paris}', '{"city": "Oslo"}'
+    if parser == "hermes":
+        text = (
+            f'<tool_call>\n{{"name": "w", "arguments": {bad}}}\n</tool_call>\n'
+            f'<tool_call>\n{{"name": "v", "arguments": {good}}}\n</tool_call>'
+        )
+    else:
+        text = f"[TOOL_CALLS]w[ARGS]{bad}[TOOL_CALLS]v[ARGS]{good}"
+    for pieces in (list(text), [text]):
+        _, got, _ = _assemble(parser, pieces)
+        assert got == [("w", '{"city": '), ("v", good)], pieces
+    # only the malformed call: nothing completed
+    ts = ToolStream(tool_format("hermes"))
+    one = f'<tool_call>\n{{"name": "w", "arguments": {bad}}}\n</tool_call>'
+    for ch in one:
+        ts.feed(ch, False)
+    ts.feed("", True)
+    assert ts.num_calls == 1 and not ts.called
+    assert tool_format("hermes").parse(one).calls == []
