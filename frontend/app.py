@@ -183,7 +183,7 @@ def create_app(config: Config) -> FastAPI:
 
     app.include_router(docs)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers probe so
     async def health() -> JSONResponse:
         now = time.monotonic()
         missing = client.cluster.missing(now)

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import ClientDisconnect
 
 from common.config import Config
 from frontend.cluster.engine_client import EngineClient
@@ -99,13 +100,16 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             413, f"request body larger than {max_bytes} bytes", param=None, code="request_too_large"
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise APIError(
-                413, f"request body larger than {max_bytes} bytes", code="request_too_large"
-            )
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise APIError(
+                    413, f"request body larger than {max_bytes} bytes", code="request_too_large"
+                )
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone mid-body: nobody reads the answer, nothing to log
+        raise APIError(400, "the client disconnected before its body was complete") from None
     return b"".join(chunks)
 
 

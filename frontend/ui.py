@@ -156,7 +156,7 @@ def ui_router(config: Config, client: EngineClient, metrics: Metrics) -> APIRout
     if config.server.ui:
         page = PAGE.read_bytes()  # read once: a missing file fails at start, not per request
 
-        @router.get("/", include_in_schema=False)
+        @router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
         async def index() -> HTMLResponse:
             return HTMLResponse(page, headers=PAGE_HEADERS)
 

@@ -132,3 +132,26 @@ def test_content_type_handled_alike_everywhere(server, content_type):
         for path, obj in JSON_BODIES.items()
     }
     assert len(set(statuses.values())) == 1, statuses
+
+
+def test_a_client_gone_mid_body_is_no_server_error(server):
+    """A client that declares 1,000 bytes, sends a few and closes: nothing logs a traceback
+    (a stream of such clients would flood the log), and the server serves on."""
+    import socket
+    import time
+
+    before = server.log().count("Traceback")
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model":'
+            )
+            time.sleep(0.3)
+    body = {"messages": CHAT, "max_tokens": 2}
+    r = httpx.post(server.url + CH, json=body, timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    time.sleep(0.5)
+    log = server.log()
+    assert log.count("Traceback") == before, log[-3000:]
+    assert "unhandled error" not in log

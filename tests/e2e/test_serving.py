@@ -56,6 +56,9 @@ def offline(offline_ids, tokenizer):
 def test_health_models_and_components(server):
     h = httpx.get(server.url + "/health", timeout=5).json()
     assert h["status"] == "ok"
+    for path in ("/health", "/"):  # load balancers' HEAD probes
+        head = httpx.head(server.url + path, timeout=5)
+        assert head.status_code == 200 and head.content == b"", path
     assert h["components"]["tokenizer"]["workers"] == 2
     models = httpx.get(server.url + "/v1/models", timeout=5).json()
     assert models["data"][0]["id"] == "smollm2"
