@@ -95,7 +95,7 @@ class LLMEngine:
         self.gate = DraftGate()  # overlapped: which steps resolve the one in flight to draft
         self._in_flight: InFlight | None = None  # overlapped: the step launched last
         self._marked: list[Request] = []  # rows the last launch gave a mask or drafts
-        self.failed: list[str] = []  # failed by the device since take_failed()
+        self.failed: list[tuple[str, str, int]] = []  # failed since take_failed()
         log.info("overlapped scheduling: %s", "on" if self.overlap else "off")
         log.info("speculative decoding: %s", self.scheduler.config.speculative_method)
 
@@ -229,20 +229,23 @@ class LLMEngine:
     def _fail_step(self, batch: ScheduledBatch, error: Exception) -> None:
         """The device ran out of memory in this step: its requests fail (the worker sends
         each an error, `take_failed`), their blocks go back, and the engine serves on."""
-        log.error(
-            "out of device memory in a step of %d request(s): they fail: %s",
-            len(batch.entries),
-            str(error).splitlines()[0][:200],
-        )
+        what = f"{len(batch.entries)} request(s): they fail: {str(error).splitlines()[0][:200]}"
+        log.error("out of device memory in a step of %s", what)
         for req, _ in list(batch.entries.values()):
-            if self.requests.pop(req.request_id, None) is not None:
-                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
-                self.grammars.drop(req.request_id)
-                self.failed.append(req.request_id)
+            self._fail(req, "out of device memory in this request's step", 503)
         self.runner.backend.release_cached_memory()
 
-    def take_failed(self) -> list[str]:
-        """The requests failed since the last call (out of device memory)."""
+    def _fail(self, req: Request, message: str, status: int) -> None:
+        """`req` fails: its client gets an error, not an output (take_failed)."""
+        if self.requests.pop(req.request_id, None) is not None:
+            if not req.status.finished:
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            req.status = RequestStatus.FINISHED_ABORTED  # a stop that was a failure too
+            self.grammars.drop(req.request_id)
+            self.failed.append((req.request_id, message, status))
+
+    def take_failed(self) -> list[tuple[str, str, int]]:
+        """The requests failed since the last call: (id, message, HTTP status) each."""
         failed, self.failed = self.failed, []
         return failed
 
@@ -385,16 +388,12 @@ class LLMEngine:
             if grammars is not None and grammars.advanced(req, token) and not req.status.finished:
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
             out = last_output(req, token, lp)
+        if self.grammars.refused and (error := self.grammars.refusal(req)) is not None:
+            self._fail(req, error, 400)  # its grammar broke: no stop, an error
+            return None
         if req.status.finished:
             del self.requests[req.request_id]
             self.grammars.drop(req.request_id)
         return out
 
-    # ---- offline ------------------------------------------------------------
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[list[int]]:
-        """Run prompts (token ids) to completion; each one's generated token ids."""
-        return run_to_end(self, prompts, params)
+    generate = run_to_end  # offline: prompts (token ids) run to completion, their outputs

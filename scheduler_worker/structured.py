@@ -22,8 +22,10 @@ and the other would wait at its barrier, which cost twice the mask's own time
 (docs/benchmarks.md, "Structured outputs: the cost of grammar masks"). The masks stay
 llguidance's packed words (int32, bit j of word w = token 32 w + j allowed) all the way
 to the sampler, whose C++ op reads them directly. EOS (every id the engine stops on) is
-allowed exactly when the matcher accepts; a request whose matcher is stopped (nothing but
-EOS could follow) finishes there ("stop").
+allowed when the matcher accepts, or where the grammar names it; a request whose matcher
+is stopped (nothing but EOS could follow) finishes there ("stop"). One whose matcher
+refuses its token (a limit of llguidance's passed mid-way, e.g. 2,000 items in an Earley
+row) fails with an error (refusal), never a "stop" that breaks its grammar.
 
 Preemption by recompute keeps the request's output tokens, so its matcher (which has
 consumed exactly those tokens) stays valid as is; `rebuild` replays them into a fresh
@@ -55,6 +57,12 @@ from scheduler_worker.scheduled_batch import ScheduledBatch
 log = get_logger("structured")
 _RID, _FIRST = attrgetter("request_id"), itemgetter(0)
 
+
+def _error(m: llguidance.LLMatcher) -> str:
+    """A matcher's error, its first line: not the state and the whole grammar after it."""
+    return m.get_error().split("\n", 1)[0][:300]
+
+
 MAX_CACHED_GRAMMARS = 256
 
 
@@ -83,6 +91,7 @@ class GrammarMatchers:
         self.matchers: dict[str, llguidance.LLMatcher] = {}  # rid -> its matcher
         self.requests: dict[str, Request] = {}  # rid -> the request (its matcher's)
         self.ahead: dict[str, bool] = {}  # rid -> advance()'s answer, taken before the resolve
+        self.refused: dict[str, str] = {}  # rid -> the error its grammar broke with (refusal)
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # fresh ones
         # the mask thread; it first builds the llguidance tokenizer (0.5 s for 49k tokens,
         # 1.7-1.8 s for Gemma 3's 262k from a converted GGUF's compact tokenizer.json:
@@ -131,7 +140,7 @@ class GrammarMatchers:
                 raise InvalidParameterError("structured", f"structured: {e}") from None
             m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
             if m.is_error():
-                raise InvalidParameterError("structured", f"structured: {m.get_error()}")
+                raise InvalidParameterError("structured", f"structured: {_error(m)}")
             self._compiled[key] = m
             if len(self._compiled) > MAX_CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
@@ -159,6 +168,7 @@ class GrammarMatchers:
         self.matchers.pop(rid, None)
         self.requests.pop(rid, None)
         self.ahead.pop(rid, None)
+        self.refused.pop(rid, None)
 
     # ---- masks ----------------------------------------------------------------------------
     def start(
@@ -241,12 +251,13 @@ class GrammarMatchers:
 
     def _eos(self, bitmask: np.ndarray, accepting: list[bool]) -> None:
         """Every EOS id the engine stops on (not only llguidance's) allowed in row j of
-        bitmask exactly when its matcher accepts (accepting[j])."""
+        bitmask where its matcher accepts (accepting[j]); elsewhere only where the grammar
+        itself names it (`start: "a" <|im_end|>`), as llguidance's mask says."""
         words = bitmask.view(np.uint32)
         for t in self.eos_token_ids:  # as Python ints: ~2 µs for 1 row or 16, where numpy's
             w, bit = t >> 5, 1 << (t & 31)  # ops on the column took ~5 and on each row ~1
             column = words[:, w].tolist()
-            words[:, w] = [x | bit if a else x & ~bit for x, a in zip(column, accepting)]
+            words[:, w] = [x | bit if a else x for x, a in zip(column, accepting)]
 
     # ---- speculative decoding (scheduler_worker/spec/) ------------------------------------
     def check_drafts(self, batch: ScheduledBatch) -> dict[str, torch.Tensor]:
@@ -280,7 +291,7 @@ class GrammarMatchers:
                     break
                 if t not in self.eos_token_ids:
                     if not m.consume_token(t):  # the mask allowed it: not expected
-                        log.warning("%s: grammar refused draft %d: %s", rid, t, m.get_error())
+                        log.warning("%s: grammar refused draft %d: %s", rid, t, _error(m))
                         self.rebuild(req)
                         consumed, kept = 0, kept - 1
                         break
@@ -324,9 +335,17 @@ class GrammarMatchers:
         if m is None or token in self.eos_token_ids:
             return False
         if not m.consume_token(token):
-            log.warning("%s: grammar refused token %d: %s", req.request_id, token, m.get_error())
+            error = _error(m)
+            log.warning("%s: grammar refused token %d: %s", req.request_id, token, error)
+            self.refused[req.request_id] = f"structured: the grammar could not go on: {error}"
             return True
         return m.is_stopped()
+
+    def refusal(self, req: Request) -> str | None:
+        """The error of a request whose grammar refused its sampled token (a limit of the
+        grammar library's passed, or nothing it allows left to sample), once: it must
+        fail with it, not stop as if complete."""
+        return self.refused.pop(req.request_id, None)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

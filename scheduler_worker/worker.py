@@ -288,16 +288,11 @@ class SchedulerWorker:
             if stepped:
                 self.publish(self.engine.step_rows())
                 self.step_no += 1
-                for rid in self.engine.take_failed():
+                for rid, message, status in self.engine.take_failed():
                     rec = self.requests.pop(rid, None)
                     self.unannounced.discard(rid)
-                    self._send_error(
-                        rid,
-                        0 if rec is None else rec.frontend,
-                        "out of device memory in this request's step",
-                        None,
-                        503,
-                    )
+                    frontend = 0 if rec is None else rec.frontend
+                    self._send_error(rid, frontend, message, None, status)
             # every heartbeat_s, and once the engine has been idle IDLE_BEAT_MS with
             # nothing arriving: the frontends' figures (busy split, running, KV) are then
             # those of the finished run, not of a beat up to heartbeat_s before its end,

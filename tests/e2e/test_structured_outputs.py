@@ -171,6 +171,27 @@ def test_streamed_json(client):
     jsonschema.validate(json.loads("".join(parts)), SCHEMA)
 
 
+def test_a_grammar_that_breaks_mid_way_is_an_error_not_a_stop(client, server):
+    """2,001 choices with one prefix compile, then pass llguidance's limit of 2,000 Earley
+    items once the prefix is written: the client gets a 400 naming it (a stream: an error
+    event after what it sent), never finish_reason "stop" on text that is no choice; the
+    server serves the next request."""
+    extra = {"structured_outputs": {"choice": [f"item-{i:05d}" for i in range(2001)]}}
+    ask = dict(model="smollm2", messages=_chat("Pick one."), max_tokens=8, temperature=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**ask, extra_body=extra)
+    assert "the grammar could not go on" in e.value.message and "2000" in e.value.message
+    with pytest.raises(openai.APIError) as e2:
+        for _ in client.chat.completions.create(**ask, extra_body=extra, stream=True):
+            pass
+    assert "the grammar could not go on" in str(e2.value)
+    r = client.chat.completions.create(
+        **ask, extra_body={"structured_outputs": {"choice": ["yes", "no"]}}
+    )
+    assert r.choices[0].message.content in ("yes", "no")
+    assert r.choices[0].finish_reason == "stop"
+
+
 @pytest.mark.parametrize(
     "extra, param",
     [

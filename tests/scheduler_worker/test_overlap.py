@@ -245,7 +245,9 @@ def test_out_of_device_memory_fails_that_step_and_the_engine_serves_on(llama):
 
     engine.runner.execute = out_of_memory  # type: ignore[method-assign]
     engine.step()
-    assert sorted(engine.take_failed()) == ["a", "b"] and engine.take_failed() == []
+    oom = ("out of device memory in this request's step", 503)
+    assert sorted(engine.take_failed()) == [("a", *oom), ("b", *oom)]
+    assert engine.take_failed() == []
     assert not engine.has_unfinished()
     bm = engine.block_manager
     bm.check_integrity()

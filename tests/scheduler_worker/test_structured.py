@@ -324,3 +324,41 @@ def test_a_model_without_a_tokenizer_refuses_constrained_requests(tiny_model_dir
         engine.add_request("c", [5], SamplingParams(structured=SPECS[1]))
     assert e.value.param == "structured" and "not available" in str(e.value)
     assert engine.generate([[5, 6]], SamplingParams(max_tokens=3)) != [[]]  # the rest serves
+
+
+def test_a_grammar_that_breaks_mid_way_fails_the_request_not_stops_it(engine):
+    """A choice of 2,001 strings with one prefix compiles, then passes llguidance's limit
+    of 2,000 Earley items once the prefix is consumed: the request fails with an error
+    naming it (never a "stop" whose text is not one of the choices), its matcher and blocks
+    are freed, and the request beside it ends as it would alone."""
+    many = {"kind": "choice", "spec": json.dumps([f"item-{i:05d}" for i in range(2001)])}
+    ok = SamplingParams(max_tokens=8, temperature=0, structured=SPECS[1])
+    ((alone, alone_reason),) = run(engine, [[5, 6, 7]], [ok])
+    engine.add_request(
+        "broken", [5, 6, 7], SamplingParams(max_tokens=8, temperature=0, structured=many)
+    )
+    engine.add_request("ok", [5, 6, 7], ok)
+    got: dict[str, list] = {"broken": [], "ok": []}
+    reasons = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+            reasons[out.request_id] = out.finish_reason
+    assert (got["ok"], reasons["ok"]) == (alone, alone_reason)
+    assert reasons.get("broken") is None  # no output ended it
+    ((rid, message, status),) = engine.take_failed()
+    assert (rid, status) == ("broken", 400)
+    assert message.startswith("structured: the grammar could not go on: Parser Error")
+    assert "2000" in message and "<grammar>" not in message
+    assert len(engine.grammars) == 0 and not engine.grammars.refused
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_grammar_that_names_eos_may_end_on_it(engine):
+    """EOS is allowed where the grammar itself names it, not only where it accepts: a
+    grammar that spells out the stop token ends on it ("stop"), not on a refused token."""
+    spec = {"kind": "grammar", "spec": 'start: "a" <[2]>'}
+    ((tokens, reason),) = run(engine, [[5, 6, 7]], [SamplingParams(max_tokens=8, structured=spec)])
+    assert reason == "stop" and tokens[-1] == 2 and len(tokens) == 2
+    assert engine.take_failed() == []
