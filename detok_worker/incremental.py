@@ -19,7 +19,9 @@ Two stages, each O(new tokens) per call (never a re-decode of the whole output):
    string is held back (at most max_stop_len - 1 characters), so a stop string never
    leaks; a stop string hit ends the delta right before it (or after it with
    include_stop_str_in_output). The stop string that *completes* first wins (ties: the
-   longer one); this is independent of how tokens are chunked.
+   longer one); this is independent of how tokens are chunked. Before `min_tokens`
+   tokens, no stop string counts (vLLM's min_tokens: the text goes out as it is); from
+   the call that reaches it on, the text it brings is searched.
 
 Invariant (tested): without a stop hit, "".join(deltas) + finish() equals
 tokenizer.decode(all_ids, skip_special_tokens=...).
@@ -44,11 +46,13 @@ class RequestDetokenizer:
         stop: list[str] | None = None,
         skip_special_tokens: bool = True,
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.include_stop_str_in_output = include_stop_str_in_output
         self.stop = [s for s in (stop or []) if s]
+        self.min_tokens = min_tokens
         self.num_tokens = 0
         self.stopped = False  # a stop string was hit; every later call returns ""
         self.stop_str: str | None = None  # the stop string that was hit
@@ -115,8 +119,8 @@ class RequestDetokenizer:
         self._sent = sent
 
     def _apply_stop(self, new_text: str, final: bool) -> tuple[str, bool]:
-        if not self.stop:
-            return new_text, False
+        if not self.stop or self.num_tokens < self.min_tokens:
+            return new_text, False  # (nothing is held while stops do not count)
         buf = self._held + new_text
         if not buf:
             return "", False

@@ -113,9 +113,9 @@ class DetokWorker:
         except WireError as e:
             log.warning("dropping step %d: %s", msg.step, e)
             return []
-        for rid, stop, skip_special, include_stop, frontend in msg.new_requests:
+        for rid, stop, skip_special, include_stop, frontend, min_tokens in msg.new_requests:
             self.requests[rid] = RequestDetokenizer(
-                self.tokenizer, stop, skip_special, include_stop
+                self.tokenizer, stop, skip_special, include_stop, min_tokens
             )
             if self.num_frontends > 1:
                 self.frontend_of[rid] = frontend

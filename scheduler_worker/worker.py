@@ -192,6 +192,7 @@ class SchedulerWorker:
             params.skip_special_tokens,
             params.include_stop_str_in_output,
             msg.frontend,
+            params.min_tokens,
         )
         self.requests[msg.rid] = RequestRecord(msg.origin, msg.frontend, msg.tokenized_time, detok)
         self.unannounced.add(msg.rid)

@@ -238,7 +238,7 @@ def test_scheduler_worker_survives_garbage(run_dir, tiny_llama_dir):
             tokens += unpack_ids(m.new_token_ids)
             reasons.append(m.finish_reasons and m.finish_reasons[0])
         assert len(tokens) == 3 and reasons[-1] == "length"
-        assert ("good", [], True, False, 0) in [tuple(r) for r in steps[0].new_requests]
+        assert ("good", [], True, False, 0, 0) in [tuple(r) for r in steps[0].new_requests]
         want = {m.rid for m in bad}
         errs = errors_for(collect(frontend, lambda ms: set(errors_for(ms)) >= want, thread))
         assert set(errs) == want and all(e.status == 400 for e in errs.values()), errs
@@ -302,9 +302,9 @@ def test_detok_worker_survives_garbage(run_dir, default_model_dir):
         so(["ids-negative"], [b"\xff\xff\xff\xff"], finish=["length"]),
         so(["ids-vocab"], [pack_ids([10**6, 2**31 - 1])], finish=["length"]),
         so(["odd-finish"], [pack_ids([5])], finish=["whatever"]),
-        so(["empty-stop"], [pack_ids([5])], new=[("empty-stop", ["", ""], False, True, 0)]),
+        so(["empty-stop"], [pack_ids([5])], new=[("empty-stop", ["", ""], False, True, 0, 0)]),
         so(["dup", "dup"], [pack_ids([5]), pack_ids([6])], finish=["length", None]),
-        so(["late"], [pack_ids([5])], new=[("nobody", ["x"], True, False, 0)] * 3),
+        so(["late"], [pack_ids([5])], new=[("nobody", ["x"], True, False, 0, 0)] * 3),
     ]
     good = so(
         ["good"],
@@ -312,7 +312,7 @@ def test_detok_worker_survives_garbage(run_dir, default_model_dir):
         finish=["length"],
         prompt=[3],
         out=[len(ids)],
-        new=[("good", [], True, False, 0)],
+        new=[("good", [], True, False, 0, 0)],
     )
     frames = malformed(good)
     with sockets(frontend, scheduler, push), running(worker) as thread:

@@ -26,8 +26,9 @@ from common.messages.base import Message, WireError, pack_ids, unpack_ids
 from common.messages.columnar import Columnar
 
 # (rid, stop strings, skip_special_tokens, include_stop_str_in_output, the frontend that
-# accepted it: its outputs go to that one's inbox, GenerateRequest.frontend)
-NewRequest = tuple[str, list[str], bool, bool, int]
+# accepted it: its outputs go to that one's inbox, GenerateRequest.frontend; min_tokens:
+# no stop string ends it before that many tokens, as vLLM)
+NewRequest = tuple[str, list[str], bool, bool, int, int]
 
 
 @dataclass(frozen=True, slots=True)

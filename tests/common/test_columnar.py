@@ -70,7 +70,7 @@ def _frame(msg) -> list:
 @given(st.lists(step_output, max_size=6), st.integers(0, 2**31 - 1))
 def test_step_outputs_round_trip_and_keep_their_wire_bytes(outputs, step):
     msg = pack_step_outputs(
-        step, outputs, [("r", ["\n", "é"], True, False, 0)], 2, "ipc:///x", [3, 1]
+        step, outputs, [("r", ["\n", "é"], True, False, 0, 0)], 2, "ipc:///x", [3, 1]
     )
     assert unpack_step_outputs(decode(encode(msg))) == outputs
     by_hand = StepOutputs(
@@ -86,7 +86,7 @@ def test_step_outputs_round_trip_and_keep_their_wire_bytes(outputs, step):
         num_prompt_tokens=pack_ids([o.num_prompt_tokens for o in outputs]),
         num_output_tokens=pack_ids([o.num_output_tokens for o in outputs]),
         logprobs=_optional([o.logprobs for o in outputs]),
-        new_requests=[("r", ["\n", "é"], True, False, 0)],
+        new_requests=[("r", ["\n", "é"], True, False, 0, 0)],
         timings=_optional([o.timings for o in outputs]),
         sent_time=msg.sent_time,
         stop_token_ids=_optional([o.stop_token_id for o in outputs]),

@@ -109,7 +109,7 @@ def test_batch_helpers_round_trip_and_refuse_lists_that_do_not_line_up():
         StepOutput("a", pack_ids([5]), None, 3, 1),
         StepOutput("b", b"", "stop", 4, 2, [[-0.5, [[5, -0.5]]]], {"x": 1.0}, 9),
     ]
-    msg = pack_step_outputs(7, steps, [("a", ["\n"], True, False, 0)])
+    msg = pack_step_outputs(7, steps, [("a", ["\n"], True, False, 0, 0)])
     assert msg.logprobs == [None, [[-0.5, [[5, -0.5]]]]] and msg.stop_token_ids == [None, 9]
     assert unpack_step_outputs(decode(encode(msg))) == steps
     quiet = pack_step_outputs(8, steps[:1], [])  # optional lists go only when one is set

@@ -110,7 +110,7 @@ SAMPLES: list[Message] = [
         pack_ids([3, 4]),
         pack_ids([1, 0]),
         [[[-0.5, [[5, -0.5], [6, -1.25]]]], None],
-        [("a", ["</s>", "\n\n"], True, False, 0), ("b", [], False, True, 0)],
+        [("a", ["</s>", "\n\n"], True, False, 0, 0), ("b", [], False, True, 0, 0)],
         [{"arrival": 1.0, "first_token": 2.5}, None],
         123.25,
     ),

@@ -178,6 +178,20 @@ def test_held_text_released_and_flushed():
     assert det.finish() == "EN"  # the request ended: held text goes out
 
 
+def test_no_stop_string_counts_before_min_tokens():
+    """vLLM's min_tokens: a stop string in the first min_tokens tokens' text goes out as
+    text; from the token that reaches min_tokens on, stops count again."""
+    tok = CharTokenizer()
+    det = RequestDetokenizer(tok, stop=[","], min_tokens=4)
+    sent = [det.add_tokens(tok.encode(c)) for c in " 6, 7, 8"]
+    assert sent[:4] == [(" ", False), ("6", False), (",", False), (" ", False)]
+    assert "".join(d for d, _ in sent[:5]) == " 6, 7" and sent[5] == ("", True)
+    assert det.stop_str == ","
+    det = RequestDetokenizer(tok, stop=["END"], min_tokens=100)
+    assert det.add_tokens(tok.encode("the END")) == ("the END", False)
+    assert det.finish() == "" and not det.stopped
+
+
 def test_stop_strings_random_against_brute_force():
     tok, rng = CharTokenizer(), random.Random(11)
     for _ in range(400):

@@ -45,9 +45,9 @@ def test_stop_token_text_is_dropped_unless_asked_for(worker):
         [len(ids)] * 3,
         None,
         [
-            ("plain", [], True, False, 0),
-            ("keep", [], True, True, 0),
-            ("length", [], True, False, 0),
+            ("plain", [], True, False, 0, 0),
+            ("keep", [], True, True, 0, 0),
+            ("length", [], True, False, 0, 0),
         ],
         None,
         time.time(),
@@ -84,7 +84,7 @@ def test_a_schedulers_stopping_is_forwarded_behind_its_outputs(run_dir, default_
             [1],
             [1],
             None,
-            [(f"r{i}", [], True, False, 0)],
+            [(f"r{i}", [], True, False, 0, 0)],
             None,
             time.time(),
         )
@@ -131,7 +131,7 @@ def test_stream_interval_sends_the_first_token_then_every_n(worker):
             [4] * k,
             [i + 1] * k,
             [[[-0.1 * i, []]], None][:k],
-            [("r", [], True, False, 0), ("s", [], True, False, 0)] if i == 0 else [],
+            [("r", [], True, False, 0, 0), ("s", [], True, False, 0, 0)] if i == 0 else [],
             None,
             time.time(),
         )
@@ -166,7 +166,7 @@ def test_a_drain_waits_for_a_replica_that_still_steps_slowly(
     push = PushQueue(config.ipc.endpoint("detok"), bind=False)
 
     def step(i: int, replica: int) -> StepOutputs:
-        new = [(f"r{replica}", [], True, False, 0)] if i == 0 else []
+        new = [(f"r{replica}", [], True, False, 0, 0)] if i == 0 else []
         return step_outputs(
             i, [f"r{replica}"], [pack_ids([28])], [None], [1], [i + 1], None, new, None,
             time.time(), replica=replica,
@@ -214,7 +214,11 @@ def test_with_two_frontends_each_gets_its_own_requests_text_and_every_status(
 
     def step(i: int, finish: str | None) -> StepOutputs:
         rids = ["a0", "b1", "c1"]
-        new = [("a0", [], True, False, 0), ("b1", [], True, False, 1), ("c1", [], True, False, 1)]
+        new = [
+            ("a0", [], True, False, 0, 0),
+            ("b1", [], True, False, 1, 0),
+            ("c1", [], True, False, 1, 0),
+        ]
         return step_outputs(
             i,
             rids,

@@ -100,3 +100,16 @@ def test_logit_bias_bans_and_forces_tokens(server, client, tokenizer):
         timeout=60,
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+
+
+def test_min_tokens_holds_back_stop_strings_too(server):
+    """As vLLM: before min_tokens tokens no stop string ends a request (only EOS and stop
+    ids are masked in the sampler; the stop strings are the detokenizer's)."""
+    body = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "stop": [","], "temperature": 0}
+    url = server.url + "/v1/completions"
+    free = httpx.post(url, json={**body, "max_tokens": 16}, timeout=60).json()
+    held = httpx.post(url, json={**body, "max_tokens": 16, "min_tokens": 6}, timeout=60).json()
+    assert free["choices"][0]["finish_reason"] == "stop"
+    assert free["usage"]["completion_tokens"] < 6  # the first "," stops it early
+    assert held["usage"]["completion_tokens"] >= 6, held
+    assert held["choices"][0]["text"].startswith(free["choices"][0]["text"] + ",")

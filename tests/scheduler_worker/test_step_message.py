@@ -37,7 +37,7 @@ def _by_row(col: list) -> dict[int, list]:
 
 
 def _record(rid: str):
-    return SimpleNamespace(tokenized_time=5.0, detok_settings=(rid, [], True, False, 0))
+    return SimpleNamespace(tokenized_time=5.0, detok_settings=(rid, [], True, False, 0, 0))
 
 
 def test_columns_round_trip_through_the_wire():
