@@ -26,6 +26,7 @@ from frontend.api.openai_sampling import chat_sampling
 from frontend.chat_history import chat_messages
 from frontend.cluster.engine_client import EngineClient
 from frontend.engine_path import EngineJob, EnginePath
+from frontend.errors import invalid
 from frontend.intake import Arrival
 from frontend.prediction import prediction_text
 from frontend.reasoning import ReasoningSplit, template_kwargs
@@ -52,6 +53,9 @@ class ChatPath:
         wrap: Wrap | None = None,
     ) -> Response:
         messages = chat_messages(req.messages)
+        if req.continue_final_message and messages[-1]["role"] != "assistant":
+            where = f"messages.{len(messages) - 1}"
+            raise invalid(f"continue_final_message: {where} is not an assistant message", where)
         extra = template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
         params, aliases, logprobs = chat_sampling(req, self.server, self.client.cluster.facts())
         tools, parser = await chat_tools(
@@ -83,5 +87,6 @@ class ChatPath:
             tools=tools.tools if tools is not None else None,
             template_kwargs=extra,
             prediction=prediction,
+            continue_final=req.continue_final_message,
         )
         return await self.path.serve(request, job, wrap(fmt, parser) if wrap else fmt)

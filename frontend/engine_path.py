@@ -70,6 +70,7 @@ class EngineJob:
     tools: list | None = None
     template_kwargs: dict[str, Any] | None = None
     prediction: str | None = None  # OpenAI's predicted output's text (frontend.prediction)
+    continue_final: bool = False  # the chat's final (assistant) message is continued
 
     @classmethod
     def of(
@@ -134,6 +135,7 @@ class EnginePath:
                 tools=job.tools,
                 chat_template_kwargs=job.template_kwargs,
                 prediction=job.prediction,
+                continue_final=job.continue_final,
             )
             for j, (text, packed, _) in enumerate(prompts)
             for i, p in enumerate(job.params)

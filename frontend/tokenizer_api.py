@@ -38,6 +38,7 @@ class TokenizeBody(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
     return_token_strs: bool | None = None
 
 
@@ -54,10 +55,12 @@ def tokenize_args(body: TokenizeBody) -> dict[str, Any]:
     if body.messages is not None:
         args["messages"] = chat_messages(body.messages)
         args["add_generation_prompt"] = body.add_generation_prompt is not False
+        args["continue_final_message"] = bool(body.continue_final_message)
         args["add_special_tokens"] = bool(body.add_special_tokens)
     else:
-        if body.add_generation_prompt is not None:
-            raise invalid("add_generation_prompt: only with messages", "add_generation_prompt")
+        for name in ("add_generation_prompt", "continue_final_message"):
+            if getattr(body, name) is not None:
+                raise invalid(f"{name}: only with messages", name)
         args["prompt"] = body.prompt
         args["add_special_tokens"] = body.add_special_tokens is not False
     return args

@@ -48,6 +48,22 @@ def _token_str(v: Any) -> str | None:
     return None
 
 
+def cut_after_final(text: str, content: str) -> str:
+    """transformers' continue_final_message: the rendered chat (no generation prompt) cut
+    right after the final message's content, its end of turn dropped, so that the model
+    continues that message. ChatTemplateError if the template does not show the content
+    as written (it cannot be continued then)."""
+    body = content.strip()
+    at = text.rfind(body) if body else -1
+    if at < 0:
+        raise ChatTemplateError(
+            "the final assistant message cannot be continued: it is empty, or the chat "
+            "template does not show it as written"
+        )
+    whole = content.lstrip()  # its trailing whitespace too, where the template keeps it
+    return text[: at + (len(whole) if text.startswith(whole, at) else len(body))]
+
+
 class ChatTemplate:
     def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
         env = ImmutableSandboxedEnvironment(

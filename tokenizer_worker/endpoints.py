@@ -46,6 +46,7 @@ class TokenizerEndpoints:
                 add_generation_prompt=bool(args.get("add_generation_prompt", True)),
                 add_special_tokens=bool(args.get("add_special_tokens", False)),
                 tools=args.get("tools") if isinstance(args.get("tools"), list) else None,
+                continue_final=bool(args.get("continue_final_message", False)),
             )
         else:
             prompt = args.get("prompt")

@@ -31,7 +31,7 @@ from common.messages import (
 from common.model_facts import context_length, read_hf_config
 from common.sampling_params import InvalidParameterError
 from common.tool_formats import tool_format
-from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError
+from tokenizer_worker.chat_template import ChatTemplate, ChatTemplateError, cut_after_final
 from tokenizer_worker.grammar import GrammarCheck, GrammarError
 from tokenizer_worker.tool_prompt import family_tool_format, has_tool_traces, render_with_tools
 
@@ -83,8 +83,9 @@ class Tokenization:
     def prompt_ids(self, req: TokenizeRequest) -> tuple[list[int], str]:
         """(token ids, name of the parameter that carried the prompt)."""
         if req.kind == "chat":
-            extra = req.chat_template_kwargs or {}
-            return self.chat_ids(req.messages, tools=req.tools, extra=extra), "messages"
+            extra, cont = req.chat_template_kwargs or {}, req.continue_final
+            ids = self.chat_ids(req.messages, tools=req.tools, extra=extra, continue_final=cont)
+            return ids, "messages"
         if req.kind != "completion":
             raise Rejected(400, f"unknown request kind {req.kind!r}")
         if req.prompt_token_ids is not None:
@@ -103,8 +104,12 @@ class Tokenization:
         add_special_tokens: bool = False,
         tools: list | None = None,
         extra: dict[str, Any] | None = None,
+        continue_final: bool = False,
     ) -> list[int]:
-        """`extra`: more chat template variables (a request's chat_template_kwargs)."""
+        """`extra`: more chat template variables (a request's chat_template_kwargs).
+        `continue_final`: the prompt ends inside the final (assistant) message, for the
+        model to continue (continue_final_message: no generation prompt, the text cut
+        right after that message's content)."""
         if self.chat_template is None:
             raise Rejected(400, "this model has no chat template; use /v1/completions", "messages")
         if not isinstance(messages, list) or not messages:
@@ -120,6 +125,11 @@ class Tokenization:
                 raise Rejected(
                     400, f"messages.{i} must have a string role and content", f"messages.{i}"
                 )
+        if continue_final:
+            add_generation_prompt = False
+            if messages[-1]["role"] != "assistant":
+                where = f"messages.{len(messages) - 1}"
+                raise Rejected(400, f"{where} is not an assistant message to continue", where)
         try:
             if tools or has_tool_traces(messages):
                 text = render_with_tools(
@@ -132,6 +142,8 @@ class Tokenization:
                 )
             else:
                 text = self.chat_template.render(messages, add_generation_prompt, **(extra or {}))
+            if continue_final:
+                text = cut_after_final(text, messages[-1]["content"])
         except ChatTemplateError as e:
             raise Rejected(400, f"messages: {e}", "messages") from None
         # the template already holds every special token, as in apply_chat_template

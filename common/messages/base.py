@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from common.wire_struct import WireStruct
 
-WIRE_VERSION = 14  # 2: return_timings stays in the frontend; 3: prompt logprobs, tokenizer
+WIRE_VERSION = 15  # 2: return_timings stays in the frontend; 3: prompt logprobs, tokenizer
 # calls; 4: scheduler replicas; 5: EngineStatus.weight_bytes; 6: SamplingParams.structured,
 # TokenizeRequest.tools, prefix-cache counters on step outputs, no TokenizeAck; 7: model
 # facts (EngineStatus.block_size, ComponentStatus.facts), no arrival_time on the requests; 8: SamplingParams typed on the wire
@@ -32,7 +32,8 @@ WIRE_VERSION = 14  # 2: return_timings stays in the frontend; 3: prompt logprobs
 # 11: EngineStatus.spec and .spec_method; 12: TokenizeRequest.prediction,
 # GenerateRequest.prediction_token_ids; 13: StepOutputs' integer columns packed (token ids,
 # their counts, prompt and output lengths), finish_reasons None when no row finished; 14:
-# StepOutputs.token_logprobs (one token's logprobs a row, packed)
+# StepOutputs.token_logprobs (one token's logprobs a row, packed); 15:
+# TokenizeRequest.continue_final, StepOutputs.new_requests' min_tokens
 MAX_FRAME_BYTES = 64 << 20  # a whole frame; strings and bytes inside are bounded by it
 MAX_LIST = 1 << 20  # elements of any array or map
 MAX_DEPTH = 32  # nesting of JSON-like values

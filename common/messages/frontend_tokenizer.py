@@ -33,6 +33,8 @@ class TokenizeRequest(Message):
     chat_template_kwargs: dict | None = None
     # OpenAI's `prediction` (its text; frontend.prediction), or None
     prediction: str | None = None
+    # chat: the prompt ends inside the final (assistant) message, which the model continues
+    continue_final: bool = False
 
 
 @dataclass(frozen=True, slots=True)

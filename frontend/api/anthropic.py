@@ -89,7 +89,8 @@ def add_anthropic_routes(room: Room) -> None:
         args: dict[str, Any] = {
             # the checked history, as the chat path hands it to the tokenizer
             "messages": chat_messages(body.messages),
-            "add_generation_prompt": True,
+            "add_generation_prompt": not body.continue_final_message,
+            "continue_final_message": body.continue_final_message,
             "add_special_tokens": False,
             "return_token_strs": False,
         }

@@ -114,7 +114,10 @@ class MessagesRequest(CountTokensRequest):
 def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     """The chat request `req` asks for; parsed like a chat body, so the engine path checks
     it (tools, sampling ranges, limits) exactly as it checks /v1/chat/completions."""
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
+    messages = chat_messages(req)
+    body: dict[str, Any] = {"model": req.model, "messages": messages}
+    if _prefilled(messages):  # Anthropic's prefill: the reply continues that text
+        body["continue_final_message"] = True
     if isinstance(req, MessagesRequest):
         if req.max_tokens < 1:
             raise invalid(f"max_tokens: must be at least 1, got {req.max_tokens}", "max_tokens")
@@ -169,6 +172,18 @@ def _tool_choice(choice: AnthropicToolChoice) -> str | dict[str, Any]:
             raise invalid('tool_choice.name: required with type "tool"', "tool_choice.name")
         return {"type": "function", "function": {"name": choice.name}}
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def _prefilled(messages: list[dict[str, Any]]) -> bool:
+    """The conversation ends with assistant text (no tool call) that the reply continues;
+    a blank one is no prefill (Anthropic refuses trailing whitespace, we drop it)."""
+    last = messages[-1] if messages else {}
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return False
+    if not str(last.get("content") or "").strip():
+        messages.pop()  # nothing to continue: a new turn, as without it
+        return False
+    return True
 
 
 def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:

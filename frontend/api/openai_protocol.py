@@ -139,6 +139,9 @@ class ChatCompletionRequest(SamplingFields):
     # the chat template's thinking switch (frontend.reasoning.template_kwargs)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # more chat template variables
+    # vLLM's and transformers': the prompt ends inside the final (assistant) message, which
+    # the model continues, instead of opening a new turn after it (Anthropic's prefill)
+    continue_final_message: bool = False
     web_search_options: Any = None
 
 

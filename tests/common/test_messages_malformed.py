@@ -190,7 +190,22 @@ def test_wrong_container_types():
             raw(
                 WIRE_VERSION,
                 TokenizeRequest.TAG,
-                *("r", "chat", None, None, deep, WIRE_PARAMS, 0, 0, 0, None, None, None, None),
+                *(
+                    "r",
+                    "chat",
+                    None,
+                    None,
+                    deep,
+                    WIRE_PARAMS,
+                    0,
+                    0,
+                    0,
+                    None,
+                    None,
+                    None,
+                    None,
+                    False,
+                ),
             )
         )
 

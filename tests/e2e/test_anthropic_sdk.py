@@ -133,3 +133,42 @@ def test_errors(client):
     assert "max_tokens" in e.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="claude-unknown", max_tokens=4, messages=QUESTION)
+
+
+def test_an_assistant_prefill_is_continued(client, server):
+    """A final assistant message is the start of the reply (Anthropic's prefill): the
+    prompt ends inside it, no new turn, so the reply is what a completion of that exact
+    prompt gives; OpenAI's chat takes vLLM's continue_final_message for the same."""
+    messages = [
+        {"role": "user", "content": "Count to 5"},
+        {"role": "assistant", "content": "1, 2,"},
+    ]
+    tok = httpx.post(
+        server.url + "/tokenize",
+        json={"messages": messages, "continue_final_message": True},
+        timeout=30,
+    ).json()
+    plain = httpx.post(server.url + "/tokenize", json={"messages": messages}, timeout=30).json()
+    assert tok["count"] < plain["count"]  # no end of turn, no new assistant turn
+    m = client.messages.create(model=MODEL, max_tokens=8, messages=messages, extra_body=GREEDY)
+    assert m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) == tok["count"]
+    counted = client.messages.count_tokens(model=MODEL, messages=messages)
+    assert counted.input_tokens == tok["count"]
+    completion = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": MODEL, "prompt": tok["tokens"], "max_tokens": 8, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert m.content[0].text == completion["choices"][0]["text"]
+    chat = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 8,
+            "temperature": 0,
+            "continue_final_message": True,
+        },
+        timeout=60,
+    ).json()
+    assert chat["choices"][0]["message"]["content"] == completion["choices"][0]["text"]

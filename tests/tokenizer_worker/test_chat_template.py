@@ -4,6 +4,7 @@ are 400s naming `messages`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -152,3 +153,31 @@ def test_named_templates_use_default(default_model_dir, tmp_path):
     ]
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     assert ChatTemplate.from_model_dir(d).render([{"role": "user", "content": "x"}]) == "DEFAULT 1"
+
+
+@pytest.mark.parametrize("prefill", ["1, 2,", " {", "Sure: "])
+def test_continue_final_message_equals_transformers(tok, hf_tok, prefill):
+    """The prompt ends inside the final assistant message (Anthropic's prefill, vLLM's
+    continue_final_message), token for token as transformers' apply_chat_template
+    (continue_final_message=True) renders it."""
+    messages = [
+        {"role": "user", "content": "Count to 5"},
+        {"role": "assistant", "content": prefill},
+    ]
+    req = dataclasses.replace(chat(messages), continue_final=True)
+    ids = unpack_ids(tok(req).prompt_token_ids)
+    want = hf_tok.apply_chat_template(messages, continue_final_message=True, tokenize=True)
+    want = list(want if isinstance(want, list) else want["input_ids"])
+    assert ids == want
+    assert tok.tokenizer.decode(ids, skip_special_tokens=False).endswith(
+        "<|im_start|>assistant\n" + prefill  # as written: this template keeps it whole
+    )
+
+
+def test_continue_final_message_needs_an_assistant_message_to_continue(tok):
+    user_last = [{"role": "user", "content": "Hi"}]
+    err = rejected(tok, dataclasses.replace(chat(user_last), continue_final=True))
+    assert err.param == "messages.0" and "not an assistant message" in err.message
+    blank = [*user_last, {"role": "assistant", "content": "  "}]
+    err = rejected(tok, dataclasses.replace(chat(blank), continue_final=True))
+    assert "cannot be continued" in err.message
