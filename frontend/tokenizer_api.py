@@ -55,7 +55,8 @@ def tokenize_args(body: TokenizeBody) -> dict[str, Any]:
     if body.messages is not None:
         args["messages"] = chat_messages(body.messages)
         args["add_generation_prompt"] = body.add_generation_prompt is not False
-        args["continue_final_message"] = bool(body.continue_final_message)
+        if body.continue_final_message:
+            args["continue_final_message"] = True
         args["add_special_tokens"] = bool(body.add_special_tokens)
     else:
         for name in ("add_generation_prompt", "continue_final_message"):
