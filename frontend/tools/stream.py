@@ -12,7 +12,7 @@ States: CONTENT (no region yet; the tail that may still be the start of a region
 back, parser.hold_back) -> CALLS (everything after the region's start belongs to the
 calls). The invariant the parsers keep: a call's arguments text only grows, so the
 fragments sent are always a prefix of the final arguments. They are sent only as far as
-they are valid JSON (json_prefix_len): a model that writes `{"city": Paris}` has sent
+they are valid JSON (JsonPrefix, each call's scanned once as it grows): a model that writes `{"city": Paris}` has sent
 `{"city": ` and no more, and what a client has assembled always parses as partial JSON.
 When the text ends with a region that held no call, the held text is sent as content
 after all. A choice "called" (finish_reason "tool_calls") only if a call was completed.
@@ -24,7 +24,7 @@ import uuid
 from typing import Any
 
 from common.tool_formats import PartialCall, ToolFormat
-from common.tool_formats.json_prefix import json_prefix_len
+from common.tool_formats.json_prefix import JsonPrefix
 
 
 def call_id() -> str:
@@ -40,6 +40,7 @@ class ToolStream:
         self.ids: list[str] = []  # per call index sent so far
         self.args_sent: list[int] = []  # chars of each call's arguments sent
         self.done: list[bool] = []  # per call index: its arguments complete (a JSON object)
+        self.valid: list[JsonPrefix] = []  # per call index: how far its arguments are JSON
 
     @property
     def num_calls(self) -> int:
@@ -80,6 +81,7 @@ class ToolStream:
                 self.ids.append(call_id())
                 self.args_sent.append(0)
                 self.done.append(False)
+                self.valid.append(JsonPrefix())
                 out.append(
                     {
                         "index": i,
@@ -89,7 +91,7 @@ class ToolStream:
                     }
                 )
             self.done[i] = self.done[i] or c.done
-            valid = c.arguments if c.done else c.arguments[: json_prefix_len(c.arguments)]
+            valid = c.arguments if c.done else c.arguments[: self.valid[i].extend(c.arguments)]
             fragment = valid[self.args_sent[i] :]
             if fragment:
                 self.args_sent[i] = len(valid)
