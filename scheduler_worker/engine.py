@@ -163,7 +163,8 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is None:
             return False
-        self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+        last = len(req.token_ids) - req.num_pending - 1  # steps in flight's: no output
+        self.scheduler.finish_at(req, last, RequestStatus.FINISHED_ABORTED)
         self.grammars.drop(request_id)
         self._aborted.append(req)
         return True
@@ -386,7 +387,7 @@ class LLMEngine:
         else:
             self.scheduler.resolve(req, index, token)
             if grammars is not None and grammars.advanced(req, token) and not req.status.finished:
-                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
+                self.scheduler.finish_at(req, index, RequestStatus.FINISHED_STOPPED)  # complete
             out = last_output(req, token, lp)
         if self.grammars.refused and (error := self.grammars.refusal(req)) is not None:
             self._fail(req, error, 400)  # its grammar broke: no stop, an error

@@ -90,7 +90,7 @@ def resolve_rows(
         rid_at(req.request_id)
         token_at(token)
         prompt_at(num_prompt)
-        output_at(len(tokens) - num_prompt)  # with the step in flight's placeholder
+        output_at(n_out)  # its tokens out so far (not the step in flight's placeholder)
         cached_at(req.num_cached_tokens)
 
 
@@ -192,7 +192,7 @@ def resolve_and_advance(
         rid_at(req.request_id)
         token_at(token)
         prompt_at(num_prompt)
-        output_at(n_new)  # with the launched step's placeholder
+        output_at(index + 1 - num_prompt)  # its tokens so far, not the launched step's
         cached_at(req.num_cached_tokens)
 
 
@@ -266,7 +266,7 @@ def _resolve_and_advance_some(
         rid_at(req.request_id)
         token_at(token)
         prompt_at(num_prompt)
-        output_at(n_new)
+        output_at(index + 1 - num_prompt)
         cached_at(req.num_cached_tokens)
 
 

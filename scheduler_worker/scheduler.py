@@ -316,8 +316,7 @@ class Scheduler:
         meanwhile (an abort, a stop at an earlier placeholder) only drops its placeholders."""
         req.num_pending -= 1
         if req.status.finished:
-            del req.token_ids[index:]
-            del req.output_token_ids[index - req.num_prompt_tokens :]
+            del req.token_ids[index:], req.output_token_ids[index - req.num_prompt_tokens :]
             return None
         req.token_ids[index] = token
         n_out = index + 1 - req.num_prompt_tokens
@@ -333,16 +332,17 @@ class Scheduler:
             return None  # most rows: neither a stop token nor the last
         status = self._finish_status(req, token, n_out)
         if status is not None:
-            # a placeholder after this one (the step in flight) is no token of its output
-            del req.token_ids[index + 1 :]
-            del req.output_token_ids[index + 1 - req.num_prompt_tokens :]
-            self.finish(req, status)
+            self.finish_at(req, index, status)
         return status
 
+    def finish_at(self, req: Request, index: int, status: RequestStatus) -> None:
+        """finish() with token `index` its last: no placeholder after it (steps in flight)."""
+        del req.token_ids[index + 1 :], req.output_token_ids[index + 1 - req.num_prompt_tokens :]
+        self.finish(req, status)
+
     def accept(self, req: Request, index: int, tokens: list[int]) -> list[int]:
-        """resolve() for a row that verified drafts (spec/verify.py): its accepted tokens,
-        one by one as if sampled so (a stop or max_tokens cuts the run); returns those kept.
-        Rejected drafts' K/V lies past num_computed_tokens (overwritten later)."""
+        """resolve() of a verified row's accepted tokens one by one (a stop or max_tokens cuts
+        the run); returns those kept. Rejected drafts' K/V lies past num_computed_tokens."""
         self.resolve(req, index, tokens[0])
         kept = tokens[:1]
         for token in tokens[1:]:

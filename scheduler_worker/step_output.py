@@ -202,7 +202,9 @@ def request_output(req: Request, tokens: list[int], logprobs=None) -> RequestOut
         reason,
         logprobs,
         req.num_prompt_tokens,
-        req.num_output_tokens,
+        # the tokens out so far: a running row's placeholders (steps in flight) are not
+        # (a finished one's were cut: Scheduler.finish_at)
+        req.num_output_tokens - (0 if reason is not None else req.num_pending),
         req.num_cached_tokens,
         req.stop_token_id if reason is not None else None,
         stages,

@@ -84,8 +84,8 @@ def verified_output(
     if req.request_id in grammars:  # its matcher takes exactly the tokens kept
         tokens, done = grammars.advance_all(req, tokens)
     kept = scheduler.accept(req, index, tokens)
-    if done and not req.status.finished:
-        scheduler.finish(req, RequestStatus.FINISHED_STOPPED)  # grammar complete
+    if done and not req.status.finished:  # grammar complete at its last kept token
+        scheduler.finish_at(req, index + len(kept) - 1, RequestStatus.FINISHED_STOPPED)
     verified(req, len(drafts), len(kept) - 1, counters)
     logprobs = None if lp is None or lps is None else [*lps, lp][: len(kept)]
     return request_output(req, kept, logprobs)

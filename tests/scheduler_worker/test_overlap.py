@@ -287,3 +287,42 @@ def test_prompt_logprobs_arriving_while_rows_finish(llama):
     want = run(sync)
     assert want["a"] == first[:3] and len(want["p"]) == 3
     assert run(overlap) == want
+
+
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_every_output_counts_the_tokens_out_so_far(llama, overlap):
+    """num_output_tokens (the usage's completion_tokens; a stop string's finish takes the
+    last one the detokenizer saw) is the tokens a request has sent, on every output and
+    whichever way it ends: a grammar completed, an abort with a token in flight, a stop
+    id, max_tokens. Overlapped, a row's placeholder for the step in flight counted too:
+    one more on every output but a plain last one (usage over by one on a GPU)."""
+    from tests.scheduler_worker.test_structured import SPECS
+
+    engine = make_engine(llama, async_scheduling=overlap, speculative_method="none")
+    prompt = [5, 39, 39, 7, 29, 39, 8]
+    plain = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    (ref,) = engine.generate([prompt], plain)  # a stop id it meets at its 4th token
+    params = {
+        "grammar": SamplingParams(max_tokens=30, temperature=0, structured=SPECS[1]),
+        "abort": SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+        "stop_id": SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[ref[3]]),
+        "length": SamplingParams(max_tokens=9, temperature=0, ignore_eos=True),
+    }
+    for rid, p in params.items():
+        engine.add_request(rid, prompt, p)
+    sent: dict[str, int] = dict.fromkeys(params, 0)
+    finish: dict[str, str] = {}
+    step = 0
+    while engine.has_unfinished():
+        if step == 5:
+            assert engine.abort("abort")
+        for o in engine.step():
+            assert o.request_id not in finish, "an output after the finish"
+            sent[o.request_id] += len(o.new_token_ids)
+            assert o.num_output_tokens == sent[o.request_id], (o, sent)
+            if o.finish_reason:
+                finish[o.request_id] = o.finish_reason
+        step += 1
+    assert finish == {"grammar": "stop", "abort": "abort", "stop_id": "stop", "length": "length"}
+    assert sent["length"] == 9 and sent["abort"] > 0
+    engine.block_manager.check_integrity()
