@@ -12,10 +12,11 @@ States: CONTENT (no region yet; the tail that may still be the start of a region
 back, parser.hold_back) -> CALLS (everything after the region's start belongs to the
 calls). The invariant the parsers keep: a call's arguments text only grows, so the
 fragments sent are always a prefix of the final arguments. They are sent only as far as
-they are valid JSON (JsonPrefix, each call's scanned once as it grows): a model that writes `{"city": Paris}` has sent
-`{"city": ` and no more, and what a client has assembled always parses as partial JSON.
-When the text ends with a region that held no call, the held text is sent as content
-after all. A choice "called" (finish_reason "tool_calls") only if a call was completed.
+they are valid JSON (JsonPrefix, each call's scanned once as it grows): a model that
+writes `{"city": Paris}` has sent `{"city": ` and no more, and what a client has
+assembled always parses as partial JSON. When the text ends with a region that held no
+call, the held text is sent as content after all. A choice "called" (finish_reason
+"tool_calls") only if a call was completed.
 """
 
 from __future__ import annotations
