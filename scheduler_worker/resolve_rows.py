@@ -192,7 +192,7 @@ def resolve_and_advance(
         rid_at(req.request_id)
         token_at(token)
         prompt_at(num_prompt)
-        output_at(index + 1 - num_prompt)  # its tokens so far, not the launched step's
+        output_at(n_new - 1)  # its tokens so far (index + 1 - num_prompt): not the launched
         cached_at(req.num_cached_tokens)
 
 
@@ -266,7 +266,7 @@ def _resolve_and_advance_some(
         rid_at(req.request_id)
         token_at(token)
         prompt_at(num_prompt)
-        output_at(index + 1 - num_prompt)
+        output_at(n_new - 1)
         cached_at(req.num_cached_tokens)
 
 
