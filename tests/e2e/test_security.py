@@ -73,7 +73,7 @@ def test_forged_and_garbage_frames_change_nothing(server):
         [3],
         [1],
         None,
-        [("cmpl-forged-0", [], True, False, 0)],
+        [("cmpl-forged-0", [], True, False, 0, 0)],
         None,
         time.time(),
     )
